@@ -1,0 +1,73 @@
+//===- Compiler.h - flashjit's compiler, as the tools see it ----*- C++ -*-===//
+//
+/// \file
+/// The entry points of the compiler for the CLI, the tests and (later) the C
+/// API: print any stage of the pipeline, and compile a kernel for the CPU
+/// execution mode. No MLIR headers here: including this is cheap.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_COMPILER_H
+#define FLASHJIT_COMPILER_COMPILER_H
+
+#include "kernels/AttentionSpec.h"
+#include "kernels/HostTensor.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace flashjit {
+
+/// The pipeline failed (a verifier or pass error); the message holds the
+/// diagnostics. The CLI reports it and exits 2.
+class CompileError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Inspectable stages of the pipeline.
+enum class Stage {
+  Attn,  ///< the attn dialect description
+  Tiled, ///< after flashjit-tile-attention: the FA-2 loop in scf/arith/memref
+  Llvm,  ///< LLVM IR of the CPU execution mode
+};
+
+/// Parses "attn", "tiled", "llvm"; throws SpecError otherwise.
+Stage parseStage(const std::string &name);
+
+/// The name the kernel function carries in every stage.
+inline constexpr const char *kKernelName = "attention";
+
+/// Prints \p stage of \p spec compiled with \p config.
+std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
+                      Stage stage);
+
+/// The textual pass pipeline that takes the attn stage to the CPU's LLVM
+/// dialect (the same one flashjit-opt runs as flashjit-cpu-pipeline).
+std::string cpuPipelineText(const TileConfig &config);
+
+/// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
+class CpuKernel {
+public:
+  /// Compiles \p spec with \p config; throws CompileError.
+  static std::unique_ptr<CpuKernel> compile(const AttentionSpec &spec,
+                                            const TileConfig &config);
+  ~CpuKernel();
+
+  /// Runs every program of the grid (ceil(Nq / Br) x B*H) on host threads.
+  /// \p layout is required iff the spec is block-sparse.
+  void run(const Problem &problem, AttentionData &data,
+           const BlockSparseLayout *layout) const;
+
+  const AttentionSpec &spec() const;
+  const TileConfig &config() const;
+
+private:
+  struct Impl;
+  explicit CpuKernel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl;
+};
+
+} // namespace flashjit
+
+#endif // FLASHJIT_COMPILER_COMPILER_H

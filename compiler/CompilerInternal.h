@@ -1,0 +1,40 @@
+//===- CompilerInternal.h - Shared by the compiler's sources ----*- C++ -*-===//
+//
+/// \file
+/// Context set-up and pipeline running shared by Compiler.cpp and the
+/// targets. Internal: includes MLIR headers.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_COMPILERINTERNAL_H
+#define FLASHJIT_COMPILER_COMPILERINTERNAL_H
+
+#include "compiler/Compiler.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/OwningOpRef.h"
+
+#include <functional>
+#include <memory>
+
+namespace mlir {
+class OpPassManager;
+}
+
+namespace flashjit {
+
+/// A context with every dialect, interface and translation flashjit uses.
+std::unique_ptr<mlir::MLIRContext> createContext();
+
+/// Parses the attn stage of \p spec; throws CompileError with diagnostics.
+mlir::OwningOpRef<mlir::ModuleOp> parseAttnModule(mlir::MLIRContext &ctx,
+                                                  const AttentionSpec &spec);
+
+/// Runs the pipeline that \p build assembles on \p module; throws
+/// CompileError with the diagnostics of the failing pass.
+void runPipeline(mlir::ModuleOp module,
+                 const std::function<void(mlir::OpPassManager &)> &build);
+
+} // namespace flashjit
+
+#endif // FLASHJIT_COMPILER_COMPILERINTERNAL_H

@@ -1,0 +1,48 @@
+//===- Pipelines.h - flashjit's pass pipelines ------------------*- C++ -*-===//
+//
+/// \file
+/// The pipelines, assembled once in C++ and registered by name, so that the
+/// JIT, the tests and flashjit-opt run exactly the same passes.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_PIPELINES_PIPELINES_H
+#define FLASHJIT_COMPILER_PIPELINES_PIPELINES_H
+
+#include "kernels/AttentionSpec.h"
+
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassOptions.h"
+
+namespace mlir {
+class DialectRegistry;
+}
+
+namespace flashjit {
+
+/// Tuning knobs of a pipeline (pipeline options, never global flags).
+struct FlashjitPipelineOptions
+    : public mlir::PassPipelineOptions<FlashjitPipelineOptions> {
+  Option<int64_t> blockM{*this, "block-m",
+                         llvm::cl::desc("Br: query rows per program"),
+                         llvm::cl::init(64)};
+  Option<int64_t> blockN{*this, "block-n",
+                         llvm::cl::desc("Bc: keys per KV-loop iteration"),
+                         llvm::cl::init(64)};
+};
+
+/// attn -> tiled IR (flashjit-tile-attention, then cleanup).
+void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
+
+/// attn -> LLVM dialect for the host: the CPU execution mode.
+void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
+
+/// Registers "flashjit-tiling-pipeline" and "flashjit-cpu-pipeline" and every
+/// flashjit pass with the global pass registry (for flashjit-opt).
+void registerFlashjitPasses();
+
+/// Every dialect and interface the pipelines need.
+void registerFlashjitDialects(mlir::DialectRegistry &registry);
+
+} // namespace flashjit
+
+#endif // FLASHJIT_COMPILER_PIPELINES_PIPELINES_H

@@ -1,0 +1,21 @@
+//===- AttnDialect.h - The attn dialect -------------------------*- C++ -*-===//
+//
+/// \file
+/// Declares the attn dialect and its ops (generated from AttnOps.td).
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_DIALECTS_ATTN_IR_ATTNDIALECT_H
+#define FLASHJIT_DIALECTS_ATTN_IR_ATTNDIALECT_H
+
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/IR/SymbolTable.h"
+
+#include "dialects/Attn/IR/AttnDialect.h.inc"
+
+#define GET_OP_CLASSES
+#include "dialects/Attn/IR/AttnOps.h.inc"
+
+#endif // FLASHJIT_DIALECTS_ATTN_IR_ATTNDIALECT_H

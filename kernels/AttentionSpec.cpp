@@ -1,0 +1,141 @@
+//===- AttentionSpec.cpp - Validation and printing of the description -----===//
+
+#include "kernels/AttentionSpec.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace flashjit {
+
+const char *toString(DType dtype) {
+  return dtype == DType::BF16 ? "bf16" : "fp16";
+}
+
+const char *toString(MaskKind mask) {
+  switch (mask) {
+  case MaskKind::None:
+    return "none";
+  case MaskKind::Causal:
+    return "causal";
+  case MaskKind::SlidingWindow:
+    return "sliding_window";
+  }
+  return "?";
+}
+
+/// Throws a SpecError "<field> must be in [lo, hi], got <value>".
+static void checkRange(const char *field, int64_t value, int64_t lo,
+                       int64_t hi) {
+  if (value < lo || value > hi)
+    throw SpecError(
+        fmt::format("{} must be in [{}, {}], got {}", field, lo, hi, value));
+}
+
+void AttentionSpec::validate() const {
+  checkRange("head_dim_qk", headDimQK, 1, 512);
+  checkRange("head_dim_v", headDimV, 1, 512);
+  checkRange("gqa", gqaGroup, 1, 1 << 16);
+  if (blockSparse)
+    checkRange("sparse_block", sparseBlock, 1, 1 << 16);
+  if (direction == Direction::Backward)
+    throw SpecError("direction: the backward pass is not implemented yet");
+}
+
+std::string AttentionSpec::name() const {
+  std::string s = fmt::format("{}_{}_dqk{}_dv{}_{}_g{}",
+                              direction == Direction::Forward ? "fwd" : "bwd",
+                              toString(dtype), headDimQK, headDimV,
+                              toString(mask), gqaGroup);
+  if (blockSparse)
+    s += fmt::format("_bs{}", sparseBlock);
+  return s;
+}
+
+std::string AttentionSpec::toJson() const {
+  return fmt::format(
+      "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
+      "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
+      "\"sparse_block\":{}}}",
+      direction == Direction::Forward ? "forward" : "backward", headDimQK,
+      headDimV, toString(dtype), toString(mask), gqaGroup,
+      blockSparse ? "true" : "false", sparseBlock);
+}
+
+void TileConfig::validate(const AttentionSpec &spec) const {
+  checkRange("block_m", blockM, 1, 256);
+  checkRange("block_n", blockN, 1, 256);
+  checkRange("warps", warps, 1, 16);
+  checkRange("stages", stages, 1, 8);
+  if (spec.blockSparse) {
+    if (spec.sparseBlock % blockM != 0)
+      throw SpecError(fmt::format("block_m ({}) must divide sparse_block ({})",
+                                  blockM, spec.sparseBlock));
+    if (spec.sparseBlock % blockN != 0)
+      throw SpecError(fmt::format("block_n ({}) must divide sparse_block ({})",
+                                  blockN, spec.sparseBlock));
+  }
+}
+
+std::string TileConfig::toJson() const {
+  return fmt::format(
+      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}}}", blockM,
+      blockN, warps, stages);
+}
+
+void Problem::validate(const AttentionSpec &spec) const {
+  checkRange("batch", batch, 1, int64_t(1) << 20);
+  checkRange("heads", heads, 1, int64_t(1) << 20);
+  checkRange("seq_len", seqLenQ, 1, int64_t(1) << 24);
+  checkRange("seq_len_kv", seqLenKV, 1, int64_t(1) << 24);
+  if (heads % spec.gqaGroup != 0)
+    throw SpecError(fmt::format(
+        "heads ({}) must be a multiple of the gqa group size ({})", heads,
+        spec.gqaGroup));
+  if (windowLeft < 0 || windowRight < 0)
+    throw SpecError(fmt::format("window must be non-negative, got {},{}",
+                                windowLeft, windowRight));
+  if (!std::isfinite(scale))
+    throw SpecError(fmt::format("scale must be finite, got {}", scale));
+}
+
+double Problem::effectiveScale(const AttentionSpec &spec) const {
+  return scale != 0 ? scale : 1.0 / std::sqrt(double(spec.headDimQK));
+}
+
+std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
+                                            const Problem &problem) {
+  switch (spec.mask) {
+  case MaskKind::None:
+    return {kUnboundedWindow, kUnboundedWindow};
+  case MaskKind::Causal:
+    return {kUnboundedWindow, 0};
+  case MaskKind::SlidingWindow:
+    return {std::min(problem.windowLeft, kUnboundedWindow),
+            std::min(problem.windowRight, kUnboundedWindow)};
+  }
+  return {kUnboundedWindow, kUnboundedWindow};
+}
+
+std::string Problem::toJson(const AttentionSpec &spec) const {
+  auto [left, right] = effectiveWindow(spec, *this);
+  auto side = [](int64_t w) {
+    return w >= kUnboundedWindow ? std::string("null") : std::to_string(w);
+  };
+  return fmt::format("{{\"batch\":{},\"heads\":{},\"kv_heads\":{},"
+                     "\"seq_len\":{},\"seq_len_kv\":{},\"scale\":{},"
+                     "\"window_left\":{},\"window_right\":{}}}",
+                     batch, heads, kvHeads(spec), seqLenQ, seqLenKV,
+                     effectiveScale(spec), side(left), side(right));
+}
+
+std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
+  return fmt::format(
+      "module {{\n  attn.flash_fwd @{} {{element_type = {}, gqa = {} : i64, "
+      "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
+      "sparse_block = {} : i64}}\n}}\n",
+      name, spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup,
+      spec.headDimQK, spec.headDimV, toString(spec.mask),
+      spec.blockSparse ? spec.sparseBlock : 0);
+}
+
+} // namespace flashjit

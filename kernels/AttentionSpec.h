@@ -1,0 +1,110 @@
+//===- AttentionSpec.h - What the user asks flashjit to compile -*- C++ -*-===//
+//
+/// \file
+/// The compile-time description of an attention kernel (AttentionSpec), the
+/// tiling choice it is compiled with (TileConfig) and the run-time problem it
+/// is launched on (Problem). Plain C++: no MLIR or LLVM headers, so the
+/// runtime, the CLI and the tests can include it cheaply.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_KERNELS_ATTENTIONSPEC_H
+#define FLASHJIT_KERNELS_ATTENTIONSPEC_H
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace flashjit {
+
+/// Input/output element type of Q, K, V and O (lse is always fp32).
+enum class DType { BF16, FP16 };
+
+/// Which keys a query may see. Window sizes are run-time arguments.
+enum class MaskKind { None, Causal, SlidingWindow };
+
+/// Forward now; the backward pass slots in as another direction.
+enum class Direction { Forward, Backward };
+
+/// A usage or validation error: the CLI prints it on one line and exits 2.
+class SpecError : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// "Infinite" window extent: larger than any sequence length we accept.
+constexpr int64_t kUnboundedWindow = int64_t(1) << 40;
+
+/// The compile-time description. One compiled kernel serves every batch,
+/// head count, sequence length, scale and window size.
+struct AttentionSpec {
+  int64_t headDimQK = 128;
+  int64_t headDimV = 128;
+  DType dtype = DType::BF16;
+  MaskKind mask = MaskKind::None;
+  /// Query heads per KV head (1 = multi-head attention).
+  int64_t gqaGroup = 1;
+  /// Run-time block-sparse layout (BCSR over sparse blocks) when true.
+  bool blockSparse = false;
+  /// Rows and columns of one block of the sparse layout.
+  int64_t sparseBlock = 128;
+  Direction direction = Direction::Forward;
+
+  /// Throws SpecError naming the bad field and value.
+  void validate() const;
+  /// Stable one-line text form, e.g. "fwd_bf16_dqk96_dv96_causal_g1".
+  std::string name() const;
+  /// JSON object text (no trailing newline).
+  std::string toJson() const;
+};
+
+/// The tiling choice (pipeline options, never global flags).
+struct TileConfig {
+  int64_t blockM = 64; ///< Br: query rows per program.
+  int64_t blockN = 64; ///< Bc: key rows per KV-loop iteration.
+  int64_t warps = 4;
+  int64_t stages = 2;
+
+  /// Throws SpecError if the config cannot serve \p spec.
+  void validate(const AttentionSpec &spec) const;
+  std::string toJson() const;
+};
+
+/// The run-time problem: sizes and run-time kernel arguments.
+struct Problem {
+  int64_t batch = 1;
+  int64_t heads = 1;   ///< Query heads; KV heads = heads / gqaGroup.
+  int64_t seqLenQ = 128;
+  int64_t seqLenKV = 128;
+  /// Softmax scale; 0 means 1/sqrt(headDimQK).
+  double scale = 0.0;
+  /// Sliding window: query i sees key j iff
+  /// i + (Nkv - Nq) - left <= j <= i + (Nkv - Nq) + right.
+  int64_t windowLeft = kUnboundedWindow;
+  int64_t windowRight = kUnboundedWindow;
+
+  /// Throws SpecError for sizes that cannot serve \p spec.
+  void validate(const AttentionSpec &spec) const;
+  double effectiveScale(const AttentionSpec &spec) const;
+  int64_t kvHeads(const AttentionSpec &spec) const {
+    return heads / spec.gqaGroup;
+  }
+  std::string toJson(const AttentionSpec &spec) const;
+};
+
+/// The effective (left, right) band of \p spec on \p problem: causal is
+/// (inf, 0), none is (inf, inf), sliding window is the problem's window.
+std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
+                                            const Problem &problem);
+
+/// The attn-dialect module that describes \p spec (the first stage of the
+/// pipeline), declaring the kernel \p name.
+std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
+
+const char *toString(DType dtype);
+const char *toString(MaskKind mask);
+/// Bytes of one element of \p dtype.
+inline int64_t elementBytes(DType) { return 2; }
+
+} // namespace flashjit
+
+#endif // FLASHJIT_KERNELS_ATTENTIONSPEC_H

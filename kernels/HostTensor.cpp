@@ -1,0 +1,364 @@
+//===- HostTensor.cpp - Host tensors, layouts, reference, .npy -----------===//
+
+#include "kernels/HostTensor.h"
+#include "kernels/HalfFloat.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fmt/format.h>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace flashjit {
+
+float halfToFloat(DType dtype, uint16_t bits) {
+  return dtype == DType::BF16 ? bf16ToFloat(bits) : fp16ToFloat(bits);
+}
+
+uint16_t floatToHalf(DType dtype, float value) {
+  return dtype == DType::BF16 ? floatToBf16(value) : floatToFp16(value);
+}
+
+HalfTensor HalfTensor::packed(std::array<int64_t, 4> shape) {
+  HalfTensor t;
+  t.shape = shape;
+  t.strides = {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3],
+               1};
+  t.buffer = std::make_shared<std::vector<uint16_t>>(
+      size_t(shape[0] * shape[1] * shape[2] * shape[3]));
+  return t;
+}
+
+void HalfTensor::checkLayout(const char *what) const {
+  if (strides[3] != 1)
+    throw SpecError(fmt::format(
+        "{}: the innermost (head-dim) stride must be 1, got {}", what,
+        strides[3]));
+  int64_t last = offset;
+  for (int i = 0; i < 4; ++i) {
+    if (strides[i] < 0)
+      throw SpecError(fmt::format("{}: negative stride {}", what, strides[i]));
+    last += (shape[i] - 1) * strides[i];
+  }
+  if (offset < 0 || last >= int64_t(buffer->size()))
+    throw SpecError(fmt::format("{}: view reaches outside its buffer", what));
+}
+
+//===----------------------------------------------------------------------===//
+// Block-sparse layout
+//===----------------------------------------------------------------------===//
+
+BlockSparseLayout BlockSparseLayout::fromDense(
+    int64_t batch, int64_t heads, int64_t qBlocks, int64_t kvBlocks,
+    const std::vector<uint8_t> &dense) {
+  if (int64_t(dense.size()) != batch * heads * qBlocks * kvBlocks)
+    throw SpecError("layout: dense block matrix has the wrong size");
+  BlockSparseLayout l;
+  l.batch = batch;
+  l.heads = heads;
+  l.qBlocks = qBlocks;
+  l.kvBlocks = kvBlocks;
+  l.counts.assign(size_t(batch * heads * qBlocks), 0);
+  l.indices.assign(size_t(batch * heads * qBlocks * kvBlocks), 0);
+  for (int64_t row = 0; row < batch * heads * qBlocks; ++row) {
+    int32_t n = 0;
+    for (int64_t kb = 0; kb < kvBlocks; ++kb)
+      if (dense[row * kvBlocks + kb])
+        l.indices[row * kvBlocks + n++] = int32_t(kb);
+    l.counts[row] = n;
+  }
+  return l;
+}
+
+BlockSparseLayout BlockSparseLayout::random(int64_t batch, int64_t heads,
+                                            int64_t qBlocks, int64_t kvBlocks,
+                                            double density, uint64_t seed) {
+  if (!(density >= 0.0 && density <= 1.0))
+    throw SpecError(
+        fmt::format("block-sparse density must be in [0, 1], got {}", density));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<uint8_t> dense(size_t(batch * heads * qBlocks * kvBlocks));
+  for (auto &d : dense)
+    d = u(rng) < density;
+  return fromDense(batch, heads, qBlocks, kvBlocks, dense);
+}
+
+BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    throw SpecError(fmt::format("layout: cannot open '{}'", path));
+  std::vector<uint8_t> dense;
+  int64_t rows = 0, cols = -1;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#')
+      continue;
+    std::istringstream ss(line);
+    int64_t n = 0;
+    std::string tok;
+    while (ss >> tok) {
+      if (tok != "0" && tok != "1")
+        throw SpecError(fmt::format(
+            "layout: '{}' line {}: expected 0 or 1, got '{}'", path,
+            rows + 1, tok));
+      dense.push_back(tok == "1");
+      ++n;
+    }
+    if (cols >= 0 && n != cols)
+      throw SpecError(fmt::format(
+          "layout: '{}' line {} has {} blocks, the first line has {}", path,
+          rows + 1, n, cols));
+    cols = n;
+    ++rows;
+  }
+  if (rows == 0 || cols <= 0)
+    throw SpecError(fmt::format("layout: '{}' holds no block rows", path));
+  return fromDense(1, 1, rows, cols, dense);
+}
+
+bool BlockSparseLayout::contains(int64_t b, int64_t h, int64_t qb,
+                                 int64_t kb) const {
+  auto cs = countStrides();
+  auto is = indexStrides();
+  int64_t n = counts[b * cs[0] + h * cs[1] + qb * cs[2]];
+  const int32_t *idx = &indices[b * is[0] + h * is[1] + qb * is[2]];
+  return std::find(idx, idx + n, int32_t(kb)) != idx + n;
+}
+
+std::array<int64_t, 3> BlockSparseLayout::countStrides() const {
+  return {batch == 1 ? 0 : heads * qBlocks, heads == 1 ? 0 : qBlocks, 1};
+}
+
+std::array<int64_t, 3> BlockSparseLayout::indexStrides() const {
+  return {batch == 1 ? 0 : heads * qBlocks * kvBlocks,
+          heads == 1 ? 0 : qBlocks * kvBlocks, kvBlocks};
+}
+
+void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
+  int64_t needQ = (p.seqLenQ + sparseBlock - 1) / sparseBlock;
+  int64_t needKV = (p.seqLenKV + sparseBlock - 1) / sparseBlock;
+  if (batch != 1 && batch != p.batch)
+    throw SpecError(fmt::format("layout: batch {} does not broadcast to {}",
+                                batch, p.batch));
+  if (heads != 1 && heads != p.heads)
+    throw SpecError(fmt::format("layout: heads {} does not broadcast to {}",
+                                heads, p.heads));
+  if (qBlocks != needQ || kvBlocks != needKV)
+    throw SpecError(fmt::format(
+        "layout: {}x{} blocks given, the problem needs {}x{} blocks of {}",
+        qBlocks, kvBlocks, needQ, needKV, sparseBlock));
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] < 0 || counts[i] > kvBlocks)
+      throw SpecError("layout: a block count is out of range");
+  for (int32_t v : indices)
+    if (v < 0 || v >= kvBlocks)
+      throw SpecError("layout: a KV block index is out of range");
+}
+
+double BlockSparseLayout::density() const {
+  double listed = 0;
+  for (int32_t c : counts)
+    listed += c;
+  return counts.empty() ? 0.0 : listed / double(counts.size() * kvBlocks);
+}
+
+//===----------------------------------------------------------------------===//
+// Inputs and reference
+//===----------------------------------------------------------------------===//
+
+AttentionData makeRandomInputs(const AttentionSpec &spec, const Problem &p,
+                               QKVLayout layout, std::mt19937_64 &rng) {
+  AttentionData d;
+  int64_t hkv = p.kvHeads(spec);
+  if (layout == QKVLayout::Packed && spec.headDimQK == spec.headDimV &&
+      p.seqLenQ == p.seqLenKV && hkv == p.heads) {
+    // One (B, N, 3, H, d) buffer; q, k, v are strided views into it.
+    int64_t dd = spec.headDimQK, H = p.heads, N = p.seqLenQ;
+    auto buf = std::make_shared<std::vector<uint16_t>>(
+        size_t(p.batch * N * 3 * H * dd));
+    std::array<int64_t, 4> strides{N * 3 * H * dd, dd, 3 * H * dd, 1};
+    for (int i = 0; i < 3; ++i) {
+      HalfTensor &t = i == 0 ? d.q : i == 1 ? d.k : d.v;
+      t.buffer = buf;
+      t.offset = i * H * dd;
+      t.shape = {p.batch, H, N, dd};
+      t.strides = strides;
+    }
+  } else {
+    d.q = HalfTensor::packed({p.batch, p.heads, p.seqLenQ, spec.headDimQK});
+    d.k = HalfTensor::packed({p.batch, hkv, p.seqLenKV, spec.headDimQK});
+    d.v = HalfTensor::packed({p.batch, hkv, p.seqLenKV, spec.headDimV});
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto *buf : {d.q.buffer.get(), d.k.buffer.get(), d.v.buffer.get()})
+    for (auto &x : *buf)
+      x = floatToHalf(spec.dtype, normal(rng));
+  d.o = HalfTensor::packed({p.batch, p.heads, p.seqLenQ, spec.headDimV});
+  uint16_t nan16 = floatToHalf(spec.dtype, std::nanf(""));
+  std::fill(d.o.buffer->begin(), d.o.buffer->end(), nan16);
+  d.lse.assign(size_t(p.batch * p.heads * p.seqLenQ), std::nanf(""));
+  return d;
+}
+
+ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
+                                 const AttentionData &d,
+                                 const BlockSparseLayout *layout) {
+  const int64_t dqk = spec.headDimQK, dv = spec.headDimV;
+  const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV;
+  const double scale = p.effectiveScale(spec);
+  auto [left, right] = effectiveWindow(spec, p);
+  ReferenceResult r;
+  r.o.assign(size_t(p.batch * p.heads * Nq * dv), 0.0);
+  r.lse.assign(size_t(p.batch * p.heads * Nq),
+               -std::numeric_limits<double>::infinity());
+  std::vector<double> qrow(dqk), s(Nkv), kf, vf;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h) {
+      int64_t hk = h / spec.gqaGroup;
+      // Widen this head's K and V once.
+      kf.assign(size_t(Nkv * dqk), 0);
+      vf.assign(size_t(Nkv * dv), 0);
+      for (int64_t j = 0; j < Nkv; ++j) {
+        for (int64_t c = 0; c < dqk; ++c)
+          kf[j * dqk + c] = halfToFloat(spec.dtype, d.k.at(b, hk, j, c));
+        for (int64_t c = 0; c < dv; ++c)
+          vf[j * dv + c] = halfToFloat(spec.dtype, d.v.at(b, hk, j, c));
+      }
+      for (int64_t i = 0; i < Nq; ++i) {
+        for (int64_t c = 0; c < dqk; ++c)
+          qrow[c] = halfToFloat(spec.dtype, d.q.at(b, h, i, c));
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < Nkv; ++j) {
+          int64_t diag = i + (Nkv - Nq);
+          bool visible = j >= diag - left && j <= diag + right;
+          if (visible && layout)
+            visible = layout->contains(b % layout->batch, h % layout->heads,
+                                       i / spec.sparseBlock,
+                                       j / spec.sparseBlock);
+          if (!visible) {
+            s[j] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          double acc = 0;
+          for (int64_t c = 0; c < dqk; ++c)
+            acc += qrow[c] * kf[j * dqk + c];
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        int64_t row = (b * p.heads + h) * Nq + i;
+        if (m == -std::numeric_limits<double>::infinity())
+          continue; // sees no key: O = 0, lse = -inf
+        double l = 0;
+        double *o = &r.o[row * dv];
+        for (int64_t j = 0; j < Nkv; ++j) {
+          if (s[j] == -std::numeric_limits<double>::infinity())
+            continue;
+          double pj = std::exp(s[j] - m);
+          l += pj;
+          for (int64_t c = 0; c < dv; ++c)
+            o[c] += pj * vf[j * dv + c];
+        }
+        for (int64_t c = 0; c < dv; ++c)
+          o[c] /= l;
+        r.lse[row] = m + std::log(l);
+      }
+    }
+  return r;
+}
+
+double ErrorReport::relErr() const {
+  if (nanCount || lseMismatch)
+    return std::numeric_limits<double>::infinity();
+  return std::max(oRelErr, lseRelErr);
+}
+
+ErrorReport compareWithReference(const AttentionSpec &spec, const Problem &p,
+                                 const AttentionData &d,
+                                 const ReferenceResult &ref) {
+  ErrorReport e;
+  const int64_t dv = spec.headDimV;
+  double num = 0, den = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < p.seqLenQ; ++i) {
+        int64_t row = (b * p.heads + h) * p.seqLenQ + i;
+        for (int64_t c = 0; c < dv; ++c) {
+          double x = halfToFloat(spec.dtype, d.o.at(b, h, i, c));
+          double y = ref.o[row * dv + c];
+          if (std::isnan(x)) {
+            ++e.nanCount;
+            continue;
+          }
+          num += (x - y) * (x - y);
+          den += y * y;
+        }
+      }
+  // A reference of all zeros (every row masked) is matched by exact zeros.
+  e.oRelErr = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  double lnum = 0, lden = 0;
+  for (size_t row = 0; row < ref.lse.size(); ++row) {
+    double x = d.lse[row], y = ref.lse[row];
+    if (std::isnan(x)) {
+      ++e.nanCount;
+      continue;
+    }
+    if (std::isinf(y) || std::isinf(x)) {
+      if (x != y)
+        ++e.lseMismatch;
+      continue;
+    }
+    lnum += (x - y) * (x - y);
+    lden += y * y;
+  }
+  e.lseRelErr = lden > 0 ? std::sqrt(lnum / lden) : std::sqrt(lnum);
+  return e;
+}
+
+double errorBound(DType dtype) { return dtype == DType::BF16 ? 1e-2 : 5e-3; }
+
+//===----------------------------------------------------------------------===//
+// .npy output
+//===----------------------------------------------------------------------===//
+
+/// Writes a version 1.0 .npy file holding \p bytes of \p descr elements.
+static void writeNpy(const std::string &path, const char *descr,
+                     const std::vector<int64_t> &shape, const void *bytes,
+                     size_t size) {
+  std::string dims;
+  for (int64_t s : shape)
+    dims += std::to_string(s) + ",";
+  if (shape.size() > 1)
+    dims.pop_back();
+  std::string header = fmt::format(
+      "{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr,
+      dims);
+  // Magic (6) + version (2) + header length (2) + header + '\n', padded to 64.
+  size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  FILE *f = std::fopen(path.c_str(), "wb");
+  if (!f)
+    throw std::runtime_error(fmt::format("cannot write '{}'", path));
+  uint16_t hlen = uint16_t(header.size());
+  std::fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  std::fwrite(&hlen, 2, 1, f);
+  std::fwrite(header.data(), 1, header.size(), f);
+  size_t written = std::fwrite(bytes, 1, size, f);
+  if (std::fclose(f) != 0 || written != size)
+    throw std::runtime_error(fmt::format("cannot write '{}'", path));
+}
+
+void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
+                 const std::vector<float> &values) {
+  writeNpy(path, "<f4", shape, values.data(), values.size() * 4);
+}
+
+void writeNpyI32(const std::string &path, const std::vector<int64_t> &shape,
+                 const std::vector<int32_t> &values) {
+  writeNpy(path, "<i4", shape, values.data(), values.size() * 4);
+}
+
+} // namespace flashjit

@@ -1,0 +1,131 @@
+//===- HostTensor.h - Host-side tensors, layouts and the reference -*- C++ -*-//
+//
+/// \file
+/// Host data for running and checking a kernel: strided (B, H, N, d) views of
+/// 16-bit buffers, the block-sparse layout in BCSR form, random inputs, the
+/// float64 reference attention and the error measure. No MLIR here.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_KERNELS_HOSTTENSOR_H
+#define FLASHJIT_KERNELS_HOSTTENSOR_H
+
+#include "kernels/AttentionSpec.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace flashjit {
+
+/// A (B, H, N, d) view of a buffer of 16-bit elements (bf16 or fp16 bits).
+/// Outer strides are arbitrary (in elements); the innermost must be 1.
+struct HalfTensor {
+  std::shared_ptr<std::vector<uint16_t>> buffer;
+  int64_t offset = 0;
+  std::array<int64_t, 4> shape{};
+  std::array<int64_t, 4> strides{};
+
+  /// A packed (contiguous) tensor of the given shape.
+  static HalfTensor packed(std::array<int64_t, 4> shape);
+  uint16_t &at(int64_t b, int64_t h, int64_t n, int64_t d) {
+    return (*buffer)[offset + b * strides[0] + h * strides[1] +
+                     n * strides[2] + d * strides[3]];
+  }
+  uint16_t at(int64_t b, int64_t h, int64_t n, int64_t d) const {
+    return (*buffer)[offset + b * strides[0] + h * strides[1] +
+                     n * strides[2] + d * strides[3]];
+  }
+  /// Throws SpecError (naming \p what) if the innermost stride is not 1 or
+  /// the view reaches outside its buffer.
+  void checkLayout(const char *what) const;
+};
+
+/// Q, K, V and the outputs of one forward problem.
+struct AttentionData {
+  HalfTensor q, k, v, o;
+  std::vector<float> lse; ///< [B, H, Nq], packed.
+};
+
+/// How Q, K and V are laid out in memory.
+enum class QKVLayout {
+  Separate, ///< three packed tensors
+  Packed,   ///< one (B, N, 3, H, d) buffer, as a fused qkv projection makes
+};
+
+/// Block-sparse layout in BCSR form (as FlexAttention's BlockMask): for each
+/// (batch, head, sparse Q block) a count and a list of sparse KV block
+/// indices. Batch or heads of 1 broadcast.
+struct BlockSparseLayout {
+  int64_t batch = 1, heads = 1;
+  int64_t qBlocks = 0, kvBlocks = 0;
+  std::vector<int32_t> counts;  ///< [batch, heads, qBlocks]
+  std::vector<int32_t> indices; ///< [batch, heads, qBlocks, kvBlocks]
+
+  /// From a dense 0/1 block matrix [batch][heads][qBlocks][kvBlocks].
+  static BlockSparseLayout fromDense(int64_t batch, int64_t heads,
+                                     int64_t qBlocks, int64_t kvBlocks,
+                                     const std::vector<uint8_t> &dense);
+  /// Each block kept with probability \p density (per batch and head).
+  static BlockSparseLayout random(int64_t batch, int64_t heads,
+                                  int64_t qBlocks, int64_t kvBlocks,
+                                  double density, uint64_t seed);
+  /// Reads the text format: one line per sparse Q block, whitespace-
+  /// separated 0/1 per KV block; broadcast over batch and heads.
+  static BlockSparseLayout readText(const std::string &path);
+  /// Is KV block \p kb listed for (b, h, qb)?
+  bool contains(int64_t b, int64_t h, int64_t qb, int64_t kb) const;
+  /// Element strides of counts (b, h, qb); 0 where broadcast.
+  std::array<int64_t, 3> countStrides() const;
+  /// Element strides of indices (b, h, qb); the last dim is contiguous.
+  std::array<int64_t, 3> indexStrides() const;
+  /// Throws SpecError if it cannot serve \p problem at \p sparseBlock.
+  void checkFits(const Problem &problem, int64_t sparseBlock) const;
+  double density() const;
+};
+
+/// Fresh random inputs: normal(0, 1) rounded to the dtype; outputs poisoned
+/// with NaN so that an element the kernel never writes fails the check.
+AttentionData makeRandomInputs(const AttentionSpec &spec,
+                               const Problem &problem, QKVLayout layout,
+                               std::mt19937_64 &rng);
+
+/// Float64 reference of the forward pass on the (rounded) inputs.
+struct ReferenceResult {
+  std::vector<double> o;   ///< [B, H, Nq, dv]
+  std::vector<double> lse; ///< [B, H, Nq]; -inf for rows that see no key
+};
+ReferenceResult referenceForward(const AttentionSpec &spec,
+                                 const Problem &problem,
+                                 const AttentionData &data,
+                                 const BlockSparseLayout *layout);
+
+/// ||out - ref|| / ||ref|| over O and the finite lse entries (the larger of
+/// the two); +inf if any output is NaN or lse's -inf pattern differs.
+struct ErrorReport {
+  double oRelErr = 0, lseRelErr = 0;
+  int64_t nanCount = 0, lseMismatch = 0;
+  double relErr() const;
+};
+ErrorReport compareWithReference(const AttentionSpec &spec,
+                                 const Problem &problem,
+                                 const AttentionData &data,
+                                 const ReferenceResult &ref);
+/// The accepted relative error for \p dtype.
+double errorBound(DType dtype);
+
+/// Element conversions for \p dtype.
+float halfToFloat(DType dtype, uint16_t bits);
+uint16_t floatToHalf(DType dtype, float value);
+
+/// Writes a float32 / int32 .npy file; throws std::runtime_error on failure.
+void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
+                 const std::vector<float> &values);
+void writeNpyI32(const std::string &path, const std::vector<int64_t> &shape,
+                 const std::vector<int32_t> &values);
+
+} // namespace flashjit
+
+#endif // FLASHJIT_KERNELS_HOSTTENSOR_H

@@ -1,0 +1,295 @@
+//===- CudaObjects.cpp - RAII wrappers over CUDA driver objects ----------===//
+//
+// Part of flashjit, a JIT compiler for FlashAttention-style kernels.
+//
+//===----------------------------------------------------------------------===//
+///
+/// \file
+/// DeviceBuffer, Module, launch() and EventTimer: the small RAII layer over
+/// the driver calls that CudaDriver resolves. Destructors never throw: errors
+/// while freeing are ignored (the context may already be gone at exit).
+///
+//===----------------------------------------------------------------------===//
+
+#include "runtime/CudaApi.h"
+#include "runtime/CudaDriver.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <utility>
+
+using namespace flashjit::rt;
+
+//===----------------------------------------------------------------------===//
+// DeviceBuffer
+//===----------------------------------------------------------------------===//
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, CudaDriver &driver)
+    : driver_(&driver), bytes_(bytes) {
+  driver.ensureContext();
+  if (bytes == 0)
+    return;
+  driver.check(driver.api().cuMemAlloc(&ptr_, bytes),
+               fmt::format("cuMemAlloc({} bytes)", bytes).c_str());
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer &&other) noexcept
+    : driver_(other.driver_), ptr_(std::exchange(other.ptr_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer &DeviceBuffer::operator=(DeviceBuffer &&other) noexcept {
+  if (this != &other) {
+    reset();
+    driver_ = other.driver_;
+    ptr_ = std::exchange(other.ptr_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::reset() {
+  if (ptr_ && driver_ && driver_->available())
+    driver_->api().cuMemFree(ptr_);
+  ptr_ = 0;
+  bytes_ = 0;
+}
+
+/// Throws InvalidArgument unless [offset, offset + bytes) lies in the buffer.
+static void checkRange(const char *what, std::size_t offset, std::size_t bytes,
+                       std::size_t size) {
+  if (offset > size || bytes > size - offset)
+    throw RuntimeError(
+        ErrorCode::InvalidArgument,
+        fmt::format("DeviceBuffer::{}: range [{}, {}) exceeds the {}-byte "
+                    "buffer",
+                    what, offset, offset + bytes, size));
+}
+
+void DeviceBuffer::upload(const void *host, std::size_t bytes,
+                          std::size_t offset) {
+  checkRange("upload", offset, bytes, bytes_);
+  if (bytes == 0)
+    return;
+  driver_->ensureContext();
+  driver_->check(driver_->api().cuMemcpyHtoD(ptr_ + offset, host, bytes),
+                 "cuMemcpyHtoD");
+}
+
+void DeviceBuffer::download(void *host, std::size_t bytes,
+                            std::size_t offset) const {
+  checkRange("download", offset, bytes, bytes_);
+  if (bytes == 0)
+    return;
+  driver_->ensureContext();
+  driver_->check(driver_->api().cuMemcpyDtoH(host, ptr_ + offset, bytes),
+                 "cuMemcpyDtoH");
+}
+
+std::vector<std::uint8_t> DeviceBuffer::download() const {
+  std::vector<std::uint8_t> host(bytes_);
+  download(host.data(), host.size());
+  return host;
+}
+
+void DeviceBuffer::memset8(std::uint8_t value) {
+  if (bytes_ == 0)
+    return;
+  driver_->ensureContext();
+  driver_->check(driver_->api().cuMemsetD8(ptr_, value, bytes_),
+                 "cuMemsetD8");
+}
+
+void DeviceBuffer::memset32(std::uint32_t value) {
+  if (bytes_ % 4 != 0)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("DeviceBuffer::memset32: size {} is not a "
+                                   "multiple of 4",
+                                   bytes_));
+  if (bytes_ == 0)
+    return;
+  driver_->ensureContext();
+  driver_->check(driver_->api().cuMemsetD32(ptr_, value, bytes_ / 4),
+                 "cuMemsetD32");
+}
+
+//===----------------------------------------------------------------------===//
+// Module
+//===----------------------------------------------------------------------===//
+
+/// True for an ELF (cubin) or fatbin image; anything else is taken as PTX.
+static bool isBinaryImage(const void *image, std::size_t bytes) {
+  static const unsigned char elfMagic[4] = {0x7f, 'E', 'L', 'F'};
+  static const unsigned char fatbinMagic[4] = {0x50, 0xed, 0x55, 0xba};
+  return bytes >= 4 && (std::memcmp(image, elfMagic, 4) == 0 ||
+                        std::memcmp(image, fatbinMagic, 4) == 0);
+}
+
+Module::Module(const void *image, std::size_t bytes, CudaDriver &driver)
+    : driver_(&driver) {
+  if (!image || bytes == 0)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       "Module: empty module image");
+  const DriverApi &cu = driver.api();
+  driver.ensureContext();
+
+  // PTX must be NUL-terminated for the driver; copy it so that it is.
+  std::string ptx;
+  const void *data = image;
+  if (!isBinaryImage(image, bytes)) {
+    ptx.assign(static_cast<const char *>(image), bytes);
+    data = ptx.c_str();
+  }
+
+  // Ask for the JIT error log: for PTX it says which line is wrong.
+  char errorLog[8192] = {};
+  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER,
+                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  void *values[] = {errorLog, reinterpret_cast<void *>(sizeof(errorLog) - 1)};
+  CUresult result = cu.cuModuleLoadDataEx(&module_, data, 2, options, values);
+  if (result != CUDA_SUCCESS) {
+    module_ = nullptr;
+    std::string message =
+        fmt::format("cuModuleLoadDataEx failed: {} ({})",
+                    driver.errorName(result), driver.errorString(result));
+    if (errorLog[0])
+      message += fmt::format("\nJIT error log:\n{}", errorLog);
+    throw RuntimeError(ErrorCode::DriverError, message, result);
+  }
+}
+
+Module::~Module() { unload(); }
+
+Module::Module(Module &&other) noexcept
+    : driver_(other.driver_), module_(std::exchange(other.module_, nullptr)) {}
+
+Module &Module::operator=(Module &&other) noexcept {
+  if (this != &other) {
+    unload();
+    driver_ = other.driver_;
+    module_ = std::exchange(other.module_, nullptr);
+  }
+  return *this;
+}
+
+void Module::unload() {
+  if (module_ && driver_ && driver_->available())
+    driver_->api().cuModuleUnload(module_);
+  module_ = nullptr;
+}
+
+CUfunction Module::function(const std::string &name) const {
+  if (!module_)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("Module::function({}): no module loaded",
+                                   name));
+  CUfunction function = nullptr;
+  driver_->check(
+      driver_->api().cuModuleGetFunction(&function, module_, name.c_str()),
+      fmt::format("cuModuleGetFunction({})", name).c_str());
+  return function;
+}
+
+//===----------------------------------------------------------------------===//
+// launch
+//===----------------------------------------------------------------------===//
+
+/// The shared memory every kernel may use without opting in.
+static constexpr unsigned kDefaultSharedLimit = 48 * 1024;
+
+void flashjit::rt::launch(CUfunction function, Dim3 grid, Dim3 block,
+                          unsigned sharedBytes, CUstream stream,
+                          void **params, CudaDriver &driver) {
+  auto config = [&] {
+    return fmt::format("grid=({},{},{}) block=({},{},{}) sharedBytes={}",
+                       grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                       sharedBytes);
+  };
+  if (!function)
+    throw RuntimeError(ErrorCode::InvalidArgument, "launch: null CUfunction");
+  if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("launch: empty {}", config()));
+  const DriverApi &cu = driver.api();
+  driver.ensureContext();
+
+  if (sharedBytes > kDefaultSharedLimit) {
+    CUresult result = cu.cuFuncSetAttribute(
+        function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        static_cast<int>(sharedBytes));
+    if (result != CUDA_SUCCESS) {
+      // Say what the limits are: the usual cause is a tile config too big.
+      int staticShared = 0, optin = 0;
+      CUdevice device = 0;
+      cu.cuFuncGetAttribute(&staticShared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                            function);
+      if (cu.cuCtxGetDevice(&device) == CUDA_SUCCESS)
+        cu.cuDeviceGetAttribute(
+            &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            device);
+      throw RuntimeError(
+          ErrorCode::DriverError,
+          fmt::format("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={}) "
+                      "failed: {} ({}); the kernel has {} bytes of static "
+                      "shared memory and the device allows {} per block",
+                      sharedBytes, driver.errorName(result),
+                      driver.errorString(result), staticShared, optin),
+          result);
+    }
+  }
+
+  CUresult result =
+      cu.cuLaunchKernel(function, grid.x, grid.y, grid.z, block.x, block.y,
+                        block.z, sharedBytes, stream, params, nullptr);
+  if (result != CUDA_SUCCESS)
+    throw RuntimeError(ErrorCode::DriverError,
+                       fmt::format("cuLaunchKernel({}) failed: {} ({})",
+                                   config(), driver.errorName(result),
+                                   driver.errorString(result)),
+                       result);
+}
+
+//===----------------------------------------------------------------------===//
+// EventTimer
+//===----------------------------------------------------------------------===//
+
+EventTimer::EventTimer(CudaDriver &driver) : driver_(&driver) {
+  const DriverApi &cu = driver.api();
+  driver.ensureContext();
+  driver.check(cu.cuEventCreate(&start_, CU_EVENT_DEFAULT), "cuEventCreate");
+  CUresult result = cu.cuEventCreate(&stop_, CU_EVENT_DEFAULT);
+  if (result != CUDA_SUCCESS) {
+    cu.cuEventDestroy(start_);
+    driver.check(result, "cuEventCreate");
+  }
+}
+
+EventTimer::~EventTimer() {
+  if (!driver_->available())
+    return;
+  if (start_)
+    driver_->api().cuEventDestroy(start_);
+  if (stop_)
+    driver_->api().cuEventDestroy(stop_);
+}
+
+void EventTimer::start(CUstream stream) {
+  driver_->check(driver_->api().cuEventRecord(start_, stream),
+                 "cuEventRecord(start)");
+}
+
+void EventTimer::stop(CUstream stream) {
+  driver_->check(driver_->api().cuEventRecord(stop_, stream),
+                 "cuEventRecord(stop)");
+}
+
+float EventTimer::elapsedMs() const {
+  const DriverApi &cu = driver_->api();
+  driver_->check(cu.cuEventSynchronize(stop_), "cuEventSynchronize");
+  float ms = 0.0f;
+  driver_->check(cu.cuEventElapsedTime(&ms, start_, stop_),
+                 "cuEventElapsedTime");
+  return ms;
+}

@@ -1,0 +1,204 @@
+//===- Cli.cpp - The flashjit command line --------------------------------===//
+//
+/// \file
+/// `flashjit compile` and `flashjit run`. The whole CLI lives inside
+/// libflashjit.so behind one C entry point, flashjit_cli_main, so the
+/// flashjit binary is a three-line main() and no C++ crosses the library's
+/// boundary.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Compiler.h"
+#include "kernels/HostTensor.h"
+#include "runtime/CudaDriver.h"
+#include "runtime/Error.h"
+#include "tools/cli/CliOptions.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <random>
+
+namespace flashjit::cli {
+namespace {
+
+enum ExitCode { Ok = 0, AccuracyFailed = 1, Usage = 2, NoDriver = 3 };
+
+/// Where stdout-bound text goes: the file of -o, or stdout.
+void writeOutput(const CliOptions &o, const std::string &text) {
+  if (o.outputPath.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return;
+  }
+  std::ofstream out(o.outputPath, std::ios::binary);
+  out << text;
+  if (!out)
+    throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
+}
+
+double msSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+int runCompile(const CliOptions &o) {
+  writeOutput(o, emitStage(o.spec, o.config, parseStage(o.emit)));
+  return Ok;
+}
+
+/// Resolves the device: --device, else cuda when a driver and GPU are
+/// found, else cpu with a note. The GPU backend is issue 3's; until it
+/// lands, cuda requests are refused with a clear message.
+Device resolveDevice(const CliOptions &o) {
+  auto &driver = rt::CudaDriver::get();
+  if (o.device == Device::Cuda) {
+    if (!driver.available())
+      throw rt::RuntimeError(rt::ErrorCode::NoDriver,
+                             driver.unavailableReason());
+    throw SpecError("--device cuda: the GPU backend is not available in this "
+                    "build yet; use --device cpu");
+  }
+  if (!o.device)
+    fmt::print(stderr, "note: {}; running on the CPU (interpreter mode)\n",
+               driver.available() ? "the GPU backend is not built yet"
+                                  : "no CUDA driver found");
+  return Device::Cpu;
+}
+
+void dumpIO(const std::string &dir, const AttentionSpec &spec,
+            const Problem &p, const AttentionData &d,
+            const BlockSparseLayout *layout) {
+  std::filesystem::create_directories(dir);
+  auto widen = [&](const HalfTensor &t) {
+    std::vector<float> out;
+    out.reserve(size_t(t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]));
+    for (int64_t b = 0; b < t.shape[0]; ++b)
+      for (int64_t h = 0; h < t.shape[1]; ++h)
+        for (int64_t n = 0; n < t.shape[2]; ++n)
+          for (int64_t c = 0; c < t.shape[3]; ++c)
+            out.push_back(halfToFloat(spec.dtype, t.at(b, h, n, c)));
+    return out;
+  };
+  auto shape = [](const HalfTensor &t) {
+    return std::vector<int64_t>(t.shape.begin(), t.shape.end());
+  };
+  writeNpyF32(dir + "/q.npy", shape(d.q), widen(d.q));
+  writeNpyF32(dir + "/k.npy", shape(d.k), widen(d.k));
+  writeNpyF32(dir + "/v.npy", shape(d.v), widen(d.v));
+  writeNpyF32(dir + "/o.npy", shape(d.o), widen(d.o));
+  writeNpyF32(dir + "/lse.npy", {p.batch, p.heads, p.seqLenQ}, d.lse);
+  if (layout) {
+    writeNpyI32(dir + "/layout_counts.npy",
+                {layout->batch, layout->heads, layout->qBlocks},
+                layout->counts);
+    writeNpyI32(dir + "/layout_indices.npy",
+                {layout->batch, layout->heads, layout->qBlocks,
+                 layout->kvBlocks},
+                layout->indices);
+  }
+}
+
+int runRun(const CliOptions &o) {
+  Device device = resolveDevice(o);
+  (void)device;
+  const AttentionSpec &spec = o.spec;
+  const Problem &p = o.problem;
+
+  std::random_device entropy;
+  uint64_t layoutSeed = o.seedGiven ? o.seed : entropy();
+  std::unique_ptr<BlockSparseLayout> layout;
+  if (spec.blockSparse) {
+    int64_t sb = spec.sparseBlock;
+    if (!o.layoutPath.empty())
+      layout = std::make_unique<BlockSparseLayout>(
+          BlockSparseLayout::readText(o.layoutPath));
+    else
+      layout = std::make_unique<BlockSparseLayout>(BlockSparseLayout::random(
+          p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
+          (p.seqLenKV + sb - 1) / sb, *o.density, layoutSeed));
+    layout->checkFits(p, sb);
+  }
+  // Fresh inputs every run; the seed is reported so a failure can be replayed.
+  uint64_t inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
+  std::mt19937_64 rng(inputSeed);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto kernel = CpuKernel::compile(spec, o.config);
+  double compileMs = msSince(t0);
+  t0 = std::chrono::steady_clock::now();
+  kernel->run(p, data, layout.get());
+  double runMs = msSince(t0);
+
+  ReferenceResult ref = referenceForward(spec, p, data, layout.get());
+  ErrorReport err = compareWithReference(spec, p, data, ref);
+  double bound = errorBound(spec.dtype);
+  double relErr = err.relErr();
+  bool ok = relErr < bound;
+  if (!o.dumpDir.empty())
+    dumpIO(o.dumpDir, spec, p, data, layout.get());
+
+  // JSON has no infinity: a NaN or a wrong -inf pattern reports 1e30.
+  double reported = std::isfinite(relErr) ? relErr : 1e30;
+  if (o.json) {
+    fmt::print("{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"cpu\","
+               "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
+               "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
+               "\"time_ms\":{:.3f},\"compile_ms\":{:.3f},\"input_seed\":{},"
+               "\"layout_seed\":{},\"density\":{}}}\n",
+               spec.toJson(), o.config.toJson(), p.toJson(spec), reported,
+               err.oRelErr, err.lseRelErr, err.nanCount, err.lseMismatch,
+               bound, ok ? "true" : "false", runMs, compileMs, inputSeed,
+               spec.blockSparse && o.layoutPath.empty()
+                   ? std::to_string(layoutSeed)
+                   : "null",
+               layout ? fmt::format("{:.4f}", layout->density()) : "null");
+  } else {
+    fmt::print("{} on cpu: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}) "
+               "-> {}\n",
+               spec.name(), reported, err.oRelErr, err.lseRelErr, bound,
+               ok ? "ok" : "FAILED");
+    fmt::print("compile {:.1f} ms, run {:.1f} ms (Br {} x Bc {})\n",
+               compileMs, runMs, o.config.blockM, o.config.blockN);
+  }
+  return ok ? Ok : AccuracyFailed;
+}
+
+int dispatch(int argc, const char *const *argv) {
+  CliOptions o = parseCommandLine(argc, argv);
+  if (o.help || o.command.empty() || o.command == "help") {
+    fmt::print("{}", helpText(o.command == "help" ? "" : o.command));
+    return o.command.empty() && !o.help ? Usage : Ok;
+  }
+  if (o.command == "compile")
+    return runCompile(o);
+  return runRun(o);
+}
+
+} // namespace
+} // namespace flashjit::cli
+
+/// The whole CLI: returns the process exit code. Never throws.
+extern "C" __attribute__((visibility("default"))) int
+flashjit_cli_main(int argc, const char *const *argv) {
+  using namespace flashjit;
+  try {
+    return cli::dispatch(argc, argv);
+  } catch (const SpecError &e) {
+    fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return cli::Usage;
+  } catch (const CompileError &e) {
+    fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return cli::Usage;
+  } catch (const rt::RuntimeError &e) {
+    fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return e.code() == rt::ErrorCode::NoDriver ? cli::NoDriver : cli::Usage;
+  } catch (const std::exception &e) {
+    fmt::print(stderr, "flashjit: internal error: {}\n", e.what());
+    return 4;
+  }
+}

@@ -1,0 +1,224 @@
+//===- CliOptions.cpp - flashjit's command-line options -------------------===//
+
+#include "tools/cli/CliOptions.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fmt/format.h>
+#include <functional>
+#include <map>
+
+namespace flashjit::cli {
+
+static const char *kCommands[] = {"compile", "run", "help"};
+
+std::string helpText(const std::string &command) {
+  std::string usage;
+  if (command == "compile")
+    usage = "usage: flashjit compile [spec] [tiling] [--emit STAGE] [-o FILE]\n"
+            "Prints one stage of the pipeline for the described attention.\n"
+            "  --emit STAGE         attn | tiled | llvm (default: tiled)\n"
+            "  -o FILE              write the stage to FILE instead of stdout\n";
+  else if (command == "run")
+    usage = "usage: flashjit run [spec] [problem] [tiling] [--device D] "
+            "[--json] [--dump-io DIR]\n"
+            "Runs the kernel on fresh random inputs and checks it against a\n"
+            "float64 reference (relative norm error of O and lse).\n"
+            "  --device cpu|cuda    where to run (default: cuda when a GPU is\n"
+            "                       found, else cpu with a note on stderr)\n"
+            "  --json               one JSON object on stdout, logs on stderr\n"
+            "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
+            ".npy\n"
+            "  --seed N             seed of the random block-sparse layout\n"
+            "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
+            "            3 no CUDA driver\n";
+  else
+    usage = "usage: flashjit <command> [options]\n"
+            "flashjit JIT-compiles FlashAttention-style kernels through an "
+            "MLIR pipeline.\n"
+            "commands:\n"
+            "  compile   print a stage of the pipeline (attn, tiled, llvm)\n"
+            "  run       run on random inputs and check against a reference\n"
+            "  help      this text; `flashjit <command> --help` for more\n";
+  return usage +
+         "spec:\n"
+         "  --head-dim D         head dim of Q and K (and V unless "
+         "--head-dim-v), 1..512\n"
+         "  --head-dim-v DV      head dim of V and O, 1..512\n"
+         "  --dtype bf16|fp16    element type (default bf16)\n"
+         "  --causal             causal mask (bottom-right aligned)\n"
+         "  --window L,R         sliding window: key j visible from query i "
+         "iff\n"
+         "                       i+Nkv-Nq-L <= j <= i+Nkv-Nq+R\n"
+         "  --gqa G              query heads per KV head (default 1)\n"
+         "  --block-sparse DENS  random block-sparse layout of that density\n"
+         "  --layout FILE        block-sparse layout: one line per sparse Q "
+         "block,\n"
+         "                       0/1 per sparse KV block (broadcast over B, "
+         "H)\n"
+         "  --sparse-block S     sparse block size (default 128)\n"
+         "problem:\n"
+         "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N)\n"
+         "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
+         "tiling:\n"
+         "  --block-m BR --block-n BC (default 64 x 64)\n";
+}
+
+namespace {
+
+int64_t parseInt(const std::string &flag, const std::string &text) {
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    throw SpecError(
+        fmt::format("{}: expected an integer, got '{}'", flag, text));
+  return v;
+}
+
+double parseDouble(const std::string &flag, const std::string &text) {
+  char *end = nullptr;
+  errno = 0;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE)
+    throw SpecError(fmt::format("{}: expected a number, got '{}'", flag, text));
+  return v;
+}
+
+} // namespace
+
+CliOptions parseCommandLine(int argc, const char *const *argv) {
+  CliOptions o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  size_t i = 0;
+  if (!args.empty() && args[0].rfind("-", 0) != 0) {
+    o.command = args[0];
+    ++i;
+    bool known = false;
+    for (const char *c : kCommands)
+      known |= o.command == c;
+    if (!known)
+      throw SpecError(fmt::format(
+          "unknown command '{}' (expected compile, run or help)", o.command));
+  }
+  bool headDimVGiven = false, seqKVGiven = false;
+  std::optional<std::string> window;
+
+  using Handler = std::function<void(const std::string &)>;
+  std::map<std::string, Handler> withValue = {
+      {"--head-dim",
+       [&](auto &v) { o.spec.headDimQK = parseInt("--head-dim", v); }},
+      {"--head-dim-v",
+       [&](auto &v) {
+         o.spec.headDimV = parseInt("--head-dim-v", v);
+         headDimVGiven = true;
+       }},
+      {"--dtype",
+       [&](auto &v) {
+         if (v == "bf16")
+           o.spec.dtype = DType::BF16;
+         else if (v == "fp16" || v == "f16")
+           o.spec.dtype = DType::FP16;
+         else
+           throw SpecError(
+               fmt::format("--dtype: expected bf16 or fp16, got '{}'", v));
+       }},
+      {"--window", [&](auto &v) { window = v; }},
+      {"--gqa", [&](auto &v) { o.spec.gqaGroup = parseInt("--gqa", v); }},
+      {"--block-sparse",
+       [&](auto &v) { o.density = parseDouble("--block-sparse", v); }},
+      {"--layout", [&](auto &v) { o.layoutPath = v; }},
+      {"--sparse-block",
+       [&](auto &v) { o.spec.sparseBlock = parseInt("--sparse-block", v); }},
+      {"--batch", [&](auto &v) { o.problem.batch = parseInt("--batch", v); }},
+      {"--heads", [&](auto &v) { o.problem.heads = parseInt("--heads", v); }},
+      {"--seq-len",
+       [&](auto &v) { o.problem.seqLenQ = parseInt("--seq-len", v); }},
+      {"--seq-len-kv",
+       [&](auto &v) {
+         o.problem.seqLenKV = parseInt("--seq-len-kv", v);
+         seqKVGiven = true;
+       }},
+      {"--scale", [&](auto &v) { o.problem.scale = parseDouble("--scale", v); }},
+      {"--block-m",
+       [&](auto &v) { o.config.blockM = parseInt("--block-m", v); }},
+      {"--block-n",
+       [&](auto &v) { o.config.blockN = parseInt("--block-n", v); }},
+      {"--device",
+       [&](auto &v) {
+         if (v == "cpu")
+           o.device = Device::Cpu;
+         else if (v == "cuda")
+           o.device = Device::Cuda;
+         else
+           throw SpecError(
+               fmt::format("--device: expected cpu or cuda, got '{}'", v));
+       }},
+      {"--emit", [&](auto &v) { o.emit = v; }},
+      {"-o", [&](auto &v) { o.outputPath = v; }},
+      {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
+      {"--seed",
+       [&](auto &v) {
+         o.seed = uint64_t(parseInt("--seed", v));
+         o.seedGiven = true;
+       }},
+  };
+  std::map<std::string, std::function<void()>> flags = {
+      {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
+      {"--json", [&] { o.json = true; }},
+      {"--help", [&] { o.help = true; }},
+      {"-h", [&] { o.help = true; }},
+  };
+
+  for (; i < args.size(); ++i) {
+    std::string arg = args[i], value;
+    bool inlineValue = false;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 &&
+                                 eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      inlineValue = true;
+    }
+    if (auto f = flags.find(arg); f != flags.end() && !inlineValue) {
+      f->second();
+      continue;
+    }
+    auto h = withValue.find(arg);
+    if (h == withValue.end())
+      throw SpecError(fmt::format("unknown option '{}' (see --help)", arg));
+    if (!inlineValue) {
+      if (i + 1 >= args.size())
+        throw SpecError(fmt::format("{} needs a value", arg));
+      value = args[++i];
+    }
+    h->second(value);
+  }
+  if (o.help)
+    return o;
+
+  if (!headDimVGiven)
+    o.spec.headDimV = o.spec.headDimQK;
+  if (!seqKVGiven)
+    o.problem.seqLenKV = o.problem.seqLenQ;
+  if (window) {
+    if (o.spec.mask == MaskKind::Causal)
+      throw SpecError("--causal and --window are exclusive (causal is "
+                      "--window inf,0)");
+    auto comma = window->find(',');
+    if (comma == std::string::npos)
+      throw SpecError(
+          fmt::format("--window: expected L,R, got '{}'", *window));
+    o.spec.mask = MaskKind::SlidingWindow;
+    o.problem.windowLeft = parseInt("--window", window->substr(0, comma));
+    o.problem.windowRight = parseInt("--window", window->substr(comma + 1));
+  }
+  if (o.density && !o.layoutPath.empty())
+    throw SpecError("--block-sparse and --layout are exclusive");
+  o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
+  o.spec.validate();
+  o.config.validate(o.spec);
+  o.problem.validate(o.spec);
+  return o;
+}
+
+} // namespace flashjit::cli

@@ -1,0 +1,47 @@
+//===- CliOptions.h - flashjit's command-line options -----------*- C++ -*-===//
+//
+/// \file
+/// Parsing of the flags every flashjit command shares (the spec, the problem,
+/// the tiling, the device, the output). Plain C++: bad input becomes a
+/// SpecError, which the CLI prints on one line before exiting with 2.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
+#define FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
+
+#include "kernels/AttentionSpec.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace flashjit::cli {
+
+enum class Device { Cpu, Cuda };
+
+struct CliOptions {
+  std::string command;
+  AttentionSpec spec;
+  Problem problem;
+  TileConfig config;
+  std::optional<Device> device; ///< unset: cuda when a GPU is found, else cpu
+  std::string emit = "tiled";
+  std::string outputPath;
+  std::string dumpDir;
+  std::string layoutPath;
+  std::optional<double> density;
+  uint64_t seed = 0;
+  bool seedGiven = false;
+  bool json = false;
+  bool help = false;
+};
+
+/// Parses argv[1..]; throws SpecError on an unknown flag or a bad value.
+CliOptions parseCommandLine(int argc, const char *const *argv);
+
+/// The --help text of \p command ("" for the top level).
+std::string helpText(const std::string &command);
+
+} // namespace flashjit::cli
+
+#endif // FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
