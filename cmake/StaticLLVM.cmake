@@ -22,6 +22,17 @@ llvm_map_components_to_libnames(FLASHJIT_LLVM_COMPONENT_LIBS
   X86CodeGen X86AsmParser X86Desc X86Info
   OrcJIT ExecutionEngine JITLink RuntimeDyld PerfJITEvents)
 
+# A few MLIR targets (MLIRExecutionEngine) name the whole libMLIR.so as a
+# dependency; linking it beside the static archives would give two copies of
+# MLIR's registries in one process. Name their static dependencies instead.
+set(FLASHJIT_MLIR_DYLIB_REPLACEMENT
+  MLIRBuiltinToLLVMIRTranslation MLIRExecutionEngineUtils MLIRLLVMDialect
+  MLIRLLVMToLLVMIRTranslation MLIRTargetLLVMIRExport MLIRIR MLIRSupport)
+
+add_library(flashjit_mlir_static INTERFACE)
+target_link_libraries(flashjit_mlir_static INTERFACE
+  ${FLASHJIT_MLIR_DYLIB_REPLACEMENT})
+
 # Static zlib/zstd instead of the shared ones, and no z3.
 add_library(flashjit_llvm_static INTERFACE)
 target_link_libraries(flashjit_llvm_static INTERFACE ${FLASHJIT_LLVM_COMPONENT_LIBS})
@@ -30,7 +41,7 @@ if(TARGET LLVMSupport)
     "rt;dl;m;pthread;/usr/lib/x86_64-linux-gnu/libz.a;/usr/lib/x86_64-linux-gnu/libzstd.a;LLVMDemangle")
 endif()
 
-# Replace the "LLVM" dylib dependency in every MLIR target.
+# Replace the "LLVM" and "MLIR" dylib dependencies in every MLIR target.
 foreach(tgt IN LISTS MLIR_EXPORTED_TARGETS)
   if(TARGET ${tgt})
     get_target_property(_type ${tgt} TYPE)
@@ -38,6 +49,7 @@ foreach(tgt IN LISTS MLIR_EXPORTED_TARGETS)
       get_target_property(_libs ${tgt} INTERFACE_LINK_LIBRARIES)
       if(_libs)
         list(TRANSFORM _libs REPLACE "^LLVM$" "flashjit_llvm_static")
+        list(TRANSFORM _libs REPLACE "^MLIR$" "flashjit_mlir_static")
         set_property(TARGET ${tgt} PROPERTY INTERFACE_LINK_LIBRARIES "${_libs}")
       endif()
     endif()

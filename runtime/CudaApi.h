@@ -1,4 +1,4 @@
-//===- CudaApi.h - The CUDA driver entry points, loaded at run time -*- C++ -*-//
+//===- CudaApi.h - CUDA driver entry points, loaded at run time -*- C++ -*-===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //

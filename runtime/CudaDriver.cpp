@@ -1,4 +1,4 @@
-//===- CudaDriver.cpp - The CUDA driver, loaded with dlopen --------------===//
+//===- CudaDriver.cpp - The CUDA driver, loaded with dlopen ---------------===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //
@@ -61,8 +61,8 @@ const char *fallbackErrorName(int result) {
 }
 
 /// Looks \p symbol up in \p handle and stores it, typed, into \p slot.
-template <typename Fn> bool resolveSymbol(void *handle, const char *symbol,
-                                          Fn &slot) {
+template <typename Fn>
+bool resolveSymbol(void *handle, const char *symbol, Fn &slot) {
   slot = reinterpret_cast<Fn>(dlsym(handle, symbol));
   return slot != nullptr;
 }
@@ -130,9 +130,9 @@ void CudaDriver::Impl::load() {
       name = fallbackErrorName(result);
     if (api.cuGetErrorString(result, &text) != CUDA_SUCCESS || !text)
       text = "no description";
-    reason = fmt::format("no usable CUDA device: cuInit failed: {} ({})",
-                         name ? name : fmt::format("CUresult {}", result),
-                         text);
+    reason =
+        fmt::format("no usable CUDA device: cuInit failed: {} ({})",
+                    name ? name : fmt::format("CUresult {}", result), text);
     return;
   }
   if (api.cuDriverGetVersion(&driverVersion) != CUDA_SUCCESS)
@@ -218,8 +218,8 @@ void CudaDriver::check(int result, const char *call) const {
   if (result == CUDA_SUCCESS)
     return;
   throw RuntimeError(ErrorCode::DriverError,
-                     fmt::format("{} failed: {} ({})", call,
-                                 errorName(result), errorString(result)),
+                     fmt::format("{} failed: {} ({})", call, errorName(result),
+                                 errorString(result)),
                      result);
 }
 
@@ -323,10 +323,11 @@ DeviceInfo flashjit::rt::queryDevice(int ordinal, CudaDriver &driver) {
                            "COMPUTE_CAPABILITY_MAJOR");
   info.ccMinor = attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                            "COMPUTE_CAPABILITY_MINOR");
-  info.smCount =
-      attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
-  info.maxSharedPerBlock = attribute(
-      CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, "MAX_SHARED_MEMORY_PER_BLOCK");
+  info.smCount = attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                           "MULTIPROCESSOR_COUNT");
+  info.maxSharedPerBlock =
+      attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
+                "MAX_SHARED_MEMORY_PER_BLOCK");
   info.maxSharedPerBlockOptin =
       attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN");
@@ -338,7 +339,8 @@ DeviceInfo flashjit::rt::queryDevice(int ordinal, CudaDriver &driver) {
   info.maxThreadsPerBlock = attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                       "MAX_THREADS_PER_BLOCK");
   info.warpSize = attribute(CU_DEVICE_ATTRIBUTE_WARP_SIZE, "WARP_SIZE");
-  info.l2CacheBytes = attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2_CACHE_SIZE");
+  info.l2CacheBytes =
+      attribute(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, "L2_CACHE_SIZE");
   size_t totalMem = 0;
   driver.check(cu.cuDeviceTotalMem(&totalMem, device), "cuDeviceTotalMem");
   info.totalMemBytes = totalMem;

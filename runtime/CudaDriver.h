@@ -1,4 +1,4 @@
-//===- CudaDriver.h - The CUDA driver, loaded with dlopen --------*- C++ -*-===//
+//===- CudaDriver.h - The CUDA driver, loaded with dlopen -------*- C++ -*-===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //
@@ -151,8 +151,7 @@ struct DeviceInfo {
 std::string targetArchFor(int ccMajor, int ccMinor);
 
 /// Queries device \p ordinal (no context needed).
-DeviceInfo queryDevice(int ordinal = 0,
-                       CudaDriver &driver = CudaDriver::get());
+DeviceInfo queryDevice(int ordinal = 0, CudaDriver &driver = CudaDriver::get());
 
 /// True if \p stream is being captured into a CUDA graph (then the runtime
 /// must not synchronize it or time it with events).

@@ -1,4 +1,4 @@
-//===- CudaObjects.cpp - RAII wrappers over CUDA driver objects ----------===//
+//===- CudaObjects.cpp - RAII wrappers over CUDA driver objects -----------===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //
@@ -98,8 +98,7 @@ void DeviceBuffer::memset8(std::uint8_t value) {
   if (bytes_ == 0)
     return;
   driver_->ensureContext();
-  driver_->check(driver_->api().cuMemsetD8(ptr_, value, bytes_),
-                 "cuMemsetD8");
+  driver_->check(driver_->api().cuMemsetD8(ptr_, value, bytes_), "cuMemsetD8");
 }
 
 void DeviceBuffer::memset32(std::uint32_t value) {
@@ -182,9 +181,9 @@ void Module::unload() {
 
 CUfunction Module::function(const std::string &name) const {
   if (!module_)
-    throw RuntimeError(ErrorCode::InvalidArgument,
-                       fmt::format("Module::function({}): no module loaded",
-                                   name));
+    throw RuntimeError(
+        ErrorCode::InvalidArgument,
+        fmt::format("Module::function({}): no module loaded", name));
   CUfunction function = nullptr;
   driver_->check(
       driver_->api().cuModuleGetFunction(&function, module_, name.c_str()),
@@ -200,8 +199,8 @@ CUfunction Module::function(const std::string &name) const {
 static constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
 void flashjit::rt::launch(CUfunction function, Dim3 grid, Dim3 block,
-                          unsigned sharedBytes, CUstream stream,
-                          void **params, CudaDriver &driver) {
+                          unsigned sharedBytes, CUstream stream, void **params,
+                          CudaDriver &driver) {
   auto config = [&] {
     return fmt::format("grid=({},{},{}) block=({},{},{}) sharedBytes={}",
                        grid.x, grid.y, grid.z, block.x, block.y, block.z,

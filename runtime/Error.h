@@ -1,4 +1,4 @@
-//===- Error.h - flashjit runtime errors -------------------------*- C++ -*-===//
+//===- Error.h - flashjit runtime errors ------------------------*- C++ -*-===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //

@@ -1,4 +1,4 @@
-//===- NvJitLink.cpp - PTX -> cubin with nvJitLink, loaded with dlopen ---===//
+//===- NvJitLink.cpp - PTX -> cubin with nvJitLink, loaded with dlopen ----===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //
@@ -28,7 +28,8 @@
 #include <sstream>
 
 #ifndef FLASHJIT_NVJITLINK_FALLBACK_PATH
-#define FLASHJIT_NVJITLINK_FALLBACK_PATH "/usr/local/cuda/lib64/libnvJitLink.so.13"
+#define FLASHJIT_NVJITLINK_FALLBACK_PATH                                       \
+  "/usr/local/cuda/lib64/libnvJitLink.so.13"
 #endif
 
 using namespace flashjit::rt;
@@ -188,8 +189,8 @@ NvJitLink::NvJitLink(const std::vector<std::string> &candidates)
     need("nvJitLinkGetInfoLog", api.getInfoLog);
     need("nvJitLinkVersion", api.version, /*versioned=*/false);
     if (!missing.empty()) {
-      failures.push_back(fmt::format("{} lacks {}", candidate,
-                                     fmt::join(missing, ", ")));
+      failures.push_back(
+          fmt::format("{} lacks {}", candidate, fmt::join(missing, ", ")));
       dlclose(handle);
       continue;
     }
@@ -225,10 +226,9 @@ std::pair<unsigned, unsigned> NvJitLink::version() const {
   unsigned major = 0, minor = 0;
   nvJitLinkResult result = api().version(&major, &minor);
   if (result != NVJITLINK_SUCCESS)
-    throw RuntimeError(ErrorCode::NvJitLinkError,
-                       fmt::format("nvJitLinkVersion failed: {}",
-                                   resultName(result)),
-                       result);
+    throw RuntimeError(
+        ErrorCode::NvJitLinkError,
+        fmt::format("nvJitLinkVersion failed: {}", resultName(result)), result);
   return {major, minor};
 }
 
@@ -236,10 +236,10 @@ std::pair<unsigned, unsigned> NvJitLink::version() const {
 // PTX -> cubin
 //===----------------------------------------------------------------------===//
 
-CubinResult flashjit::rt::ptxToCubin(const std::string &ptx,
-                                     const std::string &arch,
-                                     const std::vector<std::string> &extraOptions,
-                                     NvJitLink &nvJitLink) {
+CubinResult
+flashjit::rt::ptxToCubin(const std::string &ptx, const std::string &arch,
+                         const std::vector<std::string> &extraOptions,
+                         NvJitLink &nvJitLink) {
   if (ptx.empty())
     throw RuntimeError(ErrorCode::InvalidArgument, "ptxToCubin: empty PTX");
   if (arch.rfind("sm_", 0) != 0)
@@ -271,9 +271,9 @@ CubinResult flashjit::rt::ptxToCubin(const std::string &ptx,
   };
 
   LinkHandle link(api);
-  nvJitLinkResult result = api.create(
-      link.address(), static_cast<uint32_t>(optionPtrs.size()),
-      optionPtrs.data());
+  nvJitLinkResult result =
+      api.create(link.address(), static_cast<uint32_t>(optionPtrs.size()),
+                 optionPtrs.data());
   if (result != NVJITLINK_SUCCESS)
     fail("nvJitLinkCreate", result, link.get() ? link.errorLog() : "");
 
@@ -329,7 +329,8 @@ flashjit::rt::parseResourceUsagePerFunction(const std::string &infoLog) {
   static const std::regex compiling(R"(Compiling entry function '([^']+)')");
   static const std::regex properties(R"(Function properties for '?([^':\s]+))");
   static const std::regex frame(
-      R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+      R"((\d+) bytes stack frame, (\d+) bytes spill stores, )"
+      R"((\d+) bytes spill loads)");
   static const std::regex used(R"([Uu]sed (\d+) registers)");
   static const std::regex barriers(R"(used (\d+) barriers)");
   static const std::regex linkedStack(R"(barriers, (\d+) stack)");
@@ -379,7 +380,8 @@ ResourceUsage flashjit::rt::parseResourceUsage(const std::string &infoLog) {
   ResourceUsage total;
   for (const auto &[name, u] : parseResourceUsagePerFunction(infoLog)) {
     total.registers = std::max(total.registers, u.registers);
-    total.spillStoresBytes = std::max(total.spillStoresBytes, u.spillStoresBytes);
+    total.spillStoresBytes =
+        std::max(total.spillStoresBytes, u.spillStoresBytes);
     total.spillLoadsBytes = std::max(total.spillLoadsBytes, u.spillLoadsBytes);
     total.sharedBytes = std::max(total.sharedBytes, u.sharedBytes);
     total.stackBytes = std::max(total.stackBytes, u.stackBytes);

@@ -1,4 +1,4 @@
-//===- NvJitLink.h - PTX -> cubin with nvJitLink, loaded with dlopen -*- C++ -*-//
+//===- NvJitLink.h - PTX -> cubin with nvJitLink (dlopen) -------*- C++ -*-===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //

@@ -1,4 +1,5 @@
-//===- RuntimeGpuTests.cpp - Runtime tests on a real GPU -------------------===//
+//===- RuntimeGpuTests.cpp - Runtime tests on a real GPU ------------------===//
+//-------------------===//
 //
 // Part of flashjit, a JIT compiler for FlashAttention-style kernels.
 //
@@ -80,8 +81,8 @@ protected:
     CUdeviceptr pa = da.ptr(), pb = db.ptr(), pc = dc.ptr();
     void *params[] = {&pa, &pb, &pc, &n};
     unsigned block = 256;
-    launch(function, {(n + block - 1) / block, 1, 1}, {block, 1, 1}, 0,
-           nullptr, params);
+    launch(function, {(n + block - 1) / block, 1, 1}, {block, 1, 1}, 0, nullptr,
+           params);
     CudaDriver::get().synchronize();
 
     std::vector<float> c = dc.downloadVector<float>();
@@ -90,8 +91,8 @@ protected:
     for (unsigned i = 0; i < n; ++i) {
       if (c[i] != a[i] + b[i] && bad++ < 5)
         ADD_FAILURE() << "c[" << i << "] = " << c[i] << ", expected "
-                      << a[i] + b[i] << (isPoison(c[i]) ? " (never written)"
-                                                        : "");
+                      << a[i] + b[i]
+                      << (isPoison(c[i]) ? " (never written)" : "");
     }
     EXPECT_EQ(bad, 0u) << "wrong elements out of " << n;
     for (unsigned i = n; i < n + guard; ++i)
@@ -227,8 +228,9 @@ TEST_F(RuntimeGpu, DriverErrorsNameTheCall) {
     Module bad(garbage);
     FAIL() << "loaded a garbage image";
   } catch (const RuntimeError &e) {
-    EXPECT_NE(std::string(e.what()).find("cuModuleLoadDataEx failed: CUDA_ERROR_"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("cuModuleLoadDataEx failed: CUDA_ERROR_"),
+        std::string::npos)
         << e.what();
   }
   try {

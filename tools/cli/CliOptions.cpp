@@ -58,7 +58,8 @@ std::string helpText(const std::string &command) {
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
          "problem:\n"
-         "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N)\n"
+         "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
+         "                       H = the gqa group size: one KV head)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
          "  --block-m BR --block-n BC (default 64 x 64)\n";
@@ -101,7 +102,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       throw SpecError(fmt::format(
           "unknown command '{}' (expected compile, run or help)", o.command));
   }
-  bool headDimVGiven = false, seqKVGiven = false;
+  bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
   std::optional<std::string> window;
 
   using Handler = std::function<void(const std::string &)>;
@@ -131,7 +132,11 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--sparse-block",
        [&](auto &v) { o.spec.sparseBlock = parseInt("--sparse-block", v); }},
       {"--batch", [&](auto &v) { o.problem.batch = parseInt("--batch", v); }},
-      {"--heads", [&](auto &v) { o.problem.heads = parseInt("--heads", v); }},
+      {"--heads",
+       [&](auto &v) {
+         o.problem.heads = parseInt("--heads", v);
+         headsGiven = true;
+       }},
       {"--seq-len",
        [&](auto &v) { o.problem.seqLenQ = parseInt("--seq-len", v); }},
       {"--seq-len-kv",
@@ -200,6 +205,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.spec.headDimV = o.spec.headDimQK;
   if (!seqKVGiven)
     o.problem.seqLenKV = o.problem.seqLenQ;
+  if (!headsGiven)
+    o.problem.heads = o.spec.gqaGroup; // one KV head by default
   if (window) {
     if (o.spec.mask == MaskKind::Causal)
       throw SpecError("--causal and --window are exclusive (causal is "
@@ -217,7 +224,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
   o.spec.validate();
   o.config.validate(o.spec);
-  o.problem.validate(o.spec);
+  if (o.command != "compile") // compile needs no problem
+    o.problem.validate(o.spec);
   return o;
 }
 

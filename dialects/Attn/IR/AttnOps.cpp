@@ -17,15 +17,18 @@ void AttnDialect::initialize() {
       >();
 }
 
-/// Every diagnostic names the field and the value it got.
+/// Every diagnostic names the field and the value it got. Integer fields
+/// are read signed (the generated getters are unsigned).
 LogicalResult FlashFwdOp::verify() {
+  int64_t dqk = getHeadDimQkAttr().getInt(), dv = getHeadDimVAttr().getInt();
+  int64_t gqa = getGqaAttr().getInt(), sb = getSparseBlockAttr().getInt();
   auto checkDim = [&](StringRef field, int64_t v) -> LogicalResult {
     if (v < 1 || v > 512)
       return emitOpError() << field << " must be in [1, 512], got " << v;
     return success();
   };
-  if (failed(checkDim("head_dim_qk", getHeadDimQk())) ||
-      failed(checkDim("head_dim_v", getHeadDimV())))
+  if (failed(checkDim("head_dim_qk", dqk)) ||
+      failed(checkDim("head_dim_v", dv)))
     return failure();
   Type et = getElementType();
   if (!et.isBF16() && !et.isF16())
@@ -35,11 +38,11 @@ LogicalResult FlashFwdOp::verify() {
     return emitOpError()
            << "mask must be \"none\", \"causal\" or \"sliding_window\", got \""
            << mask << "\"";
-  if (getGqa() < 1)
-    return emitOpError() << "gqa must be >= 1, got " << getGqa();
-  if (getSparseBlock() < 0)
+  if (gqa < 1)
+    return emitOpError() << "gqa must be >= 1, got " << gqa;
+  if (sb < 0)
     return emitOpError() << "sparse_block must be >= 0 (0 = dense), got "
-                         << getSparseBlock();
+                         << sb;
   return success();
 }
 

@@ -438,7 +438,8 @@ struct TileAttentionPass
   void runOnOperation() override {
     if (blockM < 1 || blockN < 1) {
       getOperation().emitError() << "block-m and block-n must be >= 1, got "
-                                 << blockM << " and " << blockN;
+                                 << int64_t(blockM) << " and "
+                                 << int64_t(blockN);
       return signalPassFailure();
     }
     SmallVector<FlashFwdOp> ops;
@@ -446,9 +447,9 @@ struct TileAttentionPass
     for (FlashFwdOp op : ops) {
       int64_t sb = op.getSparseBlock();
       if (sb > 0 && (sb % blockM != 0 || sb % blockN != 0)) {
-        op.emitOpError() << "block-m (" << blockM << ") and block-n ("
-                         << blockN << ") must divide sparse_block (" << sb
-                         << ")";
+        op.emitOpError() << "block-m (" << int64_t(blockM) << ") and block-n ("
+                         << int64_t(blockN) << ") must divide sparse_block ("
+                         << sb << ")";
         return signalPassFailure();
       }
       TiledForwardBuilder(op, blockM, blockN).build();

@@ -50,8 +50,9 @@ private:
 };
 
 bool isElf(const std::vector<char> &image) {
-  return image.size() > 4 && std::memcmp(image.data(), "\x7f"
-                                                       "ELF",
+  return image.size() > 4 && std::memcmp(image.data(),
+                                         "\x7f"
+                                         "ELF",
                                          4) == 0;
 }
 
@@ -97,10 +98,10 @@ TEST(CudaDriver, EveryCallThrowsNoDriver) {
   expectError(ErrorCode::NoDriver, [&] { queryDevice(0, driver); });
   expectError(ErrorCode::NoDriver, [&] { DeviceBuffer buffer(64, driver); });
   expectError(ErrorCode::NoDriver, [&] { EventTimer timer(driver); });
-  expectError(ErrorCode::NoDriver,
-              [&] { Module module(std::string(test::kTestKernelsPtx), driver); });
-  expectError(ErrorCode::NoDriver,
-              [&] { isStreamCapturing(nullptr, driver); });
+  expectError(ErrorCode::NoDriver, [&] {
+    Module module(std::string(test::kTestKernelsPtx), driver);
+  });
+  expectError(ErrorCode::NoDriver, [&] { isStreamCapturing(nullptr, driver); });
 }
 
 TEST(CudaDriver, EnvironmentOverridesLibraryPath) {
@@ -185,8 +186,7 @@ TEST(NvJitLink, MissingLibraryIsReported) {
   std::string message = expectError(ErrorCode::NvJitLinkError, [&] {
     ptxToCubin(test::kTestKernelsPtx, "sm_80", {}, nvJitLink);
   });
-  EXPECT_NE(message.find("/nonexistent/libnvJitLink.so.13"),
-            std::string::npos);
+  EXPECT_NE(message.find("/nonexistent/libnvJitLink.so.13"), std::string::npos);
 }
 
 TEST(NvJitLink, EnvironmentOverridesCandidates) {
@@ -210,7 +210,8 @@ TEST_P(PtxToCubin, CompilesVectorAdd) {
   EXPECT_GT(add.registers, 0) << result.infoLog;
   EXPECT_FALSE(add.spills());
   EXPECT_EQ(add.barriers, 0);
-  ResourceUsage roundtrip = parseResourceUsage(result.infoLog, "smem_roundtrip");
+  ResourceUsage roundtrip =
+      parseResourceUsage(result.infoLog, "smem_roundtrip");
   EXPECT_GT(roundtrip.registers, 0) << result.infoLog;
   EXPECT_EQ(roundtrip.barriers, 1) << result.infoLog;
   // Dynamic shared memory is not part of the report; the sm_90a linker adds
@@ -290,8 +291,7 @@ TEST(NvJitLink, SyntaxErrorCarriesTheErrorLog) {
 }
 
 TEST(NvJitLink, RejectsBadArguments) {
-  expectError(ErrorCode::InvalidArgument,
-              [] { ptxToCubin("", "sm_90a"); });
+  expectError(ErrorCode::InvalidArgument, [] { ptxToCubin("", "sm_90a"); });
   expectError(ErrorCode::InvalidArgument,
               [] { ptxToCubin(test::kTestKernelsPtx, "90a"); });
   std::string message = expectError(ErrorCode::NvJitLinkError, [] {
