@@ -46,7 +46,10 @@ double msSince(std::chrono::steady_clock::time_point start) {
 }
 
 int runCompile(const CliOptions &o) {
-  writeOutput(o, emitStage(o.spec, o.config, parseStage(o.emit)));
+  std::string text = emitStage(o.spec, o.config, parseStage(o.emit));
+  if (!text.empty() && text.back() != '\n')
+    text += '\n';
+  writeOutput(o, text);
   return Ok;
 }
 
