@@ -2,6 +2,8 @@
 
 #include "compiler/CompilerInternal.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Target/PTXEmitter.h"
+#include "kernels/GpuGeometry.h"
 
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
@@ -19,14 +21,16 @@ using namespace mlir;
 namespace flashjit {
 
 Stage parseStage(const std::string &name) {
-  if (name == "attn")
-    return Stage::Attn;
-  if (name == "tiled")
-    return Stage::Tiled;
-  if (name == "llvm")
-    return Stage::Llvm;
-  throw SpecError(fmt::format(
-      "--emit: unknown stage '{}' (expected attn, tiled or llvm)", name));
+  static const std::pair<const char *, Stage> stages[] = {
+      {"attn", Stage::Attn}, {"tiled", Stage::Tiled}, {"gpu", Stage::Gpu},
+      {"llvm", Stage::Llvm}, {"ptx", Stage::Ptx},     {"cubin", Stage::Cubin},
+      {"cpu-llvm", Stage::CpuLlvm}};
+  for (auto &[n, stage] : stages)
+    if (name == n)
+      return stage;
+  throw SpecError(fmt::format("--emit: unknown stage '{}' (expected attn, "
+                              "tiled, gpu, llvm, ptx, cubin or cpu-llvm)",
+                              name));
 }
 
 std::unique_ptr<MLIRContext> createContext() {
@@ -82,8 +86,51 @@ std::string cpuPipelineText(const TileConfig &config) {
                      config.blockM, config.blockN);
 }
 
+/// Checks that \p config and \p target can make a GPU kernel for \p spec.
+static PtxOptions checkGpuRequest(const AttentionSpec &spec,
+                                  const TileConfig &config,
+                                  const GpuTarget &target) {
+  std::string problem = gpuConfigProblem(spec, config, 227 * 1024);
+  if (!problem.empty())
+    throw SpecError(problem);
+  if (target.copyBytes != 2 && target.copyBytes != 4 &&
+      target.copyBytes != 8 && target.copyBytes != 16)
+    throw SpecError(fmt::format("copy width must be 2, 4, 8 or 16 bytes, got {}",
+                                target.copyBytes));
+  PtxOptions ptx;
+  ptx.arch = target.arch;
+  ptx.ptxVersion = choosePtxVersion(target.arch, target.driverVersion);
+  checkTarget(ptx); // a named error, never an LLVM "Cannot select"
+  return ptx;
+}
+
+/// Runs the GPU pipeline on the attn stage of \p spec.
+static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
+                                        const AttentionSpec &spec,
+                                        const TileConfig &config,
+                                        const GpuTarget &target,
+                                        bool stopAtGpu) {
+  OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
+  GpuPipelineConfig gpu;
+  gpu.copyBytes = target.copyBytes;
+  runPipeline(*module, [&](OpPassManager &pm) {
+    buildGpuPipeline(pm, config, gpu, stopAtGpu);
+  });
+  return module;
+}
+
+std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
+                         const GpuTarget &target) {
+  spec.validate();
+  config.validate(spec);
+  PtxOptions ptx = checkGpuRequest(spec, config, target);
+  auto ctx = createContext();
+  auto module = lowerToGpu(*ctx, spec, config, target, false);
+  return gpuModuleToPtx(*module, ptx);
+}
+
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
-                      Stage stage) {
+                      Stage stage, const GpuTarget &target) {
   spec.validate();
   config.validate(spec);
   auto ctx = createContext();
@@ -99,7 +146,21 @@ std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
                 [&](OpPassManager &pm) { buildTilingPipeline(pm, config); });
     module->print(os);
     break;
-  case Stage::Llvm: {
+  case Stage::Gpu:
+    checkGpuRequest(spec, config, target);
+    lowerToGpu(*ctx, spec, config, target, true)->print(os);
+    break;
+  case Stage::Llvm:
+  case Stage::Ptx: {
+    PtxOptions ptx = checkGpuRequest(spec, config, target);
+    auto gpuModule = lowerToGpu(*ctx, spec, config, target, false);
+    os << (stage == Stage::Llvm ? gpuModuleToLLVMIR(*gpuModule, ptx)
+                                : gpuModuleToPtx(*gpuModule, ptx));
+    break;
+  }
+  case Stage::Cubin:
+    throw SpecError("emitStage: the cubin is made from the PTX by nvJitLink");
+  case Stage::CpuLlvm: {
     runPipeline(*module,
                 [&](OpPassManager &pm) { buildCpuPipeline(pm, config); });
     llvm::LLVMContext llvmCtx;

@@ -27,20 +27,37 @@ public:
 
 /// Inspectable stages of the pipeline.
 enum class Stage {
-  Attn,  ///< the attn dialect description
-  Tiled, ///< after flashjit-tile-attention: the FA-2 loop in scf/arith/memref
-  Llvm,  ///< LLVM IR of the CPU execution mode
+  Attn,    ///< the attn dialect description
+  Tiled,   ///< after flashjit-tile-attention: the FA-2 loop in scf/arith/memref
+  Gpu,     ///< the tensor-core kernel in the gpu + llvm/nvvm dialects
+  Llvm,    ///< the kernel's LLVM IR (NVPTX), optimised
+  Ptx,     ///< PTX assembly
+  Cubin,   ///< the cubin (made by the caller from Ptx through nvJitLink)
+  CpuLlvm, ///< LLVM IR of the CPU execution mode
 };
 
-/// Parses "attn", "tiled", "llvm"; throws SpecError otherwise.
+/// Parses "attn", "tiled", "gpu", "llvm", "ptx", "cubin", "cpu-llvm";
+/// throws SpecError otherwise.
 Stage parseStage(const std::string &name);
+
+/// What a GPU compile targets.
+struct GpuTarget {
+  std::string arch = "sm_90a"; ///< sm_80, sm_86, sm_89, sm_90, sm_90a, ...
+  int driverVersion = 0;       ///< CUDA driver version (0: unknown)
+  int64_t copyBytes = 16;      ///< global->shared copy width (alignment)
+};
 
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
 
-/// Prints \p stage of \p spec compiled with \p config.
+/// Prints \p stage (not Cubin) of \p spec compiled with \p config.
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
-                      Stage stage);
+                      Stage stage, const GpuTarget &target = {});
+
+/// The GPU kernel's PTX; throws CompileError (or SpecError for a config the
+/// GPU cannot run).
+std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
+                         const GpuTarget &target);
 
 /// The textual pass pipeline that takes the attn stage to the CPU's LLVM
 /// dialect (the same one flashjit-opt runs as flashjit-cpu-pipeline).

@@ -203,22 +203,50 @@ AttentionData makeRandomInputs(const AttentionSpec &spec, const Problem &p,
   return d;
 }
 
+/// The rows the reference checks: all of them, or a sample within maxWork.
+static std::vector<int64_t> checkedRows(const AttentionSpec &spec,
+                                        const Problem &p, double maxWork) {
+  const int64_t bhCount = p.batch * p.heads, nq = p.seqLenQ;
+  double perRow = double(p.seqLenKV) * double(spec.headDimQK + spec.headDimV);
+  std::vector<int64_t> rows;
+  if (double(bhCount * nq) * perRow <= maxWork) {
+    for (int64_t r = 0; r < bhCount * nq; ++r)
+      rows.push_back(r);
+    return rows;
+  }
+  int64_t pairs = std::min<int64_t>(bhCount, 4);
+  int64_t perPair = std::max<int64_t>(
+      2, std::min<int64_t>(nq, int64_t(maxWork / perRow / double(pairs))));
+  for (int64_t k = 0; k < pairs; ++k) {
+    int64_t bh = pairs == 1 ? 0 : k * (bhCount - 1) / (pairs - 1);
+    for (int64_t j = 0; j < perPair; ++j) {
+      int64_t i = perPair == 1 ? 0 : j * (nq - 1) / (perPair - 1);
+      if (rows.empty() || rows.back() != bh * nq + i)
+        rows.push_back(bh * nq + i);
+    }
+  }
+  return rows;
+}
+
 ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
                                  const AttentionData &d,
-                                 const BlockSparseLayout *layout) {
+                                 const BlockSparseLayout *layout,
+                                 double maxWork) {
   const int64_t dqk = spec.headDimQK, dv = spec.headDimV;
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV;
   const double scale = p.effectiveScale(spec);
   auto [left, right] = effectiveWindow(spec, p);
   ReferenceResult r;
-  r.o.assign(size_t(p.batch * p.heads * Nq * dv), 0.0);
-  r.lse.assign(size_t(p.batch * p.heads * Nq),
-               -std::numeric_limits<double>::infinity());
+  r.rows = checkedRows(spec, p, maxWork);
+  r.o.assign(r.rows.size() * size_t(dv), 0.0);
+  r.lse.assign(r.rows.size(), -std::numeric_limits<double>::infinity());
   std::vector<double> qrow(dqk), s(Nkv), kf, vf;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h) {
-      int64_t hk = h / spec.gqaGroup;
-      // Widen this head's K and V once.
+  int64_t widenedBH = -1;
+  for (size_t ri = 0; ri < r.rows.size(); ++ri) {
+    int64_t bh = r.rows[ri] / Nq, i = r.rows[ri] % Nq;
+    int64_t b = bh / p.heads, h = bh % p.heads, hk = h / spec.gqaGroup;
+    if (bh != widenedBH) { // widen this head's K and V once
+      widenedBH = bh;
       kf.assign(size_t(Nkv * dqk), 0);
       vf.assign(size_t(Nkv * dv), 0);
       for (int64_t j = 0; j < Nkv; ++j) {
@@ -227,45 +255,42 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
         for (int64_t c = 0; c < dv; ++c)
           vf[j * dv + c] = halfToFloat(spec.dtype, d.v.at(b, hk, j, c));
       }
-      for (int64_t i = 0; i < Nq; ++i) {
-        for (int64_t c = 0; c < dqk; ++c)
-          qrow[c] = halfToFloat(spec.dtype, d.q.at(b, h, i, c));
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < Nkv; ++j) {
-          int64_t diag = i + (Nkv - Nq);
-          bool visible = j >= diag - left && j <= diag + right;
-          if (visible && layout)
-            visible = layout->contains(b % layout->batch, h % layout->heads,
-                                       i / spec.sparseBlock,
-                                       j / spec.sparseBlock);
-          if (!visible) {
-            s[j] = -std::numeric_limits<double>::infinity();
-            continue;
-          }
-          double acc = 0;
-          for (int64_t c = 0; c < dqk; ++c)
-            acc += qrow[c] * kf[j * dqk + c];
-          s[j] = acc * scale;
-          m = std::max(m, s[j]);
-        }
-        int64_t row = (b * p.heads + h) * Nq + i;
-        if (m == -std::numeric_limits<double>::infinity())
-          continue; // sees no key: O = 0, lse = -inf
-        double l = 0;
-        double *o = &r.o[row * dv];
-        for (int64_t j = 0; j < Nkv; ++j) {
-          if (s[j] == -std::numeric_limits<double>::infinity())
-            continue;
-          double pj = std::exp(s[j] - m);
-          l += pj;
-          for (int64_t c = 0; c < dv; ++c)
-            o[c] += pj * vf[j * dv + c];
-        }
-        for (int64_t c = 0; c < dv; ++c)
-          o[c] /= l;
-        r.lse[row] = m + std::log(l);
-      }
     }
+    for (int64_t c = 0; c < dqk; ++c)
+      qrow[c] = halfToFloat(spec.dtype, d.q.at(b, h, i, c));
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < Nkv; ++j) {
+      int64_t diag = i + (Nkv - Nq);
+      bool visible = j >= diag - left && j <= diag + right;
+      if (visible && layout)
+        visible = layout->contains(b % layout->batch, h % layout->heads,
+                                   i / spec.sparseBlock, j / spec.sparseBlock);
+      if (!visible) {
+        s[j] = -std::numeric_limits<double>::infinity();
+        continue;
+      }
+      double acc = 0;
+      for (int64_t c = 0; c < dqk; ++c)
+        acc += qrow[c] * kf[j * dqk + c];
+      s[j] = acc * scale;
+      m = std::max(m, s[j]);
+    }
+    if (m == -std::numeric_limits<double>::infinity())
+      continue; // sees no key: O = 0, lse = -inf
+    double l = 0;
+    double *o = &r.o[ri * dv];
+    for (int64_t j = 0; j < Nkv; ++j) {
+      if (s[j] == -std::numeric_limits<double>::infinity())
+        continue;
+      double pj = std::exp(s[j] - m);
+      l += pj;
+      for (int64_t c = 0; c < dv; ++c)
+        o[c] += pj * vf[j * dv + c];
+    }
+    for (int64_t c = 0; c < dv; ++c)
+      o[c] /= l;
+    r.lse[ri] = m + std::log(l);
+  }
   return r;
 }
 
@@ -280,27 +305,21 @@ ErrorReport compareWithReference(const AttentionSpec &spec, const Problem &p,
                                  const ReferenceResult &ref) {
   ErrorReport e;
   const int64_t dv = spec.headDimV;
-  double num = 0, den = 0;
-  for (int64_t b = 0; b < p.batch; ++b)
-    for (int64_t h = 0; h < p.heads; ++h)
-      for (int64_t i = 0; i < p.seqLenQ; ++i) {
-        int64_t row = (b * p.heads + h) * p.seqLenQ + i;
-        for (int64_t c = 0; c < dv; ++c) {
-          double x = halfToFloat(spec.dtype, d.o.at(b, h, i, c));
-          double y = ref.o[row * dv + c];
-          if (std::isnan(x)) {
-            ++e.nanCount;
-            continue;
-          }
-          num += (x - y) * (x - y);
-          den += y * y;
-        }
+  double num = 0, den = 0, lnum = 0, lden = 0;
+  for (size_t ri = 0; ri < ref.rows.size(); ++ri) {
+    int64_t row = ref.rows[ri];
+    int64_t bh = row / p.seqLenQ, i = row % p.seqLenQ;
+    for (int64_t c = 0; c < dv; ++c) {
+      double x = halfToFloat(spec.dtype, d.o.at(bh / p.heads, bh % p.heads, i, c));
+      double y = ref.o[ri * dv + c];
+      if (std::isnan(x)) {
+        ++e.nanCount;
+        continue;
       }
-  // A reference of all zeros (every row masked) is matched by exact zeros.
-  e.oRelErr = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  double lnum = 0, lden = 0;
-  for (size_t row = 0; row < ref.lse.size(); ++row) {
-    double x = d.lse[row], y = ref.lse[row];
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+    double x = d.lse[row], y = ref.lse[ri];
     if (std::isnan(x)) {
       ++e.nanCount;
       continue;
@@ -313,6 +332,8 @@ ErrorReport compareWithReference(const AttentionSpec &spec, const Problem &p,
     lnum += (x - y) * (x - y);
     lden += y * y;
   }
+  // A reference of all zeros (every row masked) is matched by exact zeros.
+  e.oRelErr = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   e.lseRelErr = lden > 0 ? std::sqrt(lnum / lden) : std::sqrt(lnum);
   return e;
 }

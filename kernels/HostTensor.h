@@ -92,15 +92,21 @@ AttentionData makeRandomInputs(const AttentionSpec &spec,
                                const Problem &problem, QKVLayout layout,
                                std::mt19937_64 &rng);
 
-/// Float64 reference of the forward pass on the (rounded) inputs.
+/// Float64 reference of the forward pass on the (rounded) inputs, for the
+/// rows it checks: every row, or for large problems an even sample.
 struct ReferenceResult {
-  std::vector<double> o;   ///< [B, H, Nq, dv]
-  std::vector<double> lse; ///< [B, H, Nq]; -inf for rows that see no key
+  std::vector<int64_t> rows; ///< checked rows, as (b * H + h) * Nq + i
+  std::vector<double> o;     ///< [rows, dv]
+  std::vector<double> lse;   ///< [rows]; -inf for rows that see no key
 };
+/// \p maxWork bounds rows * Nkv * (dqk + dv) summed over the checked rows;
+/// past it, up to 4 (batch, head) pairs and evenly spaced rows (always the
+/// first and last) are checked.
 ReferenceResult referenceForward(const AttentionSpec &spec,
                                  const Problem &problem,
                                  const AttentionData &data,
-                                 const BlockSparseLayout *layout);
+                                 const BlockSparseLayout *layout,
+                                 double maxWork = 1e300);
 
 /// ||out - ref|| / ||ref|| over O and the finite lse entries (the larger of
 /// the two); +inf if any output is NaN or lse's -inf pattern differs.

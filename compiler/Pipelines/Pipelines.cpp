@@ -2,6 +2,7 @@
 
 #include "compiler/Pipelines/Pipelines.h"
 
+#include "compiler/Conversion/Passes.h"
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
 
@@ -9,7 +10,19 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
+#include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
+#include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVM.h"
+#include "mlir/Conversion/IndexToLLVM/IndexToLLVM.h"
+#include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
+#include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/NVVMToLLVM/NVVMToLLVM.h"
+#include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
@@ -17,7 +30,9 @@
 #include "mlir/IR/DialectRegistry.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 #include "mlir/Transforms/Passes.h"
 
 using namespace mlir;
@@ -48,16 +63,45 @@ void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
   pm.addPass(createCanonicalizerPass());
 }
 
+void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
+                      const GpuPipelineConfig &gpu, bool stopAtGpu) {
+  buildTilingPipeline(pm, config);
+  conversion::LowerTiledToGPUOptions lower;
+  lower.warps = config.warps;
+  lower.copyBytes = gpu.copyBytes;
+  pm.addPass(conversion::createLowerTiledToGPU(lower));
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+  if (stopAtGpu)
+    return;
+  pm.addPass(createSCFToControlFlowPass());
+  OpPassManager &gpuPm = pm.nest<gpu::GPUModuleOp>();
+  gpuPm.addPass(createConvertGpuOpsToNVVMOps());
+  gpuPm.addPass(createCanonicalizerPass());
+  gpuPm.addPass(createCSEPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
 /// The registered pipelines' options, as the C++ builders take them.
 static TileConfig toConfig(const FlashjitPipelineOptions &options) {
   TileConfig config;
   config.blockM = options.blockM;
   config.blockN = options.blockN;
+  config.warps = options.warps;
   return config;
 }
 
 void registerFlashjitPasses() {
   attn::registerAttnPasses();
+  conversion::registerConversionPasses();
+  PassPipelineRegistration<FlashjitPipelineOptions>(
+      "flashjit-gpu-pipeline",
+      "attn -> gpu.module in LLVM + NVVM (tensor-core kernel)",
+      [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
+        GpuPipelineConfig gpu;
+        gpu.copyBytes = options.copyBytes;
+        buildGpuPipeline(pm, toConfig(options), gpu);
+      });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tiling-pipeline",
       "attn -> tiled FlashAttention-2 IR (scf/arith/math/memref)",
@@ -76,9 +120,22 @@ void registerFlashjitDialects(DialectRegistry &registry) {
   registry.insert<attn::AttnDialect, func::FuncDialect, scf::SCFDialect,
                   arith::ArithDialect, math::MathDialect,
                   memref::MemRefDialect, cf::ControlFlowDialect,
-                  LLVM::LLVMDialect>();
+                  LLVM::LLVMDialect, gpu::GPUDialect, NVVM::NVVMDialect,
+                  ub::UBDialect>();
   registerBuiltinDialectTranslation(registry);
   registerLLVMDialectTranslation(registry);
+  registerNVVMDialectTranslation(registry);
+  registerGPUDialectTranslation(registry);
+  // convert-gpu-to-nvvm collects its patterns from these interfaces.
+  arith::registerConvertArithToLLVMInterface(registry);
+  cf::registerConvertControlFlowToLLVMInterface(registry);
+  registerConvertFuncToLLVMInterface(registry);
+  index::registerConvertIndexToLLVMInterface(registry);
+  registerConvertMathToLLVMInterface(registry);
+  registerConvertMemRefToLLVMInterface(registry);
+  ub::registerConvertUBToLLVMInterface(registry);
+  NVVM::registerConvertGpuToNVVMInterface(registry);
+  registerConvertNVVMToLLVMInterface(registry);
 }
 
 } // namespace flashjit

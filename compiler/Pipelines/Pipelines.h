@@ -28,6 +28,13 @@ struct FlashjitPipelineOptions
   Option<int64_t> blockN{*this, "block-n",
                          llvm::cl::desc("Bc: keys per KV-loop iteration"),
                          llvm::cl::init(64)};
+  Option<int64_t> warps{*this, "warps",
+                        llvm::cl::desc("warps per thread block (GPU)"),
+                        llvm::cl::init(4)};
+  Option<int64_t> copyBytes{
+      *this, "copy-bytes",
+      llvm::cl::desc("global->shared copy width in bytes (GPU)"),
+      llvm::cl::init(16)};
 };
 
 /// attn -> tiled IR (flashjit-tile-attention, then cleanup).
@@ -36,7 +43,19 @@ void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 /// attn -> LLVM dialect for the host: the CPU execution mode.
 void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 
-/// Registers "flashjit-tiling-pipeline" and "flashjit-cpu-pipeline" and every
+/// GPU-only knobs of the GPU pipeline.
+struct GpuPipelineConfig {
+  int64_t copyBytes = 16; ///< global -> shared copy width (alignment)
+};
+
+/// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),
+/// ready for translation to LLVM IR and PTX. Stops after the lowering to
+/// the gpu dialect when \p stopAtGpu (the `gpu` stage).
+void buildGpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
+                      const GpuPipelineConfig &gpu, bool stopAtGpu = false);
+
+/// Registers "flashjit-tiling-pipeline", "flashjit-cpu-pipeline",
+/// "flashjit-gpu-pipeline" and every
 /// flashjit pass with the global pass registry (for flashjit-opt).
 void registerFlashjitPasses();
 

@@ -166,6 +166,7 @@ TEST(Reference, UniformScoresAverageTheVisibleValues) {
   for (auto &x : *d.k.buffer)
     x = floatToBf16(0.5f);
   auto ref = referenceForward(spec, p, d, nullptr);
+  ASSERT_EQ(ref.rows.size(), 5u);
   for (int64_t i = 0; i < 5; ++i)
     for (int64_t c = 0; c < 3; ++c) {
       double mean = 0;
@@ -220,6 +221,27 @@ TEST(CliOptions, RejectsBadInputWithANamedError) {
   expectError({"run", "--seq-len"}, "needs a value");
   expectError({"run", "--dtype", "fp32"}, "expected bf16 or fp16");
   expectError({"run", "--causal", "--window", "1,1"}, "exclusive");
+}
+
+/// Large problems check an even sample of rows, always the first and last.
+TEST(Reference, SamplesRowsOfLargeProblems) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 8;
+  Problem p;
+  p.batch = 3;
+  p.heads = 4;
+  p.seqLenQ = p.seqLenKV = 1000;
+  std::mt19937_64 rng(std::random_device{}());
+  AttentionData d = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  auto ref = referenceForward(spec, p, d, nullptr, /*maxWork=*/4 * 50 * 16000);
+  EXPECT_EQ(ref.rows.size(), 4u * 50u);
+  EXPECT_EQ(ref.rows.front(), 0);
+  EXPECT_EQ(ref.rows.back(), 3 * 4 * 1000 - 1);
+  auto full = referenceForward(spec, p, d, nullptr);
+  EXPECT_EQ(full.rows.size(), 12000u);
+  // The sampled rows carry the same values as the full reference.
+  for (size_t ri = 0; ri < ref.rows.size(); ++ri)
+    EXPECT_EQ(ref.lse[ri], full.lse[size_t(ref.rows[ri])]);
 }
 
 } // namespace

@@ -9,10 +9,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
 #include "tools/cli/CliOptions.h"
+#include "tools/cli/GpuCommands.h"
 
 #include <chrono>
 #include <cmath>
@@ -46,29 +48,45 @@ double msSince(std::chrono::steady_clock::time_point start) {
 }
 
 int runCompile(const CliOptions &o) {
-  std::string text = emitStage(o.spec, o.config, parseStage(o.emit));
+  Stage stage = parseStage(o.emit);
+  GpuTarget target = resolveTarget(o, /*copyBytes=*/16);
+  if (stage == Stage::Cubin) {
+    if (o.outputPath.empty())
+      throw SpecError("--emit cubin writes a binary: give -o FILE");
+    CubinBuild b = buildCubin(o.spec, o.config, target);
+    std::ofstream out(o.outputPath, std::ios::binary);
+    out.write(b.cubin.data(), std::streamsize(b.cubin.size()));
+    if (!out)
+      throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
+    fmt::print(stderr,
+               "{}: {} bytes for {}; {} registers, {} bytes spilled, {} bytes "
+               "static shared memory\n",
+               o.outputPath, b.cubin.size(), target.arch, b.registers,
+               b.spillBytes, b.sharedBytes);
+    return Ok;
+  }
+  std::string text = emitStage(o.spec, o.config, stage, target);
   if (!text.empty() && text.back() != '\n')
     text += '\n';
   writeOutput(o, text);
   return Ok;
 }
 
-/// Resolves the device: --device, else cuda when a driver and GPU are
-/// found, else cpu with a note. The GPU backend is issue 3's; until it
-/// lands, cuda requests are refused with a clear message.
+/// Resolves the device: --device, else cuda when a driver and a GPU are
+/// found, else cpu with a note on stderr.
 Device resolveDevice(const CliOptions &o) {
   auto &driver = rt::CudaDriver::get();
   if (o.device == Device::Cuda) {
-    if (!driver.available())
-      throw rt::RuntimeError(rt::ErrorCode::NoDriver,
-                             driver.unavailableReason());
-    throw SpecError("--device cuda: the GPU backend is not available in this "
-                    "build yet; use --device cpu");
+    driver.requireAvailable(); // "no CUDA driver found ..." -> exit 3
+    return Device::Cuda;
   }
-  if (!o.device)
-    fmt::print(stderr, "note: {}; running on the CPU (interpreter mode)\n",
-               driver.available() ? "the GPU backend is not built yet"
-                                  : "no CUDA driver found");
+  if (o.device == Device::Cpu)
+    return Device::Cpu;
+  if (gpuFound())
+    return Device::Cuda;
+  fmt::print(stderr, "note: {}; running on the CPU (interpreter mode)\n",
+             driver.available() ? "no CUDA device found"
+                                : "no CUDA driver found");
   return Device::Cpu;
 }
 
@@ -105,9 +123,10 @@ void dumpIO(const std::string &dir, const AttentionSpec &spec,
   }
 }
 
-int runRun(const CliOptions &o) {
-  Device device = resolveDevice(o);
-  (void)device;
+int runRun(const CliOptions &o, bool bench) {
+  Device device = bench ? Device::Cuda : resolveDevice(o);
+  if (bench)
+    rt::CudaDriver::get().requireAvailable();
   const AttentionSpec &spec = o.spec;
   const Problem &p = o.problem;
 
@@ -128,16 +147,27 @@ int runRun(const CliOptions &o) {
   // Fresh inputs every run; the seed is reported so a failure can be replayed.
   uint64_t inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
   std::mt19937_64 rng(inputSeed);
-  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  AttentionData data = makeRandomInputs(
+      spec, p, o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate, rng);
 
-  auto t0 = std::chrono::steady_clock::now();
-  auto kernel = CpuKernel::compile(spec, o.config);
-  double compileMs = msSince(t0);
-  t0 = std::chrono::steady_clock::now();
-  kernel->run(p, data, layout.get());
-  double runMs = msSince(t0);
+  double compileMs = 0, runMs = 0;
+  GpuRunResult gpu;
+  if (device == Device::Cuda) {
+    gpu = runOnGpu(o, data, layout.get(), bench ? o.repeats : 5);
+    compileMs = gpu.compileMs;
+    runMs = gpu.medianMs;
+  } else {
+    auto t0 = std::chrono::steady_clock::now();
+    auto kernel = CpuKernel::compile(spec, o.config);
+    compileMs = msSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    kernel->run(p, data, layout.get());
+    runMs = msSince(t0);
+  }
 
-  ReferenceResult ref = referenceForward(spec, p, data, layout.get());
+  // Large problems check a sample of rows (the float64 reference is slow).
+  ReferenceResult ref = referenceForward(spec, p, data, layout.get(),
+                                         bench ? 5e8 : 4e9);
   ErrorReport err = compareWithReference(spec, p, data, ref);
   double bound = errorBound(spec.dtype);
   double relErr = err.relErr();
@@ -147,26 +177,48 @@ int runRun(const CliOptions &o) {
 
   // JSON has no infinity: a NaN or a wrong -inf pattern reports 1e30.
   double reported = std::isfinite(relErr) ? relErr : 1e30;
+  const char *deviceName = device == Device::Cuda ? "cuda" : "cpu";
+  double tflops = device == Device::Cuda
+                      ? forwardFlops(spec, p) / (runMs * 1e-3) / 1e12
+                      : 0.0;
+  std::string gpuFields =
+      device == Device::Cuda
+          ? fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
+                        "\"spill_bytes\":{},\"shared_bytes\":{},"
+                        "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
+                        "\"repeats\":{}",
+                        gpu.arch, gpu.copyBytes, gpu.build.registers,
+                        gpu.build.spillBytes,
+                        gpuGeometry(spec, o.config).sharedBytes, gpu.minMs,
+                        tflops, bench ? o.repeats : 5)
+          : "";
   if (o.json) {
-    fmt::print("{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"cpu\","
+    fmt::print("{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
                "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
                "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
-               "\"time_ms\":{:.3f},\"compile_ms\":{:.3f},\"input_seed\":{},"
-               "\"layout_seed\":{},\"density\":{}}}\n",
-               spec.toJson(), o.config.toJson(), p.toJson(spec), reported,
-               err.oRelErr, err.lseRelErr, err.nanCount, err.lseMismatch,
-               bound, ok ? "true" : "false", runMs, compileMs, inputSeed,
+               "\"rows_checked\":{},\"time_ms\":{:.4f},\"compile_ms\":{:.3f},"
+               "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}}}\n",
+               spec.toJson(), o.config.toJson(), p.toJson(spec), deviceName,
+               reported, err.oRelErr, err.lseRelErr, err.nanCount,
+               err.lseMismatch, bound, ok ? "true" : "false", ref.rows.size(),
+               runMs, compileMs, inputSeed,
                spec.blockSparse && o.layoutPath.empty()
                    ? std::to_string(layoutSeed)
                    : "null",
-               layout ? fmt::format("{:.4f}", layout->density()) : "null");
+               layout ? fmt::format("{:.4f}", layout->density()) : "null",
+               gpuFields);
   } else {
-    fmt::print("{} on cpu: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}) "
-               "-> {}\n",
-               spec.name(), reported, err.oRelErr, err.lseRelErr, bound,
-               ok ? "ok" : "FAILED");
-    fmt::print("compile {:.1f} ms, run {:.1f} ms (Br {} x Bc {})\n",
-               compileMs, runMs, o.config.blockM, o.config.blockN);
+    fmt::print("{} on {}: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}, "
+               "{} rows checked) -> {}\n",
+               spec.name(), deviceName, reported, err.oRelErr, err.lseRelErr,
+               bound, ref.rows.size(), ok ? "ok" : "FAILED");
+    fmt::print("compile {:.1f} ms, run {:.3f} ms (Br {} x Bc {}, {} warps)",
+               compileMs, runMs, o.config.blockM, o.config.blockN,
+               o.config.warps);
+    if (device == Device::Cuda)
+      fmt::print(", {:.1f} TFLOP/s on {}; {} registers, {} bytes spilled",
+                 tflops, gpu.arch, gpu.build.registers, gpu.build.spillBytes);
+    fmt::print("\n");
   }
   return ok ? Ok : AccuracyFailed;
 }
@@ -179,7 +231,7 @@ int dispatch(int argc, const char *const *argv) {
   }
   if (o.command == "compile")
     return runCompile(o);
-  return runRun(o);
+  return runRun(o, o.command == "bench");
 }
 
 } // namespace

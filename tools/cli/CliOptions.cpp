@@ -1,6 +1,7 @@
 //===- CliOptions.cpp - flashjit's command-line options -------------------===//
 
 #include "tools/cli/CliOptions.h"
+#include "kernels/GpuGeometry.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -10,15 +11,23 @@
 
 namespace flashjit::cli {
 
-static const char *kCommands[] = {"compile", "run", "help"};
+static const char *kCommands[] = {"compile", "run", "bench", "help"};
 
 std::string helpText(const std::string &command) {
   std::string usage;
   if (command == "compile")
     usage = "usage: flashjit compile [spec] [tiling] [--emit STAGE] [-o FILE]\n"
             "Prints one stage of the pipeline for the described attention.\n"
-            "  --emit STAGE         attn | tiled | llvm (default: tiled)\n"
+            "  --emit STAGE         attn | tiled | gpu | llvm | ptx | cubin |\n"
+            "                       cpu-llvm (default: tiled); cubin needs -o\n"
+            "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
+            "                       (default: the GPU found, else sm_90a)\n"
             "  -o FILE              write the stage to FILE instead of stdout\n";
+  else if (command == "bench")
+    usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
+            "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
+            "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
+            "(halved for causal) / time; checks a sample of rows.\n";
   else if (command == "run")
     usage = "usage: flashjit run [spec] [problem] [tiling] [--device D] "
             "[--json] [--dump-io DIR]\n"
@@ -30,6 +39,8 @@ std::string helpText(const std::string &command) {
             "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
             ".npy\n"
             "  --seed N             seed of the random block-sparse layout\n"
+            "  --packed-qkv         q, k, v as strided views of one\n"
+            "                       (B, N, 3, H, d) buffer\n"
             "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
             "            3 no CUDA driver\n";
   else
@@ -37,8 +48,10 @@ std::string helpText(const std::string &command) {
             "flashjit JIT-compiles FlashAttention-style kernels through an "
             "MLIR pipeline.\n"
             "commands:\n"
-            "  compile   print a stage of the pipeline (attn, tiled, llvm)\n"
+            "  compile   print a stage of the pipeline (attn, tiled, gpu, llvm,\n"
+            "            ptx, cubin, cpu-llvm)\n"
             "  run       run on random inputs and check against a reference\n"
+            "  bench     time the kernel on the GPU (TFLOP/s)\n"
             "  help      this text; `flashjit <command> --help` for more\n";
   return usage +
          "spec:\n"
@@ -62,7 +75,8 @@ std::string helpText(const std::string &command) {
          "                       H = the gqa group size: one KV head)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
-         "  --block-m BR --block-n BC (default 64 x 64)\n";
+         "  --block-m BR --block-n BC --warps W (default: by head dim, e.g.\n"
+         "                       128 x 64 with 8 warps up to d = 128)\n";
 }
 
 namespace {
@@ -100,9 +114,10 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       known |= o.command == c;
     if (!known)
       throw SpecError(fmt::format(
-          "unknown command '{}' (expected compile, run or help)", o.command));
+          "unknown command '{}' (expected compile, run, bench or help)", o.command));
   }
   bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
+  bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
   std::optional<std::string> window;
 
   using Handler = std::function<void(const std::string &)>;
@@ -146,9 +161,15 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
        }},
       {"--scale", [&](auto &v) { o.problem.scale = parseDouble("--scale", v); }},
       {"--block-m",
-       [&](auto &v) { o.config.blockM = parseInt("--block-m", v); }},
+       [&](auto &v) {
+         o.config.blockM = parseInt("--block-m", v);
+         blockMGiven = true;
+       }},
       {"--block-n",
-       [&](auto &v) { o.config.blockN = parseInt("--block-n", v); }},
+       [&](auto &v) {
+         o.config.blockN = parseInt("--block-n", v);
+         blockNGiven = true;
+       }},
       {"--device",
        [&](auto &v) {
          if (v == "cpu")
@@ -160,6 +181,14 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
                fmt::format("--device: expected cpu or cuda, got '{}'", v));
        }},
       {"--emit", [&](auto &v) { o.emit = v; }},
+      {"--target", [&](auto &v) { o.target = v; }},
+      {"--warps",
+       [&](auto &v) {
+         o.config.warps = parseInt("--warps", v);
+         warpsGiven = true;
+       }},
+      {"--repeats",
+       [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--seed",
@@ -171,6 +200,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   std::map<std::string, std::function<void()>> flags = {
       {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
       {"--json", [&] { o.json = true; }},
+      {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--help", [&] { o.help = true; }},
       {"-h", [&] { o.help = true; }},
   };
@@ -223,6 +253,22 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     throw SpecError("--block-sparse and --layout are exclusive");
   o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
   o.spec.validate();
+  // Unset tiling knobs take the default GPU tiling for this head dim.
+  TileConfig heuristic = defaultGpuConfig(o.spec);
+  if (!blockMGiven)
+    o.config.blockM = heuristic.blockM;
+  if (!blockNGiven)
+    o.config.blockN = heuristic.blockN;
+  if (!warpsGiven)
+    o.config.warps = std::min(heuristic.warps,
+                              std::max<int64_t>(1, o.config.blockM / 16));
+  if (o.packedQKV &&
+      (o.spec.headDimQK != o.spec.headDimV || o.spec.gqaGroup != 1 ||
+       o.problem.seqLenQ != o.problem.seqLenKV))
+    throw SpecError("--packed-qkv needs head_dim_qk == head_dim_v, gqa 1 and "
+                    "seq_len == seq_len_kv");
+  if (o.repeats < 1)
+    throw SpecError(fmt::format("--repeats must be >= 1, got {}", o.repeats));
   o.config.validate(o.spec);
   if (o.command != "compile") // compile needs no problem
     o.problem.validate(o.spec);

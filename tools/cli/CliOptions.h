@@ -26,6 +26,8 @@ struct CliOptions {
   TileConfig config;
   std::optional<Device> device; ///< unset: cuda when a GPU is found, else cpu
   std::string emit = "tiled";
+  std::string target;   ///< --target: sm_80, sm_90a, ... (default: the GPU's)
+  int64_t repeats = 20; ///< timed launches (median reported)
   std::string outputPath;
   std::string dumpDir;
   std::string layoutPath;
@@ -33,6 +35,7 @@ struct CliOptions {
   uint64_t seed = 0;
   bool seedGiven = false;
   bool json = false;
+  bool packedQKV = false; ///< q, k, v as views of one (B, N, 3, H, d) buffer
   bool help = false;
 };
 

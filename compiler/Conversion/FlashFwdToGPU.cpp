@@ -1,0 +1,615 @@
+//===- FlashFwdToGPU.cpp - The tiled forward -> a tensor-core kernel ------===//
+//
+/// \file
+/// `flashjit-lower-tiled-to-gpu` maps the tiled FlashAttention-2 program
+/// (one func.func per kernel, carrying `attn.kernel`) onto the GPU. Before:
+///
+///   func.func @attention(%q: memref<?xbf16>, ..., %pid_m: index,
+///                        %pid_bh: index) attributes {attn.kernel = {...}}
+///
+/// After (abridged):
+///
+///   module attributes {gpu.container_module} {
+///     gpu.module @flashjit_kernels {
+///       llvm.mlir.global external @flashjit_smem() {addr_space = 3 : i32}
+///       gpu.func @attention(%q: !llvm.ptr, ..., %scale_log2e: f32) kernel {
+///         // Q tile, then K of the first block: cp.async into smem
+///         scf.for %t = %lo to %hi step %c1 iter_args(O, m, l) {
+///           // wait; barrier; start V's copy
+///           // S = Q K^T: ldmatrix + llvm.nvvm.mma.m16n8k16 (fp32 accum)
+///           // scf.if (block straddles the band or Nkv) { mask S }
+///           // m, alpha = exp2(m_old - m_new), P = exp2(S - m), l, O *= alpha
+///           // wait; barrier; start the next K's copy
+///           // O += P V: P packed to bf16 pairs in registers, V by
+///           //           ldmatrix.trans
+///         }
+///         // l summed over the 4 lanes of a row; O / l and lse stored
+///       }
+///     }
+///   }
+///
+/// The register and shared-memory geometry comes from kernels/GpuGeometry.h,
+/// which the launcher uses too.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/GpuBuilder.h"
+#include "compiler/Conversion/Passes.h"
+#include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+namespace flashjit::conversion {
+#define GEN_PASS_DEF_LOWERTILEDTOGPU
+#include "compiler/Conversion/Passes.h.inc"
+} // namespace flashjit::conversion
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::gpu;
+using arith::CmpIPredicate;
+
+namespace {
+
+/// Everything the kernel is specialised on.
+struct KernelShape {
+  AttentionSpec spec;
+  TileConfig config;
+  int64_t copyBytes;
+  GpuGeometry geo;
+  bool hasBand;
+};
+
+/// Shared-memory addresses of one thread's ldmatrix rows in a swizzled tile,
+/// split so that loop-invariant registers stay few: row r = laneRow + R
+/// (R a multiple of 8) and chunk c = laneChunk + C (C even, laneChunk 0 or
+/// 1) give byte ((r * rowChunks + (c & ~7) + ((c & 7) ^ (r & 7))) * 16:
+/// one lane base, four lane XOR terms for C % 8, and an immediate.
+struct FragmentAddresses {
+  Value base;                 ///< tile offset + laneRow * rowChunks * 16
+  std::array<Value, 4> xors;  ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
+  int64_t rowChunks;
+
+  FragmentAddresses(GpuBuilder &g, int64_t tileOffset, Value laneRow,
+                    Value laneChunk, int64_t rowChunks)
+      : rowChunks(rowChunks) {
+    base = g.add(g.c32(tileOffset), g.mul(laneRow, g.c32(rowChunks * 16)));
+    Value r7 = g.andI(laneRow, g.c32(7));
+    for (int64_t j = 0; j < 4; ++j)
+      xors[j] = g.mul(g.xorI(g.add(laneChunk, g.c32(2 * j)), r7), g.c32(16));
+  }
+  /// Address of row laneRow + rowConst, column (laneChunk + chunkConst) * 8.
+  Value at(GpuBuilder &g, Value smem, int64_t rowConst,
+           int64_t chunkConst) const {
+    int64_t imm = (rowConst * rowChunks + (chunkConst & ~int64_t(7))) * 16;
+    Value off = g.add(g.add(base, xors[(chunkConst & 7) / 2]), g.c32(imm));
+    return g.sharedBytePtr(smem, off);
+  }
+};
+
+/// Emits the body of one FlashAttention-2 forward kernel.
+class FlashFwdKernel {
+public:
+  FlashFwdKernel(GpuBuilder &g, const KernelShape &k, mlir::gpu::GPUFuncOp fn,
+                 Value smem)
+      : g(g), k(k), fn(fn), smem(smem), br(k.config.blockM),
+        bc(k.config.blockN), mt(k.geo.mTiles), nt(k.config.blockN / 8),
+        dt(k.geo.dvChunk / 8) {}
+
+  void emit();
+
+private:
+  using Acc = std::array<Value, 4>;
+  Value arg(int i) { return fn.getArgument(i); }
+  Value idx(abi::IndexArg i) { return arg(abi::NumBuffers + i); }
+  Value ptrAt(Value base, Type elemTy, Value index) {
+    return LLVM::GEPOp::create(g.b, g.ptrGen, elemTy, base,
+                               ArrayRef<LLVM::GEPArg>{index});
+  }
+  Value loadI32(Value base, Value index64) {
+    return LLVM::LoadOp::create(g.b, g.i32, ptrAt(base, g.i32, index64));
+  }
+  template <typename Fn> void ifThen(Value cond, Fn &&body) {
+    auto ifOp = scf::IfOp::create(g.b, cond, /*withElseRegion=*/false);
+    OpBuilder::InsertionGuard guard(g.b);
+    g.b.setInsertionPointToStart(ifOp.thenBlock());
+    body();
+  }
+
+  void setUp();
+  Value blockStart(Value t);
+  void loadTile(Value base, Value rowBase, Value rowStride, Value row0,
+                Value nRows, int64_t rows, int64_t logicalCols, Value colBase,
+                int64_t padCols, int64_t rowChunks, int64_t smemOffset);
+  void loadKTile(Value n0);
+  void loadVTile(Value n0);
+  std::vector<Acc> computeScores();
+  std::vector<Acc> maskScores(const std::vector<Acc> &s, Value n0);
+  void storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m, ArrayRef<Value> l);
+  Value warpRow(int64_t mi, int64_t half) {
+    return g.add(warpRow0, g.c32(mi * 16 + 8 * half));
+  }
+
+  GpuBuilder &g;
+  const KernelShape &k;
+  mlir::gpu::GPUFuncOp fn;
+  Value smem;
+  const int64_t br, bc, mt, nt, dt;
+
+  Value tid, lane, grp, tig, warpRow0, pidBH, chunk, m0, nq, nkv, scaleLog2;
+  Value qRowBase, kRowBase, vRowBase, oRowBase, colBaseV;
+  Value jLo, jHi, fullLo, fullHi, off64, winL, winR;
+  Value tLo, tHi, listBase, perSparse;
+  std::optional<FragmentAddresses> qFrag, kFrag, vFrag;
+};
+
+void FlashFwdKernel::setUp() {
+  tid = g.threadIdX();
+  Value warp = g.divU(tid, g.c32(32));
+  lane = g.remU(tid, g.c32(32));
+  grp = g.divU(lane, g.c32(4));
+  tig = g.remU(lane, g.c32(4));
+  warpRow0 = g.mul(warp, g.c32(mt * 16));
+  Value pidM = g.blockId(mlir::gpu::Dimension::x);
+  pidBH = g.blockId(mlir::gpu::Dimension::y);
+  chunk = g.blockId(mlir::gpu::Dimension::z);
+  scaleLog2 = arg(abi::NumBuffers + abi::NumIndexArgs);
+
+  // ldmatrix lanes. Q (A operand): row lane % 16, chunk lane / 16. K (B
+  // operand of Q K^T): row (lane / 16) * 8 + lane % 8, chunk (lane / 8) % 2.
+  // V (B operand of P V, transposed): row ((lane / 8) % 2) * 8 + lane % 8,
+  // chunk lane / 16.
+  Value l16 = g.divU(lane, g.c32(16)), l8 = g.remU(lane, g.c32(8));
+  Value l8h = g.remU(g.divU(lane, g.c32(8)), g.c32(2));
+  qFrag.emplace(g, k.geo.qOffset, g.add(warpRow0, g.remU(lane, g.c32(16))),
+                l16, k.geo.qkRowChunks);
+  kFrag.emplace(g, k.geo.kOffset, g.add(g.mul(l16, g.c32(8)), l8), l8h,
+                k.geo.qkRowChunks);
+  vFrag.emplace(g, k.geo.vOffset, g.add(g.mul(l8h, g.c32(8)), l8), l16,
+                k.geo.vRowChunks);
+
+  Value bh64 = g.ext64(pidBH);
+  Value heads = idx(abi::Heads);
+  Value b = g.divU(bh64, heads), h = g.remU(bh64, heads);
+  Value hk = g.divU(h, g.c64(k.spec.gqaGroup));
+  auto rowBase = [&](abi::IndexArg sb, abi::IndexArg sh, Value head) {
+    return g.add(g.mul(b, idx(sb)), g.mul(head, idx(sh)));
+  };
+  qRowBase = rowBase(abi::QStrideB, abi::QStrideH, h);
+  kRowBase = rowBase(abi::KStrideB, abi::KStrideH, hk);
+  vRowBase = rowBase(abi::VStrideB, abi::VStrideH, hk);
+  oRowBase = rowBase(abi::OStrideB, abi::OStrideH, h);
+  colBaseV = g.mul(chunk, g.c32(k.geo.dvChunk));
+
+  nq = g.trunc32(idx(abi::SeqQ));
+  nkv = g.trunc32(idx(abi::SeqKV));
+  m0 = g.mul(pidM, g.c32(br));
+
+  // The band of keys this block's rows see (as the tiled IR computes it).
+  Value m064 = g.ext64(m0);
+  off64 = g.sub(idx(abi::SeqKV), idx(abi::SeqQ));
+  Value rowsValid = g.minS(g.c64(br), g.sub(idx(abi::SeqQ), m064));
+  Value lastRow = g.add(m064, g.sub(rowsValid, g.c64(1)));
+  Value nkvLast = g.sub(idx(abi::SeqKV), g.c64(1));
+  if (k.hasBand) {
+    winL = idx(abi::WindowLeft);
+    winR = idx(abi::WindowRight);
+    jLo = g.clampTo32(g.maxS(g.c64(0), g.sub(g.add(m064, off64), winL)));
+    jHi = g.clampTo32(
+        g.minS(nkvLast, g.add(g.add(lastRow, off64), winR)));
+    fullLo = g.clampTo32(g.sub(g.add(lastRow, off64), winL));
+    fullHi = g.clampTo32(g.add(g.add(m064, off64), winR));
+  } else {
+    jLo = g.c32(0);
+    jHi = g.trunc32(nkvLast);
+  }
+
+  if (k.spec.blockSparse) {
+    int64_t sb = k.spec.sparseBlock;
+    perSparse = g.c32(sb / bc);
+    Value qsb = g.ext64(g.divU(m0, g.c32(sb)));
+    Value countAt =
+        g.add(g.add(g.mul(b, idx(abi::CountsStrideB)),
+                    g.mul(h, idx(abi::CountsStrideH))),
+              qsb);
+    listBase = g.add(g.add(g.mul(b, idx(abi::IndicesStrideB)),
+                           g.mul(h, idx(abi::IndicesStrideH))),
+                     g.mul(qsb, idx(abi::IndicesStrideM)));
+    tLo = g.c32(0);
+    tHi = g.mul(loadI32(arg(abi::Counts), countAt), perSparse);
+  } else {
+    tLo = g.divS(jLo, g.c32(bc));
+    Value end = g.add(g.divS(jHi, g.c32(bc)), g.c32(1));
+    tHi = g.select(g.cmp(CmpIPredicate::sge, jHi, jLo), end, tLo);
+  }
+}
+
+/// First key of KV-loop iteration \p t.
+Value FlashFwdKernel::blockStart(Value t) {
+  if (!k.spec.blockSparse)
+    return g.mul(t, g.c32(bc));
+  Value entry = g.ext64(g.divU(t, perSparse));
+  Value sparseIdx = loadI32(arg(abi::Indices), g.add(listBase, entry));
+  return g.add(g.mul(sparseIdx, g.c32(k.spec.sparseBlock)),
+               g.mul(g.remU(t, perSparse), g.c32(bc)));
+}
+
+/// Copies rows [row0, row0 + rows) x padded columns [0, padCols) of a tile
+/// into swizzled shared memory at \p smemOffset. Rows at or past \p nRows and
+/// columns past the logical width are zero-filled (cp.async's src-size), so
+/// padding never injects NaN into the MMAs.
+void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
+                              Value row0, Value nRows, int64_t rows,
+                              int64_t logicalCols, Value colBase,
+                              int64_t padCols, int64_t rowChunks,
+                              int64_t smemOffset) {
+  const int64_t bytes = k.copyBytes, perCopy = bytes / 2;
+  const int64_t perRow = padCols / perCopy, total = rows * perRow;
+  const int64_t threads = k.geo.threads;
+  Value lastRow = g.sub(nRows, g.c32(1));
+  for (int64_t first = 0; first < total; first += threads) {
+    auto body = [&] {
+      Value i = g.add(tid, g.c32(first));
+      Value r = g.divU(i, g.c32(perRow));
+      Value col = g.mul(g.remU(i, g.c32(perRow)), g.c32(perCopy));
+      Value row = g.add(row0, r);
+      Value rowOk = g.cmp(CmpIPredicate::slt, row, nRows);
+      Value gCol = g.add(colBase, col);
+      Value left = g.mul(g.sub(g.c32(logicalCols), gCol), g.c32(2));
+      Value srcBytes = g.minS(g.maxS(left, g.c32(0)), g.c32(bytes));
+      srcBytes = g.select(rowOk, srcBytes, g.c32(0));
+      Value useCol = g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
+                              gCol, g.c32(0));
+      Value gRow = g.minS(row, lastRow);
+      Value elem = g.add(g.add(rowBase, g.mul(g.ext64(gRow), rowStride)),
+                         g.ext64(useCol));
+      Value src = g.toGlobal(g.elementPtr(base, elem));
+      Value dstOff = g.add(g.c32(smemOffset),
+                           g.add(g.swizzled(r, col, rowChunks),
+                                 g.mul(g.remU(col, g.c32(8)), g.c32(2))));
+      g.copyAsync(g.sharedBytePtr(smem, dstOff), src, srcBytes, bytes);
+    };
+    if (first + threads <= total)
+      body();
+    else
+      ifThen(g.cmp(CmpIPredicate::ult, tid, g.c32(total - first)), body);
+  }
+}
+
+void FlashFwdKernel::loadKTile(Value n0) {
+  loadTile(arg(abi::K), kRowBase, idx(abi::KStrideN), n0, nkv, bc,
+           k.spec.headDimQK, g.c32(0), k.geo.dqkPad, k.geo.qkRowChunks,
+           k.geo.kOffset);
+}
+
+void FlashFwdKernel::loadVTile(Value n0) {
+  loadTile(arg(abi::V), vRowBase, idx(abi::VStrideN), n0, nkv, bc,
+           k.spec.headDimV, colBaseV, k.geo.dvChunk, k.geo.vRowChunks,
+           k.geo.vOffset);
+}
+
+/// S = Q K^T for this warp's rows: mt x nt accumulators of 4 f32.
+std::vector<FlashFwdKernel::Acc> FlashFwdKernel::computeScores() {
+  Value zero = g.cf(0.0);
+  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
+  // ldmatrix lanes: A rows lane % 16, column half lane / 16; B (K rows)
+  // row (lane / 16) * 8 + lane % 8, column half (lane / 8) % 2.
+  for (int64_t ks = 0; ks < k.geo.dqkPad / 16; ++ks) {
+    std::vector<Frag4> a(mt);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      a[mi] = g.ldmatrix4(qFrag->at(g, smem, mi * 16, ks * 2), false);
+    for (int64_t np = 0; np < nt / 2; ++np) {
+      Frag4 kb = g.ldmatrix4(kFrag->at(g, smem, np * 16, ks * 2), false);
+      for (int64_t mi = 0; mi < mt; ++mi) {
+        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
+        s0 = g.mma(a[mi], kb[0], kb[1], s0);
+        s1 = g.mma(a[mi], kb[2], kb[3], s1);
+      }
+    }
+  }
+  for (Acc &acc : s)
+    for (Value &v : acc)
+      v = g.fmul(v, scaleLog2);
+  return s;
+}
+
+/// -inf where key n0 + col is past Nkv or outside the row's band. Element
+/// (mi, ni, e) holds row warpRow(mi, e / 2) + grp, key ni * 8 + tig * 2 + e % 2.
+std::vector<FlashFwdKernel::Acc>
+FlashFwdKernel::maskScores(const std::vector<Acc> &s, Value n0) {
+  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
+  std::vector<Acc> out = s;
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value lo, hi;
+      if (k.hasBand) {
+        Value row = g.ext64(g.add(m0, g.add(warpRow(mi, half), grp)));
+        Value diag = g.add(row, off64);
+        lo = g.clampTo32(g.sub(diag, winL));
+        hi = g.clampTo32(g.add(diag, winR));
+      }
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value col = g.add(n0, g.add(g.c32(ni * 8 + e), g.mul(tig, g.c32(2))));
+          Value ok = g.cmp(CmpIPredicate::slt, col, nkv);
+          if (k.hasBand) {
+            ok = g.andI(ok, g.cmp(CmpIPredicate::sge, col, lo));
+            ok = g.andI(ok, g.cmp(CmpIPredicate::sle, col, hi));
+          }
+          Value &v = out[mi * nt + ni][2 * half + e];
+          v = g.select(ok, v, negInf);
+        }
+    }
+  return out;
+}
+
+void FlashFwdKernel::emit() {
+  setUp();
+  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
+  Value zero = g.cf(0.0);
+
+  // Prologue: Q once, K of the first block.
+  loadTile(arg(abi::Q), qRowBase, idx(abi::QStrideN), m0, nq, br,
+           k.spec.headDimQK, g.c32(0), k.geo.dqkPad, k.geo.qkRowChunks,
+           k.geo.qOffset);
+  loadKTile(blockStart(tLo));
+  g.commitGroup();
+
+  // Loop-carried registers: O (mt x dt x 4), m and l (2 rows per m-tile).
+  SmallVector<Value> init(mt * dt * 4, zero);
+  init.append(2 * mt, negInf);
+  init.append(2 * mt, zero);
+  auto loop = scf::ForOp::create(g.b, tLo, tHi, g.c32(1), init);
+  {
+    OpBuilder::InsertionGuard guard(g.b);
+    g.b.setInsertionPointToStart(loop.getBody());
+    Value t = loop.getInductionVar();
+    auto carried = loop.getRegionIterArgs();
+    SmallVector<Value> acc(carried.begin(), carried.begin() + mt * dt * 4);
+    SmallVector<Value> m(carried.begin() + mt * dt * 4,
+                         carried.begin() + mt * dt * 4 + 2 * mt);
+    SmallVector<Value> l(carried.begin() + mt * dt * 4 + 2 * mt,
+                         carried.end());
+    Value n0 = blockStart(t);
+
+    g.waitAll();
+    g.barrier(); // K(t) landed; every warp is done with V(t-1)
+    loadVTile(n0);
+    g.commitGroup();
+
+    std::vector<Acc> s = computeScores();
+
+    // Only blocks that cross Nkv or the band's edge pay for the mask.
+    Value needsMask =
+        g.cmp(CmpIPredicate::sgt, g.add(n0, g.c32(bc)), nkv);
+    if (k.hasBand) {
+      needsMask = g.orI(needsMask, g.cmp(CmpIPredicate::slt, n0, fullLo));
+      needsMask = g.orI(needsMask,
+                        g.cmp(CmpIPredicate::sgt, g.add(n0, g.c32(bc - 1)),
+                              fullHi));
+    }
+    SmallVector<Type> sTypes(mt * nt * 4, g.f32);
+    auto maskIf = scf::IfOp::create(g.b, sTypes, needsMask, true);
+    auto flatten = [](const std::vector<Acc> &v) {
+      SmallVector<Value> f;
+      for (const Acc &a : v)
+        f.append(a.begin(), a.end());
+      return f;
+    };
+    {
+      OpBuilder::InsertionGuard g2(g.b);
+      g.b.setInsertionPointToStart(maskIf.thenBlock());
+      scf::YieldOp::create(g.b, flatten(maskScores(s, n0)));
+      g.b.setInsertionPointToStart(maskIf.elseBlock());
+      scf::YieldOp::create(g.b, flatten(s));
+    }
+    for (int64_t i = 0; i < mt * nt; ++i)
+      for (int64_t e = 0; e < 4; ++e)
+        s[i][e] = maskIf.getResult(i * 4 + e);
+
+    // Online softmax, per row (mi, half): each row lives in 4 lanes.
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t half = 0; half < 2; ++half) {
+        Value mx = negInf;
+        for (int64_t ni = 0; ni < nt; ++ni)
+          for (int64_t e = 0; e < 2; ++e)
+            mx = g.fmax(mx, s[mi * nt + ni][2 * half + e]);
+        mx = g.fmax(mx, g.shuffleXor(mx, 1));
+        mx = g.fmax(mx, g.shuffleXor(mx, 2));
+        Value &mRow = m[2 * mi + half];
+        Value mNew = g.fmax(mRow, mx);
+        Value mUse = g.select(g.fcmpEq(mNew, negInf), zero, mNew);
+        Value alpha = g.exp2(g.fsub(mRow, mUse));
+        Value sum = zero;
+        for (int64_t ni = 0; ni < nt; ++ni)
+          for (int64_t e = 0; e < 2; ++e) {
+            Value &v = s[mi * nt + ni][2 * half + e];
+            v = g.exp2(g.fsub(v, mUse));
+            sum = g.fadd(sum, v);
+          }
+        Value &lRow = l[2 * mi + half];
+        lRow = g.fadd(g.fmul(lRow, alpha), sum);
+        mRow = mNew;
+        for (int64_t di = 0; di < dt; ++di)
+          for (int64_t e = 0; e < 2; ++e) {
+            Value &o = acc[(mi * dt + di) * 4 + 2 * half + e];
+            o = g.fmul(o, alpha);
+          }
+      }
+
+    g.waitAll();
+    g.barrier(); // V(t) landed; every warp is done with K(t)
+    Value next = g.add(t, g.c32(1));
+    ifThen(g.cmp(CmpIPredicate::slt, next, tHi), [&] {
+      loadKTile(blockStart(next));
+      g.commitGroup();
+    });
+
+    // O += P V. P's accumulator layout is the A-operand layout of the next
+    // MMA: two n-tiles of S make one 16-wide k-step.
+    for (int64_t kk = 0; kk < bc / 16; ++kk) {
+      std::vector<Frag4> p(mt);
+      for (int64_t mi = 0; mi < mt; ++mi) {
+        const Acc &lo = s[mi * nt + 2 * kk], &hi = s[mi * nt + 2 * kk + 1];
+        p[mi] = {g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
+                 g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])};
+      }
+      for (int64_t np = 0; np < dt / 2; ++np) {
+        Frag4 vb = g.ldmatrix4(vFrag->at(g, smem, kk * 16, np * 2), true);
+        for (int64_t mi = 0; mi < mt; ++mi)
+          for (int64_t j = 0; j < 2; ++j) {
+            int64_t base = (mi * dt + 2 * np + j) * 4;
+            Acc o{acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
+            o = g.mma(p[mi], vb[2 * j], vb[2 * j + 1], o);
+            for (int64_t e = 0; e < 4; ++e)
+              acc[base + e] = o[e];
+          }
+      }
+    }
+    SmallVector<Value> yield(acc);
+    yield.append(m);
+    yield.append(l);
+    scf::YieldOp::create(g.b, yield);
+  }
+  auto res = loop.getResults();
+  storeOutputs(SmallVector<Value>(res.begin(), res.begin() + mt * dt * 4),
+               SmallVector<Value>(res.begin() + mt * dt * 4,
+                                  res.begin() + mt * dt * 4 + 2 * mt),
+               SmallVector<Value>(res.begin() + mt * dt * 4 + 2 * mt,
+                                  res.end()));
+  mlir::gpu::ReturnOp::create(g.b);
+}
+
+/// O = acc / l (0 for a row that saw no key), lse = (m + log2 l) * ln 2.
+void FlashFwdKernel::storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m,
+                                  ArrayRef<Value> l) {
+  Value zero = g.cf(0.0);
+  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value lRow = l[2 * mi + half];
+      lRow = g.fadd(lRow, g.shuffleXor(lRow, 1));
+      lRow = g.fadd(lRow, g.shuffleXor(lRow, 2));
+      Value empty = g.fcmpEq(lRow, zero);
+      Value inv = g.select(empty, zero,
+                           arith::DivFOp::create(g.b, g.cf(1.0), lRow));
+      Value row = g.add(m0, g.add(warpRow(mi, half), grp));
+      Value rowOk = g.cmp(CmpIPredicate::slt, row, nq);
+      Value oRow = g.add(oRowBase, g.mul(g.ext64(row), idx(abi::OStrideN)));
+      for (int64_t di = 0; di < dt; ++di)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value col = g.add(colBaseV,
+                            g.add(g.c32(di * 8 + e), g.mul(tig, g.c32(2))));
+          Value ok = g.andI(rowOk, g.cmp(CmpIPredicate::slt, col,
+                                         g.c32(k.spec.headDimV)));
+          Value v = g.fmul(acc[(mi * dt + di) * 4 + 2 * half + e], inv);
+          ifThen(ok, [&] {
+            Value ptr = g.elementPtr(arg(abi::O), g.add(oRow, g.ext64(col)));
+            LLVM::StoreOp::create(g.b, g.toElementBits(v), ptr);
+          });
+        }
+      Value lse = g.fmul(g.fadd(m[2 * mi + half], g.log2(lRow)),
+                         g.cf(std::log(2.0)));
+      lse = g.select(empty, negInf, lse);
+      Value writer = g.andI(rowOk, g.andI(g.cmp(CmpIPredicate::eq, tig,
+                                                g.c32(0)),
+                                          g.cmp(CmpIPredicate::eq, chunk,
+                                                g.c32(0))));
+      ifThen(writer, [&] {
+        Value at = g.add(g.mul(g.ext64(pidBH), idx(abi::SeqQ)), g.ext64(row));
+        LLVM::StoreOp::create(g.b, lse, ptrAt(arg(abi::Lse), g.f32, at));
+      });
+    }
+}
+
+/// Reads the description and tiling the tiling pass recorded.
+FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
+                                 int64_t copyBytes) {
+  auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel");
+  auto getInt = [&](StringRef name) {
+    auto a = attrs.getAs<IntegerAttr>(name);
+    return a ? a.getInt() : int64_t(0);
+  };
+  KernelShape k;
+  k.spec.headDimQK = getInt("head_dim_qk");
+  k.spec.headDimV = getInt("head_dim_v");
+  k.spec.gqaGroup = getInt("gqa");
+  k.spec.sparseBlock = getInt("sparse_block");
+  k.spec.blockSparse = k.spec.sparseBlock > 0;
+  auto et = attrs.getAs<TypeAttr>("element_type");
+  k.spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
+  auto mask = attrs.getAs<StringAttr>("mask");
+  k.hasBand = mask && mask.getValue() != "none";
+  k.config.blockM = getInt("block_m");
+  k.config.blockN = getInt("block_n");
+  k.config.warps = warps;
+  k.copyBytes = copyBytes;
+  if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
+    return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
+                          << copyBytes;
+  std::string problem = gpuConfigProblem(k.spec, k.config, INT64_MAX);
+  if (!problem.empty())
+    return fn.emitError() << problem;
+  k.geo = gpuGeometry(k.spec, k.config);
+  return k;
+}
+
+struct LowerTiledToGPUPass
+    : public conversion::impl::LowerTiledToGPUBase<LowerTiledToGPUPass> {
+  using LowerTiledToGPUBase::LowerTiledToGPUBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    SmallVector<func::FuncOp> tiled;
+    module.walk([&](func::FuncOp fn) {
+      if (fn->hasAttr("attn.kernel"))
+        tiled.push_back(fn);
+    });
+    if (tiled.empty())
+      return;
+    MLIRContext *ctx = &getContext();
+    module->setAttr("gpu.container_module", UnitAttr::get(ctx));
+    ImplicitLocOpBuilder b(module.getLoc(), ctx);
+    b.setInsertionPointToEnd(module.getBody());
+    auto gpuModule = mlir::gpu::GPUModuleOp::create(b, "flashjit_kernels");
+    b.setInsertionPointToStart(gpuModule.getBody());
+    auto smemTy = LLVM::LLVMArrayType::get(b.getI8Type(), 0);
+    LLVM::GlobalOp::create(b, smemTy, /*isConstant=*/false,
+                           LLVM::Linkage::External, "flashjit_smem",
+                           Attribute(), /*alignment=*/16, /*addrSpace=*/3);
+
+    for (func::FuncOp fn : tiled) {
+      FailureOr<KernelShape> shape = readShape(fn, warps, copyBytes);
+      if (failed(shape))
+        return signalPassFailure();
+      GpuBuilder g(b, shape->spec.dtype == DType::BF16 ? Elem::BF16
+                                                       : Elem::F16);
+      SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
+      argTys.append(abi::NumIndexArgs, g.i64);
+      argTys.push_back(g.f32);
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToEnd(gpuModule.getBody());
+      auto kernel = mlir::gpu::GPUFuncOp::create(
+          b, fn.getName(), FunctionType::get(ctx, argTys, {}));
+      kernel->setAttr(mlir::gpu::GPUDialect::getKernelFuncAttrName(),
+                      UnitAttr::get(ctx));
+      kernel.setKnownBlockSizeAttr(
+          b.getDenseI32ArrayAttr({int32_t(shape->geo.threads), 1, 1}));
+      kernel->setAttr("attn.shared_bytes",
+                      b.getI64IntegerAttr(shape->geo.sharedBytes));
+      kernel->setAttr("attn.kernel", fn->getAttr("attn.kernel"));
+      b.setInsertionPointToStart(&kernel.getBody().front());
+      Value smem = LLVM::AddressOfOp::create(b, g.ptrShared, "flashjit_smem");
+      FlashFwdKernel(g, *shape, kernel, smem).emit();
+      fn.erase();
+    }
+  }
+};
+
+} // namespace

@@ -1,0 +1,164 @@
+//===- GpuBuilder.cpp - Warp-level building blocks for GPU kernels --------===//
+
+#include "compiler/Conversion/GpuBuilder.h"
+
+using namespace mlir;
+
+namespace flashjit::gpu {
+
+GpuBuilder::GpuBuilder(ImplicitLocOpBuilder &b, Elem elem) : b(b), elem(elem) {
+  MLIRContext *ctx = b.getContext();
+  i1 = b.getI1Type();
+  i16 = b.getI16Type();
+  i32 = b.getI32Type();
+  i64 = b.getI64Type();
+  f32 = b.getF32Type();
+  halfTy = elem == Elem::BF16 ? Type(b.getBF16Type()) : Type(b.getF16Type());
+  ptrGen = LLVM::LLVMPointerType::get(ctx);
+  ptrGlobal = LLVM::LLVMPointerType::get(ctx, 1);
+  ptrShared = LLVM::LLVMPointerType::get(ctx, 3);
+}
+
+Value GpuBuilder::c32(int64_t v) {
+  return arith::ConstantOp::create(b, b.getI32IntegerAttr(int32_t(v)));
+}
+Value GpuBuilder::c64(int64_t v) {
+  return arith::ConstantOp::create(b, b.getI64IntegerAttr(v));
+}
+Value GpuBuilder::cf(double v) {
+  return arith::ConstantOp::create(b, b.getF32FloatAttr(float(v)));
+}
+
+Value GpuBuilder::clampTo32(Value x) {
+  return trunc32(minS(maxS(x, c64(-(int64_t(1) << 30))), c64(int64_t(1) << 30)));
+}
+
+Value GpuBuilder::intrinsic(StringRef name, TypeRange results,
+                            ValueRange args) {
+  auto op = LLVM::CallIntrinsicOp::create(b, results, b.getStringAttr(name),
+                                          args, LLVM::FastmathFlagsAttr());
+  return op.getNumResults() ? op.getResult(0) : Value();
+}
+
+Value GpuBuilder::extract(Value aggregate, int64_t i) {
+  return LLVM::ExtractValueOp::create(b, aggregate, ArrayRef<int64_t>{i});
+}
+
+Value GpuBuilder::exp2(Value x) {
+  return intrinsic("llvm.nvvm.ex2.approx.ftz.f32", {f32}, {x});
+}
+Value GpuBuilder::log2(Value x) {
+  return intrinsic("llvm.nvvm.lg2.approx.ftz.f", {f32}, {x});
+}
+Value GpuBuilder::shuffleXor(Value x, int64_t laneMask) {
+  return intrinsic("llvm.nvvm.shfl.sync.bfly.f32", {f32},
+                   {c32(-1), x, c32(laneMask), c32(31)});
+}
+
+Value GpuBuilder::threadIdX() {
+  Value t = mlir::gpu::ThreadIdOp::create(b, mlir::gpu::Dimension::x);
+  return arith::IndexCastUIOp::create(b, i32, t);
+}
+Value GpuBuilder::blockId(mlir::gpu::Dimension dim) {
+  Value t = mlir::gpu::BlockIdOp::create(b, dim);
+  return arith::IndexCastUIOp::create(b, i32, t);
+}
+
+Value GpuBuilder::toGlobal(Value genericPtr) {
+  return LLVM::AddrSpaceCastOp::create(b, ptrGlobal, genericPtr);
+}
+Value GpuBuilder::elementPtr(Value base, Value index) {
+  return LLVM::GEPOp::create(b, base.getType(), i16, base,
+                             ArrayRef<LLVM::GEPArg>{index});
+}
+Value GpuBuilder::sharedBytePtr(Value base, Value bytes) {
+  return LLVM::GEPOp::create(b, ptrShared, b.getI8Type(), base,
+                             ArrayRef<LLVM::GEPArg>{bytes});
+}
+
+Value GpuBuilder::swizzled(Value row, Value col, int64_t rowChunks) {
+  Value chunk = xorI(divU(col, c32(8)), andI(row, c32(7)));
+  return mul(add(mul(row, c32(rowChunks)), chunk), c32(16));
+}
+
+void GpuBuilder::copyAsync(Value dst, Value src, Value srcBytes,
+                           int64_t bytes) {
+  switch (bytes) {
+  case 16:
+    intrinsic("llvm.nvvm.cp.async.cg.shared.global.16.s", {}, {dst, src, srcBytes});
+    return;
+  case 8:
+    intrinsic("llvm.nvvm.cp.async.ca.shared.global.8.s", {}, {dst, src, srcBytes});
+    return;
+  case 4:
+    intrinsic("llvm.nvvm.cp.async.ca.shared.global.4.s", {}, {dst, src, srcBytes});
+    return;
+  default: {
+    // 2-byte rows (odd head dims): a plain load, zero where out of range.
+    Value inRange = cmp(arith::CmpIPredicate::sgt, srcBytes, c32(0));
+    auto ifOp = scf::IfOp::create(b, TypeRange{i16}, inRange, true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(ifOp.thenBlock());
+      Value v = LLVM::LoadOp::create(b, i16, src);
+      scf::YieldOp::create(b, v);
+      b.setInsertionPointToStart(ifOp.elseBlock());
+      Value zero = arith::ConstantOp::create(b, b.getI16IntegerAttr(0));
+      scf::YieldOp::create(b, zero);
+    }
+    LLVM::StoreOp::create(b, ifOp.getResult(0), dst);
+    return;
+  }
+  }
+}
+
+void GpuBuilder::commitGroup() {
+  intrinsic("llvm.nvvm.cp.async.commit.group", {}, {});
+}
+void GpuBuilder::waitAll() { intrinsic("llvm.nvvm.cp.async.wait.all", {}, {}); }
+
+Frag4 GpuBuilder::ldmatrix4(Value addr, bool transpose) {
+  auto structTy = LLVM::LLVMStructType::getLiteral(b.getContext(),
+                                                   {i32, i32, i32, i32});
+  Value r = intrinsic(transpose
+                          ? "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16"
+                          : "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16",
+                      {structTy}, {addr});
+  return {extract(r, 0), extract(r, 1), extract(r, 2), extract(r, 3)};
+}
+
+std::array<Value, 4> GpuBuilder::mma(const Frag4 &a, Value b0, Value b1,
+                                     const std::array<Value, 4> &c) {
+  auto structTy = LLVM::LLVMStructType::getLiteral(b.getContext(),
+                                                   {f32, f32, f32, f32});
+  Value r;
+  if (elem == Elem::BF16) {
+    r = intrinsic("llvm.nvvm.mma.m16n8k16.row.col.bf16", {structTy},
+                  {a[0], a[1], a[2], a[3], b0, b1, c[0], c[1], c[2], c[3]});
+  } else {
+    // The fp16 variant takes <2 x half> registers.
+    auto v2 = VectorType::get({2}, b.getF16Type());
+    auto cast = [&](Value x) { return LLVM::BitcastOp::create(b, v2, x); };
+    r = intrinsic("llvm.nvvm.mma.m16n8k16.row.col.f32.f32", {structTy},
+                  {cast(a[0]), cast(a[1]), cast(a[2]), cast(a[3]), cast(b0),
+                   cast(b1), c[0], c[1], c[2], c[3]});
+  }
+  return {extract(r, 0), extract(r, 1), extract(r, 2), extract(r, 3)};
+}
+
+Value GpuBuilder::pack2(Value x, Value y) {
+  auto v2f = VectorType::get({2}, f32);
+  auto v2h = VectorType::get({2}, halfTy);
+  Value v = LLVM::PoisonOp::create(b, v2f);
+  v = LLVM::InsertElementOp::create(b, v, x, c32(0));
+  v = LLVM::InsertElementOp::create(b, v, y, c32(1));
+  Value h = LLVM::FPTruncOp::create(b, v2h, v);
+  return LLVM::BitcastOp::create(b, i32, h);
+}
+
+Value GpuBuilder::toElementBits(Value x) {
+  Value h = LLVM::FPTruncOp::create(b, halfTy, x);
+  return LLVM::BitcastOp::create(b, i16, h);
+}
+
+} // namespace flashjit::gpu

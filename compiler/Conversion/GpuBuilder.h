@@ -1,0 +1,127 @@
+//===- GpuBuilder.h - Warp-level building blocks for GPU kernels -*- C++ -*-===//
+//
+/// \file
+/// A thin layer over ImplicitLocOpBuilder that emits the NVVM-level pieces
+/// the GPU lowering assembles kernels from: integer and float arithmetic,
+/// pointers in the global and shared address spaces, cp.async tile copies
+/// into swizzled shared memory, ldmatrix fragment loads, m16n8k16 tensor-core
+/// MMAs, warp shuffles and fast exp2/log2. NVVM intrinsics are emitted as
+/// `llvm.call_intrinsic`, so each reads in the IR exactly as its PTX name.
+/// Internal to compiler/Conversion.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_CONVERSION_GPUBUILDER_H
+#define FLASHJIT_COMPILER_CONVERSION_GPUBUILDER_H
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+
+#include <array>
+
+namespace flashjit::gpu {
+
+using mlir::Type;
+using mlir::Value;
+
+/// The element type of Q, K, V and O on the GPU.
+enum class Elem { BF16, F16 };
+
+/// The ldmatrix / mma register fragments of one m16n8k16 step.
+using Frag4 = std::array<Value, 4>;
+
+class GpuBuilder {
+public:
+  GpuBuilder(mlir::ImplicitLocOpBuilder &b, Elem elem);
+
+  mlir::ImplicitLocOpBuilder &b;
+  const Elem elem;
+  Type i1, i16, i32, i64, f32, halfTy, ptrGen, ptrGlobal, ptrShared;
+
+  // Constants and integer arithmetic (any integer type).
+  Value c32(int64_t v);
+  Value c64(int64_t v);
+  Value cf(double v);
+  Value add(Value x, Value y) { return mlir::arith::AddIOp::create(b, x, y); }
+  Value sub(Value x, Value y) { return mlir::arith::SubIOp::create(b, x, y); }
+  Value mul(Value x, Value y) { return mlir::arith::MulIOp::create(b, x, y); }
+  Value divU(Value x, Value y) { return mlir::arith::DivUIOp::create(b, x, y); }
+  Value remU(Value x, Value y) { return mlir::arith::RemUIOp::create(b, x, y); }
+  Value divS(Value x, Value y) { return mlir::arith::DivSIOp::create(b, x, y); }
+  Value andI(Value x, Value y) { return mlir::arith::AndIOp::create(b, x, y); }
+  Value orI(Value x, Value y) { return mlir::arith::OrIOp::create(b, x, y); }
+  Value xorI(Value x, Value y) { return mlir::arith::XOrIOp::create(b, x, y); }
+  Value minS(Value x, Value y) { return mlir::arith::MinSIOp::create(b, x, y); }
+  Value maxS(Value x, Value y) { return mlir::arith::MaxSIOp::create(b, x, y); }
+  Value cmp(mlir::arith::CmpIPredicate p, Value x, Value y) {
+    return mlir::arith::CmpIOp::create(b, p, x, y);
+  }
+  Value select(Value c, Value x, Value y) {
+    return mlir::arith::SelectOp::create(b, c, x, y);
+  }
+  Value ext64(Value x) { return mlir::arith::ExtSIOp::create(b, i64, x); }
+  Value trunc32(Value x) { return mlir::arith::TruncIOp::create(b, i32, x); }
+  /// Clamps an i64 to [-2^30, 2^30] and truncates it to i32.
+  Value clampTo32(Value x);
+
+  // Float arithmetic.
+  Value fadd(Value x, Value y) { return mlir::arith::AddFOp::create(b, x, y); }
+  Value fsub(Value x, Value y) { return mlir::arith::SubFOp::create(b, x, y); }
+  Value fmul(Value x, Value y) { return mlir::arith::MulFOp::create(b, x, y); }
+  Value fmax(Value x, Value y) {
+    return mlir::LLVM::MaxNumOp::create(b, x, y);
+  }
+  Value fcmpEq(Value x, Value y) {
+    return mlir::arith::CmpFOp::create(b, mlir::arith::CmpFPredicate::OEQ, x,
+                                       y);
+  }
+  /// ex2.approx.ftz: 2^x, with 2^-inf = 0.
+  Value exp2(Value x);
+  /// lg2.approx.ftz.
+  Value log2(Value x);
+  /// shfl.sync.bfly with all 32 lanes.
+  Value shuffleXor(Value x, int64_t laneMask);
+
+  // Threads and blocks (i32).
+  Value threadIdX();
+  Value blockId(mlir::gpu::Dimension dim);
+  void barrier() { mlir::gpu::BarrierOp::create(b); }
+
+  // Pointers.
+  Value toGlobal(Value genericPtr);
+  /// Address of element \p index (i64) of a 16-bit-element array.
+  Value elementPtr(Value base, Value index);
+  /// \p base + \p bytes (i32) for a shared-memory pointer.
+  Value sharedBytePtr(Value base, Value bytes);
+  Value intrinsic(llvm::StringRef name, mlir::TypeRange results,
+                  mlir::ValueRange args);
+  Value extract(Value aggregate, int64_t i);
+
+  /// Byte offset of the 16-byte chunk holding column \p col (a multiple of
+  /// 8 elements, i32) of row \p row (i32) in a swizzled tile with
+  /// \p rowChunks chunks per row: chunk (col / 8) ^ (row % 8).
+  Value swizzled(Value row, Value col, int64_t rowChunks);
+
+  /// cp.async of \p bytes (4, 8 or 16) with zero fill past \p srcBytes; for
+  /// 2-byte copies a synchronous load and store.
+  void copyAsync(Value dstShared, Value srcGlobal, Value srcBytes,
+                 int64_t bytes);
+  void commitGroup();
+  void waitAll();
+
+  /// ldmatrix.sync.aligned.m8n8.x4(.trans).b16 at \p addr (shared).
+  Frag4 ldmatrix4(Value addr, bool transpose);
+  /// d = a * b + c, m16n8k16 with fp32 accumulate; a: 4 x b32, b: 2 x b32.
+  std::array<Value, 4> mma(const Frag4 &a, Value b0, Value b1,
+                           const std::array<Value, 4> &c);
+  /// Two f32 -> one b32 of two elements (x in the low half).
+  Value pack2(Value x, Value y);
+  /// One f32 -> one 16-bit element (as i16).
+  Value toElementBits(Value x);
+};
+
+} // namespace flashjit::gpu
+
+#endif // FLASHJIT_COMPILER_CONVERSION_GPUBUILDER_H

@@ -1,0 +1,33 @@
+//===- Passes.td - flashjit's conversions -------------------*- tablegen -*-===//
+
+#ifndef FLASHJIT_CONVERSION_PASSES
+#define FLASHJIT_CONVERSION_PASSES
+
+include "mlir/Pass/PassBase.td"
+
+def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
+  let summary = "Map the tiled FlashAttention program onto a tensor-core kernel";
+  let description = [{
+    Replaces each tiled function (func.func carrying `attn.kernel`, made by
+    flashjit-tile-attention) by a `gpu.module` holding one `gpu.func` kernel
+    that runs the same program per thread block: blockIdx = (Q block,
+    batch * head, O-column chunk); `warps` warps split the Br query rows
+    (FlashAttention-2: no inter-warp reduction); Q, K, V are staged in
+    swizzled shared memory with cp.async (`copy-bytes` wide: the alignment
+    of the pointers and strides), read with ldmatrix (transposed for V);
+    S = Q K^T and O += P V run on m16n8k16 MMAs with fp32 accumulators held
+    in registers across the KV loop; row max and sum use warp shuffles, the
+    softmax scale is folded into exp2, and P is converted to the element type
+    in registers. K of the next block loads while P V runs, V while S runs.
+    The kernel's arguments are the tiled function's, minus pid_m and pid_bh.
+  }];
+  let dependentDialects = ["mlir::gpu::GPUDialect", "mlir::LLVM::LLVMDialect",
+                           "mlir::scf::SCFDialect", "mlir::arith::ArithDialect"];
+  let options = [
+    Option<"warps", "warps", "int64_t", "4", "warps per thread block">,
+    Option<"copyBytes", "copy-bytes", "int64_t", "16",
+           "bytes per global->shared copy: 16, 8, 4 or 2">,
+  ];
+}
+
+#endif // FLASHJIT_CONVERSION_PASSES

@@ -1,0 +1,116 @@
+//===- GpuGeometry.h - Shapes of the GPU forward kernel ---------*- C++ -*-===//
+//
+/// \file
+/// The one place that derives the GPU kernel's geometry from a spec and a
+/// tile config: padded head dims, the O-column split for dv > 256, shared
+/// memory layout, threads and grid. The GPU lowering and the launcher both
+/// use it, so they cannot disagree. Plain C++.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_KERNELS_GPUGEOMETRY_H
+#define FLASHJIT_KERNELS_GPUGEOMETRY_H
+
+#include "kernels/AttentionSpec.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace flashjit {
+
+inline int64_t roundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t ceilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
+
+/// Geometry of one compiled GPU forward kernel.
+struct GpuGeometry {
+  int64_t threads;      ///< 32 * warps
+  int64_t mTiles;       ///< 16-row MMA tiles per warp (Br / (16 * warps))
+  int64_t dqkPad;       ///< head_dim_qk rounded up to the MMA k-step (16)
+  int64_t dvPad;        ///< head_dim_v rounded up to 16
+  int64_t dvChunk;      ///< O columns per program (<= 256)
+  int64_t dvChunks;     ///< programs along O's columns (grid.z)
+  int64_t qkRowChunks;  ///< 16-byte chunks per Q/K row in shared memory
+  int64_t vRowChunks;   ///< 16-byte chunks per V row in shared memory
+  int64_t qOffset, kOffset, vOffset; ///< shared-memory byte offsets
+  int64_t sharedBytes;  ///< dynamic shared memory per block
+
+  /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
+  std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
+    return {ceilDiv(p.seqLenQ, c.blockM), p.batch * p.heads, dvChunks};
+  }
+};
+
+/// Derives the geometry; rows of Q, K, V in shared memory are padded to a
+/// multiple of 8 chunks of 16 bytes so that the XOR swizzle (chunk ^ row % 8)
+/// stays inside the row.
+inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
+                               const TileConfig &config) {
+  GpuGeometry g;
+  g.threads = 32 * config.warps;
+  g.mTiles = config.blockM / (16 * config.warps);
+  g.dqkPad = roundUp(spec.headDimQK, 16);
+  g.dvPad = roundUp(spec.headDimV, 16);
+  g.dvChunks = ceilDiv(g.dvPad, 256);
+  g.dvChunk = roundUp(ceilDiv(g.dvPad, g.dvChunks), 16);
+  g.qkRowChunks = roundUp(g.dqkPad / 8, 8);
+  g.vRowChunks = roundUp(g.dvChunk / 8, 8);
+  g.qOffset = 0;
+  g.kOffset = config.blockM * g.qkRowChunks * 16;
+  g.vOffset = g.kOffset + config.blockN * g.qkRowChunks * 16;
+  g.sharedBytes = g.vOffset + config.blockN * g.vRowChunks * 16;
+  return g;
+}
+
+/// Why \p config cannot run on the GPU for \p spec ("" if it can), given the
+/// device's opt-in shared memory per block.
+inline std::string gpuConfigProblem(const AttentionSpec &spec,
+                                    const TileConfig &config,
+                                    int64_t maxSharedBytes) {
+  if (config.blockM % (16 * config.warps) != 0)
+    return "block_m (" + std::to_string(config.blockM) +
+           ") must be a multiple of 16 * warps (" +
+           std::to_string(16 * config.warps) + ") on the GPU";
+  if (config.blockN % 16 != 0)
+    return "block_n (" + std::to_string(config.blockN) +
+           ") must be a multiple of 16 on the GPU";
+  GpuGeometry g = gpuGeometry(spec, config);
+  if (g.sharedBytes > maxSharedBytes)
+    return "the tiles need " + std::to_string(g.sharedBytes) +
+           " bytes of shared memory, the device allows " +
+           std::to_string(maxSharedBytes);
+  return "";
+}
+
+/// The default GPU tiling for a head dim (before tuning). H200 values.
+inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
+  TileConfig c;
+  int64_t d = std::max(spec.headDimQK, spec.headDimV);
+  if (d <= 128) {
+    c.blockM = 128;
+    c.blockN = 64;
+    c.warps = 8;
+  } else if (d <= 256) {
+    c.blockM = 64;
+    c.blockN = 64;
+    c.warps = 4;
+  } else {
+    c.blockM = 64;
+    c.blockN = 32;
+    c.warps = 4;
+  }
+  if (spec.blockSparse) {
+    // Br and Bc must divide the sparse block; fewer warps where Br shrinks.
+    while (spec.sparseBlock % c.blockM != 0 && c.blockM > 16) {
+      c.blockM /= 2;
+      c.warps = std::min(c.warps, c.blockM / 16);
+    }
+    while (spec.sparseBlock % c.blockN != 0 && c.blockN > 16)
+      c.blockN /= 2;
+  }
+  return c;
+}
+
+} // namespace flashjit
+
+#endif // FLASHJIT_KERNELS_GPUGEOMETRY_H

@@ -1,0 +1,94 @@
+//===- AttentionLauncher.cpp - Launch a compiled forward kernel -----------===//
+
+#include "runtime/AttentionLauncher.h"
+#include "kernels/KernelABI.h"
+#include "runtime/Error.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace flashjit::rt {
+
+int64_t chooseCopyBytes(const ForwardArgs &args) {
+  for (int64_t bytes : {16, 8, 4}) {
+    bool ok = true;
+    for (const DeviceTensor *t : {&args.q, &args.k, &args.v}) {
+      ok &= t->ptr % bytes == 0;
+      for (int i = 0; i < 3; ++i)
+        ok &= (t->strides[i] * 2) % bytes == 0;
+    }
+    if (ok)
+      return bytes;
+  }
+  return 2;
+}
+
+ForwardKernel::ForwardKernel(const std::vector<char> &cubin,
+                             const AttentionSpec &spec,
+                             const TileConfig &config, int64_t copyBytes)
+    : module(cubin), spec(spec), config(config),
+      geo(gpuGeometry(spec, config)), copy(copyBytes) {
+  function = module.function("attention");
+}
+
+void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
+                           CUstream stream) const {
+  p.validate(spec);
+  for (const DeviceTensor *t : {&a.q, &a.k, &a.v, &a.o})
+    if (t->strides[3] != 1)
+      throw SpecError(fmt::format(
+          "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
+  if (chooseCopyBytes(a) < copy)
+    throw SpecError(fmt::format(
+        "kernel compiled for {}-byte copies, the tensors allow {}", copy,
+        chooseCopyBytes(a)));
+  if (spec.blockSparse && (!a.counts || !a.indices))
+    throw SpecError("a block-sparse kernel needs a layout");
+
+  auto [left, right] = effectiveWindow(spec, p);
+  int64_t idx[abi::NumIndexArgs] = {};
+  idx[abi::Batch] = p.batch;
+  idx[abi::Heads] = p.heads;
+  idx[abi::SeqQ] = p.seqLenQ;
+  idx[abi::SeqKV] = p.seqLenKV;
+  auto setStrides = [&](int first, const DeviceTensor &t) {
+    for (int i = 0; i < 3; ++i)
+      idx[first + i] = t.strides[i];
+  };
+  setStrides(abi::QStrideB, a.q);
+  setStrides(abi::KStrideB, a.k);
+  setStrides(abi::VStrideB, a.v);
+  setStrides(abi::OStrideB, a.o);
+  idx[abi::WindowLeft] = left;
+  idx[abi::WindowRight] = right;
+  idx[abi::CountsStrideB] = a.countStrides[0];
+  idx[abi::CountsStrideH] = a.countStrides[1];
+  idx[abi::IndicesStrideB] = a.indexStrides[0];
+  idx[abi::IndicesStrideH] = a.indexStrides[1];
+  idx[abi::IndicesStrideM] = a.indexStrides[2];
+  float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
+
+  CUdeviceptr bufs[abi::NumBuffers] = {a.q.ptr, a.k.ptr, a.v.ptr, a.o.ptr,
+                                       a.lse,   a.counts, a.indices};
+  // Dense kernels never read the layout; give them a valid pointer anyway.
+  for (CUdeviceptr &b : bufs)
+    if (!b)
+      b = a.q.ptr;
+  void *params[abi::NumBuffers + abi::NumIndexArgs + 1];
+  int n = 0;
+  for (CUdeviceptr &b : bufs)
+    params[n++] = &b;
+  for (int64_t &v : idx)
+    params[n++] = &v;
+  params[n++] = &scaleLog2;
+
+  auto grid = geo.grid(p, config);
+  if (grid[1] > 65535)
+    throw SpecError(fmt::format("batch * heads = {} exceeds the grid's 65535",
+                                grid[1]));
+  Dim3 g{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
+  Dim3 block{unsigned(geo.threads), 1, 1};
+  rt::launch(function, g, block, unsigned(geo.sharedBytes), stream, params);
+}
+
+} // namespace flashjit::rt
