@@ -94,8 +94,9 @@ void Problem::validate(const AttentionSpec &spec) const {
   if (windowLeft < 0 || windowRight < 0)
     throw SpecError(fmt::format("window must be non-negative, got {},{}",
                                 windowLeft, windowRight));
-  if (!std::isfinite(scale))
-    throw SpecError(fmt::format("scale must be finite, got {}", scale));
+  if (!std::isfinite(scale) || scale < 0)
+    throw SpecError(fmt::format(
+        "scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got {}", scale));
 }
 
 double Problem::effectiveScale(const AttentionSpec &spec) const {

@@ -87,9 +87,9 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
   TileConfig c;
   int64_t d = std::max(spec.headDimQK, spec.headDimV);
   if (d <= 128) {
-    c.blockM = 128;
+    c.blockM = 128; // two 16-row MMA tiles per warp: K/V fragments reused
     c.blockN = 64;
-    c.warps = 8;
+    c.warps = 4;
   } else if (d <= 256) {
     c.blockM = 64;
     c.blockN = 64;

@@ -74,8 +74,9 @@ struct KernelShape {
 struct FragmentAddresses {
   Value base;                 ///< tile offset + laneRow * rowChunks * 16
   std::array<Value, 4> xors;  ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
-  int64_t rowChunks;
+  int64_t rowChunks = 0;
 
+  FragmentAddresses() = default;
   FragmentAddresses(GpuBuilder &g, int64_t tileOffset, Value laneRow,
                     Value laneChunk, int64_t rowChunks)
       : rowChunks(rowChunks) {
@@ -83,6 +84,13 @@ struct FragmentAddresses {
     Value r7 = g.andI(laneRow, g.c32(7));
     for (int64_t j = 0; j < 4; ++j)
       xors[j] = g.mul(g.xorI(g.add(laneChunk, g.c32(2 * j)), r7), g.c32(16));
+  }
+  /// The same addresses from an opaque copy of the lane base (see
+  /// GpuBuilder::opaque): used inside the KV loop.
+  FragmentAddresses inLoop(GpuBuilder &g) const {
+    FragmentAddresses copy = *this;
+    copy.base = g.opaque(base);
+    return copy;
   }
   /// Address of row laneRow + rowConst, column (laneChunk + chunkConst) * 8.
   Value at(GpuBuilder &g, Value smem, int64_t rowConst,
@@ -253,27 +261,56 @@ void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
   const int64_t perRow = padCols / perCopy, total = rows * perRow;
   const int64_t threads = k.geo.threads;
   Value lastRow = g.sub(nRows, g.c32(1));
+  // Issues copy number (thread, pass): row r = laneRow + pass * rowsPerPass
+  // when every pass covers whole rows, so that a thread's column, its
+  // zero-fill size and its swizzled offset are fixed across passes (few live
+  // registers: the rest are immediates).
+  const bool regular = threads % perRow == 0 && (threads / perRow) % 8 == 0;
+  const int64_t rowsPerPass = regular ? threads / perRow : 0;
+  Value laneRow, laneCol, laneBytes, laneUseCol, laneDst;
+  auto columnTerms = [&](Value col, Value &srcBytes, Value &useCol) {
+    Value gCol = g.add(colBase, col);
+    Value left = g.mul(g.sub(g.c32(logicalCols), gCol), g.c32(2));
+    srcBytes = g.minS(g.maxS(left, g.c32(0)), g.c32(bytes));
+    useCol = g.ext64(g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
+                              gCol, g.c32(0)));
+  };
+  auto issue = [&](Value r, Value srcBytesCol, Value useCol, Value dst) {
+    Value row = g.add(row0, r);
+    Value rowOk = g.cmp(CmpIPredicate::slt, row, nRows);
+    Value srcBytes = g.select(rowOk, srcBytesCol, g.c32(0));
+    Value gRow = g.minS(row, lastRow);
+    Value elem = g.add(g.add(rowBase, g.mul(g.ext64(gRow), rowStride)), useCol);
+    g.copyAsync(dst, g.toGlobal(g.elementPtr(base, elem)), srcBytes, bytes);
+  };
+  if (regular) {
+    laneRow = g.divU(tid, g.c32(perRow));
+    laneCol = g.mul(g.remU(tid, g.c32(perRow)), g.c32(perCopy));
+    columnTerms(laneCol, laneBytes, laneUseCol);
+    laneDst = g.sharedBytePtr(
+        smem, g.add(g.c32(smemOffset),
+                    g.add(g.swizzled(laneRow, laneCol, rowChunks),
+                          g.mul(g.remU(laneCol, g.c32(8)), g.c32(2)))));
+  }
   for (int64_t first = 0; first < total; first += threads) {
     auto body = [&] {
+      if (regular) {
+        int64_t pass = first / threads;
+        Value r = g.add(laneRow, g.c32(pass * rowsPerPass));
+        Value dst = g.sharedBytePtr(
+            laneDst, g.c32(pass * rowsPerPass * rowChunks * 16));
+        issue(r, laneBytes, laneUseCol, dst);
+        return;
+      }
       Value i = g.add(tid, g.c32(first));
       Value r = g.divU(i, g.c32(perRow));
       Value col = g.mul(g.remU(i, g.c32(perRow)), g.c32(perCopy));
-      Value row = g.add(row0, r);
-      Value rowOk = g.cmp(CmpIPredicate::slt, row, nRows);
-      Value gCol = g.add(colBase, col);
-      Value left = g.mul(g.sub(g.c32(logicalCols), gCol), g.c32(2));
-      Value srcBytes = g.minS(g.maxS(left, g.c32(0)), g.c32(bytes));
-      srcBytes = g.select(rowOk, srcBytes, g.c32(0));
-      Value useCol = g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
-                              gCol, g.c32(0));
-      Value gRow = g.minS(row, lastRow);
-      Value elem = g.add(g.add(rowBase, g.mul(g.ext64(gRow), rowStride)),
-                         g.ext64(useCol));
-      Value src = g.toGlobal(g.elementPtr(base, elem));
+      Value srcBytes, useCol;
+      columnTerms(col, srcBytes, useCol);
       Value dstOff = g.add(g.c32(smemOffset),
                            g.add(g.swizzled(r, col, rowChunks),
                                  g.mul(g.remU(col, g.c32(8)), g.c32(2))));
-      g.copyAsync(g.sharedBytePtr(smem, dstOff), src, srcBytes, bytes);
+      issue(r, srcBytes, useCol, g.sharedBytePtr(smem, dstOff));
     };
     if (first + threads <= total)
       body();
@@ -313,9 +350,6 @@ std::vector<FlashFwdKernel::Acc> FlashFwdKernel::computeScores() {
       }
     }
   }
-  for (Acc &acc : s)
-    for (Value &v : acc)
-      v = g.fmul(v, scaleLog2);
   return s;
 }
 
@@ -377,6 +411,15 @@ void FlashFwdKernel::emit() {
     SmallVector<Value> l(carried.begin() + mt * dt * 4 + 2 * mt,
                          carried.end());
     Value n0 = blockStart(t);
+    // Loop-variant copies of the lane bases: addresses are recomputed
+    // (one add each) rather than hoisted into live registers.
+    std::optional<FragmentAddresses> outerQ = qFrag, outerK = kFrag,
+                                     outerV = vFrag;
+    Value outerTid = tid;
+    qFrag = qFrag->inLoop(g);
+    kFrag = kFrag->inLoop(g);
+    vFrag = vFrag->inLoop(g);
+    tid = g.opaque(tid);
 
     g.waitAll();
     g.barrier(); // K(t) landed; every warp is done with V(t-1)
@@ -422,15 +465,20 @@ void FlashFwdKernel::emit() {
             mx = g.fmax(mx, s[mi * nt + ni][2 * half + e]);
         mx = g.fmax(mx, g.shuffleXor(mx, 1));
         mx = g.fmax(mx, g.shuffleXor(mx, 2));
+        // Raw scores: the max is taken before scaling (scale >= 0), and
+        // m is kept in scaled log2 units.
+        mx = g.fmul(mx, scaleLog2);
         Value &mRow = m[2 * mi + half];
         Value mNew = g.fmax(mRow, mx);
         Value mUse = g.select(g.fcmpEq(mNew, negInf), zero, mNew);
         Value alpha = g.exp2(g.fsub(mRow, mUse));
+        Value negMUse = arith::NegFOp::create(g.b, mUse);
         Value sum = zero;
         for (int64_t ni = 0; ni < nt; ++ni)
           for (int64_t e = 0; e < 2; ++e) {
+            // P = exp2(s * scale * log2(e) - m): one FMA and one ex2.
             Value &v = s[mi * nt + ni][2 * half + e];
-            v = g.exp2(g.fsub(v, mUse));
+            v = g.exp2(g.fma(v, scaleLog2, negMUse));
             sum = g.fadd(sum, v);
           }
         Value &lRow = l[2 * mi + half];
@@ -476,6 +524,10 @@ void FlashFwdKernel::emit() {
     yield.append(m);
     yield.append(l);
     scf::YieldOp::create(g.b, yield);
+    qFrag = outerQ;
+    kFrag = outerK;
+    vFrag = outerV;
+    tid = outerTid;
   }
   auto res = loop.getResults();
   storeOutputs(SmallVector<Value>(res.begin(), res.begin() + mt * dt * 4),

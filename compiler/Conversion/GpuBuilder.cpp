@@ -55,6 +55,15 @@ Value GpuBuilder::shuffleXor(Value x, int64_t laneMask) {
                    {c32(-1), x, c32(laneMask), c32(31)});
 }
 
+Value GpuBuilder::opaque(Value x) {
+  auto op = LLVM::InlineAsmOp::create(
+      b, i32, ValueRange{x}, "mov.b32 $0, $1;", "=r,r",
+      /*has_side_effects=*/true, /*is_align_stack=*/false,
+      LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+      ArrayAttr());
+  return op.getResult(0);
+}
+
 Value GpuBuilder::threadIdX() {
   Value t = mlir::gpu::ThreadIdOp::create(b, mlir::gpu::Dimension::x);
   return arith::IndexCastUIOp::create(b, i32, t);

@@ -70,6 +70,9 @@ public:
   Value fadd(Value x, Value y) { return mlir::arith::AddFOp::create(b, x, y); }
   Value fsub(Value x, Value y) { return mlir::arith::SubFOp::create(b, x, y); }
   Value fmul(Value x, Value y) { return mlir::arith::MulFOp::create(b, x, y); }
+  Value fma(Value x, Value y, Value z) {
+    return mlir::LLVM::FMAOp::create(b, x, y, z);
+  }
   Value fmax(Value x, Value y) {
     return mlir::LLVM::MaxNumOp::create(b, x, y);
   }
@@ -83,6 +86,11 @@ public:
   Value log2(Value x);
   /// shfl.sync.bfly with all 32 lanes.
   Value shuffleXor(Value x, int64_t laneMask);
+
+  /// \p x (i32) through an opaque `mov`: values derived from the result
+  /// inside a loop are not loop-invariant, so LLVM cannot hoist dozens of
+  /// address computations into registers live across the loop.
+  Value opaque(Value x);
 
   // Threads and blocks (i32).
   Value threadIdX();

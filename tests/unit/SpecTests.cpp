@@ -221,6 +221,7 @@ TEST(CliOptions, RejectsBadInputWithANamedError) {
   expectError({"run", "--seq-len"}, "needs a value");
   expectError({"run", "--dtype", "fp32"}, "expected bf16 or fp16");
   expectError({"run", "--causal", "--window", "1,1"}, "exclusive");
+  expectError({"run", "--scale", "-0.5"}, "scale must be finite and >= 0");
 }
 
 /// Large problems check an even sample of rows, always the first and last.
