@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace flashjit {
 
@@ -82,23 +83,33 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
   return "";
 }
 
-/// The default GPU tiling for a head dim (before tuning). H200 values.
+/// The default GPU tiling for a head dim (before tuning): the fastest
+/// spill-free config measured on the H200 (bench/NOTES.md, sweep) per range
+/// of max(head_dim_qk, head_dim_v). Two 16-row MMA tiles per warp where the
+/// registers allow, so that each K/V fragment feeds two MMAs.
 inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
-  TileConfig c;
+  struct Row {
+    int64_t maxD, blockM, blockN, warps;
+  };
+  // Masks and block-sparse layouts keep a few more values live.
+  static const Row plain[] = {{32, 128, 128, 4}, {88, 128, 64, 4},
+                              {112, 128, 32, 4}, {128, 128, 64, 4},
+                              {256, 64, 64, 4},  {512, 64, 32, 4}};
+  static const Row masked[] = {{16, 128, 128, 4}, {80, 128, 64, 4},
+                               {128, 128, 32, 4}, {256, 64, 64, 4},
+                               {512, 64, 32, 4}};
+  bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
   int64_t d = std::max(spec.headDimQK, spec.headDimV);
-  if (d <= 128) {
-    c.blockM = 128; // two 16-row MMA tiles per warp: K/V fragments reused
-    c.blockN = 64;
-    c.warps = 4;
-  } else if (d <= 256) {
-    c.blockM = 64;
-    c.blockN = 64;
-    c.warps = 4;
-  } else {
-    c.blockM = 64;
-    c.blockN = 32;
-    c.warps = 4;
-  }
+  TileConfig c;
+  const Row *rows = isPlain ? plain : masked;
+  size_t count = isPlain ? std::size(plain) : std::size(masked);
+  for (const Row &r : std::vector<Row>(rows, rows + count))
+    if (d <= r.maxD) {
+      c.blockM = r.blockM;
+      c.blockN = r.blockN;
+      c.warps = r.warps;
+      break;
+    }
   if (spec.blockSparse) {
     // Br and Bc must divide the sparse block; fewer warps where Br shrinks.
     while (spec.sparseBlock % c.blockM != 0 && c.blockM > 16) {

@@ -457,6 +457,8 @@ void FlashFwdKernel::emit() {
         s[i][e] = maskIf.getResult(i * 4 + e);
 
     // Online softmax, per row (mi, half): each row lives in 4 lanes.
+    SmallVector<Value> alphas;
+    Value maxMoved = g.cmp(CmpIPredicate::ne, g.c32(0), g.c32(0));
     for (int64_t mi = 0; mi < mt; ++mi)
       for (int64_t half = 0; half < 2; ++half) {
         Value mx = negInf;
@@ -470,6 +472,9 @@ void FlashFwdKernel::emit() {
         mx = g.fmul(mx, scaleLog2);
         Value &mRow = m[2 * mi + half];
         Value mNew = g.fmax(mRow, mx);
+        maxMoved = g.orI(maxMoved, arith::CmpFOp::create(
+                                       g.b, arith::CmpFPredicate::UNE, mNew,
+                                       mRow));
         Value mUse = g.select(g.fcmpEq(mNew, negInf), zero, mNew);
         Value alpha = g.exp2(g.fsub(mRow, mUse));
         Value negMUse = arith::NegFOp::create(g.b, mUse);
@@ -484,12 +489,32 @@ void FlashFwdKernel::emit() {
         Value &lRow = l[2 * mi + half];
         lRow = g.fadd(g.fmul(lRow, alpha), sum);
         mRow = mNew;
-        for (int64_t di = 0; di < dt; ++di)
-          for (int64_t e = 0; e < 2; ++e) {
-            Value &o = acc[(mi * dt + di) * 4 + 2 * half + e];
-            o = g.fmul(o, alpha);
-          }
+        alphas.push_back(alpha);
       }
+    // O *= alpha only when some row's max moved (a warp-uniform branch):
+    // after the first blocks it rarely does, and the rescale is mt * dt * 4
+    // multiplies per thread.
+    Value anyMoved = g.intrinsic("llvm.nvvm.vote.any.sync", {g.i1},
+                                 {g.c32(-1), maxMoved});
+    SmallVector<Type> accTypes(acc.size(), g.f32);
+    auto rescale = scf::IfOp::create(g.b, accTypes, anyMoved, true);
+    {
+      OpBuilder::InsertionGuard g2(g.b);
+      g.b.setInsertionPointToStart(rescale.thenBlock());
+      SmallVector<Value> scaled(acc);
+      for (int64_t mi = 0; mi < mt; ++mi)
+        for (int64_t half = 0; half < 2; ++half)
+          for (int64_t di = 0; di < dt; ++di)
+            for (int64_t e = 0; e < 2; ++e) {
+              Value &o = scaled[(mi * dt + di) * 4 + 2 * half + e];
+              o = g.fmul(o, alphas[2 * mi + half]);
+            }
+      scf::YieldOp::create(g.b, scaled);
+      g.b.setInsertionPointToStart(rescale.elseBlock());
+      scf::YieldOp::create(g.b, acc);
+    }
+    for (size_t i = 0; i < acc.size(); ++i)
+      acc[i] = rescale.getResult(i);
 
     g.waitAll();
     g.barrier(); // V(t) landed; every warp is done with K(t)

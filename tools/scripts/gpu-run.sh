@@ -38,7 +38,7 @@ CARRY=$ROOT/.carry
 FJ=$CARRY/bin/flashjit
 TMPD=$(mktemp -d /tmp/flashjit-run.XXXXXX)
 
-steps=${FLASHJIT_STEPS:-tests,bench}
+steps=${FLASHJIT_STEPS:-tests,sanitize,bench}
 [[ ${FLASHJIT_NCU:-0} == 1 ]] && steps+=",ncu"
 [[ ${FLASHJIT_ANCHORS:-0} == 1 ]] && steps+=",anchors"
 has_step() { [[ ",$steps," == *",$1,"* ]]; }
@@ -131,6 +131,35 @@ if has_step tests; then
   if ((t_bins == 0)); then
     t_notes+=("no .carry/bin/*-gpu-tests binary (did gpu-prepare.sh run?)")
     echo "no gpu test binaries" >>"$OUT/gpu-tests.log"
+  fi
+fi
+
+# ------------------------------------------------------------ 2b. sanitize --
+# A subset under compute-sanitizer: memcheck (out-of-bounds, misaligned) on
+# tails, odd head dims, 2-byte copies, GQA, sparse; racecheck on shared memory.
+if has_step sanitize; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -z $CS ]]; then
+    say "compute-sanitizer: not found, step skipped"
+  else
+    san_fail=0
+    while read -r tool args; do
+      [[ -z $tool ]] && continue
+      say "sanitize $tool: $args"
+      # shellcheck disable=SC2086
+      if ! timeout -k 5 120 "$CS" --tool "$tool" --error-exitcode 9 "$FJ" run --device cuda --json $args \
+          >>"$OUT/sanitize.log" 2>&1; then
+        san_fail=$((san_fail + 1)); say "  FAILED (see sanitize.log)"
+      fi
+    done <<'CASES'
+memcheck --head-dim 33 --head-dim-v 40 --causal --seq-len 77 --seq-len-kv 130
+memcheck --head-dim 100 --gqa 2 --heads 4 --window 9,3 --seq-len 200 --dtype fp16
+memcheck --head-dim 64 --block-sparse 0.5 --seq-len 300 --packed-qkv
+memcheck --head-dim 300 --head-dim-v 400 --seq-len 65
+racecheck --head-dim 128 --causal --seq-len 256
+racecheck --head-dim 64 --block-sparse 0.6 --seq-len 384
+CASES
+    echo "sanitize: $san_fail failed" | tee -a "$OUT/sanitize.log"
   fi
 fi
 
