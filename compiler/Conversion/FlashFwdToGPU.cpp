@@ -165,6 +165,13 @@ void FlashFwdKernel::setUp() {
   tig = g.remU(lane, g.c32(4));
   warpRow0 = g.mul(warp, g.c32(mt * 16));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
+  if (k.spec.mask == MaskKind::Causal) {
+    // Heaviest Q blocks (the last rows see the most keys) start first, so
+    // the last wave of the grid is made of short blocks.
+    Value blocks = arith::IndexCastUIOp::create(
+        g.b, g.i32, mlir::gpu::GridDimOp::create(g.b, mlir::gpu::Dimension::x));
+    pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
+  }
   pidBH = g.blockId(mlir::gpu::Dimension::y);
   chunk = g.blockId(mlir::gpu::Dimension::z);
   scaleLog2 = arg(abi::NumBuffers + abi::NumIndexArgs);
@@ -283,6 +290,10 @@ void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
     Value elem = g.add(g.add(rowBase, g.mul(g.ext64(gRow), rowStride)), useCol);
     g.copyAsync(dst, g.toGlobal(g.elementPtr(base, elem)), srcBytes, bytes);
   };
+  // Regular case: one global pointer per thread and tile, advanced by
+  // rowsPerPass rows per pass (a 64-bit add); rows past nRows copy zero
+  // bytes from the head's first row (always a valid address).
+  Value lanePtr, passStride, rowsLeft, safePtr;
   if (regular) {
     laneRow = g.divU(tid, g.c32(perRow));
     laneCol = g.mul(g.remU(tid, g.c32(perRow)), g.c32(perCopy));
@@ -291,15 +302,28 @@ void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
         smem, g.add(g.c32(smemOffset),
                     g.add(g.swizzled(laneRow, laneCol, rowChunks),
                           g.mul(g.remU(laneCol, g.c32(8)), g.c32(2)))));
+    Value firstRow = g.ext64(g.minS(g.add(row0, laneRow), lastRow));
+    lanePtr = g.toGlobal(g.elementPtr(
+        base, g.add(g.add(rowBase, g.mul(firstRow, rowStride)), laneUseCol)));
+    safePtr = g.toGlobal(g.elementPtr(base, g.add(rowBase, laneUseCol)));
+    passStride = g.mul(rowStride, g.c64(rowsPerPass));
+    rowsLeft = g.sub(g.sub(nRows, row0), laneRow);
   }
   for (int64_t first = 0; first < total; first += threads) {
     auto body = [&] {
       if (regular) {
         int64_t pass = first / threads;
-        Value r = g.add(laneRow, g.c32(pass * rowsPerPass));
         Value dst = g.sharedBytePtr(
             laneDst, g.c32(pass * rowsPerPass * rowChunks * 16));
-        issue(r, laneBytes, laneUseCol, dst);
+        Value src = pass == 0 ? lanePtr
+                              : LLVM::GEPOp::create(
+                                    g.b, g.ptrGlobal, g.i16, lanePtr,
+                                    ArrayRef<LLVM::GEPArg>{g.mul(
+                                        passStride, g.c64(pass))});
+        Value rowOk =
+            g.cmp(CmpIPredicate::sgt, rowsLeft, g.c32(pass * rowsPerPass));
+        g.copyAsync(dst, g.select(rowOk, src, safePtr),
+                    g.select(rowOk, laneBytes, g.c32(0)), bytes);
         return;
       }
       Value i = g.add(tid, g.c32(first));
@@ -614,6 +638,10 @@ FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
     return a ? a.getInt() : int64_t(0);
   };
   KernelShape k;
+  auto maskName = attrs.getAs<StringAttr>("mask");
+  k.spec.mask = !maskName || maskName.getValue() == "none" ? MaskKind::None
+                : maskName.getValue() == "causal"           ? MaskKind::Causal
+                                                  : MaskKind::SlidingWindow;
   k.spec.headDimQK = getInt("head_dim_qk");
   k.spec.headDimV = getInt("head_dim_v");
   k.spec.gqaGroup = getInt("gqa");
@@ -621,8 +649,7 @@ FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
   k.spec.blockSparse = k.spec.sparseBlock > 0;
   auto et = attrs.getAs<TypeAttr>("element_type");
   k.spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
-  auto mask = attrs.getAs<StringAttr>("mask");
-  k.hasBand = mask && mask.getValue() != "none";
+  k.hasBand = k.spec.mask != MaskKind::None;
   k.config.blockM = getInt("block_m");
   k.config.blockN = getInt("block_n");
   k.config.warps = warps;
