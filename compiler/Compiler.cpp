@@ -129,6 +129,12 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
   return gpuModuleToPtx(*module, ptx);
 }
 
+std::string gpuPipelineText(const TileConfig &config, int64_t copyBytes) {
+  return fmt::format("builtin.module(flashjit-gpu-pipeline{{block-m={} "
+                     "block-n={} warps={} copy-bytes={}}})",
+                     config.blockM, config.blockN, config.warps, copyBytes);
+}
+
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
                       Stage stage, const GpuTarget &target) {
   spec.validate();

@@ -63,6 +63,10 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
 /// dialect (the same one flashjit-opt runs as flashjit-cpu-pipeline).
 std::string cpuPipelineText(const TileConfig &config);
 
+/// The textual pass pipeline of the GPU kernel (as flashjit-opt runs it);
+/// part of the cubin cache key.
+std::string gpuPipelineText(const TileConfig &config, int64_t copyBytes);
+
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {
 public:

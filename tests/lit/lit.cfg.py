@@ -14,5 +14,7 @@ path = [config.flashjit_bin_dir, config.llvm_tools_dir, config.environment.get("
 config.environment["PATH"] = os.pathsep.join(path)
 # Keep the runs deterministic in what they print: no GPU probing surprises.
 config.environment["FLASHJIT_LIBCUDA"] = "/nonexistent/libcuda.so.1"
+# Never touch the user's cache from tests.
+config.environment["FLASHJIT_CACHE_DIR"] = os.path.join(config.test_exec_root, "cache")
 config.substitutions.append(("%flashjit", os.path.join(config.flashjit_bin_dir, "flashjit")))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))

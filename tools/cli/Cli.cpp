@@ -53,16 +53,26 @@ int runCompile(const CliOptions &o) {
   if (stage == Stage::Cubin) {
     if (o.outputPath.empty())
       throw SpecError("--emit cubin writes a binary: give -o FILE");
-    CubinBuild b = buildCubin(o.spec, o.config, target);
+    rt::DiskCache cache;
+    CubinBuild b = buildCubin(o.spec, o.config, target, cache);
     std::ofstream out(o.outputPath, std::ios::binary);
     out.write(b.cubin.data(), std::streamsize(b.cubin.size()));
     if (!out)
       throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
-    fmt::print(stderr,
-               "{}: {} bytes for {}; {} registers, {} bytes spilled, {} bytes "
-               "static shared memory\n",
-               o.outputPath, b.cubin.size(), target.arch, b.registers,
-               b.spillBytes, b.sharedBytes);
+    if (o.json)
+      fmt::print("{{\"stage\":\"cubin\",\"spec\":{},\"config\":{},"
+                 "\"arch\":\"{}\",\"bytes\":{},\"registers\":{},"
+                 "\"spill_bytes\":{},\"cache\":\"{}\",\"prepare_ms\":{:.3f},"
+                 "\"output\":\"{}\"}}\n",
+                 o.spec.toJson(), o.config.toJson(), target.arch,
+                 b.cubin.size(), b.registers, b.spillBytes,
+                 rt::toString(b.cache), b.prepareMs, o.outputPath);
+    else
+      fmt::print(stderr,
+                 "{}: {} bytes for {}; {} registers, {} bytes spilled; "
+                 "cubin cache {}\n",
+                 o.outputPath, b.cubin.size(), target.arch, b.registers,
+                 b.spillBytes, rt::toString(b.cache));
     return Ok;
   }
   std::string text = emitStage(o.spec, o.config, stage, target);
@@ -123,9 +133,12 @@ void dumpIO(const std::string &dir, const AttentionSpec &spec,
   }
 }
 
-int runRun(const CliOptions &o, bool bench) {
-  Device device = bench ? Device::Cuda : resolveDevice(o);
-  if (bench)
+/// `run`, `bench` (GPU, more repeats, a sampled check) and `tune` (GPU,
+/// tunes first).
+int runRun(const CliOptions &o) {
+  const bool bench = o.command == "bench", tune = o.command == "tune";
+  Device device = bench || tune ? Device::Cuda : resolveDevice(o);
+  if (device == Device::Cuda)
     rt::CudaDriver::get().requireAvailable();
   const AttentionSpec &spec = o.spec;
   const Problem &p = o.problem;
@@ -153,7 +166,12 @@ int runRun(const CliOptions &o, bool bench) {
   double compileMs = 0, runMs = 0;
   GpuRunResult gpu;
   if (device == Device::Cuda) {
-    gpu = runOnGpu(o, data, layout.get(), bench ? o.repeats : 5);
+    gpu = runOnGpu(o, data, layout.get(), bench ? o.repeats : 5,
+                   tune || o.tune);
+    if (!gpu.tuneTable.empty() && !o.json)
+      fmt::print("{}winner: {}x{}, {} warps (stored for {} on this GPU)\n",
+                 gpu.tuneTable, gpu.config.blockM, gpu.config.blockN,
+                 gpu.config.warps, rt::problemClass(p));
     compileMs = gpu.compileMs;
     runMs = gpu.medianMs;
   } else {
@@ -186,19 +204,25 @@ int runRun(const CliOptions &o, bool bench) {
           ? fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
                         "\"spill_bytes\":{},\"shared_bytes\":{},"
                         "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
-                        "\"repeats\":{}",
+                        "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
+                        "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
                         gpu.arch, gpu.copyBytes, gpu.build.registers,
                         gpu.build.spillBytes,
-                        gpuGeometry(spec, o.config).sharedBytes, gpu.minMs,
-                        tflops, bench ? o.repeats : 5)
-          : "";
+                        gpuGeometry(spec, gpu.config).sharedBytes, gpu.minMs,
+                        tflops, bench ? o.repeats : 5,
+                        rt::toString(gpu.build.cache), gpu.configSource,
+                        gpu.build.prepareMs, gpu.moduleLoadMs) +
+                (gpu.tuneJson.empty() ? ""
+                                      : ",\"candidates\":" + gpu.tuneJson)
+          : ",\"cache\":null";
+  const TileConfig &config = device == Device::Cuda ? gpu.config : o.config;
   if (o.json) {
     fmt::print("{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
                "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
                "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
                "\"rows_checked\":{},\"time_ms\":{:.4f},\"compile_ms\":{:.3f},"
                "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}}}\n",
-               spec.toJson(), o.config.toJson(), p.toJson(spec), deviceName,
+               spec.toJson(), config.toJson(), p.toJson(spec), deviceName,
                reported, err.oRelErr, err.lseRelErr, err.nanCount,
                err.lseMismatch, bound, ok ? "true" : "false", ref.rows.size(),
                runMs, compileMs, inputSeed,
@@ -213,11 +237,12 @@ int runRun(const CliOptions &o, bool bench) {
                spec.name(), deviceName, reported, err.oRelErr, err.lseRelErr,
                bound, ref.rows.size(), ok ? "ok" : "FAILED");
     fmt::print("compile {:.1f} ms, run {:.3f} ms (Br {} x Bc {}, {} warps)",
-               compileMs, runMs, o.config.blockM, o.config.blockN,
-               o.config.warps);
+               compileMs, runMs, config.blockM, config.blockN, config.warps);
     if (device == Device::Cuda)
-      fmt::print(", {:.1f} TFLOP/s on {}; {} registers, {} bytes spilled",
-                 tflops, gpu.arch, gpu.build.registers, gpu.build.spillBytes);
+      fmt::print(", {:.1f} TFLOP/s on {}; {} registers, {} bytes spilled; "
+                 "config {}, cubin cache {}",
+                 tflops, gpu.arch, gpu.build.registers, gpu.build.spillBytes,
+                 gpu.configSource, rt::toString(gpu.build.cache));
     fmt::print("\n");
   }
   return ok ? Ok : AccuracyFailed;
@@ -231,7 +256,9 @@ int dispatch(int argc, const char *const *argv) {
   }
   if (o.command == "compile")
     return runCompile(o);
-  return runRun(o, o.command == "bench");
+  if (o.command == "cache")
+    return runCacheCommand(o);
+  return runRun(o);
 }
 
 } // namespace

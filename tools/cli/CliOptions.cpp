@@ -11,7 +11,8 @@
 
 namespace flashjit::cli {
 
-static const char *kCommands[] = {"compile", "run", "bench", "help"};
+static const char *kCommands[] = {"compile", "run", "bench", "tune", "cache",
+                                  "help"};
 
 std::string helpText(const std::string &command) {
   std::string usage;
@@ -23,6 +24,18 @@ std::string helpText(const std::string &command) {
             "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
             "                       (default: the GPU found, else sm_90a)\n"
             "  -o FILE              write the stage to FILE instead of stdout\n";
+  else if (command == "tune")
+    usage = "usage: flashjit tune [spec] [problem] [--json]\n"
+            "Tunes Br x Bc and warps on the GPU for this spec and problem\n"
+            "class (sequence lengths and batch*heads rounded up to powers of\n"
+            "two): compiles the candidates the device allows in parallel,\n"
+            "times each, prints the table and the winner, and stores it in\n"
+            "the cache (later runs and benches use it). Then runs the winner\n"
+            "against the reference.\n";
+  else if (command == "cache")
+    usage = "usage: flashjit cache list|clear|path\n"
+            "The on-disk cache of cubins and tuning results: FLASHJIT_CACHE_DIR,\n"
+            "else $XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit.\n";
   else if (command == "bench")
     usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
             "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
@@ -39,6 +52,7 @@ std::string helpText(const std::string &command) {
             "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
             ".npy\n"
             "  --seed N             seed of the random block-sparse layout\n"
+            "  --tune               tune the tiling first (as `flashjit tune`)\n"
             "  --packed-qkv         q, k, v as strided views of one\n"
             "                       (B, N, 3, H, d) buffer\n"
             "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
@@ -52,6 +66,8 @@ std::string helpText(const std::string &command) {
             "            ptx, cubin, cpu-llvm)\n"
             "  run       run on random inputs and check against a reference\n"
             "  bench     time the kernel on the GPU (TFLOP/s)\n"
+            "  tune      tune Br x Bc, warps on the GPU and cache the winner\n"
+            "  cache     list, clear or locate the on-disk cache\n"
             "  help      this text; `flashjit <command> --help` for more\n";
   return usage +
          "spec:\n"
@@ -75,8 +91,10 @@ std::string helpText(const std::string &command) {
          "                       H = the gqa group size: one KV head)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
-         "  --block-m BR --block-n BC --warps W (default: by head dim, e.g.\n"
-         "                       128 x 64 with 8 warps up to d = 128)\n";
+         "  --block-m BR --block-n BC --warps W (default on the GPU: the\n"
+         "                       tuned config if `flashjit tune` stored one\n"
+         "                       for this GPU and problem class, else by\n"
+         "                       head dim, e.g. 128 x 64 with 4 warps)\n";
 }
 
 namespace {
@@ -114,7 +132,14 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       known |= o.command == c;
     if (!known)
       throw SpecError(fmt::format(
-          "unknown command '{}' (expected compile, run, bench or help)", o.command));
+          "unknown command '{}' (expected compile, run, bench, tune, cache "
+          "or help)",
+          o.command));
+    if (o.command == "cache") {
+      if (i >= args.size() || args[i].rfind("-", 0) == 0)
+        throw SpecError("cache: give an action: list, clear or path");
+      o.cacheVerb = args[i++];
+    }
   }
   bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
   bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
@@ -201,6 +226,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
+      {"--tune", [&] { o.tune = true; }},
       {"--help", [&] { o.help = true; }},
       {"-h", [&] { o.help = true; }},
   };
@@ -259,6 +285,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.config.blockM = heuristic.blockM;
   if (!blockNGiven)
     o.config.blockN = heuristic.blockN;
+  o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
   if (!warpsGiven)
     o.config.warps = std::min(heuristic.warps,
                               std::max<int64_t>(1, o.config.blockM / 16));

@@ -35,6 +35,9 @@ struct CliOptions {
   uint64_t seed = 0;
   bool seedGiven = false;
   bool json = false;
+  bool configFromFlags = false; ///< any of --block-m, --block-n, --warps
+  bool tune = false;            ///< --tune: tune before running
+  std::string cacheVerb;        ///< `flashjit cache VERB`
   bool packedQKV = false; ///< q, k, v as views of one (B, N, 3, H, d) buffer
   bool help = false;
 };

@@ -1,6 +1,8 @@
 //===- GpuCommands.cpp - The CLI's GPU side -------------------------------===//
 
 #include "tools/cli/GpuCommands.h"
+#include "compiler/Target/PTXEmitter.h"
+#include "kernels/GpuGeometry.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
@@ -8,9 +10,139 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fmt/format.h>
 
 namespace flashjit::cli {
+
+namespace {
+
+double msSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+/// The cubin cache key: everything that changes the bytes.
+rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
+                      const GpuTarget &target) {
+  rt::CacheKey key;
+  key.add("version", FLASHJIT_VERSION)
+      .add("pipeline", gpuPipelineText(config, target.copyBytes))
+      .add("spec", spec.toJson())
+      .add("config", config.toJson())
+      .add("copy_bytes", std::to_string(target.copyBytes))
+      .add("arch", target.arch)
+      // The PTX ISA is a function of (arch, driver); naming the driver keeps
+      // a cache hit from having to ask LLVM for the arch's minimum.
+      .add("ptx_isa", target.driverVersion > 0
+                          ? fmt::format("for driver {}", target.driverVersion)
+                          : std::to_string(choosePtxVersion(target.arch, 0)))
+      .add("nvjitlink", rt::nvJitLinkVersionString());
+  return key;
+}
+
+/// The tuning key: spec, problem class, GPU identity.
+rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
+                       const rt::DeviceInfo &info) {
+  rt::CacheKey key;
+  key.add("version", FLASHJIT_VERSION)
+      .add("spec", spec.toJson())
+      .add("problem_class", rt::problemClass(p))
+      .add("gpu_name", info.name)
+      .add("gpu_cc", fmt::format("{}.{}", info.ccMajor, info.ccMinor))
+      .add("gpu_sms", std::to_string(info.smCount))
+      .add("driver", std::to_string(info.driverVersion));
+  return key;
+}
+
+/// Cached cubins start with one line "registers=R spill=S".
+std::vector<char> packCubin(const CubinBuild &b) {
+  std::string head =
+      fmt::format("registers={} spill={}\n", b.registers, b.spillBytes);
+  std::vector<char> out(head.begin(), head.end());
+  out.insert(out.end(), b.cubin.begin(), b.cubin.end());
+  return out;
+}
+
+bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
+  auto nl = std::find(payload.begin(), payload.end(), '\n');
+  if (nl == payload.end())
+    return false;
+  std::string head(payload.begin(), nl);
+  if (std::sscanf(head.c_str(), "registers=%d spill=%d", &b.registers,
+                  &b.spillBytes) != 2)
+    return false;
+  b.cubin.assign(nl + 1, payload.end());
+  return b.cubin.size() > 4;
+}
+
+/// A host problem's tensors on the device; q, k, v views of one host buffer
+/// share one device buffer.
+struct DeviceProblem {
+  std::vector<std::pair<const std::vector<uint16_t> *, rt::DeviceBuffer>> bufs;
+  rt::DeviceBuffer o, lse, counts, indices;
+  rt::ForwardArgs args;
+
+  rt::DeviceTensor map(const HalfTensor &t) {
+    auto it = std::find_if(bufs.begin(), bufs.end(), [&](auto &e) {
+      return e.first == t.buffer.get();
+    });
+    if (it == bufs.end()) {
+      rt::DeviceBuffer d(t.buffer->size() * 2);
+      d.upload(t.buffer->data(), t.buffer->size() * 2);
+      bufs.emplace_back(t.buffer.get(), std::move(d));
+      it = bufs.end() - 1;
+    }
+    return {it->second.ptr() + CUdeviceptr(t.offset * 2), t.strides};
+  }
+
+  DeviceProblem(const AttentionData &data, const BlockSparseLayout *layout) {
+    args.q = map(data.q);
+    args.k = map(data.k);
+    args.v = map(data.v);
+    o = rt::DeviceBuffer(data.o.buffer->size() * 2);
+    lse = rt::DeviceBuffer(data.lse.size() * 4);
+    args.o = {o.ptr(), data.o.strides};
+    args.lse = lse.ptr();
+    if (layout) {
+      counts = rt::DeviceBuffer(layout->counts.size() * 4);
+      counts.uploadVector(layout->counts);
+      indices = rt::DeviceBuffer(layout->indices.size() * 4);
+      indices.uploadVector(layout->indices);
+      args.counts = counts.ptr();
+      args.indices = indices.ptr();
+      args.countStrides = layout->countStrides();
+      args.indexStrides = layout->indexStrides();
+    }
+  }
+  /// NaN in bf16, fp16 and fp32: an element the kernel skips fails.
+  void poison() {
+    o.memset8(0xff);
+    lse.memset8(0xff);
+  }
+};
+
+/// Median of \p repeats launches, each timed alone, after a warm-up.
+std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
+                                       const Problem &p,
+                                       const rt::ForwardArgs &args,
+                                       int64_t repeats) {
+  for (int i = 0; i < 3; ++i)
+    kernel.launch(p, args, nullptr);
+  std::vector<double> times;
+  rt::EventTimer timer;
+  for (int64_t i = 0; i < repeats; ++i) {
+    timer.start(nullptr);
+    kernel.launch(p, args, nullptr);
+    timer.stop(nullptr);
+    times.push_back(timer.elapsedMs());
+  }
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.front()};
+}
+
+} // namespace
 
 bool gpuFound() {
   auto &driver = rt::CudaDriver::get();
@@ -37,16 +169,25 @@ GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes) {
 }
 
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target) {
+                      const GpuTarget &target, rt::DiskCache &cache) {
+  auto t0 = std::chrono::steady_clock::now();
+  rt::CacheKey key = cubinKey(spec, config, target);
+  CubinBuild b;
+  if (auto payload = cache.load("cubin", key, b.cache)) {
+    if (unpackCubin(*payload, b)) {
+      b.prepareMs = msSince(t0);
+      return b;
+    }
+    b.cache = rt::CacheStatus::Rebuilt;
+  }
   std::string ptx = compileToPtx(spec, config, target);
   rt::CubinResult r = rt::ptxToCubin(ptx, target.arch);
-  CubinBuild b;
+  rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
   b.cubin = std::move(r.cubin);
-  b.infoLog = std::move(r.infoLog);
-  rt::ResourceUsage use = rt::parseResourceUsage(b.infoLog);
   b.registers = use.registers;
   b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes;
-  b.sharedBytes = use.sharedBytes;
+  cache.store("cubin", key, packCubin(b));
+  b.prepareMs = msSince(t0);
   return b;
 }
 
@@ -56,96 +197,132 @@ double forwardFlops(const AttentionSpec &spec, const Problem &p) {
   return spec.mask == MaskKind::Causal ? f / 2 : f;
 }
 
-namespace {
-
-/// A host tensor's buffer on the device, shared by views of one buffer.
-struct DeviceCopy {
-  std::vector<std::pair<const std::vector<uint16_t> *, rt::DeviceBuffer>> bufs;
-
-  rt::DeviceTensor map(const HalfTensor &t) {
-    auto it = std::find_if(bufs.begin(), bufs.end(), [&](auto &e) {
-      return e.first == t.buffer.get();
-    });
-    if (it == bufs.end()) {
-      rt::DeviceBuffer d(t.buffer->size() * 2);
-      d.upload(t.buffer->data(), t.buffer->size() * 2);
-      bufs.emplace_back(t.buffer.get(), std::move(d));
-      it = bufs.end() - 1;
-    }
-    return {it->second.ptr() + CUdeviceptr(t.offset * 2), t.strides};
-  }
-};
-
-} // namespace
-
 GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
-                      const BlockSparseLayout *layout, int64_t repeats) {
+                      const BlockSparseLayout *layout, int64_t repeats,
+                      bool tune) {
   auto &driver = rt::CudaDriver::get();
   driver.requireAvailable();
   driver.ensureContext(0);
   const AttentionSpec &spec = o.spec;
   const Problem &p = o.problem;
   rt::DeviceInfo info = rt::queryDevice(0);
+  rt::DiskCache cache;
+
+  DeviceProblem dev(data, layout);
+  GpuRunResult r;
+  r.copyBytes = rt::chooseCopyBytes(dev.args);
+  GpuTarget target = resolveTarget(o, r.copyBytes);
+  r.arch = target.arch;
+
+  // The config: flags, else a tuning result for this GPU and problem class
+  // (tuning now if asked), else the heuristic.
+  rt::CacheKey tuneKey = tuningKey(spec, p, info);
+  r.config = o.config;
+  r.configSource = o.configFromFlags ? "flags" : "heuristic";
+  if (tune) {
+    rt::TuneLimits limits;
+    limits.maxSharedBytes = info.maxSharedPerBlockOptin;
+    limits.maxThreadsPerBlock = info.maxThreadsPerBlock;
+    limits.registersPerBlock = info.regsPerBlock;
+    auto candidates = rt::tuningCandidates(spec, limits);
+    bool verbose = !o.json || std::getenv("FLASHJIT_PRINT_AUTOTUNING");
+    rt::TuneResult result = rt::autotune(
+        candidates,
+        [&](const TileConfig &c, int &regs, int &spill) {
+          CubinBuild b = buildCubin(spec, c, target, cache);
+          regs = b.registers;
+          spill = b.spillBytes;
+          return b.cubin;
+        },
+        [&](const TileConfig &c, const std::vector<char> &cubin) {
+          rt::ForwardKernel kernel(cubin, spec, c, r.copyBytes);
+          return timeLaunches(kernel, p, dev.args, 5).first;
+        },
+        [&](size_t i, size_t n, const rt::TunedCandidate &c) {
+          if (!verbose)
+            return;
+          if (c.error.empty())
+            fmt::print(stderr, "tune: candidate {} of {}: {}x{} {} warps: "
+                       "{:.4f} ms\n", i + 1, n, c.config.blockM,
+                       c.config.blockN, c.config.warps, c.ms);
+          else
+            fmt::print(stderr, "tune: candidate {} of {}: {}x{} {} warps: "
+                       "failed\n", i + 1, n, c.config.blockM, c.config.blockN,
+                       c.config.warps);
+        });
+    r.tuneTable = rt::formatTuneTable(result);
+    r.tuneJson = "[";
+    for (const rt::TunedCandidate &c : result.table)
+      r.tuneJson += fmt::format(
+          "{}{{\"config\":{},\"ms\":{},\"registers\":{},\"spill_bytes\":{}}}",
+          r.tuneJson.size() > 1 ? "," : "", c.config.toJson(),
+          c.error.empty() ? fmt::format("{:.5f}", c.ms) : "null", c.registers,
+          c.spillBytes);
+    r.tuneJson += fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
+                              result.compileSeconds, result.timeSeconds);
+    r.tuneTable += fmt::format("compile {:.1f} s, timing {:.1f} s\n",
+                               result.compileSeconds, result.timeSeconds);
+    std::string text = result.best.toJson();
+    cache.store("tuning", tuneKey, std::vector<char>(text.begin(), text.end()));
+    if (!o.configFromFlags) {
+      r.config = result.best;
+      r.configSource = "tuned";
+    }
+  } else if (!o.configFromFlags) {
+    rt::CacheStatus status;
+    if (auto payload = cache.load("tuning", tuneKey, status)) {
+      TileConfig tuned;
+      std::string text(payload->begin(), payload->end());
+      if (std::sscanf(text.c_str(),
+                      "{\"block_m\":%ld,\"block_n\":%ld,\"warps\":%ld,"
+                      "\"stages\":%ld}",
+                      &tuned.blockM, &tuned.blockN, &tuned.warps,
+                      &tuned.stages) == 4) {
+        r.config = tuned;
+        r.configSource = "tuned";
+      }
+    }
+  }
   std::string problem =
-      gpuConfigProblem(spec, o.config, info.maxSharedPerBlockOptin);
+      gpuConfigProblem(spec, r.config, info.maxSharedPerBlockOptin);
   if (!problem.empty())
     throw SpecError(problem);
 
-  DeviceCopy dev;
-  rt::ForwardArgs args;
-  args.q = dev.map(data.q);
-  args.k = dev.map(data.k);
-  args.v = dev.map(data.v);
-  rt::DeviceBuffer oBuf(data.o.buffer->size() * 2);
-  rt::DeviceBuffer lseBuf(data.lse.size() * 4);
-  oBuf.memset8(0xff); // NaN in bf16 and fp16: unwritten elements fail
-  lseBuf.memset8(0xff);
-  args.o = {oBuf.ptr(), data.o.strides};
-  args.lse = lseBuf.ptr();
-  rt::DeviceBuffer counts, indices;
-  if (layout) {
-    counts = rt::DeviceBuffer(layout->counts.size() * 4);
-    counts.uploadVector(layout->counts);
-    indices = rt::DeviceBuffer(layout->indices.size() * 4);
-    indices.uploadVector(layout->indices);
-    args.counts = counts.ptr();
-    args.indices = indices.ptr();
-    args.countStrides = layout->countStrides();
-    args.indexStrides = layout->indexStrides();
-  }
-
-  GpuRunResult r;
-  r.copyBytes = rt::chooseCopyBytes(args);
-  GpuTarget target = resolveTarget(o, r.copyBytes);
-  r.arch = target.arch;
+  r.build = buildCubin(spec, r.config, target, cache);
+  r.compileMs = r.build.prepareMs;
   auto t0 = std::chrono::steady_clock::now();
-  r.build = buildCubin(spec, o.config, target);
-  rt::ForwardKernel kernel(r.build.cubin, spec, o.config, r.copyBytes);
-  r.compileMs = std::chrono::duration<double, std::milli>(
-                    std::chrono::steady_clock::now() - t0)
-                    .count();
+  rt::ForwardKernel kernel(r.build.cubin, spec, r.config, r.copyBytes);
+  r.moduleLoadMs = msSince(t0);
 
   // The checked launch: on poisoned outputs.
-  kernel.launch(p, args, nullptr);
+  dev.poison();
+  kernel.launch(p, dev.args, nullptr);
   driver.synchronize();
-  oBuf.download(data.o.buffer->data(), data.o.buffer->size() * 2);
-  lseBuf.download(data.lse.data(), data.lse.size() * 4);
-
-  // Timed launches: warm-up, then each launch timed alone; median.
-  for (int i = 0; i < 3; ++i)
-    kernel.launch(p, args, nullptr);
-  std::vector<double> times;
-  rt::EventTimer timer;
-  for (int64_t i = 0; i < repeats; ++i) {
-    timer.start(nullptr);
-    kernel.launch(p, args, nullptr);
-    timer.stop(nullptr);
-    times.push_back(timer.elapsedMs());
-  }
-  std::sort(times.begin(), times.end());
-  r.medianMs = times[times.size() / 2];
-  r.minMs = times.front();
+  dev.o.download(data.o.buffer->data(), data.o.buffer->size() * 2);
+  dev.lse.download(data.lse.data(), data.lse.size() * 4);
+  std::tie(r.medianMs, r.minMs) = timeLaunches(kernel, p, dev.args, repeats);
   return r;
+}
+
+int runCacheCommand(const CliOptions &o) {
+  rt::DiskCache cache;
+  const std::string &verb = o.cacheVerb;
+  if (verb == "path") {
+    fmt::print("{}\n", cache.directory());
+  } else if (verb == "clear") {
+    size_t n = cache.clear();
+    fmt::print("removed {} entries from {}\n", n, cache.directory());
+  } else if (verb == "list") {
+    auto entries = cache.list();
+    for (const auto &e : entries)
+      fmt::print("{:<7} {:>9} {}  {}\n", e.kind, e.bytes,
+                 e.valid ? "ok     " : "CORRUPT", e.path);
+    fmt::print("{} entries in {}\n", entries.size(), cache.directory());
+  } else {
+    throw SpecError(fmt::format(
+        "cache: unknown action '{}' (expected list, clear or path)", verb));
+  }
+  return 0;
 }
 
 } // namespace flashjit::cli

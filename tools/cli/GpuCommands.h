@@ -1,9 +1,10 @@
 //===- GpuCommands.h - The CLI's GPU side -----------------------*- C++ -*-===//
 //
 /// \file
-/// Compiling, launching and timing a forward kernel on the GPU for
-/// `flashjit run --device cuda`, `flashjit bench` and `compile --emit cubin`.
-/// Wires the compiler (PTX) to the runtime (nvJitLink, driver).
+/// Compiling (through the on-disk cubin cache), tuning, launching and timing
+/// a forward kernel on the GPU for `flashjit run --device cuda`, `bench`,
+/// `tune` and `compile --emit cubin`. Wires the compiler (PTX) to the
+/// runtime (nvJitLink, driver, autotuner, cache).
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TOOLS_CLI_GPUCOMMANDS_H
@@ -11,6 +12,8 @@
 
 #include "compiler/Compiler.h"
 #include "kernels/HostTensor.h"
+#include "runtime/Autotuner.h"
+#include "runtime/DiskCache.h"
 #include "tools/cli/CliOptions.h"
 
 #include <string>
@@ -24,27 +27,41 @@ bool gpuFound();
 /// The --target to compile for: the flag, else the GPU's, else sm_90a.
 GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes);
 
-/// PTX -> cubin through nvJitLink, with the resource report.
+/// A cubin and what ptxas said about it.
 struct CubinBuild {
   std::vector<char> cubin;
-  std::string infoLog;
-  int registers = -1, spillBytes = 0, sharedBytes = 0;
+  int registers = -1, spillBytes = 0;
+  rt::CacheStatus cache = rt::CacheStatus::Miss;
+  double prepareMs = 0; ///< flashjit's own time: cache lookup or compile
 };
+
+/// The cubin for (spec, config, target): from the on-disk cache, else
+/// compiled (PTX -> nvJitLink) and stored.
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target);
+                      const GpuTarget &target, rt::DiskCache &cache);
 
 /// One GPU run: poisoned outputs, one checked launch, then timed launches.
 struct GpuRunResult {
-  double medianMs = 0, minMs = 0, compileMs = 0;
+  double medianMs = 0, minMs = 0, compileMs = 0, moduleLoadMs = 0;
   int64_t copyBytes = 0;
   std::string arch;
+  TileConfig config;
+  std::string configSource; ///< "flags", "tuned" or "heuristic"
   CubinBuild build;
+  std::string tuneTable;    ///< when `--tune` or `flashjit tune` tuned
+  std::string tuneJson;     ///< the same, as a JSON array
 };
+/// Runs on the GPU; with \p tune (or `flashjit tune`), tunes first and
+/// stores the winner.
 GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
-                      const BlockSparseLayout *layout, int64_t repeats);
+                      const BlockSparseLayout *layout, int64_t repeats,
+                      bool tune);
 
 /// FLOPs of the forward pass (4 * B * H * Nq * Nkv * d, halved for causal).
 double forwardFlops(const AttentionSpec &spec, const Problem &p);
+
+/// `flashjit cache list|clear|path`.
+int runCacheCommand(const CliOptions &o);
 
 } // namespace flashjit::cli
 

@@ -1,0 +1,158 @@
+//===- Autotuner.cpp - Choose Br x Bc (warps, stages) on the GPU ----------===//
+
+#include "runtime/Autotuner.h"
+#include "kernels/GpuGeometry.h"
+#include "runtime/Error.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fmt/format.h>
+#include <thread>
+
+namespace flashjit::rt {
+
+/// Registers the fp32 accumulators of a config take per thread: O
+/// (mTiles x dvChunk / 8 x 4) and S (mTiles x Bc / 8 x 4). Past ~200, with
+/// addresses and softmax state on top, ptxas spills heavily.
+static int64_t accumulatorRegisters(const AttentionSpec &spec,
+                                    const TileConfig &c) {
+  GpuGeometry g = gpuGeometry(spec, c);
+  return g.mTiles * (g.dvChunk / 8) * 4 + g.mTiles * (c.blockN / 8) * 4;
+}
+
+std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
+                                         const TuneLimits &limits) {
+  std::vector<TileConfig> out;
+  auto fits = [&](const TileConfig &c) {
+    if (!gpuConfigProblem(spec, c, limits.maxSharedBytes).empty())
+      return false;
+    if (gpuGeometry(spec, c).mTiles > 2)
+      return false;
+    if (32 * c.warps > limits.maxThreadsPerBlock)
+      return false;
+    if (accumulatorRegisters(spec, c) > 200)
+      return false;
+    if (spec.blockSparse &&
+        (spec.sparseBlock % c.blockM != 0 || spec.sparseBlock % c.blockN != 0))
+      return false;
+    return true;
+  };
+  TileConfig heuristic = defaultGpuConfig(spec);
+  if (fits(heuristic))
+    out.push_back(heuristic);
+  for (int64_t bm : {64, 128, 256})
+    for (int64_t bn : {32, 64, 128})
+      for (int64_t warps : {4, 8}) {
+        TileConfig c;
+        c.blockM = bm;
+        c.blockN = bn;
+        c.warps = warps;
+        c.stages = 2; // K and V overlap (FA-2); deeper pipelines: later
+        bool dup = std::any_of(out.begin(), out.end(), [&](const TileConfig &o) {
+          return o.blockM == bm && o.blockN == bn && o.warps == warps;
+        });
+        if (!dup && fits(c))
+          out.push_back(c);
+      }
+  return out;
+}
+
+TuneResult autotune(const std::vector<TileConfig> &candidates,
+                    const CompileFn &compile, const TimeFn &time,
+                    const ProgressFn &progress, unsigned threads) {
+  TuneResult r;
+  r.table.resize(candidates.size());
+  std::vector<std::vector<char>> cubins(candidates.size());
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < candidates.size();) {
+      TunedCandidate &c = r.table[i];
+      c.config = candidates[i];
+      try {
+        cubins[i] = compile(c.config, c.registers, c.spillBytes);
+      } catch (const std::exception &e) {
+        c.error = e.what();
+      }
+    }
+  };
+  if (threads == 0)
+    threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  threads = unsigned(std::min<size_t>(threads, candidates.size()));
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i)
+    pool.emplace_back(worker);
+  worker();
+  for (auto &t : pool)
+    t.join();
+  auto t1 = std::chrono::steady_clock::now();
+  r.compileSeconds = std::chrono::duration<double>(t1 - t0).count();
+
+  for (size_t i = 0; i < r.table.size(); ++i) {
+    TunedCandidate &c = r.table[i];
+    if (c.error.empty()) {
+      try {
+        c.ms = time(c.config, cubins[i]);
+      } catch (const std::exception &e) {
+        c.error = e.what();
+      }
+    }
+    if (c.error.empty() && (r.bestMs < 0 || c.ms < r.bestMs)) {
+      r.bestMs = c.ms;
+      r.best = c.config;
+    }
+    if (progress)
+      progress(i, r.table.size(), c);
+  }
+  r.timeSeconds = std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - t1)
+                      .count();
+  if (r.bestMs < 0)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("autotune: none of {} candidates compiled "
+                                   "and ran{}",
+                                   candidates.size(),
+                                   r.table.empty()
+                                       ? ""
+                                       : "; first error: " +
+                                             r.table.front().error));
+  return r;
+}
+
+/// Smallest power of two >= \p x (at least 16).
+static int64_t bucket(int64_t x) {
+  int64_t b = 16;
+  while (b < x)
+    b *= 2;
+  return b;
+}
+
+std::string problemClass(const Problem &p) {
+  return fmt::format("q{}_kv{}_bh{}", bucket(p.seqLenQ), bucket(p.seqLenKV),
+                     bucket(p.batch * p.heads));
+}
+
+std::string formatTuneTable(const TuneResult &r) {
+  std::string out = fmt::format("{:>4} {:>9} {:>6} {:>6} {:>10} {:>5} {:>6}\n",
+                                "", "Br x Bc", "warps", "stages", "ms", "regs",
+                                "spill");
+  for (const TunedCandidate &c : r.table) {
+    bool best = c.error.empty() && c.ms == r.bestMs &&
+                c.config.blockM == r.best.blockM &&
+                c.config.blockN == r.best.blockN &&
+                c.config.warps == r.best.warps;
+    std::string tile = fmt::format("{}x{}", c.config.blockM, c.config.blockN);
+    if (c.error.empty())
+      out += fmt::format("{:>4} {:>9} {:>6} {:>6} {:>10.4f} {:>5} {:>6}\n",
+                         best ? "best" : "", tile, c.config.warps,
+                         c.config.stages, c.ms, c.registers, c.spillBytes);
+    else
+      out += fmt::format("{:>4} {:>9} {:>6} {:>6} failed: {}\n", "", tile,
+                         c.config.warps, c.config.stages,
+                         c.error.substr(0, c.error.find('\n')));
+  }
+  return out;
+}
+
+} // namespace flashjit::rt

@@ -1,0 +1,81 @@
+//===- Autotuner.h - Choose Br x Bc (warps, stages) on the GPU --*- C++ -*-===//
+//
+/// \file
+/// The autotuner: enumerates the tile configs a device's limits allow,
+/// prunes by rule before compiling, compiles the rest on host threads in
+/// parallel and times each on the real inputs. Compiling and timing are
+/// injected (the runtime knows no MLIR; tests inject fakes), so the
+/// selection logic runs on the CPU in CI.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_RUNTIME_AUTOTUNER_H
+#define FLASHJIT_RUNTIME_AUTOTUNER_H
+
+#include "kernels/AttentionSpec.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flashjit::rt {
+
+/// What the device allows (read off it with queryDevice).
+struct TuneLimits {
+  int64_t maxSharedBytes = 227 * 1024; ///< opt-in shared memory per block
+  int64_t maxThreadsPerBlock = 1024;
+  int64_t registersPerBlock = 65536;
+};
+
+/// Candidate configs for \p spec within \p limits, pruned by rule: Br a
+/// multiple of 16 * warps with at most two 16-row MMA tiles per warp;
+/// accumulators (O and S) that fit the 255-register file with room to
+/// spare; shared memory and threads within the limits; Br and Bc dividing
+/// the sparse block. Always contains defaultGpuConfig(spec) when that fits.
+std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
+                                         const TuneLimits &limits);
+
+/// One candidate's outcome.
+struct TunedCandidate {
+  TileConfig config;
+  double ms = -1;    ///< median time; < 0 if it failed
+  std::string error; ///< why it failed to compile or run
+  int registers = -1, spillBytes = 0;
+};
+
+struct TuneResult {
+  TileConfig best;
+  double bestMs = -1;
+  std::vector<TunedCandidate> table; ///< in candidate order
+  double compileSeconds = 0, timeSeconds = 0;
+};
+
+/// Compiles one config to a cubin; called from several host threads at
+/// once. Fills registers / spill bytes when known. Throws on failure.
+using CompileFn = std::function<std::vector<char>(
+    const TileConfig &config, int &registers, int &spillBytes)>;
+/// Times a compiled candidate on the real inputs; returns the median ms.
+/// Called on the calling thread, one candidate after another.
+using TimeFn =
+    std::function<double(const TileConfig &, const std::vector<char> &cubin)>;
+/// Progress: candidate i of n done (its entry filled in).
+using ProgressFn =
+    std::function<void(size_t i, size_t n, const TunedCandidate &)>;
+
+/// Compiles every candidate (\p threads host threads), times those that
+/// compiled, returns the fastest. Throws RuntimeError(InvalidArgument) if
+/// none compiled and ran.
+TuneResult autotune(const std::vector<TileConfig> &candidates,
+                    const CompileFn &compile, const TimeFn &time,
+                    const ProgressFn &progress = {}, unsigned threads = 0);
+
+/// The problem class tuning results are stored under: sequence lengths and
+/// batch * heads rounded up to powers of two, e.g. "q16384_kv16384_bh16".
+std::string problemClass(const Problem &problem);
+
+/// The printable table of a tuning run (one line per candidate, winner
+/// marked).
+std::string formatTuneTable(const TuneResult &result);
+
+} // namespace flashjit::rt
+
+#endif // FLASHJIT_RUNTIME_AUTOTUNER_H

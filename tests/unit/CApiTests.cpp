@@ -1,0 +1,459 @@
+//===- CApiTests.cpp - The C API through libflashjit.so -------------------===//
+//
+/// \file
+/// Drives libflashjit.so through tools/capi/flashjit.h only (no flashjit C++
+/// symbol of the .so is visible); the inputs, the float64 reference and the
+/// error measure come from the static flashjit_kernels library. CPU forward
+/// against the reference (masks, GQA, block-sparse, strided tensors), the
+/// kernel cache, the errors and their messages, chosen config, emit.
+///
+/// main() points the CUDA driver at a path that does not exist (unless
+/// FLASHJIT_CAPI_TESTS_REAL_DRIVER is set), so that a CUDA handle fails with
+/// FLASHJIT_ERROR_NO_DRIVER on every machine.
+//
+//===----------------------------------------------------------------------===//
+
+#include "flashjit.h"
+
+#include "kernels/GpuGeometry.h"
+#include "kernels/HostTensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <gtest/gtest.h>
+#include <random>
+#include <string>
+
+extern "C" int flashjit_c_smoke(char *why, size_t whyLen);
+
+using namespace flashjit;
+
+namespace {
+
+/// One handle per test.
+struct Handle {
+  flashjit_handle *h = nullptr;
+  explicit Handle(int device = FLASHJIT_DEVICE_CPU) {
+    flashjit_status s = flashjit_create(&h, device);
+    EXPECT_EQ(s, FLASHJIT_OK) << flashjit_last_error(nullptr);
+  }
+  ~Handle() { flashjit_destroy(h); }
+  operator flashjit_handle *() const { return h; }
+};
+
+flashjit_spec toC(const AttentionSpec &s) {
+  flashjit_spec c;
+  flashjit_spec_init(&c);
+  c.head_dim_qk = s.headDimQK;
+  c.head_dim_v = s.headDimV;
+  c.dtype = s.dtype == DType::BF16 ? FLASHJIT_DTYPE_BF16 : FLASHJIT_DTYPE_FP16;
+  c.mask = s.mask == MaskKind::None     ? FLASHJIT_MASK_NONE
+           : s.mask == MaskKind::Causal ? FLASHJIT_MASK_CAUSAL
+                                        : FLASHJIT_MASK_SLIDING_WINDOW;
+  c.gqa = s.gqaGroup;
+  c.block_sparse = s.blockSparse ? 1 : 0;
+  c.sparse_block = s.sparseBlock;
+  return c;
+}
+
+flashjit_tensor toC(HalfTensor &t) {
+  flashjit_tensor c;
+  c.data = t.buffer->data() + t.offset;
+  for (int i = 0; i < 4; ++i) {
+    c.shape[i] = t.shape[i];
+    c.strides[i] = t.strides[i];
+  }
+  return c;
+}
+
+flashjit_layout toC(const BlockSparseLayout &l) {
+  return {l.counts.data(), l.indices.data(), l.batch, l.heads, l.qBlocks,
+          l.kvBlocks};
+}
+
+struct Case {
+  AttentionSpec spec;
+  Problem problem;
+  QKVLayout layout = QKVLayout::Separate;
+  double density = -1; ///< >= 0: block-sparse with this density
+  bool strided = false; ///< O laid out as (B, N, H, d)
+};
+
+/// Runs \p c through the C API on the CPU and checks it against float64.
+void runAndCheck(flashjit_handle *h, const Case &c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  AttentionData d = makeRandomInputs(c.spec, c.problem, c.layout, rng);
+  const Problem &p = c.problem;
+  if (c.strided) { // O as (B, N, H, dv): outer strides not packed
+    int64_t dv = c.spec.headDimV;
+    d.o.buffer = std::make_shared<std::vector<uint16_t>>(
+        size_t(p.batch * p.seqLenQ * p.heads * dv),
+        floatToHalf(c.spec.dtype, std::nanf("")));
+    d.o.offset = 0;
+    d.o.strides = {p.seqLenQ * p.heads * dv, dv, p.heads * dv, 1};
+  }
+  BlockSparseLayout layout;
+  if (c.density >= 0)
+    layout = BlockSparseLayout::random(
+        p.batch, p.heads, ceilDiv(p.seqLenQ, c.spec.sparseBlock),
+        ceilDiv(p.seqLenKV, c.spec.sparseBlock), c.density, seed);
+  flashjit_spec spec = toC(c.spec);
+  flashjit_tensor q = toC(d.q), k = toC(d.k), v = toC(d.v), o = toC(d.o);
+  flashjit_layout cl = toC(layout);
+  int64_t wl = -1, wr = -1;
+  if (c.spec.mask == MaskKind::SlidingWindow) {
+    wl = p.windowLeft >= kUnboundedWindow ? -1 : p.windowLeft;
+    wr = p.windowRight >= kUnboundedWindow ? -1 : p.windowRight;
+  }
+  flashjit_status s =
+      flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), p.scale, wl,
+                       wr, c.density >= 0 ? &cl : nullptr, nullptr);
+  ASSERT_EQ(s, FLASHJIT_OK) << flashjit_last_error(h);
+  ReferenceResult ref = referenceForward(c.spec, p, d,
+                                         c.density >= 0 ? &layout : nullptr);
+  ErrorReport e = compareWithReference(c.spec, p, d, ref);
+  EXPECT_LE(e.relErr(), errorBound(c.spec.dtype))
+      << c.spec.name() << ": o " << e.oRelErr << ", lse " << e.lseRelErr
+      << ", NaN " << e.nanCount << ", lse -inf mismatches " << e.lseMismatch;
+}
+
+Case makeCase(int64_t dqk, int64_t dv, DType dtype, MaskKind mask, int64_t gqa,
+              int64_t batch, int64_t heads, int64_t nq, int64_t nkv) {
+  Case c;
+  c.spec.headDimQK = dqk;
+  c.spec.headDimV = dv;
+  c.spec.dtype = dtype;
+  c.spec.mask = mask;
+  c.spec.gqaGroup = gqa;
+  c.problem.batch = batch;
+  c.problem.heads = heads;
+  c.problem.seqLenQ = nq;
+  c.problem.seqLenKV = nkv;
+  return c;
+}
+
+/// A valid fp16 problem's tensors, for the error tests.
+struct SmallProblem {
+  AttentionSpec specCpp;
+  Problem p;
+  AttentionData d;
+  flashjit_spec spec;
+  flashjit_tensor q, k, v, o;
+  SmallProblem() {
+    specCpp.headDimQK = specCpp.headDimV = 32;
+    specCpp.dtype = DType::FP16;
+    specCpp.gqaGroup = 2;
+    p.batch = 2;
+    p.heads = 4;
+    p.seqLenQ = 20;
+    p.seqLenKV = 33;
+    std::mt19937_64 rng(7);
+    d = makeRandomInputs(specCpp, p, QKVLayout::Separate, rng);
+    spec = toC(specCpp);
+    q = toC(d.q);
+    k = toC(d.k);
+    v = toC(d.v);
+    o = toC(d.o);
+  }
+  flashjit_status run(flashjit_handle *h, const flashjit_layout *l = nullptr,
+                      int64_t wl = -1, int64_t wr = -1) {
+    return flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), 0.0, wl,
+                            wr, l, nullptr);
+  }
+};
+
+std::string lastError() { return flashjit_last_error(nullptr); }
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Numbers
+//===----------------------------------------------------------------------===//
+
+TEST(CApi, CallableFromC) {
+  char why[512] = "";
+  EXPECT_EQ(flashjit_c_smoke(why, sizeof why), 0) << why;
+}
+
+TEST(CApi, ForwardMatchesReference) {
+  Handle h;
+  std::vector<Case> cases = {
+      makeCase(64, 64, DType::BF16, MaskKind::None, 1, 2, 3, 100, 100),
+      makeCase(96, 96, DType::FP16, MaskKind::Causal, 2, 1, 4, 77, 130),
+      makeCase(40, 24, DType::BF16, MaskKind::SlidingWindow, 2, 1, 4, 130,
+               77),
+      makeCase(7, 33, DType::FP16, MaskKind::Causal, 1, 2, 2, 129, 129),
+  };
+  cases[2].problem.windowLeft = 9;
+  cases[2].problem.windowRight = 3;
+  cases[3].problem.scale = 0.3;
+  uint64_t seed = std::random_device{}();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].spec.name() + " seed " + std::to_string(seed + i));
+    runAndCheck(h, cases[i], seed + i);
+  }
+}
+
+TEST(CApi, StridedTensors) {
+  Handle h;
+  // Q, K, V views of one (B, N, 3, H, d) buffer; O as (B, N, H, d).
+  Case c = makeCase(64, 64, DType::BF16, MaskKind::Causal, 1, 2, 3, 90, 90);
+  c.layout = QKVLayout::Packed;
+  c.strided = true;
+  runAndCheck(h, c, std::random_device{}());
+}
+
+TEST(CApi, BlockSparse) {
+  Handle h;
+  for (double density : {0.0, 0.4, 1.0}) {
+    Case c = makeCase(32, 32, DType::FP16, MaskKind::None, 1, 2, 2, 200, 150);
+    c.spec.blockSparse = true;
+    c.spec.sparseBlock = 64;
+    c.density = density;
+    SCOPED_TRACE(density);
+    runAndCheck(h, c, std::random_device{}());
+  }
+}
+
+TEST(CApi, KernelsAreCached) {
+  Handle h;
+  Case c = makeCase(16, 16, DType::BF16, MaskKind::None, 1, 1, 1, 10, 10);
+  EXPECT_EQ(flashjit_cached_kernels(h), 0);
+  runAndCheck(h, c, 1);
+  EXPECT_EQ(flashjit_cached_kernels(h), 1);
+  c.problem.seqLenQ = 300; // another problem, same spec: same kernel
+  c.problem.batch = 3;
+  runAndCheck(h, c, 2);
+  EXPECT_EQ(flashjit_cached_kernels(h), 1);
+  c.spec.mask = MaskKind::Causal; // another spec
+  runAndCheck(h, c, 3);
+  EXPECT_EQ(flashjit_cached_kernels(h), 2);
+}
+
+TEST(CApi, LseMayBeNullOnCpu) {
+  Handle h;
+  SmallProblem sp;
+  EXPECT_EQ(flashjit_forward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, nullptr,
+                             0.0, -1, -1, nullptr, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+}
+
+//===----------------------------------------------------------------------===//
+// Errors
+//===----------------------------------------------------------------------===//
+
+TEST(CApiErrors, BadHeadDimNamesTheField) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.head_dim_qk = 0;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("head_dim_qk"), std::string::npos) << lastError();
+  sp.spec.head_dim_qk = 32;
+  sp.spec.head_dim_v = 513;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("head_dim_v"), std::string::npos) << lastError();
+  EXPECT_NE(lastError().find("513"), std::string::npos) << lastError();
+}
+
+TEST(CApiErrors, InnermostStrideMustBeOne) {
+  Handle h;
+  SmallProblem sp;
+  sp.k.strides[3] = 2;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("k.strides[3]"), std::string::npos)
+      << lastError();
+}
+
+TEST(CApiErrors, MismatchedShapes) {
+  Handle h;
+  {
+    SmallProblem sp;
+    sp.v.shape[2] = 32; // Nkv of v differs from k's
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("v.shape[2]"), std::string::npos)
+        << lastError();
+  }
+  {
+    SmallProblem sp;
+    sp.q.shape[3] = 16; // not the spec's head dim
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("q.shape[3]"), std::string::npos)
+        << lastError();
+  }
+  {
+    SmallProblem sp;
+    sp.spec.gqa = 1; // q has 4 heads, k has 2
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("gqa"), std::string::npos) << lastError();
+  }
+  {
+    SmallProblem sp;
+    sp.o.shape[0] = 1;
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("o.shape[0]"), std::string::npos)
+        << lastError();
+  }
+  {
+    SmallProblem sp;
+    sp.q.data = nullptr;
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("q.data"), std::string::npos) << lastError();
+  }
+}
+
+TEST(CApiErrors, BadEnumsAndWindows) {
+  Handle h;
+  {
+    SmallProblem sp;
+    sp.spec.dtype = 7;
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("dtype"), std::string::npos) << lastError();
+  }
+  {
+    SmallProblem sp; // a window without the sliding-window mask
+    EXPECT_EQ(sp.run(h, nullptr, 4, 0), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("window"), std::string::npos) << lastError();
+  }
+  {
+    SmallProblem sp;
+    sp.spec.mask = FLASHJIT_MASK_SLIDING_WINDOW;
+    EXPECT_EQ(sp.run(h, nullptr, -5, 0), FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find("window_left"), std::string::npos)
+        << lastError();
+    EXPECT_EQ(sp.run(h, nullptr, 3, -1), FLASHJIT_OK) << lastError();
+  }
+}
+
+TEST(CApiErrors, Layouts) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("layout"), std::string::npos) << lastError();
+  BlockSparseLayout l = BlockSparseLayout::random(1, 1, 2, 3, 0.5, 1);
+  flashjit_layout cl = toC(l);
+  EXPECT_EQ(sp.run(h, &cl), FLASHJIT_OK) << lastError();
+  cl.kv_blocks = 2;
+  EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("blocks"), std::string::npos) << lastError();
+  l.indices[0] = 9; // out of range: checked on the CPU
+  l.counts[0] = 1;
+  cl = toC(l);
+  EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("out of range"), std::string::npos)
+      << lastError();
+  sp.spec.block_sparse = 0;
+  EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CApiErrors, NullArguments) {
+  SmallProblem sp;
+  EXPECT_EQ(sp.run(nullptr), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("handle"), std::string::npos) << lastError();
+  EXPECT_EQ(flashjit_create(nullptr, FLASHJIT_DEVICE_CPU),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  flashjit_handle *h = nullptr;
+  EXPECT_EQ(flashjit_create(&h, 5), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(h, nullptr);
+  flashjit_destroy(nullptr); // fine
+  flashjit_free(nullptr);
+}
+
+TEST(CApiErrors, CudaHandleWithoutDriver) {
+  if (std::getenv("FLASHJIT_CAPI_TESTS_REAL_DRIVER"))
+    GTEST_SKIP() << "the real driver is in use";
+  flashjit_handle *h = nullptr;
+  EXPECT_EQ(flashjit_create(&h, FLASHJIT_DEVICE_CUDA),
+            FLASHJIT_ERROR_NO_DRIVER);
+  EXPECT_EQ(h, nullptr);
+  EXPECT_NE(lastError().find("no CUDA driver"), std::string::npos)
+      << lastError();
+}
+
+TEST(CApiErrors, BackwardIsNotImplemented) {
+  Handle h;
+  SmallProblem sp;
+  EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
+                              sp.d.lse.data(), &sp.q, &sp.k, &sp.v, 0.0, -1,
+                              -1, nullptr, nullptr),
+            FLASHJIT_ERROR_NOT_IMPLEMENTED);
+  EXPECT_NE(lastError().find("backward"), std::string::npos) << lastError();
+}
+
+//===----------------------------------------------------------------------===//
+// Inspecting
+//===----------------------------------------------------------------------===//
+
+TEST(CApi, ChosenConfigIsTheDefaultTiling) {
+  Handle h;
+  AttentionSpec s;
+  s.headDimQK = s.headDimV = 96;
+  s.mask = MaskKind::Causal;
+  flashjit_spec spec = toC(s);
+  int64_t out[4] = {};
+  ASSERT_EQ(flashjit_chosen_config(h, &spec, 2, 8, 1000, 1000, out),
+            FLASHJIT_OK)
+      << lastError();
+  TileConfig want = defaultGpuConfig(s);
+  EXPECT_EQ(out[0], want.blockM);
+  EXPECT_EQ(out[1], want.blockN);
+  EXPECT_EQ(out[2], want.warps);
+  EXPECT_EQ(out[3], want.stages);
+  EXPECT_EQ(flashjit_chosen_config(h, &spec, 0, 8, 1000, 1000, out),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("batch"), std::string::npos) << lastError();
+}
+
+TEST(CApi, EmitStages) {
+  Handle h;
+  flashjit_spec spec;
+  flashjit_spec_init(&spec);
+  spec.head_dim_qk = spec.head_dim_v = 64;
+  spec.mask = FLASHJIT_MASK_CAUSAL;
+  char *out = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string attn(out, len);
+  flashjit_free(out);
+  EXPECT_NE(attn.find("attn.flash_fwd"), std::string::npos) << attn;
+  EXPECT_EQ(attn.size(), std::strlen(attn.c_str()));
+
+  ASSERT_EQ(flashjit_emit(h, &spec, "tiled", nullptr, &out, &len),
+            FLASHJIT_OK)
+      << lastError();
+  std::string tiled(out, len);
+  flashjit_free(out);
+  EXPECT_NE(tiled.find("scf.for"), std::string::npos);
+
+  ASSERT_EQ(flashjit_emit(h, &spec, "ptx", "sm_80", &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string ptx(out, len);
+  flashjit_free(out);
+  EXPECT_NE(ptx.find(".target sm_80"), std::string::npos);
+  EXPECT_NE(ptx.find(".entry attention"), std::string::npos);
+
+  EXPECT_EQ(flashjit_emit(h, &spec, "bogus", nullptr, &out, &len),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  EXPECT_NE(lastError().find("bogus"), std::string::npos) << lastError();
+}
+
+TEST(CApi, VersionAndStatusNames) {
+  EXPECT_STRNE(flashjit_version(), "");
+  EXPECT_STREQ(flashjit_status_name(FLASHJIT_OK), "OK");
+  EXPECT_STREQ(flashjit_status_name(FLASHJIT_ERROR_NO_DRIVER), "NO_DRIVER");
+  EXPECT_STREQ(flashjit_status_name(FLASHJIT_ERROR_NOT_IMPLEMENTED),
+               "NOT_IMPLEMENTED");
+}
+
+int main(int argc, char **argv) {
+  // The CUDA driver is loaded on first use; make that fail everywhere, so
+  // that the no-driver path is tested on GPU machines too.
+  if (!std::getenv("FLASHJIT_CAPI_TESTS_REAL_DRIVER"))
+    setenv("FLASHJIT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,239 @@
+/*===- flashjit.h - flashjit's C API ----------------------------*- C -*-===//
+ *
+ * The C interface of libflashjit.so: describe an attention (a spec), run its
+ * forward pass on device pointers (CUDA) or host pointers (the CPU execution
+ * mode), read the tiling flashjit chose, and print any stage of the pipeline
+ * (PTX included). Pure C99; no C++ type crosses this boundary and no C++
+ * exception leaves it: every function returns a flashjit_status and leaves a
+ * message for flashjit_last_error().
+ *
+ *   flashjit_handle *h;
+ *   if (flashjit_create(&h, FLASHJIT_DEVICE_CUDA) != FLASHJIT_OK)
+ *     fprintf(stderr, "%s\n", flashjit_last_error(NULL));
+ *   flashjit_spec spec;
+ *   flashjit_spec_init(&spec);          // bf16, d = 128, no mask, gqa 1
+ *   spec.head_dim_qk = spec.head_dim_v = 96;
+ *   spec.mask = FLASHJIT_MASK_CAUSAL;
+ *   flashjit_tensor q = {q_ptr, {B, H, N, 96}, {H * N * 96, N * 96, 96, 1}};
+ *   ...                                  // k, v, o likewise
+ *   flashjit_forward(h, &spec, &q, &k, &v, &o, lse_ptr, 0.0, -1, -1, NULL,
+ *                    stream);
+ *   flashjit_destroy(h);
+ *
+ * CUDA: flashjit never creates a context. It uses the calling thread's
+ * current context (e.g. the one PyTorch made current); if there is none, it
+ * retains the primary context of the handle's device (flashjit_set_cuda_device,
+ * default 0) and makes it current -- the context the CUDA runtime uses too.
+ * Kernels are launched on the stream given; forward never synchronizes, so it
+ * can be captured into a CUDA graph once its kernel is compiled (the first
+ * call for a spec compiles and loads a module, which a capture may refuse).
+ *
+ * Threads: a handle may be shared by threads; compiled kernels are cached in
+ * it per (spec, tiling, copy width, arch, CUDA context).
+ *
+ *===----------------------------------------------------------------------===*/
+#ifndef FLASHJIT_CAPI_FLASHJIT_H
+#define FLASHJIT_CAPI_FLASHJIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FLASHJIT_API
+#else
+#define FLASHJIT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Bumped when a struct or a signature of this header changes. */
+#define FLASHJIT_C_API_VERSION 1
+
+/** An opaque handle: a device and its cache of compiled kernels. */
+typedef struct flashjit_handle flashjit_handle;
+
+/* ---------------------------------------------------------------------- */
+/* Status and errors                                                       */
+/* ---------------------------------------------------------------------- */
+
+typedef enum flashjit_status {
+  FLASHJIT_OK = 0,
+  /** A bad argument: the message names the field and the value. */
+  FLASHJIT_ERROR_INVALID_ARGUMENT = 1,
+  /** No CUDA driver (libcuda.so.1) or no GPU on this machine. */
+  FLASHJIT_ERROR_NO_DRIVER = 2,
+  /** The pipeline, LLVM's NVPTX backend or nvJitLink failed. */
+  FLASHJIT_ERROR_COMPILE = 3,
+  /** A CUDA driver call failed (the message names the call). */
+  FLASHJIT_ERROR_CUDA = 4,
+  /** Not implemented yet (the backward pass). */
+  FLASHJIT_ERROR_NOT_IMPLEMENTED = 5,
+  /** A bug or an out-of-memory on the host. */
+  FLASHJIT_ERROR_INTERNAL = 6
+} flashjit_status;
+
+/** "OK", "INVALID_ARGUMENT", ... (a static string). */
+FLASHJIT_API const char *flashjit_status_name(flashjit_status status);
+
+/** The message of the last call that failed on the calling thread (any
+ *  handle; \p handle may be NULL and is only accepted for symmetry), "" if
+ *  none failed. Valid until the thread's next failing flashjit call. */
+FLASHJIT_API const char *flashjit_last_error(const flashjit_handle *handle);
+
+/** The library's version, e.g. "0.1.0". */
+FLASHJIT_API const char *flashjit_version(void);
+
+/* ---------------------------------------------------------------------- */
+/* Handles                                                                 */
+/* ---------------------------------------------------------------------- */
+
+typedef enum flashjit_device {
+  /** Host pointers, the CPU execution mode (MLIR's JIT, host threads). */
+  FLASHJIT_DEVICE_CPU = 0,
+  /** Device pointers in the current CUDA context, launched on a stream. */
+  FLASHJIT_DEVICE_CUDA = 1
+} flashjit_device;
+
+/** Creates a handle for \p device (a flashjit_device). For CUDA it loads the
+ *  driver and fails with FLASHJIT_ERROR_NO_DRIVER if there is none; it does
+ *  not touch any context. */
+FLASHJIT_API flashjit_status flashjit_create(flashjit_handle **handle,
+                                             int device);
+/** Frees the handle and its compiled kernels (NULL is fine). On CUDA, the
+ *  contexts its modules were loaded in should still be alive. */
+FLASHJIT_API void flashjit_destroy(flashjit_handle *handle);
+
+/** The device ordinal whose primary context is used when the calling thread
+ *  has no current context (default 0). CUDA handles only. */
+FLASHJIT_API flashjit_status flashjit_set_cuda_device(flashjit_handle *handle,
+                                                      int ordinal);
+
+/** Number of compiled kernels cached in the handle. */
+FLASHJIT_API int64_t flashjit_cached_kernels(const flashjit_handle *handle);
+
+/* ---------------------------------------------------------------------- */
+/* The description                                                         */
+/* ---------------------------------------------------------------------- */
+
+typedef enum flashjit_dtype {
+  FLASHJIT_DTYPE_BF16 = 0,
+  FLASHJIT_DTYPE_FP16 = 1
+} flashjit_dtype;
+
+typedef enum flashjit_mask {
+  FLASHJIT_MASK_NONE = 0,
+  /** Bottom-right aligned causal: window (inf, 0). */
+  FLASHJIT_MASK_CAUSAL = 1,
+  /** Query i sees key j iff i + (Nkv - Nq) - left <= j <= i + (Nkv - Nq)
+   *  + right; left and right are run-time arguments of flashjit_forward. */
+  FLASHJIT_MASK_SLIDING_WINDOW = 2
+} flashjit_mask;
+
+/** What a kernel is compiled for. One compiled kernel serves every batch,
+ *  head count, sequence length, scale, window size and layout. */
+typedef struct flashjit_spec {
+  int64_t head_dim_qk;  /**< 1..512 */
+  int64_t head_dim_v;   /**< 1..512 */
+  int32_t dtype;        /**< flashjit_dtype of Q, K, V and O */
+  int32_t mask;         /**< flashjit_mask */
+  int64_t gqa;          /**< query heads per KV head, >= 1 */
+  int32_t block_sparse; /**< nonzero: a flashjit_layout is given at run time */
+  int32_t reserved;     /**< must be 0 */
+  int64_t sparse_block; /**< rows and columns of one layout block (128) */
+} flashjit_spec;
+
+/** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128. */
+FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec);
+
+/** A (B, H, N, d) tensor: 16-bit elements (the spec's dtype), strides in
+ *  elements, the innermost stride 1, the others >= 0 and arbitrary. */
+typedef struct flashjit_tensor {
+  void *data;
+  int64_t shape[4];
+  int64_t strides[4];
+} flashjit_tensor;
+
+/** A block-sparse layout in BCSR form, as FlexAttention's BlockMask:
+ *  counts[b][h][qb] KV blocks are listed for sparse Q block qb, at
+ *  indices[b][h][qb][0 .. count). Both arrays are packed int32; a batch or
+ *  heads of 1 broadcasts. q_blocks = ceil(Nq / sparse_block), kv_blocks =
+ *  ceil(Nkv / sparse_block). Device pointers on CUDA (not checked: a
+ *  count or index out of range is undefined behaviour), host pointers on the
+ *  CPU (checked). */
+typedef struct flashjit_layout {
+  const int32_t *counts;
+  const int32_t *indices;
+  int64_t batch, heads, q_blocks, kv_blocks;
+} flashjit_layout;
+
+/* ---------------------------------------------------------------------- */
+/* Running                                                                 */
+/* ---------------------------------------------------------------------- */
+
+/** O = softmax(scale * Q K^T + mask) V, and lse = logsumexp of each row
+ *  (natural log; -inf for a row that sees no key, whose O is 0).
+ *
+ *  q: (B, H, Nq, head_dim_qk)     k: (B, H / gqa, Nkv, head_dim_qk)
+ *  v: (B, H / gqa, Nkv, head_dim_v)   o: (B, H, Nq, head_dim_v), written
+ *  lse: fp32 [B, H, Nq] packed, written; required on CUDA, may be NULL on
+ *       the CPU.
+ *  scale: 0 means 1 / sqrt(head_dim_qk).
+ *  window_left, window_right: FLASHJIT_MASK_SLIDING_WINDOW only (>= 0, -1 =
+ *       unbounded); pass -1, -1 for the other masks.
+ *  layout: required iff spec->block_sparse, else NULL.
+ *  cuda_stream: a CUstream (NULL: the legacy default stream); ignored on
+ *       the CPU, where the call returns when O is written. */
+FLASHJIT_API flashjit_status
+flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
+                 const flashjit_tensor *q, const flashjit_tensor *k,
+                 const flashjit_tensor *v, const flashjit_tensor *o,
+                 float *lse, double scale, int64_t window_left,
+                 int64_t window_right, const flashjit_layout *layout,
+                 void *cuda_stream);
+
+/** The backward pass: dq, dk, dv from q, k, v, o, do and the forward's lse
+ *  (dk and dv shaped as k and v, summed over each GQA group).
+ *  NOT IMPLEMENTED YET: validates nothing and returns
+ *  FLASHJIT_ERROR_NOT_IMPLEMENTED. The signature is the one it will have. */
+FLASHJIT_API flashjit_status
+flashjit_backward(flashjit_handle *handle, const flashjit_spec *spec,
+                  const flashjit_tensor *q, const flashjit_tensor *k,
+                  const flashjit_tensor *v, const flashjit_tensor *o,
+                  const flashjit_tensor *d_o, const float *lse,
+                  const flashjit_tensor *dq, const flashjit_tensor *dk,
+                  const flashjit_tensor *dv, double scale,
+                  int64_t window_left, int64_t window_right,
+                  const flashjit_layout *layout, void *cuda_stream);
+
+/* ---------------------------------------------------------------------- */
+/* Inspecting                                                              */
+/* ---------------------------------------------------------------------- */
+
+/** The tiling flashjit_forward uses for \p spec on this problem:
+ *  out = {block_m, block_n, warps, stages}. */
+FLASHJIT_API flashjit_status
+flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
+                       int64_t batch, int64_t heads, int64_t seq_len_q,
+                       int64_t seq_len_kv, int64_t out[4]);
+
+/** Prints a stage of \p spec compiled with the default tiling: "attn",
+ *  "tiled", "gpu", "llvm", "ptx", "cpu-llvm", or "cubin" (binary; needs
+ *  nvJitLink). \p arch: "sm_80", "sm_90a", ...; NULL means the handle's GPU
+ *  on a CUDA handle, "sm_90a" on a CPU handle (neither needs a GPU for
+ *  "ptx"). On success *out is a NUL-terminated buffer of *len bytes (not
+ *  counting the NUL) that the caller frees with flashjit_free. */
+FLASHJIT_API flashjit_status flashjit_emit(flashjit_handle *handle,
+                                           const flashjit_spec *spec,
+                                           const char *stage, const char *arch,
+                                           char **out, size_t *len);
+
+/** Frees a buffer returned by flashjit (NULL is fine). */
+FLASHJIT_API void flashjit_free(void *buffer);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASHJIT_CAPI_FLASHJIT_H */
