@@ -88,9 +88,9 @@ bool isHexHash(const std::string &s) {
 /// Kinds become directory names: keep them to a safe alphabet.
 void checkKind(const std::string &kind) {
   bool ok = !kind.empty() && std::all_of(kind.begin(), kind.end(), [](char c) {
-              return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                     (c >= '0' && c <= '9') || c == '_' || c == '-';
-            });
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
   if (!ok)
     throw RuntimeError(ErrorCode::InvalidArgument,
                        fmt::format("invalid cache kind '{}': expected a "
@@ -281,10 +281,9 @@ std::string cacheDirectory() {
 
 CacheKey &CacheKey::add(const std::string &name, const std::string &value) {
   bool ok = !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-              return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                     (c >= '0' && c <= '9') || c == '_' || c == '.' ||
-                     c == '-';
-            });
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+  });
   if (!ok)
     throw RuntimeError(ErrorCode::InvalidArgument,
                        fmt::format("invalid cache key part name '{}': "
@@ -413,8 +412,8 @@ bool DiskCache::store(const std::string &kind, const CacheKey &key,
     return fail("creating " + dir);
   }
 
-  int fd = ::open(tempPath.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                  0666);
+  int fd =
+      ::open(tempPath.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0)
     return fail("creating " + tempPath);
 
@@ -489,10 +488,9 @@ std::vector<DiskCache::Entry> DiskCache::list() const {
       entries.push_back(std::move(entry));
     }
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const Entry &a, const Entry &b) {
-              return std::tie(a.kind, a.path) < std::tie(b.kind, b.path);
-            });
+  std::sort(entries.begin(), entries.end(), [](const Entry &a, const Entry &b) {
+    return std::tie(a.kind, a.path) < std::tie(b.kind, b.path);
+  });
   return entries;
 }
 

@@ -121,9 +121,8 @@ public:
   /// entry -> Rebuilt with nullopt, reported once on stderr
   /// ("flashjit: cache entry <path> is corrupt (<why>); rebuilding") and
   /// removed. An entry that cannot be read at all (permissions) is a Miss.
-  std::optional<std::vector<char>> load(const std::string &kind,
-                                        const CacheKey &key,
-                                        CacheStatus &status);
+  std::optional<std::vector<char>>
+  load(const std::string &kind, const CacheKey &key, CacheStatus &status);
 
   /// Atomically stores \p payload: writes <dir>/<kind>/<hash>.tmp.<pid>.<rnd>,
   /// fsyncs it, renames it over <dir>/<kind>/<hash>.entry. Creates

@@ -129,7 +129,8 @@ std::vector<std::string> tempFiles(const std::string &dir) {
   return found;
 }
 
-size_t countOccurrences(const std::string &haystack, const std::string &needle) {
+size_t countOccurrences(const std::string &haystack,
+                        const std::string &needle) {
   size_t count = 0;
   for (size_t pos = haystack.find(needle); pos != std::string::npos;
        pos = haystack.find(needle, pos + needle.size()))
@@ -312,8 +313,8 @@ TEST_F(DiskCacheTest, StoreThenLoadIsAHit) {
   EXPECT_FALSE(cache.load("cubin", cubinKey(), status));
   EXPECT_EQ(status, CacheStatus::Miss);
 
-  std::vector<char> payload = bytesOf(std::string("\x7f" "ELF", 4) +
-                                      std::string(1000, '\0') + "cubin");
+  std::vector<char> payload =
+      bytesOf(std::string("\177ELF") + std::string(1000, '\0') + "cubin");
   ASSERT_TRUE(cache.store("cubin", cubinKey(), payload));
   EXPECT_TRUE(fs::is_regular_file(entryPath("cubin", cubinKey())));
   auto loaded = cache.load("cubin", cubinKey(), status);
@@ -344,7 +345,7 @@ TEST_F(DiskCacheTest, EntryFormat) {
   std::vector<char> file = readFile(entryPath("cubin", key));
   ASSERT_EQ(file.size(), 40u + 4u + 3u);
   EXPECT_EQ(std::string(file.data(), 8), "FJCACHE1");
-  EXPECT_EQ(file[8], 1); // format version, little-endian
+  EXPECT_EQ(file[8], 1);  // format version, little-endian
   EXPECT_EQ(file[16], 4); // key text length
   EXPECT_EQ(file[24], 3); // payload length
   EXPECT_EQ(std::string(file.data() + 40, 7), "k=v\nPAY");
@@ -400,9 +401,9 @@ TEST_F(DiskCacheTest, UnwritableCacheDoesNotCacheAndWarnsOnce) {
 /// Stores a valid entry of cubinKey(), lets \p damage break it, and checks
 /// that load() reports it once, removes it, says Rebuilt, and that a new
 /// store + load is a hit. Returns what was printed.
-std::string expectRebuilt(const std::string &dir, const std::string &path,
-                          const std::function<void(const std::string &)>
-                              &damage) {
+std::string
+expectRebuilt(const std::string &dir, const std::string &path,
+              const std::function<void(const std::string &)> &damage) {
   DiskCache cache(dir);
   std::vector<char> payload(4096);
   for (size_t i = 0; i < payload.size(); ++i)
@@ -417,9 +418,9 @@ std::string expectRebuilt(const std::string &dir, const std::string &path,
   EXPECT_EQ(status, CacheStatus::Rebuilt);
   EXPECT_FALSE(loaded);
   EXPECT_FALSE(fs::exists(path)) << "the bad entry was not removed";
-  EXPECT_EQ(countOccurrences(err, "flashjit: cache entry " + path +
-                                      " is corrupt ("),
-            1u)
+  EXPECT_EQ(
+      countOccurrences(err, "flashjit: cache entry " + path + " is corrupt ("),
+      1u)
       << err;
   EXPECT_NE(err.find("); rebuilding"), std::string::npos) << err;
 
@@ -438,18 +439,16 @@ std::string expectRebuilt(const std::string &dir, const std::string &path,
 }
 
 TEST_F(DiskCacheTest, TruncatedPayloadIsRebuilt) {
-  std::string err =
-      expectRebuilt(dir_, entryPath("cubin", cubinKey()),
-                    [](const std::string &p) {
-                      fs::resize_file(p, fs::file_size(p) - 100);
-                    });
+  std::string err = expectRebuilt(
+      dir_, entryPath("cubin", cubinKey()),
+      [](const std::string &p) { fs::resize_file(p, fs::file_size(p) - 100); });
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
 }
 
 TEST_F(DiskCacheTest, TruncatedHeaderIsRebuilt) {
-  std::string err = expectRebuilt(
-      dir_, entryPath("cubin", cubinKey()),
-      [](const std::string &p) { fs::resize_file(p, 20); });
+  std::string err =
+      expectRebuilt(dir_, entryPath("cubin", cubinKey()),
+                    [](const std::string &p) { fs::resize_file(p, 20); });
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
 }
 
@@ -479,14 +478,13 @@ TEST_F(DiskCacheTest, FlippedKeyTextByteIsRebuilt) {
 }
 
 TEST_F(DiskCacheTest, GarbageIsRebuilt) {
-  std::string err =
-      expectRebuilt(dir_, entryPath("cubin", cubinKey()),
-                    [](const std::string &p) {
-                      std::vector<char> garbage(5000);
-                      for (size_t i = 0; i < garbage.size(); ++i)
-                        garbage[i] = static_cast<char>((i * 2654435761u) >> 7);
-                      writeFile(p, garbage);
-                    });
+  std::string err = expectRebuilt(
+      dir_, entryPath("cubin", cubinKey()), [](const std::string &p) {
+        std::vector<char> garbage(5000);
+        for (size_t i = 0; i < garbage.size(); ++i)
+          garbage[i] = static_cast<char>((i * 2654435761u) >> 7);
+        writeFile(p, garbage);
+      });
   EXPECT_NE(err.find("bad magic"), std::string::npos) << err;
 }
 
@@ -501,12 +499,11 @@ TEST_F(DiskCacheTest, OtherFormatVersionIsRebuilt) {
 }
 
 TEST_F(DiskCacheTest, TrailingBytesAreRebuilt) {
-  std::string err = expectRebuilt(dir_, entryPath("cubin", cubinKey()),
-                                  [](const std::string &p) {
-                                    std::ofstream out(p, std::ios::binary |
-                                                             std::ios::app);
-                                    out << "tail";
-                                  });
+  std::string err = expectRebuilt(
+      dir_, entryPath("cubin", cubinKey()), [](const std::string &p) {
+        std::ofstream out(p, std::ios::binary | std::ios::app);
+        out << "tail";
+      });
   EXPECT_NE(err.find("trailing"), std::string::npos) << err;
 }
 

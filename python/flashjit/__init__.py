@@ -1,0 +1,520 @@
+"""flashjit: JIT-compiled FlashAttention kernels, from Python.
+
+A ctypes binding of libflashjit.so's C API: no compiled extension, any
+Python >= 3.9, any recent torch. torch is imported only when torch tensors
+are passed in; numpy only for numpy inputs and BlockMask.
+
+    import torch, flashjit
+    q = torch.randn(2, 8, 1024, 96, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 1024, 96, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 1024, 96, device="cuda", dtype=torch.bfloat16)
+    o = flashjit.attention(q, k, v, causal=True)      # GQA: 8 / 2 heads
+
+Devices:
+  * torch CUDA tensors (bfloat16 or float16) run on the GPU, on torch's
+    current stream of the tensors' device, without synchronizing.
+  * numpy arrays run in the CPU execution mode (MLIR's JIT on host
+    threads): float16 computes in fp16 and returns float16; float32 is
+    rounded to bf16 for the kernel (the kernel's inputs are 16-bit) and the
+    bf16 result is returned as float32.
+"""
+
+import ctypes
+import sys
+
+from . import _lib
+from ._lib import (
+    CompileError,
+    CudaError,
+    FlashjitError,
+    InvalidArgumentError,
+    LibraryNotFoundError,
+    NoDriverError,
+    NotImplementedFlashjitError,
+    library_path,
+)
+from .block_mask import BlockMask
+
+__all__ = [
+    "attention",
+    "compile",
+    "Kernel",
+    "BlockMask",
+    "version",
+    "library_path",
+    "FlashjitError",
+    "InvalidArgumentError",
+    "NoDriverError",
+    "CompileError",
+    "CudaError",
+    "NotImplementedFlashjitError",
+    "LibraryNotFoundError",
+]
+
+__version__ = "0.1.0"
+
+
+def version():
+    """libflashjit.so's version string."""
+    return _lib.lib().flashjit_version().decode()
+
+
+# ---------------------------------------------------------------------------
+# Arguments shared by both devices
+# ---------------------------------------------------------------------------
+
+
+def _mask_and_window(causal, window):
+    """(flashjit_mask, window_left, window_right) from the Python options."""
+    if window is None:
+        return (_lib.MASK_CAUSAL if causal else _lib.MASK_NONE), -1, -1
+    if causal:
+        raise ValueError(
+            "flashjit: causal=True and window=... are exclusive (causal is "
+            "window=(None, 0); a causal sliding window is window=(left, 0))")
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"flashjit: window must be a pair (left, right), got {window!r}"
+        ) from None
+
+    def side(name, w):
+        if w is None:
+            return -1
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+            raise ValueError(
+                f"flashjit: window {name} must be an int >= 0 or None "
+                f"(unbounded), got {w!r}")
+        return w
+
+    return _lib.MASK_SLIDING_WINDOW, side("left", left), side("right", right)
+
+
+def _check_shapes(q_shape, k_shape, v_shape):
+    """gqa group size; ValueError for shapes that do not fit together."""
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(s) != 4:
+            raise ValueError(
+                f"flashjit: {name} must be 4-D (batch, heads, seq_len, "
+                f"head_dim), got shape {tuple(s)}")
+    if k_shape[0] != q_shape[0] or v_shape[0] != q_shape[0]:
+        raise ValueError(
+            f"flashjit: batch sizes differ: q {tuple(q_shape)}, "
+            f"k {tuple(k_shape)}, v {tuple(v_shape)}")
+    if tuple(k_shape[:3]) != tuple(v_shape[:3]):
+        raise ValueError(
+            f"flashjit: k and v must agree in (batch, heads, seq_len): "
+            f"k {tuple(k_shape)}, v {tuple(v_shape)}")
+    if k_shape[3] != q_shape[3]:
+        raise ValueError(
+            f"flashjit: q and k head dims differ: {q_shape[3]} and {k_shape[3]}")
+    hq, hkv = q_shape[1], k_shape[1]
+    if hkv < 1 or hq % hkv != 0:
+        raise ValueError(
+            f"flashjit: q's heads ({hq}) must be a multiple of k's and v's "
+            f"({hkv}) (GQA)")
+    return hq // hkv
+
+
+def _scale(scale):
+    if scale is None:
+        return 0.0
+    scale = float(scale)
+    if not scale > 0:
+        raise ValueError(f"flashjit: scale must be > 0 (or None), got {scale}")
+    return scale
+
+
+def _block(block_mask):
+    if block_mask is None:
+        return None
+    if not isinstance(block_mask, BlockMask):
+        if hasattr(block_mask, "kv_num_blocks"):  # FlexAttention's BlockMask
+            return BlockMask.from_flex(block_mask)
+        raise TypeError(
+            "flashjit: block_mask must be a flashjit.BlockMask (or a "
+            f"FlexAttention BlockMask), got {type(block_mask).__name__}")
+    return block_mask
+
+
+def _is_torch(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+# ---------------------------------------------------------------------------
+# attention()
+# ---------------------------------------------------------------------------
+
+
+def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
+              return_lse=False):
+    """softmax(scale * q k^T + mask) v.
+
+    q: (B, H, Nq, d); k: (B, Hkv, Nkv, d); v: (B, Hkv, Nkv, dv), with H a
+    multiple of Hkv (GQA; Hkv = H is multi-head attention). Outer strides are
+    arbitrary; the innermost (head-dim) stride must be 1.
+
+    causal: bottom-right aligned (query i sees keys j <= i + Nkv - Nq).
+    scale: default 1/sqrt(d).
+    window: (left, right): query i sees keys j with
+        i + (Nkv - Nq) - left <= j <= i + (Nkv - Nq) + right; None on a side
+        is unbounded. Exclusive with causal (causal is (None, 0)).
+    block_mask: a flashjit.BlockMask (or FlexAttention's BlockMask) whose
+        blocks cover ceil(Nq / block) x ceil(Nkv / block).
+    return_lse: also return lse (B, H, Nq) float32, the natural-log
+        logsumexp of each row's scaled scores (-inf where a row sees no key;
+        its output row is 0).
+
+    torch CUDA tensors (bfloat16/float16) run on the GPU and support
+    autograd's forward (backward raises NotImplementedError: not yet
+    implemented); numpy arrays (float16, or float32 via bf16) run on the CPU.
+    """
+    mask, wl, wr = _mask_and_window(causal, window)
+    scale = _scale(scale)
+    bm = _block(block_mask)
+    if _is_torch(q) or _is_torch(k) or _is_torch(v):
+        return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse)
+    return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse)
+
+
+# -- numpy: the CPU path ----------------------------------------------------
+
+
+def _f32_to_bf16_bits(x):
+    import numpy as np
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+            >> np.uint32(16)).astype(np.uint16)
+    bits[np.isnan(x)] = np.uint16(0x7FC0)
+    return bits
+
+
+def _bf16_bits_to_f32(bits):
+    import numpy as np
+
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _numpy_tensor(name, a):
+    """flashjit_tensor of a 16-bit numpy array (strides in elements)."""
+    item = a.itemsize
+    for i, s in enumerate(a.strides):
+        if s < 0 or s % item:
+            raise ValueError(
+                f"flashjit: {name} has byte strides {a.strides}: strides "
+                "must be non-negative multiples of the element size")
+    strides = [s // item for s in a.strides]
+    if a.shape[3] > 1 and strides[3] != 1:
+        raise ValueError(
+            f"flashjit: {name}'s innermost (head-dim) stride must be 1, got "
+            f"{strides[3]} (strides {tuple(strides)})")
+    if a.shape[3] == 1:
+        strides[3] = 1
+    return _lib.make_tensor(a.ctypes.data, a.shape, strides)
+
+
+def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        raise TypeError("flashjit.attention: expected torch CUDA tensors or "
+                        "numpy arrays (numpy is not installed)") from None
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, np.ndarray):
+            raise TypeError(
+                f"flashjit.attention: {name} is a {type(a).__module__}."
+                f"{type(a).__name__}; expected torch CUDA tensors or numpy "
+                "arrays (all three of one kind)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"flashjit.attention: q, k, v dtypes differ: {q.dtype}, "
+            f"{k.dtype}, {v.dtype}")
+    if q.dtype == np.float16:
+        dtype, as_kernel = _lib.DTYPE_FP16, (lambda a: a.view(np.uint16))
+    elif q.dtype == np.float32:
+        dtype, as_kernel = _lib.DTYPE_BF16, _f32_to_bf16_bits
+    else:
+        raise TypeError(
+            f"flashjit.attention: numpy inputs must be float16 or float32 "
+            f"(rounded to bf16), got {q.dtype}")
+    gqa = _check_shapes(q.shape, k.shape, v.shape)
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    qk, kk, vk = as_kernel(q), as_kernel(k), as_kernel(v)
+    o = np.empty((B, H, Nq, Dv), dtype=np.uint16)
+    lse = np.empty((B, H, Nq), dtype=np.float32)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
+    tq, tk, tv = (_numpy_tensor(n, a) for n, a in (("q", qk), ("k", kk), ("v", vk)))
+    to = _numpy_tensor("o", o)
+    layout, keep = (bm._host_layout() if bm else (None, None))
+    lib = _lib.lib()
+    _lib.check(lib.flashjit_forward(
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), ctypes.byref(tq),
+        ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+        lse.ctypes.data_as(ctypes.c_void_p), scale, wl, wr,
+        ctypes.byref(layout) if layout is not None else None, None))
+    del keep
+    out = o.view(np.float16) if dtype == _lib.DTYPE_FP16 else _bf16_bits_to_f32(o)
+    return (out, lse) if return_lse else out
+
+
+# -- torch: the CUDA path ---------------------------------------------------
+
+_TORCH_DTYPES = {}
+
+
+def _torch_dtype(torch, t):
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES[torch.bfloat16] = _lib.DTYPE_BF16
+        _TORCH_DTYPES[torch.float16] = _lib.DTYPE_FP16
+    if t.dtype not in _TORCH_DTYPES:
+        raise TypeError(
+            f"flashjit.attention: torch tensors must be bfloat16 or float16, "
+            f"got {t.dtype}")
+    return _TORCH_DTYPES[t.dtype]
+
+
+def _torch_tensor(name, t):
+    strides = list(t.stride())
+    if t.shape[3] > 1 and strides[3] != 1:
+        raise ValueError(
+            f"flashjit.attention: {name}'s innermost (head-dim) stride must "
+            f"be 1, got {strides[3]} (strides {tuple(strides)})")
+    if t.shape[3] == 1:
+        strides[3] = 1
+    if any(s < 0 for s in strides):
+        raise ValueError(f"flashjit.attention: {name} has negative strides")
+    return _lib.make_tensor(t.data_ptr(), t.shape, strides)
+
+
+_cuda_device_set = {}
+
+
+def _cuda_handle(device):
+    h = _lib.handle(_lib.DEVICE_CUDA)
+    index = device.index if device.index is not None else 0
+    if _cuda_device_set.get("ordinal") != index:
+        _lib.check(_lib.lib().flashjit_set_cuda_device(h, index))
+        _cuda_device_set["ordinal"] = index
+    return h
+
+
+def _check_torch_inputs(torch, q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"flashjit.attention: {name} is a {type(t).__name__}, the "
+                "others torch tensors: pass three torch CUDA tensors")
+        if t.device.type != "cuda":
+            raise ValueError(
+                f"flashjit.attention: torch tensors must be on a CUDA device, "
+                f"{name} is on {t.device} (numpy arrays take the CPU path)")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"flashjit.attention: q, k, v are on different devices: "
+            f"{q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"flashjit.attention: q, k, v dtypes differ: {q.dtype}, "
+            f"{k.dtype}, {v.dtype}")
+    dtype = _torch_dtype(torch, q)
+    gqa = _check_shapes(q.shape, k.shape, v.shape)
+    return dtype, gqa
+
+
+def _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm):
+    dtype, gqa = _check_torch_inputs(torch, q, k, v)
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    o = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
+    tq, tk, tv, to = (_torch_tensor(n, t) for n, t in
+                      (("q", q), ("k", k), ("v", v), ("o", o)))
+    with torch.cuda.device(q.device):
+        layout, keep = (bm._device_layout(q.device) if bm else (None, None))
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _lib.check(_lib.lib().flashjit_forward(
+            _cuda_handle(q.device), ctypes.byref(spec), ctypes.byref(tq),
+            ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
+            ctypes.c_void_p(lse.data_ptr()), scale, wl, wr,
+            ctypes.byref(layout) if layout is not None else None,
+            ctypes.c_void_p(stream)))
+    del keep
+    return o, lse
+
+
+def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm):
+    """Calls flashjit_backward, which is not implemented yet: raises
+    NotImplementedError (NotImplementedFlashjitError)."""
+    dtype, gqa = _check_torch_inputs(torch, q, k, v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    spec = _lib.make_spec(q.shape[3], v.shape[3], dtype, mask, gqa,
+                          bm.block_size if bm else 0)
+    d_o = d_o.contiguous() if d_o.stride(-1) != 1 else d_o
+    ts = [_torch_tensor(n, t) for n, t in
+          (("q", q), ("k", k), ("v", v), ("o", o), ("do", d_o), ("dq", dq),
+           ("dk", dk), ("dv", dv))]
+    with torch.cuda.device(q.device):
+        layout, keep = (bm._device_layout(q.device) if bm else (None, None))
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _lib.check(_lib.lib().flashjit_backward(
+            _cuda_handle(q.device), ctypes.byref(spec), ctypes.byref(ts[0]),
+            ctypes.byref(ts[1]), ctypes.byref(ts[2]), ctypes.byref(ts[3]),
+            ctypes.byref(ts[4]), ctypes.c_void_p(lse.data_ptr()),
+            ctypes.byref(ts[5]), ctypes.byref(ts[6]), ctypes.byref(ts[7]),
+            scale, wl, wr,
+            ctypes.byref(layout) if layout is not None else None,
+            ctypes.c_void_p(stream)))
+    del keep
+    return dq, dk, dv
+
+
+_autograd_cache = {}
+
+
+def _autograd_function(torch):
+    """flashjit's torch.autograd.Function (made on first use, so that
+    importing flashjit does not import torch)."""
+    fn = _autograd_cache.get("fn")
+    if fn is not None:
+        return fn
+
+    class FlashjitAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask, scale, wl, wr, bm):
+            o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.options = (mask, scale, wl, wr, bm)
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, d_o, d_lse):
+            # flashjit_backward does not exist yet: this raises
+            # NotImplementedError with the C API's message.
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = _backward_cuda(torch, q, k, v, o, lse, d_o,
+                                        *ctx.options)
+            return dq, dk, dv, None, None, None, None, None
+
+    _autograd_cache["fn"] = FlashjitAttention
+    return FlashjitAttention
+
+
+def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse):
+    import torch
+
+    _check_torch_inputs(torch, q, k, v)
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v))
+    if needs_grad:
+        o, lse = _autograd_function(torch).apply(q, k, v, mask, scale, wl, wr, bm)
+    else:
+        o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------
+# compile(): inspecting a kernel
+# ---------------------------------------------------------------------------
+
+_DTYPE_NAMES = {"bf16": _lib.DTYPE_BF16, "bfloat16": _lib.DTYPE_BF16,
+                "fp16": _lib.DTYPE_FP16, "float16": _lib.DTYPE_FP16}
+
+
+class Kernel:
+    """A kernel description; its stages are compiled on demand.
+
+    .ptx          PTX for .arch (None: the current GPU's, else sm_90a)
+    .emit(stage)  "attn", "tiled", "gpu", "llvm", "ptx" or "cpu-llvm" text
+    .config(...)  the tiling flashjit chooses for a problem
+    """
+
+    def __init__(self, spec, arch):
+        self._spec = spec
+        self.arch = arch
+
+    @property
+    def spec(self):
+        s = self._spec
+        return {"head_dim_qk": s.head_dim_qk, "head_dim_v": s.head_dim_v,
+                "dtype": "bf16" if s.dtype == _lib.DTYPE_BF16 else "fp16",
+                "mask": ("none", "causal", "sliding_window")[s.mask],
+                "gqa": s.gqa,
+                "sparse_block": s.sparse_block if s.block_sparse else None}
+
+    def _handle(self):
+        if self.arch is None:  # the current GPU's arch, if there is one
+            try:
+                return _lib.handle(_lib.DEVICE_CUDA)
+            except (NoDriverError, CudaError):
+                pass
+        return _lib.handle(_lib.DEVICE_CPU)
+
+    def emit(self, stage):
+        lib = _lib.lib()
+        out = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        arch = self.arch.encode() if self.arch else None
+        _lib.check(lib.flashjit_emit(self._handle(), ctypes.byref(self._spec),
+                                     stage.encode(), arch, ctypes.byref(out),
+                                     ctypes.byref(n)))
+        try:
+            return ctypes.string_at(out, n.value).decode("utf-8", "replace")
+        finally:
+            lib.flashjit_free(out)
+
+    @property
+    def ptx(self):
+        return self.emit("ptx")
+
+    def config(self, batch=1, heads=None, seq_len=128, seq_len_kv=None,
+               device="cpu"):
+        """{"block_m", "block_n", "warps", "stages"} for a problem."""
+        heads = self._spec.gqa if heads is None else heads
+        seq_len_kv = seq_len if seq_len_kv is None else seq_len_kv
+        out = (ctypes.c_int64 * 4)()
+        h = _lib.handle(_lib.DEVICE_CUDA if device == "cuda" else _lib.DEVICE_CPU)
+        _lib.check(_lib.lib().flashjit_chosen_config(
+            h, ctypes.byref(self._spec), batch, heads, seq_len, seq_len_kv, out))
+        return dict(zip(("block_m", "block_n", "warps", "stages"), list(out)))
+
+    def __repr__(self):
+        return f"flashjit.Kernel({self.spec}, arch={self.arch!r})"
+
+
+def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
+            sliding_window=False, gqa=1, sparse_block=None, arch=None):
+    """Describes a kernel; read its .ptx or .emit(stage). Validation
+    (head dims 1..512, ...) happens here: InvalidArgumentError names the
+    field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
+    "sm_90a", ... (None: the current GPU's, else sm_90a)."""
+    if isinstance(dtype, str):
+        if dtype not in _DTYPE_NAMES:
+            raise TypeError(f"flashjit.compile: dtype must be bf16 or fp16, "
+                            f"got {dtype!r}")
+        dt = _DTYPE_NAMES[dtype]
+    else:  # a torch or numpy dtype
+        name = str(dtype).replace("torch.", "")
+        if name not in _DTYPE_NAMES:
+            raise TypeError(f"flashjit.compile: dtype must be bf16 or fp16, "
+                            f"got {dtype!r}")
+        dt = _DTYPE_NAMES[name]
+    if causal and sliding_window:
+        raise ValueError("flashjit.compile: causal and sliding_window are "
+                         "exclusive")
+    mask = (_lib.MASK_CAUSAL if causal else
+            _lib.MASK_SLIDING_WINDOW if sliding_window else _lib.MASK_NONE)
+    spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
+                          dt, mask, gqa, sparse_block or 0)
+    # Validate now: chosen_config checks the spec on the CPU handle.
+    out = (ctypes.c_int64 * 4)()
+    _lib.check(_lib.lib().flashjit_chosen_config(
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), 1, max(1, int(gqa)),
+        1, 1, out))
+    return Kernel(spec, arch)

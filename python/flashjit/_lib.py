@@ -1,0 +1,247 @@
+"""ctypes binding of libflashjit.so's C API (tools/capi/flashjit.h).
+
+The library is found, on first use, as
+  1. $FLASHJIT_LIBRARY (if set, the only candidate),
+  2. libflashjit.so beside this package (an installed copy),
+  3. <repo>/build/lib/libflashjit.so (a source checkout's build).
+Nothing here imports torch or numpy.
+"""
+
+import ctypes
+import os
+import pathlib
+import threading
+
+LIBRARY_NAME = "libflashjit.so"
+
+# flashjit_status
+OK = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_NO_DRIVER = 2
+ERROR_COMPILE = 3
+ERROR_CUDA = 4
+ERROR_NOT_IMPLEMENTED = 5
+ERROR_INTERNAL = 6
+
+DEVICE_CPU = 0
+DEVICE_CUDA = 1
+
+DTYPE_BF16 = 0
+DTYPE_FP16 = 1
+
+MASK_NONE = 0
+MASK_CAUSAL = 1
+MASK_SLIDING_WINDOW = 2
+
+
+class FlashjitError(RuntimeError):
+    """A failing flashjit call; .status is the C API's flashjit_status."""
+
+    def __init__(self, message, status=ERROR_INTERNAL):
+        super().__init__(message)
+        self.status = status
+
+
+class InvalidArgumentError(FlashjitError, ValueError):
+    """A bad argument (FLASHJIT_ERROR_INVALID_ARGUMENT); also a ValueError."""
+
+
+class NoDriverError(FlashjitError):
+    """No CUDA driver or GPU (FLASHJIT_ERROR_NO_DRIVER)."""
+
+
+class CompileError(FlashjitError):
+    """The compiler or nvJitLink failed (FLASHJIT_ERROR_COMPILE)."""
+
+
+class CudaError(FlashjitError):
+    """A CUDA driver call failed (FLASHJIT_ERROR_CUDA)."""
+
+
+class NotImplementedFlashjitError(FlashjitError, NotImplementedError):
+    """Not implemented yet (the backward pass); also a NotImplementedError."""
+
+
+class LibraryNotFoundError(FlashjitError, OSError):
+    """libflashjit.so could not be found or loaded."""
+
+
+_STATUS_ERRORS = {
+    ERROR_INVALID_ARGUMENT: InvalidArgumentError,
+    ERROR_NO_DRIVER: NoDriverError,
+    ERROR_COMPILE: CompileError,
+    ERROR_CUDA: CudaError,
+    ERROR_NOT_IMPLEMENTED: NotImplementedFlashjitError,
+}
+
+
+class Spec(ctypes.Structure):
+    _fields_ = [
+        ("head_dim_qk", ctypes.c_int64),
+        ("head_dim_v", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("mask", ctypes.c_int32),
+        ("gqa", ctypes.c_int64),
+        ("block_sparse", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("sparse_block", ctypes.c_int64),
+    ]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("shape", ctypes.c_int64 * 4),
+        ("strides", ctypes.c_int64 * 4),
+    ]
+
+
+class Layout(ctypes.Structure):
+    _fields_ = [
+        ("counts", ctypes.c_void_p),
+        ("indices", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("q_blocks", ctypes.c_int64),
+        ("kv_blocks", ctypes.c_int64),
+    ]
+
+
+def make_tensor(data_ptr, shape, strides):
+    t = Tensor()
+    t.data = data_ptr
+    for i in range(4):
+        t.shape[i] = int(shape[i])
+        t.strides[i] = int(strides[i])
+    return t
+
+
+def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block):
+    s = Spec()
+    s.head_dim_qk = int(head_dim_qk)
+    s.head_dim_v = int(head_dim_v)
+    s.dtype = dtype
+    s.mask = mask
+    s.gqa = int(gqa)
+    s.block_sparse = 1 if sparse_block else 0
+    s.reserved = 0
+    s.sparse_block = int(sparse_block) if sparse_block else 128
+    return s
+
+
+def library_candidates():
+    """The paths tried, in order."""
+    env = os.environ.get("FLASHJIT_LIBRARY")
+    if env:
+        return [pathlib.Path(env)]
+    here = pathlib.Path(__file__).resolve().parent
+    return [here / LIBRARY_NAME, here.parents[1] / "build" / "lib" / LIBRARY_NAME]
+
+
+_lock = threading.RLock()
+_lib = None
+_lib_path = None
+_handles = {}
+
+
+def _declare(lib):
+    c_handle = ctypes.c_void_p
+    P = ctypes.POINTER
+    sigs = {
+        "flashjit_status_name": (ctypes.c_char_p, [ctypes.c_int]),
+        "flashjit_last_error": (ctypes.c_char_p, [c_handle]),
+        "flashjit_version": (ctypes.c_char_p, []),
+        "flashjit_create": (ctypes.c_int, [P(c_handle), ctypes.c_int]),
+        "flashjit_destroy": (None, [c_handle]),
+        "flashjit_set_cuda_device": (ctypes.c_int, [c_handle, ctypes.c_int]),
+        "flashjit_cached_kernels": (ctypes.c_int64, [c_handle]),
+        "flashjit_spec_init": (None, [P(Spec)]),
+        "flashjit_forward": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_void_p, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+             P(Layout), ctypes.c_void_p],
+        ),
+        "flashjit_backward": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Layout),
+             ctypes.c_void_p],
+        ),
+        "flashjit_chosen_config": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+             ctypes.c_int64, P(ctypes.c_int64)],
+        ),
+        "flashjit_emit": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_char_p, ctypes.c_char_p,
+             P(ctypes.c_void_p), P(ctypes.c_size_t)],
+        ),
+        "flashjit_free": (None, [ctypes.c_void_p]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def lib():
+    """The loaded library (loads it on first use)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for path in library_candidates():
+            if not path.is_file():
+                tried.append(f"{path}: no such file")
+                continue
+            try:
+                loaded = ctypes.CDLL(str(path))
+                _declare(loaded)
+            except (OSError, AttributeError) as e:
+                tried.append(f"{path}: {e}")
+                continue
+            _lib_path = path
+            _lib = loaded
+            return _lib
+        raise LibraryNotFoundError(
+            "flashjit: libflashjit.so not found (set $FLASHJIT_LIBRARY, or "
+            "build it: cmake --build build --target flashjit); tried: "
+            + "; ".join(tried))
+
+
+def library_path():
+    """The path of the loaded libflashjit.so (loads it)."""
+    lib()
+    return str(_lib_path)
+
+
+def check(status):
+    """Raises the FlashjitError subclass for a failing status."""
+    if status == OK:
+        return
+    message = lib().flashjit_last_error(None).decode("utf-8", "replace")
+    raise _STATUS_ERRORS.get(status, FlashjitError)(message, status)
+
+
+def handle(device):
+    """The process-wide handle of a device (DEVICE_CPU or DEVICE_CUDA),
+    created on first use. Handles are never destroyed: their compiled
+    kernels live as long as the process (CUDA modules must not be unloaded
+    after the context is gone at exit)."""
+    h = _handles.get(device)
+    if h is not None:
+        return h
+    with _lock:
+        h = _handles.get(device)
+        if h is None:
+            p = ctypes.c_void_p()
+            check(lib().flashjit_create(ctypes.byref(p), device))
+            h = p
+            _handles[device] = h
+        return h

@@ -1,0 +1,199 @@
+"""flashjit.BlockMask: a run-time block-sparse layout.
+
+A layout says, for each (batch, head, query block), which key blocks a query
+block attends to; blocks are square, `block_size` rows and columns (the
+kernel's spec.sparse_block). It is stored in BCSR form, as FlexAttention
+stores it: counts [B, H, Qb] and indices [B, H, Qb, KVb] (int32; the first
+counts[b, h, qb] entries of a row are the listed key blocks). A batch or
+head dimension of 1 broadcasts.
+
+Build one from a dense boolean block matrix (numpy or torch) with
+BlockMask.from_dense, or from torch.nn.attention.flex_attention's BlockMask
+with BlockMask.from_flex. Needs numpy; torch only for torch inputs and for
+use with torch tensors.
+"""
+
+import ctypes
+
+import numpy as np
+
+from . import _lib
+
+
+def _to_numpy(x):
+    """numpy array of x (a numpy array, a torch tensor or a nested list)."""
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+class BlockMask:
+    """A block-sparse layout of `block_size` x `block_size` blocks."""
+
+    def __init__(self, counts, indices, block_size=128):
+        counts = np.ascontiguousarray(_to_numpy(counts), dtype=np.int32)
+        indices = np.ascontiguousarray(_to_numpy(indices), dtype=np.int32)
+        if counts.ndim != 3 or indices.ndim != 4:
+            raise ValueError(
+                "flashjit.BlockMask: counts must be [B, H, Qb] and indices "
+                f"[B, H, Qb, KVb], got shapes {counts.shape} and "
+                f"{indices.shape}")
+        if indices.shape[:3] != counts.shape:
+            raise ValueError(
+                f"flashjit.BlockMask: indices' leading shape {indices.shape[:3]}"
+                f" differs from counts' {counts.shape}")
+        block_size = int(block_size)
+        if block_size < 1:
+            raise ValueError(
+                f"flashjit.BlockMask: block_size must be >= 1, got {block_size}")
+        kv_blocks = indices.shape[3]
+        if counts.size and (counts.min() < 0 or counts.max() > kv_blocks):
+            raise ValueError("flashjit.BlockMask: a count is out of range "
+                             f"[0, {kv_blocks}]")
+        listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
+        bad = listed & ((indices < 0) | (indices >= kv_blocks))
+        if bad.any():
+            raise ValueError("flashjit.BlockMask: a key block index is out of "
+                             f"range [0, {kv_blocks})")
+        # Unlisted slots are never read; keep them in range anyway.
+        self.indices = np.where(listed, indices, 0).astype(np.int32)
+        self.counts = counts
+        self.block_size = block_size
+        self._device_cache = {}
+
+    # -- construction -----------------------------------------------------
+
+    @classmethod
+    def from_dense(cls, mask, block_size=128):
+        """From a boolean block matrix [Qb, KVb], [H, Qb, KVb] or
+        [B, H, Qb, KVb] (numpy or torch; nonzero = attend). Missing leading
+        dimensions broadcast."""
+        dense = _to_numpy(mask)
+        if dense.ndim < 2 or dense.ndim > 4:
+            raise ValueError(
+                "flashjit.BlockMask.from_dense: expected a [Qb, KVb], "
+                f"[H, Qb, KVb] or [B, H, Qb, KVb] matrix, got {dense.ndim} "
+                "dimensions")
+        dense = dense.astype(bool)
+        while dense.ndim < 4:
+            dense = dense[None]
+        counts = dense.sum(axis=-1, dtype=np.int64).astype(np.int32)
+        # Listed blocks first, in increasing order (a stable sort of "not").
+        indices = np.argsort(~dense, axis=-1, kind="stable").astype(np.int32)
+        return cls(counts, indices, block_size)
+
+    @classmethod
+    def from_flex(cls, flex_mask, include_partial=True):
+        """From torch.nn.attention.flex_attention.BlockMask.
+
+        FlexAttention lists "full" blocks (full_kv_num_blocks/indices) and
+        "partial" ones (kv_num_blocks/indices) whose elements its mask_mod
+        decides. flashjit has no mask_mod: a block is attended to entirely or
+        not at all. With include_partial=True (default) partial blocks are
+        attended to entirely -- exact when the mask_mod is constant on each
+        block -- otherwise they are dropped. Q and KV block sizes must be
+        equal."""
+        bs = getattr(flex_mask, "BLOCK_SIZE", None)
+        if bs is None:
+            raise TypeError("flashjit.BlockMask.from_flex: expected a "
+                            "FlexAttention BlockMask (no BLOCK_SIZE)")
+        if isinstance(bs, int):
+            bs = (bs, bs)
+        if int(bs[0]) != int(bs[1]):
+            raise ValueError(
+                "flashjit.BlockMask.from_flex: flashjit needs square blocks, "
+                f"got BLOCK_SIZE {tuple(int(b) for b in bs)}")
+        block = int(bs[0])
+        parts = []
+        full_n = getattr(flex_mask, "full_kv_num_blocks", None)
+        full_i = getattr(flex_mask, "full_kv_indices", None)
+        if full_n is not None and full_i is not None:
+            parts.append((_to_numpy(full_n), _to_numpy(full_i)))
+        if include_partial or not parts:
+            parts.append((_to_numpy(flex_mask.kv_num_blocks),
+                          _to_numpy(flex_mask.kv_indices)))
+        shape = parts[-1][1].shape  # [B, H, Qb, KVb]
+        kv_blocks = shape[3]
+        dense = np.zeros(shape[:3] + (kv_blocks + 1,), dtype=bool)
+        for num, idx in parts:
+            num = np.broadcast_to(num, shape[:3])
+            idx = np.broadcast_to(idx, shape)
+            listed = np.arange(idx.shape[3])[None, None, None, :] < num[..., None]
+            cols = np.where(listed, idx, kv_blocks).astype(np.int64)
+            np.put_along_axis(dense, cols, True, axis=-1)
+        dense = dense[..., :kv_blocks]
+        lengths = getattr(flex_mask, "seq_lengths", None)
+        if lengths is not None:  # FlexAttention may pad the block grid
+            q_blocks = -(-int(lengths[0]) // block)
+            kv_blocks = -(-int(lengths[1]) // block)
+            dense = dense[:, :, :q_blocks, :kv_blocks]
+        return cls.from_dense(dense, block)
+
+    # -- inspection -------------------------------------------------------
+
+    @property
+    def batch(self):
+        return self.counts.shape[0]
+
+    @property
+    def heads(self):
+        return self.counts.shape[1]
+
+    @property
+    def q_blocks(self):
+        return self.counts.shape[2]
+
+    @property
+    def kv_blocks(self):
+        return self.indices.shape[3]
+
+    @property
+    def shape(self):
+        """(batch, heads, q_blocks, kv_blocks)."""
+        return (self.batch, self.heads, self.q_blocks, self.kv_blocks)
+
+    def density(self):
+        """Fraction of blocks attended to."""
+        return float(self.counts.sum()) / max(1, self.counts.size * self.kv_blocks)
+
+    def to_dense(self):
+        """The boolean block matrix [B, H, Qb, KVb]."""
+        dense = np.zeros(self.shape[:3] + (self.kv_blocks + 1,), dtype=bool)
+        listed = np.arange(self.kv_blocks)[None, None, None, :] < self.counts[..., None]
+        cols = np.where(listed, self.indices, self.kv_blocks).astype(np.int64)
+        np.put_along_axis(dense, cols, True, axis=-1)
+        return dense[..., :self.kv_blocks]
+
+    def __repr__(self):
+        return (f"flashjit.BlockMask(shape={self.shape}, "
+                f"block_size={self.block_size}, density={self.density():.3f})")
+
+    # -- the C API's flashjit_layout --------------------------------------
+
+    def _layout(self, counts_ptr, indices_ptr):
+        layout = _lib.Layout()
+        layout.counts = counts_ptr
+        layout.indices = indices_ptr
+        layout.batch, layout.heads, layout.q_blocks, layout.kv_blocks = self.shape
+        return layout
+
+    def _host_layout(self):
+        """(flashjit_layout on host memory, objects to keep alive)."""
+        return (self._layout(self.counts.ctypes.data_as(ctypes.c_void_p),
+                             self.indices.ctypes.data_as(ctypes.c_void_p)),
+                (self.counts, self.indices))
+
+    def _device_layout(self, device):
+        """(flashjit_layout on a torch CUDA device, tensors to keep alive).
+        The copies are made once per device and kept in the mask."""
+        key = str(device)
+        cached = self._device_cache.get(key)
+        if cached is None:
+            import torch
+
+            counts = torch.from_numpy(self.counts).to(device)
+            indices = torch.from_numpy(self.indices).to(device)
+            cached = (counts, indices)
+            self._device_cache[key] = cached
+        counts, indices = cached
+        return (self._layout(counts.data_ptr(), indices.data_ptr()), cached)
