@@ -20,6 +20,7 @@ Devices:
 """
 
 import ctypes
+import operator
 import sys
 
 from . import _lib
@@ -82,11 +83,15 @@ def _mask_and_window(causal, window):
     def side(name, w):
         if w is None:
             return -1
-        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+        try:
+            value = operator.index(w)
+        except TypeError:
+            value = -1
+        if isinstance(w, bool) or value < 0:
             raise ValueError(
                 f"flashjit: window {name} must be an int >= 0 or None "
                 f"(unbounded), got {w!r}")
-        return w
+        return value
 
     return _lib.MASK_SLIDING_WINDOW, side("left", left), side("right", right)
 

@@ -1,0 +1,64 @@
+"""float64 reference attention in numpy (shared by the CPU and GPU tests)."""
+
+import numpy as np
+
+
+def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
+                 block=None):
+    """[B|1, H|1, Nq, Nkv] boolean: which keys each query sees."""
+    i = np.arange(nq)[:, None]
+    j = np.arange(nkv)[None, :]
+    diag = i + (nkv - nq)
+    vis = np.ones((nq, nkv), dtype=bool)
+    if causal:
+        vis &= j <= diag
+    if window is not None:
+        left, right = window
+        if left is not None:
+            vis &= j >= diag - left
+        if right is not None:
+            vis &= j <= diag + right
+    vis = vis[None, None]
+    if dense_blocks is not None:
+        d = np.asarray(dense_blocks, dtype=bool)
+        while d.ndim < 4:
+            d = d[None]
+        vis = vis & d[:, :, i // block, j // block]
+    return vis
+
+
+def attention_ref(q, k, v, scale=None, visible=None):
+    """(o, lse) in float64; rows that see no key: o = 0, lse = -inf."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k = np.repeat(k, g, axis=1)
+    v = np.repeat(v, g, axis=1)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    if visible is not None:
+        s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    empty = np.isneginf(m)
+    m = np.where(empty, 0.0, m)
+    p = np.exp(s - m)
+    l = p.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, 1.0, l)
+    o = np.where(empty, 0.0, o)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, m + np.log(l))[..., 0]
+    return o, lse
+
+
+def rel_err(x, ref):
+    x = np.asarray(x, dtype=np.float64)
+    den = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (den if den > 0 else 1.0)
+
+
+def lse_err(x, ref):
+    """Relative error over finite entries; inf if the -inf patterns differ."""
+    x = np.asarray(x, dtype=np.float64)
+    if np.isnan(x).any() or not np.array_equal(np.isneginf(x), np.isneginf(ref)):
+        return np.inf
+    f = np.isfinite(ref)
+    return rel_err(x[f], ref[f]) if f.any() else 0.0
