@@ -206,6 +206,8 @@ def _bf16_bits_to_f32(bits):
 
 def _numpy_tensor(name, a):
     """flashjit_tensor of a 16-bit numpy array (strides in elements)."""
+    import numpy as np
+
     item = a.itemsize
     for i, s in enumerate(a.strides):
         if s < 0 or s % item:
@@ -213,6 +215,8 @@ def _numpy_tensor(name, a):
                 f"flashjit: {name} has byte strides {a.strides}: strides "
                 "must be non-negative multiples of the element size")
     strides = [s // item for s in a.strides]
+    if a.size == 0:  # numpy gives empty arrays zero strides; C rejects them
+        strides = [int(np.prod(a.shape[i + 1:])) for i in range(4)]
     if a.shape[3] > 1 and strides[3] != 1:
         raise ValueError(
             f"flashjit: {name}'s innermost (head-dim) stride must be 1, got "
