@@ -16,6 +16,11 @@
 #ifndef FLASHJIT_KERNELS_KERNELABI_H
 #define FLASHJIT_KERNELS_KERNELABI_H
 
+#include "kernels/AttentionSpec.h"
+
+#include <array>
+#include <cstdint>
+
 namespace flashjit::abi {
 
 enum Buffer : int { Q, K, V, O, Lse, Counts, Indices, NumBuffers };
@@ -60,6 +65,40 @@ inline const char *indexArgName(int i) {
       "o_sn",     "win_left", "win_right", "counts_sb", "counts_sh",
       "indices_sb", "indices_sh", "indices_sm"};
   return names[i];
+}
+
+/// Element strides (b, h, n, d) of Q, K, V, O, and of the layout's counts
+/// (b, h, m) and indices (b, h, m); the layout's are zero for a dense kernel.
+struct TensorStrides {
+  std::array<int64_t, 4> q{}, k{}, v{}, o{};
+  std::array<int64_t, 3> counts{}, indices{};
+};
+
+/// The index arguments of a forward kernel, in IndexArg order: one place
+/// for every launcher (CPU and GPU).
+inline std::array<int64_t, NumIndexArgs>
+indexArgs(const AttentionSpec &spec, const Problem &p,
+          const TensorStrides &s) {
+  std::array<int64_t, NumIndexArgs> idx{};
+  idx[Batch] = p.batch;
+  idx[Heads] = p.heads;
+  idx[SeqQ] = p.seqLenQ;
+  idx[SeqKV] = p.seqLenKV;
+  for (int i = 0; i < 3; ++i) {
+    idx[QStrideB + i] = s.q[i];
+    idx[KStrideB + i] = s.k[i];
+    idx[VStrideB + i] = s.v[i];
+    idx[OStrideB + i] = s.o[i];
+  }
+  auto [left, right] = effectiveWindow(spec, p);
+  idx[WindowLeft] = left;
+  idx[WindowRight] = right;
+  idx[CountsStrideB] = s.counts[0];
+  idx[CountsStrideH] = s.counts[1];
+  idx[IndicesStrideB] = s.indices[0];
+  idx[IndicesStrideH] = s.indices[1];
+  idx[IndicesStrideM] = s.indices[2];
+  return idx;
 }
 
 } // namespace flashjit::abi

@@ -45,27 +45,14 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
   if (spec.blockSparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
 
-  auto [left, right] = effectiveWindow(spec, p);
-  int64_t idx[abi::NumIndexArgs] = {};
-  idx[abi::Batch] = p.batch;
-  idx[abi::Heads] = p.heads;
-  idx[abi::SeqQ] = p.seqLenQ;
-  idx[abi::SeqKV] = p.seqLenKV;
-  auto setStrides = [&](int first, const DeviceTensor &t) {
-    for (int i = 0; i < 3; ++i)
-      idx[first + i] = t.strides[i];
-  };
-  setStrides(abi::QStrideB, a.q);
-  setStrides(abi::KStrideB, a.k);
-  setStrides(abi::VStrideB, a.v);
-  setStrides(abi::OStrideB, a.o);
-  idx[abi::WindowLeft] = left;
-  idx[abi::WindowRight] = right;
-  idx[abi::CountsStrideB] = a.countStrides[0];
-  idx[abi::CountsStrideH] = a.countStrides[1];
-  idx[abi::IndicesStrideB] = a.indexStrides[0];
-  idx[abi::IndicesStrideH] = a.indexStrides[1];
-  idx[abi::IndicesStrideM] = a.indexStrides[2];
+  abi::TensorStrides strides;
+  strides.q = a.q.strides;
+  strides.k = a.k.strides;
+  strides.v = a.v.strides;
+  strides.o = a.o.strides;
+  strides.counts = a.countStrides;
+  strides.indices = a.indexStrides;
+  auto idx = abi::indexArgs(spec, p, strides);
   float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
 
   CUdeviceptr bufs[abi::NumBuffers] = {a.q.ptr, a.k.ptr, a.v.ptr, a.o.ptr,

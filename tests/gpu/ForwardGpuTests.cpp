@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CudaDriver.h"
+#include "tests/gpu/CliRunner.h"
 
 #include <gtest/gtest.h>
 
@@ -23,42 +24,8 @@
 
 namespace {
 
-/// The flashjit binary: $FLASHJIT_BIN, else beside this test executable.
-std::string flashjitBinary() {
-  if (const char *env = std::getenv("FLASHJIT_BIN"))
-    return env;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string path(self, n > 0 ? size_t(n) : 0);
-  return path.substr(0, path.rfind('/') + 1) + "flashjit";
-}
-
-struct RunResult {
-  int exitCode = -1;
-  std::string json;
-};
-
-RunResult runFlashjit(const std::string &args) {
-  std::string cmd = flashjitBinary() + " run --device cuda --json " + args;
-  RunResult r;
-  FILE *pipe = popen(cmd.c_str(), "r");
-  if (!pipe)
-    return r;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe))
-    r.json.append(buf.data(), n);
-  int status = pclose(pipe);
-  r.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-/// The number after "key": in a one-line JSON object (NaN if absent).
-double jsonNumber(const std::string &json, const std::string &key) {
-  auto at = json.find("\"" + key + "\":");
-  if (at == std::string::npos)
-    return std::nan("");
-  return std::strtod(json.c_str() + at + key.size() + 3, nullptr);
-}
+using flashjit::test::jsonNumber;
+using flashjit::test::runFlashjit;
 
 class ForwardGpu : public ::testing::TestWithParam<const char *> {
 protected:
@@ -73,14 +40,14 @@ TEST_P(ForwardGpu, MatchesFloat64Reference) {
   // Random layouts get a fresh seed each run (reported on failure).
   if (args.find("--block-sparse") != std::string::npos)
     args += " --seed " + std::to_string(std::random_device{}() % 100000);
-  RunResult r = runFlashjit(args);
-  SCOPED_TRACE("flashjit run --device cuda --json " + args + "\n" + r.json);
+  auto r = runFlashjit("run --device cuda --json " + args);
+  SCOPED_TRACE("flashjit run --device cuda --json " + args + "\n" + r.out);
   ASSERT_EQ(r.exitCode, 0);
-  EXPECT_NE(r.json.find("\"ok\":true"), std::string::npos);
-  EXPECT_NE(r.json.find("\"device\":\"cuda\""), std::string::npos);
-  double relErr = jsonNumber(r.json, "rel_err");
-  EXPECT_LT(relErr, jsonNumber(r.json, "bound"));
-  EXPECT_EQ(jsonNumber(r.json, "nan_count"), 0);
+  EXPECT_NE(r.out.find("\"ok\":true"), std::string::npos);
+  EXPECT_NE(r.out.find("\"device\":\"cuda\""), std::string::npos);
+  double relErr = jsonNumber(r.out, "rel_err");
+  EXPECT_LT(relErr, jsonNumber(r.out, "bound"));
+  EXPECT_EQ(jsonNumber(r.out, "nan_count"), 0);
 }
 
 // clang-format off

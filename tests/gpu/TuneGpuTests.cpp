@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CudaDriver.h"
+#include "tests/gpu/CliRunner.h"
 
 #include <gtest/gtest.h>
 
@@ -22,34 +23,13 @@
 
 namespace {
 
-std::string flashjitBinary() {
-  if (const char *env = std::getenv("FLASHJIT_BIN"))
-    return env;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string path(self, n > 0 ? size_t(n) : 0);
-  return path.substr(0, path.rfind('/') + 1) + "flashjit";
-}
+using flashjit::test::jsonNumber;
 
+/// flashjit ARGS --json with its cache in \p cacheDir; stdout.
 std::string run(const std::string &cacheDir, const std::string &args) {
-  std::string cmd = "FLASHJIT_CACHE_DIR=" + cacheDir + " " + flashjitBinary() +
-                    " " + args + " --json 2>/dev/null";
-  std::string out;
-  if (FILE *pipe = popen(cmd.c_str(), "r")) {
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), pipe))
-      out.append(buf.data(), n);
-    pclose(pipe);
-  }
-  return out;
-}
-
-double number(const std::string &json, const std::string &key,
-              size_t from = 0) {
-  auto at = json.find("\"" + key + "\":", from);
-  return at == std::string::npos
-             ? std::nan("")
-             : std::strtod(json.c_str() + at + key.size() + 3, nullptr);
+  return flashjit::test::runFlashjit(args + " --json",
+                                     "FLASHJIT_CACHE_DIR=" + cacheDir)
+      .out;
 }
 
 std::string freshCacheDir() {
@@ -73,11 +53,11 @@ TEST_F(TuneGpu, WinnerIsAtLeastAsFastAsEveryCandidate) {
   ASSERT_NE(tuned.find("\"ok\":true"), std::string::npos);
   ASSERT_NE(tuned.find("\"config_source\":\"tuned\""), std::string::npos);
   // The tuner's own measurements: the winner is the minimum.
-  double best = 1e30, winnerMs = number(tuned, "time_ms");
+  double best = 1e30, winnerMs = jsonNumber(tuned, "time_ms");
   std::string second;
   for (size_t at = tuned.find("{\"config\":"); at != std::string::npos;
        at = tuned.find("{\"config\":", at + 1)) {
-    double ms = number(tuned, "ms", at);
+    double ms = jsonNumber(tuned, "ms", at);
     if (std::isfinite(ms))
       best = std::min(best, ms);
   }
@@ -90,7 +70,7 @@ TEST_F(TuneGpu, WinnerIsAtLeastAsFastAsEveryCandidate) {
                      problem);
   SCOPED_TRACE(again + "\n" + heuristic);
   ASSERT_NE(again.find("\"config_source\":\"tuned\""), std::string::npos);
-  EXPECT_LE(number(again, "time_ms"), number(heuristic, "time_ms") * 1.05);
+  EXPECT_LE(jsonNumber(again, "time_ms"), jsonNumber(heuristic, "time_ms") * 1.05);
   EXPECT_GT(winnerMs, 0);
   std::system(("rm -rf " + cache).c_str());
 }
@@ -108,8 +88,8 @@ TEST_F(TuneGpu, SecondProcessStartsFromTheCacheWithoutCompiling) {
   EXPECT_NE(second.find("\"cache\":\"hit\""), std::string::npos);
   // flashjit's own time from the cache to a loadable cubin (the driver's
   // module load is reported apart, as module_load_ms).
-  EXPECT_LE(number(second, "prepare_ms"), 5.0);
-  EXPECT_GT(number(first, "prepare_ms"), number(second, "prepare_ms"));
+  EXPECT_LE(jsonNumber(second, "prepare_ms"), 5.0);
+  EXPECT_GT(jsonNumber(first, "prepare_ms"), jsonNumber(second, "prepare_ms"));
   std::system(("rm -rf " + cache).c_str());
 }
 
