@@ -86,10 +86,18 @@ std::string cpuPipelineText(const TileConfig &config) {
                      config.blockM, config.blockN);
 }
 
+void throwGpuBackwardNotImplemented() {
+  throw SpecError("the GPU backward is not implemented yet (the backward "
+                  "runs on the CPU: --device cpu; --emit attn, tiled or "
+                  "cpu-llvm)");
+}
+
 /// Checks that \p config and \p target can make a GPU kernel for \p spec.
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,
                                   const GpuTarget &target) {
+  if (spec.direction == Direction::Backward)
+    throwGpuBackwardNotImplemented();
   std::string problem = gpuConfigProblem(spec, config, 227 * 1024);
   if (!problem.empty())
     throw SpecError(problem);

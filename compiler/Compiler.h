@@ -70,7 +70,8 @@ std::string gpuPipelineText(const TileConfig &config, int64_t copyBytes);
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {
 public:
-  /// Compiles \p spec with \p config; throws CompileError.
+  /// Compiles the forward \p spec with \p config; throws CompileError (or
+  /// SpecError for a backward spec: see CpuBackwardKernel).
   static std::unique_ptr<CpuKernel> compile(const AttentionSpec &spec,
                                             const TileConfig &config);
   ~CpuKernel();
@@ -88,6 +89,40 @@ private:
   explicit CpuKernel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl;
 };
+
+/// The backward pass compiled for the CPU execution mode: three functions
+/// (kernels/KernelABI.h, abi::bwd): the preprocessing D = rowsum(dO * O), the
+/// main loop (one program per KV block: dK, dV) and the dQ pass (one program
+/// per Q block: dQ by a separate pass, deterministic by construction).
+class CpuBackwardKernel {
+public:
+  /// Compiles \p spec (direction Backward) with \p config; throws
+  /// CompileError, or SpecError for a forward spec.
+  static std::unique_ptr<CpuBackwardKernel> compile(const AttentionSpec &spec,
+                                                    const TileConfig &config);
+  ~CpuBackwardKernel();
+
+  /// dq, dk, dv of \p grads from q, k, v, o, lse of \p fwd (the forward's
+  /// outputs: O in the element type, lse f32) and grads.dO. Runs the three
+  /// grids on host threads. \p workspace, if given, must hold
+  /// backwardWorkspaceBytes(spec, problem) bytes (delta); else the kernel
+  /// allocates it. \p layout is required iff the spec is block-sparse; its
+  /// KV-major transpose is derived here.
+  void run(const Problem &problem, const AttentionData &fwd,
+           AttentionGrads &grads, const BlockSparseLayout *layout,
+           void *workspace = nullptr, int64_t workspaceBytes = 0) const;
+
+  const AttentionSpec &spec() const;
+  const TileConfig &config() const;
+
+private:
+  struct Impl;
+  explicit CpuBackwardKernel(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl;
+};
+
+/// The SpecError the GPU paths throw for a backward spec.
+[[noreturn]] void throwGpuBackwardNotImplemented();
 
 } // namespace flashjit
 

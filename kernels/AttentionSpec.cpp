@@ -37,8 +37,6 @@ void AttentionSpec::validate() const {
   checkRange("gqa", gqaGroup, 1, 1 << 16);
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
-  if (direction == Direction::Backward)
-    throw SpecError("direction: the backward pass is not implemented yet");
 }
 
 std::string AttentionSpec::name() const {
@@ -131,12 +129,22 @@ std::string Problem::toJson(const AttentionSpec &spec) const {
 
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
   return fmt::format(
-      "module {{\n  attn.flash_fwd @{} {{element_type = {}, gqa = {} : i64, "
+      "module {{\n  attn.{} @{} {{element_type = {}, gqa = {} : i64, "
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
       "sparse_block = {} : i64}}\n}}\n",
-      name, spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup,
+      spec.direction == Direction::Forward ? "flash_fwd" : "flash_bwd", name,
+      spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup,
       spec.headDimQK, spec.headDimV, toString(spec.mask),
       spec.blockSparse ? spec.sparseBlock : 0);
+}
+
+int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p,
+                               DqAccumulation mode) {
+  int64_t rows = p.batch * p.heads * p.seqLenQ;
+  int64_t bytes = rows * 4; // delta
+  if (mode == DqAccumulation::Atomic)
+    bytes += rows * spec.headDimQK * 4; // dq_accum
+  return bytes;
 }
 
 } // namespace flashjit

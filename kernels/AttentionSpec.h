@@ -22,7 +22,8 @@ enum class DType { BF16, FP16 };
 /// Which keys a query may see. Window sizes are run-time arguments.
 enum class MaskKind { None, Causal, SlidingWindow };
 
-/// Forward now; the backward pass slots in as another direction.
+/// Forward (O, lse) or backward (dQ, dK, dV from the forward's O and lse).
+/// The backward runs on the CPU only so far.
 enum class Direction { Forward, Backward };
 
 /// A usage or validation error: the CLI prints it on one line and exits 2.
@@ -99,6 +100,19 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// The attn-dialect module that describes \p spec (the first stage of the
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
+
+/// How the backward accumulates dQ. SeparatePass (the CPU's only variant): a
+/// second pass over Q blocks recomputes P and dS and sums dQ in registers:
+/// deterministic by construction, no dQ workspace. Atomic (for the GPU,
+/// later): the main loop adds into an f32 dq_accum workspace.
+enum class DqAccumulation { SeparatePass, Atomic };
+
+/// The workspace the backward of \p spec on \p problem needs, in bytes: delta
+/// (f32 [B, H, Nq]) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after it.
+/// A caller may pass that much; else the library allocates it.
+int64_t backwardWorkspaceBytes(const AttentionSpec &spec,
+                               const Problem &problem,
+                               DqAccumulation mode = DqAccumulation::SeparatePass);
 
 const char *toString(DType dtype);
 const char *toString(MaskKind mask);

@@ -165,6 +165,30 @@ double BlockSparseLayout::density() const {
   return counts.empty() ? 0.0 : listed / double(counts.size() * kvBlocks);
 }
 
+BlockSparseLayout BlockSparseLayout::transposed() const {
+  BlockSparseLayout t;
+  t.batch = batch;
+  t.heads = heads;
+  t.qBlocks = kvBlocks;
+  t.kvBlocks = qBlocks;
+  t.counts.assign(size_t(batch * heads * kvBlocks), 0);
+  t.indices.assign(size_t(batch * heads * kvBlocks * qBlocks), 0);
+  auto cs = countStrides();
+  auto is = indexStrides();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t qb = 0; qb < qBlocks; ++qb) {
+        int64_t n = counts[b * cs[0] + h * cs[1] + qb * cs[2]];
+        const int32_t *idx = &indices[b * is[0] + h * is[1] + qb * is[2]];
+        for (int64_t t2 = 0; t2 < n; ++t2) {
+          int64_t row = (b * heads + h) * kvBlocks + idx[t2];
+          // Q blocks are visited in increasing order: lists stay sorted.
+          t.indices[row * qBlocks + t.counts[row]++] = int32_t(qb);
+        }
+      }
+  return t;
+}
+
 //===----------------------------------------------------------------------===//
 // Inputs and reference
 //===----------------------------------------------------------------------===//
@@ -336,6 +360,166 @@ ErrorReport compareWithReference(const AttentionSpec &spec, const Problem &p,
   e.oRelErr = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   e.lseRelErr = lden > 0 ? std::sqrt(lnum / lden) : std::sqrt(lnum);
   return e;
+}
+
+AttentionGrads makeRandomGrads(const AttentionSpec &spec, const Problem &,
+                               const AttentionData &d, std::mt19937_64 &rng) {
+  AttentionGrads g;
+  g.dO = HalfTensor::packed(d.o.shape);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto &x : *g.dO.buffer)
+    x = floatToHalf(spec.dtype, normal(rng));
+  bool packedQKV = d.q.buffer == d.k.buffer && d.k.buffer == d.v.buffer;
+  if (packedQKV) {
+    // The same (B, N, 3, H, d) arrangement as q, k, v.
+    g.dq = d.q;
+    g.dk = d.k;
+    g.dv = d.v;
+    auto buf = std::make_shared<std::vector<uint16_t>>(d.q.buffer->size());
+    g.dq.buffer = g.dk.buffer = g.dv.buffer = buf;
+  } else {
+    g.dq = HalfTensor::packed(d.q.shape);
+    g.dk = HalfTensor::packed(d.k.shape);
+    g.dv = HalfTensor::packed(d.v.shape);
+  }
+  uint16_t nan16 = floatToHalf(spec.dtype, std::nanf(""));
+  for (auto *buf : {g.dq.buffer.get(), g.dk.buffer.get(), g.dv.buffer.get()})
+    std::fill(buf->begin(), buf->end(), nan16);
+  return g;
+}
+
+BackwardReference referenceBackward(const AttentionSpec &spec,
+                                    const Problem &p, const AttentionData &d,
+                                    const AttentionGrads &g,
+                                    const BlockSparseLayout *layout) {
+  const int64_t dqk = spec.headDimQK, dv = spec.headDimV;
+  const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV, H = p.heads;
+  const int64_t Hkv = p.kvHeads(spec);
+  const double scale = p.effectiveScale(spec);
+  const double negInf = -std::numeric_limits<double>::infinity();
+  auto [left, right] = effectiveWindow(spec, p);
+  BackwardReference r;
+  r.dq.assign(size_t(p.batch * H * Nq * dqk), 0.0);
+  r.dk.assign(size_t(p.batch * Hkv * Nkv * dqk), 0.0);
+  r.dv.assign(size_t(p.batch * Hkv * Nkv * dv), 0.0);
+  std::vector<double> kf, vf, qrow(dqk), dorow(dv), s(Nkv), dp(Nkv);
+  auto widen = [&](uint16_t x) { return double(halfToFloat(spec.dtype, x)); };
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      int64_t hk = h / spec.gqaGroup;
+      if (h % spec.gqaGroup == 0) { // widen this KV head's K and V once
+        kf.assign(size_t(Nkv * dqk), 0);
+        vf.assign(size_t(Nkv * dv), 0);
+        for (int64_t j = 0; j < Nkv; ++j) {
+          for (int64_t c = 0; c < dqk; ++c)
+            kf[j * dqk + c] = widen(d.k.at(b, hk, j, c));
+          for (int64_t c = 0; c < dv; ++c)
+            vf[j * dv + c] = widen(d.v.at(b, hk, j, c));
+        }
+      }
+      double *dkHead = &r.dk[size_t((b * Hkv + hk) * Nkv * dqk)];
+      double *dvHead = &r.dv[size_t((b * Hkv + hk) * Nkv * dv)];
+      for (int64_t i = 0; i < Nq; ++i) {
+        for (int64_t c = 0; c < dqk; ++c)
+          qrow[c] = widen(d.q.at(b, h, i, c));
+        for (int64_t c = 0; c < dv; ++c)
+          dorow[c] = widen(g.dO.at(b, h, i, c));
+        double m = negInf;
+        int64_t diag = i + (Nkv - Nq);
+        for (int64_t j = 0; j < Nkv; ++j) {
+          bool visible = j >= diag - left && j <= diag + right;
+          if (visible && layout)
+            visible = layout->contains(b % layout->batch, h % layout->heads,
+                                       i / spec.sparseBlock,
+                                       j / spec.sparseBlock);
+          s[j] = negInf;
+          if (!visible)
+            continue;
+          double acc = 0;
+          for (int64_t c = 0; c < dqk; ++c)
+            acc += qrow[c] * kf[j * dqk + c];
+          s[j] = acc * scale;
+          m = std::max(m, s[j]);
+        }
+        if (m == negInf)
+          continue; // sees no key: P = 0, no gradient flows through the row
+        double l = 0;
+        for (int64_t j = 0; j < Nkv; ++j)
+          if (s[j] != negInf)
+            l += std::exp(s[j] - m);
+        double delta = 0;
+        for (int64_t j = 0; j < Nkv; ++j) {
+          if (s[j] == negInf)
+            continue;
+          s[j] = std::exp(s[j] - m) / l; // now P
+          double acc = 0;
+          for (int64_t c = 0; c < dv; ++c)
+            acc += dorow[c] * vf[j * dv + c];
+          dp[j] = acc;
+          delta += s[j] * acc;
+        }
+        double *dq = &r.dq[size_t(((b * H + h) * Nq + i) * dqk)];
+        for (int64_t j = 0; j < Nkv; ++j) {
+          if (s[j] == negInf)
+            continue;
+          double pj = s[j], ds = pj * (dp[j] - delta);
+          for (int64_t c = 0; c < dqk; ++c) {
+            dq[c] += scale * ds * kf[j * dqk + c];
+            dkHead[j * dqk + c] += scale * ds * qrow[c];
+          }
+          for (int64_t c = 0; c < dv; ++c)
+            dvHead[j * dv + c] += pj * dorow[c];
+        }
+      }
+    }
+  return r;
+}
+
+double BackwardErrorReport::relErr() const {
+  if (nanCount)
+    return std::numeric_limits<double>::infinity();
+  return std::max({dqRelErr, dkRelErr, dvRelErr});
+}
+
+BackwardErrorReport compareBackward(const AttentionSpec &spec,
+                                    const Problem &,
+                                    const AttentionGrads &g,
+                                    const BackwardReference &ref) {
+  BackwardErrorReport e;
+  auto relErr = [&](const HalfTensor &t, const std::vector<double> &want) {
+    double num = 0, den = 0;
+    size_t at = 0;
+    for (int64_t b = 0; b < t.shape[0]; ++b)
+      for (int64_t h = 0; h < t.shape[1]; ++h)
+        for (int64_t n = 0; n < t.shape[2]; ++n)
+          for (int64_t c = 0; c < t.shape[3]; ++c, ++at) {
+            double x = halfToFloat(spec.dtype, t.at(b, h, n, c));
+            double y = want[at];
+            if (std::isnan(x)) {
+              ++e.nanCount;
+              continue;
+            }
+            num += (x - y) * (x - y);
+            den += y * y;
+          }
+    // A reference of all zeros (every row masked) is matched by exact zeros.
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  };
+  e.dqRelErr = relErr(g.dq, ref.dq);
+  e.dkRelErr = relErr(g.dk, ref.dk);
+  e.dvRelErr = relErr(g.dv, ref.dv);
+  return e;
+}
+
+std::vector<float> widenToFloat(DType dtype, const HalfTensor &t) {
+  std::vector<float> out;
+  out.reserve(size_t(t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]));
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t h = 0; h < t.shape[1]; ++h)
+      for (int64_t n = 0; n < t.shape[2]; ++n)
+        for (int64_t c = 0; c < t.shape[3]; ++c)
+          out.push_back(halfToFloat(dtype, t.at(b, h, n, c)));
+  return out;
 }
 
 double errorBound(DType dtype) { return dtype == DType::BF16 ? 1e-2 : 5e-3; }

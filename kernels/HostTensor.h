@@ -84,6 +84,10 @@ struct BlockSparseLayout {
   /// Throws SpecError if it cannot serve \p problem at \p sparseBlock.
   void checkFits(const Problem &problem, int64_t sparseBlock) const;
   double density() const;
+  /// The KV-major layout the backward's main loop walks: row kb lists, in
+  /// increasing order, the Q blocks whose rows list kb. Its qBlocks field
+  /// counts KV blocks and kvBlocks Q blocks; batch and heads as here.
+  BlockSparseLayout transposed() const;
 };
 
 /// Fresh random inputs: normal(0, 1) rounded to the dtype; outputs poisoned
@@ -119,6 +123,51 @@ ErrorReport compareWithReference(const AttentionSpec &spec,
                                  const Problem &problem,
                                  const AttentionData &data,
                                  const ReferenceResult &ref);
+/// The backward's gradients and its incoming gradient dO. dq is shaped as
+/// q, dk as k, dv as v and dO as o.
+struct AttentionGrads {
+  HalfTensor dO, dq, dk, dv;
+};
+
+/// Fresh random dO (normal(0, 1) rounded to the dtype) and dq, dk, dv
+/// poisoned with NaN. When q, k and v are views of one packed qkv buffer,
+/// dq, dk and dv are views of one such buffer too (as a fused projection's
+/// gradient is).
+AttentionGrads makeRandomGrads(const AttentionSpec &spec,
+                               const Problem &problem,
+                               const AttentionData &data,
+                               std::mt19937_64 &rng);
+
+/// Float64 gradients of the naive attention on the (rounded) inputs:
+/// S = scale Q K^T masked, P = softmax(S) (rows that see no key: P = 0),
+/// dV = P^T dO, dP = dO V^T, D = rowsum(P * dP), dS = P * (dP - D),
+/// dQ = scale dS K, dK = scale dS^T Q; GQA sums dK and dV over the query
+/// heads of a group. Packed: dq [B, H, Nq, dqk], dk [B, Hkv, Nkv, dqk],
+/// dv [B, Hkv, Nkv, dv]. Costs B * H * Nq * Nkv * 2 (dqk + dv) multiply-adds.
+struct BackwardReference {
+  std::vector<double> dq, dk, dv;
+};
+BackwardReference referenceBackward(const AttentionSpec &spec,
+                                    const Problem &problem,
+                                    const AttentionData &data,
+                                    const AttentionGrads &grads,
+                                    const BlockSparseLayout *layout);
+
+/// ||out - ref|| / ||ref|| of each gradient; relErr() is the largest, +inf
+/// if any gradient element is NaN.
+struct BackwardErrorReport {
+  double dqRelErr = 0, dkRelErr = 0, dvRelErr = 0;
+  int64_t nanCount = 0;
+  double relErr() const;
+};
+BackwardErrorReport compareBackward(const AttentionSpec &spec,
+                                    const Problem &problem,
+                                    const AttentionGrads &grads,
+                                    const BackwardReference &ref);
+
+/// A (B, H, N, d) view widened to float32, packed (for .npy output).
+std::vector<float> widenToFloat(DType dtype, const HalfTensor &t);
+
 /// The accepted relative error for \p dtype.
 double errorBound(DType dtype);
 

@@ -11,6 +11,9 @@
 ///
 /// A dense kernel ignores the counts and indices buffers and their strides.
 /// Strides are in elements. Plain C++, shared by compiler and runtime.
+///
+/// The backward pass (namespace bwd below) is three functions that share one
+/// argument list: `@f_preprocess`, `@f` (the main loop) and `@f_dq`.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_KERNELS_KERNELABI_H
@@ -100,6 +103,133 @@ indexArgs(const AttentionSpec &spec, const Problem &p,
   idx[IndicesStrideM] = s.indices[2];
   return idx;
 }
+
+/// The backward kernels' argument list, shared by its three functions:
+///
+///   buffers:  q, k, v, o, do (element type; do shaped as o),
+///             lse (f32 [B, H, Nq], from the forward; -inf: the row sees no
+///             key), delta (f32 [B, H, Nq] workspace: rowsum(do * o)),
+///             dq_accum (f32 [B, H, Nq, dqk] workspace; reserved for a
+///             variant that accumulates dQ with atomics: the CPU kernels
+///             neither read nor write it), dq, dk, dv (element type; shaped
+///             as q, k, v), counts, indices (the forward's BCSR layout,
+///             Q-major), kv_counts, kv_indices (the same layout transposed:
+///             for each (b, h, sparse KV block) the sparse Q blocks that
+///             list it)
+///   indices:  the IndexArg values below, in order
+///   f32:      scale * log2(e), scale
+///   indices:  pid_m, pid_bh
+///
+/// lse, delta and dq_accum are packed. What pid_m and pid_bh mean depends on
+/// the function:
+///   @f_preprocess  pid_m = Q block of Br rows, pid_bh = b * H + h:
+///                  writes delta of those rows.
+///   @f             pid_m = KV block of Bc keys, pid_bh = b * (H / gqa) + hk:
+///                  walks the Q blocks that see the block, for every query
+///                  head of the group, and writes dK and dV of its keys.
+///   @f_dq          pid_m = Q block of Br rows, pid_bh = b * H + h: walks
+///                  the KV blocks its rows see and writes dQ of its rows (dQ
+///                  by a separate pass over Q blocks: deterministic by
+///                  construction).
+/// Run @f_preprocess's grid first; @f and @f_dq only read delta.
+namespace bwd {
+
+enum Buffer : int {
+  Q,
+  K,
+  V,
+  O,
+  DO,
+  Lse,
+  Delta,
+  DqAccum,
+  DQ,
+  DK,
+  DV,
+  Counts,
+  Indices,
+  KvCounts,
+  KvIndices,
+  NumBuffers
+};
+
+enum IndexArg : int {
+  Batch,
+  Heads,
+  SeqQ,
+  SeqKV,
+  QStrideB,
+  QStrideH,
+  QStrideN,
+  KStrideB,
+  KStrideH,
+  KStrideN,
+  VStrideB,
+  VStrideH,
+  VStrideN,
+  OStrideB,
+  OStrideH,
+  OStrideN,
+  DOStrideB,
+  DOStrideH,
+  DOStrideN,
+  DQStrideB,
+  DQStrideH,
+  DQStrideN,
+  DKStrideB,
+  DKStrideH,
+  DKStrideN,
+  DVStrideB,
+  DVStrideH,
+  DVStrideN,
+  WindowLeft,
+  WindowRight,
+  CountsStrideB,
+  CountsStrideH,
+  IndicesStrideB,
+  IndicesStrideH,
+  IndicesStrideM,
+  KvCountsStrideB,
+  KvCountsStrideH,
+  KvIndicesStrideB,
+  KvIndicesStrideH,
+  KvIndicesStrideM,
+  NumIndexArgs
+};
+
+/// The f32 arguments after the index arguments, then pid_m and pid_bh.
+enum ScalarArg : int { ScaleLog2e, Scale, NumF32Args };
+
+/// Suffixes of the three functions' names (the main one has none).
+inline constexpr const char *kPreprocessSuffix = "_preprocess";
+inline constexpr const char *kDqSuffix = "_dq";
+
+inline const char *bufferName(int i) {
+  static const char *names[] = {"q",  "k",  "v",      "o",        "do",
+                                "lse", "delta", "dq_accum", "dq", "dk",
+                                "dv", "counts", "indices", "kv_counts",
+                                "kv_indices"};
+  return names[i];
+}
+inline const char *indexArgName(int i) {
+  static const char *names[] = {
+      "batch",      "heads",      "seq_q",      "seq_kv",     "q_sb",
+      "q_sh",       "q_sn",       "k_sb",       "k_sh",       "k_sn",
+      "v_sb",       "v_sh",       "v_sn",       "o_sb",       "o_sh",
+      "o_sn",       "do_sb",      "do_sh",      "do_sn",      "dq_sb",
+      "dq_sh",      "dq_sn",      "dk_sb",      "dk_sh",      "dk_sn",
+      "dv_sb",      "dv_sh",      "dv_sn",      "win_left",   "win_right",
+      "counts_sb",  "counts_sh",  "indices_sb", "indices_sh", "indices_sm",
+      "kv_counts_sb", "kv_counts_sh", "kv_indices_sb", "kv_indices_sh",
+      "kv_indices_sm"};
+  return names[i];
+}
+inline const char *f32ArgName(int i) {
+  static const char *names[] = {"scale_log2e", "scale"};
+  return names[i];
+}
+
+} // namespace bwd
 
 } // namespace flashjit::abi
 

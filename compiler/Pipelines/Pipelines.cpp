@@ -44,6 +44,10 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   tile.blockM = config.blockM;
   tile.blockN = config.blockN;
   pm.addPass(attn::createTileAttention(tile));
+  attn::TileAttentionBackwardOptions tileBackward;
+  tileBackward.blockM = config.blockM;
+  tileBackward.blockN = config.blockN;
+  pm.addPass(attn::createTileAttentionBackward(tileBackward));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
 }

@@ -37,7 +37,8 @@ struct FlashjitPipelineOptions
       llvm::cl::init(16)};
 };
 
-/// attn -> tiled IR (flashjit-tile-attention, then cleanup).
+/// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
+/// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup).
 void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 
 /// attn -> LLVM dialect for the host: the CPU execution mode.

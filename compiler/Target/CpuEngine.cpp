@@ -83,20 +83,11 @@ MemRef1D describe(void *data, int64_t size) {
 
 namespace flashjit {
 
-struct CpuKernel::Impl {
-  AttentionSpec spec;
-  TileConfig config;
-  std::unique_ptr<MLIRContext> ctx;
-  std::unique_ptr<ExecutionEngine> engine;
-  void (*entry)(void **) = nullptr;
-};
+namespace {
+/// The packed entry point the ExecutionEngine makes for a function.
+using PackedEntry = void (*)(void **);
 
-CpuKernel::CpuKernel(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
-CpuKernel::~CpuKernel() = default;
-const AttentionSpec &CpuKernel::spec() const { return impl->spec; }
-const TileConfig &CpuKernel::config() const { return impl->config; }
-
-static void initializeNativeTarget() {
+void initializeNativeTarget() {
   static bool done = [] {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
@@ -105,16 +96,13 @@ static void initializeNativeTarget() {
   (void)done;
 }
 
-std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
-                                              const TileConfig &config) {
-  spec.validate();
-  config.validate(spec);
+/// Runs the CPU pipeline on the attn stage of \p spec and JIT-compiles it,
+/// with flashjit's half-float builtins registered.
+std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
+                                            const AttentionSpec &spec,
+                                            const TileConfig &config) {
   initializeNativeTarget();
-  auto impl = std::make_unique<Impl>();
-  impl->spec = spec;
-  impl->config = config;
-  impl->ctx = createContext();
-  OwningOpRef<ModuleOp> module = parseAttnModule(*impl->ctx, spec);
+  OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
   runPipeline(*module,
               [&](OpPassManager &pm) { buildCpuPipeline(pm, config); });
 
@@ -128,8 +116,7 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
   if (!engine)
     throw CompileError("CPU JIT failed: " +
                        llvm::toString(engine.takeError()));
-  impl->engine = std::move(*engine);
-  impl->engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
+  (*engine)->registerSymbols([](llvm::orc::MangleAndInterner interner) {
     llvm::orc::SymbolMap map;
     auto add = [&](const char *name, auto *fn) {
       map[interner(name)] = {llvm::orc::ExecutorAddr::fromPtr(fn),
@@ -143,11 +130,101 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
     add("__gnu_h2f_ieee", &flashjit_gnu_h2f_ieee);
     return map;
   });
-  auto entry = impl->engine->lookupPacked(kKernelName);
+  return std::move(*engine);
+}
+
+PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {
+  auto entry = engine.lookupPacked(name);
   if (!entry)
     throw CompileError("CPU JIT: kernel not found: " +
                        llvm::toString(entry.takeError()));
-  impl->entry = *entry;
+  return *entry;
+}
+
+/// Runs \p entry for every (pid_m, pid_bh) in [0, gridM) x [0, gridBH) on
+/// host threads. The argument list is: the buffers, the index arguments, the
+/// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h).
+void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
+             const std::vector<int64_t> &idx, const std::vector<float> &f32s,
+             int64_t gridM, int64_t gridBH) {
+  const int64_t programs = gridM * gridBH;
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    // Each thread owns its argument storage: the packed calling convention
+    // takes one pointer per expanded argument.
+    std::vector<MemRef1D> myBufs = bufs;
+    std::vector<int64_t> myIdx = idx;
+    std::vector<float> myF32s = f32s;
+    int64_t pidM = 0, pidBH = 0;
+    std::vector<void *> args;
+    for (MemRef1D &m : myBufs)
+      args.insert(args.end(), {&m.allocated, &m.aligned, &m.offset, &m.size,
+                               &m.stride});
+    for (int64_t &v : myIdx)
+      args.push_back(&v);
+    for (float &v : myF32s)
+      args.push_back(&v);
+    args.insert(args.end(), {&pidM, &pidBH});
+    for (int64_t t; (t = next.fetch_add(1)) < programs;) {
+      pidM = t % gridM;
+      pidBH = t / gridM;
+      entry(args.data());
+    }
+  };
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = unsigned(std::min<int64_t>(threads, programs));
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i)
+    pool.emplace_back(worker);
+  worker();
+  for (auto &t : pool)
+    t.join();
+}
+
+/// The whole buffer behind a view, from the view's offset on.
+MemRef1D view(const HalfTensor &t) {
+  return describe(t.buffer->data() + t.offset,
+                  int64_t(t.buffer->size()) - t.offset);
+}
+
+/// Checks the layout argument against \p spec and \p p.
+void checkLayoutArg(const AttentionSpec &spec, const Problem &p,
+                    const BlockSparseLayout *layout) {
+  if (spec.blockSparse != (layout != nullptr))
+    throw SpecError(spec.blockSparse
+                        ? "a block-sparse kernel needs a layout"
+                        : "a dense kernel takes no block-sparse layout");
+  if (layout)
+    layout->checkFits(p, spec.sparseBlock);
+}
+} // namespace
+
+struct CpuKernel::Impl {
+  AttentionSpec spec;
+  TileConfig config;
+  std::unique_ptr<MLIRContext> ctx;
+  std::unique_ptr<ExecutionEngine> engine;
+  PackedEntry entry = nullptr;
+};
+
+CpuKernel::CpuKernel(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
+CpuKernel::~CpuKernel() = default;
+const AttentionSpec &CpuKernel::spec() const { return impl->spec; }
+const TileConfig &CpuKernel::config() const { return impl->config; }
+
+std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
+                                              const TileConfig &config) {
+  spec.validate();
+  config.validate(spec);
+  if (spec.direction != Direction::Forward)
+    throw SpecError("CpuKernel runs the forward; the backward is "
+                    "CpuBackwardKernel");
+  auto impl = std::make_unique<Impl>();
+  impl->spec = spec;
+  impl->config = config;
+  impl->ctx = createContext();
+  impl->engine = jitCompile(*impl->ctx, spec, config);
+  impl->entry = lookupEntry(*impl->engine, kKernelName);
   return std::unique_ptr<CpuKernel>(new CpuKernel(std::move(impl)));
 }
 
@@ -155,19 +232,14 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
                     const BlockSparseLayout *layout) const {
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
-  if (spec.blockSparse != (layout != nullptr))
-    throw SpecError(spec.blockSparse
-                        ? "a block-sparse kernel needs a layout"
-                        : "a dense kernel takes no block-sparse layout");
-  if (layout)
-    layout->checkFits(p, spec.sparseBlock);
+  checkLayoutArg(spec, p, layout);
   d.q.checkLayout("q");
   d.k.checkLayout("k");
   d.v.checkLayout("v");
   d.o.checkLayout("o");
 
   auto [left, right] = effectiveWindow(spec, p);
-  int64_t idx[abi::NumIndexArgs] = {};
+  std::vector<int64_t> idx(abi::NumIndexArgs, 0);
   idx[abi::Batch] = p.batch;
   idx[abi::Heads] = p.heads;
   idx[abi::SeqQ] = p.seqLenQ;
@@ -199,48 +271,174 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
                        int64_t(layout->indices.size()));
   }
   float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
-  auto view = [](HalfTensor &t) {
-    return describe(t.buffer->data() + t.offset,
-                    int64_t(t.buffer->size()) - t.offset);
-  };
-  MemRef1D bufs[abi::NumBuffers] = {
+  std::vector<MemRef1D> bufs = {
       view(d.q), view(d.k), view(d.v), view(d.o),
       describe(d.lse.data(), int64_t(d.lse.size())), counts, indices};
 
   const int64_t qBlocks = (p.seqLenQ + impl->config.blockM - 1) /
                           impl->config.blockM;
-  const int64_t programs = qBlocks * p.batch * p.heads;
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    // Each thread owns its argument storage: the packed calling convention
-    // takes one pointer per expanded argument.
-    MemRef1D myBufs[abi::NumBuffers];
-    std::copy(std::begin(bufs), std::end(bufs), myBufs);
-    int64_t myIdx[abi::NumIndexArgs];
-    std::copy(std::begin(idx), std::end(idx), myIdx);
-    float myScale = scaleLog2;
-    int64_t pidM = 0, pidBH = 0;
-    std::vector<void *> args;
-    for (MemRef1D &m : myBufs)
-      args.insert(args.end(), {&m.allocated, &m.aligned, &m.offset, &m.size,
-                               &m.stride});
-    for (int64_t &v : myIdx)
-      args.push_back(&v);
-    args.insert(args.end(), {&myScale, &pidM, &pidBH});
-    for (int64_t t; (t = next.fetch_add(1)) < programs;) {
-      pidM = t % qBlocks;
-      pidBH = t / qBlocks;
-      impl->entry(args.data());
-    }
+  runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
+}
+
+//===----------------------------------------------------------------------===//
+// The backward
+//===----------------------------------------------------------------------===//
+
+struct CpuBackwardKernel::Impl {
+  AttentionSpec spec;
+  TileConfig config;
+  std::unique_ptr<MLIRContext> ctx;
+  std::unique_ptr<ExecutionEngine> engine;
+  PackedEntry preprocess = nullptr, main = nullptr, dq = nullptr;
+};
+
+CpuBackwardKernel::CpuBackwardKernel(std::unique_ptr<Impl> impl)
+    : impl(std::move(impl)) {}
+CpuBackwardKernel::~CpuBackwardKernel() = default;
+const AttentionSpec &CpuBackwardKernel::spec() const { return impl->spec; }
+const TileConfig &CpuBackwardKernel::config() const { return impl->config; }
+
+std::unique_ptr<CpuBackwardKernel>
+CpuBackwardKernel::compile(const AttentionSpec &spec,
+                           const TileConfig &config) {
+  spec.validate();
+  config.validate(spec);
+  if (spec.direction != Direction::Backward)
+    throw SpecError("CpuBackwardKernel needs a backward spec (direction "
+                    "Backward)");
+  auto impl = std::make_unique<Impl>();
+  impl->spec = spec;
+  impl->config = config;
+  impl->ctx = createContext();
+  impl->engine = jitCompile(*impl->ctx, spec, config);
+  std::string name = kKernelName;
+  impl->preprocess =
+      lookupEntry(*impl->engine, name + abi::bwd::kPreprocessSuffix);
+  impl->main = lookupEntry(*impl->engine, name);
+  impl->dq = lookupEntry(*impl->engine, name + abi::bwd::kDqSuffix);
+  return std::unique_ptr<CpuBackwardKernel>(
+      new CpuBackwardKernel(std::move(impl)));
+}
+
+void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
+                            AttentionGrads &g,
+                            const BlockSparseLayout *layout, void *workspace,
+                            int64_t workspaceBytes) const {
+  namespace bwd = abi::bwd;
+  const AttentionSpec &spec = impl->spec;
+  p.validate(spec);
+  checkLayoutArg(spec, p, layout);
+  const std::pair<const HalfTensor *, const char *> views[] = {
+      {&fwd.q, "q"},   {&fwd.k, "k"},   {&fwd.v, "v"},   {&fwd.o, "o"},
+      {&g.dO, "do"},   {&g.dq, "dq"},   {&g.dk, "dk"},   {&g.dv, "dv"}};
+  for (auto [t, name] : views)
+    t->checkLayout(name);
+  auto checkShape = [](const HalfTensor &t, const HalfTensor &like,
+                       const char *what) {
+    if (t.shape != like.shape)
+      throw SpecError(fmt::format("{}: shape ({}, {}, {}, {}) differs from "
+                                  "({}, {}, {}, {})",
+                                  what, t.shape[0], t.shape[1], t.shape[2],
+                                  t.shape[3], like.shape[0], like.shape[1],
+                                  like.shape[2], like.shape[3]));
   };
-  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = unsigned(std::min<int64_t>(threads, programs));
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < threads; ++i)
-    pool.emplace_back(worker);
-  worker();
-  for (auto &t : pool)
-    t.join();
+  checkShape(g.dO, fwd.o, "do (shaped as o)");
+  checkShape(g.dq, fwd.q, "dq (shaped as q)");
+  checkShape(g.dk, fwd.k, "dk (shaped as k)");
+  checkShape(g.dv, fwd.v, "dv (shaped as v)");
+  const int64_t rows = p.batch * p.heads * p.seqLenQ;
+  if (int64_t(fwd.lse.size()) < rows)
+    throw SpecError(fmt::format("lse: {} values, the problem has {} rows",
+                                fwd.lse.size(), rows));
+  const int64_t needBytes = backwardWorkspaceBytes(spec, p);
+  std::vector<float> ownDelta;
+  float *delta = static_cast<float *>(workspace);
+  if (!workspace) {
+    ownDelta.resize(size_t(rows));
+    delta = ownDelta.data();
+  } else if (workspaceBytes < needBytes) {
+    throw SpecError(fmt::format("workspace: {} bytes given, the backward "
+                                "needs {}",
+                                workspaceBytes, needBytes));
+  }
+
+  auto [left, right] = effectiveWindow(spec, p);
+  std::vector<int64_t> idx(bwd::NumIndexArgs, 0);
+  idx[bwd::Batch] = p.batch;
+  idx[bwd::Heads] = p.heads;
+  idx[bwd::SeqQ] = p.seqLenQ;
+  idx[bwd::SeqKV] = p.seqLenKV;
+  auto setStrides = [&](int first, const HalfTensor &t) {
+    for (int i = 0; i < 3; ++i)
+      idx[first + i] = t.strides[i];
+  };
+  setStrides(bwd::QStrideB, fwd.q);
+  setStrides(bwd::KStrideB, fwd.k);
+  setStrides(bwd::VStrideB, fwd.v);
+  setStrides(bwd::OStrideB, fwd.o);
+  setStrides(bwd::DOStrideB, g.dO);
+  setStrides(bwd::DQStrideB, g.dq);
+  setStrides(bwd::DKStrideB, g.dk);
+  setStrides(bwd::DVStrideB, g.dv);
+  idx[bwd::WindowLeft] = left;
+  idx[bwd::WindowRight] = right;
+
+  std::vector<int32_t> noLayout(1, 0);
+  MemRef1D counts = describe(noLayout.data(), 1), indices = counts;
+  MemRef1D kvCounts = counts, kvIndices = counts;
+  BlockSparseLayout kvMajor;
+  if (layout) {
+    kvMajor = layout->transposed();
+    auto cs = layout->countStrides(), is = layout->indexStrides();
+    auto kcs = kvMajor.countStrides(), kis = kvMajor.indexStrides();
+    idx[bwd::CountsStrideB] = cs[0];
+    idx[bwd::CountsStrideH] = cs[1];
+    idx[bwd::IndicesStrideB] = is[0];
+    idx[bwd::IndicesStrideH] = is[1];
+    idx[bwd::IndicesStrideM] = is[2];
+    idx[bwd::KvCountsStrideB] = kcs[0];
+    idx[bwd::KvCountsStrideH] = kcs[1];
+    idx[bwd::KvIndicesStrideB] = kis[0];
+    idx[bwd::KvIndicesStrideH] = kis[1];
+    idx[bwd::KvIndicesStrideM] = kis[2];
+    auto describeI32 = [](const std::vector<int32_t> &v) {
+      return describe(const_cast<int32_t *>(v.data()), int64_t(v.size()));
+    };
+    counts = describeI32(layout->counts);
+    indices = describeI32(layout->indices);
+    kvCounts = describeI32(kvMajor.counts);
+    kvIndices = describeI32(kvMajor.indices);
+  }
+  double scale = p.effectiveScale(spec);
+  std::vector<float> f32s(bwd::NumF32Args);
+  f32s[bwd::ScaleLog2e] = float(scale / std::log(2.0));
+  f32s[bwd::Scale] = float(scale);
+
+  // The kernels neither read nor write dq_accum on the CPU.
+  float noAccum = 0;
+  std::vector<MemRef1D> bufs(bwd::NumBuffers);
+  bufs[bwd::Q] = view(fwd.q);
+  bufs[bwd::K] = view(fwd.k);
+  bufs[bwd::V] = view(fwd.v);
+  bufs[bwd::O] = view(fwd.o);
+  bufs[bwd::DO] = view(g.dO);
+  bufs[bwd::Lse] = describe(const_cast<float *>(fwd.lse.data()), rows);
+  bufs[bwd::Delta] = describe(delta, rows);
+  bufs[bwd::DqAccum] = describe(&noAccum, 1);
+  bufs[bwd::DQ] = view(g.dq);
+  bufs[bwd::DK] = view(g.dk);
+  bufs[bwd::DV] = view(g.dv);
+  bufs[bwd::Counts] = counts;
+  bufs[bwd::Indices] = indices;
+  bufs[bwd::KvCounts] = kvCounts;
+  bufs[bwd::KvIndices] = kvIndices;
+
+  const TileConfig &c = impl->config;
+  const int64_t qBlocks = (p.seqLenQ + c.blockM - 1) / c.blockM;
+  const int64_t kvBlocks = (p.seqLenKV + c.blockN - 1) / c.blockN;
+  runGrid(impl->preprocess, bufs, idx, f32s, qBlocks, p.batch * p.heads);
+  runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec));
+  runGrid(impl->dq, bufs, idx, f32s, qBlocks, p.batch * p.heads);
 }
 
 } // namespace flashjit

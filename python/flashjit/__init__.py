@@ -318,6 +318,7 @@ def _check_torch_inputs(torch, q, k, v):
             raise TypeError(
                 f"flashjit.attention: {name} is a {type(t).__name__}, the "
                 "others torch tensors: pass three torch CUDA tensors")
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
             raise ValueError(
                 f"flashjit.attention: torch tensors must be on a CUDA device, "

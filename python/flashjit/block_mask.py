@@ -15,9 +15,17 @@ use with torch tensors.
 
 import ctypes
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # flashjit imports without numpy; BlockMask needs it
+    np = None
 
 from . import _lib
+
+
+def _need_numpy():
+    if np is None:
+        raise ImportError("flashjit.BlockMask needs numpy (pip install numpy)")
 
 
 def _to_numpy(x):
@@ -31,6 +39,7 @@ class BlockMask:
     """A block-sparse layout of `block_size` x `block_size` blocks."""
 
     def __init__(self, counts, indices, block_size=128):
+        _need_numpy()
         counts = np.ascontiguousarray(_to_numpy(counts), dtype=np.int32)
         indices = np.ascontiguousarray(_to_numpy(indices), dtype=np.int32)
         if counts.ndim != 3 or indices.ndim != 4:
@@ -68,6 +77,7 @@ class BlockMask:
         """From a boolean block matrix [Qb, KVb], [H, Qb, KVb] or
         [B, H, Qb, KVb] (numpy or torch; nonzero = attend). Missing leading
         dimensions broadcast."""
+        _need_numpy()
         dense = _to_numpy(mask)
         if dense.ndim < 2 or dense.ndim > 4:
             raise ValueError(
@@ -93,6 +103,7 @@ class BlockMask:
         attended to entirely -- exact when the mask_mod is constant on each
         block -- otherwise they are dropped. Q and KV block sizes must be
         equal."""
+        _need_numpy()
         bs = getattr(flex_mask, "BLOCK_SIZE", None)
         if bs is None:
             raise TypeError("flashjit.BlockMask.from_flex: expected a "

@@ -343,3 +343,18 @@ def test_bf16_rounding():
     # Ties go to even: 1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6.
     np.testing.assert_array_equal(back[:5], [1.0, 1.0, 1 + 2**-6, -2.5, np.inf])
     assert np.isnan(back[5])
+
+
+def readme_blocks():
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_numpy_example_runs():
+    blocks = [b for b in readme_blocks() if "import numpy" in b]
+    assert blocks
+    for b in blocks:
+        exec(compile(b, "README.md", "exec"), {})

@@ -15,6 +15,12 @@ if ((${#missing[@]})); then
   apt-get update -q
   apt-get install -y -q "${missing[@]}"
 fi
+# The Python binding's tests: numpy and pytest for the python3 on PATH.
+if ! python3 -c "import numpy, pytest" 2>/dev/null; then
+  echo "setup: installing numpy and pytest for $(command -v python3)"
+  python3 -m pip install -q numpy pytest 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages numpy pytest
+fi
 if [[ ! -f /usr/local/cuda/include/cuda.h ]]; then
   echo "setup: warning: /usr/local/cuda/include/cuda.h not found (CUDA 13" \
        "toolkit headers are needed to build the runtime)" >&2

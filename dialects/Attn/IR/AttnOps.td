@@ -29,7 +29,24 @@ def Attn_Dialect : Dialect {
 class Attn_Op<string mnemonic, list<Trait> traits = []>
     : Op<Attn_Dialect, mnemonic, traits>;
 
-def Attn_FlashFwdOp : Attn_Op<"flash_fwd", [Symbol]> {
+/// The fields every kernel description carries (forward and backward alike):
+/// one verifier checks them for both (verifyKernelDescription in AttnOps.cpp).
+class Attn_KernelDescriptionOp<string mnemonic, list<Trait> traits = []>
+    : Attn_Op<mnemonic, !listconcat(traits, [Symbol])> {
+  let arguments = (ins
+    SymbolNameAttr:$sym_name,
+    I64Attr:$head_dim_qk,
+    I64Attr:$head_dim_v,
+    TypeAttr:$element_type,
+    StrAttr:$mask,
+    DefaultValuedAttr<I64Attr, "1">:$gqa,
+    DefaultValuedAttr<I64Attr, "0">:$sparse_block
+  );
+  let assemblyFormat = "$sym_name attr-dict";
+  let hasVerifier = 1;
+}
+
+def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd"> {
   let summary = "A FlashAttention forward kernel, described";
   let description = [{
     Declares the forward attention kernel `@sym_name`:
@@ -49,17 +66,27 @@ def Attn_FlashFwdOp : Attn_Op<"flash_fwd", [Symbol]> {
         sparse_block = 0 : i64}
     ```
   }];
-  let arguments = (ins
-    SymbolNameAttr:$sym_name,
-    I64Attr:$head_dim_qk,
-    I64Attr:$head_dim_v,
-    TypeAttr:$element_type,
-    StrAttr:$mask,
-    DefaultValuedAttr<I64Attr, "1">:$gqa,
-    DefaultValuedAttr<I64Attr, "0">:$sparse_block
-  );
-  let assemblyFormat = "$sym_name attr-dict";
-  let hasVerifier = 1;
+}
+
+def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd"> {
+  let summary = "A FlashAttention backward kernel, described";
+  let description = [{
+    Declares the backward pass `@sym_name` of the attention that the
+    `attn.flash_fwd` with the same fields computes: from Q, K, V, O, dO and
+    the forward's lse (f32, -inf for a row that sees no key), the gradients
+    dQ (shaped as Q), dK (as K) and dV (as V), by recomputation:
+    P = exp(scale * Q K^T - lse) (0 where masked or lse = -inf),
+    D = rowsum(dO * O), dV = P^T dO, dS = P * (dO V^T - D),
+    dQ = scale * dS K, dK = scale * dS^T Q; with GQA, dK and dV of a KV head
+    sum over the query heads of its group. The fields mean what they mean
+    for `attn.flash_fwd`; `flashjit-tile-attention-backward` lowers it.
+
+    ```mlir
+    attn.flash_bwd @attention {element_type = bf16, gqa = 1 : i64,
+        head_dim_qk = 96 : i64, head_dim_v = 96 : i64, mask = "causal",
+        sparse_block = 0 : i64}
+    ```
+  }];
 }
 
 #endif // FLASHJIT_ATTN_OPS

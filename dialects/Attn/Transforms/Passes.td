@@ -30,4 +30,34 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
   ];
 }
 
+def TileAttentionBackward
+    : Pass<"flashjit-tile-attention-backward", "mlir::ModuleOp"> {
+  let summary = "Lower attn.flash_bwd into the tiled FlashAttention-2 backward";
+  let description = [{
+    Replaces each `attn.flash_bwd @f` by three functions that share one
+    argument list (kernels/KernelABI.h, namespace bwd):
+    `@f_preprocess` (one program per Q block of `block-m` rows and
+    (batch, head)) writes D = rowsum(dO * O); `@f` (one program per KV block
+    of `block-n` keys and (batch, KV head)) keeps dK and dV of its keys in
+    fp32 tiles while it walks, for every query head of the GQA group, the Q
+    blocks that see its keys (the band, or the KV-major transposed layout
+    when block-sparse), recomputing P = exp2(S * log2(e) - lse * log2(e))
+    (0 where masked or lse = -inf), dV += P^T dO, dS = P * (dO V^T - D),
+    dK += dS^T Q; `@f_dq` (one program per Q block) walks the KV blocks its
+    rows see, recomputes P and dS, and sums dQ = dS K: dQ by a separate pass
+    over Q blocks, so deterministic by construction and free of atomics.
+    dK and dQ are scaled at the end.
+  }];
+  let dependentDialects = ["mlir::func::FuncDialect", "mlir::scf::SCFDialect",
+                           "mlir::arith::ArithDialect",
+                           "mlir::math::MathDialect",
+                           "mlir::memref::MemRefDialect"];
+  let options = [
+    Option<"blockM", "block-m", "int64_t", "64",
+           "Br: query rows per Q block">,
+    Option<"blockN", "block-n", "int64_t", "64",
+           "Bc: keys per KV block (the main loop's program)">,
+  ];
+}
+
 #endif // FLASHJIT_ATTN_PASSES

@@ -33,6 +33,7 @@
 
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
+#include "dialects/Attn/Transforms/TiledBuilder.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -57,75 +58,18 @@ using namespace flashjit::attn;
 namespace {
 
 /// Builds the tiled function for one attn.flash_fwd op.
-class TiledForwardBuilder {
+class TiledForwardBuilder : flashjit::attn::detail::TiledBuilderBase {
 public:
   TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc)
-      : op(op), b(op.getLoc(), op), br(br), bc(bc),
-        dqk(op.getHeadDimQk()), dv(op.getHeadDimV()),
-        sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
-        elemTy(op.getElementType()), f32(b.getF32Type()),
-        idxTy(b.getIndexType()) {}
+      : TiledBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
+        dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
+        hasBand(op.getMask() != "none"), elemTy(op.getElementType()) {}
 
   func::FuncOp build();
 
 private:
-  // Small constructors, so that the algorithm below reads like the paper.
-  Value cIdx(int64_t v) { return arith::ConstantIndexOp::create(b, v); }
-  Value cF32(double v) {
-    return arith::ConstantOp::create(b, b.getF32FloatAttr(float(v)));
-  }
-  Value add(Value x, Value y) { return arith::AddIOp::create(b, x, y); }
-  Value sub(Value x, Value y) { return arith::SubIOp::create(b, x, y); }
-  Value mul(Value x, Value y) { return arith::MulIOp::create(b, x, y); }
-  Value mulC(Value x, int64_t c) { return mul(x, cIdx(c)); }
-  Value minI(Value x, Value y) { return arith::MinSIOp::create(b, x, y); }
-  Value maxI(Value x, Value y) { return arith::MaxSIOp::create(b, x, y); }
-  Value cmpI(arith::CmpIPredicate p, Value x, Value y) {
-    return arith::CmpIOp::create(b, p, x, y);
-  }
-  Value fadd(Value x, Value y) { return arith::AddFOp::create(b, x, y); }
-  Value fsub(Value x, Value y) { return arith::SubFOp::create(b, x, y); }
-  Value fmul(Value x, Value y) { return arith::MulFOp::create(b, x, y); }
-  Value select(Value c, Value x, Value y) {
-    return arith::SelectOp::create(b, c, x, y);
-  }
-  Value load(Value mem, ValueRange idx) {
-    return memref::LoadOp::create(b, mem, idx);
-  }
-  void store(Value v, Value mem, ValueRange idx) {
-    memref::StoreOp::create(b, v, mem, idx);
-  }
-  /// Loads a 16-bit element and widens it to f32.
-  Value loadF32(Value mem, Value idx) {
-    return arith::ExtFOp::create(b, f32, load(mem, idx));
-  }
   Value arg(int i) { return func.getArgument(i); }
   Value indexArg(abi::IndexArg i) { return arg(abi::NumBuffers + i); }
-
-  /// `for iv = lb to ub { body(iv) }`.
-  template <typename Fn> void forLoop(Value lb, Value ub, Fn &&body) {
-    auto loop = scf::ForOp::create(b, lb, ub, cIdx(1));
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    body(loop.getInductionVar());
-  }
-  /// `for iv = lb to ub iter(acc = init) { acc = body(iv, acc) }`.
-  template <typename Fn> Value forReduce(Value lb, Value ub, Value init,
-                                         Fn &&body) {
-    auto loop = scf::ForOp::create(b, lb, ub, cIdx(1), ValueRange{init});
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value next = body(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
-    scf::YieldOp::create(b, next);
-    return loop.getResult(0);
-  }
-  /// `if (cond) { body() }`.
-  template <typename Fn> void ifThen(Value cond, Fn &&body) {
-    auto ifOp = scf::IfOp::create(b, cond, /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(ifOp.thenBlock());
-    body();
-  }
 
   void loadQTile();
   void initState();
@@ -139,10 +83,9 @@ private:
   void writeOutput();
 
   FlashFwdOp op;
-  ImplicitLocOpBuilder b;
   const int64_t br, bc, dqk, dv, sparseBlock;
   const bool hasBand;
-  Type elemTy, f32, idxTy;
+  Type elemTy;
   func::FuncOp func;
 
   // Values of the program, set up in build().

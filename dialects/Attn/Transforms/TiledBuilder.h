@@ -1,0 +1,99 @@
+//===- TiledBuilder.h - Small IR constructors of the tiling passes -*- C++ -*-//
+//
+/// \file
+/// The scalar and loop constructors that the forward and backward tiling
+/// builders share, so that their algorithms read like the papers. Internal
+/// to dialects/Attn/Transforms.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBUILDER_H
+#define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBUILDER_H
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+
+namespace flashjit::attn::detail {
+
+/// Builds IR before one attn op, at its location.
+class TiledBuilderBase {
+protected:
+  explicit TiledBuilderBase(mlir::Operation *op)
+      : b(op->getLoc(), op), f32(b.getF32Type()), idxTy(b.getIndexType()) {}
+
+  using Value = mlir::Value;
+  Value cIdx(int64_t v) { return mlir::arith::ConstantIndexOp::create(b, v); }
+  Value cF32(double v) {
+    return mlir::arith::ConstantOp::create(b, b.getF32FloatAttr(float(v)));
+  }
+  Value add(Value x, Value y) { return mlir::arith::AddIOp::create(b, x, y); }
+  Value sub(Value x, Value y) { return mlir::arith::SubIOp::create(b, x, y); }
+  Value mul(Value x, Value y) { return mlir::arith::MulIOp::create(b, x, y); }
+  Value mulC(Value x, int64_t c) { return mul(x, cIdx(c)); }
+  Value minI(Value x, Value y) { return mlir::arith::MinSIOp::create(b, x, y); }
+  Value maxI(Value x, Value y) { return mlir::arith::MaxSIOp::create(b, x, y); }
+  Value cmpI(mlir::arith::CmpIPredicate p, Value x, Value y) {
+    return mlir::arith::CmpIOp::create(b, p, x, y);
+  }
+  Value andI(Value x, Value y) { return mlir::arith::AndIOp::create(b, x, y); }
+  Value orI(Value x, Value y) { return mlir::arith::OrIOp::create(b, x, y); }
+  Value fadd(Value x, Value y) { return mlir::arith::AddFOp::create(b, x, y); }
+  Value fsub(Value x, Value y) { return mlir::arith::SubFOp::create(b, x, y); }
+  Value fmul(Value x, Value y) { return mlir::arith::MulFOp::create(b, x, y); }
+  Value select(Value c, Value x, Value y) {
+    return mlir::arith::SelectOp::create(b, c, x, y);
+  }
+  Value load(Value mem, mlir::ValueRange idx) {
+    return mlir::memref::LoadOp::create(b, mem, idx);
+  }
+  void store(Value v, Value mem, mlir::ValueRange idx) {
+    mlir::memref::StoreOp::create(b, v, mem, idx);
+  }
+  /// Loads a 16-bit element and widens it to f32.
+  Value loadF32(Value mem, Value idx) {
+    return mlir::arith::ExtFOp::create(b, f32, load(mem, idx));
+  }
+  /// Rounds an f32 to \p elemTy and back: what a matmul on 16-bit operands
+  /// sees.
+  Value roundTo(mlir::Type elemTy, Value x) {
+    Value low = mlir::arith::TruncFOp::create(b, elemTy, x);
+    return mlir::arith::ExtFOp::create(b, f32, low);
+  }
+  Value indexCast(Value x) {
+    return mlir::arith::IndexCastOp::create(b, idxTy, x);
+  }
+
+  /// `for iv = lb to ub { body(iv) }`.
+  template <typename Fn> void forLoop(Value lb, Value ub, Fn &&body) {
+    auto loop = mlir::scf::ForOp::create(b, lb, ub, cIdx(1));
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    body(loop.getInductionVar());
+  }
+  /// `for iv = lb to ub iter(acc = init) { acc = body(iv, acc) }`.
+  template <typename Fn>
+  Value forReduce(Value lb, Value ub, Value init, Fn &&body) {
+    auto loop =
+        mlir::scf::ForOp::create(b, lb, ub, cIdx(1), mlir::ValueRange{init});
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value next = body(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
+    mlir::scf::YieldOp::create(b, next);
+    return loop.getResult(0);
+  }
+  /// `if (cond) { body() }`.
+  template <typename Fn> void ifThen(Value cond, Fn &&body) {
+    auto ifOp = mlir::scf::IfOp::create(b, cond, /*withElseRegion=*/false);
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    body();
+  }
+
+  mlir::ImplicitLocOpBuilder b;
+  mlir::Type f32, idxTy;
+};
+
+} // namespace flashjit::attn::detail
+
+#endif // FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBUILDER_H

@@ -1,0 +1,279 @@
+//===- CpuBackwardTests.cpp - The tiled backward on the CPU vs float64 ----===//
+//
+/// \file
+/// Runs the forward on the CPU (as a user would: O rounded to the element
+/// type, lse in f32), then the tiled backward (preprocess, the KV-major main
+/// loop, the dQ pass) and compares dQ, dK and dV with the float64 gradients
+/// of the naive attention by relative norm error. Fresh random inputs and dO
+/// every run, gradients poisoned with NaN before the run. The matrix covers
+/// head dims {1, 16, 33, 64, 80, 96, 128, 160, 256, 512}, dqk != dv, N of 1,
+/// 17 and 1000, Nq != Nkv both ways, tiles that do not divide N, causal,
+/// windows, rows that see no key (lse = -inf), GQA, block-sparse layouts
+/// (random, an empty row, full), a packed qkv tensor's strides, bf16, fp16.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Compiler.h"
+#include "kernels/HostTensor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+using namespace flashjit;
+
+namespace {
+
+enum class LayoutKind { Dense, Random, EmptyRow, Full };
+
+struct Case {
+  const char *name;
+  int64_t dqk, dv;
+  DType dtype;
+  MaskKind mask;
+  int64_t gqa;
+  int64_t br, bc;
+  int64_t batch, heads, nq, nkv;
+  int64_t winL = 0, winR = 0;
+  LayoutKind layout = LayoutKind::Dense;
+  int64_t sparseBlock = 128;
+  QKVLayout qkv = QKVLayout::Separate;
+};
+
+std::ostream &operator<<(std::ostream &os, const Case &c) {
+  return os << c.name;
+}
+
+uint64_t freshSeed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
+  int64_t qb = (c.nq + c.sparseBlock - 1) / c.sparseBlock;
+  int64_t kb = (c.nkv + c.sparseBlock - 1) / c.sparseBlock;
+  switch (c.layout) {
+  case LayoutKind::Random:
+    return BlockSparseLayout::random(c.batch, c.heads, qb, kb, 0.5, seed);
+  case LayoutKind::EmptyRow: {
+    // Q block 1 lists no KV block: its rows get lse = -inf, zero dQ and
+    // add nothing to dK and dV. One more block missing, broadcast over
+    // batch and heads.
+    std::vector<uint8_t> dense(size_t(qb * kb), 1);
+    for (int64_t k = 0; k < kb; ++k)
+      dense[size_t(1 * kb + k)] = 0;
+    dense[0] = 0;
+    return BlockSparseLayout::fromDense(1, 1, qb, kb, dense);
+  }
+  case LayoutKind::Full:
+  case LayoutKind::Dense:
+    return BlockSparseLayout::fromDense(
+        1, 1, qb, kb, std::vector<uint8_t>(size_t(qb * kb), 1));
+  }
+  return {};
+}
+
+/// Everything one backward run needs.
+struct BackwardRun {
+  AttentionSpec spec; ///< the forward's; the backward's differs in direction
+  TileConfig config;
+  Problem problem;
+  AttentionData data;
+  AttentionGrads grads;
+  std::unique_ptr<BlockSparseLayout> layout;
+
+  AttentionSpec backwardSpec() const {
+    AttentionSpec s = spec;
+    s.direction = Direction::Backward;
+    return s;
+  }
+};
+
+/// Fresh inputs, the forward run on the CPU (O and lse), fresh dO and
+/// NaN-poisoned gradients.
+BackwardRun prepare(const Case &c, uint64_t seed) {
+  BackwardRun s;
+  s.spec.headDimQK = c.dqk;
+  s.spec.headDimV = c.dv;
+  s.spec.dtype = c.dtype;
+  s.spec.mask = c.mask;
+  s.spec.gqaGroup = c.gqa;
+  s.spec.blockSparse = c.layout != LayoutKind::Dense;
+  s.spec.sparseBlock = c.sparseBlock;
+  s.config.blockM = c.br;
+  s.config.blockN = c.bc;
+  s.problem.batch = c.batch;
+  s.problem.heads = c.heads;
+  s.problem.seqLenQ = c.nq;
+  s.problem.seqLenKV = c.nkv;
+  s.problem.windowLeft = c.winL;
+  s.problem.windowRight = c.winR;
+  std::mt19937_64 rng(seed);
+  s.data = makeRandomInputs(s.spec, s.problem, c.qkv, rng);
+  if (s.spec.blockSparse)
+    s.layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
+  CpuKernel::compile(s.spec, s.config)
+      ->run(s.problem, s.data, s.layout.get());
+  s.grads = makeRandomGrads(s.spec, s.problem, s.data, rng);
+  return s;
+}
+
+class CpuBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuBackward, MatchesFloat64Gradients) {
+  const Case &c = GetParam();
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  BackwardRun s = prepare(c, seed);
+  if (c.qkv == QKVLayout::Packed) {
+    ASSERT_EQ(s.data.q.buffer, s.data.k.buffer) << "case must use packed qkv";
+    ASSERT_EQ(s.grads.dq.buffer, s.grads.dk.buffer) << "and packed grads";
+  }
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  kernel->run(s.problem, s.data, s.grads, s.layout.get());
+
+  BackwardReference ref = referenceBackward(s.spec, s.problem, s.data,
+                                            s.grads, s.layout.get());
+  BackwardErrorReport err = compareBackward(s.spec, s.problem, s.grads, ref);
+  double bound = errorBound(s.spec.dtype);
+  RecordProperty("dq_rel_err", std::to_string(err.dqRelErr));
+  RecordProperty("dk_rel_err", std::to_string(err.dkRelErr));
+  RecordProperty("dv_rel_err", std::to_string(err.dvRelErr));
+  EXPECT_EQ(err.nanCount, 0) << "NaN (or unwritten poisoned) gradients";
+  EXPECT_LT(err.dqRelErr, bound);
+  EXPECT_LT(err.dkRelErr, bound);
+  EXPECT_LT(err.dvRelErr, bound);
+
+  // Rows that see no key (lse = -inf): dQ exactly 0.
+  const Problem &p = s.problem;
+  for (int64_t row = 0; row < p.batch * p.heads * p.seqLenQ; ++row) {
+    if (!(std::isinf(s.data.lse[row]) && s.data.lse[row] < 0))
+      continue;
+    int64_t bh = row / p.seqLenQ, i = row % p.seqLenQ;
+    for (int64_t d = 0; d < c.dqk; ++d)
+      ASSERT_EQ(halfToFloat(s.spec.dtype,
+                            s.grads.dq.at(bh / p.heads, bh % p.heads, i, d)),
+                0.0f)
+          << "row " << row;
+  }
+}
+
+constexpr auto BF = DType::BF16;
+constexpr auto FP = DType::FP16;
+constexpr auto NONE = MaskKind::None;
+constexpr auto CAUSAL = MaskKind::Causal;
+constexpr auto WIN = MaskKind::SlidingWindow;
+
+// clang-format off
+const Case kCases[] = {
+  // name          dqk  dv  dt  mask   g  Br  Bc  B  H   Nq    Nkv
+  {"d1_n17",        1,   1, BF, NONE,  1, 16, 16, 1, 2,   17,   17},
+  {"d16_n1_nkv1",  16,  16, FP, NONE,  1, 16, 16, 1, 1,    1,    1},
+  {"d16_causal_n1000", 16, 16, BF, CAUSAL, 1, 64, 64, 1, 1, 1000, 1000},
+  {"d33_dv64_nq_lt_nkv_causal", 33, 64, BF, CAUSAL, 1, 16, 32, 1, 1, 17, 300},
+  {"d64_fp16_window", 64, 64, FP, WIN, 1, 64, 32, 1, 1, 257, 257, 50, 20},
+  {"d80_gqa4",     80,  80, BF, NONE,  4, 32, 64, 2, 8,   64,   64},
+  {"d96_causal_nq_gt_nkv_empty_rows", 96, 96, BF, CAUSAL, 1, 64, 64, 1, 2, 300, 100},
+  {"d128_sparse_random", 128, 128, BF, NONE, 1, 32, 64, 1, 2, 300, 300, 0, 0, LayoutKind::Random, 64},
+  {"d160_dv128_fp16_sparse_emptyrow_causal", 160, 128, FP, CAUSAL, 1, 64, 32, 1, 2, 256, 256, 0, 0, LayoutKind::EmptyRow, 64},
+  {"d256_sparse_full_window", 256, 256, BF, WIN, 1, 32, 32, 1, 1, 200, 200, 64, 64, LayoutKind::Full, 64},
+  {"d512_dv32_br16_bc32", 512, 32, BF, NONE, 1, 16, 32, 1, 1, 64, 64},
+  {"d32_dv512", 32, 512, FP, CAUSAL, 1, 32, 16, 1, 1, 40, 50},
+  {"d64_packed_qkv_causal", 64, 64, BF, CAUSAL, 1, 48, 40, 2, 4, 200, 200, 0, 0, LayoutKind::Dense, 128, QKVLayout::Packed},
+  {"d128_fp16_window_nq_gt_nkv", 128, 128, FP, WIN, 1, 64, 64, 1, 1, 300, 100, 10, 10},
+  {"d64_gqa2_causal_sparse_random", 64, 64, BF, CAUSAL, 2, 64, 64, 2, 4, 256, 256, 0, 0, LayoutKind::Random, 128},
+  {"d32_dv16_window_left_only", 32, 16, FP, WIN, 1, 16, 16, 1, 1, 100, 140, 5, 0},
+};
+// clang-format on
+
+INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward, ::testing::ValuesIn(kCases),
+                         [](const auto &info) {
+                           return std::string(info.param.name);
+                         });
+
+Case smallCase() {
+  return {"small", 32, 32, BF, CAUSAL, 2, 16, 16, 1, 4, 70, 70};
+}
+
+/// The check must be able to fail: a corrupted dK, or an element never
+/// written, is rejected.
+TEST(CpuBackwardCheck, DetectsWrongAndUnwrittenGradients) {
+  BackwardRun s = prepare(smallCase(), freshSeed());
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  kernel->run(s.problem, s.data, s.grads, nullptr);
+  BackwardReference ref =
+      referenceBackward(s.spec, s.problem, s.data, s.grads, nullptr);
+  ASSERT_LT(compareBackward(s.spec, s.problem, s.grads, ref).relErr(), 1e-2);
+
+  AttentionGrads wrong = s.grads;
+  wrong.dk.buffer = std::make_shared<std::vector<uint16_t>>(*s.grads.dk.buffer);
+  for (int64_t d = 0; d < 32; ++d)
+    wrong.dk.at(0, 1, 5, d) = floatToHalf(s.spec.dtype, 3.0f);
+  BackwardErrorReport e = compareBackward(s.spec, s.problem, wrong, ref);
+  EXPECT_GT(e.dkRelErr, 1e-2);
+  EXPECT_GT(e.relErr(), 1e-2);
+
+  AttentionGrads unwritten = s.grads;
+  unwritten.dv.buffer =
+      std::make_shared<std::vector<uint16_t>>(*s.grads.dv.buffer);
+  unwritten.dv.at(0, 0, 3, 3) = floatToHalf(s.spec.dtype, std::nanf(""));
+  EXPECT_FALSE(std::isfinite(
+      compareBackward(s.spec, s.problem, unwritten, ref).relErr()));
+}
+
+/// dQ by a separate pass: bit-identical gradients run to run, on several
+/// threads; a caller's workspace gives the same bits.
+TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
+  Case c = smallCase();
+  c.nq = c.nkv = 300;
+  BackwardRun s = prepare(c, freshSeed());
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  kernel->run(s.problem, s.data, s.grads, nullptr);
+  AttentionGrads first = s.grads;
+  for (HalfTensor *t : {&first.dq, &first.dk, &first.dv})
+    t->buffer = std::make_shared<std::vector<uint16_t>>(*t->buffer);
+
+  int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), s.problem);
+  EXPECT_EQ(bytes, 4 * s.problem.batch * s.problem.heads * s.problem.seqLenQ);
+  EXPECT_EQ(backwardWorkspaceBytes(s.backwardSpec(), s.problem,
+                                   DqAccumulation::Atomic),
+            bytes * (1 + c.dqk));
+  std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
+  for (int run = 0; run < 3; ++run) {
+    kernel->run(s.problem, s.data, s.grads, nullptr,
+                run == 2 ? workspace.data() : nullptr, bytes);
+    EXPECT_EQ(*s.grads.dq.buffer, *first.dq.buffer) << "run " << run;
+    EXPECT_EQ(*s.grads.dk.buffer, *first.dk.buffer) << "run " << run;
+    EXPECT_EQ(*s.grads.dv.buffer, *first.dv.buffer) << "run " << run;
+  }
+  EXPECT_THROW(kernel->run(s.problem, s.data, s.grads, nullptr,
+                           workspace.data(), bytes - 4),
+               SpecError);
+}
+
+TEST(CpuBackwardCheck, RefusesMismatchedSpecsAndShapes) {
+  BackwardRun s = prepare(smallCase(), freshSeed());
+  EXPECT_THROW(CpuBackwardKernel::compile(s.spec, s.config), SpecError);
+  EXPECT_THROW(CpuKernel::compile(s.backwardSpec(), s.config), SpecError);
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  AttentionGrads bad = s.grads;
+  bad.dk = HalfTensor::packed({1, 4, 70, 32}); // dk shaped as q, not k
+  EXPECT_THROW(kernel->run(s.problem, s.data, bad, nullptr), SpecError);
+}
+
+/// The KV-major layout lists, for each KV block, the Q blocks that list it.
+TEST(CpuBackwardCheck, TransposedLayout) {
+  std::vector<uint8_t> dense = {1, 0, 1, //
+                                0, 0, 0, //
+                                1, 1, 0};
+  auto l = BlockSparseLayout::fromDense(1, 1, 3, 3, dense);
+  auto t = l.transposed();
+  EXPECT_EQ(t.qBlocks, 3);
+  EXPECT_EQ(t.counts, (std::vector<int32_t>{2, 1, 1}));
+  for (int64_t qb = 0; qb < 3; ++qb)
+    for (int64_t kb = 0; kb < 3; ++kb)
+      EXPECT_EQ(t.contains(0, 0, kb, qb), l.contains(0, 0, qb, kb));
+}
+
+} // namespace
