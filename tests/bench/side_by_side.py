@@ -54,7 +54,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # The issue's bar case first: d=128, N=16384, B=1, H=16, non-causal.
 DEFAULT_CASES = "128:16384:n,64:16384:n,96:16384:n,256:16384:n,128:16384:c"
 QUICK_CASES = "128:16384:n,128:4096:c"
-PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "naive")
+PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "naive", "flashjit-py")
 
 torch = None
 TORCH_ERR = None
@@ -229,6 +229,18 @@ class Peers:
             except Exception as e:  # noqa: BLE001
                 self.flex_err = f"flex unavailable: {short(e)}"
 
+    def flashjit_fn(self, c):
+        """flashjit in this process, through the Python binding (ctypes over
+        libflashjit.so), on torch's current stream."""
+        if not hasattr(self, "_flashjit"):
+            os.environ.setdefault("FLASHJIT_LIBRARY",
+                                  os.path.join(ROOT, ".carry", "lib", "libflashjit.so"))
+            sys.path.insert(0, os.path.join(ROOT, "python"))
+            import flashjit as fj_module
+            self._flashjit = fj_module
+        fj_module = self._flashjit
+        return lambda q, k, v: fj_module.attention(q, k, v, causal=c["causal"])
+
     def sdpa(self, backend, causal):
         be = {"sdpa-flash": self.B.FLASH_ATTENTION, "sdpa-cudnn": self.B.CUDNN_ATTENTION}[backend]
         F, kern = self.F, self.k
@@ -354,7 +366,11 @@ def run_case(c, args, peers, t_start):
         else:
             scale = 1 / math.sqrt(c["d"])
             pr["naive"] = time_peer(lambda q, k, v: naive_attn(q, k, v, c["causal"], scale), q, k, v, fl)
-        for p in ("sdpa-cudnn", "flex", "naive"):
+        try:
+            pr["flashjit-py"] = time_peer(peers.flashjit_fn(c), q, k, v, fl)
+        except Exception as e:  # noqa: BLE001
+            pr["flashjit-py"] = dict(error=short(e))
+        for p in ("sdpa-cudnn", "flex", "naive", "flashjit-py"):
             m = pr[p]
             log(f"  {p}: " + (f"{m['ms']:.3f} ms, {m['tflops']:.0f} TFLOP/s" if "ms" in m
                               else m.get("error") and f"ERROR {m['error']}" or f"skipped: {m.get('skipped')}"))
@@ -385,7 +401,8 @@ def table(data):
     rows = []
     meta = data.get("meta", {})
     terr = meta.get("torch_error")
-    hdr = ("d", "N", "causal", "flashjit", "sdpa-flash", "sdpa-cudnn", "flex", "naive", "ratio")
+    hdr = ("d", "N", "causal", "flashjit", "sdpa-flash", "sdpa-cudnn", "flex", "naive",
+           "fj-in-proc", "ratio")
     for r in data.get("cases", []):
         fj = r.get("flashjit", {})
         if fj.get("tflops") is not None:

@@ -67,6 +67,13 @@ for t in "${tests[@]}"; do
   fi
 done
 
+# pytest for the Python binding's torch tests (the GPU machine may lack it).
+mkdir -p .carry/wheels
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_17_x86_64 -d .carry/wheels \
+  pytest pluggy iniconfig packaging >/dev/null 2>&1 ||
+  left_out+=("pytest wheels (pip download failed)")
+
 anchors=../shared/anchors/anchor_bench.py
 if [[ -f $anchors ]]; then
   cp "$anchors" .carry/anchors/anchor_bench.py

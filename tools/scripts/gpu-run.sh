@@ -38,7 +38,7 @@ CARRY=$ROOT/.carry
 FJ=$CARRY/bin/flashjit
 TMPD=$(mktemp -d /tmp/flashjit-run.XXXXXX)
 
-steps=${FLASHJIT_STEPS:-tests,sanitize,bench}
+steps=${FLASHJIT_STEPS:-tests,python,sanitize,bench}
 [[ ${FLASHJIT_NCU:-0} == 1 ]] && steps+=",ncu"
 [[ ${FLASHJIT_ANCHORS:-0} == 1 ]] && steps+=",anchors"
 has_step() { [[ ",$steps," == *",$1,"* ]]; }
@@ -132,6 +132,19 @@ if has_step tests; then
     t_notes+=("no .carry/bin/*-gpu-tests binary (did gpu-prepare.sh run?)")
     echo "no gpu test binaries" >>"$OUT/gpu-tests.log"
   fi
+fi
+
+# -------------------------------------------------------------- 2a. python --
+# The Python binding with torch on the GPU (outputs vs torch's float64 math
+# SDPA, GQA, strides, masks, streams, graphs).
+if has_step python; then
+  if ! python3 -c "import pytest" 2>/dev/null && ls "$CARRY"/wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target "$TMPD/site" "$CARRY"/wheels/*.whl &&
+      export PYTHONPATH="$TMPD/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  say "python binding tests (torch, GPU)"
+  FLASHJIT_LIBRARY=$CARRY/lib/libflashjit.so timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider \
+    python/tests 2>&1 | tee "$OUT/python-tests.log" | tail -5
 fi
 
 # ------------------------------------------------------------ 2b. sanitize --
