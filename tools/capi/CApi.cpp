@@ -23,6 +23,7 @@
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
 #include "runtime/NvJitLink.h"
+#include "tools/engine/KernelProvider.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 
 #if defined(FLASHJIT_VERSION) // the project's version, from CMake
@@ -50,6 +52,9 @@ struct flashjit_handle {
   std::map<std::string, std::shared_ptr<CpuKernel>> cpuKernels;
   std::map<std::string, std::shared_ptr<rt::ForwardKernel>> gpuKernels;
   std::map<int, rt::DeviceInfo> devices;
+  /// Tile configs per (spec, problem class, device): tuned, loaded from the
+  /// disk cache, or (FLASHJIT_AUTOTUNE=0) the heuristic.
+  std::map<std::string, TileConfig> gpuConfigs;
 };
 
 namespace {
@@ -390,6 +395,47 @@ rt::DeviceTensor deviceTensor(const flashjit_tensor &t) {
   return d;
 }
 
+/// The GPU tile config of a forward call: a flag-free first call on a new
+/// (spec, problem class, GPU) tunes on the caller's real inputs (after
+/// synchronising its stream; the outputs are overwritten by the call that
+/// follows), later calls hit the handle's memory, then the disk cache.
+/// FLASHJIT_AUTOTUNE=0, or a stream being captured into a CUDA graph, gets
+/// the heuristic instead (never tuning or synchronising during capture).
+TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
+                           const Problem &p, const rt::DeviceInfo &info,
+                           const rt::ForwardArgs &args,
+                           const GpuTarget &target, CUstream stream) {
+  std::string key = fmt::format("{}|{}|{}|{}", spec.name(),
+                                rt::problemClass(p), info.ordinal,
+                                target.copyBytes);
+  std::lock_guard<std::mutex> lock(h->mutex);
+  if (auto it = h->gpuConfigs.find(key); it != h->gpuConfigs.end())
+    return it->second;
+  rt::DiskCache cache;
+  if (auto tuned = engine::loadTunedConfig(spec, p, info, cache))
+    return h->gpuConfigs[key] = *tuned;
+  const char *env = std::getenv("FLASHJIT_AUTOTUNE");
+  bool autotune = !(env && std::string(env) == "0");
+  if (!autotune)
+    return h->gpuConfigs[key] = chooseConfig(spec, p, &info);
+  if (rt::isStreamCapturing(stream))
+    return chooseConfig(spec, p, &info); // not remembered: tune later
+  rt::CudaDriver::get().synchronize(stream);
+  bool print = std::getenv("FLASHJIT_PRINT_AUTOTUNING") != nullptr;
+  rt::TuneResult r = engine::tuneOnDevice(
+      spec, p, args, target, info, cache,
+      [&](size_t i, size_t n, const rt::TunedCandidate &c) {
+        if (print)
+          fmt::print(stderr, "flashjit: tuning {}: candidate {} of {}: {} "
+                     "{}\n", spec.name(), i + 1, n, c.config.toJson(),
+                     c.error.empty() ? fmt::format("{:.4f} ms", c.ms)
+                                     : "failed");
+      });
+  if (print)
+    fmt::print(stderr, "{}", rt::formatTuneTable(r));
+  return h->gpuConfigs[key] = r.best;
+}
+
 void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const Problem &p, const flashjit_tensor &q,
                  const flashjit_tensor &k, const flashjit_tensor &v,
@@ -399,11 +445,6 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
     invalid("lse is NULL: on CUDA the kernel always writes lse (fp32 "
             "[B, H, Nq])");
   auto [context, info] = currentDevice(h);
-  TileConfig config = chooseConfig(spec, p, &info);
-  std::string problem =
-      gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
-  if (!problem.empty())
-    invalid(problem);
 
   rt::ForwardArgs args;
   args.q = deviceTensor(q);
@@ -423,6 +464,14 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
   target.driverVersion = info.driverVersion;
   target.copyBytes = rt::chooseCopyBytes(args);
 
+  CUstream cuStream = static_cast<CUstream>(stream);
+  TileConfig config =
+      chooseGpuConfig(h, spec, p, info, args, target, cuStream);
+  std::string problem =
+      gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
+  if (!problem.empty())
+    invalid(problem);
+
   std::string key =
       kernelKey(spec, config, target.copyBytes, target.arch, context);
   std::shared_ptr<rt::ForwardKernel> kernel;
@@ -432,14 +481,15 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
     if (it != h->gpuKernels.end()) {
       kernel = it->second;
     } else {
-      std::string ptx = compileToPtx(spec, config, target);
-      rt::CubinResult cubin = rt::ptxToCubin(ptx, target.arch);
-      kernel = std::make_shared<rt::ForwardKernel>(cubin.cubin, spec, config,
+      // Memory, then the disk cache, then a compile.
+      rt::DiskCache cache;
+      engine::CubinBuild b = engine::buildCubin(spec, config, target, cache);
+      kernel = std::make_shared<rt::ForwardKernel>(b.cubin, spec, config,
                                                    target.copyBytes);
       h->gpuKernels.emplace(key, kernel);
     }
   }
-  kernel->launch(p, args, static_cast<CUstream>(stream));
+  kernel->launch(p, args, cuStream);
 }
 
 } // namespace
@@ -589,8 +639,23 @@ flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
     p.validate(s);
     TileConfig c;
     if (handle->device == FLASHJIT_DEVICE_CUDA) {
+      // What the next forward would use without tuning: a config tuned on
+      // this GPU for this problem class (memory or disk), else the
+      // heuristic.
       rt::DeviceInfo info = currentDevice(handle).second;
-      c = chooseConfig(s, p, &info);
+      rt::DiskCache cache;
+      std::optional<TileConfig> tuned;
+      {
+        std::lock_guard<std::mutex> lock(handle->mutex);
+        std::string prefix =
+            fmt::format("{}|{}|{}|", s.name(), rt::problemClass(p), info.ordinal);
+        for (auto &[key, config] : handle->gpuConfigs)
+          if (key.rfind(prefix, 0) == 0)
+            tuned = config;
+      }
+      if (!tuned)
+        tuned = engine::loadTunedConfig(s, p, info, cache);
+      c = tuned ? *tuned : chooseConfig(s, p, &info);
     } else {
       c = chooseConfig(s, p, nullptr);
     }

@@ -212,7 +212,11 @@ flashjit_backward(flashjit_handle *handle, const flashjit_spec *spec,
 /* ---------------------------------------------------------------------- */
 
 /** The tiling flashjit_forward uses for \p spec on this problem:
- *  out = {block_m, block_n, warps, stages}. */
+ *  out = {block_m, block_n, warps, stages}: on CUDA a config tuned on this
+ *  GPU for this problem class (memory or the disk cache) if any, else the
+ *  heuristic. The first flashjit_forward of a new (spec, problem class,
+ *  GPU) tunes on its inputs unless FLASHJIT_AUTOTUNE=0 or the stream is
+ *  being captured. */
 FLASHJIT_API flashjit_status
 flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
                        int64_t batch, int64_t heads, int64_t seq_len_q,

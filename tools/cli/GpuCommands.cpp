@@ -1,7 +1,6 @@
 //===- GpuCommands.cpp - The CLI's GPU side -------------------------------===//
 
 #include "tools/cli/GpuCommands.h"
-#include "compiler/Target/PTXEmitter.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/CudaDriver.h"
@@ -22,60 +21,6 @@ double msSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now() - start)
       .count();
-}
-
-/// The cubin cache key: everything that changes the bytes.
-rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target) {
-  rt::CacheKey key;
-  key.add("version", FLASHJIT_VERSION)
-      .add("pipeline", gpuPipelineText(config, target.copyBytes))
-      .add("spec", spec.toJson())
-      .add("config", config.toJson())
-      .add("copy_bytes", std::to_string(target.copyBytes))
-      .add("arch", target.arch)
-      // The PTX ISA is a function of (arch, driver); naming the driver keeps
-      // a cache hit from having to ask LLVM for the arch's minimum.
-      .add("ptx_isa", target.driverVersion > 0
-                          ? fmt::format("for driver {}", target.driverVersion)
-                          : std::to_string(choosePtxVersion(target.arch, 0)))
-      .add("nvjitlink", rt::nvJitLinkVersionString());
-  return key;
-}
-
-/// The tuning key: spec, problem class, GPU identity.
-rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
-                       const rt::DeviceInfo &info) {
-  rt::CacheKey key;
-  key.add("version", FLASHJIT_VERSION)
-      .add("spec", spec.toJson())
-      .add("problem_class", rt::problemClass(p))
-      .add("gpu_name", info.name)
-      .add("gpu_cc", fmt::format("{}.{}", info.ccMajor, info.ccMinor))
-      .add("gpu_sms", std::to_string(info.smCount))
-      .add("driver", std::to_string(info.driverVersion));
-  return key;
-}
-
-/// Cached cubins start with one line "registers=R spill=S".
-std::vector<char> packCubin(const CubinBuild &b) {
-  std::string head =
-      fmt::format("registers={} spill={}\n", b.registers, b.spillBytes);
-  std::vector<char> out(head.begin(), head.end());
-  out.insert(out.end(), b.cubin.begin(), b.cubin.end());
-  return out;
-}
-
-bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
-  auto nl = std::find(payload.begin(), payload.end(), '\n');
-  if (nl == payload.end())
-    return false;
-  std::string head(payload.begin(), nl);
-  if (std::sscanf(head.c_str(), "registers=%d spill=%d", &b.registers,
-                  &b.spillBytes) != 2)
-    return false;
-  b.cubin.assign(nl + 1, payload.end());
-  return b.cubin.size() > 4;
 }
 
 /// A host problem's tensors on the device; q, k, v views of one host buffer
@@ -124,25 +69,6 @@ struct DeviceProblem {
   }
 };
 
-/// Median of \p repeats launches, each timed alone, after a warm-up.
-std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
-                                       const Problem &p,
-                                       const rt::ForwardArgs &args,
-                                       int64_t repeats) {
-  for (int i = 0; i < 3; ++i)
-    kernel.launch(p, args, nullptr);
-  std::vector<double> times;
-  rt::EventTimer timer;
-  for (int64_t i = 0; i < repeats; ++i) {
-    timer.start(nullptr);
-    kernel.launch(p, args, nullptr);
-    timer.stop(nullptr);
-    times.push_back(timer.elapsedMs());
-  }
-  std::sort(times.begin(), times.end());
-  return {times[times.size() / 2], times.front()};
-}
-
 } // namespace
 
 bool gpuFound() {
@@ -167,29 +93,6 @@ GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes) {
   if (!o.target.empty())
     t.arch = o.target;
   return t;
-}
-
-CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, rt::DiskCache &cache) {
-  auto t0 = std::chrono::steady_clock::now();
-  rt::CacheKey key = cubinKey(spec, config, target);
-  CubinBuild b;
-  if (auto payload = cache.load("cubin", key, b.cache)) {
-    if (unpackCubin(*payload, b)) {
-      b.prepareMs = msSince(t0);
-      return b;
-    }
-    b.cache = rt::CacheStatus::Rebuilt;
-  }
-  std::string ptx = compileToPtx(spec, config, target);
-  rt::CubinResult r = rt::ptxToCubin(ptx, target.arch);
-  rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
-  b.cubin = std::move(r.cubin);
-  b.registers = use.registers;
-  b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes;
-  cache.store("cubin", key, packCubin(b));
-  b.prepareMs = msSince(t0);
-  return b;
 }
 
 double forwardFlops(const AttentionSpec &spec, const Problem &p) {
@@ -227,28 +130,12 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
 
   // The config: flags, else a tuning result for this GPU and problem class
   // (tuning now if asked), else the heuristic.
-  rt::CacheKey tuneKey = tuningKey(spec, p, info);
   r.config = o.config;
   r.configSource = o.configFromFlags ? "flags" : "heuristic";
   if (tune) {
-    rt::TuneLimits limits;
-    limits.maxSharedBytes = info.maxSharedPerBlockOptin;
-    limits.maxThreadsPerBlock = info.maxThreadsPerBlock;
-    limits.registersPerBlock = info.regsPerBlock;
-    auto candidates = rt::tuningCandidates(spec, limits);
     bool verbose = !o.json || std::getenv("FLASHJIT_PRINT_AUTOTUNING");
-    rt::TuneResult result = rt::autotune(
-        candidates,
-        [&](const TileConfig &c, int &regs, int &spill) {
-          CubinBuild b = buildCubin(spec, c, target, cache);
-          regs = b.registers;
-          spill = b.spillBytes;
-          return b.cubin;
-        },
-        [&](const TileConfig &c, const std::vector<char> &cubin) {
-          rt::ForwardKernel kernel(cubin, spec, c, r.copyBytes);
-          return timeLaunches(kernel, p, dev.args, 5).first;
-        },
+    rt::TuneResult result = engine::tuneOnDevice(
+        spec, p, dev.args, target, info, cache,
         [&](size_t i, size_t n, const rt::TunedCandidate &c) {
           if (!verbose)
             return;
@@ -262,6 +149,8 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
                        c.config.warps);
         });
     r.tuneTable = rt::formatTuneTable(result);
+    r.tuneTable += fmt::format("compile {:.1f} s, timing {:.1f} s\n",
+                               result.compileSeconds, result.timeSeconds);
     r.tuneJson = "[";
     for (const rt::TunedCandidate &c : result.table)
       r.tuneJson += fmt::format(
@@ -271,27 +160,14 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
           c.spillBytes);
     r.tuneJson += fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
                               result.compileSeconds, result.timeSeconds);
-    r.tuneTable += fmt::format("compile {:.1f} s, timing {:.1f} s\n",
-                               result.compileSeconds, result.timeSeconds);
-    std::string text = result.best.toJson();
-    cache.store("tuning", tuneKey, std::vector<char>(text.begin(), text.end()));
     if (!o.configFromFlags) {
       r.config = result.best;
       r.configSource = "tuned";
     }
   } else if (!o.configFromFlags) {
-    rt::CacheStatus status;
-    if (auto payload = cache.load("tuning", tuneKey, status)) {
-      TileConfig tuned;
-      std::string text(payload->begin(), payload->end());
-      if (std::sscanf(text.c_str(),
-                      "{\"block_m\":%ld,\"block_n\":%ld,\"warps\":%ld,"
-                      "\"stages\":%ld}",
-                      &tuned.blockM, &tuned.blockN, &tuned.warps,
-                      &tuned.stages) == 4) {
-        r.config = tuned;
-        r.configSource = "tuned";
-      }
+    if (auto tuned = engine::loadTunedConfig(spec, p, info, cache)) {
+      r.config = *tuned;
+      r.configSource = "tuned";
     }
   }
   std::string problem =
@@ -299,7 +175,7 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
   if (!problem.empty())
     throw SpecError(problem);
 
-  r.build = buildCubin(spec, r.config, target, cache);
+  r.build = engine::buildCubin(spec, r.config, target, cache);
   r.compileMs = r.build.prepareMs;
   auto t0 = std::chrono::steady_clock::now();
   rt::ForwardKernel kernel(r.build.cubin, spec, r.config, r.copyBytes);
@@ -311,7 +187,8 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
   driver.synchronize();
   dev.o.download(data.o.buffer->data(), data.o.buffer->size() * 2);
   dev.lse.download(data.lse.data(), data.lse.size() * 4);
-  std::tie(r.medianMs, r.minMs) = timeLaunches(kernel, p, dev.args, repeats);
+  std::tie(r.medianMs, r.minMs) =
+      engine::timeLaunches(kernel, p, dev.args, repeats);
   return r;
 }
 

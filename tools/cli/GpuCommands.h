@@ -14,6 +14,7 @@
 #include "kernels/HostTensor.h"
 #include "runtime/Autotuner.h"
 #include "runtime/DiskCache.h"
+#include "tools/engine/KernelProvider.h"
 #include "tools/cli/CliOptions.h"
 
 #include <string>
@@ -27,18 +28,7 @@ bool gpuFound();
 /// The --target to compile for: the flag, else the GPU's, else sm_90a.
 GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes);
 
-/// A cubin and what ptxas said about it.
-struct CubinBuild {
-  std::vector<char> cubin;
-  int registers = -1, spillBytes = 0;
-  rt::CacheStatus cache = rt::CacheStatus::Miss;
-  double prepareMs = 0; ///< flashjit's own time: cache lookup or compile
-};
-
-/// The cubin for (spec, config, target): from the on-disk cache, else
-/// compiled (PTX -> nvJitLink) and stored.
-CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, rt::DiskCache &cache);
+using engine::CubinBuild;
 
 /// One GPU run: poisoned outputs, one checked launch, then timed launches.
 struct GpuRunResult {
