@@ -447,7 +447,6 @@ BackwardReference referenceBackward(const AttentionSpec &spec,
         for (int64_t j = 0; j < Nkv; ++j)
           if (s[j] != negInf)
             l += std::exp(s[j] - m);
-        double delta = 0;
         for (int64_t j = 0; j < Nkv; ++j) {
           if (s[j] == negInf)
             continue;
@@ -456,8 +455,12 @@ BackwardReference referenceBackward(const AttentionSpec &spec,
           for (int64_t c = 0; c < dv; ++c)
             acc += dorow[c] * vf[j * dv + c];
           dp[j] = acc;
-          delta += s[j] * acc;
         }
+        // D = rowsum(P * dP) = rowsum(dO * O), from the O the backward is
+        // given (the forward's, rounded to the element type): see the header.
+        double delta = 0;
+        for (int64_t c = 0; c < dv; ++c)
+          delta += dorow[c] * widen(d.o.at(b, h, i, c));
         double *dq = &r.dq[size_t(((b * H + h) * Nq + i) * dqk)];
         for (int64_t j = 0; j < Nkv; ++j) {
           if (s[j] == negInf)

@@ -140,9 +140,13 @@ AttentionGrads makeRandomGrads(const AttentionSpec &spec,
 
 /// Float64 gradients of the naive attention on the (rounded) inputs:
 /// S = scale Q K^T masked, P = softmax(S) (rows that see no key: P = 0),
-/// dV = P^T dO, dP = dO V^T, D = rowsum(P * dP), dS = P * (dP - D),
+/// dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D),
 /// dQ = scale dS K, dK = scale dS^T Q; GQA sums dK and dV over the query
-/// heads of a group. Packed: dq [B, H, Nq, dqk], dk [B, Hkv, Nkv, dqk],
+/// heads of a group. D = rowsum(P * dP) for the exact O; the reference takes
+/// it from data.o, the O the backward is given (the forward's output rounded
+/// to the element type, as a user has it), since that rounding alone moves
+/// dS = P * (dP - D) by up to ~1e-2 relative at small head dims where P is
+/// peaked (dP - D is small there). So data.o must hold the forward's output. Packed: dq [B, H, Nq, dqk], dk [B, Hkv, Nkv, dqk],
 /// dv [B, Hkv, Nkv, dv]. Costs B * H * Nq * Nkv * 2 (dqk + dv) multiply-adds.
 struct BackwardReference {
   std::vector<double> dq, dk, dv;

@@ -15,6 +15,7 @@
 
 #include "compiler/Compiler.h"
 #include "kernels/HostTensor.h"
+#include "tools/cli/CliOptions.h"
 
 #include <gtest/gtest.h>
 
@@ -168,7 +169,7 @@ constexpr auto WIN = MaskKind::SlidingWindow;
 // clang-format off
 const Case kCases[] = {
   // name          dqk  dv  dt  mask   g  Br  Bc  B  H   Nq    Nkv
-  {"d1_n17",        1,   1, BF, NONE,  1, 16, 16, 1, 2,   17,   17},
+  {"d1_n17",        1,   1, BF, NONE,  1, 16, 16, 2, 8,   17,   17},
   {"d16_n1_nkv1",  16,  16, FP, NONE,  1, 16, 16, 1, 1,    1,    1},
   {"d16_causal_n1000", 16, 16, BF, CAUSAL, 1, 64, 64, 1, 1, 1000, 1000},
   {"d33_dv64_nq_lt_nkv_causal", 33, 64, BF, CAUSAL, 1, 16, 32, 1, 1, 17, 300},
@@ -274,6 +275,31 @@ TEST(CpuBackwardCheck, TransposedLayout) {
   for (int64_t qb = 0; qb < 3; ++qb)
     for (int64_t kb = 0; kb < 3; ++kb)
       EXPECT_EQ(t.contains(0, 0, kb, qb), l.contains(0, 0, qb, kb));
+}
+
+/// --backward selects the backward description (attn.flash_bwd), which
+/// validates; its GPU stages are a named SpecError.
+TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
+  const char *argv[] = {"flashjit", "run", "--backward", "--head-dim", "40",
+                        "--head-dim-v", "24", "--causal"};
+  cli::CliOptions o = cli::parseCommandLine(8, argv);
+  EXPECT_EQ(o.spec.direction, Direction::Backward);
+  EXPECT_NO_THROW(o.spec.validate());
+  std::string text = attnModuleText(o.spec, "k");
+  EXPECT_NE(text.find("attn.flash_bwd @k"), std::string::npos) << text;
+  EXPECT_NE(o.spec.name().find("bwd_"), std::string::npos);
+  EXPECT_NE(emitStage(o.spec, o.config, Stage::Tiled).find("@attention_dq("),
+            std::string::npos);
+  for (Stage st : {Stage::Gpu, Stage::Llvm, Stage::Ptx}) {
+    try {
+      emitStage(o.spec, o.config, st);
+      FAIL() << "expected a SpecError";
+    } catch (const SpecError &e) {
+      EXPECT_NE(std::string(e.what()).find("GPU backward is not implemented"),
+                std::string::npos);
+    }
+  }
+  EXPECT_THROW(compileToPtx(o.spec, o.config, GpuTarget{}), SpecError);
 }
 
 } // namespace

@@ -13,6 +13,7 @@
 #include "kernels/HostTensor.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
+#include "tools/cli/BackwardCommand.h"
 #include "tools/cli/CliOptions.h"
 #include "tools/cli/GpuCommands.h"
 
@@ -49,6 +50,7 @@ double msSince(std::chrono::steady_clock::time_point start) {
 
 int runCompile(const CliOptions &o) {
   Stage stage = parseStage(o.emit);
+  checkBackwardStage(o, stage); // the backward has no GPU stages yet
   GpuTarget target = resolveTarget(o, /*copyBytes=*/16);
   if (stage == Stage::Cubin) {
     if (o.outputPath.empty())
@@ -258,6 +260,8 @@ int dispatch(int argc, const char *const *argv) {
     return runCompile(o);
   if (o.command == "cache")
     return runCacheCommand(o);
+  if (o.spec.direction == Direction::Backward)
+    return runBackward(o);
   return runRun(o);
 }
 

@@ -86,6 +86,11 @@ std::string helpText(const std::string &command) {
          "                       0/1 per sparse KV block (broadcast over B, "
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
+         "  --backward           the backward pass (dQ, dK, dV; CPU only so\n"
+         "                       far): `run` runs the forward, then the\n"
+         "                       backward on random dO, and checks the three\n"
+         "                       gradients (--dump-io adds do, dq, dk, dv);\n"
+         "                       `compile` emits attn, tiled or cpu-llvm\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head)\n"
@@ -224,6 +229,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   };
   std::map<std::string, std::function<void()>> flags = {
       {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
+      {"--backward", [&] { o.spec.direction = Direction::Backward; }},
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},

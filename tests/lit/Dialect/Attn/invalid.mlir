@@ -46,3 +46,25 @@ module {
 // expected-error @+1 {{head_dim_qk must be in [1, 512], got -5}}
 attn.flash_fwd @a {element_type = bf16, head_dim_qk = -5 : i64, head_dim_v = 64 : i64, mask = "none"}
 }
+
+// -----
+
+// attn.flash_bwd shares the forward's verifier.
+// expected-error @+2 {{head_dim_v must be in [1, 512], got 513}}
+module {
+attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 513 : i64, mask = "none"}
+}
+
+// -----
+
+// expected-error @+2 {{mask must be "none", "causal" or "sliding_window", got "full"}}
+module {
+attn.flash_bwd @a {element_type = f16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "full"}
+}
+
+// -----
+
+// expected-error @+2 {{element_type must be bf16 or f16, got 'f64'}}
+module {
+attn.flash_bwd @a {element_type = f64, gqa = 0 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"}
+}

@@ -22,3 +22,15 @@ attn.flash_fwd @defaults {element_type = f16, head_dim_qk = 33 : i64, head_dim_v
 module {
 attn.flash_fwd @sparse_gqa_window {element_type = bf16, gqa = 4 : i64, head_dim_qk = 512 : i64, head_dim_v = 1 : i64, mask = "sliding_window", sparse_block = 64 : i64}
 }
+
+// The backward carries the same fields (and the same defaults).
+// CHECK-LABEL: attn.flash_bwd @backward
+// CHECK-SAME: element_type = f16, gqa = 2 : i64
+// CHECK-SAME: head_dim_qk = 160 : i64, head_dim_v = 128 : i64
+// CHECK-SAME: mask = "causal", sparse_block = 64 : i64
+// CHECK-LABEL: attn.flash_bwd @backward_defaults
+// CHECK-SAME: head_dim_qk = 1 : i64, head_dim_v = 512 : i64, mask = "none"}
+module {
+attn.flash_bwd @backward {element_type = f16, gqa = 2 : i64, head_dim_qk = 160 : i64, head_dim_v = 128 : i64, mask = "causal", sparse_block = 64 : i64}
+attn.flash_bwd @backward_defaults {element_type = bf16, head_dim_qk = 1 : i64, head_dim_v = 512 : i64, mask = "none"}
+}
