@@ -19,24 +19,6 @@ double msSince(std::chrono::steady_clock::time_point start) {
 }
 
 /// The block-sparse layout of --layout or --block-sparse (nullptr if dense).
-std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
-                                                     uint64_t seed) {
-  const AttentionSpec &spec = o.spec;
-  const Problem &p = o.problem;
-  if (!spec.blockSparse)
-    return nullptr;
-  int64_t sb = spec.sparseBlock;
-  auto layout = std::make_unique<BlockSparseLayout>(
-      !o.layoutPath.empty()
-          ? BlockSparseLayout::readText(o.layoutPath)
-          : BlockSparseLayout::random(p.batch, p.heads,
-                                      (p.seqLenQ + sb - 1) / sb,
-                                      (p.seqLenKV + sb - 1) / sb, *o.density,
-                                      seed));
-  layout->checkFits(p, sb);
-  return layout;
-}
-
 void dumpBackwardIO(const std::string &dir, const AttentionSpec &spec,
                     const Problem &p, const AttentionData &d,
                     const AttentionGrads &g, const BlockSparseLayout *layout) {

@@ -147,18 +147,7 @@ int runRun(const CliOptions &o) {
 
   std::random_device entropy;
   uint64_t layoutSeed = o.seedGiven ? o.seed : entropy();
-  std::unique_ptr<BlockSparseLayout> layout;
-  if (spec.blockSparse) {
-    int64_t sb = spec.sparseBlock;
-    if (!o.layoutPath.empty())
-      layout = std::make_unique<BlockSparseLayout>(
-          BlockSparseLayout::readText(o.layoutPath));
-    else
-      layout = std::make_unique<BlockSparseLayout>(BlockSparseLayout::random(
-          p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
-          (p.seqLenKV + sb - 1) / sb, *o.density, layoutSeed));
-    layout->checkFits(p, sb);
-  }
+  std::unique_ptr<BlockSparseLayout> layout = layoutFromOptions(o, layoutSeed);
   // Fresh inputs every run; the seed is reported so a failure can be replayed.
   uint64_t inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
   std::mt19937_64 rng(inputSeed);

@@ -2,6 +2,7 @@
 
 #include "tools/cli/CliOptions.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/HostTensor.h"
 
 #include <cerrno>
 #include <cstdlib>
@@ -306,6 +307,26 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (o.command != "compile") // compile needs no problem
     o.problem.validate(o.spec);
   return o;
+}
+
+/// The block-sparse layout the options describe (nullptr when dense):
+/// --layout FILE, else a random one of --block-sparse DENSITY from \p seed.
+std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
+                                                     uint64_t seed) {
+  const AttentionSpec &spec = o.spec;
+  const Problem &p = o.problem;
+  if (!spec.blockSparse)
+    return nullptr;
+  int64_t sb = spec.sparseBlock;
+  auto layout = std::make_unique<BlockSparseLayout>(
+      !o.layoutPath.empty()
+          ? BlockSparseLayout::readText(o.layoutPath)
+          : BlockSparseLayout::random(p.batch, p.heads,
+                                      (p.seqLenQ + sb - 1) / sb,
+                                      (p.seqLenKV + sb - 1) / sb, *o.density,
+                                      seed));
+  layout->checkFits(p, sb);
+  return layout;
 }
 
 } // namespace flashjit::cli

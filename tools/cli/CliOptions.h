@@ -11,9 +11,14 @@
 
 #include "kernels/AttentionSpec.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace flashjit {
+struct BlockSparseLayout;
+}
 
 namespace flashjit::cli {
 
@@ -44,6 +49,11 @@ struct CliOptions {
 
 /// Parses argv[1..]; throws SpecError on an unknown flag or a bad value.
 CliOptions parseCommandLine(int argc, const char *const *argv);
+
+/// The block-sparse layout the options describe (nullptr when dense), its
+/// fit to the problem checked; random layouts come from \p seed.
+std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
+                                                     uint64_t seed);
 
 /// The --help text of \p command ("" for the top level).
 std::string helpText(const std::string &command);
