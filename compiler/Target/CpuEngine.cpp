@@ -238,38 +238,24 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   d.v.checkLayout("v");
   d.o.checkLayout("o");
 
-  auto [left, right] = effectiveWindow(spec, p);
-  std::vector<int64_t> idx(abi::NumIndexArgs, 0);
-  idx[abi::Batch] = p.batch;
-  idx[abi::Heads] = p.heads;
-  idx[abi::SeqQ] = p.seqLenQ;
-  idx[abi::SeqKV] = p.seqLenKV;
-  auto setStrides = [&](int first, const HalfTensor &t) {
-    for (int i = 0; i < 3; ++i)
-      idx[first + i] = t.strides[i];
-  };
-  setStrides(abi::QStrideB, d.q);
-  setStrides(abi::KStrideB, d.k);
-  setStrides(abi::VStrideB, d.v);
-  setStrides(abi::OStrideB, d.o);
-  idx[abi::WindowLeft] = left;
-  idx[abi::WindowRight] = right;
+  abi::TensorStrides strides;
+  strides.q = d.q.strides;
+  strides.k = d.k.strides;
+  strides.v = d.v.strides;
+  strides.o = d.o.strides;
   std::vector<int32_t> noLayout(1, 0);
   MemRef1D counts = describe(noLayout.data(), 1);
   MemRef1D indices = describe(noLayout.data(), 1);
   if (layout) {
-    auto cs = layout->countStrides();
-    auto is = layout->indexStrides();
-    idx[abi::CountsStrideB] = cs[0];
-    idx[abi::CountsStrideH] = cs[1];
-    idx[abi::IndicesStrideB] = is[0];
-    idx[abi::IndicesStrideH] = is[1];
-    idx[abi::IndicesStrideM] = is[2];
+    strides.counts = layout->countStrides();
+    strides.indices = layout->indexStrides();
     counts = describe(const_cast<int32_t *>(layout->counts.data()),
                       int64_t(layout->counts.size()));
     indices = describe(const_cast<int32_t *>(layout->indices.data()),
                        int64_t(layout->indices.size()));
   }
+  auto idxArray = abi::indexArgs(spec, p, strides);
+  std::vector<int64_t> idx(idxArray.begin(), idxArray.end());
   float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
   std::vector<MemRef1D> bufs = {
       view(d.q), view(d.k), view(d.v), view(d.o),
