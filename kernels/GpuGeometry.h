@@ -75,6 +75,10 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
   if (config.blockN % 16 != 0)
     return "block_n (" + std::to_string(config.blockN) +
            ") must be a multiple of 16 on the GPU";
+  if (config.stages != 2)
+    return "stages (" + std::to_string(config.stages) +
+           ") must be 2 on the GPU: K of the next block loads during P V and "
+           "V during S (deeper pipelines are not implemented yet)";
   GpuGeometry g = gpuGeometry(spec, config);
   if (g.sharedBytes > maxSharedBytes)
     return "the tiles need " + std::to_string(g.sharedBytes) +

@@ -97,7 +97,7 @@ std::string helpText(const std::string &command) {
          "                       H = the gqa group size: one KV head)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
-         "  --block-m BR --block-n BC --warps W (default on the GPU: the\n"
+         "  --block-m BR --block-n BC --warps W --stages S (default on the GPU: the\n"
          "                       tuned config if `flashjit tune` stored one\n"
          "                       for this GPU and problem class, else by\n"
          "                       head dim, e.g. 128 x 64 with 4 warps)\n";
@@ -217,6 +217,11 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
        [&](auto &v) {
          o.config.warps = parseInt("--warps", v);
          warpsGiven = true;
+       }},
+      {"--stages",
+       [&](auto &v) {
+         o.config.stages = parseInt("--stages", v);
+         warpsGiven = true; // a tiling flag: the config comes from flags
        }},
       {"--repeats",
        [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
