@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
@@ -557,6 +558,31 @@ static void writeNpy(const std::string &path, const char *descr,
   size_t written = std::fwrite(bytes, 1, size, f);
   if (std::fclose(f) != 0 || written != size)
     throw std::runtime_error(fmt::format("cannot write '{}'", path));
+}
+
+void writeHalfNpy(const std::string &path, DType dtype, const HalfTensor &t) {
+  writeNpyF32(path, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+              widenToFloat(dtype, t));
+}
+
+void dumpForwardIO(const std::string &dir, const AttentionSpec &spec,
+                   const Problem &p, const AttentionData &d,
+                   const BlockSparseLayout *layout) {
+  std::filesystem::create_directories(dir);
+  writeHalfNpy(dir + "/q.npy", spec.dtype, d.q);
+  writeHalfNpy(dir + "/k.npy", spec.dtype, d.k);
+  writeHalfNpy(dir + "/v.npy", spec.dtype, d.v);
+  writeHalfNpy(dir + "/o.npy", spec.dtype, d.o);
+  writeNpyF32(dir + "/lse.npy", {p.batch, p.heads, p.seqLenQ}, d.lse);
+  if (layout) {
+    writeNpyI32(dir + "/layout_counts.npy",
+                {layout->batch, layout->heads, layout->qBlocks},
+                layout->counts);
+    writeNpyI32(dir + "/layout_indices.npy",
+                {layout->batch, layout->heads, layout->qBlocks,
+                 layout->kvBlocks},
+                layout->indices);
+  }
 }
 
 void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,

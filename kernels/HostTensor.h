@@ -179,6 +179,16 @@ double errorBound(DType dtype);
 float halfToFloat(DType dtype, uint16_t bits);
 uint16_t floatToHalf(DType dtype, float value);
 
+/// Writes \p t, widened to float32 in logical (B, H, N, d) order, as .npy.
+void writeHalfNpy(const std::string &path, DType dtype, const HalfTensor &t);
+
+/// --dump-io: q, k, v, o, lse and (if any) the layout's counts and indices
+/// as q.npy, ..., layout_counts.npy, layout_indices.npy in \p dir (made if
+/// missing).
+void dumpForwardIO(const std::string &dir, const AttentionSpec &spec,
+                   const Problem &problem, const AttentionData &data,
+                   const BlockSparseLayout *layout);
+
 /// Writes a float32 / int32 .npy file; throws std::runtime_error on failure.
 void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
                  const std::vector<float> &values);

@@ -18,34 +18,15 @@ double msSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-/// The block-sparse layout of --layout or --block-sparse (nullptr if dense).
+/// --dump-io of a backward run: the forward's tensors plus do, dq, dk, dv.
 void dumpBackwardIO(const std::string &dir, const AttentionSpec &spec,
                     const Problem &p, const AttentionData &d,
                     const AttentionGrads &g, const BlockSparseLayout *layout) {
-  std::filesystem::create_directories(dir);
-  auto write = [&](const char *name, const HalfTensor &t) {
-    writeNpyF32(dir + "/" + name + ".npy",
-                std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                widenToFloat(spec.dtype, t));
-  };
-  write("q", d.q);
-  write("k", d.k);
-  write("v", d.v);
-  write("o", d.o);
-  write("do", g.dO);
-  write("dq", g.dq);
-  write("dk", g.dk);
-  write("dv", g.dv);
-  writeNpyF32(dir + "/lse.npy", {p.batch, p.heads, p.seqLenQ}, d.lse);
-  if (layout) {
-    writeNpyI32(dir + "/layout_counts.npy",
-                {layout->batch, layout->heads, layout->qBlocks},
-                layout->counts);
-    writeNpyI32(dir + "/layout_indices.npy",
-                {layout->batch, layout->heads, layout->qBlocks,
-                 layout->kvBlocks},
-                layout->indices);
-  }
+  dumpForwardIO(dir, spec, p, d, layout);
+  writeHalfNpy(dir + "/do.npy", spec.dtype, g.dO);
+  writeHalfNpy(dir + "/dq.npy", spec.dtype, g.dq);
+  writeHalfNpy(dir + "/dk.npy", spec.dtype, g.dk);
+  writeHalfNpy(dir + "/dv.npy", spec.dtype, g.dv);
 }
 
 /// JSON has no infinity: a NaN reports 1e30.

@@ -102,39 +102,6 @@ Device resolveDevice(const CliOptions &o) {
   return Device::Cpu;
 }
 
-void dumpIO(const std::string &dir, const AttentionSpec &spec,
-            const Problem &p, const AttentionData &d,
-            const BlockSparseLayout *layout) {
-  std::filesystem::create_directories(dir);
-  auto widen = [&](const HalfTensor &t) {
-    std::vector<float> out;
-    out.reserve(size_t(t.shape[0] * t.shape[1] * t.shape[2] * t.shape[3]));
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t h = 0; h < t.shape[1]; ++h)
-        for (int64_t n = 0; n < t.shape[2]; ++n)
-          for (int64_t c = 0; c < t.shape[3]; ++c)
-            out.push_back(halfToFloat(spec.dtype, t.at(b, h, n, c)));
-    return out;
-  };
-  auto shape = [](const HalfTensor &t) {
-    return std::vector<int64_t>(t.shape.begin(), t.shape.end());
-  };
-  writeNpyF32(dir + "/q.npy", shape(d.q), widen(d.q));
-  writeNpyF32(dir + "/k.npy", shape(d.k), widen(d.k));
-  writeNpyF32(dir + "/v.npy", shape(d.v), widen(d.v));
-  writeNpyF32(dir + "/o.npy", shape(d.o), widen(d.o));
-  writeNpyF32(dir + "/lse.npy", {p.batch, p.heads, p.seqLenQ}, d.lse);
-  if (layout) {
-    writeNpyI32(dir + "/layout_counts.npy",
-                {layout->batch, layout->heads, layout->qBlocks},
-                layout->counts);
-    writeNpyI32(dir + "/layout_indices.npy",
-                {layout->batch, layout->heads, layout->qBlocks,
-                 layout->kvBlocks},
-                layout->indices);
-  }
-}
-
 /// `run`, `bench` (GPU, more repeats, a sampled check) and `tune` (GPU,
 /// tunes first).
 int runRun(const CliOptions &o) {
@@ -182,7 +149,7 @@ int runRun(const CliOptions &o) {
   double relErr = err.relErr();
   bool ok = relErr < bound;
   if (!o.dumpDir.empty())
-    dumpIO(o.dumpDir, spec, p, data, layout.get());
+    dumpForwardIO(o.dumpDir, spec, p, data, layout.get());
 
   // JSON has no infinity: a NaN or a wrong -inf pattern reports 1e30.
   double reported = std::isfinite(relErr) ? relErr : 1e30;

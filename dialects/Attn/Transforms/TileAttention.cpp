@@ -103,8 +103,8 @@ func::FuncOp TiledForwardBuilder::build() {
   auto bufTy = MemRefType::get({ShapedType::kDynamic}, elemTy);
   auto f32BufTy = MemRefType::get({ShapedType::kDynamic}, f32);
   auto i32BufTy = MemRefType::get({ShapedType::kDynamic}, b.getI32Type());
-  SmallVector<Type> argTys = {bufTy, bufTy, bufTy, bufTy, f32BufTy,
-                              i32BufTy, i32BufTy};
+  SmallVector<Type> argTys = {bufTy,    bufTy,    bufTy,   bufTy,
+                              f32BufTy, i32BufTy, i32BufTy};
   SmallVector<Attribute> argNames;
   for (int i = 0; i < abi::NumBuffers; ++i)
     argNames.push_back(b.getStringAttr(abi::bufferName(i)));
@@ -123,9 +123,8 @@ func::FuncOp TiledForwardBuilder::build() {
                                           op->getAttrs().end());
   kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
   kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
-  llvm::erase_if(kernelAttrs, [](NamedAttribute a) {
-    return a.getName() == "sym_name";
-  });
+  llvm::erase_if(kernelAttrs,
+                 [](NamedAttribute a) { return a.getName() == "sym_name"; });
   func->setAttr("attn.kernel", b.getDictionaryAttr(kernelAttrs));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
@@ -233,14 +232,13 @@ void TiledForwardBuilder::sparseKVLoop() {
   Value countAt = add(add(mul(bIdx, indexArg(abi::CountsStrideB)),
                           mul(hIdx, indexArg(abi::CountsStrideH))),
                       qsb);
-  Value count =
-      arith::IndexCastOp::create(b, idxTy, load(counts, {countAt}));
+  Value count = arith::IndexCastOp::create(b, idxTy, load(counts, {countAt}));
   Value listBase = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
                            mul(hIdx, indexArg(abi::IndicesStrideH))),
                        mul(qsb, indexArg(abi::IndicesStrideM)));
   forLoop(cIdx(0), count, [&](Value t) {
-    Value sb = arith::IndexCastOp::create(b, idxTy,
-                                          load(indices, {add(listBase, t)}));
+    Value sb =
+        arith::IndexCastOp::create(b, idxTy, load(indices, {add(listBase, t)}));
     forLoop(cIdx(0), cIdx(sparseBlock / bc), [&](Value u) {
       Value n0 = add(mulC(sb, sparseBlock), mulC(u, bc));
       Value n1 = add(n0, cIdx(bc - 1));
@@ -313,9 +311,10 @@ void TiledForwardBuilder::maskScores(Value n0) {
 /// the subtrahend so that no inf - inf NaN appears.
 void TiledForwardBuilder::onlineSoftmax() {
   forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    Value blockMax = forReduce(cIdx(0), cIdx(bc), negInf, [&](Value c, Value a) {
-      return arith::MaxNumFOp::create(b, a, load(sTile, {r, c}));
-    });
+    Value blockMax =
+        forReduce(cIdx(0), cIdx(bc), negInf, [&](Value c, Value a) {
+          return arith::MaxNumFOp::create(b, a, load(sTile, {r, c}));
+        });
     Value mOld = load(rowMax, {r});
     Value mNew = arith::MaxNumFOp::create(b, mOld, blockMax);
     Value isEmpty =
@@ -367,8 +366,7 @@ void TiledForwardBuilder::writeOutput() {
       store(arith::TruncFOp::create(b, elemTy, x), o, {add(oRow, d)});
     });
     Value logL = math::Log2Op::create(b, l);
-    Value lseVal =
-        fmul(fadd(load(rowMax, {r}), logL), cF32(std::log(2.0)));
+    Value lseVal = fmul(fadd(load(rowMax, {r}), logL), cF32(std::log(2.0)));
     store(select(empty, negInf, lseVal), lse, {add(lseBase, r)});
   });
 }
@@ -379,25 +377,10 @@ struct TileAttentionPass
   using TileAttentionBase::TileAttentionBase;
 
   void runOnOperation() override {
-    if (blockM < 1 || blockN < 1) {
-      getOperation().emitError() << "block-m and block-n must be >= 1, got "
-                                 << int64_t(blockM) << " and "
-                                 << int64_t(blockN);
-      return signalPassFailure();
-    }
-    SmallVector<FlashFwdOp> ops;
-    getOperation().walk([&](FlashFwdOp op) { ops.push_back(op); });
-    for (FlashFwdOp op : ops) {
-      int64_t sb = op.getSparseBlock();
-      if (sb > 0 && (sb % blockM != 0 || sb % blockN != 0)) {
-        op.emitOpError() << "block-m (" << int64_t(blockM) << ") and block-n ("
-                         << int64_t(blockN) << ") must divide sparse_block ("
-                         << sb << ")";
-        return signalPassFailure();
-      }
-      TiledForwardBuilder(op, blockM, blockN).build();
-      op.erase();
-    }
+    if (failed(
+            flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
+                getOperation(), blockM, blockN)))
+      signalPassFailure();
   }
 };
 } // namespace

@@ -165,9 +165,8 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   SmallVector<NamedAttribute> kernelAttrs(op->getAttrs().begin(),
                                           op->getAttrs().end());
-  llvm::erase_if(kernelAttrs, [](NamedAttribute a) {
-    return a.getName() == "sym_name";
-  });
+  llvm::erase_if(kernelAttrs,
+                 [](NamedAttribute a) { return a.getName() == "sym_name"; });
   kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
   kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
   kernelAttrs.push_back(b.getNamedAttr("role", b.getStringAttr(role)));
@@ -200,8 +199,8 @@ void TiledBackwardBuilder::buildPreprocess() {
   Value hI = arith::RemUIOp::create(b, pidBH(), heads);
   Value first = mulC(pidM(), br);
   Value rows = minI(cIdx(br), sub(nq, first));
-  Value oBase = add(headBase(bwd::OStrideB, bI, hI),
-                    mul(first, indexArg(bwd::OStrideN)));
+  Value oBase =
+      add(headBase(bwd::OStrideB, bI, hI), mul(first, indexArg(bwd::OStrideN)));
   Value doBase = add(headBase(bwd::DOStrideB, bI, hI),
                      mul(first, indexArg(bwd::DOStrideN)));
   Value statBase = add(mul(pidBH(), nq), first);
@@ -246,10 +245,10 @@ void TiledBackwardBuilder::zeroTile(Value tile, int64_t rows, int64_t cols) {
 void TiledBackwardBuilder::loadRowBlock(Value first, Value bI, Value hI) {
   m0 = first;
   rowsValid = minI(cIdx(br), sub(nq, m0));
-  Value qBase = add(headBase(bwd::QStrideB, bI, hI),
-                    mul(m0, indexArg(bwd::QStrideN)));
-  Value doBase = add(headBase(bwd::DOStrideB, bI, hI),
-                     mul(m0, indexArg(bwd::DOStrideN)));
+  Value qBase =
+      add(headBase(bwd::QStrideB, bI, hI), mul(m0, indexArg(bwd::QStrideN)));
+  Value doBase =
+      add(headBase(bwd::DOStrideB, bI, hI), mul(m0, indexArg(bwd::DOStrideN)));
   Value statBase = add(mul(add(mul(bI, heads), hI), nq), m0);
   forLoop(cIdx(0), cIdx(br), [&](Value r) {
     Value valid = cmpI(Pred::slt, r, rowsValid);
@@ -277,10 +276,10 @@ void TiledBackwardBuilder::loadRowBlock(Value first, Value bI, Value hI) {
 /// Loads K and V of keys [n0, n0 + Bc) of KV head hkI (zero past Nkv).
 void TiledBackwardBuilder::loadKeyBlock(Value n0, Value bI, Value hkI) {
   Value keysValid = minI(cIdx(bc), sub(nkv, n0));
-  Value kBase = add(headBase(bwd::KStrideB, bI, hkI),
-                    mul(n0, indexArg(bwd::KStrideN)));
-  Value vBase = add(headBase(bwd::VStrideB, bI, hkI),
-                    mul(n0, indexArg(bwd::VStrideN)));
+  Value kBase =
+      add(headBase(bwd::KStrideB, bI, hkI), mul(n0, indexArg(bwd::KStrideN)));
+  Value vBase =
+      add(headBase(bwd::VStrideB, bI, hkI), mul(n0, indexArg(bwd::VStrideN)));
   forLoop(cIdx(0), cIdx(bc), [&](Value c) {
     Value valid = cmpI(Pred::slt, c, keysValid);
     Value key = select(valid, c, cIdx(0));
@@ -460,12 +459,11 @@ void TiledBackwardBuilder::buildMain() {
     });
   });
 
-  Value dkBase = add(headBase(bwd::DKStrideB, bI, hkI),
-                     mul(n0, indexArg(bwd::DKStrideN)));
-  Value dvBase = add(headBase(bwd::DVStrideB, bI, hkI),
-                     mul(n0, indexArg(bwd::DVStrideN)));
-  writeTile(dkAcc, dqk, keysValid, buf(bwd::DK), dkBase, bwd::DKStrideN,
-            scale);
+  Value dkBase =
+      add(headBase(bwd::DKStrideB, bI, hkI), mul(n0, indexArg(bwd::DKStrideN)));
+  Value dvBase =
+      add(headBase(bwd::DVStrideB, bI, hkI), mul(n0, indexArg(bwd::DVStrideN)));
+  writeTile(dkAcc, dqk, keysValid, buf(bwd::DK), dkBase, bwd::DKStrideN, scale);
   writeTile(dvAcc, dv, keysValid, buf(bwd::DV), dvBase, bwd::DVStrideN, {});
   func::ReturnOp::create(b);
 }
@@ -519,10 +517,9 @@ void TiledBackwardBuilder::buildDq() {
     });
   }
 
-  Value dqBase = add(headBase(bwd::DQStrideB, bI, hI),
-                     mul(m0, indexArg(bwd::DQStrideN)));
-  writeTile(dqAcc, dqk, rowsValid, buf(bwd::DQ), dqBase, bwd::DQStrideN,
-            scale);
+  Value dqBase =
+      add(headBase(bwd::DQStrideB, bI, hI), mul(m0, indexArg(bwd::DQStrideN)));
+  writeTile(dqAcc, dqk, rowsValid, buf(bwd::DQ), dqBase, bwd::DQStrideN, scale);
   func::ReturnOp::create(b);
 }
 
@@ -533,25 +530,10 @@ struct TileAttentionBackwardPass
   using TileAttentionBackwardBase::TileAttentionBackwardBase;
 
   void runOnOperation() override {
-    if (blockM < 1 || blockN < 1) {
-      getOperation().emitError() << "block-m and block-n must be >= 1, got "
-                                 << int64_t(blockM) << " and "
-                                 << int64_t(blockN);
-      return signalPassFailure();
-    }
-    SmallVector<FlashBwdOp> ops;
-    getOperation().walk([&](FlashBwdOp op) { ops.push_back(op); });
-    for (FlashBwdOp op : ops) {
-      int64_t sb = op.getSparseBlock();
-      if (sb > 0 && (sb % blockM != 0 || sb % blockN != 0)) {
-        op.emitOpError() << "block-m (" << int64_t(blockM) << ") and block-n ("
-                         << int64_t(blockN) << ") must divide sparse_block ("
-                         << sb << ")";
-        return signalPassFailure();
-      }
-      TiledBackwardBuilder(op, blockM, blockN).build();
-      op.erase();
-    }
+    if (failed(
+            flashjit::attn::detail::tileEach<FlashBwdOp, TiledBackwardBuilder>(
+                getOperation(), blockM, blockN)))
+      signalPassFailure();
   }
 };
 } // namespace

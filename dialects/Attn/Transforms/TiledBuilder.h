@@ -12,6 +12,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
 namespace flashjit::attn::detail {
@@ -93,6 +94,29 @@ protected:
   mlir::ImplicitLocOpBuilder b;
   mlir::Type f32, idxTy;
 };
+
+/// The body of both tiling passes: checks Br and Bc (>= 1, dividing the
+/// sparse block) and replaces every \p OpT in \p module by what
+/// `Builder(op, blockM, blockN).build()` makes.
+template <typename OpT, typename Builder>
+mlir::LogicalResult tileEach(mlir::ModuleOp module, int64_t blockM,
+                             int64_t blockN) {
+  if (blockM < 1 || blockN < 1)
+    return module.emitError() << "block-m and block-n must be >= 1, got "
+                              << blockM << " and " << blockN;
+  llvm::SmallVector<OpT> ops;
+  module.walk([&](OpT op) { ops.push_back(op); });
+  for (OpT op : ops) {
+    int64_t sb = op.getSparseBlockAttr().getInt();
+    if (sb > 0 && (sb % blockM != 0 || sb % blockN != 0))
+      return op.emitOpError()
+             << "block-m (" << blockM << ") and block-n (" << blockN
+             << ") must divide sparse_block (" << sb << ")";
+    Builder(op, blockM, blockN).build();
+    op.erase();
+  }
+  return mlir::success();
+}
 
 } // namespace flashjit::attn::detail
 
