@@ -17,6 +17,8 @@
 #include "kernels/HostTensor.h"
 #include "tools/cli/CliOptions.h"
 
+#include "tests/unit/AttentionCases.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,54 +28,7 @@ using namespace flashjit;
 
 namespace {
 
-enum class LayoutKind { Dense, Random, EmptyRow, Full };
-
-struct Case {
-  const char *name;
-  int64_t dqk, dv;
-  DType dtype;
-  MaskKind mask;
-  int64_t gqa;
-  int64_t br, bc;
-  int64_t batch, heads, nq, nkv;
-  int64_t winL = 0, winR = 0;
-  LayoutKind layout = LayoutKind::Dense;
-  int64_t sparseBlock = 128;
-  QKVLayout qkv = QKVLayout::Separate;
-};
-
-std::ostream &operator<<(std::ostream &os, const Case &c) {
-  return os << c.name;
-}
-
-uint64_t freshSeed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
-
-BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
-  int64_t qb = (c.nq + c.sparseBlock - 1) / c.sparseBlock;
-  int64_t kb = (c.nkv + c.sparseBlock - 1) / c.sparseBlock;
-  switch (c.layout) {
-  case LayoutKind::Random:
-    return BlockSparseLayout::random(c.batch, c.heads, qb, kb, 0.5, seed);
-  case LayoutKind::EmptyRow: {
-    // Q block 1 lists no KV block: its rows get lse = -inf, zero dQ and
-    // add nothing to dK and dV. One more block missing, broadcast over
-    // batch and heads.
-    std::vector<uint8_t> dense(size_t(qb * kb), 1);
-    for (int64_t k = 0; k < kb; ++k)
-      dense[size_t(1 * kb + k)] = 0;
-    dense[0] = 0;
-    return BlockSparseLayout::fromDense(1, 1, qb, kb, dense);
-  }
-  case LayoutKind::Full:
-  case LayoutKind::Dense:
-    return BlockSparseLayout::fromDense(
-        1, 1, qb, kb, std::vector<uint8_t>(size_t(qb * kb), 1));
-  }
-  return {};
-}
+using namespace flashjit::test;
 
 /// Everything one backward run needs.
 struct BackwardRun {

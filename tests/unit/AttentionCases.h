@@ -1,0 +1,72 @@
+//===- AttentionCases.h - The CPU suites' matrix cases ----------*- C++ -*-===//
+//
+/// \file
+/// One case of the forward and backward CPU matrices (spec, tiling,
+/// problem, layout kind), its block-sparse layout, and fresh seeds: shared
+/// by CpuForwardTests and CpuBackwardTests.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_TESTS_UNIT_ATTENTIONCASES_H
+#define FLASHJIT_TESTS_UNIT_ATTENTIONCASES_H
+
+#include "kernels/HostTensor.h"
+
+#include <ostream>
+#include <random>
+
+namespace flashjit::test {
+
+enum class LayoutKind { Dense, Random, EmptyRow, Full };
+
+struct Case {
+  const char *name;
+  int64_t dqk, dv;
+  DType dtype;
+  MaskKind mask;
+  int64_t gqa;
+  int64_t br, bc;
+  int64_t batch, heads, nq, nkv;
+  int64_t winL = 0, winR = 0;
+  LayoutKind layout = LayoutKind::Dense;
+  int64_t sparseBlock = 128;
+  QKVLayout qkv = QKVLayout::Separate;
+};
+
+inline std::ostream &operator<<(std::ostream &os, const Case &c) {
+  return os << c.name;
+}
+
+/// Fresh inputs (seeded from the OS) every run; tests print the seed on
+/// failure so that a failure can be replayed.
+inline uint64_t freshSeed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+/// The case's layout: random (density 0.5 per batch and head), one with an
+/// empty Q-block row (Q block 1 lists no KV block: its rows see no key) and
+/// one more block missing, broadcast over batch and heads, or full.
+inline BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
+  int64_t qb = (c.nq + c.sparseBlock - 1) / c.sparseBlock;
+  int64_t kb = (c.nkv + c.sparseBlock - 1) / c.sparseBlock;
+  switch (c.layout) {
+  case LayoutKind::Random:
+    return BlockSparseLayout::random(c.batch, c.heads, qb, kb, 0.5, seed);
+  case LayoutKind::EmptyRow: {
+    std::vector<uint8_t> dense(size_t(qb * kb), 1);
+    for (int64_t k = 0; k < kb; ++k)
+      dense[size_t(1 * kb + k)] = 0;
+    dense[0] = 0;
+    return BlockSparseLayout::fromDense(1, 1, qb, kb, dense);
+  }
+  case LayoutKind::Full:
+  case LayoutKind::Dense:
+    return BlockSparseLayout::fromDense(
+        1, 1, qb, kb, std::vector<uint8_t>(size_t(qb * kb), 1));
+  }
+  return {};
+}
+
+} // namespace flashjit::test
+
+#endif // FLASHJIT_TESTS_UNIT_ATTENTIONCASES_H
