@@ -16,6 +16,13 @@
 
 namespace flashjit::test {
 
+// Short names for the case tables.
+constexpr auto BF = DType::BF16;
+constexpr auto FP = DType::FP16;
+constexpr auto NONE = MaskKind::None;
+constexpr auto CAUSAL = MaskKind::Causal;
+constexpr auto WIN = MaskKind::SlidingWindow;
+
 enum class LayoutKind { Dense, Random, EmptyRow, Full };
 
 struct Case {

@@ -115,12 +115,6 @@ TEST_P(CpuBackward, MatchesFloat64Gradients) {
   }
 }
 
-constexpr auto BF = DType::BF16;
-constexpr auto FP = DType::FP16;
-constexpr auto NONE = MaskKind::None;
-constexpr auto CAUSAL = MaskKind::Causal;
-constexpr auto WIN = MaskKind::SlidingWindow;
-
 // clang-format off
 const Case kCases[] = {
   // name          dqk  dv  dt  mask   g  Br  Bc  B  H   Nq    Nkv
