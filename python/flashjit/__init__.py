@@ -49,6 +49,7 @@ __all__ = [
     "CompileError",
     "CudaError",
     "NotImplementedFlashjitError",
+    "attention_backward",
     "LibraryNotFoundError",
 ]
 
@@ -226,30 +227,38 @@ def _numpy_tensor(name, a):
     return _lib.make_tensor(a.ctypes.data, a.shape, strides)
 
 
-def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
+def _numpy_kind(fn, arrays):
+    """(flashjit dtype, to-kernel-bits, from-kernel-bits) of numpy inputs."""
     try:
         import numpy as np
     except ImportError:  # pragma: no cover
-        raise TypeError("flashjit.attention: expected torch CUDA tensors or "
+        raise TypeError(f"flashjit.{fn}: expected torch CUDA tensors or "
                         "numpy arrays (numpy is not installed)") from None
-    for name, a in (("q", q), ("k", k), ("v", v)):
+    for name, a in arrays:
         if not isinstance(a, np.ndarray):
             raise TypeError(
-                f"flashjit.attention: {name} is a {type(a).__module__}."
+                f"flashjit.{fn}: {name} is a {type(a).__module__}."
                 f"{type(a).__name__}; expected torch CUDA tensors or numpy "
-                "arrays (all three of one kind)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"flashjit.attention: q, k, v dtypes differ: {q.dtype}, "
-            f"{k.dtype}, {v.dtype}")
-    if q.dtype == np.float16:
-        dtype, as_kernel = _lib.DTYPE_FP16, (lambda a: a.view(np.uint16))
-    elif q.dtype == np.float32:
-        dtype, as_kernel = _lib.DTYPE_BF16, _f32_to_bf16_bits
-    else:
-        raise TypeError(
-            f"flashjit.attention: numpy inputs must be float16 or float32 "
-            f"(rounded to bf16), got {q.dtype}")
+                "arrays (all of one kind)")
+    dtypes = {a.dtype for _, a in arrays}
+    if len(dtypes) != 1:
+        raise TypeError(f"flashjit.{fn}: the inputs' dtypes differ: " +
+                        ", ".join(f"{n} {a.dtype}" for n, a in arrays))
+    dt = dtypes.pop()
+    if dt == np.float16:
+        return (_lib.DTYPE_FP16, lambda a: a.view(np.uint16),
+                lambda bits: bits.view(np.float16))
+    if dt == np.float32:
+        return _lib.DTYPE_BF16, _f32_to_bf16_bits, _bf16_bits_to_f32
+    raise TypeError(f"flashjit.{fn}: numpy inputs must be float16 or float32 "
+                    f"(rounded to bf16), got {dt}")
+
+
+def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
+    import numpy as np
+
+    dtype, as_kernel, from_kernel = _numpy_kind(
+        "attention", (("q", q), ("k", k), ("v", v)))
     gqa = _check_shapes(q.shape, k.shape, v.shape)
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
@@ -267,8 +276,49 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
         lse.ctypes.data_as(ctypes.c_void_p), scale, wl, wr,
         ctypes.byref(layout) if layout is not None else None, None))
     del keep
-    out = o.view(np.float16) if dtype == _lib.DTYPE_FP16 else _bf16_bits_to_f32(o)
+    out = from_kernel(o)
     return (out, lse) if return_lse else out
+
+
+def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
+                       window=None, block_mask=None):
+    """dq, dk, dv of attention(q, k, v, ...) for the upstream gradient d_o,
+    recomputed from the forward's o and lse (return_lse=True), on the CPU
+    for numpy arrays (the same dtypes as attention's numpy path). dk and dv
+    are summed over each GQA group. dQ comes from a separate pass over Q
+    blocks, so the result is bit-identical run to run. (torch CUDA tensors:
+    the GPU backward is not implemented yet.)"""
+    import numpy as np
+
+    mask, wl, wr = _mask_and_window(causal, window)
+    scale = _scale(scale)
+    bm = _block(block_mask)
+    dtype, as_kernel, from_kernel = _numpy_kind(
+        "attention_backward",
+        (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o)))
+    gqa = _check_shapes(q.shape, k.shape, v.shape)
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    if tuple(o.shape) != (B, H, Nq, Dv) or tuple(d_o.shape) != tuple(o.shape):
+        raise ValueError(f"flashjit.attention_backward: o and d_o must be "
+                         f"{(B, H, Nq, Dv)}, got {o.shape} and {d_o.shape}")
+    lse = np.ascontiguousarray(lse, dtype=np.float32)
+    if lse.shape != (B, H, Nq):
+        raise ValueError(f"flashjit.attention_backward: lse must be "
+                         f"{(B, H, Nq)}, got {lse.shape}")
+    ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
+    grads = [np.empty(a.shape, dtype=np.uint16) for a in (q, k, v)]
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
+    t = [_numpy_tensor(n, a) for n, a in
+         zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
+    layout, keep = (bm._host_layout() if bm else (None, None))
+    _lib.check(_lib.lib().flashjit_backward(
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
+        *(ctypes.byref(x) for x in t[:5]), lse.ctypes.data_as(ctypes.c_void_p),
+        *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
+        ctypes.byref(layout) if layout is not None else None, None))
+    del keep
+    return tuple(from_kernel(g) for g in grads)
 
 
 # -- torch: the CUDA path ---------------------------------------------------

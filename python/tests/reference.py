@@ -62,3 +62,31 @@ def lse_err(x, ref):
         return np.inf
     f = np.isfinite(ref)
     return rel_err(x[f], ref[f]) if f.any() else 0.0
+
+
+def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None):
+    """(dq, dk, dv) in float64 of the attention above for upstream d_o.
+    D = rowsum(d_o * o) from the o given (the forward's, as a user has it);
+    dk and dv are summed over each GQA group."""
+    q, k, v, o, d_o = (np.asarray(x, dtype=np.float64) for x in (q, k, v, o, d_o))
+    g = q.shape[1] // k.shape[1]
+    kr = np.repeat(k, g, axis=1)
+    vr = np.repeat(v, g, axis=1)
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
+    if visible is not None:
+        s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    empty = np.isneginf(m)
+    p = np.exp(s - np.where(empty, 0.0, m))
+    p = np.where(empty, 0.0, p / np.where(empty, 1.0, p.sum(-1, keepdims=True)))
+    dv = np.einsum("bhij,bhid->bhjd", p, d_o)
+    dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
+    delta = (d_o * o).sum(-1, keepdims=True)
+    ds = p * (dp - delta)
+    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, q) * scale
+    B, Hkv = k.shape[0], k.shape[1]
+    dk = dk.reshape(B, Hkv, g, *dk.shape[2:]).sum(2)
+    dv = dv.reshape(B, Hkv, g, *dv.shape[2:]).sum(2)
+    return dq, dk, dv

@@ -15,6 +15,7 @@ import pytest
 
 import flashjit
 from flashjit import _lib
+import reference
 from reference import attention_ref, lse_err, rel_err, visible_mask
 
 BOUND = {np.float16: 5e-3, np.float32: 1e-2}  # fp16, bf16
@@ -324,15 +325,43 @@ def test_kernels_are_cached():
     assert lib.flashjit_cached_kernels(h) == n + 1
 
 
-def test_backward_not_implemented():
+def test_backward_rejects_missing_tensors():
     lib = _lib.lib()
     spec = _lib.make_spec(16, 16, _lib.DTYPE_FP16, _lib.MASK_NONE, 1, 0)
     status = lib.flashjit_backward(_lib.handle(_lib.DEVICE_CPU),
                                    ctypes.byref(spec), None, None, None, None,
                                    None, None, None, None, None, 0.0, -1, -1,
                                    None, None)
-    with pytest.raises(NotImplementedError, match="backward"):
+    with pytest.raises(ValueError):
         _lib.check(status)
+
+
+@pytest.mark.parametrize("dtype,causal,window,gqa", [
+    (np.float16, False, None, 1),
+    (np.float32, True, None, 2),
+    (np.float16, False, (7, 3), 1),
+])
+def test_backward_matches_float64_gradients(dtype, causal, window, gqa):
+    rng = np.random.default_rng()
+    B, H, Nq, Nkv, D, Dv = 2, 4, 37, 53, 24, 16
+    q = rng.standard_normal((B, H, Nq, D)).astype(dtype)
+    k = rng.standard_normal((B, H // gqa, Nkv, D)).astype(dtype)
+    v = rng.standard_normal((B, H // gqa, Nkv, Dv)).astype(dtype)
+    o, lse = flashjit.attention(q, k, v, causal=causal, window=window,
+                                return_lse=True)
+    d_o = rng.standard_normal(o.shape).astype(dtype)
+    if dtype == np.float32:  # what the kernel sees: bf16-rounded values
+        q, k, v, o, d_o = (flashjit._bf16_bits_to_f32(flashjit._f32_to_bf16_bits(a))
+                           for a in (q, k, v, o, d_o))
+    dq, dk, dv = flashjit.attention_backward(q, k, v, o, d_o, lse,
+                                             causal=causal, window=window)
+    vis = reference.visible_mask(Nq, Nkv, causal=causal, window=window)
+    ref = reference.attention_grads_ref(q, k, v, o, d_o, visible=vis)
+    bound = 5e-3 if dtype == np.float16 else 1e-2
+    for got, want in zip((dq, dk, dv), ref):
+        assert got.shape == want.shape
+        assert np.isfinite(got).all()
+        assert reference.rel_err(got, want) < bound
 
 
 def test_bf16_rounding():

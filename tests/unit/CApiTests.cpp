@@ -372,14 +372,45 @@ TEST(CApiErrors, CudaHandleWithoutDriver) {
       << lastError();
 }
 
-TEST(CApiErrors, BackwardIsNotImplemented) {
+TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
   Handle h;
   SmallProblem sp;
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  std::mt19937_64 rng(std::random_device{}());
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                  dv = toC(g.dv);
+  ASSERT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &dO,
+                              sp.d.lse.data(), &dq, &dk, &dv, 0.0, -1, -1,
+                              nullptr, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  BackwardReference ref =
+      referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr);
+  BackwardErrorReport err = compareBackward(sp.specCpp, sp.p, g, ref);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype))
+      << "dq " << err.dqRelErr << " dk " << err.dkRelErr << " dv "
+      << err.dvRelErr;
+}
+
+TEST(CApiErrors, BackwardRejectsBadGradientsAndMissingLse) {
+  Handle h;
+  SmallProblem sp;
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  // dq shaped as k, not q.
   EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
-                              sp.d.lse.data(), &sp.q, &sp.k, &sp.v, 0.0, -1,
+                              sp.d.lse.data(), &sp.k, &sp.k, &sp.v, 0.0, -1,
                               -1, nullptr, nullptr),
-            FLASHJIT_ERROR_NOT_IMPLEMENTED);
-  EXPECT_NE(lastError().find("backward"), std::string::npos) << lastError();
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("dq must be shaped as q"), std::string::npos)
+      << lastError();
+  EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
+                              nullptr, &sp.q, &sp.k, &sp.v, 0.0, -1, -1,
+                              nullptr, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("lse is NULL"), std::string::npos)
+      << lastError();
 }
 
 //===----------------------------------------------------------------------===//

@@ -50,6 +50,7 @@ struct flashjit_handle {
   int cudaOrdinal = 0;
   std::mutex mutex;
   std::map<std::string, std::shared_ptr<CpuKernel>> cpuKernels;
+  std::map<std::string, std::shared_ptr<CpuBackwardKernel>> cpuBwdKernels;
   std::map<std::string, std::shared_ptr<rt::ForwardKernel>> gpuKernels;
   std::map<int, rt::DeviceInfo> devices;
   /// Tile configs per (spec, problem class, device): tuned, loaded from the
@@ -60,6 +61,11 @@ struct flashjit_handle {
 namespace {
 
 thread_local std::string lastError;
+
+/// A request for what is not implemented yet (FLASHJIT_ERROR_NOT_IMPLEMENTED).
+struct NotImplemented : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 /// Runs \p body, turning every exception into a status and a message.
 template <typename Body> flashjit_status guarded(const char *fn, Body body) {
@@ -86,6 +92,8 @@ template <typename Body> flashjit_status guarded(const char *fn, Body body) {
       return fail(FLASHJIT_ERROR_INVALID_ARGUMENT, e.what());
     }
     return fail(FLASHJIT_ERROR_INTERNAL, e.what());
+  } catch (const NotImplemented &e) {
+    return fail(FLASHJIT_ERROR_NOT_IMPLEMENTED, e.what());
   } catch (const CompileError &e) {
     return fail(FLASHJIT_ERROR_COMPILE, e.what());
   } catch (const SpecError &e) {
@@ -369,6 +377,65 @@ void forwardCpu(flashjit_handle *h, const AttentionSpec &spec,
     std::memcpy(lse, d.lse.data(), d.lse.size() * sizeof(float));
 }
 
+/// \p t must have \p like's shape (the gradient of a tensor is shaped as it).
+void checkSameShape(const flashjit_tensor *t, const char *what,
+                    const flashjit_tensor &like, const char *likeName) {
+  checkTensor(t, what);
+  for (int i = 0; i < 4; ++i)
+    if (t->shape[i] != like.shape[i])
+      invalid(fmt::format("{} must be shaped as {}: dim {} is {}, expected {}",
+                          what, likeName, i, t->shape[i], like.shape[i]));
+}
+
+/// The backward on the CPU: dq, dk, dv from q, k, v, the forward's o and
+/// lse, and d_o (dQ by a separate pass over Q blocks: deterministic).
+void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
+                 const Problem &p, const flashjit_tensor &q,
+                 const flashjit_tensor &k, const flashjit_tensor &v,
+                 const flashjit_tensor &o, const flashjit_tensor &dO,
+                 const float *lse, const flashjit_tensor &dq,
+                 const flashjit_tensor &dk, const flashjit_tensor &dv,
+                 const flashjit_layout *layout) {
+  std::unique_ptr<BlockSparseLayout> bcsr;
+  if (layout) {
+    bcsr = std::make_unique<BlockSparseLayout>(layoutShape(*layout));
+    size_t rows = size_t(layout->batch * layout->heads * layout->q_blocks);
+    bcsr->counts.assign(layout->counts, layout->counts + rows);
+    bcsr->indices.assign(layout->indices,
+                         layout->indices + rows * size_t(layout->kv_blocks));
+    bcsr->checkFits(p, forwardSpec.sparseBlock);
+  }
+  AttentionSpec spec = forwardSpec;
+  spec.direction = Direction::Backward;
+  TileConfig config = chooseConfig(forwardSpec, p, nullptr);
+  std::shared_ptr<CpuBackwardKernel> kernel;
+  {
+    std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
+    std::lock_guard<std::mutex> lock(h->mutex);
+    auto it = h->cpuBwdKernels.find(key);
+    if (it == h->cpuBwdKernels.end())
+      it = h->cpuBwdKernels
+               .emplace(key, CpuBackwardKernel::compile(spec, config))
+               .first;
+    kernel = it->second;
+  }
+  AttentionData fwd;
+  fwd.q = packedCopy(q);
+  fwd.k = packedCopy(k);
+  fwd.v = packedCopy(v);
+  fwd.o = packedCopy(o);
+  fwd.lse.assign(lse, lse + p.batch * p.heads * p.seqLenQ);
+  AttentionGrads g;
+  g.dO = packedCopy(dO);
+  g.dq = HalfTensor::packed({q.shape[0], q.shape[1], q.shape[2], q.shape[3]});
+  g.dk = HalfTensor::packed({k.shape[0], k.shape[1], k.shape[2], k.shape[3]});
+  g.dv = HalfTensor::packed({v.shape[0], v.shape[1], v.shape[2], v.shape[3]});
+  kernel->run(p, fwd, g, bcsr.get());
+  scatterBack(g.dq, dq);
+  scatterBack(g.dk, dk);
+  scatterBack(g.dv, dv);
+}
+
 //===----------------------------------------------------------------------===//
 // CUDA
 //===----------------------------------------------------------------------===//
@@ -610,16 +677,31 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
 }
 
 FLASHJIT_API flashjit_status flashjit_backward(
-    flashjit_handle *, const flashjit_spec *, const flashjit_tensor *,
-    const flashjit_tensor *, const flashjit_tensor *, const flashjit_tensor *,
-    const flashjit_tensor *, const float *, const flashjit_tensor *,
-    const flashjit_tensor *, const flashjit_tensor *, double, int64_t,
-    int64_t, const flashjit_layout *, void *) {
-  // The backward pass (Direction::Backward) does not exist yet. When it
-  // does: validate like flashjit_forward (plus d_o shaped as o, dq as q, dk
-  // and dv as k and v), compile spec with direction = Backward, launch.
-  lastError = "flashjit_backward: the backward pass is not implemented yet";
-  return FLASHJIT_ERROR_NOT_IMPLEMENTED;
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    void *cuda_stream) {
+  (void)cuda_stream;
+  return guarded("flashjit_backward", [&] {
+    requireHandle(handle);
+    AttentionSpec s = toSpec(spec);
+    Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
+    checkLayoutShape(s, p, layout);
+    checkSameShape(d_o, "d_o", *o, "o");
+    checkSameShape(dq, "dq", *q, "q");
+    checkSameShape(dk, "dk", *k, "k");
+    checkSameShape(dv, "dv", *v, "v");
+    if (!lse)
+      invalid("lse is NULL: the backward reads the forward's lse");
+    if (handle->device == FLASHJIT_DEVICE_CUDA)
+      throw NotImplemented("the GPU backward is not implemented yet (the CPU "
+                           "backward is)");
+    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
+                layout);
+  });
 }
 
 FLASHJIT_API flashjit_status

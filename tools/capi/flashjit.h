@@ -195,8 +195,11 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
 
 /** The backward pass: dq, dk, dv from q, k, v, o, do and the forward's lse
  *  (dk and dv shaped as k and v, summed over each GQA group).
- *  NOT IMPLEMENTED YET: validates nothing and returns
- *  FLASHJIT_ERROR_NOT_IMPLEMENTED. The signature is the one it will have. */
+ *  d_o is shaped as o, dq as q; lse is the forward's (fp32 [B, H, Nq]).
+ *  On a CPU handle (host pointers) it runs the tiled backward by
+ *  recomputation (dQ by a separate pass: bit-identical run to run). On a
+ *  CUDA handle it validates its arguments and returns
+ *  FLASHJIT_ERROR_NOT_IMPLEMENTED: the GPU backward is not written yet. */
 FLASHJIT_API flashjit_status
 flashjit_backward(flashjit_handle *handle, const flashjit_spec *spec,
                   const flashjit_tensor *q, const flashjit_tensor *k,
