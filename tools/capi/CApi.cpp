@@ -348,20 +348,29 @@ std::shared_ptr<CpuKernel> cpuKernel(flashjit_handle *h,
   return k;
 }
 
+/// A host copy of a CPU call's layout (nullptr when dense), its counts and
+/// indices checked to be in range.
+std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
+                                              const Problem &p,
+                                              int64_t sparseBlock) {
+  if (!layout)
+    return nullptr;
+  auto bcsr = std::make_unique<BlockSparseLayout>(layoutShape(*layout));
+  size_t rows = size_t(layout->batch * layout->heads * layout->q_blocks);
+  bcsr->counts.assign(layout->counts, layout->counts + rows);
+  bcsr->indices.assign(layout->indices,
+                       layout->indices + rows * size_t(layout->kv_blocks));
+  bcsr->checkFits(p, sparseBlock);
+  return bcsr;
+}
+
 void forwardCpu(flashjit_handle *h, const AttentionSpec &spec,
                 const Problem &p, const flashjit_tensor &q,
                 const flashjit_tensor &k, const flashjit_tensor &v,
                 const flashjit_tensor &o, float *lse,
                 const flashjit_layout *layout) {
-  std::unique_ptr<BlockSparseLayout> bcsr;
-  if (layout) {
-    bcsr = std::make_unique<BlockSparseLayout>(layoutShape(*layout));
-    size_t rows = size_t(layout->batch * layout->heads * layout->q_blocks);
-    bcsr->counts.assign(layout->counts, layout->counts + rows);
-    bcsr->indices.assign(layout->indices,
-                         layout->indices + rows * size_t(layout->kv_blocks));
-    bcsr->checkFits(p, spec.sparseBlock); // counts and indices in range
-  }
+  std::unique_ptr<BlockSparseLayout> bcsr =
+      hostLayout(layout, p, spec.sparseBlock);
   TileConfig config = chooseConfig(spec, p, nullptr);
   std::shared_ptr<CpuKernel> kernel = cpuKernel(h, spec, config);
 
@@ -396,15 +405,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
                  const flashjit_layout *layout) {
-  std::unique_ptr<BlockSparseLayout> bcsr;
-  if (layout) {
-    bcsr = std::make_unique<BlockSparseLayout>(layoutShape(*layout));
-    size_t rows = size_t(layout->batch * layout->heads * layout->q_blocks);
-    bcsr->counts.assign(layout->counts, layout->counts + rows);
-    bcsr->indices.assign(layout->indices,
-                         layout->indices + rows * size_t(layout->kv_blocks));
-    bcsr->checkFits(p, forwardSpec.sparseBlock);
-  }
+  std::unique_ptr<BlockSparseLayout> bcsr =
+      hostLayout(layout, p, forwardSpec.sparseBlock);
   AttentionSpec spec = forwardSpec;
   spec.direction = Direction::Backward;
   TileConfig config = chooseConfig(forwardSpec, p, nullptr);

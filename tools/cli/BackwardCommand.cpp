@@ -53,15 +53,10 @@ int runBackward(const CliOptions &o) {
   forwardSpec.direction = Direction::Forward;
   const Problem &p = o.problem;
 
-  std::random_device entropy;
-  uint64_t layoutSeed = o.seedGiven ? o.seed : entropy();
-  std::unique_ptr<BlockSparseLayout> layout = layoutFromOptions(o, layoutSeed);
-  // Fresh inputs every run; the seed is reported so a failure can be replayed.
-  uint64_t inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
-  std::mt19937_64 rng(inputSeed);
-  AttentionData data = makeRandomInputs(
-      forwardSpec, p, o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate,
-      rng);
+  RandomRun inputs = makeRandomRun(o, forwardSpec);
+  const uint64_t layoutSeed = inputs.layoutSeed, inputSeed = inputs.inputSeed;
+  std::unique_ptr<BlockSparseLayout> layout = std::move(inputs.layout);
+  AttentionData &data = inputs.data;
 
   // The forward, as a user runs it before the backward: O and lse.
   auto t0 = std::chrono::steady_clock::now();
@@ -71,6 +66,8 @@ int runBackward(const CliOptions &o) {
       forwardSpec, p, data,
       referenceForward(forwardSpec, p, data, layout.get(), 4e9));
 
+  // dO from a stream derived from the reported input seed (replayable).
+  std::mt19937_64 rng(inputSeed ^ 0x9e3779b97f4a7c15ull);
   AttentionGrads grads = makeRandomGrads(spec, p, data, rng);
   t0 = std::chrono::steady_clock::now();
   auto kernel = CpuBackwardKernel::compile(spec, o.config);

@@ -112,14 +112,10 @@ int runRun(const CliOptions &o) {
   const AttentionSpec &spec = o.spec;
   const Problem &p = o.problem;
 
-  std::random_device entropy;
-  uint64_t layoutSeed = o.seedGiven ? o.seed : entropy();
-  std::unique_ptr<BlockSparseLayout> layout = layoutFromOptions(o, layoutSeed);
-  // Fresh inputs every run; the seed is reported so a failure can be replayed.
-  uint64_t inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
-  std::mt19937_64 rng(inputSeed);
-  AttentionData data = makeRandomInputs(
-      spec, p, o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate, rng);
+  RandomRun inputs = makeRandomRun(o, spec);
+  const uint64_t layoutSeed = inputs.layoutSeed, inputSeed = inputs.inputSeed;
+  std::unique_ptr<BlockSparseLayout> layout = std::move(inputs.layout);
+  AttentionData &data = inputs.data;
 
   double compileMs = 0, runMs = 0;
   GpuRunResult gpu;

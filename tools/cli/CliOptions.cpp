@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <functional>
 #include <map>
+#include <random>
 
 namespace flashjit::cli {
 
@@ -332,6 +333,19 @@ std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
                                       seed));
   layout->checkFits(p, sb);
   return layout;
+}
+
+RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec) {
+  RandomRun r;
+  std::random_device entropy;
+  r.layoutSeed = o.seedGiven ? o.seed : entropy();
+  r.layout = layoutFromOptions(o, r.layoutSeed);
+  r.inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
+  std::mt19937_64 rng(r.inputSeed);
+  r.data = makeRandomInputs(
+      forwardSpec, o.problem,
+      o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate, rng);
+  return r;
 }
 
 } // namespace flashjit::cli

@@ -10,15 +10,13 @@
 #define FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/HostTensor.h"
 
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace flashjit {
-struct BlockSparseLayout;
-}
 
 namespace flashjit::cli {
 
@@ -54,6 +52,15 @@ CliOptions parseCommandLine(int argc, const char *const *argv);
 /// fit to the problem checked; random layouts come from \p seed.
 std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
                                                      uint64_t seed);
+
+/// The random inputs of a `run`: fresh every time (the seeds are reported
+/// so that a failure can be replayed), the layout from --seed if given.
+struct RandomRun {
+  uint64_t layoutSeed = 0, inputSeed = 0;
+  std::unique_ptr<BlockSparseLayout> layout;
+  AttentionData data;
+};
+RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
 
 /// The --help text of \p command ("" for the top level).
 std::string helpText(const std::string &command);
