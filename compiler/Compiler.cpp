@@ -22,8 +22,9 @@ namespace flashjit {
 
 Stage parseStage(const std::string &name) {
   static const std::pair<const char *, Stage> stages[] = {
-      {"attn", Stage::Attn}, {"tiled", Stage::Tiled}, {"gpu", Stage::Gpu},
-      {"llvm", Stage::Llvm}, {"ptx", Stage::Ptx},     {"cubin", Stage::Cubin},
+      {"attn", Stage::Attn},       {"tiled", Stage::Tiled},
+      {"gpu", Stage::Gpu},         {"llvm", Stage::Llvm},
+      {"ptx", Stage::Ptx},         {"cubin", Stage::Cubin},
       {"cpu-llvm", Stage::CpuLlvm}};
   for (auto &[n, stage] : stages)
     if (name == n)
@@ -36,8 +37,8 @@ Stage parseStage(const std::string &name) {
 std::unique_ptr<MLIRContext> createContext() {
   DialectRegistry registry;
   registerFlashjitDialects(registry);
-  auto ctx = std::make_unique<MLIRContext>(registry,
-                                           MLIRContext::Threading::DISABLED);
+  auto ctx =
+      std::make_unique<MLIRContext>(registry, MLIRContext::Threading::DISABLED);
   ctx->loadAllAvailableDialects();
   return ctx;
 }
@@ -64,8 +65,8 @@ private:
 OwningOpRef<ModuleOp> parseAttnModule(MLIRContext &ctx,
                                       const AttentionSpec &spec) {
   DiagnosticCollector diags(ctx);
-  auto module = parseSourceString<ModuleOp>(
-      attnModuleText(spec, kKernelName), &ctx, "attn-description");
+  auto module = parseSourceString<ModuleOp>(attnModuleText(spec, kKernelName),
+                                            &ctx, "attn-description");
   if (!module)
     throw CompileError("invalid attention description: " + diags.str());
   return module;
@@ -101,10 +102,10 @@ static PtxOptions checkGpuRequest(const AttentionSpec &spec,
   std::string problem = gpuConfigProblem(spec, config, 227 * 1024);
   if (!problem.empty())
     throw SpecError(problem);
-  if (target.copyBytes != 2 && target.copyBytes != 4 &&
-      target.copyBytes != 8 && target.copyBytes != 16)
-    throw SpecError(fmt::format("copy width must be 2, 4, 8 or 16 bytes, got {}",
-                                target.copyBytes));
+  if (target.copyBytes != 2 && target.copyBytes != 4 && target.copyBytes != 8 &&
+      target.copyBytes != 16)
+    throw SpecError(fmt::format(
+        "copy width must be 2, 4, 8 or 16 bytes, got {}", target.copyBytes));
   PtxOptions ptx;
   ptx.arch = target.arch;
   ptx.ptxVersion = choosePtxVersion(target.arch, target.driverVersion);
@@ -113,11 +114,9 @@ static PtxOptions checkGpuRequest(const AttentionSpec &spec,
 }
 
 /// Runs the GPU pipeline on the attn stage of \p spec.
-static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
-                                        const AttentionSpec &spec,
-                                        const TileConfig &config,
-                                        const GpuTarget &target,
-                                        bool stopAtGpu) {
+static OwningOpRef<ModuleOp>
+lowerToGpu(MLIRContext &ctx, const AttentionSpec &spec,
+           const TileConfig &config, const GpuTarget &target, bool stopAtGpu) {
   OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
   GpuPipelineConfig gpu;
   gpu.copyBytes = target.copyBytes;

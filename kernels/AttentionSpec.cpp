@@ -86,9 +86,9 @@ void Problem::validate(const AttentionSpec &spec) const {
   checkRange("seq_len", seqLenQ, 1, int64_t(1) << 24);
   checkRange("seq_len_kv", seqLenKV, 1, int64_t(1) << 24);
   if (heads % spec.gqaGroup != 0)
-    throw SpecError(fmt::format(
-        "heads ({}) must be a multiple of the gqa group size ({})", heads,
-        spec.gqaGroup));
+    throw SpecError(
+        fmt::format("heads ({}) must be a multiple of the gqa group size ({})",
+                    heads, spec.gqaGroup));
   if (windowLeft < 0 || windowRight < 0)
     throw SpecError(fmt::format("window must be non-negative, got {},{}",
                                 windowLeft, windowRight));
@@ -133,8 +133,8 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
       "sparse_block = {} : i64}}\n}}\n",
       spec.direction == Direction::Forward ? "flash_fwd" : "flash_bwd", name,
-      spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup,
-      spec.headDimQK, spec.headDimV, toString(spec.mask),
+      spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup, spec.headDimQK,
+      spec.headDimV, toString(spec.mask),
       spec.blockSparse ? spec.sparseBlock : 0);
 }
 

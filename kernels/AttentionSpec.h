@@ -73,7 +73,7 @@ struct TileConfig {
 /// The run-time problem: sizes and run-time kernel arguments.
 struct Problem {
   int64_t batch = 1;
-  int64_t heads = 1;   ///< Query heads; KV heads = heads / gqaGroup.
+  int64_t heads = 1; ///< Query heads; KV heads = heads / gqaGroup.
   int64_t seqLenQ = 128;
   int64_t seqLenKV = 128;
   /// Softmax scale; 0 means 1/sqrt(headDimQK).
@@ -110,9 +110,9 @@ enum class DqAccumulation { SeparatePass, Atomic };
 /// The workspace the backward of \p spec on \p problem needs, in bytes: delta
 /// (f32 [B, H, Nq]) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after it.
 /// A caller may pass that much; else the library allocates it.
-int64_t backwardWorkspaceBytes(const AttentionSpec &spec,
-                               const Problem &problem,
-                               DqAccumulation mode = DqAccumulation::SeparatePass);
+int64_t
+backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &problem,
+                       DqAccumulation mode = DqAccumulation::SeparatePass);
 
 const char *toString(DType dtype);
 const char *toString(MaskKind mask);

@@ -25,16 +25,16 @@ inline int64_t ceilDiv(int64_t x, int64_t m) { return (x + m - 1) / m; }
 
 /// Geometry of one compiled GPU forward kernel.
 struct GpuGeometry {
-  int64_t threads;      ///< 32 * warps
-  int64_t mTiles;       ///< 16-row MMA tiles per warp (Br / (16 * warps))
-  int64_t dqkPad;       ///< head_dim_qk rounded up to the MMA k-step (16)
-  int64_t dvPad;        ///< head_dim_v rounded up to 16
-  int64_t dvChunk;      ///< O columns per program (<= 256)
-  int64_t dvChunks;     ///< programs along O's columns (grid.z)
-  int64_t qkRowChunks;  ///< 16-byte chunks per Q/K row in shared memory
-  int64_t vRowChunks;   ///< 16-byte chunks per V row in shared memory
+  int64_t threads;     ///< 32 * warps
+  int64_t mTiles;      ///< 16-row MMA tiles per warp (Br / (16 * warps))
+  int64_t dqkPad;      ///< head_dim_qk rounded up to the MMA k-step (16)
+  int64_t dvPad;       ///< head_dim_v rounded up to 16
+  int64_t dvChunk;     ///< O columns per program (<= 256)
+  int64_t dvChunks;    ///< programs along O's columns (grid.z)
+  int64_t qkRowChunks; ///< 16-byte chunks per Q/K row in shared memory
+  int64_t vRowChunks;  ///< 16-byte chunks per V row in shared memory
   int64_t qOffset, kOffset, vOffset; ///< shared-memory byte offsets
-  int64_t sharedBytes;  ///< dynamic shared memory per block
+  int64_t sharedBytes;               ///< dynamic shared memory per block
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
@@ -99,8 +99,10 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
   static const Row plain[] = {{32, 128, 128, 4}, {88, 128, 64, 4},
                               {112, 128, 32, 4}, {128, 128, 64, 4},
                               {256, 64, 64, 4},  {512, 64, 32, 4}};
-  static const Row masked[] = {{16, 128, 128, 4}, {80, 128, 64, 4},
-                               {128, 128, 32, 4}, {256, 64, 64, 4},
+  static const Row masked[] = {{16, 128, 128, 4},
+                               {80, 128, 64, 4},
+                               {128, 128, 32, 4},
+                               {256, 64, 64, 4},
                                {512, 64, 32, 4}};
   bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
   int64_t d = std::max(spec.headDimQK, spec.headDimV);

@@ -34,9 +34,9 @@ HalfTensor HalfTensor::packed(std::array<int64_t, 4> shape) {
 
 void HalfTensor::checkLayout(const char *what) const {
   if (strides[3] != 1)
-    throw SpecError(fmt::format(
-        "{}: the innermost (head-dim) stride must be 1, got {}", what,
-        strides[3]));
+    throw SpecError(
+        fmt::format("{}: the innermost (head-dim) stride must be 1, got {}",
+                    what, strides[3]));
   int64_t last = offset;
   for (int i = 0; i < 4; ++i) {
     if (strides[i] < 0)
@@ -51,9 +51,10 @@ void HalfTensor::checkLayout(const char *what) const {
 // Block-sparse layout
 //===----------------------------------------------------------------------===//
 
-BlockSparseLayout BlockSparseLayout::fromDense(
-    int64_t batch, int64_t heads, int64_t qBlocks, int64_t kvBlocks,
-    const std::vector<uint8_t> &dense) {
+BlockSparseLayout
+BlockSparseLayout::fromDense(int64_t batch, int64_t heads, int64_t qBlocks,
+                             int64_t kvBlocks,
+                             const std::vector<uint8_t> &dense) {
   if (int64_t(dense.size()) != batch * heads * qBlocks * kvBlocks)
     throw SpecError("layout: dense block matrix has the wrong size");
   BlockSparseLayout l;
@@ -102,9 +103,9 @@ BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
     std::string tok;
     while (ss >> tok) {
       if (tok != "0" && tok != "1")
-        throw SpecError(fmt::format(
-            "layout: '{}' line {}: expected 0 or 1, got '{}'", path,
-            rows + 1, tok));
+        throw SpecError(
+            fmt::format("layout: '{}' line {}: expected 0 or 1, got '{}'", path,
+                        rows + 1, tok));
       dense.push_back(tok == "1");
       ++n;
     }
@@ -335,7 +336,8 @@ ErrorReport compareWithReference(const AttentionSpec &spec, const Problem &p,
     int64_t row = ref.rows[ri];
     int64_t bh = row / p.seqLenQ, i = row % p.seqLenQ;
     for (int64_t c = 0; c < dv; ++c) {
-      double x = halfToFloat(spec.dtype, d.o.at(bh / p.heads, bh % p.heads, i, c));
+      double x =
+          halfToFloat(spec.dtype, d.o.at(bh / p.heads, bh % p.heads, i, c));
       double y = ref.o[ri * dv + c];
       if (std::isnan(x)) {
         ++e.nanCount;
@@ -389,8 +391,8 @@ AttentionGrads makeRandomGrads(const AttentionSpec &spec, const Problem &,
   return g;
 }
 
-BackwardReference referenceBackward(const AttentionSpec &spec,
-                                    const Problem &p, const AttentionData &d,
+BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
+                                    const AttentionData &d,
                                     const AttentionGrads &g,
                                     const BlockSparseLayout *layout) {
   const int64_t dqk = spec.headDimQK, dv = spec.headDimV;
@@ -430,9 +432,9 @@ BackwardReference referenceBackward(const AttentionSpec &spec,
         for (int64_t j = 0; j < Nkv; ++j) {
           bool visible = j >= diag - left && j <= diag + right;
           if (visible && layout)
-            visible = layout->contains(b % layout->batch, h % layout->heads,
-                                       i / spec.sparseBlock,
-                                       j / spec.sparseBlock);
+            visible =
+                layout->contains(b % layout->batch, h % layout->heads,
+                                 i / spec.sparseBlock, j / spec.sparseBlock);
           s[j] = negInf;
           if (!visible)
             continue;
@@ -485,8 +487,7 @@ double BackwardErrorReport::relErr() const {
   return std::max({dqRelErr, dkRelErr, dvRelErr});
 }
 
-BackwardErrorReport compareBackward(const AttentionSpec &spec,
-                                    const Problem &,
+BackwardErrorReport compareBackward(const AttentionSpec &spec, const Problem &,
                                     const AttentionGrads &g,
                                     const BackwardReference &ref) {
   BackwardErrorReport e;
@@ -541,9 +542,9 @@ static void writeNpy(const std::string &path, const char *descr,
     dims += std::to_string(s) + ",";
   if (shape.size() > 1)
     dims.pop_back();
-  std::string header = fmt::format(
-      "{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr,
-      dims);
+  std::string header =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
+                  descr, dims);
   // Magic (6) + version (2) + header length (2) + header + '\n', padded to 64.
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
@@ -578,10 +579,10 @@ void dumpForwardIO(const std::string &dir, const AttentionSpec &spec,
     writeNpyI32(dir + "/layout_counts.npy",
                 {layout->batch, layout->heads, layout->qBlocks},
                 layout->counts);
-    writeNpyI32(dir + "/layout_indices.npy",
-                {layout->batch, layout->heads, layout->qBlocks,
-                 layout->kvBlocks},
-                layout->indices);
+    writeNpyI32(
+        dir + "/layout_indices.npy",
+        {layout->batch, layout->heads, layout->qBlocks, layout->kvBlocks},
+        layout->indices);
   }
 }
 

@@ -31,12 +31,12 @@ struct HalfTensor {
   /// A packed (contiguous) tensor of the given shape.
   static HalfTensor packed(std::array<int64_t, 4> shape);
   uint16_t &at(int64_t b, int64_t h, int64_t n, int64_t d) {
-    return (*buffer)[offset + b * strides[0] + h * strides[1] +
-                     n * strides[2] + d * strides[3]];
+    return (*buffer)[offset + b * strides[0] + h * strides[1] + n * strides[2] +
+                     d * strides[3]];
   }
   uint16_t at(int64_t b, int64_t h, int64_t n, int64_t d) const {
-    return (*buffer)[offset + b * strides[0] + h * strides[1] +
-                     n * strides[2] + d * strides[3]];
+    return (*buffer)[offset + b * strides[0] + h * strides[1] + n * strides[2] +
+                     d * strides[3]];
   }
   /// Throws SpecError (naming \p what) if the innermost stride is not 1 or
   /// the view reaches outside its buffer.
@@ -69,9 +69,9 @@ struct BlockSparseLayout {
                                      int64_t qBlocks, int64_t kvBlocks,
                                      const std::vector<uint8_t> &dense);
   /// Each block kept with probability \p density (per batch and head).
-  static BlockSparseLayout random(int64_t batch, int64_t heads,
-                                  int64_t qBlocks, int64_t kvBlocks,
-                                  double density, uint64_t seed);
+  static BlockSparseLayout random(int64_t batch, int64_t heads, int64_t qBlocks,
+                                  int64_t kvBlocks, double density,
+                                  uint64_t seed);
   /// Reads the text format: one line per sparse Q block, whitespace-
   /// separated 0/1 per KV block; broadcast over batch and heads.
   static BlockSparseLayout readText(const std::string &path);
@@ -135,8 +135,7 @@ struct AttentionGrads {
 /// gradient is).
 AttentionGrads makeRandomGrads(const AttentionSpec &spec,
                                const Problem &problem,
-                               const AttentionData &data,
-                               std::mt19937_64 &rng);
+                               const AttentionData &data, std::mt19937_64 &rng);
 
 /// Float64 gradients of the naive attention on the (rounded) inputs:
 /// S = scale Q K^T masked, P = softmax(S) (rows that see no key: P = 0),
@@ -146,8 +145,9 @@ AttentionGrads makeRandomGrads(const AttentionSpec &spec,
 /// it from data.o, the O the backward is given (the forward's output rounded
 /// to the element type, as a user has it), since that rounding alone moves
 /// dS = P * (dP - D) by up to ~1e-2 relative at small head dims where P is
-/// peaked (dP - D is small there). So data.o must hold the forward's output. Packed: dq [B, H, Nq, dqk], dk [B, Hkv, Nkv, dqk],
-/// dv [B, Hkv, Nkv, dv]. Costs B * H * Nq * Nkv * 2 (dqk + dv) multiply-adds.
+/// peaked (dP - D is small there). So data.o must hold the forward's output.
+/// Packed: dq [B, H, Nq, dqk], dk [B, Hkv, Nkv, dqk], dv [B, Hkv, Nkv, dv].
+/// Costs B * H * Nq * Nkv * 2 (dqk + dv) multiply-adds.
 struct BackwardReference {
   std::vector<double> dq, dk, dv;
 };

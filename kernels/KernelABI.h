@@ -62,10 +62,10 @@ inline const char *bufferName(int i) {
 }
 inline const char *indexArgName(int i) {
   static const char *names[] = {
-      "batch",    "heads",    "seq_q",     "seq_kv",    "q_sb",
-      "q_sh",     "q_sn",     "k_sb",      "k_sh",      "k_sn",
-      "v_sb",     "v_sh",     "v_sn",      "o_sb",      "o_sh",
-      "o_sn",     "win_left", "win_right", "counts_sb", "counts_sh",
+      "batch",      "heads",      "seq_q",     "seq_kv",    "q_sb",
+      "q_sh",       "q_sn",       "k_sb",      "k_sh",      "k_sn",
+      "v_sb",       "v_sh",       "v_sn",      "o_sb",      "o_sh",
+      "o_sn",       "win_left",   "win_right", "counts_sb", "counts_sh",
       "indices_sb", "indices_sh", "indices_sm"};
   return names[i];
 }
@@ -80,8 +80,7 @@ struct TensorStrides {
 /// The index arguments of a forward kernel, in IndexArg order: one place
 /// for every launcher (CPU and GPU).
 inline std::array<int64_t, NumIndexArgs>
-indexArgs(const AttentionSpec &spec, const Problem &p,
-          const TensorStrides &s) {
+indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
   std::array<int64_t, NumIndexArgs> idx{};
   idx[Batch] = p.batch;
   idx[Heads] = p.heads;
@@ -205,23 +204,24 @@ inline constexpr const char *kPreprocessSuffix = "_preprocess";
 inline constexpr const char *kDqSuffix = "_dq";
 
 inline const char *bufferName(int i) {
-  static const char *names[] = {"q",  "k",  "v",      "o",        "do",
-                                "lse", "delta", "dq_accum", "dq", "dk",
-                                "dv", "counts", "indices", "kv_counts",
-                                "kv_indices"};
+  static const char *names[] = {"q",       "k",         "v",         "o",
+                                "do",      "lse",       "delta",     "dq_accum",
+                                "dq",      "dk",        "dv",        "counts",
+                                "indices", "kv_counts", "kv_indices"};
   return names[i];
 }
 inline const char *indexArgName(int i) {
   static const char *names[] = {
-      "batch",      "heads",      "seq_q",      "seq_kv",     "q_sb",
-      "q_sh",       "q_sn",       "k_sb",       "k_sh",       "k_sn",
-      "v_sb",       "v_sh",       "v_sn",       "o_sb",       "o_sh",
-      "o_sn",       "do_sb",      "do_sh",      "do_sn",      "dq_sb",
-      "dq_sh",      "dq_sn",      "dk_sb",      "dk_sh",      "dk_sn",
-      "dv_sb",      "dv_sh",      "dv_sn",      "win_left",   "win_right",
-      "counts_sb",  "counts_sh",  "indices_sb", "indices_sh", "indices_sm",
-      "kv_counts_sb", "kv_counts_sh", "kv_indices_sb", "kv_indices_sh",
-      "kv_indices_sm"};
+      "batch",        "heads",         "seq_q",         "seq_kv",
+      "q_sb",         "q_sh",          "q_sn",          "k_sb",
+      "k_sh",         "k_sn",          "v_sb",          "v_sh",
+      "v_sn",         "o_sb",          "o_sh",          "o_sn",
+      "do_sb",        "do_sh",         "do_sn",         "dq_sb",
+      "dq_sh",        "dq_sn",         "dk_sb",         "dk_sh",
+      "dk_sn",        "dv_sb",         "dv_sh",         "dv_sn",
+      "win_left",     "win_right",     "counts_sb",     "counts_sh",
+      "indices_sb",   "indices_sh",    "indices_sm",    "kv_counts_sb",
+      "kv_counts_sh", "kv_indices_sb", "kv_indices_sh", "kv_indices_sm"};
   return names[i];
 }
 inline const char *f32ArgName(int i) {

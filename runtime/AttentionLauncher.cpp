@@ -26,8 +26,8 @@ int64_t chooseCopyBytes(const ForwardArgs &args) {
 ForwardKernel::ForwardKernel(const std::vector<char> &cubin,
                              const AttentionSpec &spec,
                              const TileConfig &config, int64_t copyBytes)
-    : module(cubin), spec(spec), config(config),
-      geo(gpuGeometry(spec, config)), copy(copyBytes) {
+    : module(cubin), spec(spec), config(config), geo(gpuGeometry(spec, config)),
+      copy(copyBytes) {
   function = module.function("attention");
 }
 
@@ -39,9 +39,9 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
       throw SpecError(fmt::format(
           "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
   if (chooseCopyBytes(a) < copy)
-    throw SpecError(fmt::format(
-        "kernel compiled for {}-byte copies, the tensors allow {}", copy,
-        chooseCopyBytes(a)));
+    throw SpecError(
+        fmt::format("kernel compiled for {}-byte copies, the tensors allow {}",
+                    copy, chooseCopyBytes(a)));
   if (spec.blockSparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
 
@@ -55,7 +55,7 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
   auto idx = abi::indexArgs(spec, p, strides);
   float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
 
-  CUdeviceptr bufs[abi::NumBuffers] = {a.q.ptr, a.k.ptr, a.v.ptr, a.o.ptr,
+  CUdeviceptr bufs[abi::NumBuffers] = {a.q.ptr, a.k.ptr,  a.v.ptr,  a.o.ptr,
                                        a.lse,   a.counts, a.indices};
   // Dense kernels never read the layout; give them a valid pointer anyway.
   for (CUdeviceptr &b : bufs)
@@ -71,8 +71,8 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
 
   auto grid = geo.grid(p, config);
   if (grid[1] > 65535)
-    throw SpecError(fmt::format("batch * heads = {} exceeds the grid's 65535",
-                                grid[1]));
+    throw SpecError(
+        fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
   Dim3 g{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
   Dim3 block{unsigned(geo.threads), 1, 1};
   rt::launch(function, g, block, unsigned(geo.sharedBytes), stream, params);

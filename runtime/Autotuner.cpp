@@ -49,9 +49,10 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
         c.blockN = bn;
         c.warps = warps;
         c.stages = 2; // K and V overlap (FA-2); deeper pipelines: later
-        bool dup = std::any_of(out.begin(), out.end(), [&](const TileConfig &o) {
-          return o.blockM == bm && o.blockN == bn && o.warps == warps;
-        });
+        bool dup =
+            std::any_of(out.begin(), out.end(), [&](const TileConfig &o) {
+              return o.blockM == bm && o.blockN == bn && o.warps == warps;
+            });
         if (!dup && fits(c))
           out.push_back(c);
       }
@@ -105,18 +106,17 @@ TuneResult autotune(const std::vector<TileConfig> &candidates,
     if (progress)
       progress(i, r.table.size(), c);
   }
-  r.timeSeconds = std::chrono::duration<double>(
-                      std::chrono::steady_clock::now() - t1)
-                      .count();
+  r.timeSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t1)
+          .count();
   if (r.bestMs < 0)
-    throw RuntimeError(ErrorCode::InvalidArgument,
-                       fmt::format("autotune: none of {} candidates compiled "
-                                   "and ran{}",
-                                   candidates.size(),
-                                   r.table.empty()
-                                       ? ""
-                                       : "; first error: " +
-                                             r.table.front().error));
+    throw RuntimeError(
+        ErrorCode::InvalidArgument,
+        fmt::format(
+            "autotune: none of {} candidates compiled "
+            "and ran{}",
+            candidates.size(),
+            r.table.empty() ? "" : "; first error: " + r.table.front().error));
   return r;
 }
 
@@ -134,9 +134,9 @@ std::string problemClass(const Problem &p) {
 }
 
 std::string formatTuneTable(const TuneResult &r) {
-  std::string out = fmt::format("{:>4} {:>9} {:>6} {:>6} {:>10} {:>5} {:>6}\n",
-                                "", "Br x Bc", "warps", "stages", "ms", "regs",
-                                "spill");
+  std::string out =
+      fmt::format("{:>4} {:>9} {:>6} {:>6} {:>10} {:>5} {:>6}\n", "", "Br x Bc",
+                  "warps", "stages", "ms", "regs", "spill");
   for (const TunedCandidate &c : r.table) {
     bool best = c.error.empty() && c.ms == r.bestMs &&
                 c.config.blockM == r.best.blockM &&

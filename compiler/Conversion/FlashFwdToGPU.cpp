@@ -72,8 +72,8 @@ struct KernelShape {
 /// 1) give byte ((r * rowChunks + (c & ~7) + ((c & 7) ^ (r & 7))) * 16:
 /// one lane base, four lane XOR terms for C % 8, and an immediate.
 struct FragmentAddresses {
-  Value base;                 ///< tile offset + laneRow * rowChunks * 16
-  std::array<Value, 4> xors;  ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
+  Value base;                ///< tile offset + laneRow * rowChunks * 16
+  std::array<Value, 4> xors; ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
   int64_t rowChunks = 0;
 
   FragmentAddresses() = default;
@@ -182,8 +182,8 @@ void FlashFwdKernel::setUp() {
   // chunk lane / 16.
   Value l16 = g.divU(lane, g.c32(16)), l8 = g.remU(lane, g.c32(8));
   Value l8h = g.remU(g.divU(lane, g.c32(8)), g.c32(2));
-  qFrag.emplace(g, k.geo.qOffset, g.add(warpRow0, g.remU(lane, g.c32(16))),
-                l16, k.geo.qkRowChunks);
+  qFrag.emplace(g, k.geo.qOffset, g.add(warpRow0, g.remU(lane, g.c32(16))), l16,
+                k.geo.qkRowChunks);
   kFrag.emplace(g, k.geo.kOffset, g.add(g.mul(l16, g.c32(8)), l8), l8h,
                 k.geo.qkRowChunks);
   vFrag.emplace(g, k.geo.vOffset, g.add(g.mul(l8h, g.c32(8)), l8), l16,
@@ -216,8 +216,7 @@ void FlashFwdKernel::setUp() {
     winL = idx(abi::WindowLeft);
     winR = idx(abi::WindowRight);
     jLo = g.clampTo32(g.maxS(g.c64(0), g.sub(g.add(m064, off64), winL)));
-    jHi = g.clampTo32(
-        g.minS(nkvLast, g.add(g.add(lastRow, off64), winR)));
+    jHi = g.clampTo32(g.minS(nkvLast, g.add(g.add(lastRow, off64), winR)));
     fullLo = g.clampTo32(g.sub(g.add(lastRow, off64), winL));
     fullHi = g.clampTo32(g.add(g.add(m064, off64), winR));
   } else {
@@ -229,10 +228,9 @@ void FlashFwdKernel::setUp() {
     int64_t sb = k.spec.sparseBlock;
     perSparse = g.c32(sb / bc);
     Value qsb = g.ext64(g.divU(m0, g.c32(sb)));
-    Value countAt =
-        g.add(g.add(g.mul(b, idx(abi::CountsStrideB)),
-                    g.mul(h, idx(abi::CountsStrideH))),
-              qsb);
+    Value countAt = g.add(g.add(g.mul(b, idx(abi::CountsStrideB)),
+                                g.mul(h, idx(abi::CountsStrideH))),
+                          qsb);
     listBase = g.add(g.add(g.mul(b, idx(abi::IndicesStrideB)),
                            g.mul(h, idx(abi::IndicesStrideH))),
                      g.mul(qsb, idx(abi::IndicesStrideM)));
@@ -313,13 +311,14 @@ void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
     auto body = [&] {
       if (regular) {
         int64_t pass = first / threads;
-        Value dst = g.sharedBytePtr(
-            laneDst, g.c32(pass * rowsPerPass * rowChunks * 16));
-        Value src = pass == 0 ? lanePtr
-                              : LLVM::GEPOp::create(
-                                    g.b, g.ptrGlobal, g.i16, lanePtr,
-                                    ArrayRef<LLVM::GEPArg>{g.mul(
-                                        passStride, g.c64(pass))});
+        Value dst = g.sharedBytePtr(laneDst,
+                                    g.c32(pass * rowsPerPass * rowChunks * 16));
+        Value src =
+            pass == 0
+                ? lanePtr
+                : LLVM::GEPOp::create(
+                      g.b, g.ptrGlobal, g.i16, lanePtr,
+                      ArrayRef<LLVM::GEPArg>{g.mul(passStride, g.c64(pass))});
         Value rowOk =
             g.cmp(CmpIPredicate::sgt, rowsLeft, g.c32(pass * rowsPerPass));
         g.copyAsync(dst, g.select(rowOk, src, safePtr),
@@ -378,7 +377,8 @@ std::vector<FlashFwdKernel::Acc> FlashFwdKernel::computeScores() {
 }
 
 /// -inf where key n0 + col is past Nkv or outside the row's band. Element
-/// (mi, ni, e) holds row warpRow(mi, e / 2) + grp, key ni * 8 + tig * 2 + e % 2.
+/// (mi, ni, e) holds row warpRow(mi, e / 2) + grp, key ni * 8 + tig * 2 + e
+/// % 2.
 std::vector<FlashFwdKernel::Acc>
 FlashFwdKernel::maskScores(const std::vector<Acc> &s, Value n0) {
   Value negInf = g.cf(-std::numeric_limits<double>::infinity());
@@ -432,8 +432,7 @@ void FlashFwdKernel::emit() {
     SmallVector<Value> acc(carried.begin(), carried.begin() + mt * dt * 4);
     SmallVector<Value> m(carried.begin() + mt * dt * 4,
                          carried.begin() + mt * dt * 4 + 2 * mt);
-    SmallVector<Value> l(carried.begin() + mt * dt * 4 + 2 * mt,
-                         carried.end());
+    SmallVector<Value> l(carried.begin() + mt * dt * 4 + 2 * mt, carried.end());
     Value n0 = blockStart(t);
     // Loop-variant copies of the lane bases: addresses are recomputed
     // (one add each) rather than hoisted into live registers.
@@ -453,13 +452,11 @@ void FlashFwdKernel::emit() {
     std::vector<Acc> s = computeScores();
 
     // Only blocks that cross Nkv or the band's edge pay for the mask.
-    Value needsMask =
-        g.cmp(CmpIPredicate::sgt, g.add(n0, g.c32(bc)), nkv);
+    Value needsMask = g.cmp(CmpIPredicate::sgt, g.add(n0, g.c32(bc)), nkv);
     if (k.hasBand) {
       needsMask = g.orI(needsMask, g.cmp(CmpIPredicate::slt, n0, fullLo));
-      needsMask = g.orI(needsMask,
-                        g.cmp(CmpIPredicate::sgt, g.add(n0, g.c32(bc - 1)),
-                              fullHi));
+      needsMask = g.orI(needsMask, g.cmp(CmpIPredicate::sgt,
+                                         g.add(n0, g.c32(bc - 1)), fullHi));
     }
     SmallVector<Type> sTypes(mt * nt * 4, g.f32);
     auto maskIf = scf::IfOp::create(g.b, sTypes, needsMask, true);
@@ -496,9 +493,9 @@ void FlashFwdKernel::emit() {
         mx = g.fmul(mx, scaleLog2);
         Value &mRow = m[2 * mi + half];
         Value mNew = g.fmax(mRow, mx);
-        maxMoved = g.orI(maxMoved, arith::CmpFOp::create(
-                                       g.b, arith::CmpFPredicate::UNE, mNew,
-                                       mRow));
+        maxMoved = g.orI(
+            maxMoved,
+            arith::CmpFOp::create(g.b, arith::CmpFPredicate::UNE, mNew, mRow));
         Value mUse = g.select(g.fcmpEq(mNew, negInf), zero, mNew);
         Value alpha = g.exp2(g.fsub(mRow, mUse));
         Value negMUse = arith::NegFOp::create(g.b, mUse);
@@ -518,8 +515,8 @@ void FlashFwdKernel::emit() {
     // O *= alpha only when some row's max moved (a warp-uniform branch):
     // after the first blocks it rarely does, and the rescale is mt * dt * 4
     // multiplies per thread.
-    Value anyMoved = g.intrinsic("llvm.nvvm.vote.any.sync", {g.i1},
-                                 {g.c32(-1), maxMoved});
+    Value anyMoved =
+        g.intrinsic("llvm.nvvm.vote.any.sync", {g.i1}, {g.c32(-1), maxMoved});
     SmallVector<Type> accTypes(acc.size(), g.f32);
     auto rescale = scf::IfOp::create(g.b, accTypes, anyMoved, true);
     {
@@ -579,11 +576,11 @@ void FlashFwdKernel::emit() {
     tid = outerTid;
   }
   auto res = loop.getResults();
-  storeOutputs(SmallVector<Value>(res.begin(), res.begin() + mt * dt * 4),
-               SmallVector<Value>(res.begin() + mt * dt * 4,
-                                  res.begin() + mt * dt * 4 + 2 * mt),
-               SmallVector<Value>(res.begin() + mt * dt * 4 + 2 * mt,
-                                  res.end()));
+  storeOutputs(
+      SmallVector<Value>(res.begin(), res.begin() + mt * dt * 4),
+      SmallVector<Value>(res.begin() + mt * dt * 4,
+                         res.begin() + mt * dt * 4 + 2 * mt),
+      SmallVector<Value>(res.begin() + mt * dt * 4 + 2 * mt, res.end()));
   mlir::gpu::ReturnOp::create(g.b);
 }
 
@@ -598,30 +595,29 @@ void FlashFwdKernel::storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m,
       lRow = g.fadd(lRow, g.shuffleXor(lRow, 1));
       lRow = g.fadd(lRow, g.shuffleXor(lRow, 2));
       Value empty = g.fcmpEq(lRow, zero);
-      Value inv = g.select(empty, zero,
-                           arith::DivFOp::create(g.b, g.cf(1.0), lRow));
+      Value inv =
+          g.select(empty, zero, arith::DivFOp::create(g.b, g.cf(1.0), lRow));
       Value row = g.add(m0, g.add(warpRow(mi, half), grp));
       Value rowOk = g.cmp(CmpIPredicate::slt, row, nq);
       Value oRow = g.add(oRowBase, g.mul(g.ext64(row), idx(abi::OStrideN)));
       for (int64_t di = 0; di < dt; ++di)
         for (int64_t e = 0; e < 2; ++e) {
-          Value col = g.add(colBaseV,
-                            g.add(g.c32(di * 8 + e), g.mul(tig, g.c32(2))));
-          Value ok = g.andI(rowOk, g.cmp(CmpIPredicate::slt, col,
-                                         g.c32(k.spec.headDimV)));
+          Value col =
+              g.add(colBaseV, g.add(g.c32(di * 8 + e), g.mul(tig, g.c32(2))));
+          Value ok = g.andI(
+              rowOk, g.cmp(CmpIPredicate::slt, col, g.c32(k.spec.headDimV)));
           Value v = g.fmul(acc[(mi * dt + di) * 4 + 2 * half + e], inv);
           ifThen(ok, [&] {
             Value ptr = g.elementPtr(arg(abi::O), g.add(oRow, g.ext64(col)));
             LLVM::StoreOp::create(g.b, g.toElementBits(v), ptr);
           });
         }
-      Value lse = g.fmul(g.fadd(m[2 * mi + half], g.log2(lRow)),
-                         g.cf(std::log(2.0)));
+      Value lse =
+          g.fmul(g.fadd(m[2 * mi + half], g.log2(lRow)), g.cf(std::log(2.0)));
       lse = g.select(empty, negInf, lse);
-      Value writer = g.andI(rowOk, g.andI(g.cmp(CmpIPredicate::eq, tig,
-                                                g.c32(0)),
-                                          g.cmp(CmpIPredicate::eq, chunk,
-                                                g.c32(0))));
+      Value writer =
+          g.andI(rowOk, g.andI(g.cmp(CmpIPredicate::eq, tig, g.c32(0)),
+                               g.cmp(CmpIPredicate::eq, chunk, g.c32(0))));
       ifThen(writer, [&] {
         Value at = g.add(g.mul(g.ext64(pidBH), idx(abi::SeqQ)), g.ext64(row));
         LLVM::StoreOp::create(g.b, lse, ptrAt(arg(abi::Lse), g.f32, at));
@@ -640,7 +636,7 @@ FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
   KernelShape k;
   auto maskName = attrs.getAs<StringAttr>("mask");
   k.spec.mask = !maskName || maskName.getValue() == "none" ? MaskKind::None
-                : maskName.getValue() == "causal"           ? MaskKind::Causal
+                : maskName.getValue() == "causal"          ? MaskKind::Causal
                                                   : MaskKind::SlidingWindow;
   k.spec.headDimQK = getInt("head_dim_qk");
   k.spec.headDimV = getInt("head_dim_v");
@@ -692,8 +688,8 @@ struct LowerTiledToGPUPass
       FailureOr<KernelShape> shape = readShape(fn, warps, copyBytes);
       if (failed(shape))
         return signalPassFailure();
-      GpuBuilder g(b, shape->spec.dtype == DType::BF16 ? Elem::BF16
-                                                       : Elem::F16);
+      GpuBuilder g(b,
+                   shape->spec.dtype == DType::BF16 ? Elem::BF16 : Elem::F16);
       SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
       argTys.append(abi::NumIndexArgs, g.i64);
       argTys.push_back(g.f32);

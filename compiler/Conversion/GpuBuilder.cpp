@@ -30,7 +30,8 @@ Value GpuBuilder::cf(double v) {
 }
 
 Value GpuBuilder::clampTo32(Value x) {
-  return trunc32(minS(maxS(x, c64(-(int64_t(1) << 30))), c64(int64_t(1) << 30)));
+  return trunc32(
+      minS(maxS(x, c64(-(int64_t(1) << 30))), c64(int64_t(1) << 30)));
 }
 
 Value GpuBuilder::intrinsic(StringRef name, TypeRange results,
@@ -94,13 +95,16 @@ void GpuBuilder::copyAsync(Value dst, Value src, Value srcBytes,
                            int64_t bytes) {
   switch (bytes) {
   case 16:
-    intrinsic("llvm.nvvm.cp.async.cg.shared.global.16.s", {}, {dst, src, srcBytes});
+    intrinsic("llvm.nvvm.cp.async.cg.shared.global.16.s", {},
+              {dst, src, srcBytes});
     return;
   case 8:
-    intrinsic("llvm.nvvm.cp.async.ca.shared.global.8.s", {}, {dst, src, srcBytes});
+    intrinsic("llvm.nvvm.cp.async.ca.shared.global.8.s", {},
+              {dst, src, srcBytes});
     return;
   case 4:
-    intrinsic("llvm.nvvm.cp.async.ca.shared.global.4.s", {}, {dst, src, srcBytes});
+    intrinsic("llvm.nvvm.cp.async.ca.shared.global.4.s", {},
+              {dst, src, srcBytes});
     return;
   default: {
     // 2-byte rows (odd head dims): a plain load, zero where out of range.
@@ -127,19 +131,19 @@ void GpuBuilder::commitGroup() {
 void GpuBuilder::waitAll() { intrinsic("llvm.nvvm.cp.async.wait.all", {}, {}); }
 
 Frag4 GpuBuilder::ldmatrix4(Value addr, bool transpose) {
-  auto structTy = LLVM::LLVMStructType::getLiteral(b.getContext(),
-                                                   {i32, i32, i32, i32});
-  Value r = intrinsic(transpose
-                          ? "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16"
+  auto structTy =
+      LLVM::LLVMStructType::getLiteral(b.getContext(), {i32, i32, i32, i32});
+  Value r =
+      intrinsic(transpose ? "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.trans.b16"
                           : "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16",
-                      {structTy}, {addr});
+                {structTy}, {addr});
   return {extract(r, 0), extract(r, 1), extract(r, 2), extract(r, 3)};
 }
 
 std::array<Value, 4> GpuBuilder::mma(const Frag4 &a, Value b0, Value b1,
                                      const std::array<Value, 4> &c) {
-  auto structTy = LLVM::LLVMStructType::getLiteral(b.getContext(),
-                                                   {f32, f32, f32, f32});
+  auto structTy =
+      LLVM::LLVMStructType::getLiteral(b.getContext(), {f32, f32, f32, f32});
   Value r;
   if (elem == Elem::BF16) {
     r = intrinsic("llvm.nvvm.mma.m16n8k16.row.col.bf16", {structTy},

@@ -1,4 +1,5 @@
-//===- GpuBuilder.h - Warp-level building blocks for GPU kernels -*- C++ -*-===//
+//===- GpuBuilder.h - Warp-level building blocks for GPU kernels -*- C++
+//-*-===//
 //
 /// \file
 /// A thin layer over ImplicitLocOpBuilder that emits the NVVM-level pieces
@@ -73,9 +74,7 @@ public:
   Value fma(Value x, Value y, Value z) {
     return mlir::LLVM::FMAOp::create(b, x, y, z);
   }
-  Value fmax(Value x, Value y) {
-    return mlir::LLVM::MaxNumOp::create(b, x, y);
-  }
+  Value fmax(Value x, Value y) { return mlir::LLVM::MaxNumOp::create(b, x, y); }
   Value fcmpEq(Value x, Value y) {
     return mlir::arith::CmpFOp::create(b, mlir::arith::CmpFPredicate::OEQ, x,
                                        y);

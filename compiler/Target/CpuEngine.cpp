@@ -76,9 +76,7 @@ struct MemRef1D {
   int64_t offset, size, stride;
 };
 
-MemRef1D describe(void *data, int64_t size) {
-  return {data, data, 0, size, 1};
-}
+MemRef1D describe(void *data, int64_t size) { return {data, data, 0, size, 1}; }
 } // namespace
 
 namespace flashjit {
@@ -114,8 +112,7 @@ std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
   engineOptions.enablePerfNotificationListener = false;
   auto engine = ExecutionEngine::create(*module, engineOptions);
   if (!engine)
-    throw CompileError("CPU JIT failed: " +
-                       llvm::toString(engine.takeError()));
+    throw CompileError("CPU JIT failed: " + llvm::toString(engine.takeError()));
   (*engine)->registerSymbols([](llvm::orc::MangleAndInterner interner) {
     llvm::orc::SymbolMap map;
     auto add = [&](const char *name, auto *fn) {
@@ -158,8 +155,8 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     int64_t pidM = 0, pidBH = 0;
     std::vector<void *> args;
     for (MemRef1D &m : myBufs)
-      args.insert(args.end(), {&m.allocated, &m.aligned, &m.offset, &m.size,
-                               &m.stride});
+      args.insert(args.end(),
+                  {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
     for (int64_t &v : myIdx)
       args.push_back(&v);
     for (float &v : myF32s)
@@ -257,12 +254,16 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   auto idxArray = abi::indexArgs(spec, p, strides);
   std::vector<int64_t> idx(idxArray.begin(), idxArray.end());
   float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
-  std::vector<MemRef1D> bufs = {
-      view(d.q), view(d.k), view(d.v), view(d.o),
-      describe(d.lse.data(), int64_t(d.lse.size())), counts, indices};
+  std::vector<MemRef1D> bufs = {view(d.q),
+                                view(d.k),
+                                view(d.v),
+                                view(d.o),
+                                describe(d.lse.data(), int64_t(d.lse.size())),
+                                counts,
+                                indices};
 
-  const int64_t qBlocks = (p.seqLenQ + impl->config.blockM - 1) /
-                          impl->config.blockM;
+  const int64_t qBlocks =
+      (p.seqLenQ + impl->config.blockM - 1) / impl->config.blockM;
   runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
 }
 
@@ -307,16 +308,15 @@ CpuBackwardKernel::compile(const AttentionSpec &spec,
 }
 
 void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
-                            AttentionGrads &g,
-                            const BlockSparseLayout *layout, void *workspace,
-                            int64_t workspaceBytes) const {
+                            AttentionGrads &g, const BlockSparseLayout *layout,
+                            void *workspace, int64_t workspaceBytes) const {
   namespace bwd = abi::bwd;
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
   checkLayoutArg(spec, p, layout);
   const std::pair<const HalfTensor *, const char *> views[] = {
-      {&fwd.q, "q"},   {&fwd.k, "k"},   {&fwd.v, "v"},   {&fwd.o, "o"},
-      {&g.dO, "do"},   {&g.dq, "dq"},   {&g.dk, "dk"},   {&g.dv, "dv"}};
+      {&fwd.q, "q"}, {&fwd.k, "k"}, {&fwd.v, "v"}, {&fwd.o, "o"},
+      {&g.dO, "do"}, {&g.dq, "dq"}, {&g.dk, "dk"}, {&g.dv, "dv"}};
   for (auto [t, name] : views)
     t->checkLayout(name);
   auto checkShape = [](const HalfTensor &t, const HalfTensor &like,

@@ -88,8 +88,9 @@ const NvptxTables &nvptxTables() {
   return tables;
 }
 
-std::unique_ptr<llvm::TargetMachine> createTargetMachine(
-    const std::string &arch, const std::string &features, int optLevel) {
+std::unique_ptr<llvm::TargetMachine>
+createTargetMachine(const std::string &arch, const std::string &features,
+                    int optLevel) {
   static const llvm::CodeGenOptLevel levels[] = {
       llvm::CodeGenOptLevel::None, llvm::CodeGenOptLevel::Less,
       llvm::CodeGenOptLevel::Default, llvm::CodeGenOptLevel::Aggressive};
@@ -183,13 +184,13 @@ void checkIntrinsics(const llvm::Module &module, const std::string &arch) {
     for (const IntrinsicRequirement &req : kIntrinsicRequirements) {
       if (!name.starts_with(req.prefix))
         continue;
-      bool ok = req.archSpecific ? sm == req.minSm && suffix == "a"
-                                 : sm >= req.minSm;
+      bool ok =
+          req.archSpecific ? sm == req.minSm && suffix == "a" : sm >= req.minSm;
       if (!ok)
-        throw CompileError(
-            (name + " needs sm_" + llvm::Twine(req.minSm) +
-             (req.archSpecific ? "a" : "") + " (target: " + arch + ")")
-                .str());
+        throw CompileError((name + " needs sm_" + llvm::Twine(req.minSm) +
+                            (req.archSpecific ? "a" : "") +
+                            " (target: " + arch + ")")
+                               .str());
       break;
     }
   }
@@ -231,8 +232,7 @@ struct OptimizedModule {
   std::unique_ptr<llvm::Module> module;
 };
 
-OptimizedModule translateAndOptimize(ModuleOp module,
-                                     const PtxOptions &opts) {
+OptimizedModule translateAndOptimize(ModuleOp module, const PtxOptions &opts) {
   checkTarget(opts);
   gpu::GPUModuleOp gpuModule = findGpuModule(module);
   MLIRContext &ctx = *module.getContext();
@@ -370,8 +370,8 @@ void checkTarget(const PtxOptions &opts) {
                        std::to_string(opts.ptxVersion) +
                        "; highest: " + isa(maxPtxVersion()) + ")");
   if (opts.ptxVersion < minVersion)
-    throw CompileError(opts.arch + " needs PTX ISA version " +
-                       isa(minVersion) + " or later (ptxVersion " +
+    throw CompileError(opts.arch + " needs PTX ISA version " + isa(minVersion) +
+                       " or later (ptxVersion " +
                        std::to_string(opts.ptxVersion) + ")");
   if (opts.optLevel < 0 || opts.optLevel > 3)
     throw CompileError("optLevel must be 0..3, not " +

@@ -66,11 +66,12 @@ TEST_F(TuneGpu, WinnerIsAtLeastAsFastAsEveryCandidate) {
   // the heuristic default: not slower beyond noise (5%).
   std::string again = run(cache, "bench --repeats 30 " + problem);
   std::string heuristic =
-      run(cache, "bench --repeats 30 --block-m 128 --block-n 64 --warps 4 " +
-                     problem);
+      run(cache,
+          "bench --repeats 30 --block-m 128 --block-n 64 --warps 4 " + problem);
   SCOPED_TRACE(again + "\n" + heuristic);
   ASSERT_NE(again.find("\"config_source\":\"tuned\""), std::string::npos);
-  EXPECT_LE(jsonNumber(again, "time_ms"), jsonNumber(heuristic, "time_ms") * 1.05);
+  EXPECT_LE(jsonNumber(again, "time_ms"),
+            jsonNumber(heuristic, "time_ms") * 1.05);
   EXPECT_GT(winnerMs, 0);
   std::system(("rm -rf " + cache).c_str());
 }

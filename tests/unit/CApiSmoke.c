@@ -63,8 +63,8 @@ int flashjit_c_smoke(char *why, size_t whyLen) {
     flashjit_tensor tk = {k, {B, H, N, D}, {H * N * D, N * D, D, 1}};
     flashjit_tensor tv = {v, {B, H, N, D}, {H * N * D, N * D, D, 1}};
     flashjit_tensor to = {o, {B, H, N, D}, {H * N * D, N * D, D, 1}};
-    flashjit_status s = flashjit_forward(h, &spec, &tq, &tk, &tv, &to, lse,
-                                         0.0, -1, -1, NULL, NULL);
+    flashjit_status s = flashjit_forward(h, &spec, &tq, &tk, &tv, &to, lse, 0.0,
+                                         -1, -1, NULL, NULL);
     if (s != FLASHJIT_OK) {
       snprintf(why, whyLen, "forward: %s: %s", flashjit_status_name(s),
                flashjit_last_error(h));
@@ -77,8 +77,7 @@ int flashjit_c_smoke(char *why, size_t whyLen) {
       for (c = 0; c < D; ++c) {
         float got = fp16_value(o[i * D + c]);
         if (fabsf(got - want) > 1e-2f) {
-          snprintf(why, whyLen, "o[%d][%d] = %g, expected %g", i, c, got,
-                   want);
+          snprintf(why, whyLen, "o[%d][%d] = %g, expected %g", i, c, got, want);
           flashjit_destroy(h);
           return 1;
         }
@@ -93,8 +92,8 @@ int flashjit_c_smoke(char *why, size_t whyLen) {
 
     /* An error: a bad head dim, named in the message. */
     spec.head_dim_qk = 0;
-    s = flashjit_forward(h, &spec, &tq, &tk, &tv, &to, lse, 0.0, -1, -1,
-                         NULL, NULL);
+    s = flashjit_forward(h, &spec, &tq, &tk, &tv, &to, lse, 0.0, -1, -1, NULL,
+                         NULL);
     if (s != FLASHJIT_ERROR_INVALID_ARGUMENT ||
         !strstr(flashjit_last_error(h), "head_dim_qk")) {
       snprintf(why, whyLen, "bad head dim: %s: %s", flashjit_status_name(s),

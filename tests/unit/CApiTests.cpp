@@ -67,15 +67,15 @@ flashjit_tensor toC(HalfTensor &t) {
 }
 
 flashjit_layout toC(const BlockSparseLayout &l) {
-  return {l.counts.data(), l.indices.data(), l.batch, l.heads, l.qBlocks,
-          l.kvBlocks};
+  return {l.counts.data(), l.indices.data(), l.batch,
+          l.heads,         l.qBlocks,        l.kvBlocks};
 }
 
 struct Case {
   AttentionSpec spec;
   Problem problem;
   QKVLayout layout = QKVLayout::Separate;
-  double density = -1; ///< >= 0: block-sparse with this density
+  double density = -1;  ///< >= 0: block-sparse with this density
   bool strided = false; ///< O laid out as (B, N, H, d)
 };
 
@@ -106,11 +106,11 @@ void runAndCheck(flashjit_handle *h, const Case &c, uint64_t seed) {
     wr = p.windowRight >= kUnboundedWindow ? -1 : p.windowRight;
   }
   flashjit_status s =
-      flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), p.scale, wl,
-                       wr, c.density >= 0 ? &cl : nullptr, nullptr);
+      flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), p.scale, wl, wr,
+                       c.density >= 0 ? &cl : nullptr, nullptr);
   ASSERT_EQ(s, FLASHJIT_OK) << flashjit_last_error(h);
-  ReferenceResult ref = referenceForward(c.spec, p, d,
-                                         c.density >= 0 ? &layout : nullptr);
+  ReferenceResult ref =
+      referenceForward(c.spec, p, d, c.density >= 0 ? &layout : nullptr);
   ErrorReport e = compareWithReference(c.spec, p, d, ref);
   EXPECT_LE(e.relErr(), errorBound(c.spec.dtype))
       << c.spec.name() << ": o " << e.oRelErr << ", lse " << e.lseRelErr
@@ -157,8 +157,8 @@ struct SmallProblem {
   }
   flashjit_status run(flashjit_handle *h, const flashjit_layout *l = nullptr,
                       int64_t wl = -1, int64_t wr = -1) {
-    return flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), 0.0, wl,
-                            wr, l, nullptr);
+    return flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), 0.0, wl, wr,
+                            l, nullptr);
   }
 };
 
@@ -180,8 +180,7 @@ TEST(CApi, ForwardMatchesReference) {
   std::vector<Case> cases = {
       makeCase(64, 64, DType::BF16, MaskKind::None, 1, 2, 3, 100, 100),
       makeCase(96, 96, DType::FP16, MaskKind::Causal, 2, 1, 4, 77, 130),
-      makeCase(40, 24, DType::BF16, MaskKind::SlidingWindow, 2, 1, 4, 130,
-               77),
+      makeCase(40, 24, DType::BF16, MaskKind::SlidingWindow, 2, 1, 4, 130, 77),
       makeCase(7, 33, DType::FP16, MaskKind::Causal, 1, 2, 2, 129, 129),
   };
   cases[2].problem.windowLeft = 9;
@@ -261,8 +260,7 @@ TEST(CApiErrors, InnermostStrideMustBeOne) {
   SmallProblem sp;
   sp.k.strides[3] = 2;
   EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(lastError().find("k.strides[3]"), std::string::npos)
-      << lastError();
+  EXPECT_NE(lastError().find("k.strides[3]"), std::string::npos) << lastError();
 }
 
 TEST(CApiErrors, MismatchedShapes) {
@@ -271,15 +269,13 @@ TEST(CApiErrors, MismatchedShapes) {
     SmallProblem sp;
     sp.v.shape[2] = 32; // Nkv of v differs from k's
     EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(lastError().find("v.shape[2]"), std::string::npos)
-        << lastError();
+    EXPECT_NE(lastError().find("v.shape[2]"), std::string::npos) << lastError();
   }
   {
     SmallProblem sp;
     sp.q.shape[3] = 16; // not the spec's head dim
     EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(lastError().find("q.shape[3]"), std::string::npos)
-        << lastError();
+    EXPECT_NE(lastError().find("q.shape[3]"), std::string::npos) << lastError();
   }
   {
     SmallProblem sp;
@@ -291,8 +287,7 @@ TEST(CApiErrors, MismatchedShapes) {
     SmallProblem sp;
     sp.o.shape[0] = 1;
     EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(lastError().find("o.shape[0]"), std::string::npos)
-        << lastError();
+    EXPECT_NE(lastError().find("o.shape[0]"), std::string::npos) << lastError();
   }
   {
     SmallProblem sp;
@@ -342,8 +337,7 @@ TEST(CApiErrors, Layouts) {
   l.counts[0] = 1;
   cl = toC(l);
   EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(lastError().find("out of range"), std::string::npos)
-      << lastError();
+  EXPECT_NE(lastError().find("out of range"), std::string::npos) << lastError();
   sp.spec.block_sparse = 0;
   EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
 }
@@ -385,8 +379,7 @@ TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
                               nullptr, nullptr),
             FLASHJIT_OK)
       << lastError();
-  BackwardReference ref =
-      referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr);
+  BackwardReference ref = referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr);
   BackwardErrorReport err = compareBackward(sp.specCpp, sp.p, g, ref);
   EXPECT_EQ(err.nanCount, 0);
   EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype))
@@ -400,8 +393,8 @@ TEST(CApiErrors, BackwardRejectsBadGradientsAndMissingLse) {
   ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
   // dq shaped as k, not q.
   EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
-                              sp.d.lse.data(), &sp.k, &sp.k, &sp.v, 0.0, -1,
-                              -1, nullptr, nullptr),
+                              sp.d.lse.data(), &sp.k, &sp.k, &sp.v, 0.0, -1, -1,
+                              nullptr, nullptr),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("dq must be shaped as q"), std::string::npos)
       << lastError();
@@ -409,8 +402,7 @@ TEST(CApiErrors, BackwardRejectsBadGradientsAndMissingLse) {
                               nullptr, &sp.q, &sp.k, &sp.v, 0.0, -1, -1,
                               nullptr, nullptr),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(lastError().find("lse is NULL"), std::string::npos)
-      << lastError();
+  EXPECT_NE(lastError().find("lse is NULL"), std::string::npos) << lastError();
 }
 
 //===----------------------------------------------------------------------===//
@@ -452,8 +444,7 @@ TEST(CApi, EmitStages) {
   EXPECT_NE(attn.find("attn.flash_fwd"), std::string::npos) << attn;
   EXPECT_EQ(attn.size(), std::strlen(attn.c_str()));
 
-  ASSERT_EQ(flashjit_emit(h, &spec, "tiled", nullptr, &out, &len),
-            FLASHJIT_OK)
+  ASSERT_EQ(flashjit_emit(h, &spec, "tiled", nullptr, &out, &len), FLASHJIT_OK)
       << lastError();
   std::string tiled(out, len);
   flashjit_free(out);

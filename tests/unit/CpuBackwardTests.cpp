@@ -69,8 +69,7 @@ BackwardRun prepare(const Case &c, uint64_t seed) {
   s.data = makeRandomInputs(s.spec, s.problem, c.qkv, rng);
   if (s.spec.blockSparse)
     s.layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
-  CpuKernel::compile(s.spec, s.config)
-      ->run(s.problem, s.data, s.layout.get());
+  CpuKernel::compile(s.spec, s.config)->run(s.problem, s.data, s.layout.get());
   s.grads = makeRandomGrads(s.spec, s.problem, s.data, rng);
   return s;
 }
@@ -89,8 +88,8 @@ TEST_P(CpuBackward, MatchesFloat64Gradients) {
   auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
   kernel->run(s.problem, s.data, s.grads, s.layout.get());
 
-  BackwardReference ref = referenceBackward(s.spec, s.problem, s.data,
-                                            s.grads, s.layout.get());
+  BackwardReference ref =
+      referenceBackward(s.spec, s.problem, s.data, s.grads, s.layout.get());
   BackwardErrorReport err = compareBackward(s.spec, s.problem, s.grads, ref);
   double bound = errorBound(s.spec.dtype);
   RecordProperty("dq_rel_err", std::to_string(err.dqRelErr));
@@ -229,8 +228,8 @@ TEST(CpuBackwardCheck, TransposedLayout) {
 /// --backward selects the backward description (attn.flash_bwd), which
 /// validates; its GPU stages are a named SpecError.
 TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
-  const char *argv[] = {"flashjit", "run", "--backward", "--head-dim", "40",
-                        "--head-dim-v", "24", "--causal"};
+  const char *argv[] = {"flashjit", "run",          "--backward", "--head-dim",
+                        "40",       "--head-dim-v", "24",         "--causal"};
   cli::CliOptions o = cli::parseCommandLine(8, argv);
   EXPECT_EQ(o.spec.direction, Direction::Backward);
   EXPECT_NO_THROW(o.spec.validate());

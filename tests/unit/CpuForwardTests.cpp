@@ -134,8 +134,8 @@ TEST(CpuForwardCheck, DetectsWrongAndUnwrittenOutputs) {
 
   AttentionData unwritten = data;
   unwritten.lse[7] = std::nanf("");
-  EXPECT_FALSE(std::isfinite(
-      compareWithReference(spec, p, unwritten, ref).relErr()));
+  EXPECT_FALSE(
+      std::isfinite(compareWithReference(spec, p, unwritten, ref).relErr()));
 }
 
 /// A block-sparse layout that lists nothing gives O = 0 and lse = -inf
@@ -151,8 +151,8 @@ TEST(CpuForwardCheck, EmptyLayoutAndLayoutChecks) {
   p.seqLenQ = p.seqLenKV = 70;
   std::mt19937_64 rng(freshSeed());
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
-  auto empty = BlockSparseLayout::fromDense(1, 1, 3, 3,
-                                            std::vector<uint8_t>(9, 0));
+  auto empty =
+      BlockSparseLayout::fromDense(1, 1, 3, 3, std::vector<uint8_t>(9, 0));
   auto kernel = CpuKernel::compile(spec, config);
   kernel->run(p, data, &empty);
   for (float l : data.lse)
@@ -160,8 +160,8 @@ TEST(CpuForwardCheck, EmptyLayoutAndLayoutChecks) {
   for (uint16_t o : *data.o.buffer)
     EXPECT_EQ(halfToFloat(spec.dtype, o), 0.0f);
 
-  auto small = BlockSparseLayout::fromDense(1, 1, 2, 2,
-                                            std::vector<uint8_t>(4, 1));
+  auto small =
+      BlockSparseLayout::fromDense(1, 1, 2, 2, std::vector<uint8_t>(4, 1));
   EXPECT_THROW(kernel->run(p, data, &small), SpecError);
   EXPECT_THROW(kernel->run(p, data, nullptr), SpecError);
 }

@@ -29,8 +29,8 @@ struct GpuCase {
 
 std::string caseName(const GpuCase &c) {
   return "dqk" + std::to_string(c.dqk) + "_dv" + std::to_string(c.dv) +
-         (c.dtype == DType::BF16 ? "_bf16" : "_fp16") + "_" +
-         toString(c.mask) + (c.sparse ? "_sparse" : "");
+         (c.dtype == DType::BF16 ? "_bf16" : "_fp16") + "_" + toString(c.mask) +
+         (c.sparse ? "_sparse" : "");
 }
 
 class GpuCodegen : public ::testing::TestWithParam<GpuCase> {
@@ -98,9 +98,9 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
   spec.headDimQK = 33;
   spec.headDimV = 40;
   for (int64_t copy : {2, 4, 8, 16})
-    for (auto [bm, bn, w] : {std::array<int64_t, 3>{64, 32, 4},
-                             std::array<int64_t, 3>{128, 64, 8},
-                             std::array<int64_t, 3>{16, 16, 1}}) {
+    for (auto [bm, bn, w] :
+         {std::array<int64_t, 3>{64, 32, 4}, std::array<int64_t, 3>{128, 64, 8},
+          std::array<int64_t, 3>{16, 16, 1}}) {
       TileConfig config;
       config.blockM = bm;
       config.blockN = bn;

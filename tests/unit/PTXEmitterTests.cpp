@@ -183,14 +183,15 @@ TEST_F(PtxEmitterTest, IntrinsicsSelectAndAssemble) {
          {"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
           "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
           "cp.async.cg.shared.global", "cp.async.ca.shared.global",
-          "cp.async.commit_group", "cp.async.wait_group",
-          "ex2.approx.ftz.f32", "lg2.approx.f32", "shfl.sync.bfly.b32"})
+          "cp.async.commit_group", "cp.async.wait_group", "ex2.approx.ftz.f32",
+          "lg2.approx.f32", "shfl.sync.bfly.b32"})
       EXPECT_TRUE(contains(ptx, instr)) << instr << " missing in\n" << ptx;
     if (!nvJitLink.available())
       continue;
     rt::CubinResult cubin = rt::ptxToCubin(ptx, arch);
     ASSERT_GE(cubin.cubin.size(), 4u);
-    EXPECT_EQ(std::string(cubin.cubin.data(), 4), "\x7f" "ELF");
+    EXPECT_EQ(std::string(cubin.cubin.data(), 4), "\x7f"
+                                                  "ELF");
     EXPECT_TRUE(contains(cubin.infoLog, "intrinsics")) << cubin.infoLog;
   }
   if (!nvJitLink.available())
@@ -261,9 +262,9 @@ TEST_F(PtxEmitterTest, IntrinsicTooNewForArchIsAnError) {
 }
 
 TEST_F(PtxEmitterTest, NonConstantImmargIsAnError) {
-  auto module = parse(intrinsicsWith(
-      "\"llvm.nvvm.cp.async.wait.group\"(%zero)",
-      "\"llvm.nvvm.cp.async.wait.group\"(%tid)"));
+  auto module =
+      parse(intrinsicsWith("\"llvm.nvvm.cp.async.wait.group\"(%zero)",
+                           "\"llvm.nvvm.cp.async.wait.group\"(%tid)"));
   ASSERT_TRUE(module);
   try {
     gpuModuleToPtx(*module, PtxOptions{"sm_80", 80, 3});
@@ -274,8 +275,8 @@ TEST_F(PtxEmitterTest, NonConstantImmargIsAnError) {
 }
 
 TEST_F(PtxEmitterTest, UnknownIntrinsicIsAnError) {
-  auto module = parse(intrinsicsWith("llvm.nvvm.lg2.approx.f",
-                                     "llvm.nvvm.lg2.approx.nope"));
+  auto module = parse(
+      intrinsicsWith("llvm.nvvm.lg2.approx.f", "llvm.nvvm.lg2.approx.nope"));
   ASSERT_TRUE(module);
   try {
     gpuModuleToPtx(*module, PtxOptions{"sm_80", 80, 3});

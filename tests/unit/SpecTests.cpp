@@ -51,8 +51,7 @@ TEST(HalfFloat, RoundsToNearestEvenLikeTheModel) {
     if (std::fabs(fp16) >= 65520.0)
       fp16 = std::copysign(INFINITY, x);
     ASSERT_EQ(double(fp16ToFloat(floatToFp16(x))), fp16) << x;
-    ASSERT_EQ(double(bf16ToFloat(floatToBf16(x))), roundModel(x, 7, -126))
-        << x;
+    ASSERT_EQ(double(bf16ToFloat(floatToBf16(x))), roundModel(x, 7, -126)) << x;
   }
   // Ties go to even.
   EXPECT_EQ(floatToBf16(1.0f + 1.0f / 256), floatToBf16(1.0f));
@@ -103,9 +102,9 @@ TEST(Spec, AttnModuleTextCarriesEveryField) {
   spec.blockSparse = true;
   spec.sparseBlock = 64;
   std::string text = attnModuleText(spec, "k");
-  for (const char *part :
-       {"attn.flash_fwd @k", "element_type = f16", "gqa = 4", "head_dim_qk = 33",
-        "head_dim_v = 17", "mask = \"sliding_window\"", "sparse_block = 64"})
+  for (const char *part : {"attn.flash_fwd @k", "element_type = f16", "gqa = 4",
+                           "head_dim_qk = 33", "head_dim_v = 17",
+                           "mask = \"sliding_window\"", "sparse_block = 64"})
     EXPECT_NE(text.find(part), std::string::npos) << part << " in " << text;
 }
 
@@ -134,20 +133,14 @@ TEST(Layout, DenseToBcsrAndBroadcast) {
 
 TEST(Layout, ReadsTextAndRejectsGarbage) {
   std::string path = ::testing::TempDir() + "/layout.txt";
-  {
-    std::ofstream(path) << "# two q blocks\n1 0 1\n0 1 0\n";
-  }
+  { std::ofstream(path) << "# two q blocks\n1 0 1\n0 1 0\n"; }
   auto l = BlockSparseLayout::readText(path);
   EXPECT_EQ(l.qBlocks, 2);
   EXPECT_EQ(l.kvBlocks, 3);
   EXPECT_EQ(l.counts, (std::vector<int32_t>{2, 1}));
-  {
-    std::ofstream(path) << "1 0\n1 2\n";
-  }
+  { std::ofstream(path) << "1 0\n1 2\n"; }
   EXPECT_THROW(BlockSparseLayout::readText(path), SpecError);
-  {
-    std::ofstream(path) << "1 0\n1\n";
-  }
+  { std::ofstream(path) << "1 0\n1\n"; }
   EXPECT_THROW(BlockSparseLayout::readText(path), SpecError);
   EXPECT_THROW(BlockSparseLayout::readText(path + ".missing"), SpecError);
 }
@@ -182,10 +175,12 @@ cli::CliOptions parse(std::vector<const char *> args) {
 }
 
 TEST(CliOptions, ParsesTheSpecProblemAndTiling) {
-  auto o = parse({"run", "--head-dim", "72", "--head-dim-v=40", "--dtype",
-                  "fp16", "--window", "16,0", "--gqa", "2", "--heads", "4",
-                  "--seq-len", "333", "--block-m", "32", "--block-n", "16",
-                  "--device", "cpu", "--json"});
+  auto o = parse({"run",       "--head-dim", "72",        "--head-dim-v=40",
+                  "--dtype",   "fp16",       "--window",  "16,0",
+                  "--gqa",     "2",          "--heads",   "4",
+                  "--seq-len", "333",        "--block-m", "32",
+                  "--block-n", "16",         "--device",  "cpu",
+                  "--json"});
   EXPECT_EQ(o.command, "run");
   EXPECT_EQ(o.spec.headDimQK, 72);
   EXPECT_EQ(o.spec.headDimV, 40);

@@ -200,8 +200,8 @@ void checkTensor(const flashjit_tensor *t, const char *what) {
         what, t->strides[3]));
 }
 
-void checkDim(const flashjit_tensor *t, const char *what, int dim,
-              int64_t want, const char *wantWhat) {
+void checkDim(const flashjit_tensor *t, const char *what, int dim, int64_t want,
+              const char *wantWhat) {
   if (t->shape[dim] != want)
     invalid(fmt::format("{}.shape[{}] ({}) is {}, {} is {}", what, dim,
                         shapeName(dim), t->shape[dim], wantWhat, want));
@@ -243,8 +243,8 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
       if (w == -1)
         return kUnboundedWindow;
       if (w < 0)
-        invalid(fmt::format("{} must be >= 0 or -1 (unbounded), got {}", name,
-                            w));
+        invalid(
+            fmt::format("{} must be >= 0 or -1 (unbounded), got {}", name, w));
       return std::min(w, kUnboundedWindow);
     };
     p.windowLeft = side("window_left", windowLeft);
@@ -307,16 +307,16 @@ std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
 /// A packed host copy of a caller's strided tensor (the CPU execution mode
 /// runs on HalfTensor buffers it owns).
 HalfTensor packedCopy(const flashjit_tensor &t) {
-  HalfTensor h = HalfTensor::packed({t.shape[0], t.shape[1], t.shape[2],
-                                     t.shape[3]});
+  HalfTensor h =
+      HalfTensor::packed({t.shape[0], t.shape[1], t.shape[2], t.shape[3]});
   const auto *src = static_cast<const uint16_t *>(t.data);
   uint16_t *dst = h.buffer->data();
   for (int64_t b = 0; b < t.shape[0]; ++b)
     for (int64_t hh = 0; hh < t.shape[1]; ++hh)
       for (int64_t n = 0; n < t.shape[2]; ++n) {
-        std::memcpy(dst, src + b * t.strides[0] + hh * t.strides[1] +
-                             n * t.strides[2],
-                    size_t(t.shape[3]) * 2);
+        std::memcpy(
+            dst, src + b * t.strides[0] + hh * t.strides[1] + n * t.strides[2],
+            size_t(t.shape[3]) * 2);
         dst += t.shape[3];
       }
   return h;
@@ -364,10 +364,9 @@ std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
   return bcsr;
 }
 
-void forwardCpu(flashjit_handle *h, const AttentionSpec &spec,
-                const Problem &p, const flashjit_tensor &q,
-                const flashjit_tensor &k, const flashjit_tensor &v,
-                const flashjit_tensor &o, float *lse,
+void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
+                const flashjit_tensor &q, const flashjit_tensor &k,
+                const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
                 const flashjit_layout *layout) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, spec.sparseBlock);
@@ -472,11 +471,10 @@ rt::DeviceTensor deviceTensor(const flashjit_tensor &t) {
 /// the heuristic instead (never tuning or synchronising during capture).
 TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
                            const Problem &p, const rt::DeviceInfo &info,
-                           const rt::ForwardArgs &args,
-                           const GpuTarget &target, CUstream stream) {
-  std::string key = fmt::format("{}|{}|{}|{}", spec.name(),
-                                rt::problemClass(p), info.ordinal,
-                                target.copyBytes);
+                           const rt::ForwardArgs &args, const GpuTarget &target,
+                           CUstream stream) {
+  std::string key = fmt::format("{}|{}|{}|{}", spec.name(), rt::problemClass(p),
+                                info.ordinal, target.copyBytes);
   std::lock_guard<std::mutex> lock(h->mutex);
   if (auto it = h->gpuConfigs.find(key); it != h->gpuConfigs.end())
     return it->second;
@@ -495,8 +493,10 @@ TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
       spec, p, args, target, info, cache,
       [&](size_t i, size_t n, const rt::TunedCandidate &c) {
         if (print)
-          fmt::print(stderr, "flashjit: tuning {}: candidate {} of {}: {} "
-                     "{}\n", spec.name(), i + 1, n, c.config.toJson(),
+          fmt::print(stderr,
+                     "flashjit: tuning {}: candidate {} of {}: {} "
+                     "{}\n",
+                     spec.name(), i + 1, n, c.config.toJson(),
                      c.error.empty() ? fmt::format("{:.4f} ms", c.ms)
                                      : "failed");
       });
@@ -534,8 +534,7 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
   target.copyBytes = rt::chooseCopyBytes(args);
 
   CUstream cuStream = static_cast<CUstream>(stream);
-  TileConfig config =
-      chooseGpuConfig(h, spec, p, info, args, target, cuStream);
+  TileConfig config = chooseGpuConfig(h, spec, p, info, args, target, cuStream);
   std::string problem =
       gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
   if (!problem.empty())
@@ -662,10 +661,9 @@ FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec) {
 FLASHJIT_API flashjit_status
 flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
                  const flashjit_tensor *q, const flashjit_tensor *k,
-                 const flashjit_tensor *v, const flashjit_tensor *o,
-                 float *lse, double scale, int64_t window_left,
-                 int64_t window_right, const flashjit_layout *layout,
-                 void *cuda_stream) {
+                 const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+                 double scale, int64_t window_left, int64_t window_right,
+                 const flashjit_layout *layout, void *cuda_stream) {
   return guarded("flashjit_forward", [&] {
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);
@@ -701,15 +699,13 @@ FLASHJIT_API flashjit_status flashjit_backward(
     if (handle->device == FLASHJIT_DEVICE_CUDA)
       throw NotImplemented("the GPU backward is not implemented yet (the CPU "
                            "backward is)");
-    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                layout);
+    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv, layout);
   });
 }
 
-FLASHJIT_API flashjit_status
-flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
-                       int64_t batch, int64_t heads, int64_t seq_len_q,
-                       int64_t seq_len_kv, int64_t out[4]) {
+FLASHJIT_API flashjit_status flashjit_chosen_config(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, int64_t out[4]) {
   return guarded("flashjit_chosen_config", [&] {
     requireHandle(handle);
     if (!out)
@@ -731,8 +727,8 @@ flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
       std::optional<TileConfig> tuned;
       {
         std::lock_guard<std::mutex> lock(handle->mutex);
-        std::string prefix =
-            fmt::format("{}|{}|{}|", s.name(), rt::problemClass(p), info.ordinal);
+        std::string prefix = fmt::format("{}|{}|{}|", s.name(),
+                                         rt::problemClass(p), info.ordinal);
         for (auto &[key, config] : handle->gpuConfigs)
           if (key.rfind(prefix, 0) == 0)
             tuned = config;
@@ -780,8 +776,8 @@ FLASHJIT_API flashjit_status flashjit_emit(flashjit_handle *handle,
     }
     std::string text;
     if (st == Stage::Cubin) {
-      rt::CubinResult r = rt::ptxToCubin(compileToPtx(s, config, target),
-                                         target.arch);
+      rt::CubinResult r =
+          rt::ptxToCubin(compileToPtx(s, config, target), target.arch);
       text.assign(r.cubin.begin(), r.cubin.end());
     } else {
       text = emitStage(s, config, st, target);

@@ -188,10 +188,9 @@ typedef struct flashjit_layout {
 FLASHJIT_API flashjit_status
 flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
                  const flashjit_tensor *q, const flashjit_tensor *k,
-                 const flashjit_tensor *v, const flashjit_tensor *o,
-                 float *lse, double scale, int64_t window_left,
-                 int64_t window_right, const flashjit_layout *layout,
-                 void *cuda_stream);
+                 const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+                 double scale, int64_t window_left, int64_t window_right,
+                 const flashjit_layout *layout, void *cuda_stream);
 
 /** The backward pass: dq, dk, dv from q, k, v, o, do and the forward's lse
  *  (dk and dv shaped as k and v, summed over each GQA group).
@@ -200,15 +199,14 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
  *  recomputation (dQ by a separate pass: bit-identical run to run). On a
  *  CUDA handle it validates its arguments and returns
  *  FLASHJIT_ERROR_NOT_IMPLEMENTED: the GPU backward is not written yet. */
-FLASHJIT_API flashjit_status
-flashjit_backward(flashjit_handle *handle, const flashjit_spec *spec,
-                  const flashjit_tensor *q, const flashjit_tensor *k,
-                  const flashjit_tensor *v, const flashjit_tensor *o,
-                  const flashjit_tensor *d_o, const float *lse,
-                  const flashjit_tensor *dq, const flashjit_tensor *dk,
-                  const flashjit_tensor *dv, double scale,
-                  int64_t window_left, int64_t window_right,
-                  const flashjit_layout *layout, void *cuda_stream);
+FLASHJIT_API flashjit_status flashjit_backward(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    void *cuda_stream);
 
 /* ---------------------------------------------------------------------- */
 /* Inspecting                                                              */
@@ -220,10 +218,9 @@ flashjit_backward(flashjit_handle *handle, const flashjit_spec *spec,
  *  heuristic. The first flashjit_forward of a new (spec, problem class,
  *  GPU) tunes on its inputs unless FLASHJIT_AUTOTUNE=0 or the stream is
  *  being captured. */
-FLASHJIT_API flashjit_status
-flashjit_chosen_config(flashjit_handle *handle, const flashjit_spec *spec,
-                       int64_t batch, int64_t heads, int64_t seq_len_q,
-                       int64_t seq_len_kv, int64_t out[4]);
+FLASHJIT_API flashjit_status flashjit_chosen_config(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, int64_t out[4]);
 
 /** Prints a stage of \p spec compiled with the default tiling: "attn",
  *  "tiled", "gpu", "llvm", "ptx", "cpu-llvm", or "cubin" (binary; needs

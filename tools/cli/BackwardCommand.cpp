@@ -37,8 +37,7 @@ double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 void checkBackwardStage(const CliOptions &o, Stage stage) {
   if (o.spec.direction != Direction::Backward)
     return;
-  if (stage != Stage::Attn && stage != Stage::Tiled &&
-      stage != Stage::CpuLlvm)
+  if (stage != Stage::Attn && stage != Stage::Tiled && stage != Stage::CpuLlvm)
     throwGpuBackwardNotImplemented();
 }
 

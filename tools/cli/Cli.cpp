@@ -120,8 +120,8 @@ int runRun(const CliOptions &o) {
   double compileMs = 0, runMs = 0;
   GpuRunResult gpu;
   if (device == Device::Cuda) {
-    gpu = runOnGpu(o, data, layout.get(), bench ? o.repeats : 5,
-                   tune || o.tune);
+    gpu =
+        runOnGpu(o, data, layout.get(), bench ? o.repeats : 5, tune || o.tune);
     if (!gpu.tuneTable.empty() && !o.json)
       fmt::print("{}winner: {}x{}, {} warps (stored for {} on this GPU)\n",
                  gpu.tuneTable, gpu.config.blockM, gpu.config.blockN,
@@ -138,8 +138,8 @@ int runRun(const CliOptions &o) {
   }
 
   // Large problems check a sample of rows (the float64 reference is slow).
-  ReferenceResult ref = referenceForward(spec, p, data, layout.get(),
-                                         bench ? 5e8 : 4e9);
+  ReferenceResult ref =
+      referenceForward(spec, p, data, layout.get(), bench ? 5e8 : 4e9);
   ErrorReport err = compareWithReference(spec, p, data, ref);
   double bound = errorBound(spec.dtype);
   double relErr = err.relErr();
@@ -155,36 +155,33 @@ int runRun(const CliOptions &o) {
                       : 0.0;
   std::string gpuFields =
       device == Device::Cuda
-          ? fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
-                        "\"spill_bytes\":{},\"shared_bytes\":{},"
-                        "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
-                        "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
-                        "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
-                        gpu.arch, gpu.copyBytes, gpu.build.registers,
-                        gpu.build.spillBytes,
-                        gpuGeometry(spec, gpu.config).sharedBytes, gpu.minMs,
-                        tflops, bench ? o.repeats : 5,
-                        rt::toString(gpu.build.cache), gpu.configSource,
-                        gpu.build.prepareMs, gpu.moduleLoadMs) +
-                (gpu.tuneJson.empty() ? ""
-                                      : ",\"candidates\":" + gpu.tuneJson)
+          ? fmt::format(
+                ",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
+                "\"spill_bytes\":{},\"shared_bytes\":{},"
+                "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
+                "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
+                "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
+                gpu.arch, gpu.copyBytes, gpu.build.registers,
+                gpu.build.spillBytes, gpuGeometry(spec, gpu.config).sharedBytes,
+                gpu.minMs, tflops, bench ? o.repeats : 5,
+                rt::toString(gpu.build.cache), gpu.configSource,
+                gpu.build.prepareMs, gpu.moduleLoadMs) +
+                (gpu.tuneJson.empty() ? "" : ",\"candidates\":" + gpu.tuneJson)
           : ",\"cache\":null";
   const TileConfig &config = device == Device::Cuda ? gpu.config : o.config;
   if (o.json) {
-    fmt::print("{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
-               "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
-               "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
-               "\"rows_checked\":{},\"time_ms\":{:.4f},\"compile_ms\":{:.3f},"
-               "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}}}\n",
-               spec.toJson(), config.toJson(), p.toJson(spec), deviceName,
-               reported, err.oRelErr, err.lseRelErr, err.nanCount,
-               err.lseMismatch, bound, ok ? "true" : "false", ref.rows.size(),
-               runMs, compileMs, inputSeed,
-               spec.blockSparse && o.layoutPath.empty()
-                   ? std::to_string(layoutSeed)
-                   : "null",
-               layout ? fmt::format("{:.4f}", layout->density()) : "null",
-               gpuFields);
+    fmt::print(
+        "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
+        "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
+        "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
+        "\"rows_checked\":{},\"time_ms\":{:.4f},\"compile_ms\":{:.3f},"
+        "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}}}\n",
+        spec.toJson(), config.toJson(), p.toJson(spec), deviceName, reported,
+        err.oRelErr, err.lseRelErr, err.nanCount, err.lseMismatch, bound,
+        ok ? "true" : "false", ref.rows.size(), runMs, compileMs, inputSeed,
+        spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
+                                                 : "null",
+        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields);
   } else {
     fmt::print("{} on {}: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}, "
                "{} rows checked) -> {}\n",

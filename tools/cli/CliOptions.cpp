@@ -13,19 +13,20 @@
 
 namespace flashjit::cli {
 
-static const char *kCommands[] = {"compile", "run", "bench", "tune", "cache",
-                                  "help"};
+static const char *kCommands[] = {"compile", "run",   "bench",
+                                  "tune",    "cache", "help"};
 
 std::string helpText(const std::string &command) {
   std::string usage;
   if (command == "compile")
-    usage = "usage: flashjit compile [spec] [tiling] [--emit STAGE] [-o FILE]\n"
-            "Prints one stage of the pipeline for the described attention.\n"
-            "  --emit STAGE         attn | tiled | gpu | llvm | ptx | cubin |\n"
-            "                       cpu-llvm (default: tiled); cubin needs -o\n"
-            "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
-            "                       (default: the GPU found, else sm_90a)\n"
-            "  -o FILE              write the stage to FILE instead of stdout\n";
+    usage =
+        "usage: flashjit compile [spec] [tiling] [--emit STAGE] [-o FILE]\n"
+        "Prints one stage of the pipeline for the described attention.\n"
+        "  --emit STAGE         attn | tiled | gpu | llvm | ptx | cubin |\n"
+        "                       cpu-llvm (default: tiled); cubin needs -o\n"
+        "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
+        "                       (default: the GPU found, else sm_90a)\n"
+        "  -o FILE              write the stage to FILE instead of stdout\n";
   else if (command == "tune")
     usage = "usage: flashjit tune [spec] [problem] [--json]\n"
             "Tunes Br x Bc and warps on the GPU for this spec and problem\n"
@@ -35,42 +36,45 @@ std::string helpText(const std::string &command) {
             "the cache (later runs and benches use it). Then runs the winner\n"
             "against the reference.\n";
   else if (command == "cache")
-    usage = "usage: flashjit cache list|clear|path\n"
-            "The on-disk cache of cubins and tuning results: FLASHJIT_CACHE_DIR,\n"
-            "else $XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit.\n";
+    usage =
+        "usage: flashjit cache list|clear|path\n"
+        "The on-disk cache of cubins and tuning results: FLASHJIT_CACHE_DIR,\n"
+        "else $XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit.\n";
   else if (command == "bench")
     usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
             "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
             "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
             "(halved for causal) / time; checks a sample of rows.\n";
   else if (command == "run")
-    usage = "usage: flashjit run [spec] [problem] [tiling] [--device D] "
-            "[--json] [--dump-io DIR]\n"
-            "Runs the kernel on fresh random inputs and checks it against a\n"
-            "float64 reference (relative norm error of O and lse).\n"
-            "  --device cpu|cuda    where to run (default: cuda when a GPU is\n"
-            "                       found, else cpu with a note on stderr)\n"
-            "  --json               one JSON object on stdout, logs on stderr\n"
-            "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
-            ".npy\n"
-            "  --seed N             seed of the random block-sparse layout\n"
-            "  --tune               tune the tiling first (as `flashjit tune`)\n"
-            "  --packed-qkv         q, k, v as strided views of one\n"
-            "                       (B, N, 3, H, d) buffer\n"
-            "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
-            "            3 no CUDA driver\n";
+    usage =
+        "usage: flashjit run [spec] [problem] [tiling] [--device D] "
+        "[--json] [--dump-io DIR]\n"
+        "Runs the kernel on fresh random inputs and checks it against a\n"
+        "float64 reference (relative norm error of O and lse).\n"
+        "  --device cpu|cuda    where to run (default: cuda when a GPU is\n"
+        "                       found, else cpu with a note on stderr)\n"
+        "  --json               one JSON object on stdout, logs on stderr\n"
+        "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
+        ".npy\n"
+        "  --seed N             seed of the random block-sparse layout\n"
+        "  --tune               tune the tiling first (as `flashjit tune`)\n"
+        "  --packed-qkv         q, k, v as strided views of one\n"
+        "                       (B, N, 3, H, d) buffer\n"
+        "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
+        "            3 no CUDA driver\n";
   else
-    usage = "usage: flashjit <command> [options]\n"
-            "flashjit JIT-compiles FlashAttention-style kernels through an "
-            "MLIR pipeline.\n"
-            "commands:\n"
-            "  compile   print a stage of the pipeline (attn, tiled, gpu, llvm,\n"
-            "            ptx, cubin, cpu-llvm)\n"
-            "  run       run on random inputs and check against a reference\n"
-            "  bench     time the kernel on the GPU (TFLOP/s)\n"
-            "  tune      tune Br x Bc, warps on the GPU and cache the winner\n"
-            "  cache     list, clear or locate the on-disk cache\n"
-            "  help      this text; `flashjit <command> --help` for more\n";
+    usage =
+        "usage: flashjit <command> [options]\n"
+        "flashjit JIT-compiles FlashAttention-style kernels through an "
+        "MLIR pipeline.\n"
+        "commands:\n"
+        "  compile   print a stage of the pipeline (attn, tiled, gpu, llvm,\n"
+        "            ptx, cubin, cpu-llvm)\n"
+        "  run       run on random inputs and check against a reference\n"
+        "  bench     time the kernel on the GPU (TFLOP/s)\n"
+        "  tune      tune Br x Bc, warps on the GPU and cache the winner\n"
+        "  cache     list, clear or locate the on-disk cache\n"
+        "  help      this text; `flashjit <command> --help` for more\n";
   return usage +
          "spec:\n"
          "  --head-dim D         head dim of Q and K (and V unless "
@@ -98,7 +102,8 @@ std::string helpText(const std::string &command) {
          "                       H = the gqa group size: one KV head)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
-         "  --block-m BR --block-n BC --warps W --stages S (default on the GPU: the\n"
+         "  --block-m BR --block-n BC --warps W --stages S (default on the "
+         "GPU: the\n"
          "                       tuned config if `flashjit tune` stored one\n"
          "                       for this GPU and problem class, else by\n"
          "                       head dim, e.g. 128 x 64 with 4 warps)\n";
@@ -191,7 +196,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          o.problem.seqLenKV = parseInt("--seq-len-kv", v);
          seqKVGiven = true;
        }},
-      {"--scale", [&](auto &v) { o.problem.scale = parseDouble("--scale", v); }},
+      {"--scale",
+       [&](auto &v) { o.problem.scale = parseDouble("--scale", v); }},
       {"--block-m",
        [&](auto &v) {
          o.config.blockM = parseInt("--block-m", v);
@@ -224,8 +230,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          o.config.stages = parseInt("--stages", v);
          warpsGiven = true; // a tiling flag: the config comes from flags
        }},
-      {"--repeats",
-       [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
+      {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--seed",
@@ -247,8 +252,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   for (; i < args.size(); ++i) {
     std::string arg = args[i], value;
     bool inlineValue = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 &&
-                                 eq != std::string::npos) {
+    if (auto eq = arg.find('=');
+        arg.rfind("--", 0) == 0 && eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
       inlineValue = true;
@@ -282,8 +287,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
                       "--window inf,0)");
     auto comma = window->find(',');
     if (comma == std::string::npos)
-      throw SpecError(
-          fmt::format("--window: expected L,R, got '{}'", *window));
+      throw SpecError(fmt::format("--window: expected L,R, got '{}'", *window));
     o.spec.mask = MaskKind::SlidingWindow;
     o.problem.windowLeft = parseInt("--window", window->substr(0, comma));
     o.problem.windowRight = parseInt("--window", window->substr(comma + 1));
@@ -300,8 +304,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.config.blockN = heuristic.blockN;
   o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
   if (!warpsGiven)
-    o.config.warps = std::min(heuristic.warps,
-                              std::max<int64_t>(1, o.config.blockM / 16));
+    o.config.warps =
+        std::min(heuristic.warps, std::max<int64_t>(1, o.config.blockM / 16));
   if (o.packedQKV &&
       (o.spec.headDimQK != o.spec.headDimV || o.spec.gqaGroup != 1 ||
        o.problem.seqLenQ != o.problem.seqLenKV))
@@ -327,10 +331,9 @@ std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
   auto layout = std::make_unique<BlockSparseLayout>(
       !o.layoutPath.empty()
           ? BlockSparseLayout::readText(o.layoutPath)
-          : BlockSparseLayout::random(p.batch, p.heads,
-                                      (p.seqLenQ + sb - 1) / sb,
-                                      (p.seqLenKV + sb - 1) / sb, *o.density,
-                                      seed));
+          : BlockSparseLayout::random(
+                p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
+                (p.seqLenKV + sb - 1) / sb, *o.density, seed));
   layout->checkFits(p, sb);
   return layout;
 }

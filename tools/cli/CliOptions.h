@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-
 namespace flashjit::cli {
 
 enum class Device { Cpu, Cuda };

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <future>
 #include <fmt/format.h>
+#include <future>
 
 namespace flashjit::cli {
 
@@ -31,9 +31,8 @@ struct DeviceProblem {
   rt::ForwardArgs args;
 
   rt::DeviceTensor map(const HalfTensor &t) {
-    auto it = std::find_if(bufs.begin(), bufs.end(), [&](auto &e) {
-      return e.first == t.buffer.get();
-    });
+    auto it = std::find_if(bufs.begin(), bufs.end(),
+                           [&](auto &e) { return e.first == t.buffer.get(); });
     if (it == bufs.end()) {
       rt::DeviceBuffer d(t.buffer->size() * 2);
       d.upload(t.buffer->data(), t.buffer->size() * 2);
@@ -140,12 +139,16 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
           if (!verbose)
             return;
           if (c.error.empty())
-            fmt::print(stderr, "tune: candidate {} of {}: {}x{} {} warps: "
-                       "{:.4f} ms\n", i + 1, n, c.config.blockM,
-                       c.config.blockN, c.config.warps, c.ms);
+            fmt::print(stderr,
+                       "tune: candidate {} of {}: {}x{} {} warps: "
+                       "{:.4f} ms\n",
+                       i + 1, n, c.config.blockM, c.config.blockN,
+                       c.config.warps, c.ms);
           else
-            fmt::print(stderr, "tune: candidate {} of {}: {}x{} {} warps: "
-                       "failed\n", i + 1, n, c.config.blockM, c.config.blockN,
+            fmt::print(stderr,
+                       "tune: candidate {} of {}: {}x{} {} warps: "
+                       "failed\n",
+                       i + 1, n, c.config.blockM, c.config.blockN,
                        c.config.warps);
         });
     r.tuneTable = rt::formatTuneTable(result);
@@ -158,8 +161,9 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
           r.tuneJson.size() > 1 ? "," : "", c.config.toJson(),
           c.error.empty() ? fmt::format("{:.5f}", c.ms) : "null", c.registers,
           c.spillBytes);
-    r.tuneJson += fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
-                              result.compileSeconds, result.timeSeconds);
+    r.tuneJson +=
+        fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
+                    result.compileSeconds, result.timeSeconds);
     if (!o.configFromFlags) {
       r.config = result.best;
       r.configSource = "tuned";

@@ -14,8 +14,8 @@
 #include "kernels/HostTensor.h"
 #include "runtime/Autotuner.h"
 #include "runtime/DiskCache.h"
-#include "tools/engine/KernelProvider.h"
 #include "tools/cli/CliOptions.h"
+#include "tools/engine/KernelProvider.h"
 
 #include <string>
 #include <vector>
@@ -38,8 +38,8 @@ struct GpuRunResult {
   TileConfig config;
   std::string configSource; ///< "flags", "tuned" or "heuristic"
   CubinBuild build;
-  std::string tuneTable;    ///< when `--tune` or `flashjit tune` tuned
-  std::string tuneJson;     ///< the same, as a JSON array
+  std::string tuneTable; ///< when `--tune` or `flashjit tune` tuned
+  std::string tuneJson;  ///< the same, as a JSON array
 };
 /// Runs on the GPU; with \p tune (or `flashjit tune`), tunes first and
 /// stores the winner.

@@ -31,6 +31,6 @@ int main(int argc, char **argv) {
   mlir::registerConvertControlFlowToLLVMPass();
   mlir::registerReconcileUnrealizedCastsPass();
   mlir::memref::registerExpandStridedMetadataPass();
-  return mlir::asMainReturnCode(mlir::MlirOptMain(
-      argc, argv, "flashjit optimizer driver\n", registry));
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "flashjit optimizer driver\n", registry));
 }

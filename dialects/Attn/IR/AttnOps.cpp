@@ -43,8 +43,8 @@ template <typename OpT> static LogicalResult verifyKernelDescription(OpT op) {
   if (gqa < 1)
     return op.emitOpError() << "gqa must be >= 1, got " << gqa;
   if (sb < 0)
-    return op.emitOpError() << "sparse_block must be >= 0 (0 = dense), got "
-                            << sb;
+    return op.emitOpError()
+           << "sparse_block must be >= 0 (0 = dense), got " << sb;
   return success();
 }
 
