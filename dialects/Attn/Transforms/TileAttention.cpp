@@ -216,38 +216,20 @@ void TiledForwardBuilder::initState() {
 
 /// The FA-2 KV loop: an scf.for over the blocks of Bc keys in [jLo, jHi].
 void TiledForwardBuilder::denseKVLoop() {
-  Value kbLo = arith::DivSIOp::create(b, jLo, cIdx(bc));
-  Value kbEnd = add(arith::DivSIOp::create(b, jHi, cIdx(bc)), cIdx(1));
-  Value nonEmpty = cmpI(arith::CmpIPredicate::sge, jHi, jLo);
-  Value kbHi = select(nonEmpty, kbEnd, kbLo);
-  forLoop(kbLo, kbHi, [&](Value kb) { processBlock(mulC(kb, bc)); });
+  forBlocksInRange(jLo, jHi, bc, [&](Value n0) { processBlock(n0); });
 }
 
 /// Block-sparse: visit only the sparse KV blocks the layout lists for this
 /// Q block, each as sparse_block / Bc blocks of Bc keys, skipping those that
 /// lie past Nkv or outside the band.
 void TiledForwardBuilder::sparseKVLoop() {
-  Value counts = arg(abi::Counts), indices = arg(abi::Indices);
   Value qsb = arith::DivUIOp::create(b, m0, cIdx(sparseBlock));
-  Value countAt = add(add(mul(bIdx, indexArg(abi::CountsStrideB)),
-                          mul(hIdx, indexArg(abi::CountsStrideH))),
-                      qsb);
-  Value count = arith::IndexCastOp::create(b, idxTy, load(counts, {countAt}));
-  Value listBase = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
-                           mul(hIdx, indexArg(abi::IndicesStrideH))),
-                       mul(qsb, indexArg(abi::IndicesStrideM)));
-  forLoop(cIdx(0), count, [&](Value t) {
-    Value sb =
-        arith::IndexCastOp::create(b, idxTy, load(indices, {add(listBase, t)}));
-    forLoop(cIdx(0), cIdx(sparseBlock / bc), [&](Value u) {
-      Value n0 = add(mulC(sb, sparseBlock), mulC(u, bc));
-      Value n1 = add(n0, cIdx(bc - 1));
-      Value inBand =
-          arith::AndIOp::create(b, cmpI(arith::CmpIPredicate::sle, n0, jHi),
-                                cmpI(arith::CmpIPredicate::sge, n1, jLo));
-      ifThen(inBand, [&] { processBlock(n0); });
-    });
-  });
+  forListedBlocks(arg(abi::Counts), arg(abi::Indices),
+                  {indexArg(abi::CountsStrideB), indexArg(abi::CountsStrideH),
+                   indexArg(abi::IndicesStrideB), indexArg(abi::IndicesStrideH),
+                   indexArg(abi::IndicesStrideM)},
+                  bIdx, hIdx, qsb, sparseBlock, bc, jLo, jHi,
+                  [&](Value n0) { processBlock(n0); });
 }
 
 /// One iteration of the KV loop over keys [n0, n0 + Bc).

@@ -431,32 +431,21 @@ void TiledBackwardBuilder::buildMain() {
     Value hI = add(mulC(hkI, gqa), g);
     if (sparseBlock == 0) {
       // The Q blocks of Br rows in [iLo, iHi].
-      Value qbLo = arith::DivSIOp::create(b, iLo, cIdx(br));
-      Value qbEnd = add(arith::DivSIOp::create(b, iHi, cIdx(br)), cIdx(1));
-      Value qbHi = select(cmpI(Pred::sge, iHi, iLo), qbEnd, qbLo);
-      forLoop(qbLo, qbHi, [&](Value qb) { processQBlock(mulC(qb, br), hI); });
+      forBlocksInRange(iLo, iHi, br,
+                       [&](Value first) { processQBlock(first, hI); });
       return;
     }
     // Block-sparse: the sparse Q blocks that the KV-major (transposed)
     // layout lists for this key block's sparse block, each as
     // sparse_block / Br Q blocks, skipping those outside [iLo, iHi].
     Value kvsb = arith::DivUIOp::create(b, n0, cIdx(sparseBlock));
-    Value countAt = add(add(mul(bI, indexArg(bwd::KvCountsStrideB)),
-                            mul(hI, indexArg(bwd::KvCountsStrideH))),
-                        kvsb);
-    Value count = indexCast(load(buf(bwd::KvCounts), {countAt}));
-    Value listBase = add(add(mul(bI, indexArg(bwd::KvIndicesStrideB)),
-                             mul(hI, indexArg(bwd::KvIndicesStrideH))),
-                         mul(kvsb, indexArg(bwd::KvIndicesStrideM)));
-    forLoop(cIdx(0), count, [&](Value t) {
-      Value qsb = indexCast(load(buf(bwd::KvIndices), {add(listBase, t)}));
-      forLoop(cIdx(0), cIdx(sparseBlock / br), [&](Value u) {
-        Value first = add(mulC(qsb, sparseBlock), mulC(u, br));
-        Value inBand = andI(cmpI(Pred::sle, first, iHi),
-                            cmpI(Pred::sge, add(first, cIdx(br - 1)), iLo));
-        ifThen(inBand, [&] { processQBlock(first, hI); });
-      });
-    });
+    forListedBlocks(
+        buf(bwd::KvCounts), buf(bwd::KvIndices),
+        {indexArg(bwd::KvCountsStrideB), indexArg(bwd::KvCountsStrideH),
+         indexArg(bwd::KvIndicesStrideB), indexArg(bwd::KvIndicesStrideH),
+         indexArg(bwd::KvIndicesStrideM)},
+        bI, hI, kvsb, sparseBlock, br, iLo, iHi,
+        [&](Value first) { processQBlock(first, hI); });
   });
 
   Value dkBase =
@@ -493,28 +482,16 @@ void TiledBackwardBuilder::buildDq() {
     accumulateDQ();
   };
   if (sparseBlock == 0) {
-    Value kbLo = arith::DivSIOp::create(b, jLo, cIdx(bc));
-    Value kbEnd = add(arith::DivSIOp::create(b, jHi, cIdx(bc)), cIdx(1));
-    Value kbHi = select(cmpI(Pred::sge, jHi, jLo), kbEnd, kbLo);
-    forLoop(kbLo, kbHi, [&](Value kb) { processKVBlock(mulC(kb, bc)); });
+    forBlocksInRange(jLo, jHi, bc, [&](Value n0) { processKVBlock(n0); });
   } else {
     Value qsb = arith::DivUIOp::create(b, m0, cIdx(sparseBlock));
-    Value countAt = add(add(mul(bI, indexArg(bwd::CountsStrideB)),
-                            mul(hI, indexArg(bwd::CountsStrideH))),
-                        qsb);
-    Value count = indexCast(load(buf(bwd::Counts), {countAt}));
-    Value listBase = add(add(mul(bI, indexArg(bwd::IndicesStrideB)),
-                             mul(hI, indexArg(bwd::IndicesStrideH))),
-                         mul(qsb, indexArg(bwd::IndicesStrideM)));
-    forLoop(cIdx(0), count, [&](Value t) {
-      Value sb = indexCast(load(buf(bwd::Indices), {add(listBase, t)}));
-      forLoop(cIdx(0), cIdx(sparseBlock / bc), [&](Value u) {
-        Value n0 = add(mulC(sb, sparseBlock), mulC(u, bc));
-        Value inBand = andI(cmpI(Pred::sle, n0, jHi),
-                            cmpI(Pred::sge, add(n0, cIdx(bc - 1)), jLo));
-        ifThen(inBand, [&] { processKVBlock(n0); });
-      });
-    });
+    forListedBlocks(buf(bwd::Counts), buf(bwd::Indices),
+                    {indexArg(bwd::CountsStrideB), indexArg(bwd::CountsStrideH),
+                     indexArg(bwd::IndicesStrideB),
+                     indexArg(bwd::IndicesStrideH),
+                     indexArg(bwd::IndicesStrideM)},
+                    bI, hI, qsb, sparseBlock, bc, jLo, jHi,
+                    [&](Value n0) { processKVBlock(n0); });
   }
 
   Value dqBase =

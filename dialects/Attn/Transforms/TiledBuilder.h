@@ -15,6 +15,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
+#include <array>
+
 namespace flashjit::attn::detail {
 
 /// Builds IR before one attn op, at its location.
@@ -89,6 +91,44 @@ protected:
     mlir::OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifOp.thenBlock());
     body();
+  }
+
+  /// `for each block of \p step rows starting in [lo, hi]: body(first)`,
+  /// the blocks aligned to \p step (none when hi < lo).
+  template <typename Fn>
+  void forBlocksInRange(Value lo, Value hi, int64_t step, Fn &&body) {
+    Value first = mlir::arith::DivSIOp::create(b, lo, cIdx(step));
+    Value end = add(mlir::arith::DivSIOp::create(b, hi, cIdx(step)), cIdx(1));
+    Value last =
+        select(cmpI(mlir::arith::CmpIPredicate::sge, hi, lo), end, first);
+    forLoop(first, last, [&](Value blk) { body(mulC(blk, step)); });
+  }
+
+  /// The blocks a BCSR layout lists: for the sparse block \p owner (in
+  /// units of \p sparseBlock) of (\p batch, \p head), each listed sparse
+  /// block is walked as sparseBlock / step blocks of \p step rows, and
+  /// body(first) runs for those that meet [lo, hi]. \p strides are the
+  /// layout's (counts b, counts h, indices b, indices h, indices m).
+  template <typename Fn>
+  void forListedBlocks(Value counts, Value indices,
+                       std::array<Value, 5> strides, Value batch, Value head,
+                       Value owner, int64_t sparseBlock, int64_t step, Value lo,
+                       Value hi, Fn &&body) {
+    using Pred = mlir::arith::CmpIPredicate;
+    Value countAt =
+        add(add(mul(batch, strides[0]), mul(head, strides[1])), owner);
+    Value count = indexCast(load(counts, {countAt}));
+    Value listBase = add(add(mul(batch, strides[2]), mul(head, strides[3])),
+                         mul(owner, strides[4]));
+    forLoop(cIdx(0), count, [&](Value t) {
+      Value listed = indexCast(load(indices, {add(listBase, t)}));
+      forLoop(cIdx(0), cIdx(sparseBlock / step), [&](Value u) {
+        Value first = add(mulC(listed, sparseBlock), mulC(u, step));
+        Value meets = andI(cmpI(Pred::sle, first, hi),
+                           cmpI(Pred::sge, add(first, cIdx(step - 1)), lo));
+        ifThen(meets, [&] { body(first); });
+      });
+    });
   }
 
   mlir::ImplicitLocOpBuilder b;
