@@ -2,6 +2,7 @@
 
 #include "tools/cli/BackwardCommand.h"
 #include "kernels/HostTensor.h"
+#include "tools/engine/Stopwatch.h"
 
 #include <chrono>
 #include <cmath>
@@ -12,11 +13,7 @@
 namespace flashjit::cli {
 namespace {
 
-double msSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now() - start)
-      .count();
-}
+using engine::msSince;
 
 /// --dump-io of a backward run: the forward's tensors plus do, dq, dk, dv.
 void dumpBackwardIO(const std::string &dir, const AttentionSpec &spec,

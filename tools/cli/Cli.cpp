@@ -16,6 +16,7 @@
 #include "tools/cli/BackwardCommand.h"
 #include "tools/cli/CliOptions.h"
 #include "tools/cli/GpuCommands.h"
+#include "tools/engine/Stopwatch.h"
 
 #include <chrono>
 #include <cmath>
@@ -42,11 +43,7 @@ void writeOutput(const CliOptions &o, const std::string &text) {
     throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
 }
 
-double msSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now() - start)
-      .count();
-}
+using engine::msSince;
 
 int runCompile(const CliOptions &o) {
   Stage stage = parseStage(o.emit);

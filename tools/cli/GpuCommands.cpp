@@ -6,6 +6,7 @@
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
 #include "runtime/NvJitLink.h"
+#include "tools/engine/Stopwatch.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,11 +18,7 @@ namespace flashjit::cli {
 
 namespace {
 
-double msSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now() - start)
-      .count();
-}
+using engine::msSince;
 
 /// A host problem's tensors on the device; q, k, v views of one host buffer
 /// share one device buffer.

@@ -4,6 +4,7 @@
 #include "compiler/Target/PTXEmitter.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/NvJitLink.h"
+#include "tools/engine/Stopwatch.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,12 +14,6 @@
 namespace flashjit::engine {
 
 namespace {
-
-double msSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 /// The cubin cache key: everything that changes the bytes.
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,

@@ -16,6 +16,8 @@
 #include "runtime/DiskCache.h"
 #include "runtime/Error.h"
 
+#include "tests/unit/runtime/ScopedEnv.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -42,28 +44,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Sets an environment variable for the scope of one test.
-class ScopedEnv {
-public:
-  ScopedEnv(const char *name, const char *value) : name_(name) {
-    if (const char *old = std::getenv(name))
-      old_ = old;
-    if (value)
-      setenv(name, value, /*overwrite=*/1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
-private:
-  const char *name_;
-  std::optional<std::string> old_;
-};
+using flashjit::test::ScopedEnv;
 
 /// The key of a cubin, with every part the issue names.
 CacheKey cubinKey(const std::map<std::string, std::string> &overrides = {}) {

@@ -15,6 +15,8 @@
 #include "runtime/NvJitLink.h"
 #include "tests/unit/runtime/TestKernels.h"
 
+#include "tests/unit/runtime/ScopedEnv.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -26,28 +28,7 @@ using namespace flashjit::rt;
 
 namespace {
 
-/// Sets an environment variable for the scope of one test.
-class ScopedEnv {
-public:
-  ScopedEnv(const char *name, const char *value) : name_(name) {
-    if (const char *old = std::getenv(name))
-      old_ = old;
-    if (value)
-      setenv(name, value, /*overwrite=*/1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
-private:
-  const char *name_;
-  std::optional<std::string> old_;
-};
+using flashjit::test::ScopedEnv;
 
 bool isElf(const std::vector<char> &image) {
   return image.size() > 4 && std::memcmp(image.data(),
