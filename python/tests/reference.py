@@ -27,8 +27,9 @@ def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
     return vis
 
 
-def attention_ref(q, k, v, scale=None, visible=None):
-    """(o, lse) in float64; rows that see no key: o = 0, lse = -inf."""
+def _softmax(q, k, v, scale, visible):
+    """float64 inputs (K, V repeated over each GQA group), the unnormalised
+    probabilities exp(s - m), the row sums and the rows that see no key."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     g = q.shape[1] // k.shape[1]
     k = np.repeat(k, g, axis=1)
@@ -41,7 +42,12 @@ def attention_ref(q, k, v, scale=None, visible=None):
     empty = np.isneginf(m)
     m = np.where(empty, 0.0, m)
     p = np.exp(s - m)
-    l = p.sum(axis=-1, keepdims=True)
+    return q, k, v, scale, m, p, p.sum(axis=-1, keepdims=True), empty
+
+
+def attention_ref(q, k, v, scale=None, visible=None):
+    """(o, lse) in float64; rows that see no key: o = 0, lse = -inf."""
+    _, _, v, _, m, p, l, empty = _softmax(q, k, v, scale, visible)
     o = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, 1.0, l)
     o = np.where(empty, 0.0, o)
     with np.errstate(divide="ignore"):
@@ -68,25 +74,17 @@ def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None):
     """(dq, dk, dv) in float64 of the attention above for upstream d_o.
     D = rowsum(d_o * o) from the o given (the forward's, as a user has it);
     dk and dv are summed over each GQA group."""
-    q, k, v, o, d_o = (np.asarray(x, dtype=np.float64) for x in (q, k, v, o, d_o))
-    g = q.shape[1] // k.shape[1]
-    kr = np.repeat(k, g, axis=1)
-    vr = np.repeat(v, g, axis=1)
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = np.einsum("bhid,bhjd->bhij", q, kr) * scale
-    if visible is not None:
-        s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    empty = np.isneginf(m)
-    p = np.exp(s - np.where(empty, 0.0, m))
-    p = np.where(empty, 0.0, p / np.where(empty, 1.0, p.sum(-1, keepdims=True)))
+    q, kr, vr, scale, _, p, l, empty = _softmax(q, k, v, scale, visible)
+    o, d_o = (np.asarray(x, dtype=np.float64) for x in (o, d_o))
+    p = np.where(empty, 0.0, p / np.where(empty, 1.0, l))
     dv = np.einsum("bhij,bhid->bhjd", p, d_o)
     dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
     delta = (d_o * o).sum(-1, keepdims=True)
     ds = p * (dp - delta)
     dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
     dk = np.einsum("bhij,bhid->bhjd", ds, q) * scale
-    B, Hkv = k.shape[0], k.shape[1]
+    B, Hkv = np.shape(k)[0], np.shape(k)[1]
+    g = q.shape[1] // Hkv
     dk = dk.reshape(B, Hkv, g, *dk.shape[2:]).sum(2)
     dv = dv.reshape(B, Hkv, g, *dv.shape[2:]).sum(2)
     return dq, dk, dv

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import flashjit
+import reference
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -18,26 +19,11 @@ BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
 def visible(nq, nkv, causal=False, window=None, dense=None, block=None,
             device="cuda"):
-    """[B|1, H|1, Nq, Nkv] boolean mask (bottom-right aligned)."""
-    i = torch.arange(nq, device=device)[:, None]
-    j = torch.arange(nkv, device=device)[None, :]
-    diag = i + (nkv - nq)
-    vis = torch.ones(nq, nkv, dtype=torch.bool, device=device)
-    if causal:
-        vis &= j <= diag
-    if window is not None:
-        left, right = window
-        if left is not None:
-            vis &= j >= diag - left
-        if right is not None:
-            vis &= j <= diag + right
-    vis = vis[None, None]
+    """[B|1, H|1, Nq, Nkv] boolean mask (bottom-right aligned), on device."""
     if dense is not None:
-        d = torch.as_tensor(dense, device=device).bool()
-        while d.dim() < 4:
-            d = d[None]
-        vis = vis & d[:, :, i // block, j // block]
-    return vis
+        dense = torch.as_tensor(dense).bool().cpu().numpy()
+    return torch.as_tensor(reference.visible_mask(nq, nkv, causal, window,
+                                                  dense, block), device=device)
 
 
 def reference(q, k, v, vis, scale=None):
