@@ -128,6 +128,149 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
   return c;
 }
 
+
+/// Geometry of the GPU backward (three kernels, kernels/KernelABI.h abi::bwd).
+/// Both main kernels run one template: "resident" tiles loaded once per
+/// program and "streamed" tiles double-buffered along its loop.
+///   dK/dV kernel (`attention`): a program per (Bc keys, batch * KV head,
+///     output chunk); resident K, V (Bc rows, warps split the keys),
+///     streamed Q, dO (Br rows) of every query head of the group.
+///   dQ kernel (`attention_dq`): a program per (Br rows, batch * head, dQ
+///     chunk); resident Q, dO (Br rows, warps split the rows), streamed K, V
+///     (Bc keys).
+///   preprocess (`attention_preprocess`): delta = rowsum(dO * O), a program
+///     per kPreprocessRows rows.
+/// Output columns: when dqk + dv (padded) <= 256, one dK/dV program computes
+/// both; else dK and dV are split into chunks of <= 256 columns (multiples
+/// of 64), one chunk of one of them per program (grid.z), each recomputing
+/// P (and dP for dK) in full.
+struct GpuBackwardGeometry {
+  static constexpr int64_t kPreprocessRows = 64;
+  static constexpr int64_t kPreprocessThreads = 128;
+  int64_t threads;           ///< 32 * warps
+  int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
+  int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
+  int64_t dqkPad, dvPad;     ///< head dims rounded up to 16
+  int64_t qkRowChunks;       ///< 16-byte chunks per Q/K/dQ row in smem
+  int64_t vRowChunks;        ///< 16-byte chunks per V/dO row in smem
+  bool kvCombined;           ///< one dK/dV program computes dK and dV
+  int64_t dkChunk, dkChunks; ///< dK columns per program, programs (split)
+  int64_t dvChunk, dvChunks; ///< dV columns per program, programs (split)
+  int64_t dqChunk, dqChunks; ///< dQ columns per program, programs
+  /// Shared memory of one main kernel: the resident QK-wide and V-wide
+  /// tiles, then two stages of the streamed ones.
+  struct Smem {
+    int64_t residentQK, residentV, streamQK, streamV, stageBytes, total;
+  };
+  Smem kvSmem, dqSmem;
+
+  /// Programs along grid.z of the dK/dV kernel.
+  int64_t kvPrograms() const { return kvCombined ? 1 : dkChunks + dvChunks; }
+  std::array<int64_t, 3> preprocessGrid(const Problem &p) const {
+    return {ceilDiv(p.seqLenQ, kPreprocessRows), p.batch * p.heads, 1};
+  }
+  std::array<int64_t, 3> kvGrid(const Problem &p, const TileConfig &c,
+                                int64_t gqa) const {
+    return {ceilDiv(p.seqLenKV, c.blockN), p.batch * (p.heads / gqa),
+            kvPrograms()};
+  }
+  std::array<int64_t, 3> dqGrid(const Problem &p, const TileConfig &c) const {
+    return {ceilDiv(p.seqLenQ, c.blockM), p.batch * p.heads, dqChunks};
+  }
+};
+
+/// Splits \p pad columns into chunks of at most \p maxChunk (a multiple of
+/// 64 when there is more than one).
+inline void splitColumns(int64_t pad, int64_t maxChunk, int64_t &chunk,
+                         int64_t &chunks) {
+  chunks = ceilDiv(pad, maxChunk);
+  chunk = chunks == 1 ? pad : roundUp(ceilDiv(pad, chunks), 64);
+  chunks = ceilDiv(pad, chunk);
+}
+
+inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
+                                               const TileConfig &config) {
+  GpuBackwardGeometry g;
+  g.threads = 32 * config.warps;
+  g.keyTiles = config.blockN / (16 * config.warps);
+  g.rowTiles = config.blockM / (16 * config.warps);
+  g.dqkPad = roundUp(spec.headDimQK, 16);
+  g.dvPad = roundUp(spec.headDimV, 16);
+  g.qkRowChunks = roundUp(g.dqkPad / 8, 8);
+  g.vRowChunks = roundUp(g.dvPad / 8, 8);
+  g.kvCombined = g.dqkPad + g.dvPad <= 256;
+  splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
+  splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
+  splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
+  auto smem = [&](int64_t residentRows, int64_t streamRows) {
+    GpuBackwardGeometry::Smem s;
+    s.residentQK = 0;
+    s.residentV = residentRows * g.qkRowChunks * 16;
+    s.streamQK = s.residentV + residentRows * g.vRowChunks * 16;
+    s.streamV = s.streamQK + streamRows * g.qkRowChunks * 16;
+    s.stageBytes = streamRows * (g.qkRowChunks + g.vRowChunks) * 16;
+    s.total = s.streamQK + 2 * s.stageBytes;
+    return s;
+  };
+  g.kvSmem = smem(config.blockN, config.blockM);
+  g.dqSmem = smem(config.blockM, config.blockN);
+  return g;
+}
+
+/// Why \p config cannot run the GPU backward of \p spec ("" if it can).
+inline std::string gpuBackwardConfigProblem(const AttentionSpec &spec,
+                                            const TileConfig &config,
+                                            int64_t maxSharedBytes) {
+  if (config.blockM % (16 * config.warps) != 0)
+    return "block_m (" + std::to_string(config.blockM) +
+           ") must be a multiple of 16 * warps (" +
+           std::to_string(16 * config.warps) +
+           ") for the GPU backward (the dQ kernel's warps split the rows)";
+  if (config.blockN % (16 * config.warps) != 0)
+    return "block_n (" + std::to_string(config.blockN) +
+           ") must be a multiple of 16 * warps (" +
+           std::to_string(16 * config.warps) +
+           ") for the GPU backward (the dK/dV kernel's warps split the keys)";
+  if (config.stages != 2)
+    return "stages (" + std::to_string(config.stages) +
+           ") must be 2 on the GPU (double-buffered tiles)";
+  GpuBackwardGeometry g = gpuBackwardGeometry(spec, config);
+  int64_t need = std::max(g.kvSmem.total, g.dqSmem.total);
+  if (need > maxSharedBytes)
+    return "the backward's tiles need " + std::to_string(need) +
+           " bytes of shared memory, the device allows " +
+           std::to_string(maxSharedBytes);
+  return "";
+}
+
+/// The default GPU tiling of the backward (before tuning), per range of
+/// max(head_dim_qk, head_dim_v): one 16-key tile per warp in the dK/dV
+/// kernel and one 16-row tile per warp in the dQ kernel.
+inline TileConfig defaultGpuBackwardConfig(const AttentionSpec &spec) {
+  int64_t d = std::max(spec.headDimQK, spec.headDimV);
+  TileConfig c;
+  if (d <= 256) {
+    c.blockM = 64;
+    c.blockN = 64;
+    c.warps = 4;
+  } else {
+    c.blockM = 32;
+    c.blockN = 32;
+    c.warps = 2;
+  }
+  if (spec.blockSparse) {
+    // Br and Bc must divide the sparse block; fewer warps where they shrink.
+    while (spec.sparseBlock % c.blockM != 0 && c.blockM > 16)
+      c.blockM /= 2;
+    while (spec.sparseBlock % c.blockN != 0 && c.blockN > 16)
+      c.blockN /= 2;
+    while (c.warps > 1 &&
+           (c.blockM % (16 * c.warps) != 0 || c.blockN % (16 * c.warps) != 0))
+      c.warps /= 2;
+  }
+  return c;
+}
+
 } // namespace flashjit
 
 #endif // FLASHJIT_KERNELS_GPUGEOMETRY_H

@@ -229,6 +229,44 @@ inline const char *f32ArgName(int i) {
   return names[i];
 }
 
+/// Element strides of the backward's tensors (b, h, n, d) and of the
+/// layout's arrays (b, h, m), both orientations; zero for a dense kernel.
+struct BackwardStrides {
+  std::array<int64_t, 4> q{}, k{}, v{}, o{}, dO{}, dq{}, dk{}, dv{};
+  std::array<int64_t, 3> counts{}, indices{}, kvCounts{}, kvIndices{};
+};
+
+/// The index arguments of the backward kernels, in IndexArg order: one
+/// place for the CPU and GPU launchers.
+inline std::array<int64_t, NumIndexArgs>
+indexArgs(const AttentionSpec &spec, const Problem &p,
+          const BackwardStrides &s) {
+  std::array<int64_t, NumIndexArgs> idx{};
+  idx[Batch] = p.batch;
+  idx[Heads] = p.heads;
+  idx[SeqQ] = p.seqLenQ;
+  idx[SeqKV] = p.seqLenKV;
+  const std::array<int64_t, 4> *tensors[] = {&s.q,  &s.k,  &s.v,  &s.o,
+                                             &s.dO, &s.dq, &s.dk, &s.dv};
+  for (int t = 0; t < 8; ++t)
+    for (int i = 0; i < 3; ++i)
+      idx[QStrideB + 3 * t + i] = (*tensors[t])[i];
+  auto [left, right] = effectiveWindow(spec, p);
+  idx[WindowLeft] = left;
+  idx[WindowRight] = right;
+  idx[CountsStrideB] = s.counts[0];
+  idx[CountsStrideH] = s.counts[1];
+  idx[IndicesStrideB] = s.indices[0];
+  idx[IndicesStrideH] = s.indices[1];
+  idx[IndicesStrideM] = s.indices[2];
+  idx[KvCountsStrideB] = s.kvCounts[0];
+  idx[KvCountsStrideH] = s.kvCounts[1];
+  idx[KvIndicesStrideB] = s.kvIndices[0];
+  idx[KvIndicesStrideH] = s.kvIndices[1];
+  idx[KvIndicesStrideM] = s.kvIndices[2];
+  return idx;
+}
+
 } // namespace bwd
 
 } // namespace flashjit::abi

@@ -348,45 +348,25 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
                                 workspaceBytes, needBytes));
   }
 
-  auto [left, right] = effectiveWindow(spec, p);
-  std::vector<int64_t> idx(bwd::NumIndexArgs, 0);
-  idx[bwd::Batch] = p.batch;
-  idx[bwd::Heads] = p.heads;
-  idx[bwd::SeqQ] = p.seqLenQ;
-  idx[bwd::SeqKV] = p.seqLenKV;
-  auto setStrides = [&](int first, const HalfTensor &t) {
-    for (int i = 0; i < 3; ++i)
-      idx[first + i] = t.strides[i];
-  };
-  setStrides(bwd::QStrideB, fwd.q);
-  setStrides(bwd::KStrideB, fwd.k);
-  setStrides(bwd::VStrideB, fwd.v);
-  setStrides(bwd::OStrideB, fwd.o);
-  setStrides(bwd::DOStrideB, g.dO);
-  setStrides(bwd::DQStrideB, g.dq);
-  setStrides(bwd::DKStrideB, g.dk);
-  setStrides(bwd::DVStrideB, g.dv);
-  idx[bwd::WindowLeft] = left;
-  idx[bwd::WindowRight] = right;
-
+  abi::bwd::BackwardStrides strides;
+  strides.q = fwd.q.strides;
+  strides.k = fwd.k.strides;
+  strides.v = fwd.v.strides;
+  strides.o = fwd.o.strides;
+  strides.dO = g.dO.strides;
+  strides.dq = g.dq.strides;
+  strides.dk = g.dk.strides;
+  strides.dv = g.dv.strides;
   std::vector<int32_t> noLayout(1, 0);
   MemRef1D counts = describe(noLayout.data(), 1), indices = counts;
   MemRef1D kvCounts = counts, kvIndices = counts;
   BlockSparseLayout kvMajor;
   if (layout) {
     kvMajor = layout->transposed();
-    auto cs = layout->countStrides(), is = layout->indexStrides();
-    auto kcs = kvMajor.countStrides(), kis = kvMajor.indexStrides();
-    idx[bwd::CountsStrideB] = cs[0];
-    idx[bwd::CountsStrideH] = cs[1];
-    idx[bwd::IndicesStrideB] = is[0];
-    idx[bwd::IndicesStrideH] = is[1];
-    idx[bwd::IndicesStrideM] = is[2];
-    idx[bwd::KvCountsStrideB] = kcs[0];
-    idx[bwd::KvCountsStrideH] = kcs[1];
-    idx[bwd::KvIndicesStrideB] = kis[0];
-    idx[bwd::KvIndicesStrideH] = kis[1];
-    idx[bwd::KvIndicesStrideM] = kis[2];
+    strides.counts = layout->countStrides();
+    strides.indices = layout->indexStrides();
+    strides.kvCounts = kvMajor.countStrides();
+    strides.kvIndices = kvMajor.indexStrides();
     auto describeI32 = [](const std::vector<int32_t> &v) {
       return describe(const_cast<int32_t *>(v.data()), int64_t(v.size()));
     };
@@ -395,6 +375,9 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
     kvCounts = describeI32(kvMajor.counts);
     kvIndices = describeI32(kvMajor.indices);
   }
+  std::array<int64_t, bwd::NumIndexArgs> idxArgs =
+      bwd::indexArgs(spec, p, strides);
+  std::vector<int64_t> idx(idxArgs.begin(), idxArgs.end());
   double scale = p.effectiveScale(spec);
   std::vector<float> f32s(bwd::NumF32Args);
   f32s[bwd::ScaleLog2e] = float(scale / std::log(2.0));

@@ -1,0 +1,118 @@
+//===- BackwardLauncher.cpp - Launch the compiled GPU backward ------------===//
+
+#include "runtime/BackwardLauncher.h"
+#include "kernels/KernelABI.h"
+#include "runtime/Error.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace flashjit::rt {
+
+int64_t chooseCopyBytes(const BackwardArgs &args) {
+  ForwardArgs tiles;
+  tiles.q = args.q;
+  tiles.k = args.k;
+  tiles.v = args.v;
+  int64_t bytes = chooseCopyBytes(tiles);
+  tiles.q = args.dO;
+  return std::min(bytes, chooseCopyBytes(tiles));
+}
+
+BackwardKernel::BackwardKernel(const std::vector<char> &cubin,
+                               const AttentionSpec &spec,
+                               const TileConfig &config, int64_t copyBytes)
+    : module(cubin), spec(spec), config(config),
+      geo(gpuBackwardGeometry(spec, config)), copy(copyBytes) {
+  preprocess = module.function(std::string("attention") +
+                               abi::bwd::kPreprocessSuffix);
+  main = module.function("attention");
+  dq = module.function(std::string("attention") + abi::bwd::kDqSuffix);
+}
+
+void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
+                            CUstream stream) const {
+  namespace bwd = abi::bwd;
+  p.validate(spec);
+  for (const DeviceTensor *t :
+       {&a.q, &a.k, &a.v, &a.o, &a.dO, &a.dq, &a.dk, &a.dv})
+    if (t->strides[3] != 1)
+      throw SpecError(fmt::format(
+          "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
+  if (chooseCopyBytes(a) < copy)
+    throw SpecError(
+        fmt::format("kernel compiled for {}-byte copies, the tensors allow {}",
+                    copy, chooseCopyBytes(a)));
+  if (!a.lse || !a.delta)
+    throw SpecError("the backward needs the forward's lse and a workspace");
+  if (spec.blockSparse &&
+      (!a.counts || !a.indices || !a.kvCounts || !a.kvIndices))
+    throw SpecError("a block-sparse backward needs the layout and its "
+                    "transpose");
+
+  bwd::BackwardStrides strides;
+  strides.q = a.q.strides;
+  strides.k = a.k.strides;
+  strides.v = a.v.strides;
+  strides.o = a.o.strides;
+  strides.dO = a.dO.strides;
+  strides.dq = a.dq.strides;
+  strides.dk = a.dk.strides;
+  strides.dv = a.dv.strides;
+  strides.counts = a.countStrides;
+  strides.indices = a.indexStrides;
+  strides.kvCounts = a.kvCountStrides;
+  strides.kvIndices = a.kvIndexStrides;
+  auto idx = bwd::indexArgs(spec, p, strides);
+  double scale = p.effectiveScale(spec);
+  float f32s[bwd::NumF32Args];
+  f32s[bwd::ScaleLog2e] = float(scale / std::log(2.0));
+  f32s[bwd::Scale] = float(scale);
+
+  CUdeviceptr bufs[bwd::NumBuffers] = {};
+  bufs[bwd::Q] = a.q.ptr;
+  bufs[bwd::K] = a.k.ptr;
+  bufs[bwd::V] = a.v.ptr;
+  bufs[bwd::O] = a.o.ptr;
+  bufs[bwd::DO] = a.dO.ptr;
+  bufs[bwd::Lse] = a.lse;
+  bufs[bwd::Delta] = a.delta;
+  bufs[bwd::DQ] = a.dq.ptr;
+  bufs[bwd::DK] = a.dk.ptr;
+  bufs[bwd::DV] = a.dv.ptr;
+  bufs[bwd::Counts] = a.counts;
+  bufs[bwd::Indices] = a.indices;
+  bufs[bwd::KvCounts] = a.kvCounts;
+  bufs[bwd::KvIndices] = a.kvIndices;
+  // Buffers a kernel never reads (dq_accum, a dense kernel's layout) get a
+  // valid pointer anyway.
+  for (CUdeviceptr &b : bufs)
+    if (!b)
+      b = a.q.ptr;
+  void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args];
+  int n = 0;
+  for (CUdeviceptr &b : bufs)
+    params[n++] = &b;
+  for (int64_t &v : idx)
+    params[n++] = &v;
+  for (float &f : f32s)
+    params[n++] = &f;
+
+  auto dim3 = [](const std::array<int64_t, 3> &g) {
+    if (g[1] > 65535)
+      throw SpecError(
+          fmt::format("batch * heads = {} exceeds the grid's 65535", g[1]));
+    return Dim3{unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
+  };
+  Dim3 pre = dim3(geo.preprocessGrid(p)), kv = dim3(geo.kvGrid(p, config,
+                                                                spec.gqaGroup)),
+       dqGrid = dim3(geo.dqGrid(p, config));
+  rt::launch(preprocess, pre,
+             Dim3{unsigned(GpuBackwardGeometry::kPreprocessThreads), 1, 1}, 0,
+             stream, params);
+  Dim3 block{unsigned(geo.threads), 1, 1};
+  rt::launch(main, kv, block, unsigned(geo.kvSmem.total), stream, params);
+  rt::launch(dq, dqGrid, block, unsigned(geo.dqSmem.total), stream, params);
+}
+
+} // namespace flashjit::rt

@@ -1,0 +1,65 @@
+//===- BackwardLauncher.h - Launch the compiled GPU backward ----*- C++ -*-===//
+//
+/// \file
+/// Launches the three kernels of a backward cubin (kernels/KernelABI.h,
+/// abi::bwd) in stream order: `attention_preprocess` (delta = rowsum(dO *
+/// O)), then `attention` (dK, dV: a program per KV block) and
+/// `attention_dq` (dQ: a program per Q block, deterministic by
+/// construction). Grids, blocks and shared memory come from
+/// kernels/GpuGeometry.h (gpuBackwardGeometry). No MLIR here.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_RUNTIME_BACKWARDLAUNCHER_H
+#define FLASHJIT_RUNTIME_BACKWARDLAUNCHER_H
+
+#include "runtime/AttentionLauncher.h"
+
+namespace flashjit::rt {
+
+/// The device-side arguments of one backward call.
+struct BackwardArgs {
+  DeviceTensor q, k, v, o, dO; ///< inputs (dO shaped as o)
+  DeviceTensor dq, dk, dv;     ///< outputs (shaped as q, k, v)
+  CUdeviceptr lse = 0;         ///< fp32 [B, H, Nq] packed, from the forward
+  /// Workspace: fp32 [B, H, Nq] packed (delta), at least
+  /// backwardWorkspaceBytes(spec, problem) bytes.
+  CUdeviceptr delta = 0;
+  /// The forward's BCSR layout (Q-major) and its transpose (KV-major, see
+  /// BlockSparseLayout::transposed()); block-sparse specs only.
+  CUdeviceptr counts = 0, indices = 0, kvCounts = 0, kvIndices = 0;
+  std::array<int64_t, 3> countStrides{}, indexStrides{};
+  std::array<int64_t, 3> kvCountStrides{}, kvIndexStrides{};
+};
+
+/// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers
+/// and strides of Q, K, V and dO allow.
+int64_t chooseCopyBytes(const BackwardArgs &args);
+
+/// A loaded backward cubin.
+class BackwardKernel {
+public:
+  /// Loads \p cubin (compiled from a Direction::Backward spec); throws
+  /// RuntimeError.
+  BackwardKernel(const std::vector<char> &cubin, const AttentionSpec &spec,
+                 const TileConfig &config, int64_t copyBytes);
+
+  /// Launches the three kernels on \p stream. Throws SpecError for bad
+  /// arguments, RuntimeError for driver errors.
+  void launch(const Problem &problem, const BackwardArgs &args,
+              CUstream stream) const;
+
+  const GpuBackwardGeometry &geometry() const { return geo; }
+  int64_t copyBytes() const { return copy; }
+
+private:
+  Module module;
+  CUfunction preprocess = nullptr, main = nullptr, dq = nullptr;
+  AttentionSpec spec;
+  TileConfig config;
+  GpuBackwardGeometry geo;
+  int64_t copy;
+};
+
+} // namespace flashjit::rt
+
+#endif // FLASHJIT_RUNTIME_BACKWARDLAUNCHER_H
