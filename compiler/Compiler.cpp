@@ -97,9 +97,9 @@ void throwGpuBackwardNotImplemented() {
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,
                                   const GpuTarget &target) {
-  if (spec.direction == Direction::Backward)
-    throwGpuBackwardNotImplemented();
-  std::string problem = gpuConfigProblem(spec, config, 227 * 1024);
+  std::string problem = spec.direction == Direction::Backward
+                            ? gpuBackwardConfigProblem(spec, config, 227 * 1024)
+                            : gpuConfigProblem(spec, config, 227 * 1024);
   if (!problem.empty())
     throw SpecError(problem);
   if (target.copyBytes != 2 && target.copyBytes != 4 && target.copyBytes != 8 &&

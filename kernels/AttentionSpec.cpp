@@ -141,7 +141,7 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p,
                                DqAccumulation mode) {
   int64_t rows = p.batch * p.heads * p.seqLenQ;
-  int64_t bytes = rows * 4; // delta
+  int64_t bytes = 2 * rows * 4; // delta, -lse * log2(e)
   if (mode == DqAccumulation::Atomic)
     bytes += rows * spec.headDimQK * 4; // dq_accum
   return bytes;

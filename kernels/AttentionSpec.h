@@ -107,8 +107,10 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 /// later): the main loop adds into an f32 dq_accum workspace.
 enum class DqAccumulation { SeparatePass, Atomic };
 
-/// The workspace the backward of \p spec on \p problem needs, in bytes: delta
-/// (f32 [B, H, Nq]) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after it.
+/// The workspace the backward of \p spec on \p problem needs, in bytes: the
+/// per-row statistics (f32 [2, B, H, Nq]: delta = rowsum(dO * O), then
+/// -lse * log2(e)) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after
+/// them.
 /// A caller may pass that much; else the library allocates it.
 int64_t
 backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &problem,

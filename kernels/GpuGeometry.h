@@ -128,7 +128,6 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
   return c;
 }
 
-
 /// Geometry of the GPU backward (three kernels, kernels/KernelABI.h abi::bwd).
 /// Both main kernels run one template: "resident" tiles loaded once per
 /// program and "streamed" tiles double-buffered along its loop.
@@ -151,6 +150,7 @@ struct GpuBackwardGeometry {
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
   int64_t dqkPad, dvPad;     ///< head dims rounded up to 16
+  int64_t qkCols, vCols;     ///< columns copied (every chunk's columns)
   int64_t qkRowChunks;       ///< 16-byte chunks per Q/K/dQ row in smem
   int64_t vRowChunks;        ///< 16-byte chunks per V/dO row in smem
   bool kvCombined;           ///< one dK/dV program computes dK and dV
@@ -158,9 +158,12 @@ struct GpuBackwardGeometry {
   int64_t dvChunk, dvChunks; ///< dV columns per program, programs (split)
   int64_t dqChunk, dqChunks; ///< dQ columns per program, programs
   /// Shared memory of one main kernel: the resident QK-wide and V-wide
-  /// tiles, then two stages of the streamed ones.
+  /// tiles, then two stages of the streamed ones (each stage: the QK tile,
+  /// the V tile and, in the dK/dV kernel, the streamed rows' statistics:
+  /// -lse * log2(e) and delta, f32).
   struct Smem {
-    int64_t residentQK, residentV, streamQK, streamV, stageBytes, total;
+    int64_t residentQK, residentV, streamQK, streamV, streamStats, stageBytes,
+        total;
   };
   Smem kvSmem, dqSmem;
 
@@ -196,24 +199,31 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   g.rowTiles = config.blockM / (16 * config.warps);
   g.dqkPad = roundUp(spec.headDimQK, 16);
   g.dvPad = roundUp(spec.headDimV, 16);
-  g.qkRowChunks = roundUp(g.dqkPad / 8, 8);
-  g.vRowChunks = roundUp(g.dvPad / 8, 8);
   g.kvCombined = g.dqkPad + g.dvPad <= 256;
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
-  auto smem = [&](int64_t residentRows, int64_t streamRows) {
+  // Rows cover every chunk's columns (the last chunk may pass the head dim;
+  // those columns are zero-filled and never stored).
+  g.qkCols =
+      std::max({g.dqkPad, g.dkChunk * g.dkChunks, g.dqChunk * g.dqChunks});
+  g.vCols = std::max(g.dvPad, g.dvChunk * g.dvChunks);
+  g.qkRowChunks = roundUp(g.qkCols / 8, 8);
+  g.vRowChunks = roundUp(g.vCols / 8, 8);
+  auto smem = [&](int64_t residentRows, int64_t streamRows,
+                  int64_t statsBytes) {
     GpuBackwardGeometry::Smem s;
     s.residentQK = 0;
     s.residentV = residentRows * g.qkRowChunks * 16;
     s.streamQK = s.residentV + residentRows * g.vRowChunks * 16;
     s.streamV = s.streamQK + streamRows * g.qkRowChunks * 16;
-    s.stageBytes = streamRows * (g.qkRowChunks + g.vRowChunks) * 16;
+    s.streamStats = s.streamV + streamRows * g.vRowChunks * 16;
+    s.stageBytes = s.streamStats + statsBytes - s.streamQK;
     s.total = s.streamQK + 2 * s.stageBytes;
     return s;
   };
-  g.kvSmem = smem(config.blockN, config.blockM);
-  g.dqSmem = smem(config.blockM, config.blockN);
+  g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4);
+  g.dqSmem = smem(config.blockM, config.blockN, 0);
   return g;
 }
 

@@ -107,7 +107,9 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///
 ///   buffers:  q, k, v, o, do (element type; do shaped as o),
 ///             lse (f32 [B, H, Nq], from the forward; -inf: the row sees no
-///             key), delta (f32 [B, H, Nq] workspace: rowsum(do * o)),
+///             key), delta (f32 [2, B, H, Nq] workspace: rowsum(do * o),
+///             then -lse * log2(e), -inf where lse = -inf; the CPU kernels
+///             use the first half only),
 ///             dq_accum (f32 [B, H, Nq, dqk] workspace; reserved for a
 ///             variant that accumulates dQ with atomics: the CPU kernels
 ///             neither read nor write it), dq, dk, dv (element type; shaped
@@ -238,9 +240,9 @@ struct BackwardStrides {
 
 /// The index arguments of the backward kernels, in IndexArg order: one
 /// place for the CPU and GPU launchers.
-inline std::array<int64_t, NumIndexArgs>
-indexArgs(const AttentionSpec &spec, const Problem &p,
-          const BackwardStrides &s) {
+inline std::array<int64_t, NumIndexArgs> indexArgs(const AttentionSpec &spec,
+                                                   const Problem &p,
+                                                   const BackwardStrides &s) {
   std::array<int64_t, NumIndexArgs> idx{};
   idx[Batch] = p.batch;
   idx[Heads] = p.heads;

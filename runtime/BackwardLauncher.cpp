@@ -24,8 +24,8 @@ BackwardKernel::BackwardKernel(const std::vector<char> &cubin,
                                const TileConfig &config, int64_t copyBytes)
     : module(cubin), spec(spec), config(config),
       geo(gpuBackwardGeometry(spec, config)), copy(copyBytes) {
-  preprocess = module.function(std::string("attention") +
-                               abi::bwd::kPreprocessSuffix);
+  preprocess =
+      module.function(std::string("attention") + abi::bwd::kPreprocessSuffix);
   main = module.function("attention");
   dq = module.function(std::string("attention") + abi::bwd::kDqSuffix);
 }
@@ -104,8 +104,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
           fmt::format("batch * heads = {} exceeds the grid's 65535", g[1]));
     return Dim3{unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
   };
-  Dim3 pre = dim3(geo.preprocessGrid(p)), kv = dim3(geo.kvGrid(p, config,
-                                                                spec.gqaGroup)),
+  Dim3 pre = dim3(geo.preprocessGrid(p)),
+       kv = dim3(geo.kvGrid(p, config, spec.gqaGroup)),
        dqGrid = dim3(geo.dqGrid(p, config));
   rt::launch(preprocess, pre,
              Dim3{unsigned(GpuBackwardGeometry::kPreprocessThreads), 1, 1}, 0,

@@ -34,7 +34,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/GpuBuilder.h"
-#include "compiler/Conversion/Passes.h"
+#include "compiler/Conversion/KernelEmitters.h"
+#include "compiler/Conversion/TileCopy.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
 
@@ -45,14 +46,10 @@
 #include <limits>
 #include <optional>
 
-namespace flashjit::conversion {
-#define GEN_PASS_DEF_LOWERTILEDTOGPU
-#include "compiler/Conversion/Passes.h.inc"
-} // namespace flashjit::conversion
-
 using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::gpu;
+using namespace flashjit::conversion;
 using arith::CmpIPredicate;
 
 namespace {
@@ -64,41 +61,6 @@ struct KernelShape {
   int64_t copyBytes;
   GpuGeometry geo;
   bool hasBand;
-};
-
-/// Shared-memory addresses of one thread's ldmatrix rows in a swizzled tile,
-/// split so that loop-invariant registers stay few: row r = laneRow + R
-/// (R a multiple of 8) and chunk c = laneChunk + C (C even, laneChunk 0 or
-/// 1) give byte ((r * rowChunks + (c & ~7) + ((c & 7) ^ (r & 7))) * 16:
-/// one lane base, four lane XOR terms for C % 8, and an immediate.
-struct FragmentAddresses {
-  Value base;                ///< tile offset + laneRow * rowChunks * 16
-  std::array<Value, 4> xors; ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
-  int64_t rowChunks = 0;
-
-  FragmentAddresses() = default;
-  FragmentAddresses(GpuBuilder &g, int64_t tileOffset, Value laneRow,
-                    Value laneChunk, int64_t rowChunks)
-      : rowChunks(rowChunks) {
-    base = g.add(g.c32(tileOffset), g.mul(laneRow, g.c32(rowChunks * 16)));
-    Value r7 = g.andI(laneRow, g.c32(7));
-    for (int64_t j = 0; j < 4; ++j)
-      xors[j] = g.mul(g.xorI(g.add(laneChunk, g.c32(2 * j)), r7), g.c32(16));
-  }
-  /// The same addresses from an opaque copy of the lane base (see
-  /// GpuBuilder::opaque): used inside the KV loop.
-  FragmentAddresses inLoop(GpuBuilder &g) const {
-    FragmentAddresses copy = *this;
-    copy.base = g.opaque(base);
-    return copy;
-  }
-  /// Address of row laneRow + rowConst, column (laneChunk + chunkConst) * 8.
-  Value at(GpuBuilder &g, Value smem, int64_t rowConst,
-           int64_t chunkConst) const {
-    int64_t imm = (rowConst * rowChunks + (chunkConst & ~int64_t(7))) * 16;
-    Value off = g.add(g.add(base, xors[(chunkConst & 7) / 2]), g.c32(imm));
-    return g.sharedBytePtr(smem, off);
-  }
 };
 
 /// Emits the body of one FlashAttention-2 forward kernel.
@@ -123,18 +85,16 @@ private:
   Value loadI32(Value base, Value index64) {
     return LLVM::LoadOp::create(g.b, g.i32, ptrAt(base, g.i32, index64));
   }
-  template <typename Fn> void ifThen(Value cond, Fn &&body) {
-    auto ifOp = scf::IfOp::create(g.b, cond, /*withElseRegion=*/false);
-    OpBuilder::InsertionGuard guard(g.b);
-    g.b.setInsertionPointToStart(ifOp.thenBlock());
-    body();
-  }
-
   void setUp();
   Value blockStart(Value t);
   void loadTile(Value base, Value rowBase, Value rowStride, Value row0,
                 Value nRows, int64_t rows, int64_t logicalCols, Value colBase,
-                int64_t padCols, int64_t rowChunks, int64_t smemOffset);
+                int64_t padCols, int64_t rowChunks, int64_t smemOffset) {
+    copyTileAsync(g, TileCopier{smem, tid, k.geo.threads, k.copyBytes},
+                  TileSource{base, rowBase, rowStride, row0, nRows, rows,
+                             logicalCols, colBase, padCols, rowChunks,
+                             g.c32(smemOffset)});
+  }
   void loadKTile(Value n0);
   void loadVTile(Value n0);
   std::vector<Acc> computeScores();
@@ -180,14 +140,12 @@ void FlashFwdKernel::setUp() {
   // operand of Q K^T): row (lane / 16) * 8 + lane % 8, chunk (lane / 8) % 2.
   // V (B operand of P V, transposed): row ((lane / 8) % 2) * 8 + lane % 8,
   // chunk lane / 16.
-  Value l16 = g.divU(lane, g.c32(16)), l8 = g.remU(lane, g.c32(8));
-  Value l8h = g.remU(g.divU(lane, g.c32(8)), g.c32(2));
-  qFrag.emplace(g, k.geo.qOffset, g.add(warpRow0, g.remU(lane, g.c32(16))), l16,
-                k.geo.qkRowChunks);
-  kFrag.emplace(g, k.geo.kOffset, g.add(g.mul(l16, g.c32(8)), l8), l8h,
-                k.geo.qkRowChunks);
-  vFrag.emplace(g, k.geo.vOffset, g.add(g.mul(l8h, g.c32(8)), l8), l16,
-                k.geo.vRowChunks);
+  qFrag = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
+                            g.c32(k.geo.qOffset), k.geo.qkRowChunks);
+  kFrag = fragmentAddresses(g, FragmentPattern::B, lane, g.c32(0),
+                            g.c32(k.geo.kOffset), k.geo.qkRowChunks);
+  vFrag = fragmentAddresses(g, FragmentPattern::BTrans, lane, g.c32(0),
+                            g.c32(k.geo.vOffset), k.geo.vRowChunks);
 
   Value bh64 = g.ext64(pidBH);
   Value heads = idx(abi::Heads);
@@ -251,95 +209,6 @@ Value FlashFwdKernel::blockStart(Value t) {
   Value sparseIdx = loadI32(arg(abi::Indices), g.add(listBase, entry));
   return g.add(g.mul(sparseIdx, g.c32(k.spec.sparseBlock)),
                g.mul(g.remU(t, perSparse), g.c32(bc)));
-}
-
-/// Copies rows [row0, row0 + rows) x padded columns [0, padCols) of a tile
-/// into swizzled shared memory at \p smemOffset. Rows at or past \p nRows and
-/// columns past the logical width are zero-filled (cp.async's src-size), so
-/// padding never injects NaN into the MMAs.
-void FlashFwdKernel::loadTile(Value base, Value rowBase, Value rowStride,
-                              Value row0, Value nRows, int64_t rows,
-                              int64_t logicalCols, Value colBase,
-                              int64_t padCols, int64_t rowChunks,
-                              int64_t smemOffset) {
-  const int64_t bytes = k.copyBytes, perCopy = bytes / 2;
-  const int64_t perRow = padCols / perCopy, total = rows * perRow;
-  const int64_t threads = k.geo.threads;
-  Value lastRow = g.sub(nRows, g.c32(1));
-  // Issues copy number (thread, pass): row r = laneRow + pass * rowsPerPass
-  // when every pass covers whole rows, so that a thread's column, its
-  // zero-fill size and its swizzled offset are fixed across passes (few live
-  // registers: the rest are immediates).
-  const bool regular = threads % perRow == 0 && (threads / perRow) % 8 == 0;
-  const int64_t rowsPerPass = regular ? threads / perRow : 0;
-  Value laneRow, laneCol, laneBytes, laneUseCol, laneDst;
-  auto columnTerms = [&](Value col, Value &srcBytes, Value &useCol) {
-    Value gCol = g.add(colBase, col);
-    Value left = g.mul(g.sub(g.c32(logicalCols), gCol), g.c32(2));
-    srcBytes = g.minS(g.maxS(left, g.c32(0)), g.c32(bytes));
-    useCol = g.ext64(g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
-                              gCol, g.c32(0)));
-  };
-  auto issue = [&](Value r, Value srcBytesCol, Value useCol, Value dst) {
-    Value row = g.add(row0, r);
-    Value rowOk = g.cmp(CmpIPredicate::slt, row, nRows);
-    Value srcBytes = g.select(rowOk, srcBytesCol, g.c32(0));
-    Value gRow = g.minS(row, lastRow);
-    Value elem = g.add(g.add(rowBase, g.mul(g.ext64(gRow), rowStride)), useCol);
-    g.copyAsync(dst, g.toGlobal(g.elementPtr(base, elem)), srcBytes, bytes);
-  };
-  // Regular case: one global pointer per thread and tile, advanced by
-  // rowsPerPass rows per pass (a 64-bit add); rows past nRows copy zero
-  // bytes from the head's first row (always a valid address).
-  Value lanePtr, passStride, rowsLeft, safePtr;
-  if (regular) {
-    laneRow = g.divU(tid, g.c32(perRow));
-    laneCol = g.mul(g.remU(tid, g.c32(perRow)), g.c32(perCopy));
-    columnTerms(laneCol, laneBytes, laneUseCol);
-    laneDst = g.sharedBytePtr(
-        smem, g.add(g.c32(smemOffset),
-                    g.add(g.swizzled(laneRow, laneCol, rowChunks),
-                          g.mul(g.remU(laneCol, g.c32(8)), g.c32(2)))));
-    Value firstRow = g.ext64(g.minS(g.add(row0, laneRow), lastRow));
-    lanePtr = g.toGlobal(g.elementPtr(
-        base, g.add(g.add(rowBase, g.mul(firstRow, rowStride)), laneUseCol)));
-    safePtr = g.toGlobal(g.elementPtr(base, g.add(rowBase, laneUseCol)));
-    passStride = g.mul(rowStride, g.c64(rowsPerPass));
-    rowsLeft = g.sub(g.sub(nRows, row0), laneRow);
-  }
-  for (int64_t first = 0; first < total; first += threads) {
-    auto body = [&] {
-      if (regular) {
-        int64_t pass = first / threads;
-        Value dst = g.sharedBytePtr(laneDst,
-                                    g.c32(pass * rowsPerPass * rowChunks * 16));
-        Value src =
-            pass == 0
-                ? lanePtr
-                : LLVM::GEPOp::create(
-                      g.b, g.ptrGlobal, g.i16, lanePtr,
-                      ArrayRef<LLVM::GEPArg>{g.mul(passStride, g.c64(pass))});
-        Value rowOk =
-            g.cmp(CmpIPredicate::sgt, rowsLeft, g.c32(pass * rowsPerPass));
-        g.copyAsync(dst, g.select(rowOk, src, safePtr),
-                    g.select(rowOk, laneBytes, g.c32(0)), bytes);
-        return;
-      }
-      Value i = g.add(tid, g.c32(first));
-      Value r = g.divU(i, g.c32(perRow));
-      Value col = g.mul(g.remU(i, g.c32(perRow)), g.c32(perCopy));
-      Value srcBytes, useCol;
-      columnTerms(col, srcBytes, useCol);
-      Value dstOff = g.add(g.c32(smemOffset),
-                           g.add(g.swizzled(r, col, rowChunks),
-                                 g.mul(g.remU(col, g.c32(8)), g.c32(2))));
-      issue(r, srcBytes, useCol, g.sharedBytePtr(smem, dstOff));
-    };
-    if (first + threads <= total)
-      body();
-    else
-      ifThen(g.cmp(CmpIPredicate::ult, tid, g.c32(total - first)), body);
-  }
 }
 
 void FlashFwdKernel::loadKTile(Value n0) {
@@ -540,7 +409,7 @@ void FlashFwdKernel::emit() {
     g.waitAll();
     g.barrier(); // V(t) landed; every warp is done with K(t)
     Value next = g.add(t, g.c32(1));
-    ifThen(g.cmp(CmpIPredicate::slt, next, tHi), [&] {
+    g.ifThen(g.cmp(CmpIPredicate::slt, next, tHi), [&] {
       loadKTile(blockStart(next));
       g.commitGroup();
     });
@@ -607,7 +476,7 @@ void FlashFwdKernel::storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m,
           Value ok = g.andI(
               rowOk, g.cmp(CmpIPredicate::slt, col, g.c32(k.spec.headDimV)));
           Value v = g.fmul(acc[(mi * dt + di) * 4 + 2 * half + e], inv);
-          ifThen(ok, [&] {
+          g.ifThen(ok, [&] {
             Value ptr = g.elementPtr(arg(abi::O), g.add(oRow, g.ext64(col)));
             LLVM::StoreOp::create(g.b, g.toElementBits(v), ptr);
           });
@@ -618,7 +487,7 @@ void FlashFwdKernel::storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m,
       Value writer =
           g.andI(rowOk, g.andI(g.cmp(CmpIPredicate::eq, tig, g.c32(0)),
                                g.cmp(CmpIPredicate::eq, chunk, g.c32(0))));
-      ifThen(writer, [&] {
+      g.ifThen(writer, [&] {
         Value at = g.add(g.mul(g.ext64(pidBH), idx(abi::SeqQ)), g.ext64(row));
         LLVM::StoreOp::create(g.b, lse, ptrAt(arg(abi::Lse), g.f32, at));
       });
@@ -629,25 +498,11 @@ void FlashFwdKernel::storeOutputs(ArrayRef<Value> acc, ArrayRef<Value> m,
 FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
                                  int64_t copyBytes) {
   auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel");
-  auto getInt = [&](StringRef name) {
-    auto a = attrs.getAs<IntegerAttr>(name);
-    return a ? a.getInt() : int64_t(0);
-  };
   KernelShape k;
-  auto maskName = attrs.getAs<StringAttr>("mask");
-  k.spec.mask = !maskName || maskName.getValue() == "none" ? MaskKind::None
-                : maskName.getValue() == "causal"          ? MaskKind::Causal
-                                                  : MaskKind::SlidingWindow;
-  k.spec.headDimQK = getInt("head_dim_qk");
-  k.spec.headDimV = getInt("head_dim_v");
-  k.spec.gqaGroup = getInt("gqa");
-  k.spec.sparseBlock = getInt("sparse_block");
-  k.spec.blockSparse = k.spec.sparseBlock > 0;
-  auto et = attrs.getAs<TypeAttr>("element_type");
-  k.spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
+  k.spec = specFromAttrs(attrs);
   k.hasBand = k.spec.mask != MaskKind::None;
-  k.config.blockM = getInt("block_m");
-  k.config.blockN = getInt("block_n");
+  k.config.blockM = intAttr(attrs, "block_m");
+  k.config.blockN = intAttr(attrs, "block_n");
   k.config.warps = warps;
   k.copyBytes = copyBytes;
   if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
@@ -660,56 +515,24 @@ FailureOr<KernelShape> readShape(func::FuncOp fn, int64_t warps,
   return k;
 }
 
-struct LowerTiledToGPUPass
-    : public conversion::impl::LowerTiledToGPUBase<LowerTiledToGPUPass> {
-  using LowerTiledToGPUBase::LowerTiledToGPUBase;
-
-  void runOnOperation() override {
-    ModuleOp module = getOperation();
-    SmallVector<func::FuncOp> tiled;
-    module.walk([&](func::FuncOp fn) {
-      if (fn->hasAttr("attn.kernel"))
-        tiled.push_back(fn);
-    });
-    if (tiled.empty())
-      return;
-    MLIRContext *ctx = &getContext();
-    module->setAttr("gpu.container_module", UnitAttr::get(ctx));
-    ImplicitLocOpBuilder b(module.getLoc(), ctx);
-    b.setInsertionPointToEnd(module.getBody());
-    auto gpuModule = mlir::gpu::GPUModuleOp::create(b, "flashjit_kernels");
-    b.setInsertionPointToStart(gpuModule.getBody());
-    auto smemTy = LLVM::LLVMArrayType::get(b.getI8Type(), 0);
-    LLVM::GlobalOp::create(b, smemTy, /*isConstant=*/false,
-                           LLVM::Linkage::External, "flashjit_smem",
-                           Attribute(), /*alignment=*/16, /*addrSpace=*/3);
-
-    for (func::FuncOp fn : tiled) {
-      FailureOr<KernelShape> shape = readShape(fn, warps, copyBytes);
-      if (failed(shape))
-        return signalPassFailure();
-      GpuBuilder g(b,
-                   shape->spec.dtype == DType::BF16 ? Elem::BF16 : Elem::F16);
-      SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
-      argTys.append(abi::NumIndexArgs, g.i64);
-      argTys.push_back(g.f32);
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToEnd(gpuModule.getBody());
-      auto kernel = mlir::gpu::GPUFuncOp::create(
-          b, fn.getName(), FunctionType::get(ctx, argTys, {}));
-      kernel->setAttr(mlir::gpu::GPUDialect::getKernelFuncAttrName(),
-                      UnitAttr::get(ctx));
-      kernel.setKnownBlockSizeAttr(
-          b.getDenseI32ArrayAttr({int32_t(shape->geo.threads), 1, 1}));
-      kernel->setAttr("attn.shared_bytes",
-                      b.getI64IntegerAttr(shape->geo.sharedBytes));
-      kernel->setAttr("attn.kernel", fn->getAttr("attn.kernel"));
-      b.setInsertionPointToStart(&kernel.getBody().front());
-      Value smem = LLVM::AddressOfOp::create(b, g.ptrShared, "flashjit_smem");
-      FlashFwdKernel(g, *shape, kernel, smem).emit();
-      fn.erase();
-    }
-  }
-};
-
 } // namespace
+
+LogicalResult
+flashjit::conversion::lowerForwardKernel(func::FuncOp fn,
+                                         mlir::gpu::GPUModuleOp gpuModule,
+                                         int64_t warps, int64_t copyBytes) {
+  FailureOr<KernelShape> shape = readShape(fn, warps, copyBytes);
+  if (failed(shape))
+    return failure();
+  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+  GpuBuilder g(b, shape->spec.dtype == DType::BF16 ? Elem::BF16 : Elem::F16);
+  SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
+  argTys.append(abi::NumIndexArgs, g.i64);
+  argTys.push_back(g.f32);
+  auto kernel = createKernelFunc(b, gpuModule, fn, argTys, shape->geo.threads,
+                                 shape->geo.sharedBytes);
+  b.setInsertionPointToStart(&kernel.getBody().front());
+  Value smem = sharedMemoryBase(b, g);
+  FlashFwdKernel(g, *shape, kernel, smem).emit();
+  return success();
+}

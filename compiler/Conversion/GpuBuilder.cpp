@@ -29,6 +29,10 @@ Value GpuBuilder::cf(double v) {
   return arith::ConstantOp::create(b, b.getF32FloatAttr(float(v)));
 }
 
+Value GpuBuilder::cBool(bool v) {
+  return arith::ConstantOp::create(b, b.getBoolAttr(v));
+}
+
 Value GpuBuilder::clampTo32(Value x) {
   return trunc32(
       minS(maxS(x, c64(-(int64_t(1) << 30))), c64(int64_t(1) << 30)));
@@ -81,6 +85,11 @@ Value GpuBuilder::elementPtr(Value base, Value index) {
   return LLVM::GEPOp::create(b, base.getType(), i16, base,
                              ArrayRef<LLVM::GEPArg>{index});
 }
+Value GpuBuilder::loadElement(Value base, Value index) {
+  Value bits = LLVM::LoadOp::create(b, i16, elementPtr(base, index));
+  Value h = LLVM::BitcastOp::create(b, halfTy, bits);
+  return LLVM::FPExtOp::create(b, f32, h);
+}
 Value GpuBuilder::sharedBytePtr(Value base, Value bytes) {
   return LLVM::GEPOp::create(b, ptrShared, b.getI8Type(), base,
                              ArrayRef<LLVM::GEPArg>{bytes});
@@ -129,6 +138,9 @@ void GpuBuilder::commitGroup() {
   intrinsic("llvm.nvvm.cp.async.commit.group", {}, {});
 }
 void GpuBuilder::waitAll() { intrinsic("llvm.nvvm.cp.async.wait.all", {}, {}); }
+void GpuBuilder::waitGroup(int64_t pending) {
+  intrinsic("llvm.nvvm.cp.async.wait.group", {}, {c32(pending)});
+}
 
 Frag4 GpuBuilder::ldmatrix4(Value addr, bool transpose) {
   auto structTy =

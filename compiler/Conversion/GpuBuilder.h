@@ -45,6 +45,7 @@ public:
   Value c32(int64_t v);
   Value c64(int64_t v);
   Value cf(double v);
+  Value cBool(bool v);
   Value add(Value x, Value y) { return mlir::arith::AddIOp::create(b, x, y); }
   Value sub(Value x, Value y) { return mlir::arith::SubIOp::create(b, x, y); }
   Value mul(Value x, Value y) { return mlir::arith::MulIOp::create(b, x, y); }
@@ -96,10 +97,20 @@ public:
   Value blockId(mlir::gpu::Dimension dim);
   void barrier() { mlir::gpu::BarrierOp::create(b); }
 
+  /// Emits \p body inside `scf.if %cond` (no results).
+  template <typename Fn> void ifThen(Value cond, Fn &&body) {
+    auto ifOp = mlir::scf::IfOp::create(b, cond, /*withElseRegion=*/false);
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    body();
+  }
+
   // Pointers.
   Value toGlobal(Value genericPtr);
   /// Address of element \p index (i64) of a 16-bit-element array.
   Value elementPtr(Value base, Value index);
+  /// Element \p index (i64) of a 16-bit-element array, as f32.
+  Value loadElement(Value base, Value index);
   /// \p base + \p bytes (i32) for a shared-memory pointer.
   Value sharedBytePtr(Value base, Value bytes);
   Value intrinsic(llvm::StringRef name, mlir::TypeRange results,
@@ -117,6 +128,9 @@ public:
                  int64_t bytes);
   void commitGroup();
   void waitAll();
+  /// cp.async.wait_group: waits until at most \p pending groups are in
+  /// flight.
+  void waitGroup(int64_t pending);
 
   /// ldmatrix.sync.aligned.m8n8.x4(.trans).b16 at \p addr (shared).
   Frag4 ldmatrix4(Value addr, bool transpose);

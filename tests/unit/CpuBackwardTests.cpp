@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "tools/cli/CliOptions.h"
 
@@ -184,10 +185,11 @@ TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
     t->buffer = std::make_shared<std::vector<uint16_t>>(*t->buffer);
 
   int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), s.problem);
-  EXPECT_EQ(bytes, 4 * s.problem.batch * s.problem.heads * s.problem.seqLenQ);
+  const int64_t rows = s.problem.batch * s.problem.heads * s.problem.seqLenQ;
+  EXPECT_EQ(bytes, 2 * 4 * rows); // delta and -lse * log2(e)
   EXPECT_EQ(backwardWorkspaceBytes(s.backwardSpec(), s.problem,
                                    DqAccumulation::Atomic),
-            bytes * (1 + c.dqk));
+            bytes + 4 * rows * c.dqk);
   std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
   for (int run = 0; run < 3; ++run) {
     kernel->run(s.problem, s.data, s.grads, nullptr,
@@ -238,16 +240,30 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   EXPECT_NE(o.spec.name().find("bwd_"), std::string::npos);
   EXPECT_NE(emitStage(o.spec, o.config, Stage::Tiled).find("@attention_dq("),
             std::string::npos);
-  for (Stage st : {Stage::Gpu, Stage::Llvm, Stage::Ptx}) {
-    try {
-      emitStage(o.spec, o.config, st);
-      FAIL() << "expected a SpecError";
-    } catch (const SpecError &e) {
-      EXPECT_NE(std::string(e.what()).find("GPU backward is not implemented"),
-                std::string::npos);
-    }
+  // The GPU stages: three kernels, tensor cores, no transposes through
+  // shared memory other than ldmatrix's.
+  TileConfig gpu = defaultGpuBackwardConfig(o.spec);
+  std::string gpuIr = emitStage(o.spec, gpu, Stage::Gpu);
+  for (const char *fn : {"gpu.func @attention_preprocess(",
+                         "gpu.func @attention(", "gpu.func @attention_dq("})
+    EXPECT_NE(gpuIr.find(fn), std::string::npos) << fn;
+  std::string ptx = compileToPtx(o.spec, gpu, GpuTarget{});
+  for (const char *needle :
+       {".entry attention_preprocess(", ".entry attention(",
+        ".entry attention_dq(", "mma.sync.aligned.m16n8k16.row.col.f32.bf16",
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+        "cp.async.wait_group \t1;"})
+    EXPECT_NE(ptx.find(needle), std::string::npos) << needle;
+  // A tiling the backward kernels cannot split is a named error.
+  TileConfig bad = gpu;
+  bad.blockN = 48;
+  try {
+    compileToPtx(o.spec, bad, GpuTarget{});
+    FAIL() << "expected a SpecError";
+  } catch (const SpecError &e) {
+    EXPECT_NE(std::string(e.what()).find("block_n (48)"), std::string::npos)
+        << e.what();
   }
-  EXPECT_THROW(compileToPtx(o.spec, o.config, GpuTarget{}), SpecError);
 }
 
 } // namespace

@@ -34,8 +34,7 @@ double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 void checkBackwardStage(const CliOptions &o, Stage stage) {
   if (o.spec.direction != Direction::Backward)
     return;
-  if (stage != Stage::Attn && stage != Stage::Tiled && stage != Stage::CpuLlvm)
-    throwGpuBackwardNotImplemented();
+  (void)stage; // every stage exists for the backward
 }
 
 int runBackward(const CliOptions &o) {

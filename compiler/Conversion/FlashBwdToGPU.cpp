@@ -1,0 +1,838 @@
+//===- FlashBwdToGPU.cpp - The tiled backward -> tensor-core kernels ------===//
+//
+/// \file
+/// Lowers the three functions of the tiled backward (made by
+/// flashjit-tile-attention-backward, carrying `attn.kernel_backward`) to
+/// three gpu.func kernels with the same names and arguments (minus pid_m and
+/// pid_bh). Before:
+///
+///   func.func @attention_preprocess(...) {attn.kernel_backward = {role =
+///       "preprocess", ...}}
+///   func.func @attention(...)    {... role = "main" ...}   // dK, dV
+///   func.func @attention_dq(...) {... role = "dq" ...}     // dQ
+///
+/// After (abridged):
+///
+///   gpu.func @attention_preprocess(...) kernel {
+///     // a warp per row: delta = rowsum(dO * O) (shuffles), and
+///     // -lse * log2(e) (-inf where lse = -inf) after it in the workspace
+///   }
+///   gpu.func @attention(...) kernel {     // program: Bc keys, batch*KV head
+///     // K, V: cp.async once (resident); warps split the keys
+///     scf.for %g = 0 to gqa {             // query heads of the group
+///       scf.for %t = %lo to %hi {         // Q blocks that see the keys
+///         // Q, dO and their rows' statistics: double-buffered cp.async
+///         // S^T = K Q^T (ldmatrix, mma.m16n8k16); P^T = exp2(S^T * scale *
+///         //   log2(e) - lse * log2(e)), masked only where the block pair
+///         //   straddles the band
+///         // dP^T = V dO^T; dS^T = P^T (dP^T - delta)
+///         // dV += P^T dO; dK += dS^T Q (P^T, dS^T packed in registers:
+///         //   the accumulator layout is the next MMA's A operand;
+///         //   dO and Q by ldmatrix.trans)
+///       }
+///     }
+///     // dK * scale, dV stored
+///   }
+///   gpu.func @attention_dq(...) kernel {  // program: Br rows, batch*head
+///     // Q, dO resident; K, V streamed: S = Q K^T, dP = dO V^T, dS,
+///     // dQ += dS K; dQ * scale stored
+///   }
+///
+/// Computing S^T rather than S in the dK/dV kernel puts the keys on the MMA
+/// rows, so no tile is ever transposed through shared memory. dQ comes from
+/// its own kernel (no atomics: deterministic by construction). Both main
+/// kernels are one template (FlashBwdKernel) with the roles of the tiles
+/// swapped. Geometry: kernels/GpuGeometry.h (gpuBackwardGeometry).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/KernelEmitters.h"
+#include "compiler/Conversion/TileCopy.h"
+#include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <cmath>
+#include <limits>
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::gpu;
+using namespace flashjit::conversion;
+using arith::CmpIPredicate;
+namespace bwd = flashjit::abi::bwd;
+
+namespace {
+
+enum class Role { Preprocess, Main, Dq };
+
+/// Everything one backward kernel is specialised on.
+struct BwdShape {
+  AttentionSpec spec;
+  TileConfig config;
+  int64_t copyBytes;
+  GpuBackwardGeometry geo;
+  bool hasBand;
+  Role role;
+};
+
+/// What a program of a main kernel accumulates: dS times the streamed
+/// QK-wide tile, columns [kStart, kStart + kCols) (dK or dQ), and P times
+/// the streamed V-wide tile, columns [vStart, vStart + vCols) (dV). Zero
+/// columns: not accumulated.
+struct Outputs {
+  int64_t kCols = 0, vCols = 0;
+  Value kStart, vStart; ///< i32, multiples of 64 elements
+};
+
+/// Emits one of the three backward kernels.
+class FlashBwdKernel {
+public:
+  FlashBwdKernel(GpuBuilder &g, const BwdShape &k, mlir::gpu::GPUFuncOp fn,
+                 Value smem)
+      : g(g), k(k), fn(fn), smem(smem), kvMajor(k.role == Role::Main),
+        rr(kvMajor ? k.config.blockN : k.config.blockM),
+        rs(kvMajor ? k.config.blockM : k.config.blockN),
+        mt(kvMajor ? k.geo.keyTiles : k.geo.rowTiles), nt(rs / 8),
+        sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem) {}
+
+  void emit();
+
+private:
+  using Acc = std::array<Value, 4>;
+  using Tiles = std::vector<Acc>; ///< mt x nt accumulators (rows x stream)
+
+  Value arg(int i) { return fn.getArgument(i); }
+  Value buf(bwd::Buffer i) { return arg(i); }
+  Value idx(bwd::IndexArg i) { return arg(bwd::NumBuffers + i); }
+  Value f32Arg(bwd::ScalarArg i) {
+    return arg(bwd::NumBuffers + bwd::NumIndexArgs + i);
+  }
+  Value ptrAt(Value base, Type elemTy, Value index64) {
+    return LLVM::GEPOp::create(g.b, g.ptrGen, elemTy, base,
+                               ArrayRef<LLVM::GEPArg>{index64});
+  }
+  Value loadF32(Value base, Value index64) {
+    return LLVM::LoadOp::create(g.b, g.f32, ptrAt(base, g.f32, index64));
+  }
+  Value loadI32(Value base, Value index64) {
+    return LLVM::LoadOp::create(g.b, g.i32, ptrAt(base, g.i32, index64));
+  }
+  /// b * stride_b + h * stride_h of a strided (B, H, N, d) tensor (i64).
+  Value headBase(bwd::IndexArg strideB, Value bI, Value hI) {
+    return g.add(g.mul(bI, idx(strideB)),
+                 g.mul(hI, idx(bwd::IndexArg(strideB + 1))));
+  }
+  Value c32(int64_t v) { return g.c32(v); }
+
+  void emitPreprocess();
+  void setUpMain();
+  void emitMainBody(const Outputs &out);
+  SmallVector<Value> streamHead(const Outputs &out, ValueRange acc);
+  Value blockStart(Value t);
+  void issueStream(Value first, Value stageOff);
+  Tiles product(const FragmentAddresses &a, const FragmentAddresses &b,
+                int64_t kSteps);
+  void accumulate(MutableArrayRef<Value> acc, const Tiles &lhs,
+                  const FragmentAddresses &bTrans, int64_t cols);
+  SmallVector<Value> step(const Outputs &out, ArrayRef<Value> acc, Value first,
+                          Value stageOff);
+  Tiles maskTiles(const Tiles &p, Value first);
+  void storeTile(ArrayRef<Value> acc, int64_t cols, Value colStart,
+                 int64_t logicalCols, Value out, Value rowBase,
+                 bwd::IndexArg strideN, Value nRows, Value factor);
+
+  GpuBuilder &g;
+  const BwdShape &k;
+  mlir::gpu::GPUFuncOp fn;
+  Value smem;
+  /// The dK/dV kernel (resident keys, streamed queries), else the dQ kernel.
+  const bool kvMajor;
+  const int64_t rr, rs, mt, nt;
+  const GpuBackwardGeometry::Smem sm;
+
+  Value tid, lane, grp, tig, warpRow0, nq, nkv, off64, winL, winR;
+  Value scaleLog2, bI, hI, hkI, row0;
+  // Rows of the resident tiles that exist (nkv or nq) and of the streamed.
+  Value nResident, nStream;
+  // The streamed tensors' (batch, head) offsets; the statistics' row base.
+  Value streamQKBase, streamVBase, statBase;
+  // Band of the resident rows (dQ kernel): the full-visibility interval.
+  Value fullLo, fullHi;
+  // Block-sparse: list base and Q/KV blocks per sparse block.
+  Value listBase, perSparse;
+  // Per-row statistics of the dQ kernel (2 per m-tile).
+  SmallVector<Value> rowNegLse, rowDelta;
+  FragmentAddresses resQK, resV, strQK, strQKT, strV, strVT;
+};
+
+/// delta = rowsum(dO * O) and -lse * log2(e) of kPreprocessRows rows: a warp
+/// per row, lanes over the columns, shuffles for the sum.
+void FlashBwdKernel::emitPreprocess() {
+  const int64_t rows = GpuBackwardGeometry::kPreprocessRows;
+  const int64_t warps = GpuBackwardGeometry::kPreprocessThreads / 32;
+  tid = g.threadIdX();
+  Value warp = g.divU(tid, c32(32));
+  lane = g.remU(tid, c32(32));
+  Value pidM = g.blockId(mlir::gpu::Dimension::x);
+  Value pidBH = g.blockId(mlir::gpu::Dimension::y);
+  Value bh64 = g.ext64(pidBH);
+  bI = g.divU(bh64, idx(bwd::Heads));
+  hI = g.remU(bh64, idx(bwd::Heads));
+  nq = g.trunc32(idx(bwd::SeqQ));
+  Value oBase = headBase(bwd::OStrideB, bI, hI);
+  Value doBase = headBase(bwd::DOStrideB, bI, hI);
+  Value totalRows =
+      g.mul(g.mul(idx(bwd::Batch), idx(bwd::Heads)), idx(bwd::SeqQ));
+  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
+  const int64_t dv = k.spec.headDimV;
+  auto loop = scf::ForOp::create(g.b, c32(0), c32(rows / warps), c32(1));
+  OpBuilder::InsertionGuard guard(g.b);
+  g.b.setInsertionPointToStart(loop.getBody());
+  Value row = g.add(g.mul(pidM, c32(rows)),
+                    g.add(g.mul(loop.getInductionVar(), c32(warps)), warp));
+  g.ifThen(g.cmp(CmpIPredicate::slt, row, nq), [&] {
+    Value row64 = g.ext64(row);
+    Value oRow = g.add(oBase, g.mul(row64, idx(bwd::OStrideN)));
+    Value doRow = g.add(doBase, g.mul(row64, idx(bwd::DOStrideN)));
+    Value sum = g.cf(0.0);
+    for (int64_t c0 = 0; c0 < dv; c0 += 32) {
+      Value col = g.add(lane, c32(c0));
+      Value ok = g.cmp(CmpIPredicate::slt, col, c32(dv));
+      Value col64 = g.ext64(g.select(ok, col, c32(0)));
+      Value prod = g.fmul(g.loadElement(buf(bwd::O), g.add(oRow, col64)),
+                          g.loadElement(buf(bwd::DO), g.add(doRow, col64)));
+      sum = g.fadd(sum, c0 + 32 <= dv ? prod : g.select(ok, prod, g.cf(0.0)));
+    }
+    for (int64_t m = 16; m >= 1; m /= 2)
+      sum = g.fadd(sum, g.shuffleXor(sum, m));
+    g.ifThen(g.cmp(CmpIPredicate::eq, lane, c32(0)), [&] {
+      Value at = g.add(g.mul(g.ext64(pidBH), idx(bwd::SeqQ)), row64);
+      LLVM::StoreOp::create(g.b, sum, ptrAt(buf(bwd::Delta), g.f32, at));
+      Value lse = loadF32(buf(bwd::Lse), at);
+      Value neg = g.fmul(lse, g.cf(-1.0 / std::log(2.0)));
+      neg = g.select(g.fcmpEq(lse, negInf), negInf, neg);
+      LLVM::StoreOp::create(
+          g.b, neg, ptrAt(buf(bwd::Delta), g.f32, g.add(totalRows, at)));
+    });
+  });
+}
+
+void FlashBwdKernel::setUpMain() {
+  tid = g.threadIdX();
+  Value warp = g.divU(tid, c32(32));
+  lane = g.remU(tid, c32(32));
+  grp = g.divU(lane, c32(4));
+  tig = g.remU(lane, c32(4));
+  warpRow0 = g.mul(warp, c32(mt * 16));
+  Value pidM = g.blockId(mlir::gpu::Dimension::x);
+  if (!kvMajor && k.spec.mask == MaskKind::Causal) {
+    // Heaviest Q blocks first, as in the forward.
+    Value blocks = arith::IndexCastUIOp::create(
+        g.b, g.i32, mlir::gpu::GridDimOp::create(g.b, mlir::gpu::Dimension::x));
+    pidM = g.sub(g.sub(blocks, c32(1)), pidM);
+  }
+  Value bh64 = g.ext64(g.blockId(mlir::gpu::Dimension::y));
+  nq = g.trunc32(idx(bwd::SeqQ));
+  nkv = g.trunc32(idx(bwd::SeqKV));
+  off64 = g.sub(idx(bwd::SeqKV), idx(bwd::SeqQ));
+  if (k.hasBand) {
+    winL = idx(bwd::WindowLeft);
+    winR = idx(bwd::WindowRight);
+  }
+  scaleLog2 = f32Arg(bwd::ScaleLog2e);
+  Value heads = idx(bwd::Heads);
+  if (kvMajor) {
+    Value kvHeads = g.divU(heads, g.c64(k.spec.gqaGroup));
+    bI = g.divU(bh64, kvHeads);
+    hkI = g.remU(bh64, kvHeads);
+    row0 = g.mul(pidM, c32(rr));
+    nResident = nkv;
+    nStream = nq;
+  } else {
+    bI = g.divU(bh64, heads);
+    hI = g.remU(bh64, heads);
+    hkI = g.divU(hI, g.c64(k.spec.gqaGroup));
+    row0 = g.mul(pidM, c32(rr));
+    nResident = nq;
+    nStream = nkv;
+  }
+
+  // ldmatrix lane addresses: resident tiles are A operands (rows split
+  // over the warps); streamed ones B operands, plain for S and dP and
+  // transposed for the accumulations.
+  const int64_t qkc = k.geo.qkRowChunks, vc = k.geo.vRowChunks;
+  resQK = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
+                            c32(sm.residentQK), qkc);
+  resV = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
+                           c32(sm.residentV), vc);
+  strQK = fragmentAddresses(g, FragmentPattern::B, lane, c32(0),
+                            c32(sm.streamQK), qkc);
+  strV = fragmentAddresses(g, FragmentPattern::B, lane, c32(0), c32(sm.streamV),
+                           vc);
+  strQKT = fragmentAddresses(g, FragmentPattern::BTrans, lane, c32(0),
+                             c32(sm.streamQK), qkc);
+  strVT = fragmentAddresses(g, FragmentPattern::BTrans, lane, c32(0),
+                            c32(sm.streamV), vc);
+
+  if (k.spec.blockSparse)
+    perSparse = c32(k.spec.sparseBlock / rs);
+}
+
+/// First streamed row (query in the dK/dV kernel, key in the dQ kernel) of
+/// loop iteration \p t.
+Value FlashBwdKernel::blockStart(Value t) {
+  if (!k.spec.blockSparse)
+    return g.mul(t, c32(rs));
+  Value entry = g.ext64(g.divU(t, perSparse));
+  Value listed = loadI32(kvMajor ? buf(bwd::KvIndices) : buf(bwd::Indices),
+                         g.add(listBase, entry));
+  return g.add(g.mul(listed, c32(k.spec.sparseBlock)),
+               g.mul(g.remU(t, perSparse), c32(rs)));
+}
+
+/// Issues the copies of the streamed tiles starting at row \p first into
+/// the stage at byte \p stageOff (and, in the dK/dV kernel, the rows'
+/// statistics: rows past Nq read as zero, which makes their P exactly 1 and
+/// their contributions exactly 0, since their Q and dO rows are zero too).
+void FlashBwdKernel::issueStream(Value first, Value stageOff) {
+  TileCopier who{smem, tid, k.geo.threads, k.copyBytes};
+  bool qkIsQ = kvMajor;
+  copyTileAsync(g, who,
+                TileSource{qkIsQ ? buf(bwd::Q) : buf(bwd::K), streamQKBase,
+                           idx(qkIsQ ? bwd::QStrideN : bwd::KStrideN), first,
+                           nStream, rs, k.spec.headDimQK, c32(0), k.geo.qkCols,
+                           k.geo.qkRowChunks,
+                           g.add(stageOff, c32(sm.streamQK))});
+  copyTileAsync(g, who,
+                TileSource{qkIsQ ? buf(bwd::DO) : buf(bwd::V), streamVBase,
+                           idx(qkIsQ ? bwd::DOStrideN : bwd::VStrideN), first,
+                           nStream, rs, k.spec.headDimV, c32(0), k.geo.vCols,
+                           k.geo.vRowChunks, g.add(stageOff, c32(sm.streamV))});
+  if (!kvMajor)
+    return;
+  // 2 * Br floats: -lse * log2(e) (second half of the workspace), then delta.
+  Value totalRows =
+      g.mul(g.mul(idx(bwd::Batch), idx(bwd::Heads)), idx(bwd::SeqQ));
+  for (int64_t pass = 0; pass < 2 * rs; pass += k.geo.threads) {
+    auto body = [&] {
+      Value i = g.add(tid, c32(pass));
+      Value isDelta = g.cmp(CmpIPredicate::uge, i, c32(rs));
+      Value r = g.remU(i, c32(rs));
+      Value q = g.add(first, r);
+      Value ok = g.cmp(CmpIPredicate::slt, q, nq);
+      Value at = g.add(statBase, g.ext64(g.select(ok, q, c32(0))));
+      at = g.select(isDelta, at, g.add(at, totalRows));
+      Value src = g.toGlobal(ptrAt(buf(bwd::Delta), g.f32, at));
+      Value dst = g.sharedBytePtr(
+          smem, g.add(g.add(stageOff, c32(sm.streamStats)), g.mul(i, c32(4))));
+      g.copyAsync(dst, src, g.select(ok, c32(4), c32(0)), 4);
+    };
+    if (pass + k.geo.threads <= 2 * rs)
+      body();
+    else
+      g.ifThen(g.cmp(CmpIPredicate::ult, tid, c32(2 * rs - pass)), body);
+  }
+}
+
+/// The mt x nt tiles of A B^T for this warp's resident rows: A rows from
+/// \p a (A pattern), B rows from \p b (B pattern), \p kSteps k-steps of 16.
+FlashBwdKernel::Tiles FlashBwdKernel::product(const FragmentAddresses &a,
+                                              const FragmentAddresses &b,
+                                              int64_t kSteps) {
+  Value zero = g.cf(0.0);
+  Tiles s(mt * nt, Acc{zero, zero, zero, zero});
+  for (int64_t ks = 0; ks < kSteps; ++ks) {
+    std::vector<Frag4> af(mt);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      af[mi] = g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
+    for (int64_t np = 0; np < nt / 2; ++np) {
+      Frag4 bf = g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
+      for (int64_t mi = 0; mi < mt; ++mi) {
+        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
+        s0 = g.mma(af[mi], bf[0], bf[1], s0);
+        s1 = g.mma(af[mi], bf[2], bf[3], s1);
+      }
+    }
+  }
+  return s;
+}
+
+/// acc (mt x cols/8 tiles) += lhs B, where lhs (mt x nt, accumulator
+/// layout) is packed to the element type as the A operand (two n-tiles per
+/// 16-wide k-step) and B is the streamed tile at \p bTrans, read transposed.
+void FlashBwdKernel::accumulate(MutableArrayRef<Value> acc, const Tiles &lhs,
+                                const FragmentAddresses &bTrans, int64_t cols) {
+  const int64_t ct = cols / 8;
+  for (int64_t kk = 0; kk < rs / 16; ++kk) {
+    std::vector<Frag4> p(mt);
+    for (int64_t mi = 0; mi < mt; ++mi) {
+      const Acc &lo = lhs[mi * nt + 2 * kk], &hi = lhs[mi * nt + 2 * kk + 1];
+      p[mi] = {g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
+               g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])};
+    }
+    for (int64_t np = 0; np < ct / 2; ++np) {
+      Frag4 bf = g.ldmatrix4(bTrans.at(g, smem, kk * 16, np * 2), true);
+      for (int64_t mi = 0; mi < mt; ++mi)
+        for (int64_t j = 0; j < 2; ++j) {
+          int64_t base = (mi * ct + 2 * np + j) * 4;
+          Acc o{acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
+          o = g.mma(p[mi], bf[2 * j], bf[2 * j + 1], o);
+          for (int64_t e = 0; e < 4; ++e)
+            acc[base + e] = o[e];
+        }
+    }
+  }
+}
+
+/// P with 0 where the pair (query, key) is outside the band or the key is
+/// past Nkv. Element (mi, ni, e) sits on resident row warpRow0 + mi * 16 +
+/// (e / 2) * 8 + grp and streamed row ni * 8 + tig * 2 + e % 2.
+FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
+  Tiles out = p;
+  Value zero = g.cf(0.0);
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value r =
+          g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp)));
+      // Resident row r sees streamed rows in [lo, hi]: for a query r, keys
+      // [r + off - L, r + off + R]; for a key r, queries [r - off - R,
+      // r - off + L].
+      Value lo, hi;
+      if (k.hasBand) {
+        Value diag =
+            kvMajor ? g.sub(g.ext64(r), off64) : g.add(g.ext64(r), off64);
+        lo = g.clampTo32(g.sub(diag, kvMajor ? winR : winL));
+        hi = g.clampTo32(g.add(diag, kvMajor ? winL : winR));
+      }
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value c = g.add(first, g.add(c32(ni * 8 + e), g.mul(tig, c32(2))));
+          Value ok =
+              kvMajor ? g.cBool(true) : g.cmp(CmpIPredicate::slt, c, nkv);
+          if (k.hasBand) {
+            ok = g.andI(ok, g.cmp(CmpIPredicate::sge, c, lo));
+            ok = g.andI(ok, g.cmp(CmpIPredicate::sle, c, hi));
+          }
+          Value &v = out[mi * nt + ni][2 * half + e];
+          v = g.select(ok, v, zero);
+        }
+    }
+  return out;
+}
+
+/// One streamed block at row \p first, in the stage at \p stageOff.
+SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
+                                        ArrayRef<Value> accIn, Value first,
+                                        Value stageOff) {
+  SmallVector<Value> acc(accIn);
+  FragmentAddresses aQK = resQK.inLoop(g), aV = resV.inLoop(g);
+  FragmentAddresses bQK = strQK.inLoop(g).shifted(g, stageOff);
+  FragmentAddresses bV = strV.inLoop(g).shifted(g, stageOff);
+
+  // S (S^T in the dK/dV kernel), then P = exp2(S * scale * log2(e) - lse *
+  // log2(e)): one FMA and one ex2 per element.
+  Tiles p = product(aQK, bQK, k.geo.dqkPad / 16);
+  SmallVector<Value> colNegLse, colDelta;
+  if (kvMajor) {
+    Value stats = g.add(stageOff, c32(sm.streamStats));
+    for (int64_t ni = 0; ni < nt; ++ni)
+      for (int64_t e = 0; e < 2; ++e) {
+        Value c = g.add(c32(ni * 8 + e), g.mul(tig, c32(2)));
+        Value at = g.add(stats, g.mul(c, c32(4)));
+        colNegLse.push_back(
+            LLVM::LoadOp::create(g.b, g.f32, g.sharedBytePtr(smem, at)));
+        colDelta.push_back(LLVM::LoadOp::create(
+            g.b, g.f32, g.sharedBytePtr(smem, g.add(at, c32(rs * 4)))));
+      }
+  }
+  auto negLse = [&](int64_t mi, int64_t ni, int64_t e) {
+    return kvMajor ? colNegLse[ni * 2 + e % 2] : rowNegLse[mi * 2 + e / 2];
+  };
+  auto delta = [&](int64_t mi, int64_t ni, int64_t e) {
+    return kvMajor ? colDelta[ni * 2 + e % 2] : rowDelta[mi * 2 + e / 2];
+  };
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t ni = 0; ni < nt; ++ni)
+      for (int64_t e = 0; e < 4; ++e) {
+        Value &v = p[mi * nt + ni][e];
+        v = g.exp2(g.fma(v, scaleLog2, negLse(mi, ni, e)));
+      }
+
+  // Only block pairs that cross Nkv (dQ kernel) or the band's edge pay for
+  // the element mask.
+  Value needsMask = g.cBool(false);
+  if (!kvMajor)
+    needsMask = g.cmp(CmpIPredicate::sgt, g.add(first, c32(rs)), nkv);
+  if (k.hasBand) {
+    if (kvMajor) {
+      // Keys [row0, row0 + Bc) x queries [first, first + Br): all visible
+      // iff row0 >= lastQuery + off - L and lastKey <= first + off + R.
+      Value q0 = g.ext64(first), n0 = g.ext64(row0);
+      Value lastQ = g.add(q0, g.c64(rs - 1)), lastK = g.add(n0, g.c64(rr - 1));
+      needsMask = g.orI(
+          g.cmp(CmpIPredicate::slt, n0, g.sub(g.add(lastQ, off64), winL)),
+          g.cmp(CmpIPredicate::sgt, lastK, g.add(g.add(q0, off64), winR)));
+    } else {
+      needsMask = g.orI(needsMask, g.cmp(CmpIPredicate::slt, first, fullLo));
+      needsMask = g.orI(needsMask, g.cmp(CmpIPredicate::sgt,
+                                         g.add(first, c32(rs - 1)), fullHi));
+    }
+  }
+  if (kvMajor && !k.hasBand) {
+    // Keys past Nkv only feed dK/dV rows that are never stored.
+  } else {
+    SmallVector<Type> types(mt * nt * 4, g.f32);
+    auto maskIf = scf::IfOp::create(g.b, types, needsMask, true);
+    auto flatten = [](const Tiles &t) {
+      SmallVector<Value> f;
+      for (const Acc &a : t)
+        f.append(a.begin(), a.end());
+      return f;
+    };
+    {
+      OpBuilder::InsertionGuard guard(g.b);
+      g.b.setInsertionPointToStart(maskIf.thenBlock());
+      scf::YieldOp::create(g.b, flatten(maskTiles(p, first)));
+      g.b.setInsertionPointToStart(maskIf.elseBlock());
+      scf::YieldOp::create(g.b, flatten(p));
+    }
+    for (int64_t i = 0; i < mt * nt; ++i)
+      for (int64_t e = 0; e < 4; ++e)
+        p[i][e] = maskIf.getResult(i * 4 + e);
+  }
+
+  const int64_t kt = out.kCols / 8;
+  MutableArrayRef<Value> accK(acc.data(), mt * kt * 4);
+  MutableArrayRef<Value> accV(acc.data() + mt * kt * 4, mt * out.vCols / 8 * 4);
+  if (out.vCols) // dV += P^T dO
+    accumulate(
+        accV, p,
+        strVT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.vStart, c32(2)))),
+        out.vCols);
+  if (out.kCols) {
+    // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta).
+    Tiles ds = product(aV, bV, k.geo.dvPad / 16);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 4; ++e) {
+          Value &v = ds[mi * nt + ni][e];
+          v = g.fmul(p[mi * nt + ni][e], g.fsub(v, delta(mi, ni, e)));
+        }
+    // dK += dS^T Q, dQ += dS K.
+    accumulate(
+        accK, ds,
+        strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2)))),
+        out.kCols);
+  }
+  return acc;
+}
+
+/// The pipelined loop over the streamed blocks of the current head: two
+/// stages; block t + 1 copies while block t computes.
+SmallVector<Value> FlashBwdKernel::streamHead(const Outputs &out,
+                                              ValueRange accIn) {
+  // The streamed blocks [tLo, tHi).
+  Value tLo, tHi;
+  if (k.spec.blockSparse) {
+    Value sb = c32(k.spec.sparseBlock);
+    Value residentSparse = g.ext64(g.divU(row0, sb));
+    Value countAt, countBuf;
+    if (kvMajor) {
+      countBuf = buf(bwd::KvCounts);
+      countAt = g.add(g.add(g.mul(bI, idx(bwd::KvCountsStrideB)),
+                            g.mul(hI, idx(bwd::KvCountsStrideH))),
+                      residentSparse);
+      listBase = g.add(g.add(g.mul(bI, idx(bwd::KvIndicesStrideB)),
+                             g.mul(hI, idx(bwd::KvIndicesStrideH))),
+                       g.mul(residentSparse, idx(bwd::KvIndicesStrideM)));
+    } else {
+      countBuf = buf(bwd::Counts);
+      countAt = g.add(g.add(g.mul(bI, idx(bwd::CountsStrideB)),
+                            g.mul(hI, idx(bwd::CountsStrideH))),
+                      residentSparse);
+      listBase = g.add(g.add(g.mul(bI, idx(bwd::IndicesStrideB)),
+                             g.mul(hI, idx(bwd::IndicesStrideH))),
+                       g.mul(residentSparse, idx(bwd::IndicesStrideM)));
+    }
+    tLo = c32(0);
+    tHi = g.mul(loadI32(countBuf, countAt), perSparse);
+  } else {
+    // Streamed rows the resident block sees: for queries (dQ kernel) keys
+    // [first + off - L, last + off + R]; for keys (dK/dV kernel) queries
+    // [first - off - R, last - off + L]; clipped to the tensor.
+    Value first64 = g.ext64(row0);
+    Value valid = g.minS(g.c64(rr), g.sub(g.ext64(nResident), first64));
+    Value last64 = g.add(first64, g.sub(valid, g.c64(1)));
+    Value lo = g.c64(0);
+    Value hi = g.sub(g.ext64(nStream), g.c64(1));
+    if (k.hasBand) {
+      if (kvMajor) {
+        lo = g.maxS(lo, g.sub(g.sub(first64, off64), winR));
+        hi = g.minS(hi, g.add(g.sub(last64, off64), winL));
+      } else {
+        lo = g.maxS(lo, g.sub(g.add(first64, off64), winL));
+        hi = g.minS(hi, g.add(g.add(last64, off64), winR));
+      }
+    }
+    Value lo32 = g.clampTo32(lo), hi32 = g.clampTo32(hi);
+    tLo = g.divS(lo32, c32(rs));
+    Value end = g.add(g.divS(hi32, c32(rs)), c32(1));
+    tHi = g.select(g.cmp(CmpIPredicate::sge, hi32, lo32), end, tLo);
+  }
+
+  g.barrier(); // every warp is done with both stages (previous head)
+  g.ifThen(g.cmp(CmpIPredicate::slt, tLo, tHi),
+           [&] { issueStream(blockStart(tLo), c32(0)); });
+  g.commitGroup();
+
+  auto loop = scf::ForOp::create(g.b, tLo, tHi, c32(1), accIn);
+  {
+    OpBuilder::InsertionGuard guard(g.b);
+    g.b.setInsertionPointToStart(loop.getBody());
+    Value t = loop.getInductionVar();
+    Value outerTid = tid;
+    tid = g.opaque(tid);
+    Value stage = g.andI(g.sub(t, tLo), c32(1));
+    Value stageOff = g.mul(stage, c32(sm.stageBytes));
+    Value next = g.add(t, c32(1));
+    g.barrier(); // every warp is done with the other stage (block t - 1)
+    g.ifThen(g.cmp(CmpIPredicate::slt, next, tHi), [&] {
+      issueStream(blockStart(next),
+                  g.mul(g.sub(c32(1), stage), c32(sm.stageBytes)));
+    });
+    g.commitGroup();
+    g.waitGroup(1); // block t (and the resident tiles) landed
+    g.barrier();
+    SmallVector<Value> acc =
+        step(out, SmallVector<Value>(loop.getRegionIterArgs()), blockStart(t),
+             stageOff);
+    scf::YieldOp::create(g.b, acc);
+    tid = outerTid;
+  }
+  return SmallVector<Value>(loop.getResults());
+}
+
+/// acc (mt x cols/8 tiles) * factor -> out rows row0 + warpRow0 + ... (<
+/// nRows), columns colStart + ... (< logicalCols).
+void FlashBwdKernel::storeTile(ArrayRef<Value> acc, int64_t cols,
+                               Value colStart, int64_t logicalCols, Value out,
+                               Value rowBase, bwd::IndexArg strideN,
+                               Value nRows, Value factor) {
+  const int64_t ct = cols / 8;
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value r =
+          g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp)));
+      Value rowOk = g.cmp(CmpIPredicate::slt, r, nRows);
+      Value rowAt = g.add(rowBase, g.mul(g.ext64(r), idx(strideN)));
+      for (int64_t di = 0; di < ct; ++di)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value col =
+              g.add(colStart, g.add(c32(di * 8 + e), g.mul(tig, c32(2))));
+          Value ok =
+              g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, c32(logicalCols)));
+          Value v = acc[(mi * ct + di) * 4 + 2 * half + e];
+          if (factor)
+            v = g.fmul(v, factor);
+          g.ifThen(ok, [&] {
+            Value ptr = g.elementPtr(out, g.add(rowAt, g.ext64(col)));
+            LLVM::StoreOp::create(g.b, g.toElementBits(v), ptr);
+          });
+        }
+    }
+}
+
+/// One program's work for the outputs \p out: accumulators at zero, the
+/// streamed loop (per query head of the group in the dK/dV kernel), then the
+/// stores.
+void FlashBwdKernel::emitMainBody(const Outputs &out) {
+  const int64_t kt = out.kCols / 8, vt = out.vCols / 8;
+  SmallVector<Value> acc(mt * (kt + vt) * 4, g.cf(0.0));
+  Value scale = f32Arg(bwd::Scale);
+  if (!kvMajor) {
+    streamQKBase = headBase(bwd::KStrideB, bI, hkI);
+    streamVBase = headBase(bwd::VStrideB, bI, hkI);
+    acc = streamHead(out, acc);
+    storeTile(acc, out.kCols, out.kStart, k.spec.headDimQK, buf(bwd::DQ),
+              headBase(bwd::DQStrideB, bI, hI), bwd::DQStrideN, nq, scale);
+    return;
+  }
+  auto forHead = [&](Value h, ValueRange in) {
+    hI = h;
+    streamQKBase = headBase(bwd::QStrideB, bI, hI);
+    streamVBase = headBase(bwd::DOStrideB, bI, hI);
+    statBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
+    return streamHead(out, in);
+  };
+  Value firstHead = g.mul(hkI, g.c64(k.spec.gqaGroup));
+  if (k.spec.gqaGroup == 1) {
+    acc = forHead(firstHead, acc);
+  } else {
+    auto loop = scf::ForOp::create(g.b, g.c64(0), g.c64(k.spec.gqaGroup),
+                                   g.c64(1), acc);
+    OpBuilder::InsertionGuard guard(g.b);
+    g.b.setInsertionPointToStart(loop.getBody());
+    SmallVector<Value> res = forHead(g.add(firstHead, loop.getInductionVar()),
+                                     loop.getRegionIterArgs());
+    scf::YieldOp::create(g.b, res);
+    g.b.setInsertionPointAfter(loop);
+    acc = SmallVector<Value>(loop.getResults());
+  }
+  ArrayRef<Value> accK(acc.data(), mt * kt * 4);
+  ArrayRef<Value> accV(acc.data() + mt * kt * 4, mt * vt * 4);
+  if (out.kCols)
+    storeTile(accK, out.kCols, out.kStart, k.spec.headDimQK, buf(bwd::DK),
+              headBase(bwd::DKStrideB, bI, hkI), bwd::DKStrideN, nkv, scale);
+  if (out.vCols)
+    storeTile(accV, out.vCols, out.vStart, k.spec.headDimV, buf(bwd::DV),
+              headBase(bwd::DVStrideB, bI, hkI), bwd::DVStrideN, nkv, Value());
+}
+
+void FlashBwdKernel::emit() {
+  if (k.role == Role::Preprocess) {
+    emitPreprocess();
+    mlir::gpu::ReturnOp::create(g.b);
+    return;
+  }
+  setUpMain();
+  const GpuBackwardGeometry &geo = k.geo;
+  const int64_t qkc = geo.qkRowChunks, vc = geo.vRowChunks;
+  // The resident tiles: one commit group before the streamed ones.
+  TileCopier who{smem, tid, geo.threads, k.copyBytes};
+  Value resQKBase = kvMajor ? headBase(bwd::KStrideB, bI, hkI)
+                            : headBase(bwd::QStrideB, bI, hI);
+  Value resVBase = kvMajor ? headBase(bwd::VStrideB, bI, hkI)
+                           : headBase(bwd::DOStrideB, bI, hI);
+  copyTileAsync(g, who,
+                TileSource{kvMajor ? buf(bwd::K) : buf(bwd::Q), resQKBase,
+                           idx(kvMajor ? bwd::KStrideN : bwd::QStrideN), row0,
+                           nResident, rr, k.spec.headDimQK, c32(0), geo.qkCols,
+                           qkc, c32(sm.residentQK)});
+  copyTileAsync(g, who,
+                TileSource{kvMajor ? buf(bwd::V) : buf(bwd::DO), resVBase,
+                           idx(kvMajor ? bwd::VStrideN : bwd::DOStrideN), row0,
+                           nResident, rr, k.spec.headDimV, c32(0), geo.vCols,
+                           vc, c32(sm.residentV)});
+  g.commitGroup();
+
+  if (!kvMajor) {
+    // The resident rows' statistics, and the band they see fully.
+    Value totalRows =
+        g.mul(g.mul(idx(bwd::Batch), idx(bwd::Heads)), idx(bwd::SeqQ));
+    Value stat0 = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t half = 0; half < 2; ++half) {
+        Value r =
+            g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp)));
+        Value rc = g.minS(r, g.sub(nq, c32(1)));
+        Value at = g.add(stat0, g.ext64(rc));
+        rowDelta.push_back(loadF32(buf(bwd::Delta), at));
+        rowNegLse.push_back(loadF32(buf(bwd::Delta), g.add(at, totalRows)));
+      }
+    if (k.hasBand) {
+      Value m064 = g.ext64(row0);
+      Value rowsValid = g.minS(g.c64(rr), g.sub(idx(bwd::SeqQ), m064));
+      Value lastRow = g.add(m064, g.sub(rowsValid, g.c64(1)));
+      fullLo = g.clampTo32(g.sub(g.add(lastRow, off64), winL));
+      fullHi = g.clampTo32(g.add(g.add(m064, off64), winR));
+    }
+    Value z = g.blockId(mlir::gpu::Dimension::z);
+    Outputs out;
+    out.kCols = geo.dqChunk;
+    out.kStart = g.mul(z, c32(geo.dqChunk));
+    emitMainBody(out);
+  } else if (geo.kvCombined) {
+    Outputs out;
+    out.kCols = geo.dqkPad;
+    out.kStart = c32(0);
+    out.vCols = geo.dvPad;
+    out.vStart = c32(0);
+    emitMainBody(out);
+  } else {
+    // grid.z: dK chunks, then dV chunks; one chunk of one per program.
+    Value z = g.blockId(mlir::gpu::Dimension::z);
+    Value isK = g.cmp(CmpIPredicate::ult, z, c32(geo.dkChunks));
+    auto ifOp = scf::IfOp::create(g.b, isK, /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(g.b);
+      g.b.setInsertionPointToStart(ifOp.thenBlock());
+      Outputs out;
+      out.kCols = geo.dkChunk;
+      out.kStart = g.mul(z, c32(geo.dkChunk));
+      emitMainBody(out);
+      g.b.setInsertionPointToStart(ifOp.elseBlock());
+      Outputs outV;
+      outV.vCols = geo.dvChunk;
+      outV.vStart = g.mul(g.sub(z, c32(geo.dkChunks)), c32(geo.dvChunk));
+      emitMainBody(outV);
+    }
+  }
+  mlir::gpu::ReturnOp::create(g.b);
+}
+
+/// Reads the description, tiling and role the tiling pass recorded.
+FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
+                              int64_t copyBytes) {
+  auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel_backward");
+  BwdShape k;
+  k.spec = specFromAttrs(attrs);
+  k.spec.direction = Direction::Backward;
+  k.hasBand = k.spec.mask != MaskKind::None;
+  k.config.blockM = intAttr(attrs, "block_m");
+  k.config.blockN = intAttr(attrs, "block_n");
+  k.config.warps = warps;
+  k.copyBytes = copyBytes;
+  auto role = attrs.getAs<StringAttr>("role");
+  if (!role || (role.getValue() != "preprocess" && role.getValue() != "main" &&
+                role.getValue() != "dq"))
+    return fn.emitError() << "attn.kernel_backward: role must be "
+                             "\"preprocess\", \"main\" or \"dq\"";
+  k.role = role.getValue() == "preprocess" ? Role::Preprocess
+           : role.getValue() == "main"     ? Role::Main
+                                           : Role::Dq;
+  if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
+    return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
+                          << copyBytes;
+  std::string problem = gpuBackwardConfigProblem(k.spec, k.config, INT64_MAX);
+  if (!problem.empty())
+    return fn.emitError() << problem;
+  k.geo = gpuBackwardGeometry(k.spec, k.config);
+  return k;
+}
+
+} // namespace
+
+LogicalResult
+flashjit::conversion::lowerBackwardKernel(func::FuncOp fn,
+                                          mlir::gpu::GPUModuleOp gpuModule,
+                                          int64_t warps, int64_t copyBytes) {
+  FailureOr<BwdShape> shape = readShape(fn, warps, copyBytes);
+  if (failed(shape))
+    return failure();
+  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+  GpuBuilder g(b, shape->spec.dtype == DType::BF16 ? Elem::BF16 : Elem::F16);
+  SmallVector<Type> argTys(bwd::NumBuffers, g.ptrGen);
+  argTys.append(bwd::NumIndexArgs, g.i64);
+  argTys.append(bwd::NumF32Args, g.f32);
+  const GpuBackwardGeometry &geo = shape->geo;
+  int64_t threads = geo.threads, shared = 0;
+  switch (shape->role) {
+  case Role::Preprocess:
+    threads = GpuBackwardGeometry::kPreprocessThreads;
+    break;
+  case Role::Main:
+    shared = geo.kvSmem.total;
+    break;
+  case Role::Dq:
+    shared = geo.dqSmem.total;
+    break;
+  }
+  auto kernel = createKernelFunc(b, gpuModule, fn, argTys, threads, shared);
+  b.setInsertionPointToStart(&kernel.getBody().front());
+  Value smem = sharedMemoryBase(b, g);
+  FlashBwdKernel(g, *shape, kernel, smem).emit();
+  return success();
+}

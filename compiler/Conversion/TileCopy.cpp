@@ -1,0 +1,148 @@
+//===- TileCopy.cpp - Shared-memory tiles of the GPU kernels --------------===//
+
+#include "compiler/Conversion/TileCopy.h"
+
+using namespace mlir;
+using arith::CmpIPredicate;
+
+namespace flashjit::gpu {
+
+FragmentAddresses::FragmentAddresses(GpuBuilder &g, Value tileOffset,
+                                     Value laneRow, Value laneChunk,
+                                     int64_t rowChunks)
+    : rowChunks(rowChunks) {
+  base = g.add(tileOffset, g.mul(laneRow, g.c32(rowChunks * 16)));
+  Value r7 = g.andI(laneRow, g.c32(7));
+  for (int64_t j = 0; j < 4; ++j)
+    xors[j] = g.mul(g.xorI(g.add(laneChunk, g.c32(2 * j)), r7), g.c32(16));
+}
+
+FragmentAddresses FragmentAddresses::inLoop(GpuBuilder &g) const {
+  FragmentAddresses copy = *this;
+  copy.base = g.opaque(base);
+  return copy;
+}
+
+FragmentAddresses FragmentAddresses::shifted(GpuBuilder &g, Value bytes) const {
+  FragmentAddresses copy = *this;
+  copy.base = g.add(base, bytes);
+  return copy;
+}
+
+Value FragmentAddresses::at(GpuBuilder &g, Value smem, int64_t rowConst,
+                            int64_t chunkConst) const {
+  int64_t imm = (rowConst * rowChunks + (chunkConst & ~int64_t(7))) * 16;
+  Value off = g.add(g.add(base, xors[(chunkConst & 7) / 2]), g.c32(imm));
+  return g.sharedBytePtr(smem, off);
+}
+
+FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
+                                    Value lane, Value rowBase, Value tileOffset,
+                                    int64_t rowChunks) {
+  Value l16 = g.divU(lane, g.c32(16)), l8 = g.remU(lane, g.c32(8));
+  Value l8h = g.remU(g.divU(lane, g.c32(8)), g.c32(2));
+  Value row, chunk;
+  switch (pattern) {
+  case FragmentPattern::A:
+    row = g.remU(lane, g.c32(16));
+    chunk = l16;
+    break;
+  case FragmentPattern::B:
+    row = g.add(g.mul(l16, g.c32(8)), l8);
+    chunk = l8h;
+    break;
+  case FragmentPattern::BTrans:
+    row = g.add(g.mul(l8h, g.c32(8)), l8);
+    chunk = l16;
+    break;
+  }
+  return FragmentAddresses(g, tileOffset, g.add(rowBase, row), chunk,
+                           rowChunks);
+}
+
+void copyTileAsync(GpuBuilder &g, const TileCopier &who,
+                   const TileSource &src) {
+  const int64_t bytes = who.copyBytes, perCopy = bytes / 2;
+  const int64_t perRow = src.padCols / perCopy, total = src.rows * perRow;
+  const int64_t threads = who.threads;
+  const int64_t rowChunks = src.rowChunks;
+  Value tid = who.tid, smem = who.smem;
+  Value lastRow = g.sub(src.nRows, g.c32(1));
+  // Issues copy number (thread, pass): row r = laneRow + pass * rowsPerPass
+  // when every pass covers whole rows, so that a thread's column, its
+  // zero-fill size and its swizzled offset are fixed across passes (few live
+  // registers: the rest are immediates).
+  const bool regular = threads % perRow == 0 && (threads / perRow) % 8 == 0;
+  const int64_t rowsPerPass = regular ? threads / perRow : 0;
+  auto columnTerms = [&](Value col, Value &srcBytes, Value &useCol) {
+    Value gCol = g.add(src.colBase, col);
+    Value left = g.mul(g.sub(g.c32(src.logicalCols), gCol), g.c32(2));
+    srcBytes = g.minS(g.maxS(left, g.c32(0)), g.c32(bytes));
+    useCol = g.ext64(g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
+                              gCol, g.c32(0)));
+  };
+  auto rowElem = [&](Value row) {
+    return g.add(src.rowBase, g.mul(g.ext64(row), src.rowStride));
+  };
+  // Regular case: one global pointer per thread and tile, advanced by
+  // rowsPerPass rows per pass (a 64-bit add); rows past nRows copy zero
+  // bytes from the head's first row (always a valid address).
+  Value laneBytes, laneDst, lanePtr, passStride, rowsLeft, safePtr;
+  if (regular) {
+    Value laneRow = g.divU(tid, g.c32(perRow));
+    Value laneCol = g.mul(g.remU(tid, g.c32(perRow)), g.c32(perCopy));
+    Value laneUseCol;
+    columnTerms(laneCol, laneBytes, laneUseCol);
+    laneDst = g.sharedBytePtr(
+        smem, g.add(src.smemOffset,
+                    g.add(g.swizzled(laneRow, laneCol, rowChunks),
+                          g.mul(g.remU(laneCol, g.c32(8)), g.c32(2)))));
+    Value firstRow = g.minS(g.add(src.row0, laneRow), lastRow);
+    lanePtr = g.toGlobal(
+        g.elementPtr(src.base, g.add(rowElem(firstRow), laneUseCol)));
+    safePtr =
+        g.toGlobal(g.elementPtr(src.base, g.add(src.rowBase, laneUseCol)));
+    passStride = g.mul(src.rowStride, g.c64(rowsPerPass));
+    rowsLeft = g.sub(g.sub(src.nRows, src.row0), laneRow);
+  }
+  for (int64_t first = 0; first < total; first += threads) {
+    auto body = [&] {
+      if (regular) {
+        int64_t pass = first / threads;
+        Value dst = g.sharedBytePtr(laneDst,
+                                    g.c32(pass * rowsPerPass * rowChunks * 16));
+        Value ptr =
+            pass == 0
+                ? lanePtr
+                : LLVM::GEPOp::create(
+                      g.b, g.ptrGlobal, g.i16, lanePtr,
+                      ArrayRef<LLVM::GEPArg>{g.mul(passStride, g.c64(pass))});
+        Value rowOk =
+            g.cmp(CmpIPredicate::sgt, rowsLeft, g.c32(pass * rowsPerPass));
+        g.copyAsync(dst, g.select(rowOk, ptr, safePtr),
+                    g.select(rowOk, laneBytes, g.c32(0)), bytes);
+        return;
+      }
+      Value i = g.add(tid, g.c32(first));
+      Value r = g.divU(i, g.c32(perRow));
+      Value col = g.mul(g.remU(i, g.c32(perRow)), g.c32(perCopy));
+      Value srcBytes, useCol;
+      columnTerms(col, srcBytes, useCol);
+      Value dstOff =
+          g.add(src.smemOffset, g.add(g.swizzled(r, col, rowChunks),
+                                      g.mul(g.remU(col, g.c32(8)), g.c32(2))));
+      Value row = g.add(src.row0, r);
+      Value rowOk = g.cmp(CmpIPredicate::slt, row, src.nRows);
+      Value elem = g.add(rowElem(g.minS(row, lastRow)), useCol);
+      g.copyAsync(g.sharedBytePtr(smem, dstOff),
+                  g.toGlobal(g.elementPtr(src.base, elem)),
+                  g.select(rowOk, srcBytes, g.c32(0)), bytes);
+    };
+    if (first + threads <= total)
+      body();
+    else
+      g.ifThen(g.cmp(CmpIPredicate::ult, tid, g.c32(total - first)), body);
+  }
+}
+
+} // namespace flashjit::gpu

@@ -1,0 +1,87 @@
+//===- TileCopy.h - Shared-memory tiles of the GPU kernels ------*- C++ -*-===//
+//
+/// \file
+/// The two shared-memory pieces every flashjit GPU kernel is built from:
+/// copyTileAsync() stages a (rows x head-dim) tile of a strided tensor into
+/// XOR-swizzled shared memory with cp.async, and FragmentAddresses gives one
+/// thread's ldmatrix addresses into such a tile. The forward and the
+/// backward kernels share them. Internal to compiler/Conversion.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_CONVERSION_TILECOPY_H
+#define FLASHJIT_COMPILER_CONVERSION_TILECOPY_H
+
+#include "compiler/Conversion/GpuBuilder.h"
+
+namespace flashjit::gpu {
+
+/// Shared-memory addresses of one thread's ldmatrix rows in a swizzled tile,
+/// split so that loop-invariant registers stay few: row r = laneRow + R
+/// (R a multiple of 8) and chunk c = laneChunk + C (C even, laneChunk 0 or
+/// 1) give byte ((r * rowChunks + (c & ~7) + ((c & 7) ^ (r & 7))) * 16:
+/// one lane base, four lane XOR terms for C % 8, and an immediate.
+///
+/// The lane patterns of an m16n8k16 step (tile rows x 16-byte chunks):
+///   A operand (rows of the MMA's M):   row lane % 16, chunk lane / 16
+///   B operand stored [n][k]:           row (lane / 16) * 8 + lane % 8,
+///                                      chunk (lane / 8) % 2
+///   B operand stored [k][n] (.trans):  row ((lane / 8) % 2) * 8 + lane % 8,
+///                                      chunk lane / 16
+struct FragmentAddresses {
+  Value base;                ///< tile offset + laneRow * rowChunks * 16
+  std::array<Value, 4> xors; ///< ((laneChunk + 2j) ^ (laneRow & 7)) * 16
+  int64_t rowChunks = 0;
+
+  FragmentAddresses() = default;
+  FragmentAddresses(GpuBuilder &g, Value tileOffset, Value laneRow,
+                    Value laneChunk, int64_t rowChunks);
+  /// The same addresses from an opaque copy of the lane base (see
+  /// GpuBuilder::opaque): used inside loops.
+  FragmentAddresses inLoop(GpuBuilder &g) const;
+  /// The same pattern \p bytes (i32) further on: another stage of a
+  /// double-buffered tile, or a column offset that is a multiple of 8
+  /// chunks.
+  FragmentAddresses shifted(GpuBuilder &g, Value bytes) const;
+  /// Address of row laneRow + rowConst, column (laneChunk + chunkConst) * 8.
+  Value at(GpuBuilder &g, Value smem, int64_t rowConst,
+           int64_t chunkConst) const;
+};
+
+/// The lane's (row, chunk) of the three ldmatrix patterns above.
+enum class FragmentPattern { A, B, BTrans };
+FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
+                                    Value lane, Value rowBase, Value tileOffset,
+                                    int64_t rowChunks);
+
+/// Who copies: the block's threads and the copy width.
+struct TileCopier {
+  Value smem;        ///< the dynamic shared memory (ptr addrspace 3)
+  Value tid;         ///< thread index (i32)
+  int64_t threads;   ///< threads in the block
+  int64_t copyBytes; ///< 16, 8, 4 or 2
+};
+
+/// One tile: rows [row0, row0 + rows) x padded columns [0, padCols) of a
+/// strided tensor, whose column colBase + c holds logical column c.
+struct TileSource {
+  Value base;      ///< the tensor (generic pointer, 16-bit elements)
+  Value rowBase;   ///< element offset of the (batch, head) (i64)
+  Value rowStride; ///< elements between rows (i64)
+  Value row0;      ///< first row (i32)
+  Value nRows;     ///< rows that exist (i32); later ones are zero-filled
+  int64_t rows;
+  int64_t logicalCols; ///< columns that exist; later ones are zero-filled
+  Value colBase;       ///< first column (i32)
+  int64_t padCols;     ///< columns copied (a multiple of 8)
+  int64_t rowChunks;   ///< 16-byte chunks per row in shared memory
+  Value smemOffset;    ///< byte offset of the tile (i32)
+};
+
+/// Issues the cp.async copies of \p src into swizzled shared memory. Rows at
+/// or past nRows and columns past the logical width are zero-filled
+/// (cp.async's src-size), so padding never injects NaN into the MMAs.
+void copyTileAsync(GpuBuilder &g, const TileCopier &who, const TileSource &src);
+
+} // namespace flashjit::gpu
+
+#endif // FLASHJIT_COMPILER_CONVERSION_TILECOPY_H
