@@ -531,6 +531,13 @@ TEST(CApi, BackwardWorkspaceSize) {
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("exceed 2^63 bytes"), std::string::npos)
       << lastError();
+  // Delta fits, the layout's transpose does not ([B, H, 2^20, 2^20] int32).
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, int64_t(1) << 20, 16,
+                                             int64_t(1) << 24, int64_t(1) << 24,
+                                             &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("exceed 2^63 bytes"), std::string::npos)
+      << lastError();
 }
 
 TEST(CApiErrors, BackwardRefusesALayoutThatListsABlockTwice) {

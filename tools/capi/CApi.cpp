@@ -344,13 +344,16 @@ struct WorkspaceLayout {
   size_t total = 0;
 };
 
-/// The product of \p factors, or a named SpecError if it exceeds int64.
+[[noreturn]] void workspaceTooLarge() {
+  invalid("the backward's workspace for this problem would exceed 2^63 bytes");
+}
+
+/// The product of \p factors (bytes), or workspaceTooLarge().
 size_t checkedBytes(std::initializer_list<int64_t> factors) {
   int64_t bytes = 1;
   for (int64_t f : factors)
     if (__builtin_mul_overflow(bytes, f, &bytes))
-      invalid("the backward's workspace for this problem would exceed 2^63 "
-              "bytes");
+      workspaceTooLarge();
   return size_t(bytes);
 }
 
@@ -365,12 +368,16 @@ WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p) {
     int64_t kvBlocks = ceilDiv(p.seqLenKV, spec.sparseBlock);
     size_t counts = checkedBytes({p.batch, p.heads, kvBlocks, 4});
     size_t indices = checkedBytes({p.batch, p.heads, kvBlocks, qBlocks, 4});
-    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    auto add = [](size_t a, size_t b) {
+      size_t sum;
+      if (__builtin_add_overflow(a, b, &sum) || sum > size_t(INT64_MAX))
+        workspaceTooLarge();
+      return sum;
+    };
+    auto align = [&](size_t x) { return add(x, 255) / 256 * 256; };
     w.kvCounts = align(w.total);
-    w.kvIndices = align(w.kvCounts + counts);
-    w.total = w.kvIndices + indices;
-    if (w.total < indices) // wrapped around
-      checkedBytes({INT64_MAX, 2});
+    w.kvIndices = align(add(w.kvCounts, counts));
+    w.total = add(w.kvIndices, indices);
   }
   return w;
 }

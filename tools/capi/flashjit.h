@@ -104,7 +104,8 @@ typedef enum flashjit_device {
 FLASHJIT_API flashjit_status flashjit_create(flashjit_handle **handle,
                                              int device);
 /** Frees the handle and its compiled kernels (NULL is fine). On CUDA, the
- *  contexts its modules were loaded in should still be alive. */
+ *  contexts its modules were loaded in should still be alive; it waits for
+ *  the backward's last use of the library's workspace before freeing it. */
 FLASHJIT_API void flashjit_destroy(flashjit_handle *handle);
 
 /** The device ordinal whose primary context is used when the calling thread
