@@ -184,8 +184,16 @@ BlockSparseLayout BlockSparseLayout::transposed() const {
         const int32_t *idx = &indices[b * is[0] + h * is[1] + qb * is[2]];
         for (int64_t t2 = 0; t2 < n; ++t2) {
           int64_t row = (b * heads + h) * kvBlocks + idx[t2];
-          // Q blocks are visited in increasing order: lists stay sorted.
-          t.indices[row * qBlocks + t.counts[row]++] = int32_t(qb);
+          // Q blocks are visited in increasing order: lists stay sorted, and
+          // a KV block listed twice by one Q block shows as qb already last
+          // (it would overflow the row of qBlocks entries).
+          int32_t &count = t.counts[row];
+          if (count > 0 && t.indices[row * qBlocks + count - 1] == qb)
+            throw SpecError(fmt::format(
+                "layout: KV block {} is listed twice for batch {}, head {}, Q "
+                "block {}",
+                idx[t2], b, h, qb));
+          t.indices[row * qBlocks + count++] = int32_t(qb);
         }
       }
   return t;

@@ -87,6 +87,8 @@ struct BlockSparseLayout {
   /// The KV-major layout the backward's main loop walks: row kb lists, in
   /// increasing order, the Q blocks whose rows list kb. Its qBlocks field
   /// counts KV blocks and kvBlocks Q blocks; batch and heads as here.
+  /// Throws SpecError if a row lists a KV block twice; indices must be in
+  /// range (checkFits).
   BlockSparseLayout transposed() const;
 };
 

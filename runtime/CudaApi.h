@@ -52,6 +52,8 @@
   X(cuMemFree)                                                                 \
   X(cuMemcpyHtoD)                                                              \
   X(cuMemcpyDtoH)                                                              \
+  X(cuMemcpyHtoDAsync)                                                         \
+  X(cuMemcpyDtoHAsync)                                                         \
   X(cuMemsetD8)                                                                \
   X(cuMemsetD32)                                                               \
   X(cuEventCreate)                                                             \
@@ -60,6 +62,7 @@
   X(cuEventElapsedTime)                                                        \
   X(cuEventDestroy)                                                            \
   X(cuStreamSynchronize)                                                       \
+  X(cuStreamWaitEvent)                                                         \
   X(cuStreamIsCapturing)
 
 namespace flashjit::rt {

@@ -19,7 +19,8 @@
 /// torch made current), it is used; otherwise the device's primary context is
 /// retained and made current. flashjit never creates a context of its own.
 ///
-/// Small RAII helpers sit on top: DeviceBuffer, Module, EventTimer, launch().
+/// Small RAII helpers sit on top: DeviceBuffer, Module, Event, EventTimer,
+/// launch(), stream-ordered copies.
 /// This header needs no CUDA header: the handle types are declared below
 /// exactly as <cuda.h> declares them.
 ///
@@ -258,6 +259,47 @@ struct Dim3 {
 void launch(CUfunction function, Dim3 grid, Dim3 block, unsigned sharedBytes,
             CUstream stream, void **params,
             CudaDriver &driver = CudaDriver::get());
+
+/// Copies \p bytes from device memory \p src to \p host in stream order
+/// (cuMemcpyDtoHAsync on \p stream): the copy starts after the work queued
+/// on \p stream before it. To pageable host memory it returns when the copy
+/// is done; synchronize \p stream before reading pinned memory.
+void copyToHostAsync(void *host, CUdeviceptr src, std::size_t bytes,
+                     CUstream stream, CudaDriver &driver = CudaDriver::get());
+
+/// Copies \p bytes from \p host to device memory \p dst in stream order
+/// (cuMemcpyHtoDAsync on \p stream). \p host must stay valid until the copy
+/// has run (synchronize \p stream before freeing it).
+void copyToDeviceAsync(CUdeviceptr dst, const void *host, std::size_t bytes,
+                       CUstream stream, CudaDriver &driver = CudaDriver::get());
+
+/// A CUDA event without timing (CU_EVENT_DISABLE_TIMING) that orders work
+/// across streams: record() after some work on one stream, waitOn() to make
+/// another stream wait for it on the device. Move-only.
+class Event {
+public:
+  /// Creates the event in the current (or primary) context.
+  explicit Event(CudaDriver &driver = CudaDriver::get());
+  ~Event();
+  Event(Event &&other) noexcept;
+  Event &operator=(Event &&other) noexcept;
+  Event(const Event &) = delete;
+  Event &operator=(const Event &) = delete;
+
+  /// Captures the work queued on \p stream so far (cuEventRecord).
+  void record(CUstream stream);
+  /// Makes \p stream's later work wait, on the device, for the work the last
+  /// record() captured (cuStreamWaitEvent); nothing if never recorded.
+  void waitOn(CUstream stream) const;
+  /// Waits on the host for that work (cuEventSynchronize).
+  void synchronize() const;
+
+  CUevent handle() const { return event_; }
+
+private:
+  CudaDriver *driver_ = nullptr;
+  CUevent event_ = nullptr;
+};
 
 /// Two CUDA events timing work on a stream. Move-only.
 class EventTimer {

@@ -5,9 +5,10 @@
 //===----------------------------------------------------------------------===//
 ///
 /// \file
-/// DeviceBuffer, Module, launch() and EventTimer: the small RAII layer over
-/// the driver calls that CudaDriver resolves. Destructors never throw: errors
-/// while freeing are ignored (the context may already be gone at exit).
+/// DeviceBuffer, Module, launch(), the stream-ordered copies, Event and
+/// EventTimer: the small RAII layer over the driver calls that CudaDriver
+/// resolves. Destructors never throw: errors while freeing are ignored (the
+/// context may already be gone at exit).
 ///
 //===----------------------------------------------------------------------===//
 
@@ -248,6 +249,79 @@ void flashjit::rt::launch(CUfunction function, Dim3 grid, Dim3 block,
                                    config(), driver.errorName(result),
                                    driver.errorString(result)),
                        result);
+}
+
+//===----------------------------------------------------------------------===//
+// Stream-ordered copies
+//===----------------------------------------------------------------------===//
+
+void flashjit::rt::copyToHostAsync(void *host, CUdeviceptr src,
+                                   std::size_t bytes, CUstream stream,
+                                   CudaDriver &driver) {
+  if (bytes == 0)
+    return;
+  if (!host || !src)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       "copyToHostAsync: null pointer");
+  driver.ensureContext();
+  driver.check(driver.api().cuMemcpyDtoHAsync(host, src, bytes, stream),
+               fmt::format("cuMemcpyDtoHAsync({} bytes)", bytes).c_str());
+}
+
+void flashjit::rt::copyToDeviceAsync(CUdeviceptr dst, const void *host,
+                                     std::size_t bytes, CUstream stream,
+                                     CudaDriver &driver) {
+  if (bytes == 0)
+    return;
+  if (!host || !dst)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       "copyToDeviceAsync: null pointer");
+  driver.ensureContext();
+  driver.check(driver.api().cuMemcpyHtoDAsync(dst, host, bytes, stream),
+               fmt::format("cuMemcpyHtoDAsync({} bytes)", bytes).c_str());
+}
+
+//===----------------------------------------------------------------------===//
+// Event
+//===----------------------------------------------------------------------===//
+
+Event::Event(CudaDriver &driver) : driver_(&driver) {
+  const DriverApi &cu = driver.api();
+  driver.ensureContext();
+  driver.check(cu.cuEventCreate(&event_, CU_EVENT_DISABLE_TIMING),
+               "cuEventCreate");
+}
+
+Event::~Event() {
+  if (event_ && driver_ && driver_->available())
+    driver_->api().cuEventDestroy(event_);
+}
+
+Event::Event(Event &&other) noexcept
+    : driver_(other.driver_), event_(std::exchange(other.event_, nullptr)) {}
+
+Event &Event::operator=(Event &&other) noexcept {
+  if (this != &other) {
+    if (event_ && driver_ && driver_->available())
+      driver_->api().cuEventDestroy(event_);
+    driver_ = other.driver_;
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+void Event::record(CUstream stream) {
+  driver_->check(driver_->api().cuEventRecord(event_, stream), "cuEventRecord");
+}
+
+void Event::waitOn(CUstream stream) const {
+  driver_->check(driver_->api().cuStreamWaitEvent(stream, event_, 0),
+                 "cuStreamWaitEvent");
+}
+
+void Event::synchronize() const {
+  driver_->check(driver_->api().cuEventSynchronize(event_),
+                 "cuEventSynchronize");
 }
 
 //===----------------------------------------------------------------------===//

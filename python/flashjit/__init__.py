@@ -12,7 +12,8 @@ are passed in; numpy only for numpy inputs and BlockMask.
 
 Devices:
   * torch CUDA tensors (bfloat16 or float16) run on the GPU, on torch's
-    current stream of the tensors' device, without synchronizing.
+    current stream of the tensors' device, without synchronizing; autograd
+    runs the backward there too.
   * numpy arrays run in the CPU execution mode (MLIR's JIT on host
     threads): float16 computes in fp16 and returns float16; float32 is
     rounded to bf16 for the kernel (the kernel's inputs are 16-bit) and the
@@ -173,9 +174,10 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         logsumexp of each row's scaled scores (-inf where a row sees no key;
         its output row is 0).
 
-    torch CUDA tensors (bfloat16/float16) run on the GPU and support
-    autograd's forward (backward raises NotImplementedError: not yet
-    implemented); numpy arrays (float16, or float32 via bf16) run on the CPU.
+    torch CUDA tensors (bfloat16/float16) run on the GPU, with autograd: the
+    backward recomputes from the saved q, k, v, o and lse (dk and dv summed
+    over each GQA group; no double backward); numpy arrays (float16, or
+    float32 via bf16) run on the CPU (their backward: attention_backward).
     """
     mask, wl, wr = _mask_and_window(causal, window)
     scale = _scale(scale)
@@ -286,8 +288,8 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     recomputed from the forward's o and lse (return_lse=True), on the CPU
     for numpy arrays (the same dtypes as attention's numpy path). dk and dv
     are summed over each GQA group. dQ comes from a separate pass over Q
-    blocks, so the result is bit-identical run to run. (torch CUDA tensors:
-    the GPU backward is not implemented yet.)"""
+    blocks, so the result is bit-identical run to run. (torch CUDA tensors
+    get their backward from autograd: attention(...).backward().)"""
     import numpy as np
 
     mask, wl, wr = _mask_and_window(causal, window)
@@ -316,7 +318,7 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
         _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
         *(ctypes.byref(x) for x in t[:5]), lse.ctypes.data_as(ctypes.c_void_p),
         *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
-        ctypes.byref(layout) if layout is not None else None, None))
+        ctypes.byref(layout) if layout is not None else None, None, 0, None))
     del keep
     return tuple(from_kernel(g) for g in grads)
 
@@ -409,28 +411,38 @@ def _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm):
 
 
 def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm):
-    """Calls flashjit_backward, which is not implemented yet: raises
-    NotImplementedError (NotImplementedFlashjitError)."""
+    """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
+    device. Its workspace is a torch tensor of the size the C API asks for,
+    so torch's caching allocator keeps it stream-ordered."""
     dtype, gqa = _check_torch_inputs(torch, q, k, v)
+    B, H, Nq, D = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    spec = _lib.make_spec(q.shape[3], v.shape[3], dtype, mask, gqa,
+    spec = _lib.make_spec(D, v.shape[3], dtype, mask, gqa,
                           bm.block_size if bm else 0)
-    d_o = d_o.contiguous() if d_o.stride(-1) != 1 else d_o
+    d_o = d_o.to(o.dtype)
+    if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
+        d_o = d_o.contiguous()
     ts = [_torch_tensor(n, t) for n, t in
-          (("q", q), ("k", k), ("v", v), ("o", o), ("do", d_o), ("dq", dq),
+          (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("dq", dq),
            ("dk", dk), ("dv", dv))]
+    lib = _lib.lib()
     with torch.cuda.device(q.device):
+        handle = _cuda_handle(q.device)
+        size = ctypes.c_size_t()
+        _lib.check(lib.flashjit_backward_workspace_size(
+            handle, ctypes.byref(spec), B, H, Nq, k.shape[2],
+            ctypes.byref(size)))
+        workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)
         layout, keep = (bm._device_layout(q.device) if bm else (None, None))
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _lib.check(_lib.lib().flashjit_backward(
-            _cuda_handle(q.device), ctypes.byref(spec), ctypes.byref(ts[0]),
-            ctypes.byref(ts[1]), ctypes.byref(ts[2]), ctypes.byref(ts[3]),
-            ctypes.byref(ts[4]), ctypes.c_void_p(lse.data_ptr()),
-            ctypes.byref(ts[5]), ctypes.byref(ts[6]), ctypes.byref(ts[7]),
-            scale, wl, wr,
+        _lib.check(lib.flashjit_backward(
+            handle, ctypes.byref(spec), *(ctypes.byref(t) for t in ts[:5]),
+            ctypes.c_void_p(lse.data_ptr()),
+            *(ctypes.byref(t) for t in ts[5:]), scale, wl, wr,
             ctypes.byref(layout) if layout is not None else None,
+            ctypes.c_void_p(workspace.data_ptr()), size.value,
             ctypes.c_void_p(stream)))
-    del keep
+    del keep, workspace
     return dq, dk, dv
 
 
@@ -454,13 +466,13 @@ def _autograd_function(torch):
             return o, lse
 
         @staticmethod
+        @torch.autograd.function.once_differentiable
         def backward(ctx, d_o, d_lse):
-            # flashjit_backward does not exist yet: this raises
-            # NotImplementedError with the C API's message.
+            # lse is non-differentiable: d_lse is ignored.
             q, k, v, o, lse = ctx.saved_tensors
-            dq, dk, dv = _backward_cuda(torch, q, k, v, o, lse, d_o,
-                                        *ctx.options)
-            return dq, dk, dv, None, None, None, None, None
+            grads = _backward_cuda(torch, q, k, v, o, lse, d_o, *ctx.options)
+            return tuple(g if need else None for g, need in
+                         zip(grads, ctx.needs_input_grad[:3])) + (None,) * 5
 
     _autograd_cache["fn"] = FlashjitAttention
     return FlashjitAttention

@@ -59,7 +59,8 @@ class CudaError(FlashjitError):
 
 
 class NotImplementedFlashjitError(FlashjitError, NotImplementedError):
-    """Not implemented yet (the backward pass); also a NotImplementedError."""
+    """Not implemented yet (FLASHJIT_ERROR_NOT_IMPLEMENTED); also a
+    NotImplementedError."""
 
 
 class LibraryNotFoundError(FlashjitError, OSError):
@@ -167,7 +168,12 @@ def _declare(lib):
             [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
              P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
              ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Layout),
-             ctypes.c_void_p],
+             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
+        ),
+        "flashjit_backward_workspace_size": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+             ctypes.c_int64, P(ctypes.c_size_t)],
         ),
         "flashjit_chosen_config": (
             ctypes.c_int,

@@ -331,9 +331,29 @@ def test_backward_rejects_missing_tensors():
     status = lib.flashjit_backward(_lib.handle(_lib.DEVICE_CPU),
                                    ctypes.byref(spec), None, None, None, None,
                                    None, None, None, None, None, 0.0, -1, -1,
-                                   None, None)
-    with pytest.raises(ValueError):
+                                   None, None, 0, None)
+    with pytest.raises(ValueError, match="q is NULL"):
         _lib.check(status)
+
+
+def test_backward_workspace_size():
+    lib = _lib.lib()
+    h = _lib.handle(_lib.DEVICE_CPU)
+    n = ctypes.c_size_t()
+
+    def size(sparse_block, *shape):
+        spec = _lib.make_spec(16, 16, _lib.DTYPE_FP16, _lib.MASK_NONE, 1,
+                              sparse_block)
+        _lib.check(lib.flashjit_backward_workspace_size(
+            h, ctypes.byref(spec), *shape, ctypes.byref(n)))
+        return n.value
+
+    assert size(0, 2, 3, 100, 50) == 2 * 3 * 100 * 4  # delta, fp32 [B, H, Nq]
+    # Block-sparse by 64: 2 x 1 blocks; the layout's KV-major transpose
+    # (counts [B, H, 1] at 2560, indices [B, H, 1, 2] at 2816) follows.
+    assert size(64, 2, 3, 100, 50) == 2816 + 2 * 3 * 1 * 2 * 4
+    with pytest.raises(flashjit.InvalidArgumentError, match="seq_len"):
+        size(0, 2, 3, 0, 50)
 
 
 @pytest.mark.parametrize("dtype,causal,window,gqa", [

@@ -1,20 +1,41 @@
-"""flashjit on torch CUDA tensors, against torch's math SDPA in float64.
+"""flashjit on torch CUDA tensors, against torch's math SDPA in float64:
+the forward (o, lse) and autograd's backward (dq, dk, dv).
 
 Skips without torch; the CUDA tests skip without a GPU. The input-checking
 tests need torch only (CPU tensors are rejected before any CUDA call).
+Inputs are fresh random numbers each run; a failure prints its seed.
 """
+
+import ctypes
+import os
 
 import numpy as np
 import pytest
 
 import flashjit
-import reference
+from flashjit import _lib
+from reference import visible_mask
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (test_cpu.py covers the CPU path)")
 F = torch.nn.functional
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="no CUDA GPU (torch.cuda.is_available() is "
+                          "False)")
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+# Gradients: the float64 reference's D = rowsum(dO * O) uses the exact O,
+# flashjit's the forward's O rounded to the dtype (as a user has it), which
+# moves dS = P * (dP - D) by up to ~1e-2 in bf16 (reference.py).
+GRAD_BOUND = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed for torch's generators, reported by failing checks."""
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    return s
 
 
 def visible(nq, nkv, causal=False, window=None, dense=None, block=None,
@@ -22,14 +43,15 @@ def visible(nq, nkv, causal=False, window=None, dense=None, block=None,
     """[B|1, H|1, Nq, Nkv] boolean mask (bottom-right aligned), on device."""
     if dense is not None:
         dense = torch.as_tensor(dense).bool().cpu().numpy()
-    return torch.as_tensor(reference.visible_mask(nq, nkv, causal, window,
-                                                  dense, block), device=device)
+    return torch.as_tensor(visible_mask(nq, nkv, causal, window, dense, block),
+                           device=device)
 
 
-def reference(q, k, v, vis, scale=None):
-    """(o, lse) in float64 with torch's math SDPA; rows without a visible
-    key: o = 0, lse = -inf."""
-    q, k, v = q.double(), k.double(), v.double()
+def sdpa64(q, k, v, vis, scale=None):
+    """o of float64 q, k, v by torch's math SDPA, differentiable: K and V
+    repeated over each GQA group (repeat_interleave, whose backward sums
+    dK and dV over the group), the mask vis explicit; rows without a
+    visible key: o = 0."""
     g = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(g, dim=1)
     v = v.repeat_interleave(g, dim=1)
@@ -41,11 +63,26 @@ def reference(q, k, v, vis, scale=None):
     with sdpa_kernel(SDPBackend.MATH):
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe,
                                            scale=scale)
-    o = torch.where(empty, torch.zeros_like(o), o)
+    return torch.where(empty, torch.zeros_like(o), o)
+
+
+def forward_reference(q, k, v, vis, scale=None):
+    """(o, lse) in float64 with torch's math SDPA; rows without a visible
+    key: o = 0, lse = -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    o = sdpa64(q, k, v, vis, scale)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     sc = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
     s = (q @ k.transpose(-1, -2)) * sc
     lse = torch.logsumexp(s.masked_fill(~vis, float("-inf")), dim=-1)
     return o, lse
+
+
+def grads_reference(q, k, v, d_o, vis, scale=None):
+    """(dq, dk, dv) in float64: autograd through sdpa64 on float64 copies."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    sdpa64(q, k, v, vis, scale).backward(d_o.double())
+    return q.grad, k.grad, v.grad
 
 
 def rel(x, ref):
@@ -63,7 +100,7 @@ def check(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
     block = block_mask.block_size if block_mask is not None else None
     vis = visible(q.shape[2], k.shape[2], causal, window, dense, block)
-    ro, rl = reference(q, k, v, vis, scale)
+    ro, rl = forward_reference(q, k, v, vis, scale)
     assert not torch.isnan(o).any()
     assert rel(o, ro) <= BOUND[q.dtype], rel(o, ro)
     fin = torch.isfinite(rl)
@@ -75,6 +112,35 @@ def check(q, k, v, causal=False, scale=None, window=None, block_mask=None,
 
 def randn(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def leaves(*tensors):
+    """The tensors as leaves that require grad."""
+    return tuple(t.detach().requires_grad_() for t in tensors)
+
+
+def check_grads(q, k, v, seed, causal=False, scale=None, window=None,
+                block_mask=None, dense=None, d_o=None):
+    """dq, dk, dv of flashjit.attention through autograd (q, k, v require
+    grad) for the upstream gradient d_o (default: random), checked against
+    float64 SDPA with the same mask; returns them."""
+    o = flashjit.attention(q, k, v, causal=causal, scale=scale, window=window,
+                           block_mask=block_mask)
+    assert o.requires_grad
+    if d_o is None:
+        d_o = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    block = block_mask.block_size if block_mask is not None else None
+    vis = visible(q.shape[2], k.shape[2], causal, window, dense, block)
+    want = grads_reference(q, k, v, d_o, vis, scale)
+    for name, g, ref, like in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
+        assert g.dtype == like.dtype and g.shape == like.shape, name
+        assert g.device == like.device, name
+        assert torch.isfinite(g).all(), f"{name}: not finite (seed {seed})"
+        err = rel(g, ref)
+        assert err <= GRAD_BOUND[q.dtype], (
+            f"{name}: relative error {err:.3g} (seed {seed})")
+    return got
 
 
 # -- numbers ------------------------------------------------------------------
@@ -188,16 +254,238 @@ def test_cuda_graph_capture():
     torch.testing.assert_close(o, ref, rtol=0, atol=0)
 
 
+# -- gradients ----------------------------------------------------------------
+
+GRAD_SHAPES = [
+    # B, H, Hkv, Nq, Nkv, d, dv
+    (1, 2, 2, 128, 128, 64, 64),
+    (2, 8, 2, 300, 300, 128, 128),  # GQA 4
+    (1, 4, 1, 77, 130, 96, 96),     # MQA, Nq < Nkv
+    (2, 2, 2, 130, 77, 40, 24),     # Nq > Nkv (causal: rows that see no key)
+    (1, 2, 1, 65, 97, 7, 33),       # odd head dims, dqk != dv, GQA 2
+    (1, 2, 2, 200, 200, 256, 256),  # dK and dV in column chunks
+    (1, 1, 1, 100, 150, 320, 200),  # head dims past 256, dqk != dv
+]
+
+
 @cuda
-def test_autograd_forward_and_backward_not_implemented():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", GRAD_SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward(dtype, shape, causal, seed):
+    B, H, Hkv, Nq, Nkv, d, dv = shape
+    q, k, v = leaves(randn(B, H, Nq, d, dtype=dtype),
+                     randn(B, Hkv, Nkv, d, dtype=dtype),
+                     randn(B, Hkv, Nkv, dv, dtype=dtype))
+    check_grads(q, k, v, seed, causal=causal)
+
+
+@cuda
+@pytest.mark.parametrize("window", [(64, 0), (9, 3), (None, 17), (0, 0)])
+def test_backward_window(window, seed):
+    q, k, v = leaves(randn(1, 4, 300, 64), randn(1, 2, 400, 64),
+                     randn(1, 2, 400, 48))
+    check_grads(q, k, v, seed, window=window)
+
+
+@cuda
+def test_backward_scale(seed):
+    q, k, v = leaves(randn(1, 2, 100, 64, dtype=torch.float16),
+                     randn(1, 2, 100, 64, dtype=torch.float16),
+                     randn(1, 2, 100, 64, dtype=torch.float16))
+    check_grads(q, k, v, seed, scale=0.05)
+
+
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_block_mask(causal, seed):
+    B, H, N, blk = 2, 4, 1000, 128
+    nb = -(-N // blk)
+    dense = torch.rand(B, H, nb, nb) < 0.4
+    dense[:, :, 2] = False     # a query block that sees nothing
+    dense[:, :, :, 5] = False  # a key block that no query sees
+    bm = flashjit.BlockMask.from_dense(dense, block_size=blk)
+    q, k, v = leaves(randn(B, H, N, 64), randn(B, H, N, 64),
+                     randn(B, H, N, 64))
+    dq, dk, dv = check_grads(q, k, v, seed, causal=causal, block_mask=bm,
+                             dense=dense)
+    assert torch.all(dq[:, :, 2 * blk:3 * blk] == 0)
+    assert torch.all(dk[:, :, 5 * blk:6 * blk] == 0)
+    assert torch.all(dv[:, :, 5 * blk:6 * blk] == 0)
+
+
+@cuda
+def test_backward_broadcast_block_mask_with_gqa(seed):
+    blk, Nq, Nkv = 64, 300, 500
+    dense = torch.rand(-(-Nq // blk), -(-Nkv // blk)) < 0.5  # every head
+    bm = flashjit.BlockMask.from_dense(dense, block_size=blk)
+    q, k, v = leaves(randn(2, 4, Nq, 80, dtype=torch.float16),
+                     randn(2, 2, Nkv, 80, dtype=torch.float16),
+                     randn(2, 2, Nkv, 80, dtype=torch.float16))
+    check_grads(q, k, v, seed, block_mask=bm, dense=dense)
+
+
+@cuda
+def test_backward_strided_inputs_and_upstream_gradient(seed):
+    B, N, H, d = 2, 333, 4, 64
+    # q, k, v and dO as (B, N, H, d) tensors seen as (B, H, N, d).
+    q, k, v = leaves(*(randn(B, N, H, d).transpose(1, 2) for _ in range(3)))
+    assert q.stride() == (N * H * d, d, H * d, 1)
+    d_o = randn(B, N, H, d).transpose(1, 2)
+    grads = check_grads(q, k, v, seed, causal=True, d_o=d_o)
+    # Contiguous copies give the same bits: the same kernel, and dQ by a
+    # separate pass (no atomics).
+    qc, kc, vc = leaves(q.contiguous(), k.contiguous(), v.contiguous())
+    o = flashjit.attention(qc, kc, vc, causal=True)
+    for a, b in zip(grads, torch.autograd.grad(o, (qc, kc, vc),
+                                               d_o.contiguous())):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@cuda
+def test_backward_through_views_of_packed_qkv(seed):
+    B, N, H, d = 1, 200, 2, 64
+    qkv = randn(B, N, 3, H, d).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    dq, dk, dv = check_grads(q, k, v, seed)
+    o = flashjit.attention(q, k, v)
+    (dqkv,) = torch.autograd.grad(o, qkv, torch.ones_like(o))
+    assert dqkv.shape == qkv.shape and torch.isfinite(dqkv).all()
+
+
+@cuda
+def test_backward_is_deterministic(seed):
+    q, k, v = leaves(randn(2, 8, 512, 128), randn(2, 2, 512, 128),
+                     randn(2, 2, 512, 128))
+    o = flashjit.attention(q, k, v, causal=True)
+    d_o = torch.randn_like(o)
+    first = torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True)
+    second = torch.autograd.grad(o, (q, k, v), d_o)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@cuda
+def test_backward_on_a_side_stream(seed):
+    q, k, v = leaves(randn(2, 4, 512, 128), randn(2, 4, 512, 128),
+                     randn(2, 4, 512, 128))
+    o = flashjit.attention(q, k, v, causal=True)
+    d_o = torch.randn_like(o)
+    want = torch.autograd.grad(o, (q, k, v), d_o)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        o2 = flashjit.attention(q, k, v, causal=True)
+        got = torch.autograd.grad(o2, (q, k, v), d_o)
+    torch.cuda.current_stream().wait_stream(s)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@cuda
+def test_backward_in_a_cuda_graph(seed):
+    q, k, v = leaves(randn(1, 4, 256, 64), randn(1, 4, 256, 64),
+                     randn(1, 4, 256, 64))
+    d_o = randn(1, 4, 256, 64)
+    o = flashjit.attention(q, k, v)  # compiles and loads both kernels
+    want = torch.autograd.grad(o, (q, k, v), d_o)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o = flashjit.attention(q, k, v)
+        got = torch.autograd.grad(o, (q, k, v), d_o)
+    g.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@cuda
+def test_loss_backward_fills_the_leaves_that_need_it(seed):
     q = randn(1, 2, 64, 64).requires_grad_()
     k, v = randn(1, 2, 64, 64), randn(1, 2, 64, 64)
     o, lse = flashjit.attention(q, k, v, return_lse=True)
     assert o.requires_grad and not lse.requires_grad
-    with pytest.raises(NotImplementedError, match="backward"):
-        o.sum().backward()
+    o.sum().backward()  # autograd's dO is expanded: strides 0
+    assert k.grad is None and v.grad is None
+    want = grads_reference(q, k, v, torch.ones_like(o), visible(64, 64))[0]
+    assert rel(q.grad, want) <= GRAD_BOUND[q.dtype], seed
     with torch.no_grad():
         assert not flashjit.attention(q, k, v).requires_grad
+
+
+@cuda
+def test_double_backward_is_refused():
+    q = randn(1, 1, 32, 32).requires_grad_()
+    o = flashjit.attention(q, q.detach(), q.detach())
+    # dO = 2 o depends on q, so a second derivative would need ours.
+    (dq,) = torch.autograd.grad((o.float() ** 2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
+@cuda
+@pytest.mark.parametrize("row,message", [((7, 1), "out of range"),
+                                         ((1, 1), "listed twice")])
+def test_backward_checks_the_device_layout(row, message):
+    dense = torch.ones(2, 2, dtype=torch.bool)
+    q, k, v = randn(1, 1, 128, 64), randn(1, 1, 128, 64), randn(1, 1, 128, 64)
+    good = flashjit.BlockMask.from_dense(dense, block_size=64)
+    o, lse = flashjit.attention(q, k, v, block_mask=good, return_lse=True)
+    bad = flashjit.BlockMask.from_dense(dense, block_size=64)
+    bad.indices[0, 0, 0, :] = row  # before its first copy to the device
+    with pytest.raises(flashjit.InvalidArgumentError, match=message):
+        flashjit._backward_cuda(torch, q, k, v, o, lse, torch.ones_like(o),
+                                _lib.MASK_NONE, 0.0, -1, -1, bad)
+
+
+def c_backward(q, k, v, o, lse, d_o, workspace, workspace_bytes, stream):
+    """flashjit_backward (causal) called directly on contiguous tensors with
+    the workspace given (None and 0: the library's); returns dq, dk, dv."""
+    dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+    dtype = _lib.DTYPE_BF16 if q.dtype == torch.bfloat16 else _lib.DTYPE_FP16
+    spec = _lib.make_spec(q.shape[3], v.shape[3], dtype, _lib.MASK_CAUSAL,
+                          q.shape[1] // k.shape[1], 0)
+    ts = [_lib.make_tensor(t.data_ptr(), t.shape, t.stride())
+          for t in (q, k, v, o, d_o, dq, dk, dv)]
+    by = ctypes.byref
+    _lib.check(_lib.lib().flashjit_backward(
+        flashjit._cuda_handle(q.device), by(spec), *(by(t) for t in ts[:5]),
+        ctypes.c_void_p(lse.data_ptr()), *(by(t) for t in ts[5:]), 0.0, -1, -1,
+        None, workspace, workspace_bytes,
+        ctypes.c_void_p(stream.cuda_stream)))
+    return dq, dk, dv
+
+
+@cuda
+def test_library_workspace(seed):
+    """Without a workspace, flashjit_backward uses the handle's buffer in
+    stream order across streams, growing it (past 1 MiB) for a larger
+    problem: the same bits as with torch's workspace."""
+    def problem(B, H, Hkv, N):
+        q, k, v = randn(B, H, N, 64), randn(B, Hkv, N, 64), randn(B, Hkv, N, 64)
+        o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+        d_o = torch.randn_like(o)
+        want = flashjit._backward_cuda(torch, q, k, v, o, lse, d_o,
+                                       _lib.MASK_CAUSAL, 0.0, -1, -1, None)
+        return (q, k, v, o, lse, d_o), want
+
+    small, big = problem(2, 4, 2, 100), problem(4, 16, 4, 5000)
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    side.wait_stream(main)
+    results = []
+    for (args, want), stream in ((small, main), (big, side), (small, side),
+                                 (big, main)):
+        with torch.cuda.stream(stream):
+            results.append((c_backward(*args, None, 0, stream), want))
+    torch.cuda.synchronize()
+    for got, want in results:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    workspace = torch.empty(16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(flashjit.InvalidArgumentError, match="workspace_bytes"):
+        c_backward(*small[0], ctypes.c_void_p(workspace.data_ptr()), 16, main)
 
 
 @cuda

@@ -1,7 +1,8 @@
 /*===- CApiSmoke.c - flashjit.h used from plain C -------------------------===//
  *
  * Proves that the C API header is C (compiled as C99 here) and that a C
- * caller can run a forward on the CPU and read the error of a bad call.
+ * caller can run a forward and a backward (with the workspace it asks for)
+ * on the CPU and read the error of a bad call.
  * Called by CApiTests.cpp; returns 0 on success, else writes why to \p why.
  *
  *===----------------------------------------------------------------------===*/
@@ -36,7 +37,8 @@ static float fp16_value(uint16_t h) {
 int flashjit_c_smoke(char *why, size_t whyLen) {
   enum { B = 1, H = 2, N = 8, D = 16 };
   static uint16_t q[B * H * N * D], k[B * H * N * D], v[B * H * N * D],
-      o[B * H * N * D];
+      o[B * H * N * D], d_o[B * H * N * D], dq[B * H * N * D],
+      dk[B * H * N * D], dv[B * H * N * D];
   float lse[B * H * N];
   flashjit_handle *h = NULL;
   flashjit_spec spec;
@@ -87,6 +89,51 @@ int flashjit_c_smoke(char *why, size_t whyLen) {
                  logf((float)(row + 1)));
         flashjit_destroy(h);
         return 1;
+      }
+    }
+
+    /* The backward for dO = 1: P's row i is 1 / (i + 1) on keys 0..i, so
+     * dV's row j is sum over i >= j of 1 / (i + 1). */
+    {
+      flashjit_tensor tdo = {d_o, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+      flashjit_tensor tdq = {dq, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+      flashjit_tensor tdk = {dk, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+      flashjit_tensor tdv = {dv, {B, H, N, D}, {H * N * D, N * D, D, 1}};
+      size_t bytes = 0;
+      void *workspace;
+      for (i = 0; i < B * H * N * D; ++i)
+        d_o[i] = fp16_bits(1.0f);
+      s = flashjit_backward_workspace_size(h, &spec, B, H, N, N, &bytes);
+      if (s != FLASHJIT_OK || bytes < B * H * N * sizeof(float)) {
+        snprintf(why, whyLen, "workspace size: %s: %s (%zu bytes)",
+                 flashjit_status_name(s), flashjit_last_error(h), bytes);
+        flashjit_destroy(h);
+        return 1;
+      }
+      workspace = malloc(bytes);
+      s = flashjit_backward(h, &spec, &tq, &tk, &tv, &to, &tdo, lse, &tdq, &tdk,
+                            &tdv, 0.0, -1, -1, NULL, workspace, bytes, NULL);
+      free(workspace);
+      if (s != FLASHJIT_OK) {
+        snprintf(why, whyLen, "backward: %s: %s", flashjit_status_name(s),
+                 flashjit_last_error(h));
+        flashjit_destroy(h);
+        return 1;
+      }
+      for (i = 0; i < B * H * N; ++i) {
+        int row = i % N, c, r;
+        float want = 0.0f;
+        for (r = row; r < N; ++r)
+          want += 1.0f / (float)(r + 1);
+        for (c = 0; c < D; ++c) {
+          float got = fp16_value(dv[i * D + c]);
+          if (fabsf(got - want) > 1e-2f) {
+            snprintf(why, whyLen, "dv[%d][%d] = %g, expected %g", i, c, got,
+                     want);
+            flashjit_destroy(h);
+            return 1;
+          }
+        }
       }
     }
 

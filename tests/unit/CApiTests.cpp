@@ -18,8 +18,10 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <random>
 #include <string>
@@ -160,7 +162,38 @@ struct SmallProblem {
     return flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), 0.0, wl, wr,
                             l, nullptr);
   }
+  /// The backward of the forward run() made, for \p g's dO, into \p g.
+  flashjit_status backward(flashjit_handle *h, AttentionGrads &g,
+                           const flashjit_layout *l = nullptr,
+                           void *workspace = nullptr,
+                           size_t workspaceBytes = 0) {
+    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                    dv = toC(g.dv);
+    return flashjit_backward(h, &spec, &q, &k, &v, &o, &dO, d.lse.data(), &dq,
+                             &dk, &dv, 0.0, -1, -1, l, workspace,
+                             workspaceBytes, nullptr);
+  }
+  /// flashjit_backward_workspace_size for this problem.
+  size_t workspaceBytes(flashjit_handle *h) {
+    size_t bytes = 0;
+    EXPECT_EQ(flashjit_backward_workspace_size(h, &spec, p.batch, p.heads,
+                                               p.seqLenQ, p.seqLenKV, &bytes),
+              FLASHJIT_OK)
+        << flashjit_last_error(nullptr);
+    return bytes;
+  }
 };
+
+/// dQ, dK, dV of \p sp against float64 (\p layout: its block-sparse one).
+void expectGradsMatch(const SmallProblem &sp, const AttentionGrads &g,
+                      const BlockSparseLayout *layout = nullptr) {
+  BackwardReference ref = referenceBackward(sp.specCpp, sp.p, sp.d, g, layout);
+  BackwardErrorReport err = compareBackward(sp.specCpp, sp.p, g, ref);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype))
+      << "dq " << err.dqRelErr << " dk " << err.dkRelErr << " dv "
+      << err.dvRelErr;
+}
 
 std::string lastError() { return flashjit_last_error(nullptr); }
 
@@ -372,19 +405,49 @@ TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
   ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
   std::mt19937_64 rng(std::random_device{}());
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
-  flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
-                  dv = toC(g.dv);
-  ASSERT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &dO,
-                              sp.d.lse.data(), &dq, &dk, &dv, 0.0, -1, -1,
-                              nullptr, nullptr),
-            FLASHJIT_OK)
+  ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
+  expectGradsMatch(sp, g);
+  int64_t kernels = flashjit_cached_kernels(h);
+  EXPECT_EQ(kernels, 2); // the forward's and the backward's
+
+  // With a caller's workspace of exactly the size asked for (a CPU handle
+  // does not touch it): the same gradients, bit for bit, and no new kernel.
+  AttentionGrads again = g;
+  for (HalfTensor *t : {&again.dq, &again.dk, &again.dv})
+    t->buffer = std::make_shared<std::vector<uint16_t>>(
+        t->buffer->size(), floatToHalf(sp.specCpp.dtype, std::nanf("")));
+  std::vector<std::max_align_t> workspace(
+      sp.workspaceBytes(h) / sizeof(std::max_align_t) + 1);
+  ASSERT_EQ(
+      sp.backward(h, again, nullptr, workspace.data(), sp.workspaceBytes(h)),
+      FLASHJIT_OK)
       << lastError();
-  BackwardReference ref = referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr);
-  BackwardErrorReport err = compareBackward(sp.specCpp, sp.p, g, ref);
-  EXPECT_EQ(err.nanCount, 0);
-  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype))
-      << "dq " << err.dqRelErr << " dk " << err.dkRelErr << " dv "
-      << err.dvRelErr;
+  EXPECT_EQ(*again.dq.buffer, *g.dq.buffer);
+  EXPECT_EQ(*again.dk.buffer, *g.dk.buffer);
+  EXPECT_EQ(*again.dv.buffer, *g.dv.buffer);
+  EXPECT_EQ(flashjit_cached_kernels(h), kernels);
+}
+
+TEST(CApi, BlockSparseBackwardOnTheCpu) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  sp.specCpp.blockSparse = true;
+  sp.specCpp.sparseBlock = 16;
+  uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Per batch and head, and broadcast over both.
+  for (auto [batch, heads] : {std::pair<int64_t, int64_t>{2, 4}, {1, 1}}) {
+    BlockSparseLayout l =
+        BlockSparseLayout::random(batch, heads, 2, 3, 0.5, seed + batch);
+    flashjit_layout cl = toC(l);
+    ASSERT_EQ(sp.run(h, &cl), FLASHJIT_OK) << lastError();
+    std::mt19937_64 rng(seed);
+    AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+    ASSERT_EQ(sp.backward(h, g, &cl), FLASHJIT_OK) << lastError();
+    expectGradsMatch(sp, g, &l);
+  }
 }
 
 TEST(CApiErrors, BackwardRejectsBadGradientsAndMissingLse) {
@@ -394,15 +457,107 @@ TEST(CApiErrors, BackwardRejectsBadGradientsAndMissingLse) {
   // dq shaped as k, not q.
   EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
                               sp.d.lse.data(), &sp.k, &sp.k, &sp.v, 0.0, -1, -1,
-                              nullptr, nullptr),
+                              nullptr, nullptr, 0, nullptr),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("dq must be shaped as q"), std::string::npos)
       << lastError();
   EXPECT_EQ(flashjit_backward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &sp.o,
                               nullptr, &sp.q, &sp.k, &sp.v, 0.0, -1, -1,
-                              nullptr, nullptr),
+                              nullptr, nullptr, 0, nullptr),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("lse is NULL"), std::string::npos) << lastError();
+}
+
+/// The workspace arguments are checked the same way on every device.
+TEST(CApiErrors, BackwardChecksTheWorkspace) {
+  Handle h;
+  SmallProblem sp;
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  std::mt19937_64 rng(3);
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  size_t need = sp.workspaceBytes(h);
+  std::vector<std::max_align_t> buffer(need / sizeof(std::max_align_t) + 2);
+  char *workspace = reinterpret_cast<char *>(buffer.data());
+
+  EXPECT_EQ(sp.backward(h, g, nullptr, nullptr, need),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("workspace is NULL but workspace_bytes is"),
+            std::string::npos)
+      << lastError();
+  EXPECT_EQ(sp.backward(h, g, nullptr, workspace, need - 1),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find(fmt::format("is less than the {} bytes", need)),
+            std::string::npos)
+      << lastError();
+  EXPECT_EQ(sp.backward(h, g, nullptr, workspace + 4, need),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("16-byte aligned"), std::string::npos)
+      << lastError();
+  EXPECT_EQ(sp.backward(h, g, nullptr, workspace, need + 16), FLASHJIT_OK)
+      << lastError();
+}
+
+TEST(CApi, BackwardWorkspaceSize) {
+  Handle h;
+  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33
+  // Dense: delta, fp32 [B, H, Nq].
+  EXPECT_EQ(sp.workspaceBytes(h), size_t(2 * 4 * 20 * 4));
+  // Block-sparse by 16: 2 Q blocks, 3 KV blocks; the transpose's counts
+  // [B, H, 3] (96 bytes at 768, after delta's 640) and indices [B, H, 3, 2]
+  // (192 bytes at 1024) follow, each 256-byte aligned.
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  EXPECT_EQ(sp.workspaceBytes(h), size_t(1024 + 2 * 4 * 3 * 2 * 4));
+
+  size_t bytes = 1;
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 0, 4, 20, 33, &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("batch"), std::string::npos) << lastError();
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(
+      flashjit_backward_workspace_size(h, &sp.spec, 2, 4, 20, 33, nullptr),
+      FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("bytes is NULL"), std::string::npos)
+      << lastError();
+  EXPECT_EQ(
+      flashjit_backward_workspace_size(nullptr, &sp.spec, 2, 4, 20, 33, &bytes),
+      FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(flashjit_backward_workspace_size(h, nullptr, 2, 4, 20, 33, &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  // The largest sizes the problem accepts overflow 64 bits: a named error.
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, int64_t(1) << 20,
+                                             int64_t(1) << 20, int64_t(1) << 24,
+                                             33, &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("exceed 2^63 bytes"), std::string::npos)
+      << lastError();
+  // Delta fits, the layout's transpose does not ([B, H, 2^20, 2^20] int32).
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, int64_t(1) << 20, 16,
+                                             int64_t(1) << 24, int64_t(1) << 24,
+                                             &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("exceed 2^63 bytes"), std::string::npos)
+      << lastError();
+}
+
+TEST(CApiErrors, BackwardRefusesALayoutThatListsABlockTwice) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  sp.specCpp.blockSparse = true;
+  sp.specCpp.sparseBlock = 16;
+  BlockSparseLayout l = BlockSparseLayout::fromDense(1, 1, 2, 3,
+                                                     {1, 1, 0, //
+                                                      0, 1, 1});
+  flashjit_layout cl = toC(l);
+  ASSERT_EQ(sp.run(h, &cl), FLASHJIT_OK) << lastError();
+  l.indices[1] = l.indices[0]; // Q block 0 lists KV block 0 twice
+  cl = toC(l);
+  std::mt19937_64 rng(5);
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  EXPECT_EQ(sp.backward(h, g, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("listed twice"), std::string::npos) << lastError();
 }
 
 //===----------------------------------------------------------------------===//

@@ -227,6 +227,21 @@ TEST(CpuBackwardCheck, TransposedLayout) {
       EXPECT_EQ(t.contains(0, 0, kb, qb), l.contains(0, 0, qb, kb));
 }
 
+/// A row that lists a KV block twice is a named error, not an overflow of
+/// the transpose's row (which has room for each Q block once).
+TEST(CpuBackwardCheck, TransposeRefusesDuplicateBlocks) {
+  auto l = BlockSparseLayout::fromDense(1, 1, 2, 2, {1, 1, 1, 1});
+  l.indices = {1, 1, 0, 1}; // Q block 0 lists KV block 1 twice
+  try {
+    l.transposed();
+    ADD_FAILURE() << "expected a SpecError";
+  } catch (const SpecError &e) {
+    EXPECT_NE(std::string(e.what()).find("KV block 1 is listed twice"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 /// --backward selects the backward description (attn.flash_bwd), which
 /// validates; its GPU stages are a named SpecError.
 TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {

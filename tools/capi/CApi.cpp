@@ -9,7 +9,8 @@
 ///
 /// The tiling choice lives in ONE function, chooseConfig(), so that the
 /// autotuner can replace it. Compiled kernels are cached in the handle per
-/// (spec, config, copy width, arch, CUDA context).
+/// (spec, config, copy width, arch, CUDA context); the forward and the
+/// backward share the CUDA path's steps (device, target, config, kernel).
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,6 +21,7 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/AttentionLauncher.h"
+#include "runtime/BackwardLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/Error.h"
 #include "runtime/NvJitLink.h"
@@ -52,20 +54,37 @@ struct flashjit_handle {
   std::map<std::string, std::shared_ptr<CpuKernel>> cpuKernels;
   std::map<std::string, std::shared_ptr<CpuBackwardKernel>> cpuBwdKernels;
   std::map<std::string, std::shared_ptr<rt::ForwardKernel>> gpuKernels;
+  std::map<std::string, std::shared_ptr<rt::BackwardKernel>> gpuBwdKernels;
   std::map<int, rt::DeviceInfo> devices;
   /// Tile configs per (spec, problem class, device): tuned, loaded from the
-  /// disk cache, or (FLASHJIT_AUTOTUNE=0) the heuristic.
+  /// disk cache, or (FLASHJIT_AUTOTUNE=0, and the backward) the heuristic.
   std::map<std::string, TileConfig> gpuConfigs;
+
+  /// The backward's workspace when the caller passes none, per CUDA
+  /// context: used in stream order through \c lastUse (see
+  /// withLibraryWorkspace in CApi.cpp).
+  struct Workspace {
+    rt::DeviceBuffer buffer;
+    /// Recorded after each call's kernels; every call waits on it first.
+    std::optional<rt::Event> lastUse;
+    /// Waits for the last use before the buffer is freed (errors ignored:
+    /// the context may be gone at exit).
+    ~Workspace() {
+      try {
+        if (lastUse)
+          lastUse->synchronize();
+      } catch (...) {
+      }
+    }
+  };
+  /// Held from a call's wait on lastUse to its record (launches only).
+  std::mutex workspaceMutex;
+  std::map<CUcontext, Workspace> workspaces;
 };
 
 namespace {
 
 thread_local std::string lastError;
-
-/// A request for what is not implemented yet (FLASHJIT_ERROR_NOT_IMPLEMENTED).
-struct NotImplemented : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// Runs \p body, turning every exception into a status and a message.
 template <typename Body> flashjit_status guarded(const char *fn, Body body) {
@@ -92,8 +111,6 @@ template <typename Body> flashjit_status guarded(const char *fn, Body body) {
       return fail(FLASHJIT_ERROR_INVALID_ARGUMENT, e.what());
     }
     return fail(FLASHJIT_ERROR_INTERNAL, e.what());
-  } catch (const NotImplemented &e) {
-    return fail(FLASHJIT_ERROR_NOT_IMPLEMENTED, e.what());
   } catch (const CompileError &e) {
     return fail(FLASHJIT_ERROR_COMPILE, e.what());
   } catch (const SpecError &e) {
@@ -121,13 +138,15 @@ void requireHandle(const flashjit_handle *h) {
 //===----------------------------------------------------------------------===//
 
 /// THE config choice of the C API (and so of the Python binding): the
-/// default GPU tiling for the head dims, as the CLI uses. \p gpu is the
-/// device the kernel runs on, nullptr for the CPU execution mode. The
-/// autotuner replaces this function.
+/// default GPU tiling for the head dims, as the CLI uses (the backward's for
+/// a Direction::Backward spec). \p gpu is the device the kernel runs on,
+/// nullptr for the CPU execution mode. The autotuner replaces this function.
 TileConfig chooseConfig(const AttentionSpec &spec, const Problem &problem,
                         const rt::DeviceInfo *gpu) {
   (void)problem;
   (void)gpu;
+  if (spec.direction == Direction::Backward)
+    return defaultGpuBackwardConfig(spec);
   TileConfig c = defaultGpuConfig(spec);
   c.warps = std::min(c.warps, std::max<int64_t>(1, c.blockM / 16));
   return c;
@@ -293,11 +312,92 @@ BlockSparseLayout layoutShape(const flashjit_layout &l) {
   return b;
 }
 
+/// The problem of a size query (no tensors): \p spec at these sizes.
+Problem sizedProblem(const AttentionSpec &spec, int64_t batch, int64_t heads,
+                     int64_t seqLenQ, int64_t seqLenKV) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.seqLenQ = seqLenQ;
+  p.seqLenKV = seqLenKV;
+  p.validate(spec);
+  return p;
+}
+
 std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
                       int64_t copyBytes, const std::string &arch,
                       const void *context) {
   return fmt::format("{}|{}x{}w{}s{}|copy{}|{}|ctx{}", spec.name(), c.blockM,
                      c.blockN, c.warps, c.stages, copyBytes, arch, context);
+}
+
+//===----------------------------------------------------------------------===//
+// The backward's workspace
+//===----------------------------------------------------------------------===//
+
+/// Where the parts of the backward's workspace lie, in bytes from its start.
+struct WorkspaceLayout {
+  size_t delta = 0; ///< backwardWorkspaceBytes(): delta, fp32 [B, H, Nq]
+  /// Block-sparse: the layout's KV-major transpose (int32 counts [B, H,
+  /// KVb], indices [B, H, KVb, Qb]), each 256-byte aligned.
+  size_t kvCounts = 0, kvIndices = 0;
+  size_t total = 0;
+};
+
+[[noreturn]] void workspaceTooLarge() {
+  invalid("the backward's workspace for this problem would exceed 2^63 bytes");
+}
+
+/// The product of \p factors (bytes), or workspaceTooLarge().
+size_t checkedBytes(std::initializer_list<int64_t> factors) {
+  int64_t bytes = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(bytes, f, &bytes))
+      workspaceTooLarge();
+  return size_t(bytes);
+}
+
+WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p) {
+  // backwardWorkspaceBytes() multiplies in int64: at most delta and a dQ
+  // accumulator of head_dim_qk floats per row.
+  checkedBytes({p.batch, p.heads, p.seqLenQ, 4 * (1 + spec.headDimQK)});
+  WorkspaceLayout w;
+  w.total = size_t(backwardWorkspaceBytes(spec, p));
+  if (spec.blockSparse) {
+    int64_t qBlocks = ceilDiv(p.seqLenQ, spec.sparseBlock);
+    int64_t kvBlocks = ceilDiv(p.seqLenKV, spec.sparseBlock);
+    size_t counts = checkedBytes({p.batch, p.heads, kvBlocks, 4});
+    size_t indices = checkedBytes({p.batch, p.heads, kvBlocks, qBlocks, 4});
+    auto add = [](size_t a, size_t b) {
+      size_t sum;
+      if (__builtin_add_overflow(a, b, &sum) || sum > size_t(INT64_MAX))
+        workspaceTooLarge();
+      return sum;
+    };
+    auto align = [&](size_t x) { return add(x, 255) / 256 * 256; };
+    w.kvCounts = align(w.total);
+    w.kvIndices = align(add(w.kvCounts, counts));
+    w.total = add(w.kvIndices, indices);
+  }
+  return w;
+}
+
+/// Checks a caller's workspace (NULL and 0: the library's) against \p w.
+void checkWorkspace(const void *workspace, size_t bytes,
+                    const WorkspaceLayout &w) {
+  if (!workspace) {
+    if (bytes != 0)
+      invalid(fmt::format("workspace is NULL but workspace_bytes is {}: pass "
+                          "NULL and 0 to use the library's workspace",
+                          bytes));
+    return;
+  }
+  if (bytes < w.total)
+    invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
+                        "backward needs (flashjit_backward_workspace_size)",
+                        bytes, w.total));
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    invalid(fmt::format("workspace ({}) must be 16-byte aligned", workspace));
 }
 
 //===----------------------------------------------------------------------===//
@@ -348,20 +448,33 @@ std::shared_ptr<CpuKernel> cpuKernel(flashjit_handle *h,
   return k;
 }
 
-/// A host copy of a CPU call's layout (nullptr when dense), its counts and
-/// indices checked to be in range.
-std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
-                                              const Problem &p,
-                                              int64_t sparseBlock) {
+/// A host copy of a call's layout (nullptr when dense), its counts and
+/// indices checked to be in range. \p copy(dst, src, elements) copies int32
+/// elements from the caller's memory (host or device) to the host.
+template <typename CopyFn>
+std::unique_ptr<BlockSparseLayout>
+hostLayout(const flashjit_layout *layout, const Problem &p, int64_t sparseBlock,
+           CopyFn copy) {
   if (!layout)
     return nullptr;
   auto bcsr = std::make_unique<BlockSparseLayout>(layoutShape(*layout));
   size_t rows = size_t(layout->batch * layout->heads * layout->q_blocks);
-  bcsr->counts.assign(layout->counts, layout->counts + rows);
-  bcsr->indices.assign(layout->indices,
-                       layout->indices + rows * size_t(layout->kv_blocks));
+  bcsr->counts.resize(rows);
+  bcsr->indices.resize(rows * size_t(layout->kv_blocks));
+  copy(bcsr->counts.data(), layout->counts, bcsr->counts.size());
+  copy(bcsr->indices.data(), layout->indices, bcsr->indices.size());
   bcsr->checkFits(p, sparseBlock);
   return bcsr;
+}
+
+/// A CPU call's layout: host memory.
+std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
+                                              const Problem &p,
+                                              int64_t sparseBlock) {
+  return hostLayout(layout, p, sparseBlock,
+                    [](int32_t *dst, const int32_t *src, size_t n) {
+                      std::copy(src, src + n, dst);
+                    });
 }
 
 void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
@@ -455,24 +568,52 @@ std::pair<CUcontext, rt::DeviceInfo> currentDevice(flashjit_handle *h) {
   return {context, it->second};
 }
 
+CUdeviceptr devicePtr(const void *p) {
+  return CUdeviceptr(reinterpret_cast<uintptr_t>(p));
+}
+
 rt::DeviceTensor deviceTensor(const flashjit_tensor &t) {
   rt::DeviceTensor d;
-  d.ptr = CUdeviceptr(reinterpret_cast<uintptr_t>(t.data));
+  d.ptr = devicePtr(t.data);
   for (int i = 0; i < 4; ++i)
     d.strides[i] = t.strides[i];
   return d;
 }
 
-/// The GPU tile config of a forward call: a flag-free first call on a new
-/// (spec, problem class, GPU) tunes on the caller's real inputs (after
-/// synchronising its stream; the outputs are overwritten by the call that
-/// follows), later calls hit the handle's memory, then the disk cache.
-/// FLASHJIT_AUTOTUNE=0, or a stream being captured into a CUDA graph, gets
-/// the heuristic instead (never tuning or synchronising during capture).
-TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
+/// The caller's layout (device pointers) as kernel arguments of a forward
+/// or a backward (rt::ForwardArgs, rt::BackwardArgs); nothing when dense.
+template <typename Args>
+void setLayoutArgs(Args &args, const flashjit_layout *layout) {
+  if (!layout)
+    return;
+  BlockSparseLayout shape = layoutShape(*layout);
+  args.counts = devicePtr(layout->counts);
+  args.indices = devicePtr(layout->indices);
+  args.countStrides = shape.countStrides();
+  args.indexStrides = shape.indexStrides();
+}
+
+/// What a call compiles for: the device's arch and driver, \p copyBytes.
+GpuTarget gpuTarget(const rt::DeviceInfo &info, int64_t copyBytes) {
+  GpuTarget target;
+  target.arch = info.targetArch();
+  target.driverVersion = info.driverVersion;
+  target.copyBytes = copyBytes;
+  return target;
+}
+
+/// The GPU tile config of a call: the handle's memory, then a config tuned
+/// on this GPU for the problem class (the disk cache). Else, for a forward
+/// (\p tuneArgs set), a flag-free first call on a new (spec, problem class,
+/// GPU) tunes on the caller's real inputs (after synchronising its stream;
+/// the outputs are overwritten by the call that follows); FLASHJIT_AUTOTUNE=0,
+/// or a stream being captured into a CUDA graph, gets the heuristic instead
+/// (never tuning or synchronising during capture). The backward (\p tuneArgs
+/// null) never tunes: the heuristic.
+TileConfig lookUpGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
                            const Problem &p, const rt::DeviceInfo &info,
-                           const rt::ForwardArgs &args, const GpuTarget &target,
-                           CUstream stream) {
+                           const GpuTarget &target, CUstream stream,
+                           const rt::ForwardArgs *tuneArgs) {
   std::string key = fmt::format("{}|{}|{}|{}", spec.name(), rt::problemClass(p),
                                 info.ordinal, target.copyBytes);
   std::lock_guard<std::mutex> lock(h->mutex);
@@ -482,7 +623,7 @@ TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
   if (auto tuned = engine::loadTunedConfig(spec, p, info, cache))
     return h->gpuConfigs[key] = *tuned;
   const char *env = std::getenv("FLASHJIT_AUTOTUNE");
-  bool autotune = !(env && std::string(env) == "0");
+  bool autotune = tuneArgs && !(env && std::string(env) == "0");
   if (!autotune)
     return h->gpuConfigs[key] = chooseConfig(spec, p, &info);
   if (rt::isStreamCapturing(stream))
@@ -490,7 +631,7 @@ TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
   rt::CudaDriver::get().synchronize(stream);
   bool print = std::getenv("FLASHJIT_PRINT_AUTOTUNING") != nullptr;
   rt::TuneResult r = engine::tuneOnDevice(
-      spec, p, args, target, info, cache,
+      spec, p, *tuneArgs, target, info, cache,
       [&](size_t i, size_t n, const rt::TunedCandidate &c) {
         if (print)
           fmt::print(stderr,
@@ -503,6 +644,46 @@ TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
   if (print)
     fmt::print(stderr, "{}", rt::formatTuneTable(r));
   return h->gpuConfigs[key] = r.best;
+}
+
+/// lookUpGpuConfig(), checked to run on the device (the forward's or the
+/// backward's geometry, by \p spec's direction).
+TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
+                           const Problem &p, const rt::DeviceInfo &info,
+                           const GpuTarget &target, CUstream stream,
+                           const rt::ForwardArgs *tuneArgs) {
+  TileConfig config =
+      lookUpGpuConfig(h, spec, p, info, target, stream, tuneArgs);
+  std::string problem =
+      spec.direction == Direction::Backward
+          ? gpuBackwardConfigProblem(spec, config, info.maxSharedPerBlockOptin)
+          : gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
+  if (!problem.empty())
+    invalid(problem);
+  return config;
+}
+
+/// The loaded kernel (rt::ForwardKernel or rt::BackwardKernel) of (spec,
+/// config, target) in \p context: the handle's memory \p kernels, then the
+/// disk cache, then a compile.
+template <typename Kernel>
+std::shared_ptr<Kernel>
+gpuKernel(flashjit_handle *h,
+          std::map<std::string, std::shared_ptr<Kernel>> &kernels,
+          const AttentionSpec &spec, const TileConfig &config,
+          const GpuTarget &target, CUcontext context) {
+  std::string key =
+      kernelKey(spec, config, target.copyBytes, target.arch, context);
+  std::lock_guard<std::mutex> lock(h->mutex);
+  auto it = kernels.find(key);
+  if (it != kernels.end())
+    return it->second;
+  rt::DiskCache cache;
+  engine::CubinBuild b = engine::buildCubin(spec, config, target, cache);
+  auto kernel =
+      std::make_shared<Kernel>(b.cubin, spec, config, target.copyBytes);
+  kernels.emplace(key, kernel);
+  return kernel;
 }
 
 void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
@@ -520,44 +701,139 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
   args.k = deviceTensor(k);
   args.v = deviceTensor(v);
   args.o = deviceTensor(o);
-  args.lse = CUdeviceptr(reinterpret_cast<uintptr_t>(lse));
-  if (layout) {
-    BlockSparseLayout shape = layoutShape(*layout);
-    args.counts = CUdeviceptr(reinterpret_cast<uintptr_t>(layout->counts));
-    args.indices = CUdeviceptr(reinterpret_cast<uintptr_t>(layout->indices));
-    args.countStrides = shape.countStrides();
-    args.indexStrides = shape.indexStrides();
-  }
-  GpuTarget target;
-  target.arch = info.targetArch();
-  target.driverVersion = info.driverVersion;
-  target.copyBytes = rt::chooseCopyBytes(args);
-
+  args.lse = devicePtr(lse);
+  setLayoutArgs(args, layout);
+  GpuTarget target = gpuTarget(info, rt::chooseCopyBytes(args));
   CUstream cuStream = static_cast<CUstream>(stream);
-  TileConfig config = chooseGpuConfig(h, spec, p, info, args, target, cuStream);
-  std::string problem =
-      gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
-  if (!problem.empty())
-    invalid(problem);
+  TileConfig config =
+      chooseGpuConfig(h, spec, p, info, target, cuStream, &args);
+  gpuKernel(h, h->gpuKernels, spec, config, target, context)
+      ->launch(p, args, cuStream);
+}
 
-  std::string key =
-      kernelKey(spec, config, target.copyBytes, target.arch, context);
-  std::shared_ptr<rt::ForwardKernel> kernel;
-  {
-    std::lock_guard<std::mutex> lock(h->mutex);
-    auto it = h->gpuKernels.find(key);
-    if (it != h->gpuKernels.end()) {
-      kernel = it->second;
-    } else {
-      // Memory, then the disk cache, then a compile.
-      rt::DiskCache cache;
-      engine::CubinBuild b = engine::buildCubin(spec, config, target, cache);
-      kernel = std::make_shared<rt::ForwardKernel>(b.cubin, spec, config,
-                                                   target.copyBytes);
-      h->gpuKernels.emplace(key, kernel);
-    }
+/// Runs \p launch(base) on the handle's workspace of at least \p bytes in
+/// \p context (grown if needed), in stream order with every other call that
+/// uses it: \p stream first waits, on the device, for the work the previous
+/// user queued (on any stream), and the work \p launch queues on \p stream
+/// is what the next user waits for. Growing waits on the host for the last
+/// use before the old buffer is freed.
+template <typename LaunchFn>
+void withLibraryWorkspace(flashjit_handle *h, CUcontext context, size_t bytes,
+                          CUstream stream, LaunchFn launch) {
+  std::lock_guard<std::mutex> lock(h->workspaceMutex);
+  flashjit_handle::Workspace &ws = h->workspaces[context];
+  if (!ws.lastUse)
+    ws.lastUse.emplace();
+  if (ws.buffer.size() < bytes) {
+    ws.lastUse->synchronize();
+    ws.buffer.reset();
+    ws.buffer =
+        rt::DeviceBuffer(size_t(roundUp(int64_t(bytes), int64_t(1) << 20)));
   }
-  kernel->launch(p, args, cuStream);
+  ws.lastUse->waitOn(stream);
+  try {
+    launch(ws.buffer.ptr());
+  } catch (...) {
+    // Kernels launched before the failure may still use the buffer.
+    try {
+      ws.lastUse->record(stream);
+    } catch (...) {
+    }
+    throw;
+  }
+  ws.lastUse->record(stream);
+}
+
+/// Copies \p l's counts and indices to \p counts and \p indices on \p stream
+/// and waits for the copies, so that \p l may be freed (also when one fails).
+void uploadLayoutAndWait(const BlockSparseLayout &l, CUdeviceptr counts,
+                         CUdeviceptr indices, CUstream stream) {
+  rt::CudaDriver &driver = rt::CudaDriver::get();
+  try {
+    rt::copyToDeviceAsync(counts, l.counts.data(),
+                          l.counts.size() * sizeof(int32_t), stream);
+    rt::copyToDeviceAsync(indices, l.indices.data(),
+                          l.indices.size() * sizeof(int32_t), stream);
+  } catch (...) {
+    try {
+      driver.synchronize(stream);
+    } catch (...) {
+    }
+    throw;
+  }
+  driver.synchronize(stream);
+}
+
+/// The backward on CUDA: see flashjit_backward in flashjit.h. \p workspace
+/// is the caller's (laid out as \p w) or null: the library's.
+void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
+                  const Problem &p, const flashjit_tensor &q,
+                  const flashjit_tensor &k, const flashjit_tensor &v,
+                  const flashjit_tensor &o, const flashjit_tensor &dO,
+                  const float *lse, const flashjit_tensor &dq,
+                  const flashjit_tensor &dk, const flashjit_tensor &dv,
+                  const flashjit_layout *layout, void *workspace,
+                  const WorkspaceLayout &w, void *stream) {
+  auto [context, info] = currentDevice(h);
+  CUstream cuStream = static_cast<CUstream>(stream);
+  bool capturing = rt::isStreamCapturing(cuStream);
+  if (capturing && layout)
+    invalid("the stream is being captured into a CUDA graph, and a "
+            "block-sparse backward reads the layout on the host "
+            "(synchronizing the stream): run it outside the capture");
+  if (capturing && !workspace)
+    invalid("workspace is NULL while the stream is being captured into a "
+            "CUDA graph: the library's buffer is shared with later calls; "
+            "pass a workspace of flashjit_backward_workspace_size bytes");
+  AttentionSpec spec = forwardSpec;
+  spec.direction = Direction::Backward;
+
+  rt::BackwardArgs args;
+  args.q = deviceTensor(q);
+  args.k = deviceTensor(k);
+  args.v = deviceTensor(v);
+  args.o = deviceTensor(o);
+  args.dO = deviceTensor(dO);
+  args.dq = deviceTensor(dq);
+  args.dk = deviceTensor(dk);
+  args.dv = deviceTensor(dv);
+  args.lse = devicePtr(lse);
+  setLayoutArgs(args, layout);
+  GpuTarget target = gpuTarget(info, rt::chooseCopyBytes(args));
+  TileConfig config =
+      chooseGpuConfig(h, spec, p, info, target, cuStream, nullptr);
+  std::shared_ptr<rt::BackwardKernel> kernel =
+      gpuKernel(h, h->gpuBwdKernels, spec, config, target, context);
+
+  // Block-sparse: the KV-major transpose of the caller's layout, made on the
+  // host after the work queued before this call (the layout's writes) ran.
+  std::unique_ptr<BlockSparseLayout> kvMajor;
+  if (layout) {
+    rt::CudaDriver &driver = rt::CudaDriver::get();
+    std::unique_ptr<BlockSparseLayout> bcsr =
+        hostLayout(layout, p, forwardSpec.sparseBlock,
+                   [&](int32_t *dst, const int32_t *src, size_t n) {
+                     rt::copyToHostAsync(dst, devicePtr(src),
+                                         n * sizeof(int32_t), cuStream);
+                     driver.synchronize(cuStream);
+                   });
+    kvMajor = std::make_unique<BlockSparseLayout>(bcsr->transposed());
+    args.kvCountStrides = kvMajor->countStrides();
+    args.kvIndexStrides = kvMajor->indexStrides();
+  }
+  auto launch = [&](CUdeviceptr base) {
+    args.delta = base + w.delta;
+    if (kvMajor) {
+      args.kvCounts = base + w.kvCounts;
+      args.kvIndices = base + w.kvIndices;
+      uploadLayoutAndWait(*kvMajor, args.kvCounts, args.kvIndices, cuStream);
+    }
+    kernel->launch(p, args, cuStream);
+  };
+  if (workspace)
+    launch(devicePtr(workspace));
+  else
+    withLibraryWorkspace(h, context, w.total, cuStream, launch);
 }
 
 } // namespace
@@ -642,7 +918,8 @@ FLASHJIT_API int64_t flashjit_cached_kernels(const flashjit_handle *handle) {
     return 0;
   auto *h = const_cast<flashjit_handle *>(handle);
   std::lock_guard<std::mutex> lock(h->mutex);
-  return int64_t(h->cpuKernels.size() + h->gpuKernels.size());
+  return int64_t(h->cpuKernels.size() + h->cpuBwdKernels.size() +
+                 h->gpuKernels.size() + h->gpuBwdKernels.size());
 }
 
 FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec) {
@@ -683,8 +960,7 @@ FLASHJIT_API flashjit_status flashjit_backward(
     const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
-    void *cuda_stream) {
-  (void)cuda_stream;
+    void *workspace, size_t workspace_bytes, void *cuda_stream) {
   return guarded("flashjit_backward", [&] {
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);
@@ -696,10 +972,28 @@ FLASHJIT_API flashjit_status flashjit_backward(
     checkSameShape(dv, "dv", *v, "v");
     if (!lse)
       invalid("lse is NULL: the backward reads the forward's lse");
+    WorkspaceLayout w = workspaceLayout(s, p);
+    checkWorkspace(workspace, workspace_bytes, w);
     if (handle->device == FLASHJIT_DEVICE_CUDA)
-      throw NotImplemented("the GPU backward is not implemented yet (the CPU "
-                           "backward is)");
-    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv, layout);
+      backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
+                   layout, workspace, w, cuda_stream);
+    else
+      backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
+                  layout);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes) {
+  return guarded("flashjit_backward_workspace_size", [&] {
+    requireHandle(handle);
+    if (!bytes)
+      invalid("bytes is NULL");
+    *bytes = 0;
+    AttentionSpec s = toSpec(spec);
+    Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
+    *bytes = workspaceLayout(s, p).total;
   });
 }
 
@@ -711,12 +1005,7 @@ FLASHJIT_API flashjit_status flashjit_chosen_config(
     if (!out)
       invalid("out is NULL");
     AttentionSpec s = toSpec(spec);
-    Problem p;
-    p.batch = batch;
-    p.heads = heads;
-    p.seqLenQ = seq_len_q;
-    p.seqLenKV = seq_len_kv;
-    p.validate(s);
+    Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
     TileConfig c;
     if (handle->device == FLASHJIT_DEVICE_CUDA) {
       // What the next forward would use without tuning: a config tuned on

@@ -1,11 +1,11 @@
 /*===- flashjit.h - flashjit's C API ----------------------------*- C -*-===//
  *
  * The C interface of libflashjit.so: describe an attention (a spec), run its
- * forward pass on device pointers (CUDA) or host pointers (the CPU execution
- * mode), read the tiling flashjit chose, and print any stage of the pipeline
- * (PTX included). Pure C99; no C++ type crosses this boundary and no C++
- * exception leaves it: every function returns a flashjit_status and leaves a
- * message for flashjit_last_error().
+ * forward and backward passes on device pointers (CUDA) or host pointers (the
+ * CPU execution mode), read the tiling flashjit chose, and print any stage of
+ * the pipeline (PTX included). Pure C99; no C++ type crosses this boundary and
+ *no C++ exception leaves it: every function returns a flashjit_status and
+ *leaves a message for flashjit_last_error().
  *
  *   flashjit_handle *h;
  *   if (flashjit_create(&h, FLASHJIT_DEVICE_CUDA) != FLASHJIT_OK)
@@ -27,6 +27,8 @@
  * Kernels are launched on the stream given; forward never synchronizes, so it
  * can be captured into a CUDA graph once its kernel is compiled (the first
  * call for a spec compiles and loads a module, which a capture may refuse).
+ * The backward does not synchronize either, except for a block-sparse spec
+ * (it reads the layout on the host; see flashjit_backward).
  *
  * Threads: a handle may be shared by threads; compiled kernels are cached in
  * it per (spec, tiling, copy width, arch, CUDA context).
@@ -49,7 +51,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 1
+#define FLASHJIT_C_API_VERSION 2
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -68,7 +70,7 @@ typedef enum flashjit_status {
   FLASHJIT_ERROR_COMPILE = 3,
   /** A CUDA driver call failed (the message names the call). */
   FLASHJIT_ERROR_CUDA = 4,
-  /** Not implemented yet (the backward pass). */
+  /** Not implemented yet. */
   FLASHJIT_ERROR_NOT_IMPLEMENTED = 5,
   /** A bug or an out-of-memory on the host. */
   FLASHJIT_ERROR_INTERNAL = 6
@@ -102,7 +104,8 @@ typedef enum flashjit_device {
 FLASHJIT_API flashjit_status flashjit_create(flashjit_handle **handle,
                                              int device);
 /** Frees the handle and its compiled kernels (NULL is fine). On CUDA, the
- *  contexts its modules were loaded in should still be alive. */
+ *  contexts its modules were loaded in should still be alive; it waits for
+ *  the backward's last use of the library's workspace before freeing it. */
 FLASHJIT_API void flashjit_destroy(flashjit_handle *handle);
 
 /** The device ordinal whose primary context is used when the calling thread
@@ -159,9 +162,10 @@ typedef struct flashjit_tensor {
  *  counts[b][h][qb] KV blocks are listed for sparse Q block qb, at
  *  indices[b][h][qb][0 .. count). Both arrays are packed int32; a batch or
  *  heads of 1 broadcasts. q_blocks = ceil(Nq / sparse_block), kv_blocks =
- *  ceil(Nkv / sparse_block). Device pointers on CUDA (not checked: a
- *  count or index out of range is undefined behaviour), host pointers on the
- *  CPU (checked). */
+ *  ceil(Nkv / sparse_block). Device pointers on CUDA (the forward does not
+ *  check them: a count or index out of range is undefined behaviour; the
+ *  backward reads and checks them on the host), host pointers on the CPU
+ *  (checked). */
 typedef struct flashjit_layout {
   const int32_t *counts;
   const int32_t *indices;
@@ -192,13 +196,48 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
                  double scale, int64_t window_left, int64_t window_right,
                  const flashjit_layout *layout, void *cuda_stream);
 
-/** The backward pass: dq, dk, dv from q, k, v, o, do and the forward's lse
- *  (dk and dv shaped as k and v, summed over each GQA group).
- *  d_o is shaped as o, dq as q; lse is the forward's (fp32 [B, H, Nq]).
- *  On a CPU handle (host pointers) it runs the tiled backward by
- *  recomputation (dQ by a separate pass: bit-identical run to run). On a
- *  CUDA handle it validates its arguments and returns
- *  FLASHJIT_ERROR_NOT_IMPLEMENTED: the GPU backward is not written yet. */
+/** The backward pass: dq, dk, dv from q, k, v, o, d_o and the forward's lse
+ *  (dk and dv shaped as k and v, summed over each GQA group), by
+ *  recomputation (FlashAttention-2 order; dQ by a separate pass, no atomics:
+ *  bit-identical run to run).
+ *
+ *  q, k, v, o, scale, window_left, window_right, layout: as given to the
+ *       flashjit_forward that made o and lse.
+ *  d_o: shaped as o; dq, dk, dv: shaped as q, k, v, written (any outer
+ *       strides, innermost stride 1, as every tensor here).
+ *  lse: the forward's, fp32 [B, H, Nq] packed.
+ *  workspace, workspace_bytes: scratch memory of at least the bytes
+ *       flashjit_backward_workspace_size gives for this spec and shape,
+ *       16-byte aligned, that nothing else touches until the call's kernels
+ *       have run (device memory on CUDA; memory that is stream-ordered on
+ *       \p cuda_stream, as cuMemAllocAsync's or torch's caching
+ *       allocator's, is fine). NULL and 0: the library's own buffer (below).
+ *       A CPU handle does not touch it but checks the size all the same.
+ *  cuda_stream: a CUstream (NULL: the legacy default stream); ignored on
+ *       the CPU, where the call returns when dq, dk and dv are written.
+ *
+ *  CUDA: three kernels (delta = rowsum(d_o * o) into the workspace, then dK
+ *  and dV, then dQ) are launched on \p cuda_stream in that order. The tiling
+ *  is the one tuned for the backward on this GPU and problem class if the
+ *  disk cache holds one, else the default backward tiling: the backward
+ *  never tunes on a first call. Kernels are cached in the handle as the
+ *  forward's are.
+ *
+ *  The library's workspace (workspace NULL): one device buffer per handle
+ *  and CUDA context, grown as needed and freed by flashjit_destroy. Each
+ *  call makes its stream wait, on the device, for the previous call's use
+ *  of the buffer (a CUDA event), so calls on different streams are
+ *  serialized on the device, never racing; growing the buffer waits on the
+ *  host for its last use before freeing it. Refused while \p cuda_stream is
+ *  being captured into a CUDA graph: pass a workspace then.
+ *
+ *  Block-sparse on CUDA: the dK/dV kernel walks the layout KV-major, so the
+ *  call copies counts and indices to the host in stream order and
+ *  synchronizes \p cuda_stream, checks them (a count or index out of range,
+ *  or a KV block listed twice in a row, is FLASHJIT_ERROR_INVALID_ARGUMENT,
+ *  as on the CPU), writes their transpose into the workspace and
+ *  synchronizes again before it launches: not capturable into a CUDA
+ *  graph. */
 FLASHJIT_API flashjit_status flashjit_backward(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,
@@ -206,7 +245,16 @@ FLASHJIT_API flashjit_status flashjit_backward(
     const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
-    void *cuda_stream);
+    void *workspace, size_t workspace_bytes, void *cuda_stream);
+
+/** The workspace flashjit_backward needs for \p spec on a problem (batch,
+ *  query heads, query and key sequence lengths), in *bytes: fp32 [B, H, Nq]
+ *  (delta) and, for a block-sparse spec, room for the layout's KV-major
+ *  transpose at that batch and heads (a broadcast layout uses less). The
+ *  same for CPU and CUDA handles; no GPU is touched. */
+FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes);
 
 /* ---------------------------------------------------------------------- */
 /* Inspecting                                                              */

@@ -83,6 +83,24 @@ TEST(CudaDriver, EveryCallThrowsNoDriver) {
     Module module(std::string(test::kTestKernelsPtx), driver);
   });
   expectError(ErrorCode::NoDriver, [&] { isStreamCapturing(nullptr, driver); });
+  expectError(ErrorCode::NoDriver, [&] { Event event(driver); });
+  char host[8] = {};
+  expectError(ErrorCode::NoDriver,
+              [&] { copyToHostAsync(host, 0x1000, 8, nullptr, driver); });
+  expectError(ErrorCode::NoDriver,
+              [&] { copyToDeviceAsync(0x1000, host, 8, nullptr, driver); });
+}
+
+TEST(CudaDriver, StreamOrderedCopiesRejectNullPointersFirst) {
+  CudaDriver driver("/nonexistent/libcuda.so.1");
+  char host[8] = {};
+  expectError(ErrorCode::InvalidArgument,
+              [&] { copyToHostAsync(nullptr, 0x1000, 8, nullptr, driver); });
+  expectError(ErrorCode::InvalidArgument,
+              [&] { copyToDeviceAsync(0, host, 8, nullptr, driver); });
+  // Nothing to copy: no driver call at all.
+  copyToHostAsync(nullptr, 0, 0, nullptr, driver);
+  copyToDeviceAsync(0, nullptr, 0, nullptr, driver);
 }
 
 TEST(CudaDriver, EnvironmentOverridesLibraryPath) {
