@@ -348,10 +348,11 @@ def test_backward_workspace_size():
             h, ctypes.byref(spec), *shape, ctypes.byref(n)))
         return n.value
 
-    assert size(0, 2, 3, 100, 50) == 2 * 3 * 100 * 4  # delta, fp32 [B, H, Nq]
+    # delta and -lse * log2(e), fp32 [2, B, H, Nq]
+    assert size(0, 2, 3, 100, 50) == 2 * 2 * 3 * 100 * 4
     # Block-sparse by 64: 2 x 1 blocks; the layout's KV-major transpose
-    # (counts [B, H, 1] at 2560, indices [B, H, 1, 2] at 2816) follows.
-    assert size(64, 2, 3, 100, 50) == 2816 + 2 * 3 * 1 * 2 * 4
+    # (counts [B, H, 1] at 4864, indices [B, H, 1, 2] at 5120) follows.
+    assert size(64, 2, 3, 100, 50) == 5120 + 2 * 3 * 1 * 2 * 4
     with pytest.raises(flashjit.InvalidArgumentError, match="seq_len"):
         size(0, 2, 3, 0, 50)
 

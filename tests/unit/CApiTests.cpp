@@ -500,14 +500,14 @@ TEST(CApiErrors, BackwardChecksTheWorkspace) {
 TEST(CApi, BackwardWorkspaceSize) {
   Handle h;
   SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33
-  // Dense: delta, fp32 [B, H, Nq].
-  EXPECT_EQ(sp.workspaceBytes(h), size_t(2 * 4 * 20 * 4));
+  // Dense: delta and -lse * log2(e), fp32 [2, B, H, Nq].
+  EXPECT_EQ(sp.workspaceBytes(h), size_t(2 * 2 * 4 * 20 * 4));
   // Block-sparse by 16: 2 Q blocks, 3 KV blocks; the transpose's counts
-  // [B, H, 3] (96 bytes at 768, after delta's 640) and indices [B, H, 3, 2]
-  // (192 bytes at 1024) follow, each 256-byte aligned.
+  // [B, H, 3] (96 bytes at 1280, after the statistics' 1280) and indices
+  // [B, H, 3, 2] (192 bytes at 1536) follow, each 256-byte aligned.
   sp.spec.block_sparse = 1;
   sp.spec.sparse_block = 16;
-  EXPECT_EQ(sp.workspaceBytes(h), size_t(1024 + 2 * 4 * 3 * 2 * 4));
+  EXPECT_EQ(sp.workspaceBytes(h), size_t(1536 + 2 * 4 * 3 * 2 * 4));
 
   size_t bytes = 1;
   EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 0, 4, 20, 33, &bytes),

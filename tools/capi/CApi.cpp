@@ -337,7 +337,7 @@ std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
 
 /// Where the parts of the backward's workspace lie, in bytes from its start.
 struct WorkspaceLayout {
-  size_t delta = 0; ///< backwardWorkspaceBytes(): delta, fp32 [B, H, Nq]
+  size_t delta = 0; ///< backwardWorkspaceBytes(): delta and -lse log2(e)
   /// Block-sparse: the layout's KV-major transpose (int32 counts [B, H,
   /// KVb], indices [B, H, KVb, Qb]), each 256-byte aligned.
   size_t kvCounts = 0, kvIndices = 0;

@@ -248,8 +248,9 @@ FLASHJIT_API flashjit_status flashjit_backward(
     void *workspace, size_t workspace_bytes, void *cuda_stream);
 
 /** The workspace flashjit_backward needs for \p spec on a problem (batch,
- *  query heads, query and key sequence lengths), in *bytes: fp32 [B, H, Nq]
- *  (delta) and, for a block-sparse spec, room for the layout's KV-major
+ *  query heads, query and key sequence lengths), in *bytes: fp32
+ *  [2, B, H, Nq] (per-row statistics: delta = rowsum(dO * O) and
+ *  -lse * log2(e)) and, for a block-sparse spec, room for the layout's KV-major
  *  transpose at that batch and heads (a broadcast layout uses less). The
  *  same for CPU and CUDA handles; no GPU is touched. */
 FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
