@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace flashjit {
@@ -237,6 +238,33 @@ AttentionData makeRandomInputs(const AttentionSpec &spec, const Problem &p,
   return d;
 }
 
+/// Does query row \p i of (b, h) see key \p j? The band (\p left, \p right
+/// from effectiveWindow, bottom-right aligned), then the layout if any.
+static bool isVisible(const AttentionSpec &spec, const Problem &p,
+                      const BlockSparseLayout *layout, int64_t left,
+                      int64_t right, int64_t b, int64_t h, int64_t i,
+                      int64_t j) {
+  int64_t diag = i + (p.seqLenKV - p.seqLenQ);
+  if (j < diag - left || j > diag + right)
+    return false;
+  return !layout ||
+         layout->contains(b % layout->batch, h % layout->heads,
+                          i / spec.sparseBlock, j / spec.sparseBlock);
+}
+
+/// Up to \p count indices spread evenly over [0, n), increasing, the first
+/// and the last included.
+static std::vector<int64_t> evenlySpaced(int64_t n, int64_t count) {
+  count = std::clamp<int64_t>(count, 1, n);
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t at = count == 1 ? 0 : k * (n - 1) / (count - 1);
+    if (out.empty() || out.back() != at)
+      out.push_back(at);
+  }
+  return out;
+}
+
 /// The rows the reference checks: all of them, or a sample within maxWork.
 static std::vector<int64_t> checkedRows(const AttentionSpec &spec,
                                         const Problem &p, double maxWork) {
@@ -251,14 +279,9 @@ static std::vector<int64_t> checkedRows(const AttentionSpec &spec,
   int64_t pairs = std::min<int64_t>(bhCount, 4);
   int64_t perPair = std::max<int64_t>(
       2, std::min<int64_t>(nq, int64_t(maxWork / perRow / double(pairs))));
-  for (int64_t k = 0; k < pairs; ++k) {
-    int64_t bh = pairs == 1 ? 0 : k * (bhCount - 1) / (pairs - 1);
-    for (int64_t j = 0; j < perPair; ++j) {
-      int64_t i = perPair == 1 ? 0 : j * (nq - 1) / (perPair - 1);
-      if (rows.empty() || rows.back() != bh * nq + i)
-        rows.push_back(bh * nq + i);
-    }
-  }
+  for (int64_t bh : evenlySpaced(bhCount, pairs))
+    for (int64_t i : evenlySpaced(nq, perPair))
+      rows.push_back(bh * nq + i);
   return rows;
 }
 
@@ -294,12 +317,7 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
       qrow[c] = halfToFloat(spec.dtype, d.q.at(b, h, i, c));
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < Nkv; ++j) {
-      int64_t diag = i + (Nkv - Nq);
-      bool visible = j >= diag - left && j <= diag + right;
-      if (visible && layout)
-        visible = layout->contains(b % layout->batch, h % layout->heads,
-                                   i / spec.sparseBlock, j / spec.sparseBlock);
-      if (!visible) {
+      if (!isVisible(spec, p, layout, left, right, b, h, i, j)) {
         s[j] = -std::numeric_limits<double>::infinity();
         continue;
       }
@@ -436,15 +454,9 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
         for (int64_t c = 0; c < dv; ++c)
           dorow[c] = widen(g.dO.at(b, h, i, c));
         double m = negInf;
-        int64_t diag = i + (Nkv - Nq);
         for (int64_t j = 0; j < Nkv; ++j) {
-          bool visible = j >= diag - left && j <= diag + right;
-          if (visible && layout)
-            visible =
-                layout->contains(b % layout->batch, h % layout->heads,
-                                 i / spec.sparseBlock, j / spec.sparseBlock);
           s[j] = negInf;
-          if (!visible)
+          if (!isVisible(spec, p, layout, left, right, b, h, i, j))
             continue;
           double acc = 0;
           for (int64_t c = 0; c < dqk; ++c)
@@ -495,33 +507,236 @@ double BackwardErrorReport::relErr() const {
   return std::max({dqRelErr, dkRelErr, dvRelErr});
 }
 
+/// ||x - y|| / ||y|| of the rows \p rows of \p t (as (b * H + h) * N + i
+/// for its (B, H, N, d) shape; every row in order when null) against
+/// \p want ([rows, d]); NaN outputs are counted in \p nanCount, not summed.
+static double gradientRelErr(DType dtype, const HalfTensor &t,
+                             const std::vector<int64_t> *rows,
+                             const std::vector<double> &want,
+                             int64_t &nanCount) {
+  const int64_t heads = t.shape[1], n = t.shape[2], width = t.shape[3];
+  const int64_t count = rows ? int64_t(rows->size()) : t.shape[0] * heads * n;
+  double num = 0, den = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    int64_t row = rows ? (*rows)[size_t(r)] : r;
+    int64_t bh = row / n, i = row % n;
+    for (int64_t c = 0; c < width; ++c) {
+      double x = halfToFloat(dtype, t.at(bh / heads, bh % heads, i, c));
+      double y = want[size_t(r * width + c)];
+      if (std::isnan(x)) {
+        ++nanCount;
+        continue;
+      }
+      num += (x - y) * (x - y);
+      den += y * y;
+    }
+  }
+  // A reference of all zeros (every row masked) is matched by exact zeros.
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 BackwardErrorReport compareBackward(const AttentionSpec &spec, const Problem &,
                                     const AttentionGrads &g,
                                     const BackwardReference &ref) {
   BackwardErrorReport e;
-  auto relErr = [&](const HalfTensor &t, const std::vector<double> &want) {
-    double num = 0, den = 0;
-    size_t at = 0;
-    for (int64_t b = 0; b < t.shape[0]; ++b)
-      for (int64_t h = 0; h < t.shape[1]; ++h)
-        for (int64_t n = 0; n < t.shape[2]; ++n)
-          for (int64_t c = 0; c < t.shape[3]; ++c, ++at) {
-            double x = halfToFloat(spec.dtype, t.at(b, h, n, c));
-            double y = want[at];
-            if (std::isnan(x)) {
-              ++e.nanCount;
-              continue;
-            }
-            num += (x - y) * (x - y);
-            den += y * y;
-          }
-    // A reference of all zeros (every row masked) is matched by exact zeros.
-    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  };
-  e.dqRelErr = relErr(g.dq, ref.dq);
-  e.dkRelErr = relErr(g.dk, ref.dk);
-  e.dvRelErr = relErr(g.dv, ref.dv);
+  e.dqRelErr = gradientRelErr(spec.dtype, g.dq, nullptr, ref.dq, e.nanCount);
+  e.dkRelErr = gradientRelErr(spec.dtype, g.dk, nullptr, ref.dk, e.nanCount);
+  e.dvRelErr = gradientRelErr(spec.dtype, g.dv, nullptr, ref.dv, e.nanCount);
   return e;
+}
+
+namespace {
+
+/// Rows of (b, h) of a view widened to float64 once, [N, d] packed.
+std::vector<double> widenHead(DType dtype, const HalfTensor &t, int64_t b,
+                              int64_t h) {
+  std::vector<double> out;
+  out.reserve(size_t(t.shape[2] * t.shape[3]));
+  for (int64_t n = 0; n < t.shape[2]; ++n)
+    for (int64_t c = 0; c < t.shape[3]; ++c)
+      out.push_back(halfToFloat(dtype, t.at(b, h, n, c)));
+  return out;
+}
+
+double dot(const double *a, const double *b, int64_t n) {
+  double acc = 0;
+  for (int64_t c = 0; c < n; ++c)
+    acc += a[c] * b[c];
+  return acc;
+}
+
+/// One query head's float64 inputs of the sampled reference: Q, dO, D and
+/// lse of its rows.
+struct QueryHead {
+  std::vector<double> q, dO, delta;
+  const float *lse;
+  QueryHead(const AttentionSpec &spec, const Problem &p, const AttentionData &d,
+            const AttentionGrads &g, int64_t b, int64_t h)
+      : q(widenHead(spec.dtype, d.q, b, h)),
+        dO(widenHead(spec.dtype, g.dO, b, h)),
+        lse(&d.lse[size_t((b * p.heads + h) * p.seqLenQ)]) {
+    std::vector<double> o = widenHead(spec.dtype, d.o, b, h);
+    for (int64_t i = 0; i < p.seqLenQ; ++i)
+      delta.push_back(dot(&dO[size_t(i * spec.headDimV)],
+                          &o[size_t(i * spec.headDimV)], spec.headDimV));
+  }
+};
+
+/// The positions of \p entries grouped by head (entry / \p n), in order.
+std::map<int64_t, std::vector<size_t>>
+groupByHead(const std::vector<int64_t> &entries, int64_t n) {
+  std::map<int64_t, std::vector<size_t>> groups;
+  for (size_t e = 0; e < entries.size(); ++e)
+    groups[entries[e] / n].push_back(e);
+  return groups;
+}
+
+} // namespace
+
+SampledBackwardReference
+referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
+                         const AttentionData &d, const AttentionGrads &g,
+                         const BlockSparseLayout *layout,
+                         std::vector<int64_t> rows, std::vector<int64_t> keys) {
+  const int64_t dqk = spec.headDimQK, dv = spec.headDimV;
+  const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV, G = spec.gqaGroup;
+  const int64_t Hkv = p.kvHeads(spec);
+  const double scale = p.effectiveScale(spec);
+  auto [left, right] = effectiveWindow(spec, p);
+  SampledBackwardReference r;
+  r.rows = std::move(rows);
+  r.keys = std::move(keys);
+  r.dq.assign(r.rows.size() * size_t(dqk), 0.0);
+  r.dk.assign(r.keys.size() * size_t(dqk), 0.0);
+  r.dv.assign(r.keys.size() * size_t(dv), 0.0);
+  // Adds what query row i of \p qh contributes through key (kj, vj) to dQ_i
+  // (\p dq) or to dK_j and dV_j (\p dk, \p dvOut): the terms of
+  // referenceBackward with P = exp(S - lse).
+  auto accumulate = [&](const QueryHead &qh, const double *kj, const double *vj,
+                        int64_t i, double *dq, double *dk, double *dvOut) {
+    if (!std::isfinite(qh.lse[i]))
+      return; // the row sees no key: no gradient flows through it
+    const double *qi = &qh.q[size_t(i * dqk)], *doi = &qh.dO[size_t(i * dv)];
+    double pij = std::exp(scale * dot(qi, kj, dqk) - double(qh.lse[i]));
+    double ds = pij * (dot(doi, vj, dv) - qh.delta[size_t(i)]);
+    for (int64_t c = 0; c < dqk; ++c) {
+      if (dq)
+        dq[c] += scale * ds * kj[c];
+      if (dk)
+        dk[c] += scale * ds * qi[c];
+    }
+    if (dvOut)
+      for (int64_t c = 0; c < dv; ++c)
+        dvOut[c] += pij * doi[c];
+  };
+
+  // Each head's tensors are widened once for all of its entries.
+  for (const auto &[bh, members] : groupByHead(r.rows, Nq)) {
+    int64_t b = bh / p.heads, h = bh % p.heads;
+    QueryHead qh(spec, p, d, g, b, h);
+    std::vector<double> kf = widenHead(spec.dtype, d.k, b, h / G);
+    std::vector<double> vf = widenHead(spec.dtype, d.v, b, h / G);
+    for (size_t ri : members) {
+      int64_t i = r.rows[ri] % Nq;
+      for (int64_t j = 0; j < Nkv; ++j)
+        if (isVisible(spec, p, layout, left, right, b, h, i, j))
+          accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], i,
+                     &r.dq[ri * size_t(dqk)], nullptr, nullptr);
+    }
+  }
+  for (const auto &[bhk, members] : groupByHead(r.keys, Nkv)) {
+    int64_t b = bhk / Hkv, hk = bhk % Hkv;
+    std::vector<double> kf = widenHead(spec.dtype, d.k, b, hk);
+    std::vector<double> vf = widenHead(spec.dtype, d.v, b, hk);
+    // dK and dV of a KV head sum over the query heads of its group.
+    for (int64_t h = hk * G; h < (hk + 1) * G; ++h) {
+      QueryHead qh(spec, p, d, g, b, h);
+      for (size_t ki : members) {
+        int64_t j = r.keys[ki] % Nkv;
+        for (int64_t i = 0; i < Nq; ++i)
+          if (isVisible(spec, p, layout, left, right, b, h, i, j))
+            accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], i,
+                       nullptr, &r.dk[ki * size_t(dqk)],
+                       &r.dv[ki * size_t(dv)]);
+      }
+    }
+  }
+  return r;
+}
+
+BackwardErrorReport
+compareBackwardSampled(const AttentionSpec &spec, const Problem &,
+                       const AttentionGrads &g,
+                       const SampledBackwardReference &ref) {
+  BackwardErrorReport e;
+  e.dqRelErr = gradientRelErr(spec.dtype, g.dq, &ref.rows, ref.dq, e.nanCount);
+  e.dkRelErr = gradientRelErr(spec.dtype, g.dk, &ref.keys, ref.dk, e.nanCount);
+  e.dvRelErr = gradientRelErr(spec.dtype, g.dv, &ref.keys, ref.dv, e.nanCount);
+  return e;
+}
+
+int64_t countNaN(DType dtype, const HalfTensor &t) {
+  int64_t n = 0;
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t h = 0; h < t.shape[1]; ++h)
+      for (int64_t i = 0; i < t.shape[2]; ++i)
+        for (int64_t c = 0; c < t.shape[3]; ++c)
+          n += std::isnan(halfToFloat(dtype, t.at(b, h, i, c)));
+  return n;
+}
+
+BackwardCheck checkBackward(const AttentionSpec &spec, const Problem &p,
+                            const AttentionData &d, const AttentionGrads &g,
+                            const BlockSparseLayout *layout, double maxWork) {
+  const int64_t G = spec.gqaGroup;
+  const double width = double(std::max(spec.headDimQK, spec.headDimV));
+  const double perHead = double(p.seqLenQ) * double(p.seqLenKV) * width;
+  BackwardCheck c;
+  if (perHead * double(p.batch * p.heads) <= maxWork) {
+    c.err =
+        compareBackward(spec, p, g, referenceBackward(spec, p, d, g, layout));
+    c.checkedHeads = p.batch * p.heads;
+  } else if (perHead * double(G) <= maxWork) {
+    // A problem of its own: batch 0, KV head 0, query heads 0..G-1, as
+    // views of the same buffers (b = 0 and h < G index them, and the
+    // layout, as in the whole problem).
+    Problem sub = p;
+    sub.batch = 1;
+    sub.heads = G;
+    AttentionData sd = d;
+    AttentionGrads sg = g;
+    for (HalfTensor *t : {&sd.q, &sd.o, &sg.dO, &sg.dq})
+      t->shape = {1, G, t->shape[2], t->shape[3]};
+    for (HalfTensor *t : {&sd.k, &sd.v, &sg.dk, &sg.dv})
+      t->shape = {1, 1, t->shape[2], t->shape[3]};
+    sd.lse.resize(size_t(G * p.seqLenQ));
+    c.err = compareBackward(spec, sub, sg,
+                            referenceBackward(spec, sub, sd, sg, layout));
+    c.checkedHeads = G;
+  } else {
+    // In that group: a sampled row costs Nkv * d, a sampled key G * Nq * d;
+    // half the budget each.
+    double perRow = double(p.seqLenKV) * width;
+    double perKey = double(G * p.seqLenQ) * width;
+    int64_t rowsPerHead =
+        std::max<int64_t>(2, int64_t(maxWork / 2 / perRow / double(G)));
+    std::vector<int64_t> rows;
+    for (int64_t h = 0; h < G; ++h)
+      for (int64_t i : evenlySpaced(p.seqLenQ, rowsPerHead))
+        rows.push_back(h * p.seqLenQ + i);
+    std::vector<int64_t> keys = evenlySpaced(
+        p.seqLenKV, std::max<int64_t>(2, int64_t(maxWork / 2 / perKey)));
+    c.sampledRows = int64_t(rows.size());
+    c.sampledKeys = int64_t(keys.size());
+    c.err = compareBackwardSampled(
+        spec, p, g,
+        referenceBackwardSampled(spec, p, d, g, layout, std::move(rows),
+                                 std::move(keys)));
+    c.checkedHeads = G;
+  }
+  c.err.nanCount = countNaN(spec.dtype, g.dq) + countNaN(spec.dtype, g.dk) +
+                   countNaN(spec.dtype, g.dv);
+  return c;
 }
 
 std::vector<float> widenToFloat(DType dtype, const HalfTensor &t) {

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -170,6 +171,54 @@ BackwardErrorReport compareBackward(const AttentionSpec &spec,
                                     const Problem &problem,
                                     const AttentionGrads &grads,
                                     const BackwardReference &ref);
+
+/// A float64 check of chosen gradient entries, for problems too large for
+/// referenceBackward: dQ of the query rows \p rows (as (b * H + h) * Nq + i)
+/// and dK, dV of the keys \p keys (as (b * Hkv + hk) * Nkv + j), each at
+/// O(N * d) cost instead of O(N^2 * d) for the whole. P = exp(S - lse) takes
+/// lse from data.lse, the forward's f32 output (every row's softmax is the
+/// full O(N^2 d)): it checks the backward on the forward's outputs, the
+/// forward being checked on its own. D = rowsum(dO * O) from data.o, as
+/// referenceBackward takes it.
+struct SampledBackwardReference {
+  std::vector<int64_t> rows, keys;
+  std::vector<double> dq, dk, dv; ///< [rows, dqk], [keys, dqk], [keys, dv]
+};
+SampledBackwardReference
+referenceBackwardSampled(const AttentionSpec &spec, const Problem &problem,
+                         const AttentionData &data, const AttentionGrads &grads,
+                         const BlockSparseLayout *layout,
+                         std::vector<int64_t> rows, std::vector<int64_t> keys);
+
+/// compareBackward over the sampled entries only (nanCount counts NaN among
+/// them).
+BackwardErrorReport compareBackwardSampled(const AttentionSpec &spec,
+                                           const Problem &problem,
+                                           const AttentionGrads &grads,
+                                           const SampledBackwardReference &ref);
+
+/// What a bounded float64 check of the backward covered.
+struct BackwardCheck {
+  BackwardErrorReport err;  ///< nanCount over every gradient element
+  int64_t checkedHeads = 0; ///< query heads whose gradients were compared
+  /// When sampled: the dQ rows and dK/dV keys compared (else all of them).
+  std::optional<int64_t> sampledRows, sampledKeys;
+};
+
+/// Checks the gradients against float64 within about \p maxWork
+/// multiply-adds, counting work as heads * Nq * Nkv * max(dqk, dv): every
+/// head (referenceBackward); else batch 0's first KV head with its query
+/// heads, whose gradients depend on that group only (referenceBackward on
+/// that sub-problem); else, in that group, an even sample of query rows
+/// (dQ) and keys (dK, dV) (referenceBackwardSampled). NaN is counted over
+/// every gradient element either way.
+BackwardCheck checkBackward(const AttentionSpec &spec, const Problem &problem,
+                            const AttentionData &data,
+                            const AttentionGrads &grads,
+                            const BlockSparseLayout *layout, double maxWork);
+
+/// NaN elements of a (B, H, N, d) view.
+int64_t countNaN(DType dtype, const HalfTensor &t);
 
 /// A (B, H, N, d) view widened to float32, packed (for .npy output).
 std::vector<float> widenToFloat(DType dtype, const HalfTensor &t);

@@ -59,6 +59,49 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
   return out;
 }
 
+int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
+                                     const TileConfig &c) {
+  GpuBackwardGeometry g = gpuBackwardGeometry(spec, c);
+  int64_t kvOut =
+      g.kvCombined ? g.dkChunk + g.dvChunk : std::max(g.dkChunk, g.dvChunk);
+  int64_t kv = g.keyTiles * kvOut / 2 + 2 * g.keyTiles * c.blockM / 2;
+  int64_t dq = g.rowTiles * g.dqChunk / 2 + 2 * g.rowTiles * c.blockN / 2;
+  return std::max(kv, dq);
+}
+
+std::vector<TileConfig> backwardTuningCandidates(const AttentionSpec &spec,
+                                                 const TuneLimits &limits) {
+  std::vector<TileConfig> out;
+  auto valid = [&](const TileConfig &c) {
+    return gpuBackwardConfigProblem(spec, c, limits.maxSharedBytes).empty() &&
+           32 * c.warps <= limits.maxThreadsPerBlock &&
+           (!spec.blockSparse || (spec.sparseBlock % c.blockM == 0 &&
+                                  spec.sparseBlock % c.blockN == 0));
+  };
+  auto listed = [&](const TileConfig &c) {
+    return std::any_of(out.begin(), out.end(), [&](const TileConfig &o) {
+      return o.blockM == c.blockM && o.blockN == c.blockN &&
+             o.warps == c.warps && o.stages == c.stages;
+    });
+  };
+  TileConfig fallback = defaultGpuBackwardConfig(spec);
+  if (valid(fallback))
+    out.push_back(fallback);
+  for (int64_t bm : {32, 64, 128})
+    for (int64_t bn : {32, 64, 128})
+      for (int64_t warps : {2, 4, 8}) {
+        TileConfig c;
+        c.blockM = bm;
+        c.blockN = bn;
+        c.warps = warps;
+        c.stages = 2;
+        if (!listed(c) && valid(c) &&
+            backwardAccumulatorRegisters(spec, c) <= 200)
+          out.push_back(c);
+      }
+  return out;
+}
+
 TuneResult autotune(const std::vector<TileConfig> &candidates,
                     const CompileFn &compile, const TimeFn &time,
                     const ProgressFn &progress, unsigned threads) {

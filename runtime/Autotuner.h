@@ -34,6 +34,24 @@ struct TuneLimits {
 std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits);
 
+/// Candidate configs of the GPU backward of \p spec (Direction::Backward)
+/// within \p limits: Br and Bc in {32, 64, 128} and warps in {2, 4, 8},
+/// valid per gpuBackwardConfigProblem, threads within the limit, Br and Bc
+/// dividing the sparse block, and backwardAccumulatorRegisters <= 200.
+/// defaultGpuBackwardConfig(spec) comes first whenever it is valid (even
+/// past the register estimate: it is the measured default).
+std::vector<TileConfig> backwardTuningCandidates(const AttentionSpec &spec,
+                                                 const TuneLimits &limits);
+
+/// fp32 accumulator registers per thread of the backward's hungrier kernel
+/// (a 16 x n MMA accumulator tile of a warp is n / 2 floats per thread):
+///   dK/dV kernel: keyTiles * (dkChunk + dvChunk) / 2 when one program
+///     computes both (kvCombined), else keyTiles * max(dkChunk, dvChunk) / 2;
+///     plus S^T and dP^T: 2 * keyTiles * Br / 2;
+///   dQ kernel: rowTiles * dqChunk / 2 + S and dP: 2 * rowTiles * Bc / 2.
+int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
+                                     const TileConfig &config);
+
 /// One candidate's outcome.
 struct TunedCandidate {
   TileConfig config;

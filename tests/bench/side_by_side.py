@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side forward attention benchmark: flashjit against PyTorch's peers.
+"""Side-by-side attention benchmark, forward and backward: flashjit against PyTorch's peers.
 
 Runs on the GPU machine (tools/scripts/gpu-run.sh calls it), in ONE process,
 on one card, so that the ratios come from one run:
@@ -27,10 +27,20 @@ in the table use this count (flashjit's own "tflops" is kept in the JSON).
 The bar: for each case, 3 interleaved rounds of (flashjit, sdpa-flash); the
 table gives the median of each and ratio = flashjit / sdpa-flash TFLOP/s.
 
+The backward (unless --no-backward), per case after its forward:
+  flashjit     flashjit bench --backward ... --json (the same contract; the
+               backward's three kernels alone, after one forward)
+  sdpa-flash,  the backward of scaled_dot_product_attention under the forced
+  sdpa-cudnn   backend: torch.autograd.grad(out, (q, k, v), grad,
+               retain_graph=True), i.e. out.backward(grad) without the
+               accumulation into .grad; the forward is not timed
+FLOPs = 2.5 x the forward's (causal halved likewise); the same interleaved
+rounds of (flashjit, sdpa-flash); the table's "bwd" rows.
+
 Works without torch or without a GPU (peers are then reported missing) and
 when flashjit fails (its error is recorded, the run goes on).
 
-  side_by_side.py [--flashjit PATH] [--out FILE] [--cases SPEC] [--quick]
+  side_by_side.py [--flashjit PATH] [--out FILE] [--cases SPEC] [--quick] [--no-backward]
   side_by_side.py --print-table FILE       reprint the table of a results file
   side_by_side.py --ncu-target naive|sdpa-flash [--cases d:N:c|n]   (under ncu)
   side_by_side.py --ncu-summary NAME=CSV... [--cases d:N:c|n]        (ncu step)
@@ -55,6 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 DEFAULT_CASES = "128:16384:n,64:16384:n,96:16384:n,256:16384:n,128:16384:c"
 QUICK_CASES = "128:16384:n,128:4096:c"
 PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "naive", "flashjit-py")
+BACKWARD_PEERS = ("sdpa-flash", "sdpa-cudnn")
 
 torch = None
 TORCH_ERR = None
@@ -84,9 +95,11 @@ def parse_cases(spec):
     return cases
 
 
-def flops(B, H, N, d, causal):
+def flops(B, H, N, d, causal, backward=False):
     f = 4.0 * B * H * N * N * d
-    return f / 2 if causal else f
+    if causal:
+        f /= 2
+    return 2.5 * f if backward else f
 
 
 def tflops_of(ms, fl):
@@ -95,17 +108,19 @@ def tflops_of(ms, fl):
 
 # ---------------------------------------------------------------- flashjit --
 
-def flashjit_cmd(exe, c, extra):
+def flashjit_cmd(exe, c, extra, backward=False):
     cmd = [exe, "bench", "--head-dim", str(c["d"]), "--seq-len", str(c["N"]),
            "--batch", str(c["B"]), "--heads", str(c["H"])]
     if c["causal"]:
         cmd.append("--causal")
+    if backward:
+        cmd.append("--backward")
     return cmd + ["--json"] + extra
 
 
-def run_flashjit(exe, c, extra, timeout):
+def run_flashjit(exe, c, extra, timeout, backward=False):
     """One flashjit bench run. Returns a dict; 'time_ms' is set on success."""
-    cmd = flashjit_cmd(exe, c, extra)
+    cmd = flashjit_cmd(exe, c, extra, backward)
     rec = dict(cmd=" ".join(shlex.quote(x) for x in cmd))
     t0 = time.time()
     try:
@@ -260,13 +275,16 @@ class Peers:
         return lambda q, k, v: self.flex(q, k, v, block_mask=bm)
 
 
-def time_peer(fn, q, k, v, fl):
-    t0 = time.time()
+def time_call(setup, fl):
+    """setup() returns the call to time; its first call is timed alone
+    (first_call_s), then bench_ms. Errors are recorded, never raised."""
     try:
-        fn(q, k, v)
+        step = setup()
+        t0 = time.time()
+        step()
         torch.cuda.synchronize()
         first_s = time.time() - t0
-        ms = bench_ms(lambda: fn(q, k, v))
+        ms = bench_ms(step)
         return dict(ms=ms, tflops=tflops_of(ms, fl), first_call_s=round(first_s, 2))
     except Exception as e:  # noqa: BLE001
         return dict(error=short(e))
@@ -278,13 +296,120 @@ def time_peer(fn, q, k, v, fl):
         torch.cuda.empty_cache()
 
 
+def time_peer(fn, q, k, v, fl):
+    """The forward fn(q, k, v)."""
+    return time_call(lambda: (lambda: fn(q, k, v)), fl)
+
+
+def time_peer_backward(fn, q, k, v, fl):
+    """The backward of fn's output (run once, not timed) for a random grad."""
+    def setup():
+        qq, kk, vv = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = fn(qq, kk, vv)
+        grad = torch.randn_like(out)
+        return lambda: torch.autograd.grad(out, (qq, kk, vv), grad, retain_graph=True)
+    return time_call(setup, fl)
+
+
+def fmt_peer(m):
+    return (f"{m['ms']:.3f} ms, {m['tflops']:.0f} TFLOP/s" if "ms" in m
+            else m.get("error") and f"ERROR {m['error']}" or f"skipped: {m.get('skipped')}")
+
+
+def interleaved_rounds(c, args, fl, flash_peer, backward):
+    """args.rounds rounds of (flashjit bench, flash_peer()); flashjit stops
+    after its first failure. Returns (flashjit record, sdpa-flash rounds)."""
+    fj = dict(rounds=[])
+    flash_rounds = []
+    tag = "bwd " if backward else ""
+    for r in range(args.rounds):
+        if not any("time_ms" not in x for x in fj["rounds"]):
+            if torch is not None:
+                torch.cuda.empty_cache()
+            rec = run_flashjit(args.flashjit, c, args.extra, args.flashjit_timeout, backward)
+            rec["round"] = r
+            fj["rounds"].append(rec)
+            log(f"  round {r} {tag}flashjit: " +
+                (f"{rec['time_ms']:.3f} ms, {tflops_of(rec['time_ms'], fl):.0f} TFLOP/s, ok={rec.get('ok')}"
+                 if "time_ms" in rec else f"ERROR {rec.get('error')}") + f" ({rec.get('wall_s')} s)")
+        if flash_peer is not None:
+            m = flash_peer()
+            flash_rounds.append(m)
+            log(f"  round {r} {tag}sdpa-flash: {fmt_peer(m)}")
+    summarise_flashjit(fj, fl)
+    return fj, flash_rounds
+
+
+def summarise_flashjit(fj, fl):
+    """Median time and TFLOP/s of the rounds that ran, ok, config, the first
+    error and contract warning, into fj."""
+    ran = [x for x in fj["rounds"] if "time_ms" in x]
+    if ran:
+        fj["median_ms"] = statistics.median(x["time_ms"] for x in ran)
+        fj["tflops"] = tflops_of(fj["median_ms"], fl)
+        fj["ok"] = all(x.get("ok") is True for x in ran)
+        rep = [x["json"].get("tflops") for x in ran]
+        rep = [x for x in rep if isinstance(x, (int, float))]
+        if rep:
+            fj["tflops_reported_median"] = statistics.median(rep)
+            if abs(fj["tflops_reported_median"] / fj["tflops"] - 1) > 0.02:
+                fj["note"] = "flashjit's own tflops differs >2% from this script's FLOP count (causal convention?)"
+        fj["config"] = ran[0]["json"].get("config")
+    errs = [x["error"] for x in fj["rounds"] if "error" in x]
+    if errs:
+        fj["error"] = errs[0]
+    warns = [x["contract_warning"] for x in fj["rounds"] if "contract_warning" in x]
+    if warns:
+        fj["contract_warning"] = warns[0]
+
+
+def pair_ratios(fj, flash_rounds):
+    """sdpa-flash time / flashjit time per round: flashjit round r against
+    the sdpa-flash round right after it."""
+    fr = {x["round"]: x["time_ms"] for x in fj["rounds"] if "time_ms" in x}
+    return [sm["ms"] / fr[i] if i in fr and "ms" in sm else None
+            for i, sm in enumerate(flash_rounds)]
+
+
+def flash_summary(flash_rounds, fl):
+    ok = [m["ms"] for m in flash_rounds if "ms" in m]
+    if ok:
+        med = statistics.median(ok)
+        return dict(ms=med, tflops=tflops_of(med, fl), rounds_ms=ok)
+    return dict(error=flash_rounds[0]["error"] if flash_rounds else "not run")
+
+
+def run_backward_case(c, args, peers, q, k, v):
+    """The backward of one case: interleaved (flashjit, sdpa-flash) rounds,
+    then sdpa-cudnn."""
+    fl = flops(c["B"], c["H"], c["N"], c["d"], c["causal"], backward=True)
+    bwd = dict(flops=fl, peers={})
+    have_torch = peers is not None and q is not None
+    flash_peer = ((lambda: time_peer_backward(peers.sdpa("sdpa-flash", c["causal"]), q, k, v, fl))
+                  if have_torch else None)
+    bwd["flashjit"], flash_rounds = interleaved_rounds(c, args, fl, flash_peer, backward=True)
+    pr = bwd["peers"]
+    if not have_torch:
+        err = TORCH_ERR if peers is None else "no inputs"
+        for p in BACKWARD_PEERS:
+            pr[p] = dict(error=err)
+    else:
+        pr["sdpa-flash"] = flash_summary(flash_rounds, fl)
+        pr["sdpa-cudnn"] = time_peer_backward(peers.sdpa("sdpa-cudnn", c["causal"]), q, k, v, fl)
+        log(f"  bwd sdpa-cudnn: {fmt_peer(pr['sdpa-cudnn'])}")
+    a, b = bwd["flashjit"].get("tflops"), pr.get("sdpa-flash", {}).get("tflops")
+    bwd["ratio_flashjit_over_sdpa_flash"] = a / b if a and b else None
+    bwd["ratio_per_round"] = pair_ratios(bwd["flashjit"], flash_rounds)
+    return bwd
+
+
 # -------------------------------------------------------------------- main --
 
 def run_case(c, args, peers, t_start):
     fl = flops(c["B"], c["H"], c["N"], c["d"], c["causal"])
     res = dict(d=c["d"], N=c["N"], B=c["B"], H=c["H"], causal=c["causal"], flops=fl,
                flashjit=dict(rounds=[]), peers={})
-    fj, pr = res["flashjit"], res["peers"]
+    pr = res["peers"]
     q = k = v = None
     if peers is not None:
         try:
@@ -294,43 +419,10 @@ def run_case(c, args, peers, t_start):
         except Exception as e:  # noqa: BLE001
             res["torch_error"] = f"allocating q, k, v: {short(e)}"
             q = None
-    flash_rounds = []
-    fj_failed = False
-    for r in range(args.rounds):
-        if not fj_failed:
-            if torch is not None:
-                torch.cuda.empty_cache()
-            rec = run_flashjit(args.flashjit, c, args.extra, args.flashjit_timeout)
-            rec["round"] = r
-            fj["rounds"].append(rec)
-            tag = (f"{rec['time_ms']:.3f} ms, {tflops_of(rec['time_ms'], fl):.0f} TFLOP/s, ok={rec.get('ok')}"
-                   if "time_ms" in rec else f"ERROR {rec.get('error')}")
-            log(f"  round {r} flashjit: {tag} ({rec.get('wall_s')} s)")
-            if "time_ms" not in rec:
-                fj_failed = True  # the same command will fail again: spend no more time
-        if q is not None:
-            m = time_peer(peers.sdpa("sdpa-flash", c["causal"]), q, k, v, fl)
-            flash_rounds.append(m)
-            log(f"  round {r} sdpa-flash: " +
-                (f"{m['ms']:.3f} ms, {m['tflops']:.0f} TFLOP/s" if "ms" in m else f"ERROR {m['error']}"))
-    times = [x["time_ms"] for x in fj["rounds"] if "time_ms" in x]
-    if times:
-        fj["median_ms"] = statistics.median(times)
-        fj["tflops"] = tflops_of(fj["median_ms"], fl)
-        fj["ok"] = all(x.get("ok") is True for x in fj["rounds"] if "time_ms" in x)
-        rep = [x["json"].get("tflops") for x in fj["rounds"] if "time_ms" in x]
-        rep = [x for x in rep if isinstance(x, (int, float))]
-        if rep:
-            fj["tflops_reported_median"] = statistics.median(rep)
-            if abs(fj["tflops_reported_median"] / fj["tflops"] - 1) > 0.02:
-                fj["note"] = "flashjit's own tflops differs >2% from 4BHN^2d/time (causal convention?)"
-        fj["config"] = next(x["json"].get("config") for x in fj["rounds"] if "time_ms" in x)
-    errs = [x["error"] for x in fj["rounds"] if "error" in x]
-    if errs:
-        fj["error"] = errs[0]
-    warns = [x["contract_warning"] for x in fj["rounds"] if "contract_warning" in x]
-    if warns:
-        fj["contract_warning"] = warns[0]
+    flash_peer = ((lambda: time_peer(peers.sdpa("sdpa-flash", c["causal"]), q, k, v, fl))
+                  if q is not None else None)
+    res["flashjit"], flash_rounds = interleaved_rounds(c, args, fl, flash_peer, backward=False)
+    fj = res["flashjit"]
 
     if peers is None:
         for p in PEERS:
@@ -339,12 +431,7 @@ def run_case(c, args, peers, t_start):
         for p in PEERS:
             pr[p] = dict(error=res.get("torch_error", "no inputs"))
     else:
-        ok = [m["ms"] for m in flash_rounds if "ms" in m]
-        if ok:
-            med = statistics.median(ok)
-            pr["sdpa-flash"] = dict(ms=med, tflops=tflops_of(med, fl), rounds_ms=ok)
-        else:
-            pr["sdpa-flash"] = dict(error=flash_rounds[0]["error"] if flash_rounds else "not run")
+        pr["sdpa-flash"] = flash_summary(flash_rounds, fl)
         over = time.time() - t_start > args.budget_s
         pr["sdpa-cudnn"] = time_peer(peers.sdpa("sdpa-cudnn", c["causal"]), q, k, v, fl)
         if over:
@@ -371,17 +458,15 @@ def run_case(c, args, peers, t_start):
         except Exception as e:  # noqa: BLE001
             pr["flashjit-py"] = dict(error=short(e))
         for p in ("sdpa-cudnn", "flex", "naive", "flashjit-py"):
-            m = pr[p]
-            log(f"  {p}: " + (f"{m['ms']:.3f} ms, {m['tflops']:.0f} TFLOP/s" if "ms" in m
-                              else m.get("error") and f"ERROR {m['error']}" or f"skipped: {m.get('skipped')}"))
-        del q, k, v
-        torch.cuda.empty_cache()
+            log(f"  {p}: {fmt_peer(pr[p])}")
     a, b = fj.get("tflops"), pr.get("sdpa-flash", {}).get("tflops")
     res["ratio_flashjit_over_sdpa_flash"] = a / b if a and b else None
-    # per round, flashjit round r against the sdpa-flash round right after it
-    fr = {x["round"]: x["time_ms"] for x in fj["rounds"] if "time_ms" in x}
-    res["ratio_per_round"] = [sm["ms"] / fr[i] if i in fr and "ms" in sm else None
-                              for i, sm in enumerate(flash_rounds)]
+    res["ratio_per_round"] = pair_ratios(fj, flash_rounds)
+    if args.backward:
+        res["backward"] = run_backward_case(c, args, peers, q, k, v)
+    if q is not None:
+        del q, k, v
+        torch.cuda.empty_cache()
     return res
 
 
@@ -398,44 +483,49 @@ def fmt_t(m, terr=None):
 
 
 def table(data):
+    """The final table: a "fwd" row per case and, when measured, a "bwd" row
+    (flashjit, sdpa-flash, sdpa-cudnn backward; the other peers "-")."""
     rows = []
     meta = data.get("meta", {})
     terr = meta.get("torch_error")
-    hdr = ("d", "N", "causal", "flashjit", "sdpa-flash", "sdpa-cudnn", "flex", "naive",
+    hdr = ("d", "N", "causal", "pass", "flashjit", "sdpa-flash", "sdpa-cudnn", "flex", "naive",
            "fj-in-proc", "ratio")
+    notes = []
     for r in data.get("cases", []):
-        fj = r.get("flashjit", {})
-        if fj.get("tflops") is not None:
-            f = f"{fj['tflops']:.0f}" + ("" if fj.get("ok") else "!")
-        else:
-            f = "err"
-        pr = r.get("peers", {})
-        ratio = r.get("ratio_flashjit_over_sdpa_flash")
-        rows.append((str(r["d"]), str(r["N"]), "y" if r["causal"] else "n", f,
-                     *(fmt_t(pr.get(p), terr) for p in PEERS), f"{ratio:.2f}" if ratio else "-"))
+        tag = f"d={r['d']} N={r['N']} {'causal' if r['causal'] else 'non-causal'}"
+        passes = [("fwd", r)]
+        if "backward" in r:
+            passes.append(("bwd", r["backward"]))
+        for name, part in passes:
+            fj = part.get("flashjit", {})
+            if fj.get("tflops") is not None:
+                f = f"{fj['tflops']:.0f}" + ("" if fj.get("ok") else "!")
+            else:
+                f = "err"
+            pr = part.get("peers", {})
+            ratio = part.get("ratio_flashjit_over_sdpa_flash")
+            rows.append((str(r["d"]), str(r["N"]), "y" if r["causal"] else "n", name, f,
+                         *(fmt_t(pr.get(p), terr) for p in PEERS), f"{ratio:.2f}" if ratio else "-"))
+            who = "flashjit" if name == "fwd" else "flashjit backward"
+            if fj.get("error"):
+                notes.append((who, tag, fj["error"]))
+            elif fj.get("tflops") is not None and not fj.get("ok"):
+                notes.append((who, tag, "ok is not true (! in table)"))
+            if fj.get("note"):
+                notes.append((who, tag, fj["note"]))
+            if fj.get("contract_warning"):
+                notes.append((who, tag, f"contract: {fj['contract_warning']}"))
+            for p, m in pr.items():
+                if m.get("error") and m["error"] != terr:
+                    notes.append((p if name == "fwd" else f"{p} backward", tag, m["error"]))
     w = [max(len(h), *(len(x[i]) for x in rows)) if rows else len(h) for i, h in enumerate(hdr)]
     out = []
-    out.append(f"side-by-side forward, bf16, TFLOP/s = 4BHN^2d/t (causal /2); "
-               f"flashjit & sdpa-flash: median of {meta.get('rounds', '?')} interleaved rounds; "
-               f"{meta.get('device') or 'no GPU'}")
+    out.append(f"side-by-side forward and backward, bf16, TFLOP/s = 4BHN^2d/t (causal /2; bwd: 2.5x "
+               f"the forward's FLOPs); flashjit & sdpa-flash: median of {meta.get('rounds', '?')} "
+               f"interleaved rounds; {meta.get('device') or 'no GPU'}")
     out.append("  ".join(h.rjust(w[i]) for i, h in enumerate(hdr)))
     for x in rows:
         out.append("  ".join(v.rjust(w[i]) for i, v in enumerate(x)))
-    notes = []
-    for r in data.get("cases", []):
-        fj = r.get("flashjit", {})
-        tag = f"d={r['d']} N={r['N']} {'causal' if r['causal'] else 'non-causal'}"
-        if fj.get("error"):
-            notes.append(("flashjit", tag, fj["error"]))
-        elif fj.get("tflops") is not None and not fj.get("ok"):
-            notes.append(("flashjit", tag, "ok is not true (! in table)"))
-        if fj.get("note"):
-            notes.append(("flashjit", tag, fj["note"]))
-        if fj.get("contract_warning"):
-            notes.append(("flashjit", tag, f"contract: {fj['contract_warning']}"))
-        for p, m in r.get("peers", {}).items():
-            if m.get("error") and m["error"] != terr:
-                notes.append((p, tag, m["error"]))
     if terr:
         notes.insert(0, ("peers not measured", "", terr))
     # one line per distinct message: "flashjit (3 cases): rc=2, ..."
@@ -563,6 +653,9 @@ def main():
     ap.add_argument("--quick", action="store_true", default=os.environ.get("FLASHJIT_QUICK") == "1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-flex", dest="flex", action="store_false")
+    ap.add_argument("--no-backward", dest="backward", action="store_false",
+                    default=os.environ.get("FLASHJIT_BENCH_BACKWARD", "1") != "0",
+                    help="forward only (default: each case's backward too; FLASHJIT_BENCH_BACKWARD=0)")
     ap.add_argument("--naive-max-gb", type=float, default=40)
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("FLASHJIT_BENCH_BUDGET_S", 360)),
                     help="past this many seconds, skip flex and naive (the bar pair still runs)")
@@ -593,8 +686,10 @@ def main():
     import_torch()
     meta = dict(started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rounds=args.rounds,
                 flashjit=args.flashjit, flashjit_args=args.extra, quick=args.quick,
+                backward=args.backward,
                 method="peers: triton.testing.do_bench(warmup=25, rep=100, median); "
-                       "flashjit: its own median (CUDA events); bf16; FLOPs 4BHN^2d, causal /2",
+                       "flashjit: its own median (CUDA events); bf16; FLOPs 4BHN^2d, causal /2; "
+                       "backward: 2.5x, peers timed as autograd.grad(out, (q, k, v), grad)",
                 python=sys.version.split()[0])
     peers = None
     if torch is None:

@@ -213,6 +213,133 @@ TEST(CpuBackwardCheck, RefusesMismatchedSpecsAndShapes) {
   EXPECT_THROW(kernel->run(s.problem, s.data, bad, nullptr), SpecError);
 }
 
+/// The sampled reference (for problems too large for the whole one) agrees
+/// with referenceBackward on the entries it computes, over GQA, a causal
+/// mask with Nq > Nkv (rows that see no key) and a random layout; its
+/// comparison passes the kernel's gradients and rejects a corrupted key.
+TEST(CpuBackwardCheck, SampledReferenceMatchesTheWholeOne) {
+  Case c = {
+      "sampled",          40, 24, BF, CAUSAL, 2, 32, 32, 2, 4, 150, 100, 0, 0,
+      LayoutKind::Random, 32};
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  BackwardRun s = prepare(c, seed);
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  kernel->run(s.problem, s.data, s.grads, s.layout.get());
+  const Problem &p = s.problem;
+  BackwardReference whole =
+      referenceBackward(s.spec, p, s.data, s.grads, s.layout.get());
+  // Rows of every (b, h) incl. 0..49, which see no key (Nq - Nkv = 50);
+  // keys of every (b, hk).
+  std::vector<int64_t> rows, keys;
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int64_t i : {0, 49, 50, 77, 149})
+      rows.push_back(bh * p.seqLenQ + i);
+  for (int64_t bhk = 0; bhk < p.batch * p.kvHeads(s.spec); ++bhk)
+    for (int64_t j : {0, 31, 32, 99})
+      keys.push_back(bhk * p.seqLenKV + j);
+  SampledBackwardReference sampled = referenceBackwardSampled(
+      s.spec, p, s.data, s.grads, s.layout.get(), rows, keys);
+  ASSERT_EQ(sampled.rows, rows);
+  ASSERT_EQ(sampled.keys, keys);
+  // lse is the forward's f32: agreement to ~1e-6, not to the last bit.
+  auto expectClose = [](const std::vector<int64_t> &entries, int64_t width,
+                        const std::vector<double> &got,
+                        const std::vector<double> &all, const char *what) {
+    double num = 0, den = 0;
+    for (size_t e = 0; e < entries.size(); ++e)
+      for (int64_t c = 0; c < width; ++c) {
+        double x = got[e * size_t(width) + size_t(c)];
+        double y = all[size_t(entries[e] * width + c)];
+        num += (x - y) * (x - y);
+        den += y * y;
+      }
+    EXPECT_GT(den, 0) << what;
+    EXPECT_LT(std::sqrt(num / den), 1e-5) << what;
+  };
+  expectClose(rows, c.dqk, sampled.dq, whole.dq, "dq");
+  expectClose(keys, c.dqk, sampled.dk, whole.dk, "dk");
+  expectClose(keys, c.dv, sampled.dv, whole.dv, "dv");
+  for (int64_t c2 = 0; c2 < c.dqk; ++c2) // row 0 of (0, 0) sees no key
+    EXPECT_EQ(sampled.dq[size_t(c2)], 0.0);
+
+  BackwardErrorReport e = compareBackwardSampled(s.spec, p, s.grads, sampled);
+  EXPECT_EQ(e.nanCount, 0);
+  EXPECT_LT(e.relErr(), errorBound(s.spec.dtype));
+  AttentionGrads wrong = s.grads;
+  wrong.dk.buffer = std::make_shared<std::vector<uint16_t>>(*s.grads.dk.buffer);
+  for (int64_t d = 0; d < c.dqk; ++d)
+    wrong.dk.at(1, 1, 31, d) = floatToHalf(s.spec.dtype, 3.0f);
+  EXPECT_GT(compareBackwardSampled(s.spec, p, wrong, sampled).dkRelErr, 1e-2);
+  wrong.dk.at(1, 1, 31, 0) = floatToHalf(s.spec.dtype, std::nanf(""));
+  EXPECT_EQ(compareBackwardSampled(s.spec, p, wrong, sampled).nanCount, 1);
+  EXPECT_EQ(countNaN(s.spec.dtype, wrong.dk), 1);
+  EXPECT_EQ(countNaN(s.spec.dtype, s.grads.dk), 0);
+}
+
+/// checkBackward's three scopes by budget: every head; batch 0's first KV
+/// head group; a sample of that group's rows and keys. Each scope passes
+/// the kernel's gradients and rejects a corrupted gradient inside it; NaN
+/// counts everywhere.
+TEST(CpuBackwardCheck, BoundedCheckScopes) {
+  Case c = {"scopes", 32, 16, BF, NONE, 2, 32, 32, 2, 4, 100, 90};
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  BackwardRun s = prepare(c, seed);
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  kernel->run(s.problem, s.data, s.grads, nullptr);
+  const Problem &p = s.problem;
+  const double perHead = 100.0 * 90.0 * 32.0, bound = errorBound(BF);
+
+  BackwardCheck all = checkBackward(s.spec, p, s.data, s.grads, nullptr, 1e12);
+  EXPECT_EQ(all.checkedHeads, 8);
+  EXPECT_FALSE(all.sampledRows.has_value());
+  EXPECT_LT(all.err.relErr(), bound);
+
+  BackwardCheck group =
+      checkBackward(s.spec, p, s.data, s.grads, nullptr, perHead * 2);
+  EXPECT_EQ(group.checkedHeads, 2);
+  EXPECT_FALSE(group.sampledRows.has_value());
+  EXPECT_LT(group.err.relErr(), bound);
+
+  BackwardCheck sampled =
+      checkBackward(s.spec, p, s.data, s.grads, nullptr, perHead / 2);
+  EXPECT_EQ(sampled.checkedHeads, 2);
+  ASSERT_TRUE(sampled.sampledRows.has_value());
+  EXPECT_GE(*sampled.sampledRows, 4); // >= 2 rows of each query head
+  EXPECT_LT(*sampled.sampledRows, 2 * 100);
+  EXPECT_GE(*sampled.sampledKeys, 2);
+  EXPECT_LT(*sampled.sampledKeys, 90);
+  EXPECT_LT(sampled.err.relErr(), bound);
+
+  // Key 0 of batch 0's KV head 0 is in every scope; (1, 1) only in the
+  // whole one; NaN anywhere fails every scope.
+  AttentionGrads wrong = s.grads;
+  wrong.dk.buffer = std::make_shared<std::vector<uint16_t>>(*s.grads.dk.buffer);
+  for (int64_t d = 0; d < c.dqk; ++d) {
+    wrong.dk.at(0, 0, 0, d) = floatToHalf(BF, 3.0f);
+    wrong.dk.at(1, 1, 5, d) = floatToHalf(BF, 3.0f);
+  }
+  for (double work : {1e12, perHead * 2, perHead / 2})
+    EXPECT_GT(
+        checkBackward(s.spec, p, s.data, wrong, nullptr, work).err.dkRelErr,
+        bound)
+        << work;
+  for (int64_t d = 0; d < c.dqk; ++d)
+    wrong.dk.at(0, 0, 0, d) = s.grads.dk.at(0, 0, 0, d);
+  EXPECT_GT(checkBackward(s.spec, p, s.data, wrong, nullptr, 1e12).err.relErr(),
+            bound);
+  EXPECT_LT(checkBackward(s.spec, p, s.data, wrong, nullptr, perHead * 2)
+                .err.relErr(),
+            bound);
+  wrong.dk.at(1, 1, 5, 0) = floatToHalf(BF, std::nanf(""));
+  for (double work : {1e12, perHead * 2, perHead / 2}) {
+    BackwardCheck nan = checkBackward(s.spec, p, s.data, wrong, nullptr, work);
+    EXPECT_EQ(nan.err.nanCount, 1) << work;
+    EXPECT_FALSE(std::isfinite(nan.err.relErr())) << work;
+  }
+}
+
 /// The KV-major layout lists, for each KV block, the Q blocks that list it.
 TEST(CpuBackwardCheck, TransposedLayout) {
   std::vector<uint8_t> dense = {1, 0, 1, //

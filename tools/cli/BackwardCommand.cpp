@@ -1,13 +1,18 @@
 //===- BackwardCommand.cpp - `flashjit run --backward` --------------------===//
 
 #include "tools/cli/BackwardCommand.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
+#include "runtime/BackwardLauncher.h"
+#include "runtime/CudaDriver.h"
+#include "tools/cli/GpuCommands.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
+#include <optional>
 #include <random>
 
 namespace flashjit::cli {
@@ -29,20 +34,137 @@ void dumpBackwardIO(const std::string &dir, const AttentionSpec &spec,
 /// JSON has no infinity: a NaN reports 1e30.
 double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 
-} // namespace
+/// The backward's tensors on the device beside the forward's (\p fwd): dO
+/// uploaded, dq, dk, dv allocated (views of one packed gradient share one
+/// buffer), the delta workspace, and for a block-sparse spec the layout's
+/// KV-major transpose next to the forward's layout.
+struct DeviceBackward {
+  rt::DeviceBuffer delta, kvCounts, kvIndices;
+  rt::BackwardArgs args;
 
-void checkBackwardStage(const CliOptions &o, Stage stage) {
-  if (o.spec.direction != Direction::Backward)
-    return;
-  (void)stage; // every stage exists for the backward
+  DeviceBackward(DeviceProblem &fwd, const AttentionSpec &spec,
+                 const Problem &p, const AttentionGrads &g,
+                 const BlockSparseLayout *layout) {
+    args.q = fwd.args.q;
+    args.k = fwd.args.k;
+    args.v = fwd.args.v;
+    args.o = fwd.args.o;
+    args.lse = fwd.args.lse;
+    args.dO = fwd.tensors.map(g.dO);
+    args.dq = fwd.tensors.map(g.dq, /*upload=*/false);
+    args.dk = fwd.tensors.map(g.dk, /*upload=*/false);
+    args.dv = fwd.tensors.map(g.dv, /*upload=*/false);
+    delta = rt::DeviceBuffer(size_t(backwardWorkspaceBytes(spec, p)));
+    args.delta = delta.ptr();
+    if (layout) {
+      args.counts = fwd.args.counts;
+      args.indices = fwd.args.indices;
+      args.countStrides = fwd.args.countStrides;
+      args.indexStrides = fwd.args.indexStrides;
+      BlockSparseLayout t = layout->transposed();
+      kvCounts = rt::DeviceBuffer(t.counts.size() * 4);
+      kvCounts.uploadVector(t.counts);
+      kvIndices = rt::DeviceBuffer(t.indices.size() * 4);
+      kvIndices.uploadVector(t.indices);
+      args.kvCounts = kvCounts.ptr();
+      args.kvIndices = kvIndices.ptr();
+      args.kvCountStrides = t.countStrides();
+      args.kvIndexStrides = t.indexStrides();
+    }
+  }
+};
+
+/// What the forward and the backward of one run measured.
+struct BackwardRunResult {
+  double runMs = 0, compileMs = 0;
+  std::optional<double> forwardMs; ///< the CPU's; the GPU's is not timed
+  std::optional<GpuRunResult> gpu, gpuForward;
+};
+
+/// The forward, then the tiled backward, on the CPU (interpreter mode).
+BackwardRunResult runBackwardOnCpu(const CliOptions &o,
+                                   const AttentionSpec &forwardSpec,
+                                   AttentionData &data, AttentionGrads &grads,
+                                   const BlockSparseLayout *layout) {
+  const Problem &p = o.problem;
+  BackwardRunResult r;
+  auto t0 = std::chrono::steady_clock::now();
+  CpuKernel::compile(forwardSpec, o.config)->run(p, data, layout);
+  r.forwardMs = msSince(t0);
+  t0 = std::chrono::steady_clock::now();
+  auto kernel = CpuBackwardKernel::compile(o.spec, o.config);
+  r.compileMs = msSince(t0);
+  t0 = std::chrono::steady_clock::now();
+  kernel->run(p, data, grads, layout);
+  r.runMs = msSince(t0);
+  return r;
 }
 
+/// The forward kernel (its own tuned or default tiling: the tiling flags
+/// are the backward's), then the backward's kernels on NaN-poisoned
+/// gradients, once checked, then \p repeats timed launches of the backward
+/// alone. O, lse and the gradients come back into \p data and \p grads.
+/// With \p tune, tunes the backward first and stores the winner.
+BackwardRunResult runBackwardOnGpu(const CliOptions &o,
+                                   const AttentionSpec &forwardSpec,
+                                   AttentionData &data, AttentionGrads &grads,
+                                   const BlockSparseLayout *layout,
+                                   int64_t repeats, bool tune) {
+  const AttentionSpec &spec = o.spec;
+  const Problem &p = o.problem;
+  GpuSession session;
+  DeviceProblem dev(data, layout);
+  BackwardRunResult r;
+  r.gpuForward = runForwardOnDevice(o, session, forwardSpec, dev, data,
+                                    /*repeats=*/0, /*tune=*/false,
+                                    /*useFlags=*/false);
+
+  DeviceBackward bwd(dev, spec, p, grads, layout);
+  GpuTarget target = session.target(o, rt::chooseCopyBytes(bwd.args));
+  TuneFn tuneFn;
+  if (tune)
+    tuneFn = [&](const rt::ProgressFn &progress) {
+      return engine::tuneBackwardOnDevice(
+          spec, p, bwd.args, target, session.info, session.cache, progress);
+    };
+  GpuRunResult g = prepareGpuRun(
+      o, session, spec, target,
+      o.configFromFlags ? std::optional<TileConfig>(o.config) : std::nullopt,
+      defaultGpuBackwardConfig(spec),
+      [&](const TileConfig &c) {
+        return gpuBackwardConfigProblem(spec, c,
+                                        session.info.maxSharedPerBlockOptin);
+      },
+      tuneFn);
+  auto t0 = std::chrono::steady_clock::now();
+  rt::BackwardKernel kernel(g.build.cubin, spec, g.config, g.copyBytes);
+  g.moduleLoadMs = msSince(t0);
+
+  // The checked launch: on poisoned gradients.
+  dev.tensors.poison({&grads.dq, &grads.dk, &grads.dv});
+  kernel.launch(p, bwd.args, nullptr);
+  rt::CudaDriver::get().synchronize();
+  dev.tensors.download({&grads.dq, &grads.dk, &grads.dv});
+  std::tie(g.medianMs, g.minMs) =
+      engine::timeBackwardLaunches(kernel, p, bwd.args, repeats);
+  r.runMs = g.medianMs;
+  r.compileMs = g.compileMs;
+  r.gpu = std::move(g);
+  return r;
+}
+
+/// The float64 check's budget: `bench` checks less (as the forward's).
+double checkWork(const CliOptions &o) {
+  return o.command == "bench" ? 5e8 : 4e9;
+}
+
+} // namespace
+
 int runBackward(const CliOptions &o) {
-  if (o.command != "run" || o.device == Device::Cuda || o.tune)
-    throwGpuBackwardNotImplemented();
-  if (!o.device)
-    fmt::print(stderr, "note: the backward runs on the CPU (interpreter "
-                       "mode)\n");
+  const bool bench = o.command == "bench", tune = o.command == "tune";
+  Device device = bench || tune ? Device::Cuda : resolveDevice(o);
+  if (device == Device::Cuda)
+    rt::CudaDriver::get().requireAvailable();
   const AttentionSpec &spec = o.spec;
   AttentionSpec forwardSpec = spec;
   forwardSpec.direction = Direction::Forward;
@@ -52,27 +174,27 @@ int runBackward(const CliOptions &o) {
   const uint64_t layoutSeed = inputs.layoutSeed, inputSeed = inputs.inputSeed;
   std::unique_ptr<BlockSparseLayout> layout = std::move(inputs.layout);
   AttentionData &data = inputs.data;
-
-  // The forward, as a user runs it before the backward: O and lse.
-  auto t0 = std::chrono::steady_clock::now();
-  CpuKernel::compile(forwardSpec, o.config)->run(p, data, layout.get());
-  double forwardMs = msSince(t0);
-  ErrorReport forwardErr = compareWithReference(
-      forwardSpec, p, data,
-      referenceForward(forwardSpec, p, data, layout.get(), 4e9));
-
   // dO from a stream derived from the reported input seed (replayable).
   std::mt19937_64 rng(inputSeed ^ 0x9e3779b97f4a7c15ull);
   AttentionGrads grads = makeRandomGrads(spec, p, data, rng);
-  t0 = std::chrono::steady_clock::now();
-  auto kernel = CpuBackwardKernel::compile(spec, o.config);
-  double compileMs = msSince(t0);
-  t0 = std::chrono::steady_clock::now();
-  kernel->run(p, data, grads, layout.get());
-  double runMs = msSince(t0);
 
-  BackwardErrorReport err = compareBackward(
-      spec, p, grads, referenceBackward(spec, p, data, grads, layout.get()));
+  const int64_t repeats = bench ? o.repeats : 5;
+  BackwardRunResult run =
+      device == Device::Cuda
+          ? runBackwardOnGpu(o, forwardSpec, data, grads, layout.get(), repeats,
+                             tune || o.tune)
+          : runBackwardOnCpu(o, forwardSpec, data, grads, layout.get());
+  if (run.gpu)
+    printTuneOutcome(o, *run.gpu, p);
+
+  // The forward as the backward got it (sampled rows for large problems),
+  // then the gradients.
+  ErrorReport forwardErr = compareWithReference(
+      forwardSpec, p, data,
+      referenceForward(forwardSpec, p, data, layout.get(), checkWork(o)));
+  BackwardCheck check =
+      checkBackward(spec, p, data, grads, layout.get(), checkWork(o));
+  const BackwardErrorReport &err = check.err;
   double bound = errorBound(spec.dtype);
   double relErr = reportable(err.relErr());
   double forwardRelErr = reportable(forwardErr.relErr());
@@ -80,30 +202,66 @@ int runBackward(const CliOptions &o) {
   if (!o.dumpDir.empty())
     dumpBackwardIO(o.dumpDir, spec, p, data, grads, layout.get());
 
+  const char *deviceName = device == Device::Cuda ? "cuda" : "cpu";
+  const TileConfig &config = run.gpu ? run.gpu->config : o.config;
+  double tflops =
+      run.gpu ? backwardFlops(spec, p) / (run.runMs * 1e-3) / 1e12 : 0.0;
+  auto optional = [](const std::optional<int64_t> &v) {
+    return v ? std::to_string(*v) : std::string("null");
+  };
   if (o.json) {
+    std::string gpuFields = ",\"cache\":null";
+    if (run.gpu) {
+      GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+      gpuFields = gpuJsonFields(*run.gpu, tflops, repeats,
+                                std::max(geo.kvSmem.total, geo.dqSmem.total)) +
+                  fmt::format(",\"forward_config\":{},"
+                              "\"forward_config_source\":\"{}\"",
+                              run.gpuForward->config.toJson(),
+                              run.gpuForward->configSource);
+    }
     fmt::print(
-        "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"cpu\","
+        "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
         "\"rel_err\":{:.6e},\"dq_rel_err\":{:.6e},\"dk_rel_err\":{:.6e},"
         "\"dv_rel_err\":{:.6e},\"nan_count\":{},\"forward_rel_err\":{:.6e},"
         "\"bound\":{},\"ok\":{},\"dq_mode\":\"separate_pass\","
-        "\"deterministic\":true,\"time_ms\":{:.4f},\"forward_time_ms\":{:.4f},"
+        "\"deterministic\":true,\"checked_heads\":{},\"checked_rows\":{},"
+        "\"checked_keys\":{},\"time_ms\":{:.4f},\"forward_time_ms\":{},"
         "\"compile_ms\":{:.3f},\"input_seed\":{},\"layout_seed\":{},"
-        "\"density\":{},\"cache\":null}}\n",
-        spec.toJson(), o.config.toJson(), p.toJson(spec), relErr,
+        "\"density\":{}{}}}\n",
+        spec.toJson(), config.toJson(), p.toJson(spec), deviceName, relErr,
         reportable(err.dqRelErr), reportable(err.dkRelErr),
         reportable(err.dvRelErr), err.nanCount, forwardRelErr, bound,
-        ok ? "true" : "false", runMs, forwardMs, compileMs, inputSeed,
+        ok ? "true" : "false", check.checkedHeads, optional(check.sampledRows),
+        optional(check.sampledKeys), run.runMs,
+        run.forwardMs ? fmt::format("{:.4f}", *run.forwardMs) : "null",
+        run.compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
                                                  : "null",
-        layout ? fmt::format("{:.4f}", layout->density()) : "null");
+        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields);
   } else {
-    fmt::print("{} on cpu: rel_err {:.3e} (dQ {:.3e}, dK {:.3e}, dV {:.3e}; "
+    fmt::print("{} on {}: rel_err {:.3e} (dQ {:.3e}, dK {:.3e}, dV {:.3e}; "
                "forward {:.3e}; bound {}) -> {}\n",
-               spec.name(), relErr, err.dqRelErr, err.dkRelErr, err.dvRelErr,
-               forwardRelErr, bound, ok ? "ok" : "FAILED");
-    fmt::print("compile {:.1f} ms, backward {:.3f} ms, forward {:.3f} ms "
-               "(Br {} x Bc {}; dQ by a separate pass, deterministic)\n",
-               compileMs, runMs, forwardMs, o.config.blockM, o.config.blockN);
+               spec.name(), deviceName, relErr, err.dqRelErr, err.dkRelErr,
+               err.dvRelErr, forwardRelErr, bound, ok ? "ok" : "FAILED");
+    if (check.checkedHeads < p.batch * p.heads || check.sampledRows)
+      fmt::print("checked: batch 0's KV head 0 with its {} query head(s), of "
+                 "{} query heads{}\n",
+                 check.checkedHeads, p.batch * p.heads,
+                 check.sampledRows
+                     ? fmt::format("; sampled: {} dQ rows, {} dK/dV keys",
+                                   *check.sampledRows, *check.sampledKeys)
+                     : "");
+    fmt::print("compile {:.1f} ms, backward {:.3f} ms", run.compileMs,
+               run.runMs);
+    if (run.forwardMs)
+      fmt::print(", forward {:.3f} ms", *run.forwardMs);
+    fmt::print(" (Br {} x Bc {}, {} warps; dQ by a separate pass, "
+               "deterministic)",
+               config.blockM, config.blockN, config.warps);
+    if (run.gpu)
+      fmt::print("{}", gpuTextSummary(*run.gpu, tflops));
+    fmt::print("\n");
   }
   return ok ? 0 : 1;
 }

@@ -1,10 +1,12 @@
 //===- BackwardCommand.h - `flashjit run --backward` ------------*- C++ -*-===//
 //
 /// \file
-/// The CLI's backward pass: `run --backward` runs the forward on the CPU
-/// (O, lse), then the tiled backward on random dO, and checks dQ, dK and dV
-/// against float64 gradients. The GPU backward does not exist yet: asking
-/// for it (--device cuda, bench, tune, a GPU stage) is a SpecError.
+/// The CLI's backward pass: `run --backward` runs the forward (O, lse), then
+/// the backward on random dO, on the CPU (the tiled backward, interpreter
+/// mode) or on the GPU (the forward kernel, then the backward's three
+/// kernels on poisoned gradients), and checks dQ, dK and dV against float64
+/// gradients. `bench --backward` times the GPU backward alone, `tune
+/// --backward` tunes its tiling and stores the winner.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TOOLS_CLI_BACKWARDCOMMAND_H
@@ -18,9 +20,6 @@ namespace flashjit::cli {
 /// `run`, `bench` or `tune` with --backward; returns the exit code (0 ok,
 /// 1 accuracy check failed); throws SpecError for what it cannot do.
 int runBackward(const CliOptions &o);
-
-/// `compile --backward`: throws the GPU backward's SpecError for a GPU stage.
-void checkBackwardStage(const CliOptions &o, Stage stage);
 
 } // namespace flashjit::cli
 

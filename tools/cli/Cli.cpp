@@ -47,7 +47,6 @@ using engine::msSince;
 
 int runCompile(const CliOptions &o) {
   Stage stage = parseStage(o.emit);
-  checkBackwardStage(o, stage); // the backward has no GPU stages yet
   GpuTarget target = resolveTarget(o, /*copyBytes=*/16);
   if (stage == Stage::Cubin) {
     if (o.outputPath.empty())
@@ -81,24 +80,6 @@ int runCompile(const CliOptions &o) {
   return Ok;
 }
 
-/// Resolves the device: --device, else cuda when a driver and a GPU are
-/// found, else cpu with a note on stderr.
-Device resolveDevice(const CliOptions &o) {
-  auto &driver = rt::CudaDriver::get();
-  if (o.device == Device::Cuda) {
-    driver.requireAvailable(); // "no CUDA driver found ..." -> exit 3
-    return Device::Cuda;
-  }
-  if (o.device == Device::Cpu)
-    return Device::Cpu;
-  if (gpuFound())
-    return Device::Cuda;
-  fmt::print(stderr, "note: {}; running on the CPU (interpreter mode)\n",
-             driver.available() ? "no CUDA device found"
-                                : "no CUDA driver found");
-  return Device::Cpu;
-}
-
 /// `run`, `bench` (GPU, more repeats, a sampled check) and `tune` (GPU,
 /// tunes first).
 int runRun(const CliOptions &o) {
@@ -119,10 +100,7 @@ int runRun(const CliOptions &o) {
   if (device == Device::Cuda) {
     gpu =
         runOnGpu(o, data, layout.get(), bench ? o.repeats : 5, tune || o.tune);
-    if (!gpu.tuneTable.empty() && !o.json)
-      fmt::print("{}winner: {}x{}, {} warps (stored for {} on this GPU)\n",
-                 gpu.tuneTable, gpu.config.blockM, gpu.config.blockN,
-                 gpu.config.warps, rt::problemClass(p));
+    printTuneOutcome(o, gpu, p);
     compileMs = gpu.compileMs;
     runMs = gpu.medianMs;
   } else {
@@ -152,18 +130,8 @@ int runRun(const CliOptions &o) {
                       : 0.0;
   std::string gpuFields =
       device == Device::Cuda
-          ? fmt::format(
-                ",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
-                "\"spill_bytes\":{},\"shared_bytes\":{},"
-                "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
-                "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
-                "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
-                gpu.arch, gpu.copyBytes, gpu.build.registers,
-                gpu.build.spillBytes, gpuGeometry(spec, gpu.config).sharedBytes,
-                gpu.minMs, tflops, bench ? o.repeats : 5,
-                rt::toString(gpu.build.cache), gpu.configSource,
-                gpu.build.prepareMs, gpu.moduleLoadMs) +
-                (gpu.tuneJson.empty() ? "" : ",\"candidates\":" + gpu.tuneJson)
+          ? gpuJsonFields(gpu, tflops, bench ? o.repeats : 5,
+                          gpuGeometry(spec, gpu.config).sharedBytes)
           : ",\"cache\":null";
   const TileConfig &config = device == Device::Cuda ? gpu.config : o.config;
   if (o.json) {
@@ -187,10 +155,7 @@ int runRun(const CliOptions &o) {
     fmt::print("compile {:.1f} ms, run {:.3f} ms (Br {} x Bc {}, {} warps)",
                compileMs, runMs, config.blockM, config.blockN, config.warps);
     if (device == Device::Cuda)
-      fmt::print(", {:.1f} TFLOP/s on {}; {} registers, {} bytes spilled; "
-                 "config {}, cubin cache {}",
-                 tflops, gpu.arch, gpu.build.registers, gpu.build.spillBytes,
-                 gpu.configSource, rt::toString(gpu.build.cache));
+      fmt::print("{}", gpuTextSummary(gpu, tflops));
     fmt::print("\n");
   }
   return ok ? Ok : AccuracyFailed;

@@ -34,7 +34,8 @@ std::string helpText(const std::string &command) {
             "two): compiles the candidates the device allows in parallel,\n"
             "times each, prints the table and the winner, and stores it in\n"
             "the cache (later runs and benches use it). Then runs the winner\n"
-            "against the reference.\n";
+            "against the reference. With --backward: tunes the backward\n"
+            "(stored apart from the forward's).\n";
   else if (command == "cache")
     usage =
         "usage: flashjit cache list|clear|path\n"
@@ -44,7 +45,9 @@ std::string helpText(const std::string &command) {
     usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
             "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
             "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
-            "(halved for causal) / time; checks a sample of rows.\n";
+            "(halved for causal) / time; checks a sample of rows. With\n"
+            "--backward: times the backward alone (after one forward), FLOPs\n"
+            "2.5x the forward's.\n";
   else if (command == "run")
     usage =
         "usage: flashjit run [spec] [problem] [tiling] [--device D] "
@@ -56,7 +59,8 @@ std::string helpText(const std::string &command) {
         "  --json               one JSON object on stdout, logs on stderr\n"
         "  --dump-io DIR        write q, k, v, o, lse (and the layout) as "
         ".npy\n"
-        "  --seed N             seed of the random block-sparse layout\n"
+        "  --seed N             seed of the random inputs and block-sparse\n"
+        "                       layout (default: fresh every run)\n"
         "  --tune               tune the tiling first (as `flashjit tune`)\n"
         "  --packed-qkv         q, k, v as strided views of one\n"
         "                       (B, N, 3, H, d) buffer\n"
@@ -92,11 +96,12 @@ std::string helpText(const std::string &command) {
          "                       0/1 per sparse KV block (broadcast over B, "
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
-         "  --backward           the backward pass (dQ, dK, dV; CPU only so\n"
-         "                       far): `run` runs the forward, then the\n"
-         "                       backward on random dO, and checks the three\n"
-         "                       gradients (--dump-io adds do, dq, dk, dv);\n"
-         "                       `compile` emits attn, tiled or cpu-llvm\n"
+         "  --backward           the backward pass (dQ, dK, dV): `run` runs\n"
+         "                       the forward, then the backward on random dO,\n"
+         "                       and checks the three gradients (--dump-io\n"
+         "                       adds do, dq, dk, dv); `bench` and `tune`\n"
+         "                       time / tune the backward alone (GPU);\n"
+         "                       `compile` emits any stage of it\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head)\n"
@@ -296,16 +301,22 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     throw SpecError("--block-sparse and --layout are exclusive");
   o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
   o.spec.validate();
-  // Unset tiling knobs take the default GPU tiling for this head dim.
-  TileConfig heuristic = defaultGpuConfig(o.spec);
+  // Unset tiling knobs take the default GPU tiling for this head dim (the
+  // backward's own for --backward).
+  const bool backward = o.spec.direction == Direction::Backward;
+  TileConfig heuristic =
+      backward ? defaultGpuBackwardConfig(o.spec) : defaultGpuConfig(o.spec);
   if (!blockMGiven)
     o.config.blockM = heuristic.blockM;
   if (!blockNGiven)
     o.config.blockN = heuristic.blockN;
   o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
+  // Warps split Br (and, in the backward's dK/dV kernel, Bc) in 16-row tiles.
+  int64_t splitRows =
+      backward ? std::min(o.config.blockM, o.config.blockN) : o.config.blockM;
   if (!warpsGiven)
     o.config.warps =
-        std::min(heuristic.warps, std::max<int64_t>(1, o.config.blockM / 16));
+        std::min(heuristic.warps, std::max<int64_t>(1, splitRows / 16));
   if (o.packedQKV &&
       (o.spec.headDimQK != o.spec.headDimV || o.spec.gqaGroup != 1 ||
        o.problem.seqLenQ != o.problem.seqLenKV))
@@ -343,7 +354,9 @@ RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec) {
   std::random_device entropy;
   r.layoutSeed = o.seedGiven ? o.seed : entropy();
   r.layout = layoutFromOptions(o, r.layoutSeed);
-  r.inputSeed = (uint64_t(entropy()) << 32) ^ entropy();
+  // --seed makes the inputs replayable too (same seed, same bits).
+  r.inputSeed = o.seedGiven ? o.seed ^ 0x5851f42d4c957f2dull
+                            : (uint64_t(entropy()) << 32) ^ entropy();
   std::mt19937_64 rng(r.inputSeed);
   r.data = makeRandomInputs(
       forwardSpec, o.problem,

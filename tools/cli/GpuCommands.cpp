@@ -16,56 +16,7 @@
 
 namespace flashjit::cli {
 
-namespace {
-
 using engine::msSince;
-
-/// A host problem's tensors on the device; q, k, v views of one host buffer
-/// share one device buffer.
-struct DeviceProblem {
-  std::vector<std::pair<const std::vector<uint16_t> *, rt::DeviceBuffer>> bufs;
-  rt::DeviceBuffer o, lse, counts, indices;
-  rt::ForwardArgs args;
-
-  rt::DeviceTensor map(const HalfTensor &t) {
-    auto it = std::find_if(bufs.begin(), bufs.end(),
-                           [&](auto &e) { return e.first == t.buffer.get(); });
-    if (it == bufs.end()) {
-      rt::DeviceBuffer d(t.buffer->size() * 2);
-      d.upload(t.buffer->data(), t.buffer->size() * 2);
-      bufs.emplace_back(t.buffer.get(), std::move(d));
-      it = bufs.end() - 1;
-    }
-    return {it->second.ptr() + CUdeviceptr(t.offset * 2), t.strides};
-  }
-
-  DeviceProblem(const AttentionData &data, const BlockSparseLayout *layout) {
-    args.q = map(data.q);
-    args.k = map(data.k);
-    args.v = map(data.v);
-    o = rt::DeviceBuffer(data.o.buffer->size() * 2);
-    lse = rt::DeviceBuffer(data.lse.size() * 4);
-    args.o = {o.ptr(), data.o.strides};
-    args.lse = lse.ptr();
-    if (layout) {
-      counts = rt::DeviceBuffer(layout->counts.size() * 4);
-      counts.uploadVector(layout->counts);
-      indices = rt::DeviceBuffer(layout->indices.size() * 4);
-      indices.uploadVector(layout->indices);
-      args.counts = counts.ptr();
-      args.indices = indices.ptr();
-      args.countStrides = layout->countStrides();
-      args.indexStrides = layout->indexStrides();
-    }
-  }
-  /// NaN in bf16, fp16 and fp32: an element the kernel skips fails.
-  void poison() {
-    o.memset8(0xff);
-    lse.memset8(0xff);
-  }
-};
-
-} // namespace
 
 bool gpuFound() {
   auto &driver = rt::CudaDriver::get();
@@ -76,6 +27,22 @@ bool gpuFound() {
   } catch (const rt::RuntimeError &) {
     return false;
   }
+}
+
+Device resolveDevice(const CliOptions &o) {
+  auto &driver = rt::CudaDriver::get();
+  if (o.device == Device::Cuda) {
+    driver.requireAvailable(); // "no CUDA driver found ..." -> exit 3
+    return Device::Cuda;
+  }
+  if (o.device == Device::Cpu)
+    return Device::Cpu;
+  if (gpuFound())
+    return Device::Cuda;
+  fmt::print(stderr, "note: {}; running on the CPU (interpreter mode)\n",
+             driver.available() ? "no CUDA device found"
+                                : "no CUDA driver found");
+  return Device::Cpu;
 }
 
 GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes) {
@@ -91,18 +58,8 @@ GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes) {
   return t;
 }
 
-double forwardFlops(const AttentionSpec &spec, const Problem &p) {
-  double f = 4.0 * double(p.batch) * double(p.heads) * double(p.seqLenQ) *
-             double(p.seqLenKV) * double(spec.headDimQK + spec.headDimV) / 2;
-  return spec.mask == MaskKind::Causal ? f / 2 : f;
-}
-
-GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
-                      const BlockSparseLayout *layout, int64_t repeats,
-                      bool tune) {
-  // nvJitLink (~100 MB) loads on a helper thread while the driver starts:
-  // the cubin cache key names its version.
-  auto nvJitLinkLoaded = std::async(std::launch::async, [] {
+GpuSession::GpuSession() {
+  nvJitLinkLoaded = std::async(std::launch::async, [] {
     try {
       rt::nvJitLinkVersionString();
     } catch (const std::exception &) {
@@ -112,42 +69,125 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
   auto &driver = rt::CudaDriver::get();
   driver.requireAvailable();
   driver.ensureContext(0);
-  const AttentionSpec &spec = o.spec;
-  const Problem &p = o.problem;
-  rt::DeviceInfo info = rt::queryDevice(0);
-  rt::DiskCache cache;
+  info = rt::queryDevice(0);
+}
 
-  DeviceProblem dev(data, layout);
+GpuTarget GpuSession::target(const CliOptions &o, int64_t copyBytes) {
   nvJitLinkLoaded.wait();
-  GpuRunResult r;
-  r.copyBytes = rt::chooseCopyBytes(dev.args);
-  GpuTarget target = resolveTarget(o, r.copyBytes);
-  r.arch = target.arch;
+  return resolveTarget(o, copyBytes);
+}
 
-  // The config: flags, else a tuning result for this GPU and problem class
-  // (tuning now if asked), else the heuristic.
-  r.config = o.config;
-  r.configSource = o.configFromFlags ? "flags" : "heuristic";
+rt::DeviceBuffer &DeviceTensors::buffer(const HalfTensor &t) {
+  auto it = std::find_if(bufs.begin(), bufs.end(),
+                         [&](auto &e) { return e.first == t.buffer.get(); });
+  if (it == bufs.end())
+    throw std::logic_error("DeviceTensors: tensor not mapped");
+  return it->second;
+}
+
+rt::DeviceTensor DeviceTensors::map(const HalfTensor &t, bool upload) {
+  auto it = std::find_if(bufs.begin(), bufs.end(),
+                         [&](auto &e) { return e.first == t.buffer.get(); });
+  if (it == bufs.end()) {
+    rt::DeviceBuffer d(t.buffer->size() * 2);
+    if (upload)
+      d.upload(t.buffer->data(), t.buffer->size() * 2);
+    bufs.emplace_back(t.buffer.get(), std::move(d));
+    it = bufs.end() - 1;
+  }
+  return {it->second.ptr() + CUdeviceptr(t.offset * 2), t.strides};
+}
+
+void DeviceTensors::poison(std::initializer_list<const HalfTensor *> tensors) {
+  for (const HalfTensor *t : tensors)
+    buffer(*t).memset8(0xff);
+}
+
+void DeviceTensors::download(
+    std::initializer_list<const HalfTensor *> tensors) {
+  std::vector<const std::vector<uint16_t> *> done;
+  for (const HalfTensor *t : tensors) {
+    if (std::find(done.begin(), done.end(), t->buffer.get()) != done.end())
+      continue;
+    buffer(*t).download(t->buffer->data(), t->buffer->size() * 2);
+    done.push_back(t->buffer.get());
+  }
+}
+
+DeviceProblem::DeviceProblem(const AttentionData &data,
+                             const BlockSparseLayout *layout) {
+  args.q = tensors.map(data.q);
+  args.k = tensors.map(data.k);
+  args.v = tensors.map(data.v);
+  args.o = tensors.map(data.o, /*upload=*/false);
+  lse = rt::DeviceBuffer(data.lse.size() * 4);
+  args.lse = lse.ptr();
+  if (layout) {
+    counts = rt::DeviceBuffer(layout->counts.size() * 4);
+    counts.uploadVector(layout->counts);
+    indices = rt::DeviceBuffer(layout->indices.size() * 4);
+    indices.uploadVector(layout->indices);
+    args.counts = counts.ptr();
+    args.indices = indices.ptr();
+    args.countStrides = layout->countStrides();
+    args.indexStrides = layout->indexStrides();
+  }
+}
+
+void DeviceProblem::poison(const AttentionData &data) {
+  tensors.poison({&data.o});
+  lse.memset8(0xff); // NaN in fp32 too
+}
+
+void DeviceProblem::download(AttentionData &data) {
+  tensors.download({&data.o});
+  lse.download(data.lse.data(), data.lse.size() * 4);
+}
+
+double forwardFlops(const AttentionSpec &spec, const Problem &p) {
+  double f = 4.0 * double(p.batch) * double(p.heads) * double(p.seqLenQ) *
+             double(p.seqLenKV) * double(spec.headDimQK + spec.headDimV) / 2;
+  return spec.mask == MaskKind::Causal ? f / 2 : f;
+}
+
+double backwardFlops(const AttentionSpec &spec, const Problem &p) {
+  return 2.5 * forwardFlops(spec, p);
+}
+
+namespace {
+
+/// Progress lines of a tuning run on stderr: in text mode, or with
+/// FLASHJIT_PRINT_AUTOTUNING=1 under --json too.
+rt::ProgressFn tuneProgress(const CliOptions &o) {
+  bool verbose = !o.json || std::getenv("FLASHJIT_PRINT_AUTOTUNING");
+  return [verbose](size_t i, size_t n, const rt::TunedCandidate &c) {
+    if (!verbose)
+      return;
+    if (c.error.empty())
+      fmt::print(stderr,
+                 "tune: candidate {} of {}: {}x{} {} warps: {:.4f} ms\n", i + 1,
+                 n, c.config.blockM, c.config.blockN, c.config.warps, c.ms);
+    else
+      fmt::print(stderr, "tune: candidate {} of {}: {}x{} {} warps: failed\n",
+                 i + 1, n, c.config.blockM, c.config.blockN, c.config.warps);
+  };
+}
+
+} // namespace
+
+GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
+                           const AttentionSpec &spec, const GpuTarget &target,
+                           const std::optional<TileConfig> &flags,
+                           const TileConfig &fallback, const ConfigCheck &check,
+                           const TuneFn &tune) {
+  const Problem &p = o.problem;
+  GpuRunResult r;
+  r.copyBytes = target.copyBytes;
+  r.arch = target.arch;
+  r.config = flags ? *flags : fallback;
+  r.configSource = flags ? "flags" : "heuristic";
   if (tune) {
-    bool verbose = !o.json || std::getenv("FLASHJIT_PRINT_AUTOTUNING");
-    rt::TuneResult result = engine::tuneOnDevice(
-        spec, p, dev.args, target, info, cache,
-        [&](size_t i, size_t n, const rt::TunedCandidate &c) {
-          if (!verbose)
-            return;
-          if (c.error.empty())
-            fmt::print(stderr,
-                       "tune: candidate {} of {}: {}x{} {} warps: "
-                       "{:.4f} ms\n",
-                       i + 1, n, c.config.blockM, c.config.blockN,
-                       c.config.warps, c.ms);
-          else
-            fmt::print(stderr,
-                       "tune: candidate {} of {}: {}x{} {} warps: "
-                       "failed\n",
-                       i + 1, n, c.config.blockM, c.config.blockN,
-                       c.config.warps);
-        });
+    rt::TuneResult result = tune(tuneProgress(o));
     r.tuneTable = rt::formatTuneTable(result);
     r.tuneTable += fmt::format("compile {:.1f} s, timing {:.1f} s\n",
                                result.compileSeconds, result.timeSeconds);
@@ -161,36 +201,98 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
     r.tuneJson +=
         fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
                     result.compileSeconds, result.timeSeconds);
-    if (!o.configFromFlags) {
+    if (!flags) {
       r.config = result.best;
       r.configSource = "tuned";
     }
-  } else if (!o.configFromFlags) {
-    if (auto tuned = engine::loadTunedConfig(spec, p, info, cache)) {
+  } else if (!flags) {
+    if (auto tuned =
+            engine::loadTunedConfig(spec, p, session.info, session.cache)) {
       r.config = *tuned;
       r.configSource = "tuned";
     }
   }
-  std::string problem =
-      gpuConfigProblem(spec, r.config, info.maxSharedPerBlockOptin);
+  std::string problem = check(r.config);
   if (!problem.empty())
     throw SpecError(problem);
-
-  r.build = engine::buildCubin(spec, r.config, target, cache);
+  r.build = engine::buildCubin(spec, r.config, target, session.cache);
   r.compileMs = r.build.prepareMs;
+  return r;
+}
+
+GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
+                                const AttentionSpec &spec, DeviceProblem &dev,
+                                AttentionData &data, int64_t repeats, bool tune,
+                                bool useFlags) {
+  const Problem &p = o.problem;
+  GpuTarget target = session.target(o, rt::chooseCopyBytes(dev.args));
+  TuneFn tuneFn;
+  if (tune)
+    tuneFn = [&](const rt::ProgressFn &progress) {
+      return engine::tuneOnDevice(spec, p, dev.args, target, session.info,
+                                  session.cache, progress);
+    };
+  GpuRunResult r = prepareGpuRun(
+      o, session, spec, target,
+      useFlags && o.configFromFlags ? std::optional<TileConfig>(o.config)
+                                    : std::nullopt,
+      defaultGpuConfig(spec),
+      [&](const TileConfig &c) {
+        return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin);
+      },
+      tuneFn);
   auto t0 = std::chrono::steady_clock::now();
   rt::ForwardKernel kernel(r.build.cubin, spec, r.config, r.copyBytes);
   r.moduleLoadMs = msSince(t0);
 
   // The checked launch: on poisoned outputs.
-  dev.poison();
+  dev.poison(data);
   kernel.launch(p, dev.args, nullptr);
-  driver.synchronize();
-  dev.o.download(data.o.buffer->data(), data.o.buffer->size() * 2);
-  dev.lse.download(data.lse.data(), data.lse.size() * 4);
-  std::tie(r.medianMs, r.minMs) =
-      engine::timeLaunches(kernel, p, dev.args, repeats);
+  rt::CudaDriver::get().synchronize();
+  dev.download(data);
+  if (repeats > 0)
+    std::tie(r.medianMs, r.minMs) =
+        engine::timeLaunches(kernel, p, dev.args, repeats);
   return r;
+}
+
+GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
+                      const BlockSparseLayout *layout, int64_t repeats,
+                      bool tune) {
+  GpuSession session;
+  DeviceProblem dev(data, layout);
+  return runForwardOnDevice(o, session, o.spec, dev, data, repeats, tune,
+                            /*useFlags=*/true);
+}
+
+std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
+                          int64_t sharedBytes) {
+  return fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
+                     "\"spill_bytes\":{},\"shared_bytes\":{},"
+                     "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
+                     "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
+                     "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
+                     r.arch, r.copyBytes, r.build.registers, r.build.spillBytes,
+                     sharedBytes, r.minMs, tflops, repeats,
+                     rt::toString(r.build.cache), r.configSource,
+                     r.build.prepareMs, r.moduleLoadMs) +
+         (r.tuneJson.empty() ? "" : ",\"candidates\":" + r.tuneJson);
+}
+
+std::string gpuTextSummary(const GpuRunResult &r, double tflops) {
+  return fmt::format(", {:.1f} TFLOP/s on {}; {} registers, {} bytes spilled; "
+                     "config {}, cubin cache {}",
+                     tflops, r.arch, r.build.registers, r.build.spillBytes,
+                     r.configSource, rt::toString(r.build.cache));
+}
+
+void printTuneOutcome(const CliOptions &o, const GpuRunResult &r,
+                      const Problem &p) {
+  if (r.tuneTable.empty() || o.json)
+    return;
+  fmt::print("{}winner: {}x{}, {} warps (stored for {} on this GPU)\n",
+             r.tuneTable, r.config.blockM, r.config.blockN, r.config.warps,
+             rt::problemClass(p));
 }
 
 int runCacheCommand(const CliOptions &o) {

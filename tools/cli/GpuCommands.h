@@ -2,9 +2,9 @@
 //
 /// \file
 /// Compiling (through the on-disk cubin cache), tuning, launching and timing
-/// a forward kernel on the GPU for `flashjit run --device cuda`, `bench`,
-/// `tune` and `compile --emit cubin`. Wires the compiler (PTX) to the
-/// runtime (nvJitLink, driver, autotuner, cache).
+/// kernels on the GPU for `flashjit run --device cuda`, `bench`, `tune` and
+/// `compile --emit cubin`, forward and backward. Wires the compiler (PTX) to
+/// the runtime (nvJitLink, driver, autotuner, cache).
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TOOLS_CLI_GPUCOMMANDS_H
@@ -17,6 +17,9 @@
 #include "tools/cli/CliOptions.h"
 #include "tools/engine/KernelProvider.h"
 
+#include <functional>
+#include <future>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,10 +28,65 @@ namespace flashjit::cli {
 /// Is a CUDA driver with at least one device present?
 bool gpuFound();
 
+/// Resolves the device: --device, else cuda when a driver and a GPU are
+/// found, else cpu with a note on stderr. --device cuda without a driver
+/// throws the driver's NoDriver error (exit 3).
+Device resolveDevice(const CliOptions &o);
+
 /// The --target to compile for: the flag, else the GPU's, else sm_90a.
 GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes);
 
 using engine::CubinBuild;
+
+/// The GPU side of one CLI run: the driver started with device 0's context
+/// current, the device's identity and the on-disk cache. nvJitLink (~100
+/// MB) loads on a helper thread meanwhile: the cubin cache key names its
+/// version.
+class GpuSession {
+public:
+  GpuSession();
+  /// What to compile for, with \p copyBytes (waits for nvJitLink).
+  GpuTarget target(const CliOptions &o, int64_t copyBytes);
+
+  rt::DeviceInfo info;
+  rt::DiskCache cache;
+
+private:
+  std::future<void> nvJitLinkLoaded;
+};
+
+/// Device copies of host tensors. Views of one host buffer share one device
+/// buffer (q, k, v of a packed qkv tensor; dq, dk, dv of its gradient).
+class DeviceTensors {
+public:
+  /// The device view of \p t; on first use its buffer is allocated and, if
+  /// \p upload, copied up.
+  rt::DeviceTensor map(const HalfTensor &t, bool upload = true);
+  /// Fills the device buffer of each tensor with 0xff bytes (NaN in bf16 and
+  /// fp16): an element the kernel skips fails the check.
+  void poison(std::initializer_list<const HalfTensor *> tensors);
+  /// Copies the device buffer of each tensor back into its host buffer
+  /// (once per buffer).
+  void download(std::initializer_list<const HalfTensor *> tensors);
+
+private:
+  rt::DeviceBuffer &buffer(const HalfTensor &t);
+  std::vector<std::pair<const std::vector<uint16_t> *, rt::DeviceBuffer>> bufs;
+};
+
+/// A forward problem on the device: q, k, v uploaded, o and lse allocated,
+/// the layout uploaded if any.
+struct DeviceProblem {
+  DeviceTensors tensors;
+  rt::DeviceBuffer lse, counts, indices;
+  rt::ForwardArgs args;
+
+  DeviceProblem(const AttentionData &data, const BlockSparseLayout *layout);
+  /// NaN into o and lse.
+  void poison(const AttentionData &data);
+  /// o and lse back into \p data.
+  void download(AttentionData &data);
+};
 
 /// One GPU run: poisoned outputs, one checked launch, then timed launches.
 struct GpuRunResult {
@@ -41,14 +99,64 @@ struct GpuRunResult {
   std::string tuneTable; ///< when `--tune` or `flashjit tune` tuned
   std::string tuneJson;  ///< the same, as a JSON array
 };
-/// Runs on the GPU; with \p tune (or `flashjit tune`), tunes first and
-/// stores the winner.
+
+/// Tunes on the device with the run's inputs, reporting progress.
+using TuneFn = std::function<rt::TuneResult(const rt::ProgressFn &)>;
+/// Why a config cannot run on the device ("" if it can).
+using ConfigCheck = std::function<std::string(const TileConfig &)>;
+
+/// The part of a GPU run that the forward and the backward share: the
+/// config of \p spec is \p flags if given, else a fresh tuning run of
+/// \p tune if given (\p tune also runs with flags: the table is printed,
+/// the flags win), else the config `tune` stored for (spec, problem class,
+/// GPU), else \p fallback; \p check must accept it (else SpecError); then
+/// the cubin through the cache. Fills every field but the times and the
+/// module load.
+GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
+                           const AttentionSpec &spec, const GpuTarget &target,
+                           const std::optional<TileConfig> &flags,
+                           const TileConfig &fallback, const ConfigCheck &check,
+                           const TuneFn &tune);
+
+/// The forward of \p spec on \p dev: prepareGpuRun (the tiling flags if
+/// \p useFlags, else tuned or default), one launch on poisoned outputs, O
+/// and lse copied into \p data (and left on the device), then \p repeats
+/// timed launches (none if 0). With \p tune, tunes first and stores the
+/// winner.
+GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
+                                const AttentionSpec &spec, DeviceProblem &dev,
+                                AttentionData &data, int64_t repeats, bool tune,
+                                bool useFlags);
+
+/// Runs the forward of o.spec on the GPU (runForwardOnDevice with the
+/// tiling flags); with \p tune (or `flashjit tune`), tunes first and stores
+/// the winner.
 GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
                       const BlockSparseLayout *layout, int64_t repeats,
                       bool tune);
 
+/// The JSON fields a GPU run adds (each with a leading comma): arch,
+/// copy_bytes, registers, spill_bytes, shared_bytes, min_ms, tflops,
+/// repeats, cache, config_source, prepare_ms, module_load_ms and, after
+/// tuning, candidates.
+std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
+                          int64_t sharedBytes);
+
+/// The text form's GPU summary: TFLOP/s, arch, registers, spills, config
+/// source, cubin cache.
+std::string gpuTextSummary(const GpuRunResult &r, double tflops);
+
+/// Prints the tuning table and the winner, in text mode after tuning.
+void printTuneOutcome(const CliOptions &o, const GpuRunResult &r,
+                      const Problem &p);
+
 /// FLOPs of the forward pass (4 * B * H * Nq * Nkv * d, halved for causal).
 double forwardFlops(const AttentionSpec &spec, const Problem &p);
+
+/// FLOPs of the backward pass: 2.5 x the forward's (dV, dP, dQ, dK and the
+/// recomputed S: five matmuls to the forward's two), halved for causal as
+/// the forward's.
+double backwardFlops(const AttentionSpec &spec, const Problem &p);
 
 /// `flashjit cache list|clear|path`.
 int runCacheCommand(const CliOptions &o);

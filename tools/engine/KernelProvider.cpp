@@ -13,9 +13,6 @@
 
 namespace flashjit::engine {
 
-namespace {
-
-/// The cubin cache key: everything that changes the bytes.
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target) {
   rt::CacheKey key;
@@ -33,6 +30,8 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
       .add("nvjitlink", rt::nvJitLinkVersionString());
   return key;
 }
+
+namespace {
 
 /// Cached cubins start with one line "registers=R spill=S".
 std::vector<char> packCubin(const CubinBuild &b) {
@@ -112,51 +111,113 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
   return tuned;
 }
 
-/// Median of \p repeats launches, each timed alone, after a warm-up.
-std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
-                                       const Problem &p,
-                                       const rt::ForwardArgs &args,
+std::pair<double, double> timeLaunches(const std::function<void()> &launch,
                                        int64_t repeats) {
   for (int i = 0; i < 3; ++i)
-    kernel.launch(p, args, nullptr);
+    launch();
   std::vector<double> times;
   rt::EventTimer timer;
   for (int64_t i = 0; i < repeats; ++i) {
     timer.start(nullptr);
-    kernel.launch(p, args, nullptr);
+    launch();
     timer.stop(nullptr);
     times.push_back(timer.elapsedMs());
   }
+  if (times.empty())
+    return {0.0, 0.0};
   std::sort(times.begin(), times.end());
   return {times[times.size() / 2], times.front()};
 }
 
-rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &p,
-                            const rt::ForwardArgs &args,
-                            const GpuTarget &target, const rt::DeviceInfo &gpu,
-                            rt::DiskCache &cache,
-                            const rt::ProgressFn &progress) {
+std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
+                                       const Problem &p,
+                                       const rt::ForwardArgs &args,
+                                       int64_t repeats) {
+  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats);
+}
+
+std::pair<double, double> timeBackwardLaunches(const rt::BackwardKernel &kernel,
+                                               const Problem &p,
+                                               const rt::BackwardArgs &args,
+                                               int64_t repeats) {
+  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats);
+}
+
+rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu) {
   rt::TuneLimits limits;
   limits.maxSharedBytes = gpu.maxSharedPerBlockOptin;
   limits.maxThreadsPerBlock = gpu.maxThreadsPerBlock;
   limits.registersPerBlock = gpu.regsPerBlock;
+  return limits;
+}
+
+namespace {
+
+/// Times one compiled candidate: loads \p cubin for \p config, returns the
+/// median ms of a few launches on the real inputs.
+using TimeCubinFn = std::function<double(const TileConfig &config,
+                                         const std::vector<char> &cubin)>;
+
+/// The tuning glue shared by the forward and the backward: compiles the
+/// candidates through the cubin cache, times them with \p time, stores the
+/// winner under (spec, problem class, GPU).
+rt::TuneResult tuneAndStore(const AttentionSpec &spec, const Problem &p,
+                            const std::vector<TileConfig> &candidates,
+                            const TimeCubinFn &time, const GpuTarget &target,
+                            const rt::DeviceInfo &gpu, rt::DiskCache &cache,
+                            const rt::ProgressFn &progress) {
   rt::TuneResult result = rt::autotune(
-      rt::tuningCandidates(spec, limits),
+      candidates,
       [&](const TileConfig &c, int &regs, int &spill) {
         CubinBuild b = buildCubin(spec, c, target, cache);
         regs = b.registers;
         spill = b.spillBytes;
         return b.cubin;
       },
-      [&](const TileConfig &c, const std::vector<char> &cubin) {
-        rt::ForwardKernel kernel(cubin, spec, c, target.copyBytes);
-        return timeLaunches(kernel, p, args, 5).first;
-      },
-      progress);
+      time, progress);
   std::string text = result.best.toJson();
   cache.store("tuning", tuningKey(spec, p, gpu),
               std::vector<char>(text.begin(), text.end()));
   return result;
+}
+
+/// Launches per candidate when tuning (the median is kept).
+constexpr int64_t kTuneRepeats = 5;
+
+} // namespace
+
+rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &p,
+                            const rt::ForwardArgs &args,
+                            const GpuTarget &target, const rt::DeviceInfo &gpu,
+                            rt::DiskCache &cache,
+                            const rt::ProgressFn &progress) {
+  if (spec.direction != Direction::Forward)
+    throw SpecError("tuneOnDevice: a backward spec is tuned by "
+                    "tuneBackwardOnDevice");
+  return tuneAndStore(
+      spec, p, rt::tuningCandidates(spec, tuneLimits(gpu)),
+      [&](const TileConfig &c, const std::vector<char> &cubin) {
+        rt::ForwardKernel kernel(cubin, spec, c, target.copyBytes);
+        return timeLaunches(kernel, p, args, kTuneRepeats).first;
+      },
+      target, gpu, cache, progress);
+}
+
+rt::TuneResult tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &p,
+                                    const rt::BackwardArgs &args,
+                                    const GpuTarget &target,
+                                    const rt::DeviceInfo &gpu,
+                                    rt::DiskCache &cache,
+                                    const rt::ProgressFn &progress) {
+  if (spec.direction != Direction::Backward)
+    throw SpecError("tuneBackwardOnDevice: the spec is not a backward one");
+  return tuneAndStore(
+      spec, p, rt::backwardTuningCandidates(spec, tuneLimits(gpu)),
+      [&](const TileConfig &c, const std::vector<char> &cubin) {
+        rt::BackwardKernel kernel(cubin, spec, c, target.copyBytes);
+        return timeBackwardLaunches(kernel, p, args, kTuneRepeats).first;
+      },
+      target, gpu, cache, progress);
 }
 
 } // namespace flashjit::engine

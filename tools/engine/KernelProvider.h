@@ -13,8 +13,10 @@
 #include "compiler/Compiler.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/Autotuner.h"
+#include "runtime/BackwardLauncher.h"
 #include "runtime/DiskCache.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,7 +36,14 @@ struct CubinBuild {
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, rt::DiskCache &cache);
 
-/// The cache key of tuning results: spec, problem class, GPU identity.
+/// The cubin cache key: everything that changes the bytes (flashjit's
+/// version, the pipeline, the spec with its direction, the config, the copy
+/// width, arch, PTX ISA, nvJitLink's version).
+rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
+                      const GpuTarget &target);
+
+/// The cache key of tuning results: spec (with its direction: forward and
+/// backward are tuned apart), problem class, GPU identity.
 rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &problem,
                        const rt::DeviceInfo &gpu);
 
@@ -44,21 +53,45 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
                                           const rt::DeviceInfo &gpu,
                                           rt::DiskCache &cache);
 
-/// Tunes on the device with \p args (real inputs; the outputs are
-/// overwritten), stores the winner and every candidate's cubin, returns the
-/// result. Never call it on a stream being captured.
+/// What the tuner may use of \p gpu (shared memory, threads, registers).
+rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu);
+
+/// Tunes the forward on the device with \p args (real inputs; the outputs
+/// are overwritten), stores the winner and every candidate's cubin, returns
+/// the result. Never call it on a stream being captured.
 rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &problem,
                             const rt::ForwardArgs &args,
                             const GpuTarget &target, const rt::DeviceInfo &gpu,
                             rt::DiskCache &cache,
                             const rt::ProgressFn &progress = {});
 
-/// Median of \p repeats launches on the legacy default stream, each timed
-/// alone with CUDA events after a warm-up; returns (median, min) in ms.
+/// Tunes the backward (a Direction::Backward \p spec) as tuneOnDevice does
+/// the forward, over rt::backwardTuningCandidates, timing the three kernels
+/// together on \p args (dq, dk, dv and the delta workspace are
+/// overwritten). Stored under the backward spec's tuning key.
+rt::TuneResult
+tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &problem,
+                     const rt::BackwardArgs &args, const GpuTarget &target,
+                     const rt::DeviceInfo &gpu, rt::DiskCache &cache,
+                     const rt::ProgressFn &progress = {});
+
+/// Median of \p repeats calls of \p launch (one launch of whatever it runs
+/// on the legacy default stream), each timed alone with CUDA events after a
+/// warm-up of three calls; returns (median, min) in ms.
+std::pair<double, double> timeLaunches(const std::function<void()> &launch,
+                                       int64_t repeats);
+
+/// timeLaunches of one forward launch.
 std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
                                        const Problem &problem,
                                        const rt::ForwardArgs &args,
                                        int64_t repeats);
+
+/// timeLaunches of one backward (its three kernels, in stream order).
+std::pair<double, double> timeBackwardLaunches(const rt::BackwardKernel &kernel,
+                                               const Problem &problem,
+                                               const rt::BackwardArgs &args,
+                                               int64_t repeats);
 
 } // namespace flashjit::engine
 

@@ -7,7 +7,12 @@
 #   1. env      GPU, driver, torch; unpack libflashjit.so.gz; find nvJitLink
 #   2. tests    every .carry/bin/*-gpu-tests (GoogleTest, --gtest_brief=1)
 #               -> $OUT/gpu-tests.log; pass/fail/skip counted from summaries
-#   3. bench    tests/bench/side_by_side.py -> $OUT/bench.json, bench.log
+#   2a. python  python/tests with torch -> $OUT/python-tests.log
+#   2b. sanitize  compute-sanitizer memcheck/racecheck on small runs, forward
+#               and backward -> $OUT/sanitize.log
+#   3. bench    tests/bench/side_by_side.py -> $OUT/bench.json, bench.log:
+#               per case the forward, then the backward (flashjit bench
+#               --backward vs the sdpa-flash and sdpa-cudnn backward)
 #   4. ncu      only with FLASHJIT_NCU=1 and ncu present: a full profile of one
 #               flashjit launch ($OUT/ncu_fwd.ncu-rep) and the DRAM bytes of
 #               flashjit, naive and sdpa-flash at B=1 H=16 N=4096 d=128
@@ -24,6 +29,7 @@
 #   FLASHJIT_ANCHORS=1        add the anchors step
 #   FLASHJIT_BENCH_ARGS=...   extra arguments for every 'flashjit bench'
 #   FLASHJIT_CASES=SPEC       bench cases, d:N:c|n[:B[:H]],... (side_by_side.py)
+#   FLASHJIT_BENCH_BACKWARD=0 bench the forward only
 #   FLASHJIT_DEADLINE_S=560   wall-clock plan for the whole script (device limit 600)
 #   FLASHJIT_TEST_TIMEOUT_S=180  per test binary
 set -u
@@ -171,6 +177,9 @@ memcheck --head-dim 64 --block-sparse 0.5 --seq-len 300 --packed-qkv
 memcheck --head-dim 300 --head-dim-v 400 --seq-len 65
 racecheck --head-dim 128 --causal --seq-len 256
 racecheck --head-dim 64 --block-sparse 0.6 --seq-len 384
+memcheck --backward --head-dim 33 --head-dim-v 40 --causal --gqa 2 --heads 2 --seq-len 77 --seq-len-kv 130
+memcheck --backward --head-dim 300 --head-dim-v 400 --block-sparse 0.5 --sparse-block 32 --seq-len 65
+racecheck --backward --head-dim 64 --block-sparse 0.6 --seq-len 384 --dtype fp16
 CASES
     echo "sanitize: $san_fail failed" | tee -a "$OUT/sanitize.log"
   fi

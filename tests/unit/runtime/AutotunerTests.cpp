@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -66,6 +67,124 @@ TEST(Autotuner, CandidatesIncludeTheHeuristicAndRespectSparseBlocks) {
   // Too little shared memory for anything: no candidate.
   limits.maxSharedBytes = 1024;
   EXPECT_TRUE(tuningCandidates(specWith(512), limits).empty());
+}
+
+AttentionSpec backwardSpec(int64_t dqk, int64_t dv, bool sparse = false,
+                           int64_t block = 128) {
+  AttentionSpec s = specWith(dqk, sparse, block);
+  s.headDimV = dv;
+  s.direction = Direction::Backward;
+  return s;
+}
+
+bool sameTiling(const TileConfig &a, const TileConfig &b) {
+  return a.blockM == b.blockM && a.blockN == b.blockN && a.warps == b.warps &&
+         a.stages == b.stages;
+}
+
+TEST(Autotuner, BackwardRegisterEstimate) {
+  TileConfig c; // 64 x 64, 4 warps: one 16-key and one 16-row tile per warp
+  // d = 128: dK and dV in one program: (128 + 128) / 2 + S^T, dP^T 2 * 32.
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(128, 128), c), 192);
+  // d = 256: dK and dV split; the larger chunk (256) counts.
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(256, 256), c), 192);
+  // d = 64 with 128 rows: the dQ kernel holds two row tiles:
+  // 2 * 64 / 2 + 2 * 2 * 64 / 2 = 192; the dK/dV kernel 64 + 128.
+  c.blockM = 128;
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(64, 64), c), 192);
+  // Two key tiles per warp at d = 128: 2 * 128 + 2 * 2 * 128 / 2.
+  c.blockN = 128;
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(128, 128), c), 512);
+  // d = 512 split into 256-column chunks at 32 x 32, 2 warps: 128 + 32.
+  TileConfig small;
+  small.blockM = small.blockN = 32;
+  small.warps = 2;
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(512, 512), small), 160);
+}
+
+/// The candidates are exactly the default (first, when valid) and the grid
+/// configs that are valid and within the register estimate.
+TEST(Autotuner, BackwardCandidatesAreTheValidPrunedGrid) {
+  struct Dims {
+    int64_t dqk, dv;
+  };
+  for (Dims d : {Dims{16, 16}, Dims{64, 64}, Dims{96, 96}, Dims{128, 128},
+                 Dims{160, 128}, Dims{256, 256}, Dims{33, 512}, Dims{512, 512}})
+    for (int64_t sparseBlock : {0, 16, 64, 128})
+      for (int64_t shared : {48 * 1024, 100 * 1024, 227 * 1024})
+        for (int64_t threads : {128, 1024}) {
+          TuneLimits limits;
+          limits.maxSharedBytes = shared;
+          limits.maxThreadsPerBlock = threads;
+          AttentionSpec spec =
+              backwardSpec(d.dqk, d.dv, sparseBlock > 0,
+                           sparseBlock > 0 ? sparseBlock : 128);
+          auto valid = [&](const TileConfig &c) {
+            return gpuBackwardConfigProblem(spec, c, shared).empty() &&
+                   32 * c.warps <= threads &&
+                   (!spec.blockSparse || (spec.sparseBlock % c.blockM == 0 &&
+                                          spec.sparseBlock % c.blockN == 0));
+          };
+          SCOPED_TRACE(spec.name() + " shared " + std::to_string(shared) +
+                       " threads " + std::to_string(threads));
+          std::vector<TileConfig> cands =
+              backwardTuningCandidates(spec, limits);
+          TileConfig fallback = defaultGpuBackwardConfig(spec);
+          size_t at = 0;
+          if (valid(fallback)) {
+            ASSERT_FALSE(cands.empty());
+            EXPECT_TRUE(sameTiling(cands[0], fallback)) << cands[0].toJson();
+            at = 1;
+          }
+          std::vector<TileConfig> expected;
+          for (int64_t bm : {32, 64, 128})
+            for (int64_t bn : {32, 64, 128})
+              for (int64_t warps : {2, 4, 8}) {
+                TileConfig c;
+                c.blockM = bm;
+                c.blockN = bn;
+                c.warps = warps;
+                if (valid(c) && backwardAccumulatorRegisters(spec, c) <= 200 &&
+                    !(at == 1 && sameTiling(c, fallback)))
+                  expected.push_back(c);
+              }
+          ASSERT_EQ(cands.size(), at + expected.size());
+          for (size_t i = 0; i < expected.size(); ++i)
+            EXPECT_TRUE(sameTiling(cands[at + i], expected[i]))
+                << cands[at + i].toJson() << " vs " << expected[i].toJson();
+          for (const TileConfig &c : cands) {
+            EXPECT_TRUE(valid(c)) << c.toJson();
+            GpuBackwardGeometry g = gpuBackwardGeometry(spec, c);
+            EXPECT_LE(std::max(g.kvSmem.total, g.dqSmem.total), shared);
+          }
+        }
+}
+
+TEST(Autotuner, BackwardCandidatesPruneAndKeepTheDefault) {
+  TuneLimits limits;
+  AttentionSpec spec = backwardSpec(128, 128);
+  auto cands = backwardTuningCandidates(spec, limits);
+  ASSERT_GT(cands.size(), 1u);
+  EXPECT_TRUE(sameTiling(cands[0], defaultGpuBackwardConfig(spec)));
+  auto has = [&](int64_t bm, int64_t bn, int64_t warps) {
+    return std::any_of(cands.begin(), cands.end(), [&](const TileConfig &c) {
+      return c.blockM == bm && c.blockN == bn && c.warps == warps;
+    });
+  };
+  EXPECT_TRUE(has(64, 64, 4));
+  EXPECT_TRUE(has(32, 32, 2));
+  EXPECT_FALSE(has(128, 128, 4)) << "512 accumulator floats per thread";
+  EXPECT_FALSE(has(32, 64, 4)) << "Br = 32 cannot be split by 4 warps";
+  // A sparse block of 16 leaves only the (shrunk) default.
+  AttentionSpec tiny = backwardSpec(64, 64, true, 16);
+  cands = backwardTuningCandidates(tiny, limits);
+  ASSERT_EQ(cands.size(), 1u);
+  EXPECT_EQ(cands[0].blockM, 16);
+  EXPECT_EQ(cands[0].blockN, 16);
+  EXPECT_EQ(cands[0].warps, 1);
+  // Too little shared memory for anything: no candidate.
+  limits.maxSharedBytes = 1024;
+  EXPECT_TRUE(backwardTuningCandidates(spec, limits).empty());
 }
 
 TEST(Autotuner, PicksTheFastestWithAnInjectedTimingSource) {

@@ -1,0 +1,96 @@
+//===- EngineTests.cpp - Cache keys and tuning glue, on the CPU -----------===//
+//
+/// \file
+/// tools/engine (KernelProvider) without a GPU: forward and backward specs
+/// of the same shape never share a cubin or a tuning result, and each tuner
+/// refuses the other direction's spec before touching a device.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/CudaDriver.h"
+#include "tools/engine/KernelProvider.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+using namespace flashjit;
+
+namespace {
+
+AttentionSpec spec(Direction direction) {
+  AttentionSpec s;
+  s.headDimQK = s.headDimV = 128;
+  s.mask = MaskKind::Causal;
+  s.direction = direction;
+  return s;
+}
+
+rt::DeviceInfo fakeGpu() {
+  rt::DeviceInfo gpu;
+  gpu.name = "NVIDIA H200";
+  gpu.ccMajor = 9;
+  gpu.smCount = 132;
+  gpu.driverVersion = 13000;
+  gpu.maxSharedPerBlockOptin = 227 * 1024;
+  gpu.maxThreadsPerBlock = 1024;
+  gpu.regsPerBlock = 65536;
+  return gpu;
+}
+
+TEST(Engine, ForwardAndBackwardKeysDiffer) {
+  AttentionSpec fwd = spec(Direction::Forward), bwd = spec(Direction::Backward);
+  Problem p;
+  TileConfig c;
+  GpuTarget target;
+  EXPECT_NE(engine::tuningKey(fwd, p, fakeGpu()).hash(),
+            engine::tuningKey(bwd, p, fakeGpu()).hash());
+  EXPECT_EQ(engine::tuningKey(bwd, p, fakeGpu()).hash(),
+            engine::tuningKey(bwd, p, fakeGpu()).hash());
+  EXPECT_NE(engine::cubinKey(fwd, c, target).hash(),
+            engine::cubinKey(bwd, c, target).hash());
+}
+
+TEST(Engine, TunedConfigsAreStoredPerDirection) {
+  std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("flashjit-engine-test-" + std::to_string(std::random_device{}())))
+          .string();
+  rt::DiskCache cache(dir);
+  AttentionSpec fwd = spec(Direction::Forward), bwd = spec(Direction::Backward);
+  Problem p;
+  TileConfig tuned;
+  tuned.blockM = 32;
+  tuned.blockN = 128;
+  tuned.warps = 2;
+  std::string text = tuned.toJson();
+  ASSERT_TRUE(cache.store("tuning", engine::tuningKey(bwd, p, fakeGpu()),
+                          std::vector<char>(text.begin(), text.end())));
+  auto loaded = engine::loadTunedConfig(bwd, p, fakeGpu(), cache);
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->blockM, 32);
+  EXPECT_EQ(loaded->blockN, 128);
+  EXPECT_EQ(loaded->warps, 2);
+  EXPECT_FALSE(engine::loadTunedConfig(fwd, p, fakeGpu(), cache).has_value())
+      << "the backward's tuning must not tile the forward";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Engine, EachTunerRefusesTheOtherDirection) {
+  rt::DiskCache cache(
+      (std::filesystem::temp_directory_path() / "flashjit-engine-test-unused")
+          .string());
+  Problem p;
+  GpuTarget target;
+  EXPECT_THROW(engine::tuneOnDevice(spec(Direction::Backward), p,
+                                    rt::ForwardArgs{}, target, fakeGpu(),
+                                    cache),
+               SpecError);
+  EXPECT_THROW(engine::tuneBackwardOnDevice(spec(Direction::Forward), p,
+                                            rt::BackwardArgs{}, target,
+                                            fakeGpu(), cache),
+               SpecError);
+}
+
+} // namespace
