@@ -85,9 +85,10 @@ def grads_reference(q, k, v, d_o, vis, scale=None):
     return q.grad, k.grad, v.grad
 
 
-def rel(x, ref):
+def rel(x, ref, floor=1e-300):
+    """||x - ref|| / max(||ref||, floor)."""
     x = x.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    return ((x - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def check(q, k, v, causal=False, scale=None, window=None, block_mask=None,
@@ -133,11 +134,15 @@ def check_grads(q, k, v, seed, causal=False, scale=None, window=None,
     block = block_mask.block_size if block_mask is not None else None
     vis = visible(q.shape[2], k.shape[2], causal, window, dense, block)
     want = grads_reference(q, k, v, d_o, vis, scale)
+    # A gradient that is exactly 0 in exact arithmetic (a window of one key:
+    # P = 1, so dS = P (dP - delta) = 0) is rounding noise in any kernel: its
+    # error is measured against 1e-3 of the largest gradient's norm.
+    floor = 1e-3 * max(ref.norm().item() for ref in want)
     for name, g, ref, like in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
         assert g.dtype == like.dtype and g.shape == like.shape, name
         assert g.device == like.device, name
         assert torch.isfinite(g).all(), f"{name}: not finite (seed {seed})"
-        err = rel(g, ref)
+        err = rel(g, ref, floor)
         assert err <= GRAD_BOUND[q.dtype], (
             f"{name}: relative error {err:.3g} (seed {seed})")
     return got
@@ -387,8 +392,14 @@ def test_backward_in_a_cuda_graph(seed):
     q, k, v = leaves(randn(1, 4, 256, 64), randn(1, 4, 256, 64),
                      randn(1, 4, 256, 64))
     d_o = randn(1, 4, 256, 64)
-    o = flashjit.attention(q, k, v)  # compiles and loads both kernels
-    want = torch.autograd.grad(o, (q, k, v), d_o)
+    # Warm-up on a side stream, as torch asks before capturing autograd:
+    # compiles and loads both kernels.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o = flashjit.attention(q, k, v)
+        want = torch.autograd.grad(o, (q, k, v), d_o)
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
