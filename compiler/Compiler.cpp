@@ -87,12 +87,6 @@ std::string cpuPipelineText(const TileConfig &config) {
                      config.blockM, config.blockN);
 }
 
-void throwGpuBackwardNotImplemented() {
-  throw SpecError("the GPU backward is not implemented yet (the backward "
-                  "runs on the CPU: --device cpu; --emit attn, tiled or "
-                  "cpu-llvm)");
-}
-
 /// Checks that \p config and \p target can make a GPU kernel for \p spec.
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,

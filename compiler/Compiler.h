@@ -121,8 +121,6 @@ private:
   std::unique_ptr<Impl> impl;
 };
 
-/// The SpecError the GPU paths throw for a backward spec.
-[[noreturn]] void throwGpuBackwardNotImplemented();
 
 } // namespace flashjit
 

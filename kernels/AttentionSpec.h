@@ -23,7 +23,6 @@ enum class DType { BF16, FP16 };
 enum class MaskKind { None, Causal, SlidingWindow };
 
 /// Forward (O, lse) or backward (dQ, dK, dV from the forward's O and lse).
-/// The backward runs on the CPU only so far.
 enum class Direction { Forward, Backward };
 
 /// A usage or validation error: the CLI prints it on one line and exits 2.
@@ -101,17 +100,18 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 
-/// How the backward accumulates dQ. SeparatePass (the CPU's only variant): a
-/// second pass over Q blocks recomputes P and dS and sums dQ in registers:
-/// deterministic by construction, no dQ workspace. Atomic (for the GPU,
-/// later): the main loop adds into an f32 dq_accum workspace.
+/// How the backward accumulates dQ. SeparatePass (what the CPU and GPU
+/// kernels do): a second pass over Q blocks recomputes P and dS and sums dQ
+/// in registers: deterministic by construction, no dQ workspace. Atomic (not
+/// implemented; sized here for the ABI): the main loop would add into an
+/// f32 dq_accum workspace.
 enum class DqAccumulation { SeparatePass, Atomic };
 
 /// The workspace the backward of \p spec on \p problem needs, in bytes: the
 /// per-row statistics (f32 [2, B, H, Nq]: delta = rowsum(dO * O), then
 /// -lse * log2(e)) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after
-/// them.
-/// A caller may pass that much; else the library allocates it.
+/// them. A block-sparse backward also needs room for the layout's KV-major
+/// transpose: the C API's flashjit_backward_workspace_size counts both.
 int64_t
 backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &problem,
                        DqAccumulation mode = DqAccumulation::SeparatePass);

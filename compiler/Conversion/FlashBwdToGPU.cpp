@@ -539,24 +539,16 @@ SmallVector<Value> FlashBwdKernel::streamHead(const Outputs &out,
   if (k.spec.blockSparse) {
     Value sb = c32(k.spec.sparseBlock);
     Value residentSparse = g.ext64(g.divU(row0, sb));
-    Value countAt, countBuf;
-    if (kvMajor) {
-      countBuf = buf(bwd::KvCounts);
-      countAt = g.add(g.add(g.mul(bI, idx(bwd::KvCountsStrideB)),
-                            g.mul(hI, idx(bwd::KvCountsStrideH))),
-                      residentSparse);
-      listBase = g.add(g.add(g.mul(bI, idx(bwd::KvIndicesStrideB)),
-                             g.mul(hI, idx(bwd::KvIndicesStrideH))),
-                       g.mul(residentSparse, idx(bwd::KvIndicesStrideM)));
-    } else {
-      countBuf = buf(bwd::Counts);
-      countAt = g.add(g.add(g.mul(bI, idx(bwd::CountsStrideB)),
-                            g.mul(hI, idx(bwd::CountsStrideH))),
-                      residentSparse);
-      listBase = g.add(g.add(g.mul(bI, idx(bwd::IndicesStrideB)),
-                             g.mul(hI, idx(bwd::IndicesStrideH))),
-                       g.mul(residentSparse, idx(bwd::IndicesStrideM)));
-    }
+    // The dK/dV kernel walks the KV-major transpose, the dQ kernel the
+    // forward's layout; their strides are laid out alike.
+    auto cs = kvMajor ? bwd::KvCountsStrideB : bwd::CountsStrideB;
+    auto is = kvMajor ? bwd::KvIndicesStrideB : bwd::IndicesStrideB;
+    auto at = [&](int64_t i) { return idx(bwd::IndexArg(i)); };
+    Value countBuf = kvMajor ? buf(bwd::KvCounts) : buf(bwd::Counts);
+    Value countAt =
+        g.add(g.add(g.mul(bI, at(cs)), g.mul(hI, at(cs + 1))), residentSparse);
+    listBase = g.add(g.add(g.mul(bI, at(is)), g.mul(hI, at(is + 1))),
+                     g.mul(residentSparse, at(is + 2)));
     tLo = c32(0);
     tHi = g.mul(loadI32(countBuf, countAt), perSparse);
   } else {

@@ -70,7 +70,7 @@ typedef enum flashjit_status {
   FLASHJIT_ERROR_COMPILE = 3,
   /** A CUDA driver call failed (the message names the call). */
   FLASHJIT_ERROR_CUDA = 4,
-  /** Not implemented yet. */
+  /** Not implemented (nothing returns it today; kept for ABI stability). */
   FLASHJIT_ERROR_NOT_IMPLEMENTED = 5,
   /** A bug or an out-of-memory on the host. */
   FLASHJIT_ERROR_INTERNAL = 6

@@ -111,7 +111,10 @@ std::string helpText(const std::string &command) {
          "GPU: the\n"
          "                       tuned config if `flashjit tune` stored one\n"
          "                       for this GPU and problem class, else by\n"
-         "                       head dim, e.g. 128 x 64 with 4 warps)\n";
+         "                       head dim, e.g. 128 x 64 with 4 warps;\n"
+         "                       --backward: `tune --backward`'s config, else\n"
+         "                       64 x 64 with 4 warps, 128 x 64 at d <= 64\n"
+         "                       without a mask, 32 x 32 with 2 at d > 256)\n";
 }
 
 namespace {
