@@ -101,7 +101,6 @@ public:
   void emit();
 
 private:
-  using Acc = std::array<Value, 4>;
   using Tiles = std::vector<Acc>; ///< mt x nt accumulators (rows x stream)
 
   Value arg(int i) { return fn.getArgument(i); }
@@ -134,9 +133,13 @@ private:
   Value blockStart(Value t);
   void issueStream(Value first, Value stageOff);
   Tiles product(const FragmentAddresses &a, const FragmentAddresses &b,
-                int64_t kSteps);
+                int64_t kSteps) {
+    return mmaProduct(g, smem, a, b, mt, nt, kSteps);
+  }
   void accumulate(MutableArrayRef<Value> acc, const Tiles &lhs,
-                  const FragmentAddresses &bTrans, int64_t cols);
+                  const FragmentAddresses &bTrans, int64_t cols) {
+    mmaAccumulate(g, smem, acc, lhs, bTrans, mt, nt, cols);
+  }
   SmallVector<Value> step(const Outputs &out, ArrayRef<Value> acc, Value first,
                           Value stageOff);
   Tiles maskTiles(const Tiles &p, Value first);
@@ -337,56 +340,6 @@ void FlashBwdKernel::issueStream(Value first, Value stageOff) {
   }
 }
 
-/// The mt x nt tiles of A B^T for this warp's resident rows: A rows from
-/// \p a (A pattern), B rows from \p b (B pattern), \p kSteps k-steps of 16.
-FlashBwdKernel::Tiles FlashBwdKernel::product(const FragmentAddresses &a,
-                                              const FragmentAddresses &b,
-                                              int64_t kSteps) {
-  Value zero = g.cf(0.0);
-  Tiles s(mt * nt, Acc{zero, zero, zero, zero});
-  for (int64_t ks = 0; ks < kSteps; ++ks) {
-    std::vector<Frag4> af(mt);
-    for (int64_t mi = 0; mi < mt; ++mi)
-      af[mi] = g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
-    for (int64_t np = 0; np < nt / 2; ++np) {
-      Frag4 bf = g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
-      for (int64_t mi = 0; mi < mt; ++mi) {
-        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
-        s0 = g.mma(af[mi], bf[0], bf[1], s0);
-        s1 = g.mma(af[mi], bf[2], bf[3], s1);
-      }
-    }
-  }
-  return s;
-}
-
-/// acc (mt x cols/8 tiles) += lhs B, where lhs (mt x nt, accumulator
-/// layout) is packed to the element type as the A operand (two n-tiles per
-/// 16-wide k-step) and B is the streamed tile at \p bTrans, read transposed.
-void FlashBwdKernel::accumulate(MutableArrayRef<Value> acc, const Tiles &lhs,
-                                const FragmentAddresses &bTrans, int64_t cols) {
-  const int64_t ct = cols / 8;
-  for (int64_t kk = 0; kk < rs / 16; ++kk) {
-    std::vector<Frag4> p(mt);
-    for (int64_t mi = 0; mi < mt; ++mi) {
-      const Acc &lo = lhs[mi * nt + 2 * kk], &hi = lhs[mi * nt + 2 * kk + 1];
-      p[mi] = {g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
-               g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])};
-    }
-    for (int64_t np = 0; np < ct / 2; ++np) {
-      Frag4 bf = g.ldmatrix4(bTrans.at(g, smem, kk * 16, np * 2), true);
-      for (int64_t mi = 0; mi < mt; ++mi)
-        for (int64_t j = 0; j < 2; ++j) {
-          int64_t base = (mi * ct + 2 * np + j) * 4;
-          Acc o{acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
-          o = g.mma(p[mi], bf[2 * j], bf[2 * j + 1], o);
-          for (int64_t e = 0; e < 4; ++e)
-            acc[base + e] = o[e];
-        }
-    }
-  }
-}
-
 /// P with 0 where the pair (query, key) is outside the band or the key is
 /// past Nkv. Element (mi, ni, e) sits on resident row warpRow0 + mi * 16 +
 /// (e / 2) * 8 + grp and streamed row ni * 8 + tig * 2 + e % 2.
@@ -481,9 +434,9 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
                                          g.add(first, c32(rs - 1)), fullHi));
     }
   }
-  if (kvMajor && !k.hasBand) {
-    // Keys past Nkv only feed dK/dV rows that are never stored.
-  } else {
+  // (Without a band the dK/dV kernel needs no mask: keys past Nkv only feed
+  // dK/dV rows that are never stored.)
+  if (!kvMajor || k.hasBand) {
     SmallVector<Type> types(mt * nt * 4, g.f32);
     auto maskIf = scf::IfOp::create(g.b, types, needsMask, true);
     auto flatten = [](const Tiles &t) {

@@ -225,24 +225,7 @@ void FlashFwdKernel::loadVTile(Value n0) {
 
 /// S = Q K^T for this warp's rows: mt x nt accumulators of 4 f32.
 std::vector<FlashFwdKernel::Acc> FlashFwdKernel::computeScores() {
-  Value zero = g.cf(0.0);
-  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
-  // ldmatrix lanes: A rows lane % 16, column half lane / 16; B (K rows)
-  // row (lane / 16) * 8 + lane % 8, column half (lane / 8) % 2.
-  for (int64_t ks = 0; ks < k.geo.dqkPad / 16; ++ks) {
-    std::vector<Frag4> a(mt);
-    for (int64_t mi = 0; mi < mt; ++mi)
-      a[mi] = g.ldmatrix4(qFrag->at(g, smem, mi * 16, ks * 2), false);
-    for (int64_t np = 0; np < nt / 2; ++np) {
-      Frag4 kb = g.ldmatrix4(kFrag->at(g, smem, np * 16, ks * 2), false);
-      for (int64_t mi = 0; mi < mt; ++mi) {
-        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
-        s0 = g.mma(a[mi], kb[0], kb[1], s0);
-        s1 = g.mma(a[mi], kb[2], kb[3], s1);
-      }
-    }
-  }
-  return s;
+  return mmaProduct(g, smem, *qFrag, *kFrag, mt, nt, k.geo.dqkPad / 16);
 }
 
 /// -inf where key n0 + col is past Nkv or outside the row's band. Element
@@ -415,26 +398,8 @@ void FlashFwdKernel::emit() {
     });
 
     // O += P V. P's accumulator layout is the A-operand layout of the next
-    // MMA: two n-tiles of S make one 16-wide k-step.
-    for (int64_t kk = 0; kk < bc / 16; ++kk) {
-      std::vector<Frag4> p(mt);
-      for (int64_t mi = 0; mi < mt; ++mi) {
-        const Acc &lo = s[mi * nt + 2 * kk], &hi = s[mi * nt + 2 * kk + 1];
-        p[mi] = {g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
-                 g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])};
-      }
-      for (int64_t np = 0; np < dt / 2; ++np) {
-        Frag4 vb = g.ldmatrix4(vFrag->at(g, smem, kk * 16, np * 2), true);
-        for (int64_t mi = 0; mi < mt; ++mi)
-          for (int64_t j = 0; j < 2; ++j) {
-            int64_t base = (mi * dt + 2 * np + j) * 4;
-            Acc o{acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
-            o = g.mma(p[mi], vb[2 * j], vb[2 * j + 1], o);
-            for (int64_t e = 0; e < 4; ++e)
-              acc[base + e] = o[e];
-          }
-      }
-    }
+    // MMA: two n-tiles of S make one 16-wide k-step; V by ldmatrix.trans.
+    mmaAccumulate(g, smem, acc, s, *vFrag, mt, nt, k.geo.dvChunk);
     SmallVector<Value> yield(acc);
     yield.append(m);
     yield.append(l);

@@ -60,6 +60,53 @@ FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                            rowChunks);
 }
 
+std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
+                            const FragmentAddresses &a,
+                            const FragmentAddresses &b, int64_t mt, int64_t nt,
+                            int64_t kSteps) {
+  Value zero = g.cf(0.0);
+  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
+  for (int64_t ks = 0; ks < kSteps; ++ks) {
+    std::vector<Frag4> af(mt);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      af[mi] = g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
+    for (int64_t np = 0; np < nt / 2; ++np) {
+      Frag4 bf = g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
+      for (int64_t mi = 0; mi < mt; ++mi) {
+        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
+        s0 = g.mma(af[mi], bf[0], bf[1], s0);
+        s1 = g.mma(af[mi], bf[2], bf[3], s1);
+      }
+    }
+  }
+  return s;
+}
+
+void mmaAccumulate(GpuBuilder &g, Value smem, MutableArrayRef<Value> acc,
+                   const std::vector<Acc> &lhs, const FragmentAddresses &bTrans,
+                   int64_t mt, int64_t nt, int64_t cols) {
+  const int64_t ct = cols / 8;
+  for (int64_t kk = 0; kk < nt / 2; ++kk) {
+    std::vector<Frag4> p(mt);
+    for (int64_t mi = 0; mi < mt; ++mi) {
+      const Acc &lo = lhs[mi * nt + 2 * kk], &hi = lhs[mi * nt + 2 * kk + 1];
+      p[mi] = {g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
+               g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])};
+    }
+    for (int64_t np = 0; np < ct / 2; ++np) {
+      Frag4 bf = g.ldmatrix4(bTrans.at(g, smem, kk * 16, np * 2), true);
+      for (int64_t mi = 0; mi < mt; ++mi)
+        for (int64_t j = 0; j < 2; ++j) {
+          int64_t base = (mi * ct + 2 * np + j) * 4;
+          Acc o{acc[base], acc[base + 1], acc[base + 2], acc[base + 3]};
+          o = g.mma(p[mi], bf[2 * j], bf[2 * j + 1], o);
+          for (int64_t e = 0; e < 4; ++e)
+            acc[base + e] = o[e];
+        }
+    }
+  }
+}
+
 void copyTileAsync(GpuBuilder &g, const TileCopier &who,
                    const TileSource &src) {
   const int64_t bytes = who.copyBytes, perCopy = bytes / 2;

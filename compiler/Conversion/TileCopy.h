@@ -13,6 +13,8 @@
 
 #include "compiler/Conversion/GpuBuilder.h"
 
+#include <vector>
+
 namespace flashjit::gpu {
 
 /// Shared-memory addresses of one thread's ldmatrix rows in a swizzled tile,
@@ -52,6 +54,26 @@ enum class FragmentPattern { A, B, BTrans };
 FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                                     Value lane, Value rowBase, Value tileOffset,
                                     int64_t rowChunks);
+
+/// One m16n8 fp32 accumulator tile (4 values per thread).
+using Acc = std::array<Value, 4>;
+
+/// The mt x nt accumulator tiles of A B^T for one warp: A's 16-row tiles
+/// at \p a (A pattern, rows mi * 16), B's rows at \p b (B pattern, nt / 2
+/// ldmatrix of 16 rows), \p kSteps k-steps of 16. Tile (mi, ni) is at
+/// mi * nt + ni.
+std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
+                            const FragmentAddresses &a,
+                            const FragmentAddresses &b, int64_t mt, int64_t nt,
+                            int64_t kSteps);
+
+/// acc (mt x cols / 8 tiles, 4 values each) += lhs B: lhs (mt x nt tiles in
+/// accumulator layout) is packed to the element type as the A operand, two
+/// n-tiles per 16-wide k-step (the accumulator layout is the A layout of
+/// the next MMA); B (nt * 8 rows x cols) is read transposed at \p bTrans.
+void mmaAccumulate(GpuBuilder &g, Value smem, llvm::MutableArrayRef<Value> acc,
+                   const std::vector<Acc> &lhs, const FragmentAddresses &bTrans,
+                   int64_t mt, int64_t nt, int64_t cols);
 
 /// Who copies: the block's threads and the copy width.
 struct TileCopier {
