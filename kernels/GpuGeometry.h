@@ -134,9 +134,12 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
 ///   dK/dV kernel (`attention`): a program per (Bc keys, batch * KV head,
 ///     output chunk); resident K, V (Bc rows, warps split the keys),
 ///     streamed Q, dO (Br rows) of every query head of the group.
-///   dQ kernel (`attention_dq`): a program per (Br rows, batch * head, dQ
-///     chunk); resident Q, dO (Br rows, warps split the rows), streamed K, V
-///     (Bc keys).
+///   dQ kernel (`attention_dq`): a program per (dqRows rows, batch * head,
+///     dQ chunk); resident Q, dO (warps split the rows), streamed K, V
+///     (dqKeys keys). Its own tiling: where dQ fits (dqChunk <= 128, at most
+///     4 warps), two 16-row tiles per warp and 32 keys per step, so that
+///     every K/V fragment feeds two MMAs and the accumulators stay in
+///     registers; else Br rows and Bc keys.
 ///   preprocess (`attention_preprocess`): delta = rowsum(dO * O), a program
 ///     per kPreprocessRows rows.
 /// Output columns: when dqk + dv (padded) <= 256, one dK/dV program computes
@@ -149,6 +152,7 @@ struct GpuBackwardGeometry {
   int64_t threads;           ///< 32 * warps
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
+  int64_t dqRows, dqKeys;    ///< dQ kernel: rows per program, keys per step
   int64_t dqkPad, dvPad;     ///< head dims rounded up to 16
   int64_t qkCols, vCols;     ///< columns copied (every chunk's columns)
   int64_t qkRowChunks;       ///< 16-byte chunks per Q/K/dQ row in smem
@@ -177,8 +181,8 @@ struct GpuBackwardGeometry {
     return {ceilDiv(p.seqLenKV, c.blockN), p.batch * (p.heads / gqa),
             kvPrograms()};
   }
-  std::array<int64_t, 3> dqGrid(const Problem &p, const TileConfig &c) const {
-    return {ceilDiv(p.seqLenQ, c.blockM), p.batch * p.heads, dqChunks};
+  std::array<int64_t, 3> dqGrid(const Problem &p) const {
+    return {ceilDiv(p.seqLenQ, dqRows), p.batch * p.heads, dqChunks};
   }
 };
 
@@ -196,13 +200,19 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   GpuBackwardGeometry g;
   g.threads = 32 * config.warps;
   g.keyTiles = config.blockN / (16 * config.warps);
-  g.rowTiles = config.blockM / (16 * config.warps);
   g.dqkPad = roundUp(spec.headDimQK, 16);
   g.dvPad = roundUp(spec.headDimV, 16);
   g.kvCombined = g.dqkPad + g.dvPad <= 256;
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
+  const int64_t wideRows = 32 * config.warps;
+  bool wide = g.dqChunk <= 128 && config.warps <= 4 &&
+              (!spec.blockSparse ||
+               (spec.sparseBlock % wideRows == 0 && spec.sparseBlock % 32 == 0));
+  g.rowTiles = wide ? 2 : config.blockM / (16 * config.warps);
+  g.dqRows = wide ? wideRows : config.blockM;
+  g.dqKeys = wide ? 32 : config.blockN;
   // Rows cover every chunk's columns (the last chunk may pass the head dim;
   // those columns are zero-filled and never stored).
   g.qkCols =
@@ -223,7 +233,7 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
     return s;
   };
   g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4);
-  g.dqSmem = smem(config.blockM, config.blockN, 0);
+  g.dqSmem = smem(g.dqRows, g.dqKeys, 0);
   return g;
 }
 

@@ -48,7 +48,7 @@ std::vector<TileConfig> backwardTuningCandidates(const AttentionSpec &spec,
 ///   dK/dV kernel: keyTiles * (dkChunk + dvChunk) / 2 when one program
 ///     computes both (kvCombined), else keyTiles * max(dkChunk, dvChunk) / 2;
 ///     plus S^T and dP^T: 2 * keyTiles * Br / 2;
-///   dQ kernel: rowTiles * dqChunk / 2 + S and dP: 2 * rowTiles * Bc / 2.
+///   dQ kernel: rowTiles * dqChunk / 2 + S and dP: 2 * rowTiles * dqKeys / 2.
 int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
                                      const TileConfig &config);
 

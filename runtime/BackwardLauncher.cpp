@@ -106,7 +106,7 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   };
   Dim3 pre = dim3(geo.preprocessGrid(p)),
        kv = dim3(geo.kvGrid(p, config, spec.gqaGroup)),
-       dqGrid = dim3(geo.dqGrid(p, config));
+       dqGrid = dim3(geo.dqGrid(p));
   rt::launch(preprocess, pre,
              Dim3{unsigned(GpuBackwardGeometry::kPreprocessThreads), 1, 1}, 0,
              stream, params);

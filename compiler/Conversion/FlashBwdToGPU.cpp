@@ -93,8 +93,8 @@ public:
   FlashBwdKernel(GpuBuilder &g, const BwdShape &k, mlir::gpu::GPUFuncOp fn,
                  Value smem)
       : g(g), k(k), fn(fn), smem(smem), kvMajor(k.role == Role::Main),
-        rr(kvMajor ? k.config.blockN : k.config.blockM),
-        rs(kvMajor ? k.config.blockM : k.config.blockN),
+        rr(kvMajor ? k.config.blockN : k.geo.dqRows),
+        rs(kvMajor ? k.config.blockM : k.geo.dqKeys),
         mt(kvMajor ? k.geo.keyTiles : k.geo.rowTiles), nt(rs / 8),
         sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem) {}
 
