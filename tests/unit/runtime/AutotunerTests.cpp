@@ -102,6 +102,36 @@ TEST(Autotuner, BackwardRegisterEstimate) {
   EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(512, 512), small), 160);
 }
 
+/// The dQ kernel's own tiling: two row tiles per warp and 32 keys per step
+/// where Br gives each warp one tile and dQ fits; else Br and Bc.
+TEST(Autotuner, BackwardDqKernelTiling) {
+  TileConfig c; // 64 x 64, 4 warps
+  GpuBackwardGeometry g = gpuBackwardGeometry(backwardSpec(128, 128), c);
+  EXPECT_EQ(g.rowTiles, 2);
+  EXPECT_EQ(g.dqRows, 128);
+  EXPECT_EQ(g.dqKeys, 32);
+  Problem p;
+  p.heads = 2;
+  p.seqLenQ = p.seqLenKV = 300;
+  EXPECT_EQ(g.dqGrid(p)[0], 3); // ceil(300 / 128)
+  EXPECT_EQ(g.dqGrid(p)[1], 2);
+  // Already two row tiles per warp (128 rows): Br x Bc as given.
+  c.blockM = 128;
+  g = gpuBackwardGeometry(backwardSpec(64, 64), c);
+  EXPECT_EQ(g.dqRows, 128);
+  EXPECT_EQ(g.dqKeys, 64);
+  // dQ chunks of 256 columns would not fit twice: one tile per warp.
+  c.blockM = 64;
+  g = gpuBackwardGeometry(backwardSpec(256, 256), c);
+  EXPECT_EQ(g.rowTiles, 1);
+  EXPECT_EQ(g.dqRows, 64);
+  EXPECT_EQ(g.dqKeys, 64);
+  // A sparse block of 64 cannot hold 128 rows.
+  g = gpuBackwardGeometry(backwardSpec(128, 128, /*sparse=*/true, 64), c);
+  EXPECT_EQ(g.dqRows, 64);
+  EXPECT_EQ(g.dqKeys, 64);
+}
+
 /// The candidates are exactly the default (first, when valid) and the grid
 /// configs that are valid and within the register estimate.
 TEST(Autotuner, BackwardCandidatesAreTheValidPrunedGrid) {
