@@ -238,6 +238,25 @@ struct BackwardStrides {
   std::array<int64_t, 3> counts{}, indices{}, kvCounts{}, kvIndices{};
 };
 
+/// The tensors' strides of \p q .. \p dv: anything with a `strides`
+/// (b, h, n, d) array (host or device tensors); the layout's stay zero.
+template <typename Tensor>
+BackwardStrides tensorStrides(const Tensor &q, const Tensor &k, const Tensor &v,
+                              const Tensor &o, const Tensor &dO,
+                              const Tensor &dq, const Tensor &dk,
+                              const Tensor &dv) {
+  BackwardStrides s;
+  s.q = q.strides;
+  s.k = k.strides;
+  s.v = v.strides;
+  s.o = o.strides;
+  s.dO = dO.strides;
+  s.dq = dq.strides;
+  s.dk = dk.strides;
+  s.dv = dv.strides;
+  return s;
+}
+
 /// The index arguments of the backward kernels, in IndexArg order: one
 /// place for the CPU and GPU launchers.
 inline std::array<int64_t, NumIndexArgs> indexArgs(const AttentionSpec &spec,

@@ -23,6 +23,18 @@ int64_t chooseCopyBytes(const ForwardArgs &args) {
   return 2;
 }
 
+void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
+                        int64_t compiledCopy, int64_t allowedCopy) {
+  for (const DeviceTensor *t : tensors)
+    if (t->strides[3] != 1)
+      throw SpecError(fmt::format(
+          "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
+  if (allowedCopy < compiledCopy)
+    throw SpecError(
+        fmt::format("kernel compiled for {}-byte copies, the tensors allow {}",
+                    compiledCopy, allowedCopy));
+}
+
 ForwardKernel::ForwardKernel(const std::vector<char> &cubin,
                              const AttentionSpec &spec,
                              const TileConfig &config, int64_t copyBytes)
@@ -34,14 +46,7 @@ ForwardKernel::ForwardKernel(const std::vector<char> &cubin,
 void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
                            CUstream stream) const {
   p.validate(spec);
-  for (const DeviceTensor *t : {&a.q, &a.k, &a.v, &a.o})
-    if (t->strides[3] != 1)
-      throw SpecError(fmt::format(
-          "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
-  if (chooseCopyBytes(a) < copy)
-    throw SpecError(
-        fmt::format("kernel compiled for {}-byte copies, the tensors allow {}",
-                    copy, chooseCopyBytes(a)));
+  checkDeviceTensors({&a.q, &a.k, &a.v, &a.o}, copy, chooseCopyBytes(a));
   if (spec.blockSparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
 

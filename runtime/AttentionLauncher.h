@@ -15,6 +15,7 @@
 #include "runtime/CudaDriver.h"
 
 #include <array>
+#include <initializer_list>
 #include <vector>
 
 namespace flashjit::rt {
@@ -36,6 +37,12 @@ struct ForwardArgs {
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers
 /// and strides of Q, K and V allow. Part of the compiled variant.
 int64_t chooseCopyBytes(const ForwardArgs &args);
+
+/// Throws SpecError unless every tensor's innermost stride is 1 and the
+/// tensors allow (\p allowedCopy) the copy width the kernel was compiled
+/// for (\p compiledCopy).
+void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
+                        int64_t compiledCopy, int64_t allowedCopy);
 
 /// A loaded forward kernel.
 class ForwardKernel {

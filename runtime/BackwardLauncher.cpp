@@ -34,15 +34,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
                             CUstream stream) const {
   namespace bwd = abi::bwd;
   p.validate(spec);
-  for (const DeviceTensor *t :
-       {&a.q, &a.k, &a.v, &a.o, &a.dO, &a.dq, &a.dk, &a.dv})
-    if (t->strides[3] != 1)
-      throw SpecError(fmt::format(
-          "the innermost (head-dim) stride must be 1, got {}", t->strides[3]));
-  if (chooseCopyBytes(a) < copy)
-    throw SpecError(
-        fmt::format("kernel compiled for {}-byte copies, the tensors allow {}",
-                    copy, chooseCopyBytes(a)));
+  checkDeviceTensors({&a.q, &a.k, &a.v, &a.o, &a.dO, &a.dq, &a.dk, &a.dv}, copy,
+                     chooseCopyBytes(a));
   if (!a.lse || !a.delta)
     throw SpecError("the backward needs the forward's lse and a workspace");
   if (spec.blockSparse &&
@@ -50,15 +43,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     throw SpecError("a block-sparse backward needs the layout and its "
                     "transpose");
 
-  bwd::BackwardStrides strides;
-  strides.q = a.q.strides;
-  strides.k = a.k.strides;
-  strides.v = a.v.strides;
-  strides.o = a.o.strides;
-  strides.dO = a.dO.strides;
-  strides.dq = a.dq.strides;
-  strides.dk = a.dk.strides;
-  strides.dv = a.dv.strides;
+  bwd::BackwardStrides strides =
+      bwd::tensorStrides(a.q, a.k, a.v, a.o, a.dO, a.dq, a.dk, a.dv);
   strides.counts = a.countStrides;
   strides.indices = a.indexStrides;
   strides.kvCounts = a.kvCountStrides;

@@ -348,15 +348,8 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
                                 workspaceBytes, needBytes));
   }
 
-  abi::bwd::BackwardStrides strides;
-  strides.q = fwd.q.strides;
-  strides.k = fwd.k.strides;
-  strides.v = fwd.v.strides;
-  strides.o = fwd.o.strides;
-  strides.dO = g.dO.strides;
-  strides.dq = g.dq.strides;
-  strides.dk = g.dk.strides;
-  strides.dv = g.dv.strides;
+  abi::bwd::BackwardStrides strides = abi::bwd::tensorStrides(
+      fwd.q, fwd.k, fwd.v, fwd.o, g.dO, g.dq, g.dk, g.dv);
   std::vector<int32_t> noLayout(1, 0);
   MemRef1D counts = describe(noLayout.data(), 1), indices = counts;
   MemRef1D kvCounts = counts, kvIndices = counts;
