@@ -518,7 +518,8 @@ class Kernel:
                 "dtype": "bf16" if s.dtype == _lib.DTYPE_BF16 else "fp16",
                 "mask": ("none", "causal", "sliding_window")[s.mask],
                 "gqa": s.gqa,
-                "sparse_block": s.sparse_block if s.block_sparse else None}
+                "sparse_block": s.sparse_block if s.block_sparse else None,
+                "backward": bool(s.direction)}
 
     def _handle(self):
         if self.arch is None:  # the current GPU's arch, if there is one
@@ -561,11 +562,13 @@ class Kernel:
 
 
 def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
-            sliding_window=False, gqa=1, sparse_block=None, arch=None):
+            sliding_window=False, gqa=1, sparse_block=None, arch=None,
+            backward=False):
     """Describes a kernel; read its .ptx or .emit(stage). Validation
     (head dims 1..512, ...) happens here: InvalidArgumentError names the
     field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
-    "sm_90a", ... (None: the current GPU's, else sm_90a)."""
+    "sm_90a", ... (None: the current GPU's, else sm_90a). backward: the
+    backward's kernels (preprocess, dK/dV, dQ) and tiling instead."""
     if isinstance(dtype, str):
         if dtype not in _DTYPE_NAMES:
             raise TypeError(f"flashjit.compile: dtype must be bf16 or fp16, "
@@ -583,7 +586,7 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
     mask = (_lib.MASK_CAUSAL if causal else
             _lib.MASK_SLIDING_WINDOW if sliding_window else _lib.MASK_NONE)
     spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
-                          dt, mask, gqa, sparse_block or 0)
+                          dt, mask, gqa, sparse_block or 0, backward=backward)
     # Validate now: chosen_config checks the spec on the CPU handle.
     out = (ctypes.c_int64 * 4)()
     _lib.check(_lib.lib().flashjit_chosen_config(

@@ -84,7 +84,7 @@ class Spec(ctypes.Structure):
         ("mask", ctypes.c_int32),
         ("gqa", ctypes.c_int64),
         ("block_sparse", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("direction", ctypes.c_int32),
         ("sparse_block", ctypes.c_int64),
     ]
 
@@ -117,7 +117,8 @@ def make_tensor(data_ptr, shape, strides):
     return t
 
 
-def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block):
+def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
+              backward=False):
     s = Spec()
     s.head_dim_qk = int(head_dim_qk)
     s.head_dim_v = int(head_dim_v)
@@ -125,7 +126,7 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block):
     s.mask = mask
     s.gqa = int(gqa)
     s.block_sparse = 1 if sparse_block else 0
-    s.reserved = 0
+    s.direction = 1 if backward else 0  # which pass emit / chosen_config see
     s.sparse_block = int(sparse_block) if sparse_block else 128
     return s
 

@@ -311,6 +311,15 @@ def test_compile_ptx_and_stages():
         flashjit.compile(0)
     with pytest.raises(flashjit.InvalidArgumentError, match="bogus"):
         kern.emit("bogus")
+    # The backward's three kernels and its own tiling.
+    bwd = flashjit.compile(96, causal=True, arch="sm_80", backward=True)
+    assert bwd.spec["backward"] and not kern.spec["backward"]
+    bptx = bwd.ptx
+    for entry in ("attention_preprocess(", "attention(", "attention_dq("):
+        assert ".entry " + entry in bptx
+    assert "attn.flash_bwd" in bwd.emit("attn")
+    assert bwd.config(batch=2, heads=8, seq_len=1000) == {
+        "block_m": 64, "block_n": 64, "warps": 4, "stages": 2}
 
 
 def test_kernels_are_cached():

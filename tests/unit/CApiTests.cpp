@@ -582,6 +582,22 @@ TEST(CApi, ChosenConfigIsTheDefaultTiling) {
   EXPECT_EQ(flashjit_chosen_config(h, &spec, 0, 8, 1000, 1000, out),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("batch"), std::string::npos) << lastError();
+
+  // The backward's tiling, through the spec's direction.
+  spec.direction = FLASHJIT_DIRECTION_BACKWARD;
+  ASSERT_EQ(flashjit_chosen_config(h, &spec, 2, 8, 1000, 1000, out),
+            FLASHJIT_OK)
+      << lastError();
+  s.direction = Direction::Backward;
+  TileConfig bwd = defaultGpuBackwardConfig(s);
+  EXPECT_EQ(out[0], bwd.blockM);
+  EXPECT_EQ(out[1], bwd.blockN);
+  EXPECT_EQ(out[2], bwd.warps);
+  spec.direction = 2;
+  EXPECT_EQ(flashjit_chosen_config(h, &spec, 2, 8, 1000, 1000, out),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.direction"), std::string::npos)
+      << lastError();
 }
 
 TEST(CApi, EmitStages) {
@@ -616,6 +632,21 @@ TEST(CApi, EmitStages) {
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(out, nullptr);
   EXPECT_NE(lastError().find("bogus"), std::string::npos) << lastError();
+
+  // The backward's stages: attn.flash_bwd and three kernels.
+  spec.direction = FLASHJIT_DIRECTION_BACKWARD;
+  ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string bwdAttn(out, len);
+  flashjit_free(out);
+  EXPECT_NE(bwdAttn.find("attn.flash_bwd"), std::string::npos) << bwdAttn;
+  ASSERT_EQ(flashjit_emit(h, &spec, "ptx", "sm_80", &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string bwdPtx(out, len);
+  flashjit_free(out);
+  for (const char *entry : {".entry attention_preprocess(", ".entry attention(",
+                            ".entry attention_dq("})
+    EXPECT_NE(bwdPtx.find(entry), std::string::npos) << entry;
 }
 
 TEST(CApi, VersionAndStatusNames) {

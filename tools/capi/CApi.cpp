@@ -185,8 +185,14 @@ AttentionSpec toSpec(const flashjit_spec *s) {
   spec.gqaGroup = s->gqa;
   spec.blockSparse = s->block_sparse != 0;
   spec.sparseBlock = s->sparse_block;
-  if (s->reserved != 0)
-    invalid(fmt::format("spec.reserved must be 0, got {}", s->reserved));
+  if (s->direction != FLASHJIT_DIRECTION_FORWARD &&
+      s->direction != FLASHJIT_DIRECTION_BACKWARD)
+    invalid(fmt::format("spec.direction must be FLASHJIT_DIRECTION_FORWARD "
+                        "(0) or FLASHJIT_DIRECTION_BACKWARD (1), got {}",
+                        s->direction));
+  spec.direction = s->direction == FLASHJIT_DIRECTION_BACKWARD
+                       ? Direction::Backward
+                       : Direction::Forward;
   try {
     spec.validate();
   } catch (const SpecError &e) {
@@ -521,7 +527,7 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
       hostLayout(layout, p, forwardSpec.sparseBlock);
   AttentionSpec spec = forwardSpec;
   spec.direction = Direction::Backward;
-  TileConfig config = chooseConfig(forwardSpec, p, nullptr);
+  TileConfig config = chooseConfig(spec, p, nullptr);
   std::shared_ptr<CpuBackwardKernel> kernel;
   {
     std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
@@ -932,6 +938,7 @@ FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec) {
   spec->mask = FLASHJIT_MASK_NONE;
   spec->gqa = 1;
   spec->block_sparse = 0;
+  spec->direction = FLASHJIT_DIRECTION_FORWARD;
   spec->sparse_block = 128;
 }
 
@@ -944,6 +951,7 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
   return guarded("flashjit_forward", [&] {
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);
+    s.direction = Direction::Forward; // the pass this call runs
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
     if (handle->device == FLASHJIT_DEVICE_CPU)
@@ -963,7 +971,8 @@ FLASHJIT_API flashjit_status flashjit_backward(
     void *workspace, size_t workspace_bytes, void *cuda_stream) {
   return guarded("flashjit_backward", [&] {
     requireHandle(handle);
-    AttentionSpec s = toSpec(spec);
+    AttentionSpec s = toSpec(spec);   // as the forward's: the callees derive
+    s.direction = Direction::Forward; // the backward spec from it
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
     checkSameShape(d_o, "d_o", *o, "o");

@@ -125,6 +125,14 @@ typedef enum flashjit_dtype {
   FLASHJIT_DTYPE_FP16 = 1
 } flashjit_dtype;
 
+/** Which pass a spec describes to flashjit_chosen_config and flashjit_emit.
+ *  flashjit_forward and flashjit_backward run their own pass whatever it
+ *  says. */
+typedef enum flashjit_direction {
+  FLASHJIT_DIRECTION_FORWARD = 0,
+  FLASHJIT_DIRECTION_BACKWARD = 1
+} flashjit_direction;
+
 typedef enum flashjit_mask {
   FLASHJIT_MASK_NONE = 0,
   /** Bottom-right aligned causal: window (inf, 0). */
@@ -143,7 +151,7 @@ typedef struct flashjit_spec {
   int32_t mask;         /**< flashjit_mask */
   int64_t gqa;          /**< query heads per KV head, >= 1 */
   int32_t block_sparse; /**< nonzero: a flashjit_layout is given at run time */
-  int32_t reserved;     /**< must be 0 */
+  int32_t direction;    /**< flashjit_direction (0, forward) */
   int64_t sparse_block; /**< rows and columns of one layout block (128) */
 } flashjit_spec;
 
@@ -261,17 +269,20 @@ FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
 /* Inspecting                                                              */
 /* ---------------------------------------------------------------------- */
 
-/** The tiling flashjit_forward uses for \p spec on this problem:
- *  out = {block_m, block_n, warps, stages}: on CUDA a config tuned on this
- *  GPU for this problem class (memory or the disk cache) if any, else the
- *  heuristic. The first flashjit_forward of a new (spec, problem class,
- *  GPU) tunes on its inputs unless FLASHJIT_AUTOTUNE=0 or the stream is
- *  being captured. */
+/** The tiling flashjit_forward (or, with spec->direction
+ *  FLASHJIT_DIRECTION_BACKWARD, flashjit_backward) uses for \p spec on this
+ *  problem: out = {block_m, block_n, warps, stages}: on CUDA a config tuned
+ *  on this GPU for this problem class (memory or the disk cache) if any,
+ *  else the heuristic. The first flashjit_forward of a new (spec, problem
+ *  class, GPU) tunes on its inputs unless FLASHJIT_AUTOTUNE=0 or the stream
+ *  is being captured; the backward never tunes on a call (`flashjit tune
+ *  --backward` stores a config it then uses). */
 FLASHJIT_API flashjit_status flashjit_chosen_config(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, int64_t out[4]);
 
-/** Prints a stage of \p spec compiled with the default tiling: "attn",
+/** Prints a stage of \p spec (its direction: the forward's kernel or the
+ *  backward's three) compiled with the default tiling: "attn",
  *  "tiled", "gpu", "llvm", "ptx", "cpu-llvm", or "cubin" (binary; needs
  *  nvJitLink). \p arch: "sm_80", "sm_90a", ...; NULL means the handle's GPU
  *  on a CUDA handle, "sm_90a" on a CPU handle (neither needs a GPU for
