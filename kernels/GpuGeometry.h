@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace flashjit {
@@ -63,15 +64,35 @@ inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
   return g;
 }
 
+/// "" if \p value (the tiling field \p name) is a multiple of 16 * warps,
+/// else why not, ending with \p where.
+inline std::string warpMultipleProblem(const char *name, int64_t value,
+                                       int64_t warps, const char *where) {
+  if (value % (16 * warps) == 0)
+    return "";
+  return std::string(name) + " (" + std::to_string(value) +
+         ") must be a multiple of 16 * warps (" + std::to_string(16 * warps) +
+         ")" + where;
+}
+
+/// "" if \p need bytes of shared memory (for \p what) fit \p max.
+inline std::string sharedMemoryProblem(const char *what, int64_t need,
+                                       int64_t max) {
+  if (need <= max)
+    return "";
+  return std::string(what) + " need " + std::to_string(need) +
+         " bytes of shared memory, the device allows " + std::to_string(max);
+}
+
 /// Why \p config cannot run on the GPU for \p spec ("" if it can), given the
 /// device's opt-in shared memory per block.
 inline std::string gpuConfigProblem(const AttentionSpec &spec,
                                     const TileConfig &config,
                                     int64_t maxSharedBytes) {
-  if (config.blockM % (16 * config.warps) != 0)
-    return "block_m (" + std::to_string(config.blockM) +
-           ") must be a multiple of 16 * warps (" +
-           std::to_string(16 * config.warps) + ") on the GPU";
+  if (std::string p = warpMultipleProblem("block_m", config.blockM,
+                                          config.warps, " on the GPU");
+      !p.empty())
+    return p;
   if (config.blockN % 16 != 0)
     return "block_n (" + std::to_string(config.blockN) +
            ") must be a multiple of 16 on the GPU";
@@ -79,12 +100,8 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
     return "stages (" + std::to_string(config.stages) +
            ") must be 2 on the GPU: K of the next block loads during P V and "
            "V during S (deeper pipelines are not implemented yet)";
-  GpuGeometry g = gpuGeometry(spec, config);
-  if (g.sharedBytes > maxSharedBytes)
-    return "the tiles need " + std::to_string(g.sharedBytes) +
-           " bytes of shared memory, the device allows " +
-           std::to_string(maxSharedBytes);
-  return "";
+  return sharedMemoryProblem("the tiles", gpuGeometry(spec, config).sharedBytes,
+                             maxSharedBytes);
 }
 
 /// The default GPU tiling for a head dim (before tuning): the fastest
@@ -243,26 +260,23 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
 inline std::string gpuBackwardConfigProblem(const AttentionSpec &spec,
                                             const TileConfig &config,
                                             int64_t maxSharedBytes) {
-  if (config.blockM % (16 * config.warps) != 0)
-    return "block_m (" + std::to_string(config.blockM) +
-           ") must be a multiple of 16 * warps (" +
-           std::to_string(16 * config.warps) +
-           ") for the GPU backward (the dQ kernel's warps split the rows)";
-  if (config.blockN % (16 * config.warps) != 0)
-    return "block_n (" + std::to_string(config.blockN) +
-           ") must be a multiple of 16 * warps (" +
-           std::to_string(16 * config.warps) +
-           ") for the GPU backward (the dK/dV kernel's warps split the keys)";
+  for (auto [name, value, where] :
+       {std::tuple("block_m", config.blockM,
+                   " for the GPU backward (the dQ kernel's warps split the "
+                   "rows)"),
+        std::tuple("block_n", config.blockN,
+                   " for the GPU backward (the dK/dV kernel's warps split the "
+                   "keys)")})
+    if (std::string p = warpMultipleProblem(name, value, config.warps, where);
+        !p.empty())
+      return p;
   if (config.stages != 2)
     return "stages (" + std::to_string(config.stages) +
            ") must be 2 on the GPU (double-buffered tiles)";
   GpuBackwardGeometry g = gpuBackwardGeometry(spec, config);
-  int64_t need = std::max(g.kvSmem.total, g.dqSmem.total);
-  if (need > maxSharedBytes)
-    return "the backward's tiles need " + std::to_string(need) +
-           " bytes of shared memory, the device allows " +
-           std::to_string(maxSharedBytes);
-  return "";
+  return sharedMemoryProblem("the backward's tiles",
+                             std::max(g.kvSmem.total, g.dqSmem.total),
+                             maxSharedBytes);
 }
 
 /// The default GPU tiling of the backward (before tuning), per range of
