@@ -26,7 +26,31 @@ struct GpuCase {
   DType dtype;
   MaskKind mask;
   bool sparse;
+
+  AttentionSpec spec(Direction direction) const {
+    AttentionSpec s;
+    s.headDimQK = dqk;
+    s.headDimV = dv;
+    s.dtype = dtype;
+    s.mask = mask;
+    s.blockSparse = sparse;
+    s.direction = direction;
+    return s;
+  }
 };
+
+/// The cubin of \p spec with \p config for \p arch, through nvJitLink.
+rt::CubinResult assemble(const AttentionSpec &spec, const TileConfig &config,
+                         const char *arch) {
+  GpuTarget target;
+  target.arch = arch;
+  rt::CubinResult cubin =
+      rt::ptxToCubin(compileToPtx(spec, config, target), arch);
+  EXPECT_GT(cubin.cubin.size(), 4u);
+  if (cubin.cubin.size() > 4)
+    EXPECT_EQ(std::string(cubin.cubin.data() + 1, 3), "ELF");
+  return cubin;
+}
 
 std::string caseName(const GpuCase &c) {
   return "dqk" + std::to_string(c.dqk) + "_dv" + std::to_string(c.dv) +
@@ -44,20 +68,10 @@ protected:
 
 TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
   const GpuCase &c = GetParam();
-  AttentionSpec spec;
-  spec.headDimQK = c.dqk;
-  spec.headDimV = c.dv;
-  spec.dtype = c.dtype;
-  spec.mask = c.mask;
-  spec.blockSparse = c.sparse;
+  AttentionSpec spec = c.spec(Direction::Forward);
   TileConfig config = defaultGpuConfig(spec);
   for (const char *arch : {"sm_80", "sm_90a"}) {
-    GpuTarget target;
-    target.arch = arch;
-    std::string ptx = compileToPtx(spec, config, target);
-    rt::CubinResult cubin = rt::ptxToCubin(ptx, arch);
-    ASSERT_GT(cubin.cubin.size(), 4u);
-    EXPECT_EQ(std::string(cubin.cubin.data() + 1, 3), "ELF");
+    rt::CubinResult cubin = assemble(spec, config, arch);
     rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog);
     EXPECT_GT(use.registers, 0) << cubin.infoLog;
     int64_t shared = gpuGeometry(spec, config).sharedBytes + use.sharedBytes;
@@ -77,13 +91,7 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
 /// use.
 TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
   const GpuCase &c = GetParam();
-  AttentionSpec spec;
-  spec.headDimQK = c.dqk;
-  spec.headDimV = c.dv;
-  spec.dtype = c.dtype;
-  spec.mask = c.mask;
-  spec.blockSparse = c.sparse;
-  spec.direction = Direction::Backward;
+  AttentionSpec spec = c.spec(Direction::Backward);
   TileConfig config = defaultGpuBackwardConfig(spec);
   GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
   EXPECT_LE(std::max(geo.kvSmem.total, geo.dqSmem.total), 227 * 1024);
@@ -92,11 +100,7 @@ TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
   // (causal, block-sparse, fp16), 88 at d = 512.
   const int spillBound = d <= 128 ? 64 : d <= 256 ? 128 : 512;
   for (const char *arch : {"sm_80", "sm_90a"}) {
-    GpuTarget target;
-    target.arch = arch;
-    std::string ptx = compileToPtx(spec, config, target);
-    rt::CubinResult cubin = rt::ptxToCubin(ptx, arch);
-    ASSERT_GT(cubin.cubin.size(), 4u);
+    rt::CubinResult cubin = assemble(spec, config, arch);
     for (const char *fn :
          {"attention_preprocess", "attention", "attention_dq"}) {
       rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog, fn);
