@@ -46,6 +46,8 @@ std::string AttentionSpec::name() const {
                               toString(mask), gqaGroup);
   if (blockSparse)
     s += fmt::format("_bs{}", sparseBlock);
+  if (direction == Direction::Backward && deterministic)
+    s += "_det";
   return s;
 }
 
@@ -53,10 +55,13 @@ std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}}}",
+      "\"sparse_block\":{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
-      blockSparse ? "true" : "false", sparseBlock);
+      blockSparse ? "true" : "false", sparseBlock,
+      direction == Direction::Backward
+          ? fmt::format(",\"deterministic\":{}", deterministic)
+          : std::string());
 }
 
 void TileConfig::validate(const AttentionSpec &spec) const {
@@ -138,11 +143,10 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
       spec.blockSparse ? spec.sparseBlock : 0);
 }
 
-int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p,
-                               DqAccumulation mode) {
+int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p) {
   int64_t rows = p.batch * p.heads * p.seqLenQ;
   int64_t bytes = 2 * rows * 4; // delta, -lse * log2(e)
-  if (mode == DqAccumulation::Atomic)
+  if (dqAccumulation(spec) == DqAccumulation::Atomic)
     bytes += rows * spec.headDimQK * 4; // dq_accum
   return bytes;
 }

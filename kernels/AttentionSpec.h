@@ -48,6 +48,10 @@ struct AttentionSpec {
   /// Rows and columns of one block of the sparse layout.
   int64_t sparseBlock = 128;
   Direction direction = Direction::Forward;
+  /// Backward only (the forward ignores it): dQ by a separate pass over Q
+  /// blocks, bit-identical run to run, instead of atomic adds into an f32
+  /// workspace from the dK/dV loop (faster: two fewer matmuls).
+  bool deterministic = false;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;
@@ -100,21 +104,26 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 
-/// How the backward accumulates dQ. SeparatePass (what the CPU and GPU
-/// kernels do): a second pass over Q blocks recomputes P and dS and sums dQ
-/// in registers: deterministic by construction, no dQ workspace. Atomic (not
-/// implemented; sized here for the ABI): the main loop would add into an
-/// f32 dq_accum workspace.
+/// How the backward accumulates dQ. SeparatePass (spec.deterministic): a
+/// second pass over Q blocks recomputes P and dS and sums dQ in registers:
+/// deterministic by construction, no dQ workspace. Atomic (the default): the
+/// dK/dV loop adds dS K into an f32 dq_accum workspace (zeroed by the
+/// preprocess step), and a last step scales and converts it to dQ.
 enum class DqAccumulation { SeparatePass, Atomic };
+
+/// The dQ accumulation \p spec asks for.
+inline DqAccumulation dqAccumulation(const AttentionSpec &spec) {
+  return spec.deterministic ? DqAccumulation::SeparatePass
+                            : DqAccumulation::Atomic;
+}
 
 /// The workspace the backward of \p spec on \p problem needs, in bytes: the
 /// per-row statistics (f32 [2, B, H, Nq]: delta = rowsum(dO * O), then
-/// -lse * log2(e)) and, for Atomic, dq_accum (f32 [B, H, Nq, dqk]) after
-/// them. A block-sparse backward also needs room for the layout's KV-major
+/// -lse * log2(e)) and, for Atomic (dqAccumulation(spec)), dq_accum (f32
+/// [B, H, Nq, dqk]) after them. A block-sparse backward also needs room for the layout's KV-major
 /// transpose: the C API's flashjit_backward_workspace_size counts both.
-int64_t
-backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &problem,
-                       DqAccumulation mode = DqAccumulation::SeparatePass);
+int64_t backwardWorkspaceBytes(const AttentionSpec &spec,
+                               const Problem &problem);
 
 const char *toString(DType dtype);
 const char *toString(MaskKind mask);

@@ -184,11 +184,14 @@ TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
   for (HalfTensor *t : {&first.dq, &first.dk, &first.dv})
     t->buffer = std::make_shared<std::vector<uint16_t>>(*t->buffer);
 
-  int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), s.problem);
+  AttentionSpec deterministic = s.backwardSpec();
+  deterministic.deterministic = true;
+  AttentionSpec atomic = deterministic;
+  atomic.deterministic = false;
+  int64_t bytes = backwardWorkspaceBytes(deterministic, s.problem);
   const int64_t rows = s.problem.batch * s.problem.heads * s.problem.seqLenQ;
   EXPECT_EQ(bytes, 2 * 4 * rows); // delta and -lse * log2(e)
-  EXPECT_EQ(backwardWorkspaceBytes(s.backwardSpec(), s.problem,
-                                   DqAccumulation::Atomic),
+  EXPECT_EQ(backwardWorkspaceBytes(atomic, s.problem),
             bytes + 4 * rows * c.dqk);
   std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
   for (int run = 0; run < 3; ++run) {
