@@ -114,6 +114,7 @@ lowerToGpu(MLIRContext &ctx, const AttentionSpec &spec,
   OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
   GpuPipelineConfig gpu;
   gpu.copyBytes = target.copyBytes;
+  gpu.vectorAtomics = usesVectorAtomics(target);
   runPipeline(*module, [&](OpPassManager &pm) {
     buildGpuPipeline(pm, config, gpu, stopAtGpu);
   });
@@ -130,10 +131,21 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
   return gpuModuleToPtx(*module, ptx);
 }
 
-std::string gpuPipelineText(const TileConfig &config, int64_t copyBytes) {
+std::string gpuPipelineText(const TileConfig &config,
+                            const GpuTarget &target) {
   return fmt::format("builtin.module(flashjit-gpu-pipeline{{block-m={} "
-                     "block-n={} warps={} copy-bytes={}}})",
-                     config.blockM, config.blockN, config.warps, copyBytes);
+                     "block-n={} warps={} copy-bytes={} vector-atomics={}}})",
+                     config.blockM, config.blockN, config.warps,
+                     target.copyBytes, usesVectorAtomics(target));
+}
+
+bool usesVectorAtomics(const GpuTarget &target) {
+  const std::string &arch = target.arch;
+  int sm = 0;
+  if (arch.rfind("sm_", 0) == 0)
+    sm = std::atoi(arch.c_str() + 3);
+  return sm >= 90 &&
+         choosePtxVersion(arch, target.driverVersion) >= 81;
 }
 
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,

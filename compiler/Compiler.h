@@ -65,7 +65,11 @@ std::string cpuPipelineText(const TileConfig &config);
 
 /// The textual pass pipeline of the GPU kernel (as flashjit-opt runs it);
 /// part of the cubin cache key.
-std::string gpuPipelineText(const TileConfig &config, int64_t copyBytes);
+std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target);
+
+/// Whether kernels for \p target add f32 pairs with one vector reduction
+/// (red.global.add.v2.f32: sm_90 or later, PTX ISA 8.1 or later).
+bool usesVectorAtomics(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -179,13 +179,18 @@ struct GpuBackwardGeometry {
   int64_t dkChunk, dkChunks; ///< dK columns per program, programs (split)
   int64_t dvChunk, dvChunks; ///< dV columns per program, programs (split)
   int64_t dqChunk, dqChunks; ///< dQ columns per program, programs
+  /// dQ by atomics (dqAccumulation(spec)): the dK/dV kernel also adds dS K
+  /// into dq_accum, and the third kernel only scales and converts it.
+  bool atomicDq;
+  int64_t dsRowChunks; ///< 16-byte chunks per key row of the dS^T tile
   /// Shared memory of one main kernel: the resident QK-wide and V-wide
   /// tiles, then two stages of the streamed ones (each stage: the QK tile,
   /// the V tile and, in the dK/dV kernel, the streamed rows' statistics:
-  /// -lse * log2(e) and delta, f32).
+  /// -lse * log2(e) and delta, f32), then (atomic dQ, dK/dV kernel) dS^T:
+  /// Bc keys x Br queries of the element type.
   struct Smem {
     int64_t residentQK, residentV, streamQK, streamV, streamStats, stageBytes,
-        total;
+        dsTile, total;
   };
   Smem kvSmem, dqSmem;
 
@@ -199,9 +204,15 @@ struct GpuBackwardGeometry {
     return {ceilDiv(p.seqLenKV, c.blockN), p.batch * (p.heads / gqa),
             kvPrograms()};
   }
+  /// The third kernel's grid: the dQ pass, or (atomic dQ) the conversion of
+  /// dq_accum, a warp per row like the preprocess.
   std::array<int64_t, 3> dqGrid(const Problem &p) const {
+    if (atomicDq)
+      return preprocessGrid(p);
     return {ceilDiv(p.seqLenQ, dqRows), p.batch * p.heads, dqChunks};
   }
+  int64_t dqThreads() const { return atomicDq ? kPreprocessThreads : threads; }
+  int64_t dqSharedBytes() const { return atomicDq ? 0 : dqSmem.total; }
 };
 
 /// Splits \p pad columns into chunks of at most \p maxChunk (a multiple of
@@ -239,8 +250,10 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   g.vCols = std::max(g.dvPad, g.dvChunk * g.dvChunks);
   g.qkRowChunks = roundUp(g.qkCols / 8, 8);
   g.vRowChunks = roundUp(g.vCols / 8, 8);
-  auto smem = [&](int64_t residentRows, int64_t streamRows,
-                  int64_t statsBytes) {
+  g.atomicDq = dqAccumulation(spec) == DqAccumulation::Atomic;
+  g.dsRowChunks = roundUp(config.blockM / 8, 8);
+  auto smem = [&](int64_t residentRows, int64_t streamRows, int64_t statsBytes,
+                  int64_t dsBytes) {
     GpuBackwardGeometry::Smem s;
     s.residentQK = 0;
     s.residentV = residentRows * g.qkRowChunks * 16;
@@ -248,11 +261,13 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
     s.streamV = s.streamQK + streamRows * g.qkRowChunks * 16;
     s.streamStats = s.streamV + streamRows * g.vRowChunks * 16;
     s.stageBytes = s.streamStats + statsBytes - s.streamQK;
-    s.total = s.streamQK + 2 * s.stageBytes;
+    s.dsTile = s.streamQK + 2 * s.stageBytes;
+    s.total = s.dsTile + dsBytes;
     return s;
   };
-  g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4);
-  g.dqSmem = smem(g.dqRows, g.dqKeys, 0);
+  g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4,
+                  g.atomicDq ? config.blockN * g.dsRowChunks * 16 : 0);
+  g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0);
   return g;
 }
 
@@ -260,14 +275,17 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
 inline std::string gpuBackwardConfigProblem(const AttentionSpec &spec,
                                             const TileConfig &config,
                                             int64_t maxSharedBytes) {
-  for (auto [name, value, where] :
-       {std::tuple("block_m", config.blockM,
-                   " for the GPU backward (the dQ kernel's warps split the "
-                   "rows)"),
-        std::tuple("block_n", config.blockN,
+  // With atomic dQ there is no dQ kernel: Br only needs whole MMA tiles.
+  const bool atomic = dqAccumulation(spec) == DqAccumulation::Atomic;
+  for (auto [name, value, warps, where] :
+       {std::tuple("block_m", config.blockM, atomic ? 1 : config.warps,
+                   atomic ? " for the GPU backward (16-row MMA tiles)"
+                          : " for the GPU backward (the dQ kernel's warps "
+                            "split the rows)"),
+        std::tuple("block_n", config.blockN, config.warps,
                    " for the GPU backward (the dK/dV kernel's warps split the "
                    "keys)")})
-    if (std::string p = warpMultipleProblem(name, value, config.warps, where);
+    if (std::string p = warpMultipleProblem(name, value, warps, where);
         !p.empty())
       return p;
   if (config.stages != 2)
@@ -275,21 +293,29 @@ inline std::string gpuBackwardConfigProblem(const AttentionSpec &spec,
            ") must be 2 on the GPU (double-buffered tiles)";
   GpuBackwardGeometry g = gpuBackwardGeometry(spec, config);
   return sharedMemoryProblem("the backward's tiles",
-                             std::max(g.kvSmem.total, g.dqSmem.total),
+                             std::max(g.kvSmem.total, g.dqSharedBytes()),
                              maxSharedBytes);
 }
 
 /// The default GPU tiling of the backward (before tuning), per range of
 /// max(head_dim_qk, head_dim_v): one 16-key tile per warp in the dK/dV
 /// kernel and one or two 16-row tiles per warp in the dQ kernel. Measured on
-/// the H200 (bench/NOTES.md, `tune --backward` at N = 16K): 128 x 64 is 14%
-/// faster than 64 x 64 at d = 64 without a mask (with one, its dK/dV kernel
-/// spills); 64 x 64 is the fastest at d = 128.
+/// the H200 (bench/NOTES.md, `tune --backward` at N = 16K). Separate dQ
+/// pass: 128 x 64 is 14% faster than 64 x 64 at d = 64 without a mask (with
+/// one, its dK/dV kernel spills); 64 x 64 is the fastest at d = 128. Atomic
+/// dQ: Bc = 128 with 8 warps (half the dq_accum traffic of Bc = 64) up to
+/// d = 128 (64 x 128: 257 TFLOP/s at d = 128, 4-6% above 64 x 64; 128 x 128
+/// at d = 64 without a mask), the same as the separate pass above.
 inline TileConfig defaultGpuBackwardConfig(const AttentionSpec &spec) {
   int64_t d = std::max(spec.headDimQK, spec.headDimV);
   bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
+  bool atomic = dqAccumulation(spec) == DqAccumulation::Atomic;
   TileConfig c;
-  if (d <= 64 && isPlain) {
+  if (atomic && d <= 128) {
+    c.blockM = d <= 64 && isPlain ? 128 : 64;
+    c.blockN = 128;
+    c.warps = 8;
+  } else if (d <= 64 && isPlain) {
     c.blockM = 128;
     c.blockN = 64;
     c.warps = 4;
@@ -308,8 +334,9 @@ inline TileConfig defaultGpuBackwardConfig(const AttentionSpec &spec) {
       c.blockM /= 2;
     while (spec.sparseBlock % c.blockN != 0 && c.blockN > 16)
       c.blockN /= 2;
-    while (c.warps > 1 &&
-           (c.blockM % (16 * c.warps) != 0 || c.blockN % (16 * c.warps) != 0))
+    // (With atomic dQ only the keys are split over the warps.)
+    while (c.warps > 1 && ((!atomic && c.blockM % (16 * c.warps) != 0) ||
+                           c.blockN % (16 * c.warps) != 0))
       c.warps /= 2;
   }
   return c;

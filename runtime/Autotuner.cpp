@@ -65,6 +65,8 @@ int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
   int64_t kvOut =
       g.kvCombined ? g.dkChunk + g.dvChunk : std::max(g.dkChunk, g.dvChunk);
   int64_t kv = g.keyTiles * kvOut / 2 + 2 * g.keyTiles * c.blockM / 2;
+  if (g.atomicDq) // no dQ kernel; the dK/dV kernel's dQ slab: 64 at most
+    return kv;
   int64_t dq = g.rowTiles * g.dqChunk / 2 + 2 * g.rowTiles * g.dqKeys / 2;
   return std::max(kv, dq);
 }

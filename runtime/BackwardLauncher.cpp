@@ -70,8 +70,12 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   bufs[bwd::Indices] = a.indices;
   bufs[bwd::KvCounts] = a.kvCounts;
   bufs[bwd::KvIndices] = a.kvIndices;
-  // Buffers a kernel never reads (dq_accum, a dense kernel's layout) get a
-  // valid pointer anyway.
+  // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
+  if (geo.atomicDq)
+    bufs[bwd::DqAccum] = a.delta + CUdeviceptr(2 * 4 * p.batch * p.heads *
+                                                p.seqLenQ);
+  // Buffers a kernel never reads (dq_accum of the separate dQ pass, a dense
+  // kernel's layout) get a valid pointer anyway.
   for (CUdeviceptr &b : bufs)
     if (!b)
       b = a.q.ptr;
@@ -98,7 +102,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
              stream, params);
   Dim3 block{unsigned(geo.threads), 1, 1};
   rt::launch(main, kv, block, unsigned(geo.kvSmem.total), stream, params);
-  rt::launch(dq, dqGrid, block, unsigned(geo.dqSmem.total), stream, params);
+  rt::launch(dq, dqGrid, Dim3{unsigned(geo.dqThreads()), 1, 1},
+             unsigned(geo.dqSharedBytes()), stream, params);
 }
 
 } // namespace flashjit::rt

@@ -66,7 +66,7 @@ namespace bwd = flashjit::abi::bwd;
 
 namespace {
 
-enum class Role { Preprocess, Main, Dq };
+enum class Role { Preprocess, Main, Dq, DqConvert };
 
 /// Everything one backward kernel is specialised on.
 struct BwdShape {
@@ -76,6 +76,7 @@ struct BwdShape {
   GpuBackwardGeometry geo;
   bool hasBand;
   Role role;
+  bool vectorAtomics; ///< dQ pairs by red.global.add.v2.f32
 };
 
 /// What a program of a main kernel accumulates: dS times the streamed
@@ -86,6 +87,18 @@ struct Outputs {
   int64_t kCols = 0, vCols = 0;
   Value kStart, vStart; ///< i32, multiples of 64 elements
 };
+
+/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): every
+/// warp computes all Br rows; the columns go in groups of 64, `cols` warps
+/// split each group into contiguous pieces of colWidth, and `groups` warp
+/// phases take the groups round robin.
+struct DqWarps {
+  int64_t cols, groups, colWidth;
+};
+DqWarps dqWarps(int64_t warps) {
+  int64_t cols = warps % 4 == 0 ? 4 : warps % 2 == 0 ? 2 : 1;
+  return {cols, warps / cols, 64 / cols};
+}
 
 /// Emits one of the three backward kernels.
 class FlashBwdKernel {
@@ -126,7 +139,9 @@ private:
   }
   Value c32(int64_t v) { return g.c32(v); }
 
+  template <typename Fn> void forEachRow(Fn &&body);
   void emitPreprocess();
+  void emitDqConvert();
   void setUpMain();
   void emitMainBody(const Outputs &out);
   SmallVector<Value> streamHead(const Outputs &out, ValueRange acc);
@@ -142,6 +157,8 @@ private:
   }
   SmallVector<Value> step(const Outputs &out, ArrayRef<Value> acc, Value first,
                           Value stageOff);
+  void addDq(const Outputs &out, const Tiles &ds, Value first);
+  void addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds, Value first);
   Tiles maskTiles(const Tiles &p, Value first);
   void storeTile(ArrayRef<Value> acc, int64_t cols, Value colStart,
                  int64_t logicalCols, Value out, Value rowBase,
@@ -156,7 +173,7 @@ private:
   const int64_t rr, rs, mt, nt;
   const GpuBackwardGeometry::Smem sm;
 
-  Value tid, lane, grp, tig, warpRow0, nq, nkv, off64, winL, winR;
+  Value tid, warp, lane, grp, tig, warpRow0, nq, nkv, off64, winL, winR;
   Value scaleLog2, bI, hI, hkI, row0;
   // Rows of the resident tiles that exist (nkv or nq) and of the streamed.
   Value nResident, nStream;
@@ -168,29 +185,30 @@ private:
   Value listBase, perSparse;
   // Per-row statistics of the dQ kernel (2 per m-tile).
   SmallVector<Value> rowNegLse, rowDelta;
+  // Atomic dQ without a band: which of the thread's key rows exist (2 per
+  // m-tile).
+  SmallVector<Value> keyExists;
   FragmentAddresses resQK, resV, strQK, strQKT, strV, strVT;
+  /// Atomic dQ: dS^T as the A operand of dS K, and the resident K as its B
+  /// operand at this warp's columns (see addDq).
+  FragmentAddresses dsA, kB;
 };
 
-/// delta = rowsum(dO * O) and -lse * log2(e) of kPreprocessRows rows: a warp
-/// per row, lanes over the columns, shuffles for the sum.
-void FlashBwdKernel::emitPreprocess() {
+/// Runs \p body(row64, at) for each row of this program's kPreprocessRows
+/// rows that exists: a warp per row (lanes over the columns), pid (x, y) =
+/// (row block, b * H + h); at = (b * H + h) * Nq + row, the row's index in
+/// the packed f32 statistics.
+template <typename Fn> void FlashBwdKernel::forEachRow(Fn &&body) {
   const int64_t rows = GpuBackwardGeometry::kPreprocessRows;
   const int64_t warps = GpuBackwardGeometry::kPreprocessThreads / 32;
   tid = g.threadIdX();
-  Value warp = g.divU(tid, c32(32));
+  warp = g.divU(tid, c32(32));
   lane = g.remU(tid, c32(32));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
-  Value pidBH = g.blockId(mlir::gpu::Dimension::y);
-  Value bh64 = g.ext64(pidBH);
+  Value bh64 = g.ext64(g.blockId(mlir::gpu::Dimension::y));
   bI = g.divU(bh64, idx(bwd::Heads));
   hI = g.remU(bh64, idx(bwd::Heads));
   nq = g.trunc32(idx(bwd::SeqQ));
-  Value oBase = headBase(bwd::OStrideB, bI, hI);
-  Value doBase = headBase(bwd::DOStrideB, bI, hI);
-  Value totalRows =
-      g.mul(g.mul(idx(bwd::Batch), idx(bwd::Heads)), idx(bwd::SeqQ));
-  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
-  const int64_t dv = k.spec.headDimV;
   auto loop = scf::ForOp::create(g.b, c32(0), c32(rows / warps), c32(1));
   OpBuilder::InsertionGuard guard(g.b);
   g.b.setInsertionPointToStart(loop.getBody());
@@ -198,21 +216,55 @@ void FlashBwdKernel::emitPreprocess() {
                     g.add(g.mul(loop.getInductionVar(), c32(warps)), warp));
   g.ifThen(g.cmp(CmpIPredicate::slt, row, nq), [&] {
     Value row64 = g.ext64(row);
-    Value oRow = g.add(oBase, g.mul(row64, idx(bwd::OStrideN)));
-    Value doRow = g.add(doBase, g.mul(row64, idx(bwd::DOStrideN)));
+    body(row64, g.add(g.mul(bh64, idx(bwd::SeqQ)), row64));
+  });
+}
+
+/// Calls \p body(col, ok) for the columns lane, lane + 32, ... of a row of
+/// \p cols columns (col i32, clamped to 0 where !ok).
+template <typename Fn>
+static void forLaneColumns(GpuBuilder &g, Value lane, int64_t cols, Fn &&body) {
+  for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+    Value col = g.add(lane, g.c32(c0));
+    Value ok = c0 + 32 <= cols ? g.cBool(true)
+                               : g.cmp(CmpIPredicate::slt, col, g.c32(cols));
+    body(g.select(ok, col, g.c32(0)), ok, c0 + 32 <= cols);
+  }
+}
+
+/// delta = rowsum(dO * O) and -lse * log2(e) (shuffles for the sum); with
+/// atomic dQ, the row of dq_accum zeroed.
+void FlashBwdKernel::emitPreprocess() {
+  Value negInf = g.cf(-std::numeric_limits<double>::infinity());
+  Value totalRows =
+      g.mul(g.mul(idx(bwd::Batch), idx(bwd::Heads)), idx(bwd::SeqQ));
+  forEachRow([&](Value row64, Value at) {
+    Value oRow = g.add(headBase(bwd::OStrideB, bI, hI),
+                       g.mul(row64, idx(bwd::OStrideN)));
+    Value doRow = g.add(headBase(bwd::DOStrideB, bI, hI),
+                        g.mul(row64, idx(bwd::DOStrideN)));
     Value sum = g.cf(0.0);
-    for (int64_t c0 = 0; c0 < dv; c0 += 32) {
-      Value col = g.add(lane, c32(c0));
-      Value ok = g.cmp(CmpIPredicate::slt, col, c32(dv));
-      Value col64 = g.ext64(g.select(ok, col, c32(0)));
+    forLaneColumns(g, lane, k.spec.headDimV, [&](Value col, Value ok,
+                                                 bool whole) {
+      Value col64 = g.ext64(col);
       Value prod = g.fmul(g.loadElement(buf(bwd::O), g.add(oRow, col64)),
                           g.loadElement(buf(bwd::DO), g.add(doRow, col64)));
-      sum = g.fadd(sum, c0 + 32 <= dv ? prod : g.select(ok, prod, g.cf(0.0)));
-    }
+      sum = g.fadd(sum, whole ? prod : g.select(ok, prod, g.cf(0.0)));
+    });
     for (int64_t m = 16; m >= 1; m /= 2)
       sum = g.fadd(sum, g.shuffleXor(sum, m));
+    if (k.geo.atomicDq) {
+      const int64_t dqk = k.spec.headDimQK;
+      Value accRow = g.mul(at, g.c64(dqk));
+      forLaneColumns(g, lane, dqk, [&](Value col, Value ok, bool) {
+        g.ifThen(ok, [&] {
+          LLVM::StoreOp::create(g.b, g.cf(0.0),
+                                ptrAt(buf(bwd::DqAccum), g.f32,
+                                      g.add(accRow, g.ext64(col))));
+        });
+      });
+    }
     g.ifThen(g.cmp(CmpIPredicate::eq, lane, c32(0)), [&] {
-      Value at = g.add(g.mul(g.ext64(pidBH), idx(bwd::SeqQ)), row64);
       LLVM::StoreOp::create(g.b, sum, ptrAt(buf(bwd::Delta), g.f32, at));
       Value lse = loadF32(buf(bwd::Lse), at);
       Value neg = g.fmul(lse, g.cf(-1.0 / std::log(2.0)));
@@ -223,9 +275,29 @@ void FlashBwdKernel::emitPreprocess() {
   });
 }
 
+/// Atomic dQ's last step: dQ = dq_accum * scale in the element type.
+void FlashBwdKernel::emitDqConvert() {
+  const int64_t dqk = k.spec.headDimQK;
+  Value scale = f32Arg(bwd::Scale);
+  forEachRow([&](Value row64, Value at) {
+    Value dqRow = g.add(headBase(bwd::DQStrideB, bI, hI),
+                        g.mul(row64, idx(bwd::DQStrideN)));
+    Value accRow = g.mul(at, g.c64(dqk));
+    forLaneColumns(g, lane, dqk, [&](Value col, Value ok, bool) {
+      Value col64 = g.ext64(col);
+      Value v = g.fmul(loadF32(buf(bwd::DqAccum), g.add(accRow, col64)), scale);
+      g.ifThen(ok, [&] {
+        LLVM::StoreOp::create(
+            g.b, g.toElementBits(v),
+            g.elementPtr(buf(bwd::DQ), g.add(dqRow, col64)));
+      });
+    });
+  });
+}
+
 void FlashBwdKernel::setUpMain() {
   tid = g.threadIdX();
-  Value warp = g.divU(tid, c32(32));
+  warp = g.divU(tid, c32(32));
   lane = g.remU(tid, c32(32));
   grp = g.divU(lane, c32(4));
   tig = g.remU(lane, c32(4));
@@ -282,6 +354,23 @@ void FlashBwdKernel::setUpMain() {
 
   if (k.spec.blockSparse)
     perSparse = c32(k.spec.sparseBlock / rs);
+  if (kvMajor && k.geo.atomicDq && !k.hasBand)
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t half = 0; half < 2; ++half)
+        keyExists.push_back(g.cmp(
+            CmpIPredicate::slt,
+            g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp))),
+            nkv));
+  if (kvMajor && k.geo.atomicDq) {
+    dsA = fragmentAddresses(g, FragmentPattern::B, lane, c32(0),
+                            c32(sm.dsTile), k.geo.dsRowChunks);
+    DqWarps w = dqWarps(k.config.warps);
+    kB = fragmentAddresses(
+        g, FragmentPattern::BTrans, lane, c32(0),
+        g.add(c32(sm.residentQK), g.mul(g.divU(warp, c32(w.cols)), c32(128))),
+        k.geo.qkRowChunks,
+        g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth / 8)));
+  }
 }
 
 /// First streamed row (query in the dK/dV kernel, key in the dQ kernel) of
@@ -363,8 +452,9 @@ FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
           Value c = g.add(first, g.add(c32(ni * 8 + e), g.mul(tig, c32(2))));
-          Value ok =
-              kvMajor ? g.cBool(true) : g.cmp(CmpIPredicate::slt, c, nkv);
+          Value ok = !kvMajor ? g.cmp(CmpIPredicate::slt, c, nkv)
+                     : k.geo.atomicDq ? g.cmp(CmpIPredicate::slt, r, nkv)
+                                      : g.cBool(true);
           if (k.hasBand) {
             ok = g.andI(ok, g.cmp(CmpIPredicate::sge, c, lo));
             ok = g.andI(ok, g.cmp(CmpIPredicate::sle, c, hi));
@@ -434,8 +524,21 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
                                          g.add(first, c32(rs - 1)), fullHi));
     }
   }
-  // (Without a band the dK/dV kernel needs no mask: keys past Nkv only feed
-  // dK/dV rows that are never stored.)
+  // Without a band and without atomic dQ the dK/dV kernel needs no mask:
+  // keys past Nkv only feed dK/dV rows that are never stored. With atomic
+  // dQ they would feed dQ (their P need not be finite): without a band, a
+  // select per element (no branch) zeroes them; with one, the last KV
+  // block takes the element mask.
+  if (!keyExists.empty())
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 4; ++e) {
+          Value &v = p[mi * nt + ni][e];
+          v = g.select(keyExists[mi * 2 + e / 2], v, g.cf(0.0));
+        }
+  if (kvMajor && k.geo.atomicDq && k.hasBand)
+    needsMask = g.orI(needsMask,
+                      g.cmp(CmpIPredicate::sgt, g.add(row0, c32(rr)), nkv));
   if (!kvMajor || k.hasBand) {
     SmallVector<Type> types(mt * nt * 4, g.f32);
     auto maskIf = scf::IfOp::create(g.b, types, needsMask, true);
@@ -479,8 +582,107 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
         accK, ds,
         strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2)))),
         out.kCols);
+    if (kvMajor && k.geo.atomicDq)
+      addDq(out, ds, first);
   }
   return acc;
+}
+
+/// Atomic dQ (dK/dV kernel): dq_accum[streamed rows, kStart + c] += (dS
+/// K)[row, kStart + c] over this program's keys, unscaled. dS^T goes to
+/// shared memory (32-bit stores of the accumulator's column pairs, keys x
+/// queries) and comes back as the A operand by ldmatrix.trans; K is already
+/// resident. The block's barrier at the next step guards the dS^T tile.
+void FlashBwdKernel::addDq(const Outputs &out, const Tiles &ds, Value first) {
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value key = g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp));
+      for (int64_t ni = 0; ni < nt; ++ni) {
+        const Acc &a = ds[mi * nt + ni];
+        Value at = g.add(
+            c32(sm.dsTile),
+            g.add(g.swizzled(key, c32(ni * 8), k.geo.dsRowChunks),
+                  g.mul(tig, c32(4))));
+        LLVM::StoreOp::create(g.b, g.pack2(a[2 * half], a[2 * half + 1]),
+                              g.sharedBytePtr(smem, at));
+      }
+    }
+  g.barrier();
+  // Rounds of column groups, as many per slab as keep the slab's
+  // accumulators at 64 registers; a last partial round only for the warp
+  // phases that have a group.
+  DqWarps w = dqWarps(k.config.warps);
+  const int64_t groups = ceilDiv(out.kCols, 64);
+  const int64_t fullRounds = groups / w.groups;
+  const int64_t regsPerRound = rs / 16 * (w.colWidth / 8) * 4;
+  const int64_t perSlab = std::max<int64_t>(1, 64 / regsPerRound);
+  for (int64_t r0 = 0; r0 < fullRounds; r0 += perSlab) {
+    SmallVector<int64_t> rounds;
+    for (int64_t r = r0; r < std::min(fullRounds, r0 + perSlab); ++r)
+      rounds.push_back(r);
+    addDqSlab(out, rounds, first);
+  }
+  if (groups % w.groups != 0)
+    g.ifThen(g.cmp(CmpIPredicate::ult, g.divU(warp, c32(w.cols)),
+                   c32(groups % w.groups)),
+             [&] { addDqSlab(out, {fullRounds}, first); });
+}
+
+/// One slab of addDq: the warp's columns of \p rounds (column group
+/// r * groups + phase of each round r, piece warp % cols of it).
+void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
+                               Value first) {
+  DqWarps w = dqWarps(k.config.warps);
+  const int64_t pairs = w.colWidth / 16, mtQ = rs / 16;
+  const int64_t dqk = k.spec.headDimQK;
+  SmallVector<int64_t> chunks, colConst;
+  for (int64_t r : rounds)
+    for (int64_t jj = 0; jj < pairs; ++jj) {
+      chunks.push_back(8 * r * w.groups + 2 * jj);
+      colConst.push_back(64 * r * w.groups + 16 * jj);
+    }
+  FragmentAddresses b = kB.inLoop(g).shifted(g, g.mul(out.kStart, c32(2)));
+  Tiles dq = mmaProductTransposed(g, smem, dsA.inLoop(g), b, mtQ, chunks,
+                                  rr / 16);
+  // Columns past the head dim exist only where the chunks overhang it.
+  const bool colsInside =
+      dqk % 64 == 0 && (k.geo.kvCombined
+                            ? out.kCols == dqk
+                            : k.geo.dkChunk * k.geo.dkChunks == dqk);
+  Value warpCol0 = g.add(
+      out.kStart,
+      g.add(g.mul(g.divU(warp, c32(w.cols)), c32(64)),
+            g.add(g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth)),
+                  g.mul(tig, c32(2)))));
+  Value rowBase =
+      g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
+  const int64_t nt2 = int64_t(chunks.size()) * 2;
+  for (int64_t mi = 0; mi < mtQ; ++mi)
+    for (int64_t half = 0; half < 2; ++half) {
+      Value q = g.add(first, g.add(c32(mi * 16 + 8 * half), grp));
+      Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
+      Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
+      for (int64_t n = 0; n < nt2; ++n) {
+        // The pair (col, col + 1): one vector reduction where the row's
+        // pairs are 8-byte aligned (dqk even: col + 1 < dqk iff col < dqk).
+        const bool pair = k.vectorAtomics && dqk % 2 == 0;
+        for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
+          Value col =
+              g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2) + e));
+          Value ok = colsInside ? rowOk
+                                : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col,
+                                                      c32(dqk)));
+          const Acc &v = dq[mi * nt2 + n];
+          // Predicated, not branched: the slab stays one basic block.
+          Value ptr =
+              ptrAt(buf(bwd::DqAccum), g.f32, g.add(rowAt, g.ext64(col)));
+          if (pair)
+            g.reduceAdd2(ok, ptr, v[2 * half], v[2 * half + 1]);
+          else
+            g.reduceAdd(ok, ptr, v[2 * half + e]);
+        }
+      }
+    }
 }
 
 /// The pipelined loop over the streamed blocks of the current head: two
@@ -637,8 +839,11 @@ void FlashBwdKernel::emitMainBody(const Outputs &out) {
 }
 
 void FlashBwdKernel::emit() {
-  if (k.role == Role::Preprocess) {
-    emitPreprocess();
+  if (k.role == Role::Preprocess || k.role == Role::DqConvert) {
+    if (k.role == Role::Preprocess)
+      emitPreprocess();
+    else
+      emitDqConvert();
     mlir::gpu::ReturnOp::create(g.b);
     return;
   }
@@ -720,7 +925,7 @@ void FlashBwdKernel::emit() {
 
 /// Reads the description, tiling and role the tiling pass recorded.
 FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
-                              int64_t copyBytes) {
+                              int64_t copyBytes, bool vectorAtomics) {
   auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel_backward");
   BwdShape k;
   k.spec = specFromAttrs(attrs);
@@ -730,14 +935,24 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
   k.config.blockN = intAttr(attrs, "block_n");
   k.config.warps = warps;
   k.copyBytes = copyBytes;
+  k.vectorAtomics = vectorAtomics;
   auto role = attrs.getAs<StringAttr>("role");
-  if (!role || (role.getValue() != "preprocess" && role.getValue() != "main" &&
-                role.getValue() != "dq"))
+  StringRef name = role ? role.getValue() : "";
+  if (name != "preprocess" && name != "main" && name != "dq" &&
+      name != "dq_convert")
     return fn.emitError() << "attn.kernel_backward: role must be "
-                             "\"preprocess\", \"main\" or \"dq\"";
-  k.role = role.getValue() == "preprocess" ? Role::Preprocess
-           : role.getValue() == "main"     ? Role::Main
-                                           : Role::Dq;
+                             "\"preprocess\", \"main\", \"dq\" or "
+                             "\"dq_convert\"";
+  k.role = name == "preprocess" ? Role::Preprocess
+           : name == "main"     ? Role::Main
+           : name == "dq"       ? Role::Dq
+                                : Role::DqConvert;
+  if (k.role == Role::Dq && !k.spec.deterministic)
+    return fn.emitError() << "attn.kernel_backward: role \"dq\" (the "
+                             "separate dQ pass) needs deterministic = true";
+  if (k.role == Role::DqConvert && k.spec.deterministic)
+    return fn.emitError() << "attn.kernel_backward: role \"dq_convert\" "
+                             "(atomic dQ) needs deterministic = false";
   if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
     return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
                           << copyBytes;
@@ -753,8 +968,9 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
 LogicalResult
 flashjit::conversion::lowerBackwardKernel(func::FuncOp fn,
                                           mlir::gpu::GPUModuleOp gpuModule,
-                                          int64_t warps, int64_t copyBytes) {
-  FailureOr<BwdShape> shape = readShape(fn, warps, copyBytes);
+                                          int64_t warps, int64_t copyBytes,
+                                          bool vectorAtomics) {
+  FailureOr<BwdShape> shape = readShape(fn, warps, copyBytes, vectorAtomics);
   if (failed(shape))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
@@ -766,6 +982,7 @@ flashjit::conversion::lowerBackwardKernel(func::FuncOp fn,
   int64_t threads = geo.threads, shared = 0;
   switch (shape->role) {
   case Role::Preprocess:
+  case Role::DqConvert:
     threads = GpuBackwardGeometry::kPreprocessThreads;
     break;
   case Role::Main:

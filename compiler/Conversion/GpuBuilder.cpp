@@ -69,6 +69,33 @@ Value GpuBuilder::opaque(Value x) {
   return op.getResult(0);
 }
 
+/// Emits the side-effecting PTX \p text on \p operands.
+static void sideEffectAsm(GpuBuilder &g, StringRef text, StringRef constraints,
+                          ValueRange operands) {
+  LLVM::InlineAsmOp::create(g.b, TypeRange(), operands, text, constraints,
+                            /*has_side_effects=*/true,
+                            /*is_align_stack=*/false,
+                            LLVM::tailcallkind::TailCallKind::None,
+                            LLVM::AsmDialectAttr(), ArrayAttr());
+}
+
+void GpuBuilder::reduceAdd(Value pred, Value ptr, Value v) {
+  Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(ptr));
+  sideEffectAsm(*this,
+                "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
+                "@p red.global.add.f32 [$1], $2; }",
+                "r,l,f", {arith::ExtUIOp::create(b, i32, pred), addr, v});
+}
+
+void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {
+  Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(ptr));
+  sideEffectAsm(*this,
+                "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
+                "@p red.global.add.v2.f32 [$1], {$2, $3}; }",
+                "r,l,f,f",
+                {arith::ExtUIOp::create(b, i32, pred), addr, v0, v1});
+}
+
 Value GpuBuilder::threadIdX() {
   Value t = mlir::gpu::ThreadIdOp::create(b, mlir::gpu::Dimension::x);
   return arith::IndexCastUIOp::create(b, i32, t);

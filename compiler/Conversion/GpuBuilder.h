@@ -107,6 +107,12 @@ public:
 
   // Pointers.
   Value toGlobal(Value genericPtr);
+  /// If \p pred (i1): *ptr += v without a result (red.global.add.f32);
+  /// \p ptr generic, to global memory. A predicated instruction, no branch.
+  void reduceAdd(Value pred, Value ptr, Value v);
+  /// If \p pred: ptr[0] += v0, ptr[1] += v1 in one red.global.add.v2.f32
+  /// (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.
+  void reduceAdd2(Value pred, Value ptr, Value v0, Value v1);
   /// Address of element \p index (i64) of a 16-bit-element array.
   Value elementPtr(Value base, Value index);
   /// Element \p index (i64) of a 16-bit-element array, as f32.

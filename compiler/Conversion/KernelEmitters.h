@@ -26,7 +26,8 @@ mlir::LogicalResult lowerForwardKernel(mlir::func::FuncOp fn,
 /// Lowers one of the three tiled backward functions.
 mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
                                         mlir::gpu::GPUModuleOp gpuModule,
-                                        int64_t warps, int64_t copyBytes);
+                                        int64_t warps, int64_t copyBytes,
+                                        bool vectorAtomics);
 
 /// The description a tiling pass recorded on a tiled function
 /// (`attn.kernel` or `attn.kernel_backward`): head dims, element type, mask,

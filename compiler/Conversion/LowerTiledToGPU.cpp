@@ -47,6 +47,8 @@ AttentionSpec conversion::specFromAttrs(DictionaryAttr attrs) {
   spec.gqaGroup = intAttr(attrs, "gqa");
   spec.sparseBlock = intAttr(attrs, "sparse_block");
   spec.blockSparse = spec.sparseBlock > 0;
+  if (auto det = attrs.getAs<BoolAttr>("deterministic"))
+    spec.deterministic = det.getValue();
   auto et = attrs.getAs<TypeAttr>("element_type");
   spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
   return spec;
@@ -112,7 +114,8 @@ struct LowerTiledToGPUPass
     }
     for (func::FuncOp fn : backward) {
       if (failed(
-              conversion::lowerBackwardKernel(fn, gpuModule, warps, copyBytes)))
+              conversion::lowerBackwardKernel(fn, gpuModule, warps, copyBytes,
+                                              vectorAtomics)))
         return signalPassFailure();
       fn.erase();
     }

@@ -27,6 +27,9 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
     Option<"warps", "warps", "int64_t", "4", "warps per thread block">,
     Option<"copyBytes", "copy-bytes", "int64_t", "16",
            "bytes per global->shared copy: 16, 8, 4 or 2">,
+    Option<"vectorAtomics", "vector-atomics", "bool", "false",
+           "add f32 pairs with one red.global.add.v2.f32 (sm_90 and PTX ISA "
+           "8.1 or later): the backward's atomic dQ">,
   ];
 }
 

@@ -38,7 +38,7 @@ Value FragmentAddresses::at(GpuBuilder &g, Value smem, int64_t rowConst,
 
 FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                                     Value lane, Value rowBase, Value tileOffset,
-                                    int64_t rowChunks) {
+                                    int64_t rowChunks, Value chunkOffset) {
   Value l16 = g.divU(lane, g.c32(16)), l8 = g.remU(lane, g.c32(8));
   Value l8h = g.remU(g.divU(lane, g.c32(8)), g.c32(2));
   Value row, chunk;
@@ -56,6 +56,8 @@ FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
     chunk = l16;
     break;
   }
+  if (chunkOffset)
+    chunk = g.add(chunk, chunkOffset);
   return FragmentAddresses(g, tileOffset, g.add(rowBase, row), chunk,
                            rowChunks);
 }
@@ -72,6 +74,30 @@ std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
       af[mi] = g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
     for (int64_t np = 0; np < nt / 2; ++np) {
       Frag4 bf = g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
+      for (int64_t mi = 0; mi < mt; ++mi) {
+        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
+        s0 = g.mma(af[mi], bf[0], bf[1], s0);
+        s1 = g.mma(af[mi], bf[2], bf[3], s1);
+      }
+    }
+  }
+  return s;
+}
+
+std::vector<Acc> mmaProductTransposed(GpuBuilder &g, Value smem,
+                                      const FragmentAddresses &aTrans,
+                                      const FragmentAddresses &bTrans,
+                                      int64_t mt, ArrayRef<int64_t> bChunks,
+                                      int64_t kSteps) {
+  const int64_t nt = 2 * int64_t(bChunks.size());
+  Value zero = g.cf(0.0);
+  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
+  for (int64_t ks = 0; ks < kSteps; ++ks) {
+    std::vector<Frag4> af(mt);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      af[mi] = g.ldmatrix4(aTrans.at(g, smem, ks * 16, mi * 2), true);
+    for (int64_t np = 0; np < nt / 2; ++np) {
+      Frag4 bf = g.ldmatrix4(bTrans.at(g, smem, ks * 16, bChunks[np]), true);
       for (int64_t mi = 0; mi < mt; ++mi) {
         Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
         s0 = g.mma(af[mi], bf[0], bf[1], s0);

@@ -51,9 +51,13 @@ struct FragmentAddresses {
 
 /// The lane's (row, chunk) of the three ldmatrix patterns above.
 enum class FragmentPattern { A, B, BTrans };
+/// \p chunkOffset (optional, i32): an even number of chunks added to the
+/// lane's chunk; the chunks then read, offset included, must stay below 8
+/// (the caller adds whole groups of 8 chunks with shifted()).
 FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                                     Value lane, Value rowBase, Value tileOffset,
-                                    int64_t rowChunks);
+                                    int64_t rowChunks,
+                                    Value chunkOffset = Value());
 
 /// One m16n8 fp32 accumulator tile (4 values per thread).
 using Acc = std::array<Value, 4>;
@@ -66,6 +70,16 @@ std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
                             const FragmentAddresses &a,
                             const FragmentAddresses &b, int64_t mt, int64_t nt,
                             int64_t kSteps);
+
+/// The mt x nt accumulator tiles of A B for one warp, both operands stored
+/// [k][m] and [k][n] (read with ldmatrix.trans): A at \p aTrans (B pattern:
+/// k rows ks * 16, m chunks mi * 2), B at \p bTrans (BTrans pattern: k rows
+/// ks * 16; n-tiles 2j, 2j + 1 at chunk \p bChunks[j], nt / 2 entries).
+std::vector<Acc> mmaProductTransposed(GpuBuilder &g, Value smem,
+                                      const FragmentAddresses &aTrans,
+                                      const FragmentAddresses &bTrans,
+                                      int64_t mt, llvm::ArrayRef<int64_t> bChunks,
+                                      int64_t kSteps);
 
 /// acc (mt x cols / 8 tiles, 4 values each) += lhs B: lhs (mt x nt tiles in
 /// accumulator layout) is packed to the element type as the A operand, two

@@ -73,6 +73,7 @@ void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
   conversion::LowerTiledToGPUOptions lower;
   lower.warps = config.warps;
   lower.copyBytes = gpu.copyBytes;
+  lower.vectorAtomics = gpu.vectorAtomics;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -104,6 +105,7 @@ void registerFlashjitPasses() {
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         GpuPipelineConfig gpu;
         gpu.copyBytes = options.copyBytes;
+        gpu.vectorAtomics = options.vectorAtomics;
         buildGpuPipeline(pm, toConfig(options), gpu);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(

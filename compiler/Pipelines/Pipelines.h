@@ -35,6 +35,11 @@ struct FlashjitPipelineOptions
       *this, "copy-bytes",
       llvm::cl::desc("global->shared copy width in bytes (GPU)"),
       llvm::cl::init(16)};
+  Option<bool> vectorAtomics{
+      *this, "vector-atomics",
+      llvm::cl::desc("f32 pairs by red.global.add.v2.f32 (GPU; sm_90, PTX "
+                     "ISA 8.1)"),
+      llvm::cl::init(false)};
 };
 
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
@@ -47,6 +52,7 @@ void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 /// GPU-only knobs of the GPU pipeline.
 struct GpuPipelineConfig {
   int64_t copyBytes = 16; ///< global -> shared copy width (alignment)
+  bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
 };
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),

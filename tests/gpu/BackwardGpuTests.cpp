@@ -78,11 +78,25 @@ const GpuCase kCases[] = {
   {"d144_dv128_split", "--head-dim 144 --head-dim-v 128 --gqa 2 --heads 2 --seq-len 130"},
   {"d300_dv400_causal", "--head-dim 300 --head-dim-v 400 --causal --seq-len 200"},
   // Tilings other than the default: two 16-row tiles per warp (dQ), two
-  // 16-key tiles per warp (dK/dV).
+  // 16-key tiles per warp (dK/dV); atomic dQ's warps split 64-column groups
+  // in 4, 2 or 1 pieces (8, 2 or 1 warps).
   {"d128_br128_bc64_w4", "--head-dim 128 --block-m 128 --block-n 64 --warps 4 --seq-len 777"},
   {"d64_br32_bc64_w2_causal", "--head-dim 64 --block-m 32 --block-n 64 --warps 2 --causal --seq-len 999"},
+  {"d200_br16_bc16_w1_window", "--head-dim 200 --block-m 16 --block-n 16 --warps 1 --window 30,40 --seq-len 301"},
+  {"d96_br32_bc128_w8_gqa2", "--head-dim 96 --block-m 32 --block-n 128 --warps 8 --gqa 2 --heads 2 --seq-len 400"},
+  // dQ by the separate pass (--deterministic; the rest: atomic dQ).
+  {"det_d1_n17", "--deterministic --head-dim 1 --batch 2 --heads 8 --seq-len 17"},
+  {"det_d33_dv64_nq_lt_nkv_causal", "--deterministic --head-dim 33 --head-dim-v 64 --causal --seq-len 17 --seq-len-kv 300"},
+  {"det_d96_causal_nq_gt_nkv_empty_rows", "--deterministic --head-dim 96 --causal --heads 2 --seq-len 300 --seq-len-kv 100"},
+  {"det_d128_sparse_random", "--deterministic --head-dim 128 --heads 2 --seq-len 300 --block-sparse 0.5 --sparse-block 64"},
+  {"det_d160_dv128_fp16_sparse_emptyrow_causal", "--deterministic --head-dim 160 --head-dim-v 128 --dtype fp16 --causal --heads 2 --seq-len 256 --sparse-block 64 --layout {empty_row_layout}"},
+  {"det_d144_dv128_split", "--deterministic --head-dim 144 --head-dim-v 128 --gqa 2 --heads 2 --seq-len 130"},
+  {"det_d300_dv400_causal", "--deterministic --head-dim 300 --head-dim-v 400 --causal --seq-len 200"},
+  {"det_d128_br128_bc64_w4", "--deterministic --head-dim 128 --block-m 128 --block-n 64 --warps 4 --seq-len 777"},
+  {"det_d64_br32_bc64_w2_causal", "--deterministic --head-dim 64 --block-m 32 --block-n 64 --warps 2 --causal --seq-len 999"},
   // Large: N = 4096, B * H = 8 (batch 0's first KV head group is checked).
   {"large_d128_n4096_bh8", "--head-dim 128 --batch 2 --heads 4 --seq-len 4096"},
+  {"large_det_d128_causal_n4096_bh8", "--deterministic --head-dim 128 --causal --batch 2 --heads 4 --seq-len 4096"},
   {"large_d64_causal_gqa2_n4096_bh8", "--head-dim 64 --causal --gqa 2 --heads 8 --seq-len 4096"},
 };
 // clang-format on
@@ -182,12 +196,15 @@ private:
   std::vector<std::thread> workers;
 };
 
-/// The checks every GPU backward run must pass.
-void expectCorrectGradients(const std::string &out) {
+/// The checks every GPU backward run (arguments \p args) must pass.
+void expectCorrectGradients(const std::string &args, const std::string &out) {
   EXPECT_NE(out.find("\"ok\":true"), std::string::npos);
   EXPECT_NE(out.find("\"device\":\"cuda\""), std::string::npos);
   EXPECT_NE(out.find("\"direction\":\"backward\""), std::string::npos);
-  EXPECT_NE(out.find("\"dq_mode\":\"separate_pass\""), std::string::npos);
+  bool deterministic = args.find("--deterministic") != std::string::npos;
+  EXPECT_NE(out.find(deterministic ? "\"dq_mode\":\"separate_pass\""
+                                   : "\"dq_mode\":\"atomic\""),
+            std::string::npos);
   double bound = jsonNumber(out, "bound");
   ASSERT_GT(bound, 0);
   EXPECT_LT(jsonNumber(out, "rel_err"), bound);
@@ -210,7 +227,7 @@ TEST_P(BackwardGpu, MatchesFloat64Gradients) {
   auto [args, r] = MatrixRuns::get().result(GetParam().name);
   SCOPED_TRACE("flashjit " + args + "\n" + r.out);
   ASSERT_EQ(r.exitCode, 0);
-  expectCorrectGradients(r.out);
+  expectCorrectGradients(args, r.out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, BackwardGpu, ::testing::ValuesIn(kCases),
@@ -247,12 +264,13 @@ std::string readFile(const std::string &dir, const std::string &name) {
   return s.str();
 }
 
-/// dQ by a separate pass, no atomics: one --seed, the same bits; GQA sums
-/// dK and dV over a group, a layout skips blocks.
+/// --deterministic (dQ by a separate pass, no atomics): one --seed, the same
+/// bits; GQA sums dK and dV over a group, a layout skips blocks.
 TEST_F(BackwardGpuRuns, SameSeedSameGradientsBitForBit) {
   const std::string args =
-      "run --backward --device cuda --json --head-dim 96 --gqa 2 --heads 4 "
-      "--batch 2 --causal --seq-len 1000 --block-sparse 0.7 --sparse-block 64";
+      "run --backward --device cuda --json --deterministic --head-dim 96 "
+      "--gqa 2 --heads 4 --batch 2 --causal --seq-len 1000 --block-sparse 0.7 "
+      "--sparse-block 64";
   std::string a = tempPath("seed-a"), b = tempPath("seed-b"),
               c = tempPath("seed-c");
   CliResult ra = runFlashjit(args + " --seed 7 --dump-io " + a);
@@ -281,7 +299,7 @@ TEST_F(BackwardGpuRuns, BenchCountsTwoAndAHalfForwardFlops) {
                             "--seq-len 4096 --repeats 5 --json");
   SCOPED_TRACE(r.out);
   ASSERT_EQ(r.exitCode, 0);
-  expectCorrectGradients(r.out);
+  expectCorrectGradients("", r.out);
   double ms = jsonNumber(r.out, "time_ms");
   double flops = 2.5 * 4.0 * 8 * 4096.0 * 4096.0 * 128;
   EXPECT_NEAR(jsonNumber(r.out, "tflops"), flops / (ms * 1e-3) / 1e12,
@@ -300,7 +318,7 @@ TEST_F(BackwardGpuRuns, TunedBackwardConfigIsStoredApartFromTheForward) {
   CliResult tuned = runFlashjit("tune --backward " + problem, env);
   SCOPED_TRACE(tuned.out);
   ASSERT_EQ(tuned.exitCode, 0);
-  expectCorrectGradients(tuned.out);
+  expectCorrectGradients("", tuned.out);
   EXPECT_NE(tuned.out.find("\"config_source\":\"tuned\""), std::string::npos);
   size_t candidates = 0;
   for (size_t at = tuned.out.find("{\"config\":"); at != std::string::npos;

@@ -40,10 +40,15 @@ struct GpuCase {
 };
 
 /// The cubin of \p spec with \p config for \p arch, through nvJitLink.
+/// A driver whose PTX ISA (8.1 or later) lets sm_90 kernels use vector
+/// reductions (usesVectorAtomics).
+constexpr int kRecentDriver = 12080;
+
 rt::CubinResult assemble(const AttentionSpec &spec, const TileConfig &config,
-                         const char *arch) {
+                         const char *arch, int driverVersion = 0) {
   GpuTarget target;
   target.arch = arch;
+  target.driverVersion = driverVersion;
   rt::CubinResult cubin =
       rt::ptxToCubin(compileToPtx(spec, config, target), arch);
   EXPECT_GT(cubin.cubin.size(), 4u);
@@ -91,16 +96,25 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
 /// use.
 TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
   const GpuCase &c = GetParam();
-  AttentionSpec spec = c.spec(Direction::Backward);
-  TileConfig config = defaultGpuBackwardConfig(spec);
-  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
-  EXPECT_LE(std::max(geo.kvSmem.total, geo.dqSmem.total), 227 * 1024);
-  const int64_t d = std::max(c.dqk, c.dv);
-  // Measured (sm_90a): at most 28 bytes up to d = 128, 100 at d = 256
-  // (causal, block-sparse, fp16), 88 at d = 512.
-  const int spillBound = d <= 128 ? 64 : d <= 256 ? 128 : 512;
-  for (const char *arch : {"sm_80", "sm_90a"}) {
-    rt::CubinResult cubin = assemble(spec, config, arch);
+  // Atomic dQ (the default) for sm_80 (scalar reductions) and for sm_90a
+  // with a recent driver (vector reductions); the separate dQ pass for
+  // sm_90a.
+  for (auto [deterministic, arch, driver] :
+       {std::tuple(false, "sm_80", 0), std::tuple(false, "sm_90a", kRecentDriver),
+        std::tuple(true, "sm_90a", 0)}) {
+    AttentionSpec spec = c.spec(Direction::Backward);
+    spec.deterministic = deterministic;
+    TileConfig config = defaultGpuBackwardConfig(spec);
+    GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+    EXPECT_LE(std::max(geo.kvSmem.total, geo.dqSharedBytes()), 227 * 1024);
+    const int64_t d = std::max(c.dqk, c.dv);
+    // Measured (sm_90a): at most 28 bytes up to d = 128 (100 for masked
+    // d = 128 with atomic dQ), 120 at d = 256 (causal, block-sparse, fp16),
+    // 128 at d = 512.
+    const int spillBound = d <= 128 ? (deterministic ? 64 : 128)
+                           : d <= 256 ? 160
+                                      : 512;
+    rt::CubinResult cubin = assemble(spec, config, arch, driver);
     for (const char *fn :
          {"attention_preprocess", "attention", "attention_dq"}) {
       rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog, fn);
@@ -110,6 +124,19 @@ TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
           << fn << " with " << config.toJson() << " on " << arch << "\n"
           << cubin.infoLog;
     }
+    // The reductions the target allows, and only with atomic dQ.
+    std::string ptx = [&] {
+      GpuTarget t;
+      t.arch = arch;
+      t.driverVersion = driver;
+      return compileToPtx(spec, config, t);
+    }();
+    EXPECT_EQ(ptx.find("red.global.add.f32") != std::string::npos,
+              !deterministic && (driver == 0 || c.dqk % 2 != 0))
+        << arch;
+    EXPECT_EQ(ptx.find("red.global.add.v2.f32") != std::string::npos,
+              !deterministic && driver != 0 && c.dqk % 2 == 0)
+        << arch;
   }
 }
 

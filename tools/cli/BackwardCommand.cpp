@@ -214,7 +214,7 @@ int runBackward(const CliOptions &o) {
     if (run.gpu) {
       GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
       gpuFields = gpuJsonFields(*run.gpu, tflops, repeats,
-                                std::max(geo.kvSmem.total, geo.dqSmem.total)) +
+                                std::max(geo.kvSmem.total, geo.dqSharedBytes())) +
                   fmt::format(",\"forward_config\":{},"
                               "\"forward_config_source\":\"{}\"",
                               run.gpuForward->config.toJson(),

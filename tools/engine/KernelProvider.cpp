@@ -17,7 +17,7 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target) {
   rt::CacheKey key;
   key.add("version", FLASHJIT_VERSION)
-      .add("pipeline", gpuPipelineText(config, target.copyBytes))
+      .add("pipeline", gpuPipelineText(config, target))
       .add("spec", spec.toJson())
       .add("config", config.toJson())
       .add("copy_bytes", std::to_string(target.copyBytes))
