@@ -39,10 +39,13 @@ struct BackwardRun {
   AttentionData data;
   AttentionGrads grads;
   std::unique_ptr<BlockSparseLayout> layout;
+  /// The backward's dQ mode (false: atomic, the default).
+  bool deterministic = false;
 
   AttentionSpec backwardSpec() const {
     AttentionSpec s = spec;
     s.direction = Direction::Backward;
+    s.deterministic = deterministic;
     return s;
   }
 };
@@ -172,27 +175,26 @@ TEST(CpuBackwardCheck, DetectsWrongAndUnwrittenGradients) {
       compareBackward(s.spec, s.problem, unwritten, ref).relErr()));
 }
 
-/// dQ by a separate pass: bit-identical gradients run to run, on several
-/// threads; a caller's workspace gives the same bits.
+/// deterministic: dQ by a separate pass: bit-identical gradients run to
+/// run, on several threads; a caller's workspace gives the same bits.
 TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
   Case c = smallCase();
   c.nq = c.nkv = 300;
   BackwardRun s = prepare(c, freshSeed());
+  s.deterministic = true;
   auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
   kernel->run(s.problem, s.data, s.grads, nullptr);
   AttentionGrads first = s.grads;
   for (HalfTensor *t : {&first.dq, &first.dk, &first.dv})
     t->buffer = std::make_shared<std::vector<uint16_t>>(*t->buffer);
 
-  AttentionSpec deterministic = s.backwardSpec();
-  deterministic.deterministic = true;
-  AttentionSpec atomic = deterministic;
+  AttentionSpec atomic = s.backwardSpec();
   atomic.deterministic = false;
-  int64_t bytes = backwardWorkspaceBytes(deterministic, s.problem);
+  int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), s.problem);
   const int64_t rows = s.problem.batch * s.problem.heads * s.problem.seqLenQ;
   EXPECT_EQ(bytes, 2 * 4 * rows); // delta and -lse * log2(e)
   EXPECT_EQ(backwardWorkspaceBytes(atomic, s.problem),
-            bytes + 4 * rows * c.dqk);
+            bytes + 4 * rows * c.dqk); // and dq_accum
   std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
   for (int run = 0; run < 3; ++run) {
     kernel->run(s.problem, s.data, s.grads, nullptr,

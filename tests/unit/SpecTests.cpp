@@ -108,6 +108,29 @@ TEST(Spec, AttnModuleTextCarriesEveryField) {
     EXPECT_NE(text.find(part), std::string::npos) << part << " in " << text;
 }
 
+/// The backward's `deterministic` reaches the description, the name (cache
+/// keys) and the JSON; the forward ignores it.
+TEST(Spec, DeterministicOnlyMarksTheBackward) {
+  AttentionSpec fwd;
+  fwd.deterministic = true;
+  AttentionSpec atomic = fwd;
+  atomic.direction = Direction::Backward;
+  atomic.deterministic = false;
+  AttentionSpec det = atomic;
+  det.deterministic = true;
+  EXPECT_EQ(attnModuleText(fwd, "k").find("deterministic"), std::string::npos);
+  EXPECT_EQ(attnModuleText(atomic, "k").find("deterministic"),
+            std::string::npos);
+  EXPECT_NE(attnModuleText(det, "k").find("deterministic = true"),
+            std::string::npos);
+  EXPECT_NE(atomic.name(), det.name());
+  EXPECT_EQ(fwd.toJson().find("deterministic"), std::string::npos);
+  EXPECT_NE(atomic.toJson().find("\"deterministic\":false"), std::string::npos);
+  EXPECT_NE(det.toJson().find("\"deterministic\":true"), std::string::npos);
+  EXPECT_EQ(dqAccumulation(atomic), DqAccumulation::Atomic);
+  EXPECT_EQ(dqAccumulation(det), DqAccumulation::SeparatePass);
+}
+
 TEST(Layout, DenseToBcsrAndBroadcast) {
   // 2 heads, 2x3 blocks.
   std::vector<uint8_t> dense = {1, 0, 1, 0, 0, 0, //

@@ -165,8 +165,13 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   SmallVector<NamedAttribute> kernelAttrs(op->getAttrs().begin(),
                                           op->getAttrs().end());
-  llvm::erase_if(kernelAttrs,
-                 [](NamedAttribute a) { return a.getName() == "sym_name"; });
+  llvm::erase_if(kernelAttrs, [](NamedAttribute a) {
+    return a.getName() == "sym_name" || a.getName() == "deterministic";
+  });
+  // Always present (the op elides its default), so that a lowering of any
+  // of the three functions knows the dQ mode without a default of its own.
+  kernelAttrs.push_back(
+      b.getNamedAttr("deterministic", b.getBoolAttr(op.getDeterministic())));
   kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
   kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
   kernelAttrs.push_back(b.getNamedAttr("role", b.getStringAttr(role)));

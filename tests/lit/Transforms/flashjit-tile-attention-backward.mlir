@@ -8,7 +8,7 @@
 // CHECK-SAME: %{{.*}}: memref<?xbf16>
 // CHECK-SAME: "lse", "delta", "dq_accum", "dq", "dk", "dv", "counts", "indices", "kv_counts", "kv_indices"
 // CHECK-SAME: "scale_log2e", "scale", "pid_m", "pid_bh"]
-// CHECK-SAME: attn.kernel_backward = {block_m = 64 : i64, block_n = 32 : i64
+// CHECK-SAME: attn.kernel_backward = {block_m = 64 : i64, block_n = 32 : i64, deterministic = false
 // CHECK-SAME: role = "preprocess"
 // CHECK: scf.for
 // CHECK: iter_args
