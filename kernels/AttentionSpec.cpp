@@ -23,6 +23,10 @@ const char *toString(MaskKind mask) {
   return "?";
 }
 
+const char *toString(DqAccumulation mode) {
+  return mode == DqAccumulation::Atomic ? "atomic" : "separate_pass";
+}
+
 /// Throws a SpecError "<field> must be in [lo, hi], got <value>".
 static void checkRange(const char *field, int64_t value, int64_t lo,
                        int64_t hi) {

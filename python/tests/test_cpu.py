@@ -311,10 +311,12 @@ def test_compile_ptx_and_stages():
         flashjit.compile(0)
     with pytest.raises(flashjit.InvalidArgumentError, match="bogus"):
         kern.emit("bogus")
-    # The backward's three kernels and its own tiling; deterministic=True
-    # reaches the description.
+    # The backward's three kernels and its own tiling; dQ by atomic adds
+    # (the default: @attention_dq converts the accumulator) or, with
+    # deterministic=True, by a separate pass (what the GPU lowering takes).
     atomic = flashjit.compile(96, causal=True, arch="sm_80", backward=True)
     assert not atomic.spec["deterministic"]
+    assert 'role = "dq_convert"' in atomic.emit("tiled")
     assert "deterministic" not in atomic.emit("attn")
     bwd = flashjit.compile(96, causal=True, arch="sm_80", backward=True,
                            deterministic=True)

@@ -182,12 +182,17 @@ private:
   std::vector<std::thread> workers;
 };
 
-/// The checks every GPU backward run must pass.
+/// The checks every GPU backward run must pass; dq_mode as the run's
+/// JSON says its spec asked (--deterministic: the separate pass).
 void expectCorrectGradients(const std::string &out) {
   EXPECT_NE(out.find("\"ok\":true"), std::string::npos);
   EXPECT_NE(out.find("\"device\":\"cuda\""), std::string::npos);
   EXPECT_NE(out.find("\"direction\":\"backward\""), std::string::npos);
-  EXPECT_NE(out.find("\"dq_mode\":\"separate_pass\""), std::string::npos);
+  const bool deterministic =
+      out.find("\"deterministic\":true") != std::string::npos;
+  EXPECT_NE(out.find(deterministic ? "\"dq_mode\":\"separate_pass\""
+                                   : "\"dq_mode\":\"atomic\""),
+            std::string::npos);
   double bound = jsonNumber(out, "bound");
   ASSERT_GT(bound, 0);
   EXPECT_LT(jsonNumber(out, "rel_err"), bound);
@@ -247,11 +252,12 @@ std::string readFile(const std::string &dir, const std::string &name) {
   return s.str();
 }
 
-/// dQ by a separate pass, no atomics: one --seed, the same bits; GQA sums
-/// dK and dV over a group, a layout skips blocks.
+/// --deterministic: dQ by a separate pass, no atomics: one --seed, the
+/// same bits; GQA sums dK and dV over a group, a layout skips blocks.
 TEST_F(BackwardGpuRuns, SameSeedSameGradientsBitForBit) {
   const std::string args =
-      "run --backward --device cuda --json --head-dim 96 --gqa 2 --heads 4 "
+      "run --backward --deterministic --device cuda --json --head-dim 96 "
+      "--gqa 2 --heads 4 "
       "--batch 2 --causal --seq-len 1000 --block-sparse 0.7 --sparse-block 64";
   std::string a = tempPath("seed-a"), b = tempPath("seed-b"),
               c = tempPath("seed-c");

@@ -659,7 +659,8 @@ TEST(CApi, EmitStages) {
   EXPECT_EQ(out, nullptr);
   EXPECT_NE(lastError().find("bogus"), std::string::npos) << lastError();
 
-  // The backward's stages: attn.flash_bwd and three kernels.
+  // The backward's stages: attn.flash_bwd and three kernels; its tiled
+  // @attention_dq converts the atomic accumulator, or is the separate pass.
   spec.direction = FLASHJIT_DIRECTION_BACKWARD;
   ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
       << lastError();
@@ -667,7 +668,12 @@ TEST(CApi, EmitStages) {
   flashjit_free(out);
   EXPECT_NE(bwdAttn.find("attn.flash_bwd"), std::string::npos) << bwdAttn;
   EXPECT_EQ(bwdAttn.find("deterministic"), std::string::npos) << bwdAttn;
-  // deterministic = 1: the description says so.
+  ASSERT_EQ(flashjit_emit(h, &spec, "tiled", nullptr, &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string bwdTiled(out, len);
+  flashjit_free(out);
+  EXPECT_NE(bwdTiled.find("role = \"dq_convert\""), std::string::npos);
+  // The GPU lowering takes the deterministic form.
   spec.deterministic = 1;
   ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
       << lastError();

@@ -240,6 +240,22 @@ TEST(CliOptions, RejectsBadInputWithANamedError) {
   expectError({"run", "--dtype", "fp32"}, "expected bf16 or fp16");
   expectError({"run", "--causal", "--window", "1,1"}, "exclusive");
   expectError({"run", "--scale", "-0.5"}, "scale must be finite and >= 0");
+  for (const char *command : {"run", "bench", "tune", "compile"})
+    expectError({command, "--deterministic"},
+                "--deterministic needs --backward");
+}
+
+/// --deterministic picks the backward's separate dQ pass (default: atomic),
+/// for every command that takes --backward; --help names it.
+TEST(CliOptions, DeterministicBackward) {
+  for (const char *command : {"run", "bench", "tune", "compile"}) {
+    EXPECT_FALSE(parse({command, "--backward"}).spec.deterministic);
+    auto o = parse({command, "--deterministic", "--backward"});
+    EXPECT_EQ(o.spec.direction, Direction::Backward);
+    EXPECT_TRUE(o.spec.deterministic) << command;
+    EXPECT_NE(cli::helpText(command).find("--deterministic"), std::string::npos)
+        << command;
+  }
 }
 
 /// Large problems check an even sample of rows, always the first and last.
