@@ -219,8 +219,9 @@ TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
 
 /// Atomic dQ in a caller's workspace, poisoned with NaN and reused: the
 /// preprocessing zeroes dq_accum (f32 [B, H, Nq, dqk] after delta's 2 * B *
-/// H * Nq floats) every run, and dQ is dq_accum * scale in the element type.
-/// A workspace sized for the deterministic backward is refused.
+/// H * Nq floats) every run, and dQ is dq_accum * scale in the element type;
+/// dK and dV stay bit-identical run to run. A workspace sized for the
+/// deterministic backward is refused.
 TEST(CpuBackwardCheck, AtomicDqAccumInCallerWorkspace) {
   Case c = smallCase();
   c.nq = 100;
@@ -237,12 +238,20 @@ TEST(CpuBackwardCheck, AtomicDqAccumInCallerWorkspace) {
   std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
   BackwardReference ref =
       referenceBackward(s.spec, p, s.data, s.grads, nullptr);
+  std::vector<uint16_t> firstDk, firstDv;
   for (int run = 0; run < 2; ++run) {
     kernel->run(p, s.data, s.grads, nullptr, workspace.data(), bytes);
     BackwardErrorReport err = compareBackward(s.spec, p, s.grads, ref);
     EXPECT_EQ(err.nanCount, 0) << "run " << run;
     EXPECT_LT(err.relErr(), errorBound(s.spec.dtype)) << "run " << run;
+    if (run == 0) {
+      firstDk = *s.grads.dk.buffer;
+      firstDv = *s.grads.dv.buffer;
+    }
   }
+  // Only dQ's adds race: dK and dV are bit-identical run to run.
+  EXPECT_EQ(*s.grads.dk.buffer, firstDk);
+  EXPECT_EQ(*s.grads.dv.buffer, firstDv);
   const float *dqAccum = workspace.data() + 2 * rows;
   const float scale = float(p.effectiveScale(s.spec));
   int64_t nonzero = 0;
