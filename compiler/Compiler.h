@@ -96,8 +96,11 @@ private:
 
 /// The backward pass compiled for the CPU execution mode: three functions
 /// (kernels/KernelABI.h, abi::bwd): the preprocessing D = rowsum(dO * O), the
-/// main loop (one program per KV block: dK, dV) and the dQ pass (one program
-/// per Q block: dQ by a separate pass, deterministic by construction).
+/// main loop (one program per KV block: dK, dV) and the dQ step (one program
+/// per Q block). dQ by dqAccumulation(spec): Atomic, the main loop adds into
+/// the f32 dq_accum workspace on host threads and the dQ step converts it;
+/// SeparatePass (spec.deterministic), the dQ step is a separate pass,
+/// bit-identical run to run.
 class CpuBackwardKernel {
 public:
   /// Compiles \p spec (direction Backward) with \p config; throws
@@ -109,9 +112,10 @@ public:
   /// dq, dk, dv of \p grads from q, k, v, o, lse of \p fwd (the forward's
   /// outputs: O in the element type, lse f32) and grads.dO. Runs the three
   /// grids on host threads. \p workspace, if given, must hold
-  /// backwardWorkspaceBytes(spec, problem) bytes (delta); else the kernel
-  /// allocates it. \p layout is required iff the spec is block-sparse; its
-  /// KV-major transpose is derived here.
+  /// backwardWorkspaceBytes(spec, problem) bytes (delta, and dq_accum for
+  /// atomic dQ), in any state; else the kernel allocates it. \p layout is
+  /// required iff the spec is block-sparse; its KV-major transpose is derived
+  /// here.
   void run(const Problem &problem, const AttentionData &fwd,
            AttentionGrads &grads, const BlockSparseLayout *layout,
            void *workspace = nullptr, int64_t workspaceBytes = 0) const;
@@ -124,7 +128,6 @@ private:
   explicit CpuBackwardKernel(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl;
 };
-
 
 } // namespace flashjit
 

@@ -23,6 +23,10 @@ const char *toString(MaskKind mask) {
   return "?";
 }
 
+const char *toString(DqAccumulation mode) {
+  return mode == DqAccumulation::Atomic ? "atomic" : "separate_pass";
+}
+
 /// Throws a SpecError "<field> must be in [lo, hi], got <value>".
 static void checkRange(const char *field, int64_t value, int64_t lo,
                        int64_t hi) {
@@ -133,14 +137,17 @@ std::string Problem::toJson(const AttentionSpec &spec) const {
 }
 
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
+  // The backward's `deterministic` only when set (false is its default).
+  const bool backward = spec.direction == Direction::Backward;
   return fmt::format(
       "module {{\n  attn.{} @{} {{element_type = {}, gqa = {} : i64, "
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
-      "sparse_block = {} : i64}}\n}}\n",
-      spec.direction == Direction::Forward ? "flash_fwd" : "flash_bwd", name,
+      "sparse_block = {} : i64{}}}\n}}\n",
+      backward ? "flash_bwd" : "flash_fwd", name,
       spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup, spec.headDimQK,
       spec.headDimV, toString(spec.mask),
-      spec.blockSparse ? spec.sparseBlock : 0);
+      spec.blockSparse ? spec.sparseBlock : 0,
+      backward && spec.deterministic ? ", deterministic = true" : "");
 }
 
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p) {

@@ -120,13 +120,16 @@ inline DqAccumulation dqAccumulation(const AttentionSpec &spec) {
 /// The workspace the backward of \p spec on \p problem needs, in bytes: the
 /// per-row statistics (f32 [2, B, H, Nq]: delta = rowsum(dO * O), then
 /// -lse * log2(e)) and, for Atomic (dqAccumulation(spec)), dq_accum (f32
-/// [B, H, Nq, dqk]) after them. A block-sparse backward also needs room for the layout's KV-major
-/// transpose: the C API's flashjit_backward_workspace_size counts both.
+/// [B, H, Nq, dqk]) after them. A block-sparse backward also needs room for the
+/// layout's KV-major transpose: the C API's flashjit_backward_workspace_size
+/// counts both.
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec,
                                const Problem &problem);
 
 const char *toString(DType dtype);
 const char *toString(MaskKind mask);
+/// "atomic" or "separate_pass" (the run JSON's dq_mode).
+const char *toString(DqAccumulation mode);
 /// Bytes of one element of \p dtype.
 inline int64_t elementBytes(DType) { return 2; }
 

@@ -13,7 +13,8 @@
 /// Strides are in elements. Plain C++, shared by compiler and runtime.
 ///
 /// The backward pass (namespace bwd below) is three functions that share one
-/// argument list: `@f_preprocess`, `@f` (the main loop) and `@f_dq`.
+/// argument list: `@f_preprocess`, `@f` (the main loop) and `@f_dq` (dQ: its
+/// conversion from the atomic accumulator, or the deterministic pass).
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_KERNELS_KERNELABI_H
@@ -110,9 +111,10 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///             key), delta (f32 [2, B, H, Nq] workspace: rowsum(do * o),
 ///             then -lse * log2(e), -inf where lse = -inf; the CPU kernels
 ///             use the first half only),
-///             dq_accum (f32 [B, H, Nq, dqk] workspace; reserved for a
-///             variant that accumulates dQ with atomics: the CPU kernels
-///             neither read nor write it), dq, dk, dv (element type; shaped
+///             dq_accum (f32 [B, H, Nq, dqk] workspace, row-major, logical
+///             dqk, no padding; after delta in one workspace: atomic dQ
+///             only, see below; a deterministic backward neither reads nor
+///             writes it), dq, dk, dv (element type; shaped
 ///             as q, k, v), counts, indices (the forward's BCSR layout,
 ///             Q-major), kv_counts, kv_indices (the same layout transposed:
 ///             for each (b, h, sparse KV block) the sparse Q blocks that
@@ -121,18 +123,28 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///   f32:      scale * log2(e), scale
 ///   indices:  pid_m, pid_bh
 ///
-/// lse, delta and dq_accum are packed. What pid_m and pid_bh mean depends on
-/// the function:
-///   @f_preprocess  pid_m = Q block of Br rows, pid_bh = b * H + h:
-///                  writes delta of those rows.
-///   @f             pid_m = KV block of Bc keys, pid_bh = b * (H / gqa) + hk:
-///                  walks the Q blocks that see the block, for every query
-///                  head of the group, and writes dK and dV of its keys.
-///   @f_dq          pid_m = Q block of Br rows, pid_bh = b * H + h: walks
-///                  the KV blocks its rows see and writes dQ of its rows (dQ
-///                  by a separate pass over Q blocks: deterministic by
-///                  construction).
-/// Run @f_preprocess's grid first; @f and @f_dq only read delta.
+/// lse, delta and dq_accum are packed. dQ comes in two modes, the
+/// attn.flash_bwd's `deterministic` (AttentionSpec::deterministic,
+/// dqAccumulation()), recorded with every function's role in its
+/// `attn.kernel_backward` (`deterministic`, a BoolAttr). What pid_m and
+/// pid_bh mean depends on the function:
+///   @f_preprocess  (role "preprocess") pid_m = Q block of Br rows,
+///                  pid_bh = b * H + h: writes delta of those rows; atomic
+///                  mode: also dq_accum[b, h, q, 0 .. dqk) = 0.
+///   @f             (role "main") pid_m = KV block of Bc keys,
+///                  pid_bh = b * (H / gqa) + hk: walks the Q blocks that see
+///                  the block, for every query head of the group, and writes
+///                  dK and dV of its keys; atomic mode: also, for each row q
+///                  of those blocks, dq_accum[b, h, q, :] += sum over its
+///                  keys of dS[q, key] * K[key, :] (f32 atomic adds;
+///                  unscaled; dS rounded to the element type, as for dK).
+///   @f_dq          atomic mode (role "dq_convert"): pid_m = Q block of Br
+///                  rows, pid_bh = b * H + h: dQ[b, h, q, c] =
+///                  element_type(dq_accum[b, h, q, c] * scale) of its rows.
+///                  Deterministic (role "dq"): the same grid walks the KV
+///                  blocks its rows see and writes dQ of its rows (dQ by a
+///                  separate pass over Q blocks: bit-identical run to run).
+/// Run the grids in that order: @f_preprocess, @f, @f_dq.
 namespace bwd {
 
 enum Buffer : int {

@@ -31,7 +31,8 @@ mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
 
 /// The description a tiling pass recorded on a tiled function
 /// (`attn.kernel` or `attn.kernel_backward`): head dims, element type, mask,
-/// GQA group, sparse block (the direction is left Forward).
+/// GQA group, sparse block, the backward's `deterministic` (the direction
+/// is left Forward).
 AttentionSpec specFromAttrs(mlir::DictionaryAttr attrs);
 
 /// Integer field \p name of \p attrs (0 if absent).

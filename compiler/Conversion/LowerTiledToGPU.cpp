@@ -51,6 +51,8 @@ AttentionSpec conversion::specFromAttrs(DictionaryAttr attrs) {
     spec.deterministic = det.getValue();
   auto et = attrs.getAs<TypeAttr>("element_type");
   spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
+  auto deterministic = attrs.getAs<BoolAttr>("deterministic");
+  spec.deterministic = deterministic && deterministic.getValue();
   return spec;
 }
 

@@ -336,17 +336,23 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   if (int64_t(fwd.lse.size()) < rows)
     throw SpecError(fmt::format("lse: {} values, the problem has {} rows",
                                 fwd.lse.size(), rows));
+  // The workspace: delta (f32 [2, B, H, Nq]; the CPU kernels use the first
+  // half), then, for atomic dQ, dq_accum (f32 [B, H, Nq, dqk]).
   const int64_t needBytes = backwardWorkspaceBytes(spec, p);
-  std::vector<float> ownDelta;
+  std::vector<float> ownWorkspace;
   float *delta = static_cast<float *>(workspace);
   if (!workspace) {
-    ownDelta.resize(size_t(rows));
-    delta = ownDelta.data();
+    ownWorkspace.resize(size_t(needBytes / 4));
+    delta = ownWorkspace.data();
   } else if (workspaceBytes < needBytes) {
     throw SpecError(fmt::format("workspace: {} bytes given, the backward "
-                                "needs {}",
-                                workspaceBytes, needBytes));
+                                "needs {} ({})",
+                                workspaceBytes, needBytes,
+                                spec.deterministic
+                                    ? "deterministic: delta"
+                                    : "atomic dQ: delta and dq_accum"));
   }
+  const bool atomicDq = dqAccumulation(spec) == DqAccumulation::Atomic;
 
   abi::bwd::BackwardStrides strides = abi::bwd::tensorStrides(
       fwd.q, fwd.k, fwd.v, fwd.o, g.dO, g.dq, g.dk, g.dv);
@@ -376,7 +382,7 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   f32s[bwd::ScaleLog2e] = float(scale / std::log(2.0));
   f32s[bwd::Scale] = float(scale);
 
-  // The kernels neither read nor write dq_accum on the CPU.
+  // Deterministic kernels neither read nor write dq_accum.
   float noAccum = 0;
   std::vector<MemRef1D> bufs(bwd::NumBuffers);
   bufs[bwd::Q] = view(fwd.q);
@@ -386,7 +392,9 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   bufs[bwd::DO] = view(g.dO);
   bufs[bwd::Lse] = describe(const_cast<float *>(fwd.lse.data()), rows);
   bufs[bwd::Delta] = describe(delta, rows);
-  bufs[bwd::DqAccum] = describe(&noAccum, 1);
+  bufs[bwd::DqAccum] = atomicDq
+                           ? describe(delta + 2 * rows, rows * spec.headDimQK)
+                           : describe(&noAccum, 1);
   bufs[bwd::DQ] = view(g.dq);
   bufs[bwd::DK] = view(g.dk);
   bufs[bwd::DV] = view(g.dv);
@@ -398,6 +406,10 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   const TileConfig &c = impl->config;
   const int64_t qBlocks = (p.seqLenQ + c.blockM - 1) / c.blockM;
   const int64_t kvBlocks = (p.seqLenKV + c.blockN - 1) / c.blockN;
+  // In this order: the preprocessing writes delta (and zeroes dq_accum),
+  // the main loop reads delta (and adds into dq_accum); both forms of
+  // @f_dq (the separate pass, the conversion) run on the preprocessing's
+  // grid.
   runGrid(impl->preprocess, bufs, idx, f32s, qBlocks, p.batch * p.heads);
   runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec));
   runGrid(impl->dq, bufs, idx, f32s, qBlocks, p.batch * p.heads);

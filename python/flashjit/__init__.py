@@ -156,7 +156,7 @@ def _is_torch(x):
 
 
 def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
-              return_lse=False):
+              return_lse=False, deterministic=False):
     """softmax(scale * q k^T + mask) v.
 
     q: (B, H, Nq, d); k: (B, Hkv, Nkv, d); v: (B, Hkv, Nkv, dv), with H a
@@ -173,6 +173,10 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     return_lse: also return lse (B, H, Nq) float32, the natural-log
         logsumexp of each row's scaled scores (-inf where a row sees no key;
         its output row is 0).
+    deterministic: how autograd's backward sums dq: False (default), by
+        atomic adds into an fp32 buffer from the dk/dv loop (faster; dq's
+        last bits may vary run to run); True, by a separate pass over query
+        blocks, bit-identical run to run. The forward is the same either way.
 
     torch CUDA tensors (bfloat16/float16) run on the GPU, with autograd: the
     backward recomputes from the saved q, k, v, o and lse (dk and dv summed
@@ -183,7 +187,8 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     scale = _scale(scale)
     bm = _block(block_mask)
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
-        return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse)
+        return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
+                                bool(deterministic))
     return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse)
 
 
@@ -283,13 +288,14 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
 
 
 def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
-                       window=None, block_mask=None):
+                       window=None, block_mask=None, deterministic=False):
     """dq, dk, dv of attention(q, k, v, ...) for the upstream gradient d_o,
     recomputed from the forward's o and lse (return_lse=True), on the CPU
     for numpy arrays (the same dtypes as attention's numpy path). dk and dv
-    are summed over each GQA group. dQ comes from a separate pass over Q
-    blocks, so the result is bit-identical run to run. (torch CUDA tensors
-    get their backward from autograd: attention(...).backward().)"""
+    are summed over each GQA group. dq: by atomic adds into an fp32 buffer
+    (default; its last bits may vary run to run), or with deterministic=True
+    by a separate pass over Q blocks, bit-identical run to run. (torch CUDA
+    tensors get their backward from autograd: attention(...).backward().)"""
     import numpy as np
 
     mask, wl, wr = _mask_and_window(causal, window)
@@ -310,7 +316,8 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
                          f"{(B, H, Nq)}, got {lse.shape}")
     ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
     grads = [np.empty(a.shape, dtype=np.uint16) for a in (q, k, v)]
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0,
+                          deterministic=deterministic)
     t = [_numpy_tensor(n, a) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     layout, keep = (bm._host_layout() if bm else (None, None))
@@ -410,7 +417,8 @@ def _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm):
     return o, lse
 
 
-def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm):
+def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
+                   deterministic):
     """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
     device. Its workspace is a torch tensor of the size the C API asks for,
     so torch's caching allocator keeps it stream-ordered."""
@@ -418,7 +426,8 @@ def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm):
     B, H, Nq, D = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     spec = _lib.make_spec(D, v.shape[3], dtype, mask, gqa,
-                          bm.block_size if bm else 0)
+                          bm.block_size if bm else 0,
+                          deterministic=deterministic)
     d_o = d_o.to(o.dtype)
     if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
         d_o = d_o.contiguous()
@@ -458,10 +467,10 @@ def _autograd_function(torch):
 
     class FlashjitAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, mask, scale, wl, wr, bm):
+        def forward(ctx, q, k, v, mask, scale, wl, wr, bm, deterministic):
             o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.options = (mask, scale, wl, wr, bm)
+            ctx.options = (mask, scale, wl, wr, bm, deterministic)
             ctx.mark_non_differentiable(lse)
             return o, lse
 
@@ -472,20 +481,22 @@ def _autograd_function(torch):
             q, k, v, o, lse = ctx.saved_tensors
             grads = _backward_cuda(torch, q, k, v, o, lse, d_o, *ctx.options)
             return tuple(g if need else None for g, need in
-                         zip(grads, ctx.needs_input_grad[:3])) + (None,) * 5
+                         zip(grads, ctx.needs_input_grad[:3])) + (None,) * 6
 
     _autograd_cache["fn"] = FlashjitAttention
     return FlashjitAttention
 
 
-def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse):
+def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
+                     deterministic):
     import torch
 
     _check_torch_inputs(torch, q, k, v)
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q, k, v))
     if needs_grad:
-        o, lse = _autograd_function(torch).apply(q, k, v, mask, scale, wl, wr, bm)
+        o, lse = _autograd_function(torch).apply(q, k, v, mask, scale, wl, wr,
+                                                 bm, deterministic)
     else:
         o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
     return (o, lse) if return_lse else o
@@ -519,7 +530,8 @@ class Kernel:
                 "mask": ("none", "causal", "sliding_window")[s.mask],
                 "gqa": s.gqa,
                 "sparse_block": s.sparse_block if s.block_sparse else None,
-                "backward": bool(s.direction)}
+                "backward": bool(s.direction),
+                "deterministic": bool(s.deterministic)}
 
     def _handle(self):
         if self.arch is None:  # the current GPU's arch, if there is one
@@ -563,12 +575,17 @@ class Kernel:
 
 def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
             sliding_window=False, gqa=1, sparse_block=None, arch=None,
-            backward=False):
+            backward=False, deterministic=False):
     """Describes a kernel; read its .ptx or .emit(stage). Validation
     (head dims 1..512, ...) happens here: InvalidArgumentError names the
     field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
     "sm_90a", ... (None: the current GPU's, else sm_90a). backward: the
-    backward's kernels (preprocess, dK/dV, dQ) and tiling instead."""
+    backward's kernels (preprocess, dK/dV, dQ) and tiling instead;
+    deterministic (with backward=True): dQ by a separate pass instead of
+    atomic adds."""
+    if deterministic and not backward:
+        raise ValueError("flashjit.compile: deterministic needs backward=True "
+                         "(it chooses how the backward sums dQ)")
     if isinstance(dtype, str):
         if dtype not in _DTYPE_NAMES:
             raise TypeError(f"flashjit.compile: dtype must be bf16 or fp16, "
@@ -586,7 +603,8 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
     mask = (_lib.MASK_CAUSAL if causal else
             _lib.MASK_SLIDING_WINDOW if sliding_window else _lib.MASK_NONE)
     spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
-                          dt, mask, gqa, sparse_block or 0, backward=backward)
+                          dt, mask, gqa, sparse_block or 0, backward=backward,
+                          deterministic=deterministic)
     # Validate now: chosen_config checks the spec on the CPU handle.
     out = (ctypes.c_int64 * 4)()
     _lib.check(_lib.lib().flashjit_chosen_config(

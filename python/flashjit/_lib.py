@@ -86,6 +86,8 @@ class Spec(ctypes.Structure):
         ("block_sparse", ctypes.c_int32),
         ("direction", ctypes.c_int32),
         ("sparse_block", ctypes.c_int64),
+        ("deterministic", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
     ]
 
 
@@ -118,7 +120,7 @@ def make_tensor(data_ptr, shape, strides):
 
 
 def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
-              backward=False):
+              backward=False, deterministic=False):
     s = Spec()
     s.head_dim_qk = int(head_dim_qk)
     s.head_dim_v = int(head_dim_v)
@@ -128,6 +130,8 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
     s.block_sparse = 1 if sparse_block else 0
     s.direction = 1 if backward else 0  # which pass emit / chosen_config see
     s.sparse_block = int(sparse_block) if sparse_block else 128
+    # The backward's dQ: 1, a separate pass (bit-identical); 0, atomic adds.
+    s.deterministic = 1 if deterministic else 0
     return s
 
 

@@ -311,13 +311,23 @@ def test_compile_ptx_and_stages():
         flashjit.compile(0)
     with pytest.raises(flashjit.InvalidArgumentError, match="bogus"):
         kern.emit("bogus")
-    # The backward's three kernels and its own tiling.
-    bwd = flashjit.compile(96, causal=True, arch="sm_80", backward=True)
+    # The backward's three kernels and its own tiling; dQ by atomic adds
+    # (the default: @attention_dq converts the accumulator) or, with
+    # deterministic=True, by a separate pass (what the GPU lowering takes).
+    atomic = flashjit.compile(96, causal=True, arch="sm_80", backward=True)
+    assert not atomic.spec["deterministic"]
+    assert 'role = "dq_convert"' in atomic.emit("tiled")
+    assert "deterministic" not in atomic.emit("attn")
+    bwd = flashjit.compile(96, causal=True, arch="sm_80", backward=True,
+                           deterministic=True)
     assert bwd.spec["backward"] and not kern.spec["backward"]
+    assert bwd.spec["deterministic"]
     bptx = bwd.ptx
     for entry in ("attention_preprocess(", "attention(", "attention_dq("):
         assert ".entry " + entry in bptx
-    assert "attn.flash_bwd" in bwd.emit("attn")
+    assert "deterministic = true" in bwd.emit("attn")
+    with pytest.raises(ValueError, match="deterministic needs backward"):
+        flashjit.compile(96, deterministic=True)
     assert bwd.config(batch=2, heads=8, seq_len=1000) == {
         "block_m": 64, "block_n": 64, "warps": 4, "stages": 2}
 
@@ -350,15 +360,18 @@ def test_backward_workspace_size():
     h = _lib.handle(_lib.DEVICE_CPU)
     n = ctypes.c_size_t()
 
-    def size(sparse_block, *shape):
+    def size(sparse_block, *shape, deterministic=True):
         spec = _lib.make_spec(16, 16, _lib.DTYPE_FP16, _lib.MASK_NONE, 1,
-                              sparse_block)
+                              sparse_block, deterministic=deterministic)
         _lib.check(lib.flashjit_backward_workspace_size(
             h, ctypes.byref(spec), *shape, ctypes.byref(n)))
         return n.value
 
     # delta and -lse * log2(e), fp32 [2, B, H, Nq]
     assert size(0, 2, 3, 100, 50) == 2 * 2 * 3 * 100 * 4
+    # Atomic dQ (the default): and dq_accum, fp32 [B, H, Nq, 16].
+    assert size(0, 2, 3, 100, 50, deterministic=False) == (
+        2 * 2 * 3 * 100 * 4 + 2 * 3 * 100 * 16 * 4)
     # Block-sparse by 64: 2 x 1 blocks; the layout's KV-major transpose
     # (counts [B, H, 1] at 4864, indices [B, H, 1, 2] at 5120) follows.
     assert size(64, 2, 3, 100, 50) == 5120 + 2 * 3 * 1 * 2 * 4
@@ -366,12 +379,14 @@ def test_backward_workspace_size():
         size(0, 2, 3, 0, 50)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("dtype,causal,window,gqa", [
     (np.float16, False, None, 1),
     (np.float32, True, None, 2),
     (np.float16, False, (7, 3), 1),
 ])
-def test_backward_matches_float64_gradients(dtype, causal, window, gqa):
+def test_backward_matches_float64_gradients(dtype, causal, window, gqa,
+                                            deterministic):
     rng = np.random.default_rng()
     B, H, Nq, Nkv, D, Dv = 2, 4, 37, 53, 24, 16
     q = rng.standard_normal((B, H, Nq, D)).astype(dtype)
@@ -384,7 +399,8 @@ def test_backward_matches_float64_gradients(dtype, causal, window, gqa):
         q, k, v, o, d_o = (flashjit._bf16_bits_to_f32(flashjit._f32_to_bf16_bits(a))
                            for a in (q, k, v, o, d_o))
     dq, dk, dv = flashjit.attention_backward(q, k, v, o, d_o, lse,
-                                             causal=causal, window=window)
+                                             causal=causal, window=window,
+                                             deterministic=deterministic)
     vis = reference.visible_mask(Nq, Nkv, causal=causal, window=window)
     ref = reference.attention_grads_ref(q, k, v, o, d_o, visible=vis)
     bound = 5e-3 if dtype == np.float16 else 1e-2
@@ -392,6 +408,20 @@ def test_backward_matches_float64_gradients(dtype, causal, window, gqa):
         assert got.shape == want.shape
         assert np.isfinite(got).all()
         assert reference.rel_err(got, want) < bound
+
+
+def test_deterministic_backward_is_bit_identical():
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 2, 150, 32)).astype(np.float16)
+               for _ in range(3))
+    o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+    d_o = rng.standard_normal(o.shape).astype(np.float16)
+    first, second = (flashjit.attention_backward(q, k, v, o, d_o, lse,
+                                                 causal=True,
+                                                 deterministic=True)
+                     for _ in range(2))
+    for a, b in zip(first, second):
+        assert np.array_equal(a, b)
 
 
 def test_bf16_rounding():

@@ -121,12 +121,12 @@ def leaves(*tensors):
 
 
 def check_grads(q, k, v, seed, causal=False, scale=None, window=None,
-                block_mask=None, dense=None, d_o=None):
+                block_mask=None, dense=None, d_o=None, deterministic=False):
     """dq, dk, dv of flashjit.attention through autograd (q, k, v require
     grad) for the upstream gradient d_o (default: random), checked against
     float64 SDPA with the same mask; returns them."""
     o = flashjit.attention(q, k, v, causal=causal, scale=scale, window=window,
-                           block_mask=block_mask)
+                           block_mask=block_mask, deterministic=deterministic)
     assert o.requires_grad
     if d_o is None:
         d_o = torch.randn_like(o)
@@ -277,12 +277,13 @@ GRAD_SHAPES = [
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward(dtype, shape, causal, seed):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward(dtype, shape, causal, deterministic, seed):
     B, H, Hkv, Nq, Nkv, d, dv = shape
     q, k, v = leaves(randn(B, H, Nq, d, dtype=dtype),
                      randn(B, Hkv, Nkv, d, dtype=dtype),
                      randn(B, Hkv, Nkv, dv, dtype=dtype))
-    check_grads(q, k, v, seed, causal=causal)
+    check_grads(q, k, v, seed, causal=causal, deterministic=deterministic)
 
 
 @cuda
@@ -362,7 +363,7 @@ def test_backward_through_views_of_packed_qkv(seed):
 def test_backward_is_deterministic(seed):
     q, k, v = leaves(randn(2, 8, 512, 128), randn(2, 2, 512, 128),
                      randn(2, 2, 512, 128))
-    o = flashjit.attention(q, k, v, causal=True)
+    o = flashjit.attention(q, k, v, causal=True, deterministic=True)
     d_o = torch.randn_like(o)
     first = torch.autograd.grad(o, (q, k, v), d_o, retain_graph=True)
     second = torch.autograd.grad(o, (q, k, v), d_o)

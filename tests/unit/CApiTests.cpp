@@ -55,6 +55,7 @@ flashjit_spec toC(const AttentionSpec &s) {
   c.gqa = s.gqaGroup;
   c.block_sparse = s.blockSparse ? 1 : 0;
   c.sparse_block = s.sparseBlock;
+  c.deterministic = s.deterministic ? 1 : 0;
   return c;
 }
 
@@ -405,13 +406,19 @@ TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
   ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
   std::mt19937_64 rng(std::random_device{}());
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
-  ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
-  expectGradsMatch(sp, g);
+  // Both dQ modes (atomic first, the default); the deterministic one last.
+  for (int32_t deterministic : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "deterministic " << deterministic);
+    sp.spec.deterministic = deterministic;
+    ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
+    expectGradsMatch(sp, g);
+  }
   int64_t kernels = flashjit_cached_kernels(h);
-  EXPECT_EQ(kernels, 2); // the forward's and the backward's
+  EXPECT_EQ(kernels, 3); // the forward's and the backward's of each mode
 
-  // With a caller's workspace of exactly the size asked for (a CPU handle
-  // does not touch it): the same gradients, bit for bit, and no new kernel.
+  // Deterministic, with a caller's workspace of exactly the size asked for
+  // (a CPU handle does not touch it): the same gradients, bit for bit, and
+  // no new kernel.
   AttentionGrads again = g;
   for (HalfTensor *t : {&again.dq, &again.dk, &again.dv})
     t->buffer = std::make_shared<std::vector<uint16_t>>(
@@ -499,15 +506,34 @@ TEST(CApiErrors, BackwardChecksTheWorkspace) {
 
 TEST(CApi, BackwardWorkspaceSize) {
   Handle h;
-  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33
-  // Dense: delta and -lse * log2(e), fp32 [2, B, H, Nq].
-  EXPECT_EQ(sp.workspaceBytes(h), size_t(2 * 2 * 4 * 20 * 4));
+  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33, head_dim_qk 32
+  // Dense, atomic dQ (the default): delta and -lse * log2(e), fp32
+  // [2, B, H, Nq], then dq_accum, fp32 [B, H, Nq, 32].
+  const size_t stats = 2 * 2 * 4 * 20 * 4, accum = 2 * 4 * 20 * 32 * 4;
+  ASSERT_EQ(sp.spec.deterministic, 0);
+  EXPECT_EQ(sp.workspaceBytes(h), stats + accum);
+  // Deterministic: the statistics only, whatever the spec's direction.
+  sp.spec.deterministic = 1;
+  EXPECT_EQ(sp.workspaceBytes(h), stats);
+  sp.spec.direction = FLASHJIT_DIRECTION_BACKWARD;
+  EXPECT_EQ(sp.workspaceBytes(h), stats);
+  sp.spec.deterministic = 2;
+  size_t bad = 1;
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 2, 4, 20, 33, &bad),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.deterministic must be 0"), std::string::npos)
+      << lastError();
+  sp.spec.deterministic = 1;
   // Block-sparse by 16: 2 Q blocks, 3 KV blocks; the transpose's counts
   // [B, H, 3] (96 bytes at 1280, after the statistics' 1280) and indices
   // [B, H, 3, 2] (192 bytes at 1536) follow, each 256-byte aligned.
   sp.spec.block_sparse = 1;
   sp.spec.sparse_block = 16;
   EXPECT_EQ(sp.workspaceBytes(h), size_t(1536 + 2 * 4 * 3 * 2 * 4));
+  // Atomic: the transpose after dq_accum (counts at 1280 + 20480 = 21760,
+  // indices at 22016).
+  sp.spec.deterministic = 0;
+  EXPECT_EQ(sp.workspaceBytes(h), size_t(22016 + 2 * 4 * 3 * 2 * 4));
 
   size_t bytes = 1;
   EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 0, 4, 20, 33, &bytes),
@@ -633,13 +659,27 @@ TEST(CApi, EmitStages) {
   EXPECT_EQ(out, nullptr);
   EXPECT_NE(lastError().find("bogus"), std::string::npos) << lastError();
 
-  // The backward's stages: attn.flash_bwd and three kernels.
+  // The backward's stages: attn.flash_bwd and three kernels; its tiled
+  // @attention_dq converts the atomic accumulator, or is the separate pass.
   spec.direction = FLASHJIT_DIRECTION_BACKWARD;
   ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
       << lastError();
   std::string bwdAttn(out, len);
   flashjit_free(out);
   EXPECT_NE(bwdAttn.find("attn.flash_bwd"), std::string::npos) << bwdAttn;
+  EXPECT_EQ(bwdAttn.find("deterministic"), std::string::npos) << bwdAttn;
+  ASSERT_EQ(flashjit_emit(h, &spec, "tiled", nullptr, &out, &len), FLASHJIT_OK)
+      << lastError();
+  std::string bwdTiled(out, len);
+  flashjit_free(out);
+  EXPECT_NE(bwdTiled.find("role = \"dq_convert\""), std::string::npos);
+  // The GPU lowering takes the deterministic form.
+  spec.deterministic = 1;
+  ASSERT_EQ(flashjit_emit(h, &spec, "attn", nullptr, &out, &len), FLASHJIT_OK)
+      << lastError();
+  bwdAttn.assign(out, len);
+  flashjit_free(out);
+  EXPECT_NE(bwdAttn.find("deterministic = true"), std::string::npos) << bwdAttn;
   ASSERT_EQ(flashjit_emit(h, &spec, "ptx", "sm_80", &out, &len), FLASHJIT_OK)
       << lastError();
   std::string bwdPtx(out, len);

@@ -3,9 +3,12 @@
 /// \file
 /// Runs the forward on the CPU (as a user would: O rounded to the element
 /// type, lse in f32), then the tiled backward (preprocess, the KV-major main
-/// loop, the dQ pass) and compares dQ, dK and dV with the float64 gradients
+/// loop, the dQ step) and compares dQ, dK and dV with the float64 gradients
 /// of the naive attention by relative norm error. Fresh random inputs and dO
-/// every run, gradients poisoned with NaN before the run. The matrix covers
+/// every run, gradients poisoned with NaN before the run. Every case runs in
+/// both dQ modes: atomic (the default: the main loop adds into dq_accum, a
+/// conversion writes dQ) and deterministic (a separate dQ pass). The matrix
+/// covers
 /// head dims {1, 16, 33, 64, 80, 96, 128, 160, 256, 512}, dqk != dv, N of 1,
 /// 17 and 1000, Nq != Nkv both ways, tiles that do not divide N, causal,
 /// windows, rows that see no key (lse = -inf), GQA, block-sparse layouts
@@ -39,10 +42,13 @@ struct BackwardRun {
   AttentionData data;
   AttentionGrads grads;
   std::unique_ptr<BlockSparseLayout> layout;
+  /// The backward's dQ mode (false: atomic, the default).
+  bool deterministic = false;
 
   AttentionSpec backwardSpec() const {
     AttentionSpec s = spec;
     s.direction = Direction::Backward;
+    s.deterministic = deterministic;
     return s;
   }
 };
@@ -75,13 +81,15 @@ BackwardRun prepare(const Case &c, uint64_t seed) {
   return s;
 }
 
-class CpuBackward : public ::testing::TestWithParam<Case> {};
+/// A case of the matrix and the dQ mode (true: deterministic).
+class CpuBackward : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(CpuBackward, MatchesFloat64Gradients) {
-  const Case &c = GetParam();
+  const auto &[c, deterministic] = GetParam();
   uint64_t seed = freshSeed();
   SCOPED_TRACE(::testing::Message() << "input seed " << seed);
   BackwardRun s = prepare(c, seed);
+  s.deterministic = deterministic;
   if (c.qkv == QKVLayout::Packed) {
     ASSERT_EQ(s.data.q.buffer, s.data.k.buffer) << "case must use packed qkv";
     ASSERT_EQ(s.grads.dq.buffer, s.grads.dk.buffer) << "and packed grads";
@@ -137,9 +145,13 @@ const Case kCases[] = {
 };
 // clang-format on
 
-INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Bool()),
                          [](const auto &info) {
-                           return std::string(info.param.name);
+                           return std::string(std::get<0>(info.param).name) +
+                                  (std::get<1>(info.param) ? "_deterministic"
+                                                           : "_atomic");
                          });
 
 Case smallCase() {
@@ -172,27 +184,26 @@ TEST(CpuBackwardCheck, DetectsWrongAndUnwrittenGradients) {
       compareBackward(s.spec, s.problem, unwritten, ref).relErr()));
 }
 
-/// dQ by a separate pass: bit-identical gradients run to run, on several
-/// threads; a caller's workspace gives the same bits.
+/// deterministic: dQ by a separate pass: bit-identical gradients run to
+/// run, on several threads; a caller's workspace gives the same bits.
 TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
   Case c = smallCase();
   c.nq = c.nkv = 300;
   BackwardRun s = prepare(c, freshSeed());
+  s.deterministic = true;
   auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
   kernel->run(s.problem, s.data, s.grads, nullptr);
   AttentionGrads first = s.grads;
   for (HalfTensor *t : {&first.dq, &first.dk, &first.dv})
     t->buffer = std::make_shared<std::vector<uint16_t>>(*t->buffer);
 
-  AttentionSpec deterministic = s.backwardSpec();
-  deterministic.deterministic = true;
-  AttentionSpec atomic = deterministic;
+  AttentionSpec atomic = s.backwardSpec();
   atomic.deterministic = false;
-  int64_t bytes = backwardWorkspaceBytes(deterministic, s.problem);
+  int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), s.problem);
   const int64_t rows = s.problem.batch * s.problem.heads * s.problem.seqLenQ;
   EXPECT_EQ(bytes, 2 * 4 * rows); // delta and -lse * log2(e)
   EXPECT_EQ(backwardWorkspaceBytes(atomic, s.problem),
-            bytes + 4 * rows * c.dqk);
+            bytes + 4 * rows * c.dqk); // and dq_accum
   std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
   for (int run = 0; run < 3; ++run) {
     kernel->run(s.problem, s.data, s.grads, nullptr,
@@ -203,6 +214,61 @@ TEST(CpuBackwardCheck, DeterministicAndCallerWorkspace) {
   }
   EXPECT_THROW(kernel->run(s.problem, s.data, s.grads, nullptr,
                            workspace.data(), bytes - 4),
+               SpecError);
+}
+
+/// Atomic dQ in a caller's workspace, poisoned with NaN and reused: the
+/// preprocessing zeroes dq_accum (f32 [B, H, Nq, dqk] after delta's 2 * B *
+/// H * Nq floats) every run, and dQ is dq_accum * scale in the element type;
+/// dK and dV stay bit-identical run to run. A workspace sized for the
+/// deterministic backward is refused.
+TEST(CpuBackwardCheck, AtomicDqAccumInCallerWorkspace) {
+  Case c = smallCase();
+  c.nq = 100;
+  c.nkv = 130;
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  BackwardRun s = prepare(c, seed);
+  ASSERT_FALSE(s.deterministic);
+  auto kernel = CpuBackwardKernel::compile(s.backwardSpec(), s.config);
+  const Problem &p = s.problem;
+  const int64_t rows = p.batch * p.heads * p.seqLenQ;
+  const int64_t bytes = backwardWorkspaceBytes(s.backwardSpec(), p);
+  ASSERT_EQ(bytes, 4 * rows * (2 + c.dqk));
+  std::vector<float> workspace(size_t(bytes / 4), std::nanf(""));
+  BackwardReference ref =
+      referenceBackward(s.spec, p, s.data, s.grads, nullptr);
+  std::vector<uint16_t> firstDk, firstDv;
+  for (int run = 0; run < 2; ++run) {
+    kernel->run(p, s.data, s.grads, nullptr, workspace.data(), bytes);
+    BackwardErrorReport err = compareBackward(s.spec, p, s.grads, ref);
+    EXPECT_EQ(err.nanCount, 0) << "run " << run;
+    EXPECT_LT(err.relErr(), errorBound(s.spec.dtype)) << "run " << run;
+    if (run == 0) {
+      firstDk = *s.grads.dk.buffer;
+      firstDv = *s.grads.dv.buffer;
+    }
+  }
+  // Only dQ's adds race: dK and dV are bit-identical run to run.
+  EXPECT_EQ(*s.grads.dk.buffer, firstDk);
+  EXPECT_EQ(*s.grads.dv.buffer, firstDv);
+  const float *dqAccum = workspace.data() + 2 * rows;
+  const float scale = float(p.effectiveScale(s.spec));
+  int64_t nonzero = 0;
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+    for (int64_t i = 0; i < p.seqLenQ; ++i)
+      for (int64_t d = 0; d < c.dqk; ++d) {
+        float acc = dqAccum[(bh * p.seqLenQ + i) * c.dqk + d];
+        nonzero += acc != 0.0f;
+        ASSERT_EQ(s.grads.dq.at(bh / p.heads, bh % p.heads, i, d),
+                  floatToHalf(s.spec.dtype, acc * scale))
+            << "bh " << bh << " row " << i << " col " << d;
+      }
+  EXPECT_GT(nonzero, 0);
+  AttentionSpec deterministic = s.backwardSpec();
+  deterministic.deterministic = true;
+  EXPECT_THROW(kernel->run(p, s.data, s.grads, nullptr, workspace.data(),
+                           backwardWorkspaceBytes(deterministic, p)),
                SpecError);
 }
 
@@ -383,10 +449,19 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   std::string text = attnModuleText(o.spec, "k");
   EXPECT_NE(text.find("attn.flash_bwd @k"), std::string::npos) << text;
   EXPECT_NE(o.spec.name().find("bwd_"), std::string::npos);
-  EXPECT_NE(emitStage(o.spec, o.config, Stage::Tiled).find("@attention_dq("),
-            std::string::npos);
-  // The GPU stages: three kernels, tensor cores, no transposes through
-  // shared memory other than ldmatrix's.
+  // The tiled @attention_dq: the conversion of atomic dQ by default, the
+  // separate pass when deterministic.
+  std::string tiled = emitStage(o.spec, o.config, Stage::Tiled);
+  EXPECT_NE(tiled.find("@attention_dq("), std::string::npos);
+  EXPECT_NE(tiled.find("role = \"dq_convert\""), std::string::npos);
+  EXPECT_NE(tiled.find("memref.atomic_rmw addf"), std::string::npos);
+  o.spec.deterministic = true;
+  tiled = emitStage(o.spec, o.config, Stage::Tiled);
+  EXPECT_NE(tiled.find("role = \"dq\""), std::string::npos);
+  EXPECT_EQ(tiled.find("memref.atomic_rmw"), std::string::npos);
+  // The GPU stages (of the deterministic form, which the GPU lowering
+  // takes): three kernels, tensor cores, no transposes through shared
+  // memory other than ldmatrix's.
   TileConfig gpu = defaultGpuBackwardConfig(o.spec);
   std::string gpuIr = emitStage(o.spec, gpu, Stage::Gpu);
   for (const char *fn : {"gpu.func @attention_preprocess(",

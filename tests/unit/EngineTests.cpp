@@ -52,6 +52,24 @@ TEST(Engine, ForwardAndBackwardKeysDiffer) {
             engine::cubinKey(bwd, c, target).hash());
 }
 
+/// The backward's two dQ modes compile different kernels and may tune to
+/// different tilings: neither key is shared; the forward ignores the flag.
+TEST(Engine, DqModesKeysDiffer) {
+  AttentionSpec atomic = spec(Direction::Backward), det = atomic;
+  det.deterministic = true;
+  Problem p;
+  TileConfig c;
+  GpuTarget target;
+  EXPECT_NE(engine::tuningKey(atomic, p, fakeGpu()).hash(),
+            engine::tuningKey(det, p, fakeGpu()).hash());
+  EXPECT_NE(engine::cubinKey(atomic, c, target).hash(),
+            engine::cubinKey(det, c, target).hash());
+  AttentionSpec fwd = spec(Direction::Forward), fwdFlagged = fwd;
+  fwdFlagged.deterministic = true;
+  EXPECT_EQ(engine::cubinKey(fwd, c, target).hash(),
+            engine::cubinKey(fwdFlagged, c, target).hash());
+}
+
 TEST(Engine, TunedConfigsAreStoredPerDirection) {
   std::string dir =
       (std::filesystem::temp_directory_path() /

@@ -108,6 +108,29 @@ TEST(Spec, AttnModuleTextCarriesEveryField) {
     EXPECT_NE(text.find(part), std::string::npos) << part << " in " << text;
 }
 
+/// The backward's `deterministic` reaches the description, the name (cache
+/// keys) and the JSON; the forward ignores it.
+TEST(Spec, DeterministicOnlyMarksTheBackward) {
+  AttentionSpec fwd;
+  fwd.deterministic = true;
+  AttentionSpec atomic = fwd;
+  atomic.direction = Direction::Backward;
+  atomic.deterministic = false;
+  AttentionSpec det = atomic;
+  det.deterministic = true;
+  EXPECT_EQ(attnModuleText(fwd, "k").find("deterministic"), std::string::npos);
+  EXPECT_EQ(attnModuleText(atomic, "k").find("deterministic"),
+            std::string::npos);
+  EXPECT_NE(attnModuleText(det, "k").find("deterministic = true"),
+            std::string::npos);
+  EXPECT_NE(atomic.name(), det.name());
+  EXPECT_EQ(fwd.toJson().find("deterministic"), std::string::npos);
+  EXPECT_NE(atomic.toJson().find("\"deterministic\":false"), std::string::npos);
+  EXPECT_NE(det.toJson().find("\"deterministic\":true"), std::string::npos);
+  EXPECT_EQ(dqAccumulation(atomic), DqAccumulation::Atomic);
+  EXPECT_EQ(dqAccumulation(det), DqAccumulation::SeparatePass);
+}
+
 TEST(Layout, DenseToBcsrAndBroadcast) {
   // 2 heads, 2x3 blocks.
   std::vector<uint8_t> dense = {1, 0, 1, 0, 0, 0, //
@@ -217,6 +240,22 @@ TEST(CliOptions, RejectsBadInputWithANamedError) {
   expectError({"run", "--dtype", "fp32"}, "expected bf16 or fp16");
   expectError({"run", "--causal", "--window", "1,1"}, "exclusive");
   expectError({"run", "--scale", "-0.5"}, "scale must be finite and >= 0");
+  for (const char *command : {"run", "bench", "tune", "compile"})
+    expectError({command, "--deterministic"},
+                "--deterministic needs --backward");
+}
+
+/// --deterministic picks the backward's separate dQ pass (default: atomic),
+/// for every command that takes --backward; --help names it.
+TEST(CliOptions, DeterministicBackward) {
+  for (const char *command : {"run", "bench", "tune", "compile"}) {
+    EXPECT_FALSE(parse({command, "--backward"}).spec.deterministic);
+    auto o = parse({command, "--deterministic", "--backward"});
+    EXPECT_EQ(o.spec.direction, Direction::Backward);
+    EXPECT_TRUE(o.spec.deterministic) << command;
+    EXPECT_NE(cli::helpText(command).find("--deterministic"), std::string::npos)
+        << command;
+  }
 }
 
 /// Large problems check an even sample of rows, always the first and last.

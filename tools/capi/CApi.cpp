@@ -193,6 +193,11 @@ AttentionSpec toSpec(const flashjit_spec *s) {
   spec.direction = s->direction == FLASHJIT_DIRECTION_BACKWARD
                        ? Direction::Backward
                        : Direction::Forward;
+  if (s->deterministic != 0 && s->deterministic != 1)
+    invalid(fmt::format("spec.deterministic must be 0 (atomic dQ) or 1 (dQ "
+                        "by a separate pass), got {}",
+                        s->deterministic));
+  spec.deterministic = s->deterministic == 1;
   try {
     spec.validate();
   } catch (const SpecError &e) {
@@ -343,7 +348,9 @@ std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
 
 /// Where the parts of the backward's workspace lie, in bytes from its start.
 struct WorkspaceLayout {
-  size_t delta = 0; ///< backwardWorkspaceBytes(): delta and -lse log2(e)
+  /// backwardWorkspaceBytes(): delta and -lse log2(e), then dq_accum for
+  /// atomic dQ.
+  size_t delta = 0;
   /// Block-sparse: the layout's KV-major transpose (int32 counts [B, H,
   /// KVb], indices [B, H, KVb, Qb]), each 256-byte aligned.
   size_t kvCounts = 0, kvIndices = 0;
@@ -364,9 +371,9 @@ size_t checkedBytes(std::initializer_list<int64_t> factors) {
 }
 
 WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p) {
-  // backwardWorkspaceBytes() multiplies in int64: at most delta and a dQ
-  // accumulator of head_dim_qk floats per row.
-  checkedBytes({p.batch, p.heads, p.seqLenQ, 4 * (1 + spec.headDimQK)});
+  // backwardWorkspaceBytes() multiplies in int64: at most two statistics
+  // and a dQ accumulator of head_dim_qk floats per row.
+  checkedBytes({p.batch, p.heads, p.seqLenQ, 4 * (2 + spec.headDimQK)});
   WorkspaceLayout w;
   w.total = size_t(backwardWorkspaceBytes(spec, p));
   if (spec.blockSparse) {
@@ -515,7 +522,7 @@ void checkSameShape(const flashjit_tensor *t, const char *what,
 }
 
 /// The backward on the CPU: dq, dk, dv from q, k, v, the forward's o and
-/// lse, and d_o (dQ by a separate pass over Q blocks: deterministic).
+/// lse, and d_o (dQ in the spec's mode; the kernel's own workspace).
 void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const Problem &p, const flashjit_tensor &q,
                  const flashjit_tensor &k, const flashjit_tensor &v,
@@ -940,6 +947,8 @@ FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec) {
   spec->block_sparse = 0;
   spec->direction = FLASHJIT_DIRECTION_FORWARD;
   spec->sparse_block = 128;
+  spec->deterministic = 0;
+  spec->reserved = 0;
 }
 
 FLASHJIT_API flashjit_status

@@ -51,7 +51,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 2
+#define FLASHJIT_C_API_VERSION 3
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -153,9 +153,16 @@ typedef struct flashjit_spec {
   int32_t block_sparse; /**< nonzero: a flashjit_layout is given at run time */
   int32_t direction;    /**< flashjit_direction (0, forward) */
   int64_t sparse_block; /**< rows and columns of one layout block (128) */
+  /** Backward only (the forward ignores it): 1, dQ by a separate pass over
+   *  Q blocks, bit-identical run to run; 0 (default), dQ by atomic adds into
+   *  an fp32 workspace from the dK/dV loop (faster, a larger workspace; the
+   *  last bits of dQ may vary run to run). Since version 3. */
+  int32_t deterministic;
+  int32_t reserved; /**< 0 (flashjit_spec_init sets it) */
 } flashjit_spec;
 
-/** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128. */
+/** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128,
+ *  atomic dQ (deterministic 0). */
 FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec);
 
 /** A (B, H, N, d) tensor: 16-bit elements (the spec's dtype), strides in
@@ -206,8 +213,12 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
 
 /** The backward pass: dq, dk, dv from q, k, v, o, d_o and the forward's lse
  *  (dk and dv shaped as k and v, summed over each GQA group), by
- *  recomputation (FlashAttention-2 order; dQ by a separate pass, no atomics:
- *  bit-identical run to run).
+ *  recomputation (FlashAttention-2 order). dQ by spec->deterministic: 0, the
+ *  dK/dV loop adds dS K into an fp32 accumulator in the workspace with
+ *  atomic adds and a last step converts it (the order of the adds varies,
+ *  so dQ's last bits may too); 1, a separate pass over Q blocks, no
+ *  atomics: bit-identical run to run. dK and dV are bit-identical either
+ *  way.
  *
  *  q, k, v, o, scale, window_left, window_right, layout: as given to the
  *       flashjit_forward that made o and lse.
@@ -225,7 +236,8 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
  *       the CPU, where the call returns when dq, dk and dv are written.
  *
  *  CUDA: three kernels (delta = rowsum(d_o * o) into the workspace, then dK
- *  and dV, then dQ) are launched on \p cuda_stream in that order. The tiling
+ *  and dV, then dQ: the conversion of the accumulator, or the separate
+ *  pass) are launched on \p cuda_stream in that order. The tiling
  *  is the one tuned for the backward on this GPU and problem class if the
  *  disk cache holds one, else the default backward tiling: the backward
  *  never tunes on a first call. Kernels are cached in the handle as the
@@ -258,9 +270,11 @@ FLASHJIT_API flashjit_status flashjit_backward(
 /** The workspace flashjit_backward needs for \p spec on a problem (batch,
  *  query heads, query and key sequence lengths), in *bytes: fp32
  *  [2, B, H, Nq] (per-row statistics: delta = rowsum(dO * O) and
- *  -lse * log2(e)) and, for a block-sparse spec, room for the layout's KV-major
- *  transpose at that batch and heads (a broadcast layout uses less). The
- *  same for CPU and CUDA handles; no GPU is touched. */
+ *  -lse * log2(e)), then, unless spec->deterministic, the dQ accumulator
+ *  (fp32 [B, H, Nq, head_dim_qk]), and, for a block-sparse spec, room for
+ *  the layout's KV-major transpose at that batch and heads (a broadcast
+ *  layout uses less). The same for CPU and CUDA handles; no GPU is
+ *  touched. */
 FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes);

@@ -224,15 +224,16 @@ int runBackward(const CliOptions &o) {
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
         "\"rel_err\":{:.6e},\"dq_rel_err\":{:.6e},\"dk_rel_err\":{:.6e},"
         "\"dv_rel_err\":{:.6e},\"nan_count\":{},\"forward_rel_err\":{:.6e},"
-        "\"bound\":{},\"ok\":{},\"dq_mode\":\"separate_pass\","
-        "\"deterministic\":true,\"checked_heads\":{},\"checked_rows\":{},"
+        "\"bound\":{},\"ok\":{},\"dq_mode\":\"{}\","
+        "\"deterministic\":{},\"checked_heads\":{},\"checked_rows\":{},"
         "\"checked_keys\":{},\"time_ms\":{:.4f},\"forward_time_ms\":{},"
         "\"compile_ms\":{:.3f},\"input_seed\":{},\"layout_seed\":{},"
         "\"density\":{}{}}}\n",
         spec.toJson(), config.toJson(), p.toJson(spec), deviceName, relErr,
         reportable(err.dqRelErr), reportable(err.dkRelErr),
         reportable(err.dvRelErr), err.nanCount, forwardRelErr, bound,
-        ok ? "true" : "false", check.checkedHeads, optional(check.sampledRows),
+        ok ? "true" : "false", toString(dqAccumulation(spec)),
+        spec.deterministic, check.checkedHeads, optional(check.sampledRows),
         optional(check.sampledKeys), run.runMs,
         run.forwardMs ? fmt::format("{:.4f}", *run.forwardMs) : "null",
         run.compileMs, inputSeed,
@@ -256,9 +257,10 @@ int runBackward(const CliOptions &o) {
                run.runMs);
     if (run.forwardMs)
       fmt::print(", forward {:.3f} ms", *run.forwardMs);
-    fmt::print(" (Br {} x Bc {}, {} warps; dQ by a separate pass, "
-               "deterministic)",
-               config.blockM, config.blockN, config.warps);
+    fmt::print(" (Br {} x Bc {}, {} warps; dQ {})", config.blockM,
+               config.blockN, config.warps,
+               spec.deterministic ? "by a separate pass, deterministic"
+                                  : "by atomic adds");
     if (run.gpu)
       fmt::print("{}", gpuTextSummary(*run.gpu, tflops));
     fmt::print("\n");

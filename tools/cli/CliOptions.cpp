@@ -102,6 +102,9 @@ std::string helpText(const std::string &command) {
          "                       adds do, dq, dk, dv); `bench` and `tune`\n"
          "                       time / tune the backward alone (GPU);\n"
          "                       `compile` emits any stage of it\n"
+         "  --deterministic      with --backward: dQ by a separate pass over\n"
+         "                       Q blocks, bit-identical run to run (default:\n"
+         "                       atomic adds into an f32 workspace, faster)\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head)\n"
@@ -250,6 +253,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   std::map<std::string, std::function<void()>> flags = {
       {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
       {"--backward", [&] { o.spec.direction = Direction::Backward; }},
+      {"--deterministic", [&] { o.spec.deterministic = true; }},
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},
@@ -303,6 +307,9 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (o.density && !o.layoutPath.empty())
     throw SpecError("--block-sparse and --layout are exclusive");
   o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
+  if (o.spec.deterministic && o.spec.direction != Direction::Backward)
+    throw SpecError("--deterministic needs --backward (it chooses how the "
+                    "backward sums dQ)");
   o.spec.validate();
   // Unset tiling knobs take the default GPU tiling for this head dim (the
   // backward's own for --backward).

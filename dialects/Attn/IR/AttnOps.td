@@ -31,9 +31,11 @@ class Attn_Op<string mnemonic, list<Trait> traits = []>
 
 /// The fields every kernel description carries (forward and backward alike):
 /// one verifier checks them for both (verifyKernelDescription in AttnOps.cpp).
-class Attn_KernelDescriptionOp<string mnemonic, list<Trait> traits = []>
+/// \p extraArgs are an op's own fields after them.
+class Attn_KernelDescriptionOp<string mnemonic, dag extraArgs = (ins),
+                               list<Trait> traits = []>
     : Attn_Op<mnemonic, !listconcat(traits, [Symbol])> {
-  let arguments = (ins
+  let arguments = !con((ins
     SymbolNameAttr:$sym_name,
     I64Attr:$head_dim_qk,
     I64Attr:$head_dim_v,
@@ -41,7 +43,7 @@ class Attn_KernelDescriptionOp<string mnemonic, list<Trait> traits = []>
     StrAttr:$mask,
     DefaultValuedAttr<I64Attr, "1">:$gqa,
     DefaultValuedAttr<I64Attr, "0">:$sparse_block
-  );
+  ), extraArgs);
   let assemblyFormat = "$sym_name attr-dict";
   let hasVerifier = 1;
 }
@@ -68,7 +70,8 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd"> {
   }];
 }
 
-def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd"> {
+def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
+    (ins DefaultValuedAttr<BoolAttr, "false">:$deterministic)> {
   let summary = "A FlashAttention backward kernel, described";
   let description = [{
     Declares the backward pass `@sym_name` of the attention that the
@@ -81,10 +84,15 @@ def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd"> {
     sum over the query heads of its group. The fields mean what they mean
     for `attn.flash_fwd`; `flashjit-tile-attention-backward` lowers it.
 
+    `deterministic` (default false) chooses how dQ is summed: false, the
+    dK/dV loop adds dS K into an f32 workspace with atomic adds (fast; the
+    order of the adds, so the last bits, may vary run to run); true, a
+    separate pass over Q blocks (bit-identical run to run).
+
     ```mlir
     attn.flash_bwd @attention {element_type = bf16, gqa = 1 : i64,
         head_dim_qk = 96 : i64, head_dim_v = 96 : i64, mask = "causal",
-        sparse_block = 0 : i64}
+        sparse_block = 0 : i64, deterministic = true}
     ```
   }];
 }

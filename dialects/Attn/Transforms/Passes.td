@@ -43,10 +43,15 @@ def TileAttentionBackward
     blocks that see its keys (the band, or the KV-major transposed layout
     when block-sparse), recomputing P = exp2(S * log2(e) - lse * log2(e))
     (0 where masked or lse = -inf), dV += P^T dO, dS = P * (dO V^T - D),
-    dK += dS^T Q; `@f_dq` (one program per Q block) walks the KV blocks its
-    rows see, recomputes P and dS, and sums dQ = dS K: dQ by a separate pass
-    over Q blocks, so deterministic by construction and free of atomics.
-    dK and dQ are scaled at the end.
+    dK += dS^T Q. dQ, by the op's `deterministic`: false (the default),
+    `@f_preprocess` also zeroes the f32 dq_accum workspace, `@f` adds each
+    block pair's dS K into it with `memref.atomic_rmw addf`, and `@f_dq`
+    (role "dq_convert", one program per Q block) writes dQ = dq_accum *
+    scale; true, `@f_dq` (role "dq", one program per Q block) walks the KV
+    blocks its rows see, recomputes P and dS, and sums dQ = dS K: a separate
+    pass over Q blocks, deterministic by construction and free of atomics.
+    dK and dQ are scaled at the end. Every function's `attn.kernel_backward`
+    carries `deterministic` (a BoolAttr).
   }];
   let dependentDialects = ["mlir::func::FuncDialect", "mlir::scf::SCFDialect",
                            "mlir::arith::ArithDialect",

@@ -6,12 +6,12 @@
 ///
 ///   attn.flash_bwd @attention {element_type = bf16, head_dim_qk = 96 : i64,
 ///       head_dim_v = 96 : i64, mask = "causal", gqa = 1 : i64,
-///       sparse_block = 0 : i64}
+///       sparse_block = 0 : i64}                 // deterministic = false
 ///
 /// After (abridged; Br = 64 query rows, Bc = 32 keys):
 ///
 ///   func.func @attention_preprocess(...)  // program: Q block, batch*head
-///     delta[i] = sum_d dO[i, d] * O[i, d]
+///     delta[i] = sum_d dO[i, d] * O[i, d]; dq_accum[i, :] = 0
 ///   func.func @attention(...)             // program: KV block, batch*kv head
 ///     %kt, %vt = K, V tiles; %dk, %dv = 0        // f32, Bc rows
 ///     scf.for %g = 0 to gqa {                    // query heads of the group
@@ -20,21 +20,30 @@
 ///         ... P = exp2(S * scale * log2(e) - lse * log2(e)), masked only
 ///             if the block pair straddles the band
 ///         ... dV += P^T dO; dP = dO V^T; dS = P * (dP - delta); dK += dS^T Q
+///         ... memref.atomic_rmw addf: dq_accum[rows] += dS K
 ///       }
 ///     }
 ///     dk = dK * scale; dv = dV
+///   func.func @attention_dq(...)          // role "dq_convert": Q block,
+///     dq = dq_accum * scale               // batch*head
+///
+/// With `deterministic = true` the main function adds nothing to dq_accum
+/// (and the preprocessing does not zero it), and @attention_dq (role "dq")
+/// is a separate pass over Q blocks, with no atomics:
+///
 ///   func.func @attention_dq(...)          // program: Q block, batch*head
 ///     scf.for %kb = %lo to %hi {                 // KV blocks its rows see
 ///       ... the same P and dS; dQ += dS K
 ///     }
 ///     dq = dQ * scale
 ///
-/// dQ is summed by a separate pass over Q blocks (no atomics, deterministic
-/// by construction); with GQA the main program sums dK and dV over the query
-/// heads of its KV head's group. P and dS are rounded to the element type
-/// where they feed a matmul, as a tensor-core kernel would. Block-sparse:
-/// the main loop reads the transposed (KV-major) layout, the dQ pass the
-/// forward's. Everything is scf/arith/math/memref, as the forward.
+/// Atomic dQ (the default) sums in an order that varies run to run; the
+/// separate pass is bit-identical run to run. With GQA the main program sums
+/// dK and dV over the query heads of its KV head's group. P and dS are
+/// rounded to the element type where they feed a matmul, as a tensor-core
+/// kernel would (dQ's dS K too, in both modes). Block-sparse: the main loop
+/// reads the transposed (KV-major) layout, the dQ pass the forward's.
+/// Everything is scf/arith/math/memref, as the forward.
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,12 +82,15 @@ public:
       : TiledBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), gqa(op.getGqa()),
         sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
-        elemTy(op.getElementType()) {}
+        atomicDq(!op.getDeterministic()), elemTy(op.getElementType()) {}
 
   void build() {
     buildPreprocess();
     buildMain();
-    buildDq();
+    if (atomicDq)
+      buildDqConvert();
+    else
+      buildDq();
   }
 
 private:
@@ -104,6 +116,7 @@ private:
   void buildPreprocess();
   void buildMain();
   void buildDq();
+  void buildDqConvert();
 
   void allocTiles();
   void zeroTile(Value tile, int64_t rows, int64_t cols);
@@ -113,12 +126,20 @@ private:
   void maskP(Value n0);
   void accumulateDKDV();
   void accumulateDQ();
+  void addDQToAccum(Value bI, Value hI);
+  Value dqAccumIndex(Value row, Value col);
+  void writeRows(int64_t cols, Value count, Value dst, Value dstBase,
+                 bwd::IndexArg strideN,
+                 llvm::function_ref<Value(Value, Value)> element);
   void writeTile(Value tile, int64_t cols, Value count, Value dst,
                  Value dstBase, bwd::IndexArg strideN, Value factor);
 
   FlashBwdOp op;
   const int64_t br, bc, dqk, dv, gqa, sparseBlock;
   const bool hasBand;
+  /// dQ by atomic adds into dq_accum (not `deterministic`): the main loop
+  /// adds dS K, @f_dq only converts; else @f_dq is the separate pass.
+  const bool atomicDq;
   Type elemTy;
   func::FuncOp func;
 
@@ -165,8 +186,13 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   SmallVector<NamedAttribute> kernelAttrs(op->getAttrs().begin(),
                                           op->getAttrs().end());
-  llvm::erase_if(kernelAttrs,
-                 [](NamedAttribute a) { return a.getName() == "sym_name"; });
+  llvm::erase_if(kernelAttrs, [](NamedAttribute a) {
+    return a.getName() == "sym_name" || a.getName() == "deterministic";
+  });
+  // Always present (the op elides its default), so that a lowering of any
+  // of the three functions knows the dQ mode without a default of its own.
+  kernelAttrs.push_back(
+      b.getNamedAttr("deterministic", b.getBoolAttr(op.getDeterministic())));
   kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
   kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
   kernelAttrs.push_back(b.getNamedAttr("role", b.getStringAttr(role)));
@@ -192,7 +218,7 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
 }
 
 /// delta[row] = sum_d dO[row, d] * O[row, d] (f32) for the rows of one Q
-/// block of one (batch, head).
+/// block of one (batch, head); with atomic dQ also dq_accum[row, :] = 0.
 void TiledBackwardBuilder::buildPreprocess() {
   beginFunc((op.getSymName() + bwd::kPreprocessSuffix).str(), "preprocess");
   Value bI = arith::DivUIOp::create(b, pidBH(), heads);
@@ -212,6 +238,10 @@ void TiledBackwardBuilder::buildPreprocess() {
                           loadF32(buf(bwd::O), add(oRow, c))));
     });
     store(d, buf(bwd::Delta), {add(statBase, r)});
+    if (atomicDq)
+      forLoop(cIdx(0), cIdx(dqk), [&](Value c) {
+        store(zeroF, buf(bwd::DqAccum), {dqAccumIndex(add(statBase, r), c)});
+      });
   });
   func::ReturnOp::create(b);
 }
@@ -381,24 +411,53 @@ void TiledBackwardBuilder::accumulateDQ() {
   });
 }
 
+/// The index of dq_accum[row, col]: packed f32 [B * H * Nq, dqk], \p row
+/// counted as delta's ((b * H + h) * Nq + i).
+Value TiledBackwardBuilder::dqAccumIndex(Value row, Value col) {
+  return add(mulC(row, dqk), col);
+}
+
+/// dq_accum[rows of the loaded Q block of (bI, hI), :] += the dQ tile, by
+/// atomic adds: the programs of other KV blocks add to the same rows.
+void TiledBackwardBuilder::addDQToAccum(Value bI, Value hI) {
+  Value rowBase = add(mul(add(mul(bI, heads), hI), nq), m0);
+  forLoop(cIdx(0), rowsValid, [&](Value r) {
+    Value row = add(rowBase, r);
+    forLoop(cIdx(0), cIdx(dqk), [&](Value d) {
+      memref::AtomicRMWOp::create(b, arith::AtomicRMWKind::addf,
+                                  load(dqAcc, {r, d}), buf(bwd::DqAccum),
+                                  ValueRange{dqAccumIndex(row, d)});
+    });
+  });
+}
+
+/// dst[dstBase + i * stride_n + d] = elem(element(i, d)), i < count,
+/// d < cols.
+void TiledBackwardBuilder::writeRows(
+    int64_t cols, Value count, Value dst, Value dstBase, bwd::IndexArg strideN,
+    llvm::function_ref<Value(Value, Value)> element) {
+  forLoop(cIdx(0), count, [&](Value i) {
+    Value row = add(dstBase, mul(i, indexArg(strideN)));
+    forLoop(cIdx(0), cIdx(cols), [&](Value d) {
+      store(arith::TruncFOp::create(b, elemTy, element(i, d)), dst,
+            {add(row, d)});
+    });
+  });
+}
+
 /// dst[dstBase + i * stride_n + d] = elem(tile[i, d] * factor), i < count.
 void TiledBackwardBuilder::writeTile(Value tile, int64_t cols, Value count,
                                      Value dst, Value dstBase,
                                      bwd::IndexArg strideN, Value factor) {
-  forLoop(cIdx(0), count, [&](Value i) {
-    Value row = add(dstBase, mul(i, indexArg(strideN)));
-    forLoop(cIdx(0), cIdx(cols), [&](Value d) {
-      Value x = load(tile, {i, d});
-      if (factor)
-        x = fmul(x, factor);
-      store(arith::TruncFOp::create(b, elemTy, x), dst, {add(row, d)});
-    });
+  writeRows(cols, count, dst, dstBase, strideN, [&](Value i, Value d) {
+    Value x = load(tile, {i, d});
+    return factor ? fmul(x, factor) : x;
   });
 }
 
 /// The main loop: one program per (KV block, batch * KV head); dK and dV of
 /// its keys stay in f32 tiles while it walks the Q blocks of every query head
-/// of the group.
+/// of the group; with atomic dQ it adds each Q block's dS K into dq_accum.
 void TiledBackwardBuilder::buildMain() {
   beginFunc(op.getSymName(), "main");
   Value kvHeads = arith::DivUIOp::create(b, heads, cIdx(gqa));
@@ -411,6 +470,8 @@ void TiledBackwardBuilder::buildMain() {
   allocTiles();
   dkAcc = memref::AllocaOp::create(b, MemRefType::get({bc, dqk}, f32));
   dvAcc = memref::AllocaOp::create(b, MemRefType::get({bc, dv}, f32));
+  if (atomicDq)
+    dqAcc = memref::AllocaOp::create(b, MemRefType::get({br, dqk}, f32));
   loadKeyBlock(n0, bI, hkI);
   zeroTile(dkAcc, bc, dqk);
   zeroTile(dvAcc, bc, dv);
@@ -426,6 +487,12 @@ void TiledBackwardBuilder::buildMain() {
     loadRowBlock(first, bI, hI);
     computePAndDS(n0);
     accumulateDKDV();
+    if (atomicDq) {
+      // This block pair's share of dQ (the same rounded dS as dK's).
+      zeroTile(dqAcc, br, dqk);
+      accumulateDQ();
+      addDQToAccum(bI, hI);
+    }
   };
   forLoop(cIdx(0), cIdx(gqa), [&](Value g) {
     Value hI = add(mulC(hkI, gqa), g);
@@ -497,6 +564,25 @@ void TiledBackwardBuilder::buildDq() {
   Value dqBase =
       add(headBase(bwd::DQStrideB, bI, hI), mul(m0, indexArg(bwd::DQStrideN)));
   writeTile(dqAcc, dqk, rowsValid, buf(bwd::DQ), dqBase, bwd::DQStrideN, scale);
+  func::ReturnOp::create(b);
+}
+
+/// The last step of atomic dQ: one program per (Q block, batch * head)
+/// writes dQ = elem(dq_accum * scale) of its rows.
+void TiledBackwardBuilder::buildDqConvert() {
+  beginFunc((op.getSymName() + bwd::kDqSuffix).str(), "dq_convert");
+  Value bI = arith::DivUIOp::create(b, pidBH(), heads);
+  Value hI = arith::RemUIOp::create(b, pidBH(), heads);
+  Value first = mulC(pidM(), br);
+  Value rows = minI(cIdx(br), sub(nq, first));
+  Value statBase = add(mul(pidBH(), nq), first);
+  Value dqBase = add(headBase(bwd::DQStrideB, bI, hI),
+                     mul(first, indexArg(bwd::DQStrideN)));
+  writeRows(
+      dqk, rows, buf(bwd::DQ), dqBase, bwd::DQStrideN, [&](Value i, Value c) {
+        Value x = load(buf(bwd::DqAccum), {dqAccumIndex(add(statBase, i), c)});
+        return fmul(x, scale);
+      });
   func::ReturnOp::create(b);
 }
 

@@ -29,8 +29,15 @@ attn.flash_fwd @sparse_gqa_window {element_type = bf16, gqa = 4 : i64, head_dim_
 // CHECK-SAME: head_dim_qk = 160 : i64, head_dim_v = 128 : i64
 // CHECK-SAME: mask = "causal", sparse_block = 64 : i64
 // CHECK-LABEL: attn.flash_bwd @backward_defaults
-// CHECK-SAME: head_dim_qk = 1 : i64, head_dim_v = 512 : i64, mask = "none"}
+// CHECK-SAME: {element_type = bf16, head_dim_qk = 1 : i64, head_dim_v = 512 : i64, mask = "none"}
+// Its own field: deterministic (default false, elided).
+// CHECK-LABEL: attn.flash_bwd @backward_deterministic
+// CHECK-SAME: {deterministic = true, element_type = bf16
+// CHECK-LABEL: attn.flash_bwd @backward_atomic
+// CHECK-SAME: {element_type = bf16
 module {
 attn.flash_bwd @backward {element_type = f16, gqa = 2 : i64, head_dim_qk = 160 : i64, head_dim_v = 128 : i64, mask = "causal", sparse_block = 64 : i64}
 attn.flash_bwd @backward_defaults {element_type = bf16, head_dim_qk = 1 : i64, head_dim_v = 512 : i64, mask = "none"}
+attn.flash_bwd @backward_deterministic {deterministic = true, element_type = bf16, head_dim_qk = 8 : i64, head_dim_v = 8 : i64, mask = "none"}
+attn.flash_bwd @backward_atomic {deterministic = false, element_type = bf16, head_dim_qk = 8 : i64, head_dim_v = 8 : i64, mask = "none"}
 }
