@@ -313,10 +313,11 @@ def test_compile_ptx_and_stages():
         kern.emit("bogus")
     # The backward's three kernels and its own tiling; dQ by atomic adds
     # (the default: @attention_dq converts the accumulator) or, with
-    # deterministic=True, by a separate pass (what the GPU lowering takes).
+    # deterministic=True, by a separate pass.
     atomic = flashjit.compile(96, causal=True, arch="sm_80", backward=True)
     assert not atomic.spec["deterministic"]
     assert 'role = "dq_convert"' in atomic.emit("tiled")
+    assert "red.global.add.f32" in atomic.ptx
     assert "deterministic" not in atomic.emit("attn")
     bwd = flashjit.compile(96, causal=True, arch="sm_80", backward=True,
                            deterministic=True)

@@ -459,9 +459,16 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   tiled = emitStage(o.spec, o.config, Stage::Tiled);
   EXPECT_NE(tiled.find("role = \"dq\""), std::string::npos);
   EXPECT_EQ(tiled.find("memref.atomic_rmw"), std::string::npos);
-  // The GPU stages (of the deterministic form, which the GPU lowering
-  // takes): three kernels, tensor cores, no transposes through shared
-  // memory other than ldmatrix's.
+  // The GPU stages (both forms): three kernels, tensor cores, no
+  // transposes through shared memory other than ldmatrix's; atomic dQ adds
+  // with reductions.
+  for (bool deterministic : {false, true}) {
+    o.spec.deterministic = deterministic;
+    std::string ptx = compileToPtx(o.spec, defaultGpuBackwardConfig(o.spec),
+                                   GpuTarget{});
+    EXPECT_EQ(ptx.find("red.global.add.f32") != std::string::npos,
+              !deterministic);
+  }
   TileConfig gpu = defaultGpuBackwardConfig(o.spec);
   std::string gpuIr = emitStage(o.spec, gpu, Stage::Gpu);
   for (const char *fn : {"gpu.func @attention_preprocess(",

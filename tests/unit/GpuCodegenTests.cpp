@@ -108,12 +108,12 @@ TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
     GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
     EXPECT_LE(std::max(geo.kvSmem.total, geo.dqSharedBytes()), 227 * 1024);
     const int64_t d = std::max(c.dqk, c.dv);
-    // Measured (sm_90a): at most 28 bytes up to d = 128 (100 for masked
-    // d = 128 with atomic dQ), 120 at d = 256 (causal, block-sparse, fp16),
-    // 128 at d = 512.
-    const int spillBound = d <= 128 ? (deterministic ? 64 : 128)
-                           : d <= 256 ? 160
-                                      : 512;
+    // Measured: the separate pass at most 28 bytes up to d = 128 and 100
+    // at d = 256 (causal, block-sparse, fp16); atomic dQ 104 for masked
+    // d = 128 (172 block-sparse fp16) and 180 at d = 256 (sm_80); 128 at
+    // d = 512.
+    const int spillBound = deterministic ? (d <= 128 ? 64 : d <= 256 ? 128 : 512)
+                                         : (d <= 256 ? 192 : 512);
     rt::CubinResult cubin = assemble(spec, config, arch, driver);
     for (const char *fn :
          {"attention_preprocess", "attention", "attention_dq"}) {

@@ -106,7 +106,10 @@ TEST(Autotuner, BackwardRegisterEstimate) {
 /// where Br gives each warp one tile and dQ fits; else Br and Bc.
 TEST(Autotuner, BackwardDqKernelTiling) {
   TileConfig c; // 64 x 64, 4 warps
-  GpuBackwardGeometry g = gpuBackwardGeometry(backwardSpec(128, 128), c);
+  AttentionSpec det = backwardSpec(128, 128);
+  det.deterministic = true;
+  GpuBackwardGeometry g = gpuBackwardGeometry(det, c);
+  EXPECT_FALSE(g.atomicDq);
   EXPECT_EQ(g.rowTiles, 2);
   EXPECT_EQ(g.dqRows, 128);
   EXPECT_EQ(g.dqKeys, 32);
@@ -115,6 +118,18 @@ TEST(Autotuner, BackwardDqKernelTiling) {
   p.seqLenQ = p.seqLenKV = 300;
   EXPECT_EQ(g.dqGrid(p)[0], 3); // ceil(300 / 128)
   EXPECT_EQ(g.dqGrid(p)[1], 2);
+  EXPECT_EQ(g.dqThreads(), 128);
+  EXPECT_EQ(g.dqSharedBytes(), g.dqSmem.total);
+  // Atomic dQ: the third kernel converts dq_accum, a warp per row as the
+  // preprocess; the dK/dV kernel holds dS^T (Bc keys x Br queries).
+  GpuBackwardGeometry atomic =
+      gpuBackwardGeometry(backwardSpec(128, 128), c);
+  EXPECT_TRUE(atomic.atomicDq);
+  EXPECT_EQ(atomic.dqGrid(p), atomic.preprocessGrid(p));
+  EXPECT_EQ(atomic.dqThreads(), GpuBackwardGeometry::kPreprocessThreads);
+  EXPECT_EQ(atomic.dqSharedBytes(), 0);
+  EXPECT_EQ(atomic.kvSmem.total - atomic.kvSmem.dsTile, 64 * 64 * 2);
+  EXPECT_EQ(g.kvSmem.total, g.kvSmem.dsTile);
   // Already two row tiles per warp (128 rows): Br x Bc as given.
   c.blockM = 128;
   g = gpuBackwardGeometry(backwardSpec(64, 64), c);
@@ -193,6 +208,7 @@ TEST(Autotuner, BackwardCandidatesAreTheValidPrunedGrid) {
 TEST(Autotuner, BackwardCandidatesPruneAndKeepTheDefault) {
   TuneLimits limits;
   AttentionSpec spec = backwardSpec(128, 128);
+  spec.deterministic = true;
   auto cands = backwardTuningCandidates(spec, limits);
   ASSERT_GT(cands.size(), 1u);
   EXPECT_TRUE(sameTiling(cands[0], defaultGpuBackwardConfig(spec)));
@@ -205,6 +221,16 @@ TEST(Autotuner, BackwardCandidatesPruneAndKeepTheDefault) {
   EXPECT_TRUE(has(32, 32, 2));
   EXPECT_FALSE(has(128, 128, 4)) << "512 accumulator floats per thread";
   EXPECT_FALSE(has(32, 64, 4)) << "Br = 32 cannot be split by 4 warps";
+  // Atomic dQ: no dQ kernel splits Br, and Bc = 128 with 8 warps leads.
+  AttentionSpec atomic = backwardSpec(128, 128);
+  auto atomicCands = backwardTuningCandidates(atomic, limits);
+  EXPECT_TRUE(sameTiling(atomicCands[0], defaultGpuBackwardConfig(atomic)));
+  EXPECT_EQ(atomicCands[0].blockN, 128);
+  EXPECT_EQ(atomicCands[0].warps, 8);
+  EXPECT_TRUE(std::any_of(
+      atomicCands.begin(), atomicCands.end(), [](const TileConfig &c) {
+        return c.blockM == 32 && c.blockN == 64 && c.warps == 4;
+      }));
   // A sparse block of 16 leaves only the (shrunk) default.
   AttentionSpec tiny = backwardSpec(64, 64, true, 16);
   cands = backwardTuningCandidates(tiny, limits);
