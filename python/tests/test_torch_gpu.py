@@ -448,16 +448,17 @@ def test_backward_checks_the_device_layout(row, message):
     bad.indices[0, 0, 0, :] = row  # before its first copy to the device
     with pytest.raises(flashjit.InvalidArgumentError, match=message):
         flashjit._backward_cuda(torch, q, k, v, o, lse, torch.ones_like(o),
-                                _lib.MASK_NONE, 0.0, -1, -1, bad)
+                                _lib.MASK_NONE, 0.0, -1, -1, bad, False)
 
 
 def c_backward(q, k, v, o, lse, d_o, workspace, workspace_bytes, stream):
-    """flashjit_backward (causal) called directly on contiguous tensors with
-    the workspace given (None and 0: the library's); returns dq, dk, dv."""
+    """flashjit_backward (causal, deterministic) called directly on
+    contiguous tensors with the workspace given (None and 0: the library's);
+    returns dq, dk, dv."""
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
     dtype = _lib.DTYPE_BF16 if q.dtype == torch.bfloat16 else _lib.DTYPE_FP16
     spec = _lib.make_spec(q.shape[3], v.shape[3], dtype, _lib.MASK_CAUSAL,
-                          q.shape[1] // k.shape[1], 0)
+                          q.shape[1] // k.shape[1], 0, deterministic=True)
     ts = [_lib.make_tensor(t.data_ptr(), t.shape, t.stride())
           for t in (q, k, v, o, d_o, dq, dk, dv)]
     by = ctypes.byref
@@ -479,7 +480,8 @@ def test_library_workspace(seed):
         o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
         d_o = torch.randn_like(o)
         want = flashjit._backward_cuda(torch, q, k, v, o, lse, d_o,
-                                       _lib.MASK_CAUSAL, 0.0, -1, -1, None)
+                                       _lib.MASK_CAUSAL, 0.0, -1, -1, None,
+                                       True)
         return (q, k, v, o, lse, d_o), want
 
     small, big = problem(2, 4, 2, 100), problem(4, 16, 4, 5000)
