@@ -185,6 +185,35 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
     }
 }
 
+/// The backward's narrow copies at d > 256 (8 bytes: rows of 600 and 800
+/// bytes), both dQ modes: they assemble. They spill (measured: 760-812
+/// bytes; 4.1-5.0 KB with 2-byte copies, not compiled here for time: the
+/// unrolled copies' addresses; a known cost, bench/NOTES.md); the bound
+/// catches a regression past that.
+TEST(GpuCodegenConfigs, BackwardNarrowCopiesAssemble) {
+  if (!rt::NvJitLink::get().available())
+    GTEST_SKIP() << "skipped: no nvJitLink";
+  for (bool deterministic : {false, true})
+    for (int64_t copy : {8}) {
+      AttentionSpec spec;
+      spec.direction = Direction::Backward;
+      spec.headDimQK = 300;
+      spec.headDimV = 400;
+      spec.blockSparse = true;
+      spec.sparseBlock = 32;
+      spec.deterministic = deterministic;
+      TileConfig config = defaultGpuBackwardConfig(spec);
+      GpuTarget target;
+      target.copyBytes = copy;
+      rt::CubinResult cubin =
+          rt::ptxToCubin(compileToPtx(spec, config, target), "sm_90a");
+      rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog, "attention");
+      EXPECT_LE(use.spillStoresBytes, 1024)
+          << "deterministic " << deterministic << " copy " << copy << "\n"
+          << cubin.infoLog;
+    }
+}
+
 TEST(GpuCodegenConfigs, ImpossibleRequestsAreNamedErrors) {
   AttentionSpec spec;
   TileConfig config;
