@@ -131,8 +131,7 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
   return gpuModuleToPtx(*module, ptx);
 }
 
-std::string gpuPipelineText(const TileConfig &config,
-                            const GpuTarget &target) {
+std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format("builtin.module(flashjit-gpu-pipeline{{block-m={} "
                      "block-n={} warps={} copy-bytes={} vector-atomics={}}})",
                      config.blockM, config.blockN, config.warps,
@@ -144,8 +143,7 @@ bool usesVectorAtomics(const GpuTarget &target) {
   int sm = 0;
   if (arch.rfind("sm_", 0) == 0)
     sm = std::atoi(arch.c_str() + 3);
-  return sm >= 90 &&
-         choosePtxVersion(arch, target.driverVersion) >= 81;
+  return sm >= 90 && choosePtxVersion(arch, target.driverVersion) >= 81;
 }
 
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,

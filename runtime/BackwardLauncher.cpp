@@ -72,8 +72,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   bufs[bwd::KvIndices] = a.kvIndices;
   // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
   if (geo.atomicDq)
-    bufs[bwd::DqAccum] = a.delta + CUdeviceptr(2 * 4 * p.batch * p.heads *
-                                                p.seqLenQ);
+    bufs[bwd::DqAccum] =
+        a.delta + CUdeviceptr(2 * 4 * p.batch * p.heads * p.seqLenQ);
   // Buffers a kernel never reads (dq_accum of the separate dQ pass, a dense
   // kernel's layout) get a valid pointer anyway.
   for (CUdeviceptr &b : bufs)

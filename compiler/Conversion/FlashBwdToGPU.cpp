@@ -245,13 +245,13 @@ void FlashBwdKernel::emitPreprocess() {
     Value doRow = g.add(headBase(bwd::DOStrideB, bI, hI),
                         g.mul(row64, idx(bwd::DOStrideN)));
     Value sum = g.cf(0.0);
-    forLaneColumns(g, lane, k.spec.headDimV, [&](Value col, Value ok,
-                                                 bool whole) {
-      Value col64 = g.ext64(col);
-      Value prod = g.fmul(g.loadElement(buf(bwd::O), g.add(oRow, col64)),
-                          g.loadElement(buf(bwd::DO), g.add(doRow, col64)));
-      sum = g.fadd(sum, whole ? prod : g.select(ok, prod, g.cf(0.0)));
-    });
+    forLaneColumns(
+        g, lane, k.spec.headDimV, [&](Value col, Value ok, bool whole) {
+          Value col64 = g.ext64(col);
+          Value prod = g.fmul(g.loadElement(buf(bwd::O), g.add(oRow, col64)),
+                              g.loadElement(buf(bwd::DO), g.add(doRow, col64)));
+          sum = g.fadd(sum, whole ? prod : g.select(ok, prod, g.cf(0.0)));
+        });
     for (int64_t m = 16; m >= 1; m /= 2)
       sum = g.fadd(sum, g.shuffleXor(sum, m));
     if (k.geo.atomicDq) {
@@ -259,9 +259,9 @@ void FlashBwdKernel::emitPreprocess() {
       Value accRow = g.mul(at, g.c64(dqk));
       forLaneColumns(g, lane, dqk, [&](Value col, Value ok, bool) {
         g.ifThen(ok, [&] {
-          LLVM::StoreOp::create(g.b, g.cf(0.0),
-                                ptrAt(buf(bwd::DqAccum), g.f32,
-                                      g.add(accRow, g.ext64(col))));
+          LLVM::StoreOp::create(
+              g.b, g.cf(0.0),
+              ptrAt(buf(bwd::DqAccum), g.f32, g.add(accRow, g.ext64(col))));
         });
       });
     }
@@ -288,9 +288,8 @@ void FlashBwdKernel::emitDqConvert() {
       Value col64 = g.ext64(col);
       Value v = g.fmul(loadF32(buf(bwd::DqAccum), g.add(accRow, col64)), scale);
       g.ifThen(ok, [&] {
-        LLVM::StoreOp::create(
-            g.b, g.toElementBits(v),
-            g.elementPtr(buf(bwd::DQ), g.add(dqRow, col64)));
+        LLVM::StoreOp::create(g.b, g.toElementBits(v),
+                              g.elementPtr(buf(bwd::DQ), g.add(dqRow, col64)));
       });
     });
   });
@@ -363,8 +362,8 @@ void FlashBwdKernel::setUpMain() {
             g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp))),
             nkv));
   if (kvMajor && k.geo.atomicDq) {
-    dsA = fragmentAddresses(g, FragmentPattern::B, lane, c32(0),
-                            c32(sm.dsTile), k.geo.dsRowChunks);
+    dsA = fragmentAddresses(g, FragmentPattern::B, lane, c32(0), c32(sm.dsTile),
+                            k.geo.dsRowChunks);
     DqWarps w = dqWarps(k.config.warps);
     kB = fragmentAddresses(
         g, FragmentPattern::BTrans, lane, c32(0),
@@ -453,7 +452,7 @@ FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
           Value c = g.add(first, g.add(c32(ni * 8 + e), g.mul(tig, c32(2))));
-          Value ok = !kvMajor ? g.cmp(CmpIPredicate::slt, c, nkv)
+          Value ok = !kvMajor         ? g.cmp(CmpIPredicate::slt, c, nkv)
                      : k.geo.atomicDq ? g.cmp(CmpIPredicate::slt, r, nkv)
                                       : g.cBool(true);
           if (k.hasBand) {
@@ -538,8 +537,8 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
           v = g.select(keyExists[mi * 2 + e / 2], v, g.cf(0.0));
         }
   if (kvMajor && k.geo.atomicDq && k.hasBand)
-    needsMask = g.orI(needsMask,
-                      g.cmp(CmpIPredicate::sgt, g.add(row0, c32(rr)), nkv));
+    needsMask =
+        g.orI(needsMask, g.cmp(CmpIPredicate::sgt, g.add(row0, c32(rr)), nkv));
   if (!kvMajor || k.hasBand) {
     SmallVector<Type> types(mt * nt * 4, g.f32);
     auto maskIf = scf::IfOp::create(g.b, types, needsMask, true);
@@ -602,10 +601,9 @@ void FlashBwdKernel::storeDsT(const Tiles &ds) {
       Value key = g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
         const Acc &a = ds[mi * nt + ni];
-        Value at = g.add(
-            c32(sm.dsTile),
-            g.add(g.swizzled(key, c32(ni * 8), k.geo.dsRowChunks),
-                  g.mul(tig, c32(4))));
+        Value at = g.add(c32(sm.dsTile),
+                         g.add(g.swizzled(key, c32(ni * 8), k.geo.dsRowChunks),
+                               g.mul(tig, c32(4))));
         LLVM::StoreOp::create(g.b, g.pack2(a[2 * half], a[2 * half + 1]),
                               g.sharedBytePtr(smem, at));
       }
@@ -651,20 +649,18 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
       colConst.push_back(64 * r * w.groups + 16 * jj);
     }
   FragmentAddresses b = kB.inLoop(g).shifted(g, g.mul(out.kStart, c32(2)));
-  Tiles dq = mmaProductTransposed(g, smem, dsA.inLoop(g), b, mtQ, chunks,
-                                  rr / 16);
+  Tiles dq =
+      mmaProductTransposed(g, smem, dsA.inLoop(g), b, mtQ, chunks, rr / 16);
   // Columns past the head dim exist only where the chunks overhang it.
   const bool colsInside =
-      dqk % 64 == 0 && (k.geo.kvCombined
-                            ? out.kCols == dqk
-                            : k.geo.dkChunk * k.geo.dkChunks == dqk);
+      dqk % 64 == 0 &&
+      (k.geo.kvCombined ? out.kCols == dqk
+                        : k.geo.dkChunk * k.geo.dkChunks == dqk);
   Value warpCol0 = g.add(
-      out.kStart,
-      g.add(g.mul(g.divU(warp, c32(w.cols)), c32(64)),
-            g.add(g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth)),
-                  g.mul(tig, c32(2)))));
-  Value rowBase =
-      g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
+      out.kStart, g.add(g.mul(g.divU(warp, c32(w.cols)), c32(64)),
+                        g.add(g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth)),
+                              g.mul(tig, c32(2)))));
+  Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   const int64_t nt2 = int64_t(chunks.size()) * 2;
   for (int64_t mi = 0; mi < mtQ; ++mi)
     for (int64_t half = 0; half < 2; ++half) {
@@ -676,11 +672,11 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
         // pairs are 8-byte aligned (dqk even: col + 1 < dqk iff col < dqk).
         const bool pair = k.vectorAtomics && dqk % 2 == 0;
         for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
-          Value col =
-              g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2) + e));
-          Value ok = colsInside ? rowOk
-                                : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col,
-                                                      c32(dqk)));
+          Value col = g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2) + e));
+          Value ok =
+              colsInside
+                  ? rowOk
+                  : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, c32(dqk)));
           const Acc &v = dq[mi * nt2 + n];
           // Predicated, not branched: the slab stays one basic block.
           Value ptr =
@@ -933,8 +929,8 @@ void FlashBwdKernel::emit() {
 }
 
 /// Reads the description, tiling and role the tiling pass recorded.
-FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
-                              int64_t copyBytes, bool vectorAtomics) {
+FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
+                              bool vectorAtomics) {
   auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel_backward");
   BwdShape k;
   k.spec = specFromAttrs(attrs);
@@ -974,11 +970,9 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps,
 
 } // namespace
 
-LogicalResult
-flashjit::conversion::lowerBackwardKernel(func::FuncOp fn,
-                                          mlir::gpu::GPUModuleOp gpuModule,
-                                          int64_t warps, int64_t copyBytes,
-                                          bool vectorAtomics) {
+LogicalResult flashjit::conversion::lowerBackwardKernel(
+    func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
+    int64_t copyBytes, bool vectorAtomics) {
   FailureOr<BwdShape> shape = readShape(fn, warps, copyBytes, vectorAtomics);
   if (failed(shape))
     return failure();

@@ -115,9 +115,8 @@ struct LowerTiledToGPUPass
       fn.erase();
     }
     for (func::FuncOp fn : backward) {
-      if (failed(
-              conversion::lowerBackwardKernel(fn, gpuModule, warps, copyBytes,
-                                              vectorAtomics)))
+      if (failed(conversion::lowerBackwardKernel(fn, gpuModule, warps,
+                                                 copyBytes, vectorAtomics)))
         return signalPassFailure();
       fn.erase();
     }

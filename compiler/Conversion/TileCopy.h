@@ -75,11 +75,10 @@ std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
 /// [k][m] and [k][n] (read with ldmatrix.trans): A at \p aTrans (B pattern:
 /// k rows ks * 16, m chunks mi * 2), B at \p bTrans (BTrans pattern: k rows
 /// ks * 16; n-tiles 2j, 2j + 1 at chunk \p bChunks[j], nt / 2 entries).
-std::vector<Acc> mmaProductTransposed(GpuBuilder &g, Value smem,
-                                      const FragmentAddresses &aTrans,
-                                      const FragmentAddresses &bTrans,
-                                      int64_t mt, llvm::ArrayRef<int64_t> bChunks,
-                                      int64_t kSteps);
+std::vector<Acc>
+mmaProductTransposed(GpuBuilder &g, Value smem, const FragmentAddresses &aTrans,
+                     const FragmentAddresses &bTrans, int64_t mt,
+                     llvm::ArrayRef<int64_t> bChunks, int64_t kSteps);
 
 /// acc (mt x cols / 8 tiles, 4 values each) += lhs B: lhs (mt x nt tiles in
 /// accumulator layout) is packed to the element type as the A operand, two

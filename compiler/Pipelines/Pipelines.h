@@ -51,7 +51,7 @@ void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 
 /// GPU-only knobs of the GPU pipeline.
 struct GpuPipelineConfig {
-  int64_t copyBytes = 16; ///< global -> shared copy width (alignment)
+  int64_t copyBytes = 16;     ///< global -> shared copy width (alignment)
   bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
 };
 

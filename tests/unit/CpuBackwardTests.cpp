@@ -464,8 +464,8 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   // with reductions.
   for (bool deterministic : {false, true}) {
     o.spec.deterministic = deterministic;
-    std::string ptx = compileToPtx(o.spec, defaultGpuBackwardConfig(o.spec),
-                                   GpuTarget{});
+    std::string ptx =
+        compileToPtx(o.spec, defaultGpuBackwardConfig(o.spec), GpuTarget{});
     EXPECT_EQ(ptx.find("red.global.add.f32") != std::string::npos,
               !deterministic);
   }

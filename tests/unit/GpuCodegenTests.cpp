@@ -100,7 +100,8 @@ TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
   // with a recent driver (vector reductions); the separate dQ pass for
   // sm_90a.
   for (auto [deterministic, arch, driver] :
-       {std::tuple(false, "sm_80", 0), std::tuple(false, "sm_90a", kRecentDriver),
+       {std::tuple(false, "sm_80", 0),
+        std::tuple(false, "sm_90a", kRecentDriver),
         std::tuple(true, "sm_90a", 0)}) {
     AttentionSpec spec = c.spec(Direction::Backward);
     spec.deterministic = deterministic;
@@ -112,7 +113,9 @@ TEST_P(GpuCodegen, DefaultBackwardConfigAssembles) {
     // at d = 256 (causal, block-sparse, fp16); atomic dQ 104 for masked
     // d = 128 (172 block-sparse fp16) and 180 at d = 256 (sm_80); 128 at
     // d = 512.
-    const int spillBound = deterministic ? (d <= 128 ? 64 : d <= 256 ? 128 : 512)
+    const int spillBound = deterministic ? (d <= 128   ? 64
+                                            : d <= 256 ? 128
+                                                       : 512)
                                          : (d <= 256 ? 192 : 512);
     rt::CubinResult cubin = assemble(spec, config, arch, driver);
     for (const char *fn :
@@ -207,7 +210,8 @@ TEST(GpuCodegenConfigs, BackwardNarrowCopiesAssemble) {
       target.copyBytes = copy;
       rt::CubinResult cubin =
           rt::ptxToCubin(compileToPtx(spec, config, target), "sm_90a");
-      rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog, "attention");
+      rt::ResourceUsage use =
+          rt::parseResourceUsage(cubin.infoLog, "attention");
       EXPECT_LE(use.spillStoresBytes, 1024)
           << "deterministic " << deterministic << " copy " << copy << "\n"
           << cubin.infoLog;

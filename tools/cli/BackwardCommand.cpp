@@ -213,12 +213,13 @@ int runBackward(const CliOptions &o) {
     std::string gpuFields = ",\"cache\":null";
     if (run.gpu) {
       GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
-      gpuFields = gpuJsonFields(*run.gpu, tflops, repeats,
-                                std::max(geo.kvSmem.total, geo.dqSharedBytes())) +
-                  fmt::format(",\"forward_config\":{},"
-                              "\"forward_config_source\":\"{}\"",
-                              run.gpuForward->config.toJson(),
-                              run.gpuForward->configSource);
+      gpuFields =
+          gpuJsonFields(*run.gpu, tflops, repeats,
+                        std::max(geo.kvSmem.total, geo.dqSharedBytes())) +
+          fmt::format(",\"forward_config\":{},"
+                      "\"forward_config_source\":\"{}\"",
+                      run.gpuForward->config.toJson(),
+                      run.gpuForward->configSource);
     }
     fmt::print(
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","

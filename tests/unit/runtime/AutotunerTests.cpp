@@ -122,8 +122,7 @@ TEST(Autotuner, BackwardDqKernelTiling) {
   EXPECT_EQ(g.dqSharedBytes(), g.dqSmem.total);
   // Atomic dQ: the third kernel converts dq_accum, a warp per row as the
   // preprocess; the dK/dV kernel holds dS^T (Bc keys x Br queries).
-  GpuBackwardGeometry atomic =
-      gpuBackwardGeometry(backwardSpec(128, 128), c);
+  GpuBackwardGeometry atomic = gpuBackwardGeometry(backwardSpec(128, 128), c);
   EXPECT_TRUE(atomic.atomicDq);
   EXPECT_EQ(atomic.dqGrid(p), atomic.preprocessGrid(p));
   EXPECT_EQ(atomic.dqThreads(), GpuBackwardGeometry::kPreprocessThreads);
