@@ -62,18 +62,20 @@ FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                            rowChunks);
 }
 
-std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
-                            const FragmentAddresses &a,
-                            const FragmentAddresses &b, int64_t mt, int64_t nt,
-                            int64_t kSteps) {
+/// The loop both products share: per k-step, the mt A fragments
+/// loadA(ks, mi), then per pair of n-tiles loadB(ks, np) and its MMAs.
+template <typename LoadA, typename LoadB>
+static std::vector<Acc> productLoop(GpuBuilder &g, int64_t mt, int64_t nt,
+                                    int64_t kSteps, LoadA &&loadA,
+                                    LoadB &&loadB) {
   Value zero = g.cf(0.0);
   std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
   for (int64_t ks = 0; ks < kSteps; ++ks) {
     std::vector<Frag4> af(mt);
     for (int64_t mi = 0; mi < mt; ++mi)
-      af[mi] = g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
+      af[mi] = loadA(ks, mi);
     for (int64_t np = 0; np < nt / 2; ++np) {
-      Frag4 bf = g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
+      Frag4 bf = loadB(ks, np);
       for (int64_t mi = 0; mi < mt; ++mi) {
         Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
         s0 = g.mma(af[mi], bf[0], bf[1], s0);
@@ -84,28 +86,33 @@ std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
   return s;
 }
 
+std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
+                            const FragmentAddresses &a,
+                            const FragmentAddresses &b, int64_t mt, int64_t nt,
+                            int64_t kSteps) {
+  return productLoop(
+      g, mt, nt, kSteps,
+      [&](int64_t ks, int64_t mi) {
+        return g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
+      },
+      [&](int64_t ks, int64_t np) {
+        return g.ldmatrix4(b.at(g, smem, np * 16, ks * 2), false);
+      });
+}
+
 std::vector<Acc> mmaProductTransposed(GpuBuilder &g, Value smem,
                                       const FragmentAddresses &aTrans,
                                       const FragmentAddresses &bTrans,
                                       int64_t mt, ArrayRef<int64_t> bChunks,
                                       int64_t kSteps) {
-  const int64_t nt = 2 * int64_t(bChunks.size());
-  Value zero = g.cf(0.0);
-  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
-  for (int64_t ks = 0; ks < kSteps; ++ks) {
-    std::vector<Frag4> af(mt);
-    for (int64_t mi = 0; mi < mt; ++mi)
-      af[mi] = g.ldmatrix4(aTrans.at(g, smem, ks * 16, mi * 2), true);
-    for (int64_t np = 0; np < nt / 2; ++np) {
-      Frag4 bf = g.ldmatrix4(bTrans.at(g, smem, ks * 16, bChunks[np]), true);
-      for (int64_t mi = 0; mi < mt; ++mi) {
-        Acc &s0 = s[mi * nt + 2 * np], &s1 = s[mi * nt + 2 * np + 1];
-        s0 = g.mma(af[mi], bf[0], bf[1], s0);
-        s1 = g.mma(af[mi], bf[2], bf[3], s1);
-      }
-    }
-  }
-  return s;
+  return productLoop(
+      g, mt, 2 * int64_t(bChunks.size()), kSteps,
+      [&](int64_t ks, int64_t mi) {
+        return g.ldmatrix4(aTrans.at(g, smem, ks * 16, mi * 2), true);
+      },
+      [&](int64_t ks, int64_t np) {
+        return g.ldmatrix4(bTrans.at(g, smem, ks * 16, bChunks[np]), true);
+      });
 }
 
 void mmaAccumulate(GpuBuilder &g, Value smem, MutableArrayRef<Value> acc,
