@@ -113,6 +113,12 @@ private:
   }
 
   void beginFunc(StringRef name, StringRef role);
+  /// A row-block function's program: (batch, head), its first row, how
+  /// many of its Br rows exist, and their index in the packed statistics.
+  struct RowBlock {
+    Value bI, hI, first, rows, statBase;
+  };
+  RowBlock rowBlock();
   void buildPreprocess();
   void buildMain();
   void buildDq();
@@ -219,17 +225,25 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
 
 /// delta[row] = sum_d dO[row, d] * O[row, d] (f32) for the rows of one Q
 /// block of one (batch, head); with atomic dQ also dq_accum[row, :] = 0.
+TiledBackwardBuilder::RowBlock TiledBackwardBuilder::rowBlock() {
+  RowBlock r;
+  r.bI = arith::DivUIOp::create(b, pidBH(), heads);
+  r.hI = arith::RemUIOp::create(b, pidBH(), heads);
+  r.first = mulC(pidM(), br);
+  r.rows = minI(cIdx(br), sub(nq, r.first));
+  r.statBase = add(mul(pidBH(), nq), r.first);
+  return r;
+}
+
 void TiledBackwardBuilder::buildPreprocess() {
   beginFunc((op.getSymName() + bwd::kPreprocessSuffix).str(), "preprocess");
-  Value bI = arith::DivUIOp::create(b, pidBH(), heads);
-  Value hI = arith::RemUIOp::create(b, pidBH(), heads);
-  Value first = mulC(pidM(), br);
-  Value rows = minI(cIdx(br), sub(nq, first));
+  RowBlock blk = rowBlock(); // (no structured bindings: lambdas use them)
+  Value bI = blk.bI, hI = blk.hI, first = blk.first, rows = blk.rows,
+        statBase = blk.statBase;
   Value oBase =
       add(headBase(bwd::OStrideB, bI, hI), mul(first, indexArg(bwd::OStrideN)));
   Value doBase = add(headBase(bwd::DOStrideB, bI, hI),
                      mul(first, indexArg(bwd::DOStrideN)));
-  Value statBase = add(mul(pidBH(), nq), first);
   forLoop(cIdx(0), rows, [&](Value r) {
     Value oRow = add(oBase, mul(r, indexArg(bwd::OStrideN)));
     Value doRow = add(doBase, mul(r, indexArg(bwd::DOStrideN)));
@@ -571,11 +585,9 @@ void TiledBackwardBuilder::buildDq() {
 /// writes dQ = elem(dq_accum * scale) of its rows.
 void TiledBackwardBuilder::buildDqConvert() {
   beginFunc((op.getSymName() + bwd::kDqSuffix).str(), "dq_convert");
-  Value bI = arith::DivUIOp::create(b, pidBH(), heads);
-  Value hI = arith::RemUIOp::create(b, pidBH(), heads);
-  Value first = mulC(pidM(), br);
-  Value rows = minI(cIdx(br), sub(nq, first));
-  Value statBase = add(mul(pidBH(), nq), first);
+  RowBlock blk = rowBlock(); // (no structured bindings: lambdas use them)
+  Value bI = blk.bI, hI = blk.hI, first = blk.first, rows = blk.rows,
+        statBase = blk.statBase;
   Value dqBase = add(headBase(bwd::DQStrideB, bI, hI),
                      mul(first, indexArg(bwd::DQStrideN)));
   writeRows(
