@@ -116,8 +116,11 @@ std::string helpText(const std::string &command) {
          "                       for this GPU and problem class, else by\n"
          "                       head dim, e.g. 128 x 64 with 4 warps;\n"
          "                       --backward: `tune --backward`'s config, else\n"
-         "                       64 x 64 with 4 warps, 128 x 64 at d <= 64\n"
-         "                       without a mask, 32 x 32 with 2 at d > 256)\n";
+         "                       64 x 128 with 8 warps up to d = 128 (128 x\n"
+         "                       128 at d <= 64 without a mask), 64 x 64 with\n"
+         "                       4 up to 256, 32 x 32 with 2 past it;\n"
+         "                       --deterministic: 64 x 64 with 4 warps (128 x\n"
+         "                       64 at d <= 64 without a mask) up to 256)\n";
 }
 
 namespace {
