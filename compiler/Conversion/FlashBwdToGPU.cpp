@@ -9,13 +9,15 @@
 ///   func.func @attention_preprocess(...) {attn.kernel_backward = {role =
 ///       "preprocess", ...}}
 ///   func.func @attention(...)    {... role = "main" ...}   // dK, dV
-///   func.func @attention_dq(...) {... role = "dq" ...}     // dQ
+///   func.func @attention_dq(...) {... role = "dq_convert" ...} // atomic dQ
+///     (or role = "dq" with deterministic = true: the separate dQ pass)
 ///
 /// After (abridged):
 ///
 ///   gpu.func @attention_preprocess(...) kernel {
 ///     // a warp per row: delta = rowsum(dO * O) (shuffles), and
-///     // -lse * log2(e) (-inf where lse = -inf) after it in the workspace
+///     // -lse * log2(e) (-inf where lse = -inf) after it in the workspace;
+///     // atomic dQ: the row of dq_accum zeroed
 ///   }
 ///   gpu.func @attention(...) kernel {     // program: Bc keys, batch*KV head
 ///     // K, V: cp.async once (resident); warps split the keys
@@ -29,20 +31,27 @@
 ///         // dV += P^T dO; dK += dS^T Q (P^T, dS^T packed in registers:
 ///         //   the accumulator layout is the next MMA's A operand;
 ///         //   dO and Q by ldmatrix.trans)
+///         // atomic dQ: dS^T to shared memory; barrier; dQ = dS K
+///         //   (ldmatrix.trans of dS^T and of the resident K, the warps
+///         //   splitting 64-column groups); red.global.add(.v2).f32 into
+///         //   dq_accum, predicated on the row and column existing
 ///       }
 ///     }
 ///     // dK * scale, dV stored
 ///   }
-///   gpu.func @attention_dq(...) kernel {  // program: Br rows, batch*head
-///     // Q, dO resident; K, V streamed: S = Q K^T, dP = dO V^T, dS,
-///     // dQ += dS K; dQ * scale stored
+///   gpu.func @attention_dq(...) kernel {  // atomic dQ: a warp per row,
+///     // dQ = dq_accum * scale in the element type
+///   }
+///   gpu.func @attention_dq(...) kernel {  // deterministic: program: Br
+///     // rows, batch*head; Q, dO resident; K, V streamed: S = Q K^T,
+///     // dP = dO V^T, dS, dQ += dS K; dQ * scale stored
 ///   }
 ///
 /// Computing S^T rather than S in the dK/dV kernel puts the keys on the MMA
-/// rows, so no tile is ever transposed through shared memory. dQ comes from
-/// its own kernel (no atomics: deterministic by construction). Both main
-/// kernels are one template (FlashBwdKernel) with the roles of the tiles
-/// swapped. Geometry: kernels/GpuGeometry.h (gpuBackwardGeometry).
+/// rows, so that dK and dV need no transpose through shared memory; only
+/// atomic dQ sends dS^T through it. The separate dQ pass (deterministic by
+/// construction) is the dK/dV template (FlashBwdKernel) with the roles of
+/// the tiles swapped. Geometry: kernels/GpuGeometry.h (gpuBackwardGeometry).
 //
 //===----------------------------------------------------------------------===//
 
