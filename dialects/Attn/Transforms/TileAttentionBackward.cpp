@@ -223,8 +223,6 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
   scale = f32Arg(bwd::Scale);
 }
 
-/// delta[row] = sum_d dO[row, d] * O[row, d] (f32) for the rows of one Q
-/// block of one (batch, head); with atomic dQ also dq_accum[row, :] = 0.
 TiledBackwardBuilder::RowBlock TiledBackwardBuilder::rowBlock() {
   RowBlock r;
   r.bI = arith::DivUIOp::create(b, pidBH(), heads);
@@ -235,6 +233,8 @@ TiledBackwardBuilder::RowBlock TiledBackwardBuilder::rowBlock() {
   return r;
 }
 
+/// delta[row] = sum_d dO[row, d] * O[row, d] (f32) for the rows of one Q
+/// block of one (batch, head); with atomic dQ also dq_accum[row, :] = 0.
 void TiledBackwardBuilder::buildPreprocess() {
   beginFunc((op.getSymName() + bwd::kPreprocessSuffix).str(), "preprocess");
   RowBlock blk = rowBlock(); // (no structured bindings: lambdas use them)
