@@ -188,6 +188,37 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
     }
 }
 
+/// Atomic dQ's warp splits of dS K (4 pieces of a 64-column group per
+/// group with 4 or 8 warps, 2 with 2, 1 with 1; 8 warps take the groups in
+/// two phases), odd and even head dims (scalar or vector reductions): they
+/// assemble, and reduce into dq_accum.
+TEST(GpuCodegenConfigs, AtomicDqWarpSplitsAssemble) {
+  if (!rt::NvJitLink::get().available())
+    GTEST_SKIP() << "skipped: no nvJitLink";
+  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{33, 40}, {192, 64}})
+    for (auto [bm, bn, w] :
+         {std::array<int64_t, 3>{64, 128, 8}, std::array<int64_t, 3>{32, 64, 2},
+          std::array<int64_t, 3>{16, 16, 1}}) {
+      AttentionSpec spec;
+      spec.direction = Direction::Backward;
+      spec.headDimQK = dqk;
+      spec.headDimV = dv;
+      spec.mask = MaskKind::Causal;
+      TileConfig config;
+      config.blockM = bm;
+      config.blockN = bn;
+      config.warps = w;
+      GpuTarget target;
+      target.driverVersion = kRecentDriver;
+      std::string ptx = compileToPtx(spec, config, target);
+      EXPECT_NE(
+          ptx.find(dqk % 2 ? "red.global.add.f32" : "red.global.add.v2.f32"),
+          std::string::npos)
+          << dqk << " " << config.toJson();
+      EXPECT_NO_THROW(rt::ptxToCubin(ptx, "sm_90a")) << config.toJson();
+    }
+}
+
 /// The backward's narrow copies at d > 256 (8 bytes: rows of 600 and 800
 /// bytes), both dQ modes: they assemble. They spill (measured: 760-812
 /// bytes; 4.1-5.0 KB with 2-byte copies, not compiled here for time: the
