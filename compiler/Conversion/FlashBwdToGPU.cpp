@@ -671,15 +671,15 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
                               g.mul(tig, c32(2)))));
   Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   const int64_t nt2 = int64_t(chunks.size()) * 2;
+  // Column pairs (col, col + 1) by one vector reduction where the row's
+  // pairs are 8-byte aligned (dqk even: col + 1 < dqk iff col < dqk).
+  const bool pair = k.vectorAtomics && dqk % 2 == 0;
   for (int64_t mi = 0; mi < mtQ; ++mi)
     for (int64_t half = 0; half < 2; ++half) {
       Value q = g.add(first, g.add(c32(mi * 16 + 8 * half), grp));
       Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
       Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
       for (int64_t n = 0; n < nt2; ++n) {
-        // The pair (col, col + 1): one vector reduction where the row's
-        // pairs are 8-byte aligned (dqk even: col + 1 < dqk iff col < dqk).
-        const bool pair = k.vectorAtomics && dqk % 2 == 0;
         for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
           Value col = g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2) + e));
           Value ok =

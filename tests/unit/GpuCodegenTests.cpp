@@ -57,6 +57,15 @@ rt::CubinResult assemble(const AttentionSpec &spec, const TileConfig &config,
   return cubin;
 }
 
+/// Br x Bc with \p warps warps, two stages.
+TileConfig tile(int64_t blockM, int64_t blockN, int64_t warps) {
+  TileConfig config;
+  config.blockM = blockM;
+  config.blockN = blockN;
+  config.warps = warps;
+  return config;
+}
+
 std::string caseName(const GpuCase &c) {
   return "dqk" + std::to_string(c.dqk) + "_dv" + std::to_string(c.dv) +
          (c.dtype == DType::BF16 ? "_bf16" : "_fp16") + "_" + toString(c.mask) +
@@ -176,10 +185,7 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
     for (auto [bm, bn, w] :
          {std::array<int64_t, 3>{64, 32, 4}, std::array<int64_t, 3>{128, 64, 8},
           std::array<int64_t, 3>{16, 16, 1}}) {
-      TileConfig config;
-      config.blockM = bm;
-      config.blockN = bn;
-      config.warps = w;
+      TileConfig config = tile(bm, bn, w);
       GpuTarget target;
       target.copyBytes = copy;
       std::string ptx = compileToPtx(spec, config, target);
@@ -204,10 +210,7 @@ TEST(GpuCodegenConfigs, AtomicDqWarpSplitsAssemble) {
       spec.headDimQK = dqk;
       spec.headDimV = dv;
       spec.mask = MaskKind::Causal;
-      TileConfig config;
-      config.blockM = bm;
-      config.blockN = bn;
-      config.warps = w;
+      TileConfig config = tile(bm, bn, w);
       GpuTarget target;
       target.driverVersion = kRecentDriver;
       std::string ptx = compileToPtx(spec, config, target);

@@ -237,24 +237,23 @@ TiledBackwardBuilder::RowBlock TiledBackwardBuilder::rowBlock() {
 /// block of one (batch, head); with atomic dQ also dq_accum[row, :] = 0.
 void TiledBackwardBuilder::buildPreprocess() {
   beginFunc((op.getSymName() + bwd::kPreprocessSuffix).str(), "preprocess");
-  RowBlock blk = rowBlock(); // (no structured bindings: lambdas use them)
-  Value bI = blk.bI, hI = blk.hI, first = blk.first, rows = blk.rows,
-        statBase = blk.statBase;
-  Value oBase =
-      add(headBase(bwd::OStrideB, bI, hI), mul(first, indexArg(bwd::OStrideN)));
-  Value doBase = add(headBase(bwd::DOStrideB, bI, hI),
-                     mul(first, indexArg(bwd::DOStrideN)));
-  forLoop(cIdx(0), rows, [&](Value r) {
+  RowBlock blk = rowBlock();
+  Value oBase = add(headBase(bwd::OStrideB, blk.bI, blk.hI),
+                    mul(blk.first, indexArg(bwd::OStrideN)));
+  Value doBase = add(headBase(bwd::DOStrideB, blk.bI, blk.hI),
+                     mul(blk.first, indexArg(bwd::DOStrideN)));
+  forLoop(cIdx(0), blk.rows, [&](Value r) {
     Value oRow = add(oBase, mul(r, indexArg(bwd::OStrideN)));
     Value doRow = add(doBase, mul(r, indexArg(bwd::DOStrideN)));
     Value d = forReduce(cIdx(0), cIdx(dv), zeroF, [&](Value c, Value a) {
       return fadd(a, fmul(loadF32(buf(bwd::DO), add(doRow, c)),
                           loadF32(buf(bwd::O), add(oRow, c))));
     });
-    store(d, buf(bwd::Delta), {add(statBase, r)});
+    store(d, buf(bwd::Delta), {add(blk.statBase, r)});
     if (atomicDq)
       forLoop(cIdx(0), cIdx(dqk), [&](Value c) {
-        store(zeroF, buf(bwd::DqAccum), {dqAccumIndex(add(statBase, r), c)});
+        store(zeroF, buf(bwd::DqAccum),
+              {dqAccumIndex(add(blk.statBase, r), c)});
       });
   });
   func::ReturnOp::create(b);
@@ -585,16 +584,15 @@ void TiledBackwardBuilder::buildDq() {
 /// writes dQ = elem(dq_accum * scale) of its rows.
 void TiledBackwardBuilder::buildDqConvert() {
   beginFunc((op.getSymName() + bwd::kDqSuffix).str(), "dq_convert");
-  RowBlock blk = rowBlock(); // (no structured bindings: lambdas use them)
-  Value bI = blk.bI, hI = blk.hI, first = blk.first, rows = blk.rows,
-        statBase = blk.statBase;
-  Value dqBase = add(headBase(bwd::DQStrideB, bI, hI),
-                     mul(first, indexArg(bwd::DQStrideN)));
-  writeRows(
-      dqk, rows, buf(bwd::DQ), dqBase, bwd::DQStrideN, [&](Value i, Value c) {
-        Value x = load(buf(bwd::DqAccum), {dqAccumIndex(add(statBase, i), c)});
-        return fmul(x, scale);
-      });
+  RowBlock blk = rowBlock();
+  Value dqBase = add(headBase(bwd::DQStrideB, blk.bI, blk.hI),
+                     mul(blk.first, indexArg(bwd::DQStrideN)));
+  writeRows(dqk, blk.rows, buf(bwd::DQ), dqBase, bwd::DQStrideN,
+            [&](Value i, Value c) {
+              Value x = load(buf(bwd::DqAccum),
+                             {dqAccumIndex(add(blk.statBase, i), c)});
+              return fmul(x, scale);
+            });
   func::ReturnOp::create(b);
 }
 
