@@ -167,7 +167,15 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
 struct GpuBackwardGeometry {
   static constexpr int64_t kPreprocessRows = 64;
   static constexpr int64_t kPreprocessThreads = 128;
-  int64_t threads;           ///< 32 * warps
+  int64_t threads; ///< 32 * warps
+  /// dK/dV kernel: warps along the Br queries of S^T and dP^T. 1: every
+  /// warp computes all Br queries of its keys, and P^T, dS^T stay in
+  /// registers as the A operands of dV and dK. 2 (atomic dQ, one program
+  /// for dK and dV): a 2-D warp grid (warps / 2 along the keys, 2 along the
+  /// queries); P^T and dS^T go through shared memory, and each warp
+  /// accumulates its keys' dK and dV over half of the columns (FA-2's
+  /// layout: fewer shared-memory reads per MMA).
+  int64_t kvQuerySplit;
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
   int64_t dqRows, dqKeys;    ///< dQ kernel: rows per program, keys per step
@@ -182,15 +190,15 @@ struct GpuBackwardGeometry {
   /// dQ by atomics (dqAccumulation(spec)): the dK/dV kernel also adds dS K
   /// into dq_accum, and the third kernel only scales and converts it.
   bool atomicDq;
-  int64_t dsRowChunks; ///< 16-byte chunks per key row of the dS^T tile
+  int64_t dsRowChunks; ///< 16-byte chunks per key row of dS^T and P^T
   /// Shared memory of one main kernel: the resident QK-wide and V-wide
   /// tiles, then two stages of the streamed ones (each stage: the QK tile,
   /// the V tile and, in the dK/dV kernel, the streamed rows' statistics:
-  /// -lse * log2(e) and delta, f32), then (atomic dQ, dK/dV kernel) dS^T:
-  /// Bc keys x Br queries of the element type.
+  /// -lse * log2(e) and delta, f32), then (atomic dQ, dK/dV kernel) dS^T
+  /// and (kvQuerySplit 2) P^T: Bc keys x Br queries of the element type.
   struct Smem {
     int64_t residentQK, residentV, streamQK, streamV, streamStats, stageBytes,
-        dsTile, total;
+        dsTile, pTile, total;
   };
   Smem kvSmem, dqSmem;
 
@@ -228,10 +236,20 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                                                const TileConfig &config) {
   GpuBackwardGeometry g;
   g.threads = 32 * config.warps;
-  g.keyTiles = config.blockN / (16 * config.warps);
   g.dqkPad = roundUp(spec.headDimQK, 16);
   g.dvPad = roundUp(spec.headDimV, 16);
   g.kvCombined = g.dqkPad + g.dvPad <= 256;
+  g.atomicDq = dqAccumulation(spec) == DqAccumulation::Atomic;
+  // The grid needs whole 16-wide halves of the columns and whole 16-key
+  // tiles per warp. Only at Br = 64 (32 queries per warp): at Br = 128 its
+  // S^T tiles spill (H200, N = 16K, run B15: d = 128 +4%, causal +2%,
+  // d = 96 -1%, d = 64 at 128 x 128 -4%).
+  const bool grid = g.atomicDq && g.kvCombined && config.warps % 2 == 0 &&
+                    config.blockM == 64 &&
+                    config.blockN % (8 * config.warps) == 0 &&
+                    g.dqkPad % 32 == 0 && g.dvPad % 32 == 0;
+  g.kvQuerySplit = grid ? 2 : 1;
+  g.keyTiles = config.blockN * g.kvQuerySplit / (16 * config.warps);
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
@@ -250,10 +268,9 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   g.vCols = std::max(g.dvPad, g.dvChunk * g.dvChunks);
   g.qkRowChunks = roundUp(g.qkCols / 8, 8);
   g.vRowChunks = roundUp(g.vCols / 8, 8);
-  g.atomicDq = dqAccumulation(spec) == DqAccumulation::Atomic;
   g.dsRowChunks = roundUp(config.blockM / 8, 8);
   auto smem = [&](int64_t residentRows, int64_t streamRows, int64_t statsBytes,
-                  int64_t dsBytes) {
+                  int64_t dsBytes, int64_t pBytes) {
     GpuBackwardGeometry::Smem s;
     s.residentQK = 0;
     s.residentV = residentRows * g.qkRowChunks * 16;
@@ -262,12 +279,14 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
     s.streamStats = s.streamV + streamRows * g.vRowChunks * 16;
     s.stageBytes = s.streamStats + statsBytes - s.streamQK;
     s.dsTile = s.streamQK + 2 * s.stageBytes;
-    s.total = s.dsTile + dsBytes;
+    s.pTile = s.dsTile + dsBytes;
+    s.total = s.pTile + pBytes;
     return s;
   };
+  const int64_t keyTileBytes = config.blockN * g.dsRowChunks * 16;
   g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4,
-                  g.atomicDq ? config.blockN * g.dsRowChunks * 16 : 0);
-  g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0);
+                  g.atomicDq ? keyTileBytes : 0, grid ? keyTileBytes : 0);
+  g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0, 0);
   return g;
 }
 

@@ -64,7 +64,11 @@ int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
   GpuBackwardGeometry g = gpuBackwardGeometry(spec, c);
   int64_t kvOut =
       g.kvCombined ? g.dkChunk + g.dvChunk : std::max(g.dkChunk, g.dvChunk);
-  int64_t kv = g.keyTiles * kvOut / 2 + 2 * g.keyTiles * c.blockM / 2;
+  // A warp's keys x its columns (kvOut / kvQuerySplit) and x its queries
+  // (Br / kvQuerySplit) for S^T and dP^T, over 32 lanes.
+  const int64_t q = g.kvQuerySplit;
+  int64_t kv =
+      g.keyTiles * kvOut / (2 * q) + 2 * g.keyTiles * c.blockM / (2 * q);
   if (g.atomicDq) // no dQ kernel; the dK/dV kernel's dQ slab: 64 at most
     return kv;
   int64_t dq = g.rowTiles * g.dqChunk / 2 + 2 * g.rowTiles * g.dqKeys / 2;

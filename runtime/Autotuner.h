@@ -47,7 +47,8 @@ std::vector<TileConfig> backwardTuningCandidates(const AttentionSpec &spec,
 /// (a 16 x n MMA accumulator tile of a warp is n / 2 floats per thread):
 ///   dK/dV kernel: keyTiles * (dkChunk + dvChunk) / 2 when one program
 ///     computes both (kvCombined), else keyTiles * max(dkChunk, dvChunk) / 2;
-///     plus S^T and dP^T: 2 * keyTiles * Br / 2;
+///     plus S^T and dP^T: 2 * keyTiles * Br / 2; all divided by
+///     kvQuerySplit (a 2-D warp grid halves a warp's columns and queries);
 ///   dQ kernel: rowTiles * dqChunk / 2 + S and dP: 2 * rowTiles * dqKeys / 2.
 int64_t backwardAccumulatorRegisters(const AttentionSpec &spec,
                                      const TileConfig &config);

@@ -35,6 +35,11 @@
 ///         //   (ldmatrix.trans of dS^T and of the resident K, the warps
 ///         //   splitting 64-column groups); red.global.add(.v2).f32 into
 ///         //   dq_accum, predicated on the row and column existing
+///         // 2-D warp grid (kvQuerySplit = 2, Br = 64): a warp computes
+///         //   S^T, dP^T for 2x the keys and half the queries; P^T and
+///         //   dS^T to shared memory; barrier; dV, dK for its keys and
+///         //   half of the columns with A by ldmatrix from those tiles;
+///         //   dQ split over (row half, columns)
 ///       }
 ///     }
 ///     // dK * scale, dV stored
@@ -97,16 +102,18 @@ struct Outputs {
   Value kStart, vStart; ///< i32, multiples of 64 elements
 };
 
-/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): every
-/// warp computes all Br rows; the columns go in groups of 64, `cols` warps
+/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): the Br
+/// rows go in rowSplit parts (warp / (warps / rowSplit)); within a part
+/// (warp % (warps / rowSplit)), the columns go in groups of 64, `cols` warps
 /// split each group into contiguous pieces of colWidth, and `groups` warp
 /// phases take the groups round robin.
 struct DqWarps {
-  int64_t cols, groups, colWidth;
+  int64_t rowSplit, cols, groups, colWidth;
 };
-DqWarps dqWarps(int64_t warps) {
-  int64_t cols = warps % 4 == 0 ? 4 : warps % 2 == 0 ? 2 : 1;
-  return {cols, warps / cols, 64 / cols};
+DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
+  int64_t perPart = warps / rowSplit;
+  int64_t cols = perPart % 4 == 0 ? 4 : perPart % 2 == 0 ? 2 : 1;
+  return {rowSplit, cols, perPart / cols, 64 / cols};
 }
 
 /// Emits one of the three backward kernels.
@@ -115,10 +122,12 @@ public:
   FlashBwdKernel(GpuBuilder &g, const BwdShape &k, mlir::gpu::GPUFuncOp fn,
                  Value smem)
       : g(g), k(k), fn(fn), smem(smem), kvMajor(k.role == Role::Main),
+        qs(kvMajor ? k.geo.kvQuerySplit : 1),
         rr(kvMajor ? k.config.blockN : k.geo.dqRows),
         rs(kvMajor ? k.config.blockM : k.geo.dqKeys),
-        mt(kvMajor ? k.geo.keyTiles : k.geo.rowTiles), nt(rs / 8),
-        sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem) {}
+        mt(kvMajor ? k.geo.keyTiles : k.geo.rowTiles), nt(rs / (8 * qs)),
+        sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem),
+        dqw(dqWarps(k.config.warps, qs)) {}
 
   void emit();
 
@@ -166,7 +175,7 @@ private:
   }
   SmallVector<Value> step(const Outputs &out, ArrayRef<Value> acc, Value first,
                           Value stageOff);
-  void storeDsT(const Tiles &ds);
+  void storeKeyTile(const Tiles &t, int64_t tileOffset);
   void addDq(const Outputs &out, Value first);
   void addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds, Value first);
   Tiles maskTiles(const Tiles &p, Value first);
@@ -180,10 +189,20 @@ private:
   Value smem;
   /// The dK/dV kernel (resident keys, streamed queries), else the dQ kernel.
   const bool kvMajor;
-  const int64_t rr, rs, mt, nt;
+  /// Warps along the streamed rows (GpuBackwardGeometry::kvQuerySplit in
+  /// the dK/dV kernel); rows of the resident and streamed tiles; a warp's
+  /// MMA tiles of S (S^T): mt along the resident rows, nt along the
+  /// streamed ones.
+  const int64_t qs, rr, rs, mt, nt;
   const GpuBackwardGeometry::Smem sm;
+  const DqWarps dqw;
+  bool grid() const { return qs > 1; }
 
   Value tid, warp, lane, grp, tig, warpRow0, nq, nkv, off64, winL, winR;
+  // The warp's part of the streamed rows (qs > 1), and its first row.
+  Value qw, streamRow0;
+  // Atomic dQ: the warp's part of the Br rows and its place within it.
+  Value dqRowPart, dqInner;
   Value scaleLog2, bI, hI, hkI, row0;
   // Rows of the resident tiles that exist (nkv or nq) and of the streamed.
   Value nResident, nStream;
@@ -202,6 +221,9 @@ private:
   /// Atomic dQ: dS^T as the A operand of dS K, and the resident K as its B
   /// operand at this warp's columns (see addDq).
   FragmentAddresses dsA, kB;
+  /// 2-D warp grid: P^T and dS^T in shared memory as the A operands of dV
+  /// and dK (the warp's keys).
+  FragmentAddresses pTA, dsTA;
 };
 
 /// Runs \p body(row64, at) for each row of this program's kPreprocessRows
@@ -310,7 +332,10 @@ void FlashBwdKernel::setUpMain() {
   lane = g.remU(tid, c32(32));
   grp = g.divU(lane, c32(4));
   tig = g.remU(lane, c32(4));
-  warpRow0 = g.mul(warp, c32(mt * 16));
+  // Warp (key part, query part) = (warp / qs, warp % qs).
+  warpRow0 = g.mul(grid() ? g.divU(warp, c32(qs)) : warp, c32(mt * 16));
+  qw = grid() ? g.remU(warp, c32(qs)) : c32(0);
+  streamRow0 = grid() ? g.mul(qw, c32(rs / qs)) : c32(0);
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
   if (!kvMajor && k.spec.mask == MaskKind::Causal) {
     // Heaviest Q blocks first, as in the forward.
@@ -352,14 +377,32 @@ void FlashBwdKernel::setUpMain() {
                             c32(sm.residentQK), qkc);
   resV = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
                            c32(sm.residentV), vc);
-  strQK = fragmentAddresses(g, FragmentPattern::B, lane, c32(0),
+  strQK = fragmentAddresses(g, FragmentPattern::B, lane, streamRow0,
                             c32(sm.streamQK), qkc);
-  strV = fragmentAddresses(g, FragmentPattern::B, lane, c32(0), c32(sm.streamV),
-                           vc);
-  strQKT = fragmentAddresses(g, FragmentPattern::BTrans, lane, c32(0),
-                             c32(sm.streamQK), qkc);
-  strVT = fragmentAddresses(g, FragmentPattern::BTrans, lane, c32(0),
-                            c32(sm.streamV), vc);
+  strV = fragmentAddresses(g, FragmentPattern::B, lane, streamRow0,
+                           c32(sm.streamV), vc);
+  // The 2-D grid's warps accumulate dK and dV over their half of the
+  // columns (both head dims are multiples of 32 there).
+  // An offset of whole groups of 8 chunks moves the base and keeps the
+  // lane XOR terms (registers) of the unshifted pattern.
+  auto columnHalf = [&](int64_t tileOffset, int64_t rowChunks, int64_t pad) {
+    const int64_t chunks = pad / qs / 8;
+    if (!grid() || chunks % 8 == 0)
+      return fragmentAddresses(
+          g, FragmentPattern::BTrans, lane, c32(0),
+          g.add(c32(tileOffset), g.mul(qw, c32(chunks * 16))), rowChunks);
+    return fragmentAddresses(g, FragmentPattern::BTrans, lane, c32(0),
+                             c32(tileOffset), rowChunks,
+                             g.mul(qw, c32(chunks)));
+  };
+  strQKT = columnHalf(sm.streamQK, qkc, k.geo.dqkPad);
+  strVT = columnHalf(sm.streamV, vc, k.geo.dvPad);
+  if (grid()) {
+    pTA = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
+                            c32(sm.pTile), k.geo.dsRowChunks);
+    dsTA = fragmentAddresses(g, FragmentPattern::A, lane, warpRow0,
+                             c32(sm.dsTile), k.geo.dsRowChunks);
+  }
 
   if (k.spec.blockSparse)
     perSparse = c32(k.spec.sparseBlock / rs);
@@ -371,14 +414,20 @@ void FlashBwdKernel::setUpMain() {
             g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp))),
             nkv));
   if (kvMajor && k.geo.atomicDq) {
+    const int64_t perPart = k.config.warps / dqw.rowSplit;
+    dqRowPart = dqw.rowSplit > 1 ? g.divU(warp, c32(perPart)) : c32(0);
+    dqInner = dqw.rowSplit > 1 ? g.remU(warp, c32(perPart)) : warp;
+    Value rowChunk = dqw.rowSplit > 1
+                         ? g.mul(dqRowPart, c32(rs / dqw.rowSplit / 8))
+                         : Value();
     dsA = fragmentAddresses(g, FragmentPattern::B, lane, c32(0), c32(sm.dsTile),
-                            k.geo.dsRowChunks);
-    DqWarps w = dqWarps(k.config.warps);
+                            k.geo.dsRowChunks, rowChunk);
     kB = fragmentAddresses(
         g, FragmentPattern::BTrans, lane, c32(0),
-        g.add(c32(sm.residentQK), g.mul(g.divU(warp, c32(w.cols)), c32(128))),
+        g.add(c32(sm.residentQK),
+              g.mul(g.divU(dqInner, c32(dqw.cols)), c32(128))),
         k.geo.qkRowChunks,
-        g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth / 8)));
+        g.mul(g.remU(dqInner, c32(dqw.cols)), c32(dqw.colWidth / 8)));
   }
 }
 
@@ -440,7 +489,7 @@ void FlashBwdKernel::issueStream(Value first, Value stageOff) {
 
 /// P with 0 where the pair (query, key) is outside the band or the key is
 /// past Nkv. Element (mi, ni, e) sits on resident row warpRow0 + mi * 16 +
-/// (e / 2) * 8 + grp and streamed row ni * 8 + tig * 2 + e % 2.
+/// (e / 2) * 8 + grp and streamed row streamRow0 + ni * 8 + tig * 2 + e % 2.
 FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
   Tiles out = p;
   Value zero = g.cf(0.0);
@@ -460,7 +509,8 @@ FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
       }
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
-          Value c = g.add(first, g.add(c32(ni * 8 + e), g.mul(tig, c32(2))));
+          Value c = g.add(g.add(first, streamRow0),
+                          g.add(c32(ni * 8 + e), g.mul(tig, c32(2))));
           Value ok = !kvMajor         ? g.cmp(CmpIPredicate::slt, c, nkv)
                      : k.geo.atomicDq ? g.cmp(CmpIPredicate::slt, r, nkv)
                                       : g.cBool(true);
@@ -492,7 +542,7 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
     Value stats = g.add(stageOff, c32(sm.streamStats));
     for (int64_t ni = 0; ni < nt; ++ni)
       for (int64_t e = 0; e < 2; ++e) {
-        Value c = g.add(c32(ni * 8 + e), g.mul(tig, c32(2)));
+        Value c = g.add(g.add(streamRow0, c32(ni * 8 + e)), g.mul(tig, c32(2)));
         Value at = g.add(stats, g.mul(c, c32(4)));
         colNegLse.push_back(
             LLVM::LoadOp::create(g.b, g.f32, g.sharedBytePtr(smem, at)));
@@ -569,14 +619,20 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
         p[i][e] = maskIf.getResult(i * 4 + e);
   }
 
-  const int64_t kt = out.kCols / 8;
-  MutableArrayRef<Value> accK(acc.data(), mt * kt * 4);
-  MutableArrayRef<Value> accV(acc.data() + mt * kt * 4, mt * out.vCols / 8 * 4);
-  if (out.vCols) // dV += P^T dO
-    accumulate(
-        accV, p,
-        strVT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.vStart, c32(2)))),
-        out.vCols);
+  // The warp's columns of dK and dV (all of them, or its half in the 2-D
+  // grid).
+  const int64_t kCols = out.kCols / qs, vCols = out.vCols / qs;
+  MutableArrayRef<Value> accK(acc.data(), mt * kCols / 8 * 4);
+  MutableArrayRef<Value> accV(acc.data() + mt * kCols / 8 * 4,
+                              mt * vCols / 8 * 4);
+  FragmentAddresses bVT;
+  if (out.vCols)
+    bVT =
+        strVT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.vStart, c32(2))));
+  if (grid())
+    storeKeyTile(p, sm.pTile);
+  else if (out.vCols) // dV += P^T dO
+    accumulate(accV, p, bVT, out.vCols);
   if (out.kCols) {
     // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta).
     Tiles ds = product(aV, bV, k.geo.dvPad / 16);
@@ -590,28 +646,41 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
     // MMAs, which then cover the stores' latency: +0.3-1%, run B13).
     const bool atomicDq = kvMajor && k.geo.atomicDq;
     if (atomicDq)
-      storeDsT(ds);
-    accumulate(
-        accK, ds,
-        strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2)))),
-        out.kCols);
-    if (atomicDq)
+      storeKeyTile(ds, sm.dsTile);
+    FragmentAddresses bQKT =
+        strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2))));
+    if (grid()) {
+      // Every warp's P^T and dS^T are stored: dV and dK over all Br
+      // queries, then dQ.
+      g.barrier();
+      mmaAccumulateShared(g, smem, accV, pTA.inLoop(g), bVT, mt, rs / 16,
+                          vCols);
+      mmaAccumulateShared(g, smem, accK, dsTA.inLoop(g), bQKT, mt, rs / 16,
+                          kCols);
       addDq(out, first);
+    } else {
+      accumulate(accK, ds, bQKT, out.kCols);
+      if (atomicDq) {
+        g.barrier(); // every warp's dS^T is stored
+        addDq(out, first);
+      }
+    }
   }
   return acc;
 }
 
-/// Atomic dQ, first half: dS^T (keys x queries) to shared memory, 32-bit
-/// stores of the accumulator's column pairs. The block's barrier at the
-/// start of the next step guards the tile.
-void FlashBwdKernel::storeDsT(const Tiles &ds) {
+/// P^T or dS^T (keys x queries, the warp's part) to the shared-memory tile
+/// at \p tileOffset, 32-bit stores of the accumulator's column pairs. The
+/// block's barrier at the start of the next step guards the tile.
+void FlashBwdKernel::storeKeyTile(const Tiles &t, int64_t tileOffset) {
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t half = 0; half < 2; ++half) {
       Value key = g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
-        const Acc &a = ds[mi * nt + ni];
-        Value at = g.add(c32(sm.dsTile),
-                         g.add(g.swizzled(key, c32(ni * 8), k.geo.dsRowChunks),
+        const Acc &a = t[mi * nt + ni];
+        Value at = g.add(c32(tileOffset),
+                         g.add(g.swizzled(key, g.add(streamRow0, c32(ni * 8)),
+                                          k.geo.dsRowChunks),
                                g.mul(tig, c32(4))));
         LLVM::StoreOp::create(g.b, g.pack2(a[2 * half], a[2 * half + 1]),
                               g.sharedBytePtr(smem, at));
@@ -619,18 +688,18 @@ void FlashBwdKernel::storeDsT(const Tiles &ds) {
     }
 }
 
-/// Atomic dQ, second half: dq_accum[streamed rows, kStart + c] += (dS
-/// K)[row, kStart + c] over this program's keys, unscaled: dS^T comes back
-/// from shared memory as the A operand by ldmatrix.trans; K is resident.
+/// Atomic dQ, second half (after a barrier: every warp's dS^T is stored):
+/// dq_accum[streamed rows, kStart + c] += (dS K)[row, kStart + c] over this
+/// program's keys, unscaled: dS^T comes back from shared memory as the A
+/// operand by ldmatrix.trans; K is resident.
 void FlashBwdKernel::addDq(const Outputs &out, Value first) {
-  g.barrier(); // every warp's dS^T is stored
   // Rounds of column groups, as many per slab as keep the slab's
   // accumulators at 64 registers; a last partial round only for the warp
   // phases that have a group.
-  DqWarps w = dqWarps(k.config.warps);
+  const DqWarps &w = dqw;
   const int64_t groups = ceilDiv(out.kCols, 64);
   const int64_t fullRounds = groups / w.groups;
-  const int64_t regsPerRound = rs / 16 * (w.colWidth / 8) * 4;
+  const int64_t regsPerRound = rs / w.rowSplit / 16 * (w.colWidth / 8) * 4;
   const int64_t perSlab = std::max<int64_t>(1, 64 / regsPerRound);
   for (int64_t r0 = 0; r0 < fullRounds; r0 += perSlab) {
     SmallVector<int64_t> rounds;
@@ -639,7 +708,7 @@ void FlashBwdKernel::addDq(const Outputs &out, Value first) {
     addDqSlab(out, rounds, first);
   }
   if (groups % w.groups != 0)
-    g.ifThen(g.cmp(CmpIPredicate::ult, g.divU(warp, c32(w.cols)),
+    g.ifThen(g.cmp(CmpIPredicate::ult, g.divU(dqInner, c32(w.cols)),
                    c32(groups % w.groups)),
              [&] { addDqSlab(out, {fullRounds}, first); });
 }
@@ -648,8 +717,8 @@ void FlashBwdKernel::addDq(const Outputs &out, Value first) {
 /// r * groups + phase of each round r, piece warp % cols of it).
 void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
                                Value first) {
-  DqWarps w = dqWarps(k.config.warps);
-  const int64_t pairs = w.colWidth / 16, mtQ = rs / 16;
+  const DqWarps &w = dqw;
+  const int64_t pairs = w.colWidth / 16, mtQ = rs / w.rowSplit / 16;
   const int64_t dqk = k.spec.headDimQK;
   SmallVector<int64_t> chunks, colConst;
   for (int64_t r : rounds)
@@ -665,10 +734,14 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
       dqk % 64 == 0 &&
       (k.geo.kvCombined ? out.kCols == dqk
                         : k.geo.dkChunk * k.geo.dkChunks == dqk);
-  Value warpCol0 = g.add(
-      out.kStart, g.add(g.mul(g.divU(warp, c32(w.cols)), c32(64)),
-                        g.add(g.mul(g.remU(warp, c32(w.cols)), c32(w.colWidth)),
-                              g.mul(tig, c32(2)))));
+  Value warpCol0 =
+      g.add(out.kStart,
+            g.add(g.mul(g.divU(dqInner, c32(w.cols)), c32(64)),
+                  g.add(g.mul(g.remU(dqInner, c32(w.cols)), c32(w.colWidth)),
+                        g.mul(tig, c32(2)))));
+  Value rows0 = w.rowSplit > 1
+                    ? g.add(first, g.mul(dqRowPart, c32(rs / w.rowSplit)))
+                    : first;
   Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   const int64_t nt2 = int64_t(chunks.size()) * 2;
   // Column pairs (col, col + 1) by one vector reduction where the row's
@@ -676,7 +749,7 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
   const bool pair = k.vectorAtomics && dqk % 2 == 0;
   for (int64_t mi = 0; mi < mtQ; ++mi)
     for (int64_t half = 0; half < 2; ++half) {
-      Value q = g.add(first, g.add(c32(mi * 16 + 8 * half), grp));
+      Value q = g.add(rows0, g.add(c32(mi * 16 + 8 * half), grp));
       Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
       Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
       for (int64_t n = 0; n < nt2; ++n) {
@@ -810,7 +883,9 @@ void FlashBwdKernel::storeTile(ArrayRef<Value> acc, int64_t cols,
 /// streamed loop (per query head of the group in the dK/dV kernel), then the
 /// stores.
 void FlashBwdKernel::emitMainBody(const Outputs &out) {
-  const int64_t kt = out.kCols / 8, vt = out.vCols / 8;
+  // The warp's columns (its half of them in the 2-D grid).
+  const int64_t kCols = out.kCols / qs, vCols = out.vCols / qs;
+  const int64_t kt = kCols / 8, vt = vCols / 8;
   SmallVector<Value> acc(mt * (kt + vt) * 4, g.cf(0.0));
   Value scale = f32Arg(bwd::Scale);
   if (!kvMajor) {
@@ -845,11 +920,13 @@ void FlashBwdKernel::emitMainBody(const Outputs &out) {
   ArrayRef<Value> accK(acc.data(), mt * kt * 4);
   ArrayRef<Value> accV(acc.data() + mt * kt * 4, mt * vt * 4);
   if (out.kCols)
-    storeTile(accK, out.kCols, out.kStart, k.spec.headDimQK, buf(bwd::DK),
-              headBase(bwd::DKStrideB, bI, hkI), bwd::DKStrideN, nkv, scale);
+    storeTile(accK, kCols, g.add(out.kStart, g.mul(qw, c32(kCols))),
+              k.spec.headDimQK, buf(bwd::DK), headBase(bwd::DKStrideB, bI, hkI),
+              bwd::DKStrideN, nkv, scale);
   if (out.vCols)
-    storeTile(accV, out.vCols, out.vStart, k.spec.headDimV, buf(bwd::DV),
-              headBase(bwd::DVStrideB, bI, hkI), bwd::DVStrideN, nkv, Value());
+    storeTile(accV, vCols, g.add(out.vStart, g.mul(qw, c32(vCols))),
+              k.spec.headDimV, buf(bwd::DV), headBase(bwd::DVStrideB, bI, hkI),
+              bwd::DVStrideN, nkv, Value());
 }
 
 void FlashBwdKernel::emit() {

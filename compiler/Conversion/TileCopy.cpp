@@ -62,14 +62,13 @@ FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                            rowChunks);
 }
 
-/// The loop both products share: per k-step, the mt A fragments
-/// loadA(ks, mi), then per pair of n-tiles loadB(ks, np) and its MMAs.
+/// The loop the products share: per k-step, the mt A fragments
+/// loadA(ks, mi), then per pair of n-tiles loadB(ks, np) and its MMAs,
+/// accumulating into \p s (mt x nt tiles).
 template <typename LoadA, typename LoadB>
-static std::vector<Acc> productLoop(GpuBuilder &g, int64_t mt, int64_t nt,
-                                    int64_t kSteps, LoadA &&loadA,
-                                    LoadB &&loadB) {
-  Value zero = g.cf(0.0);
-  std::vector<Acc> s(mt * nt, Acc{zero, zero, zero, zero});
+static std::vector<Acc> productLoop(GpuBuilder &g, std::vector<Acc> s,
+                                    int64_t mt, int64_t nt, int64_t kSteps,
+                                    LoadA &&loadA, LoadB &&loadB) {
   for (int64_t ks = 0; ks < kSteps; ++ks) {
     std::vector<Frag4> af(mt);
     for (int64_t mi = 0; mi < mt; ++mi)
@@ -86,12 +85,17 @@ static std::vector<Acc> productLoop(GpuBuilder &g, int64_t mt, int64_t nt,
   return s;
 }
 
+static std::vector<Acc> zeroTiles(GpuBuilder &g, int64_t tiles) {
+  Value zero = g.cf(0.0);
+  return std::vector<Acc>(tiles, Acc{zero, zero, zero, zero});
+}
+
 std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
                             const FragmentAddresses &a,
                             const FragmentAddresses &b, int64_t mt, int64_t nt,
                             int64_t kSteps) {
   return productLoop(
-      g, mt, nt, kSteps,
+      g, zeroTiles(g, mt * nt), mt, nt, kSteps,
       [&](int64_t ks, int64_t mi) {
         return g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
       },
@@ -105,14 +109,36 @@ std::vector<Acc> mmaProductTransposed(GpuBuilder &g, Value smem,
                                       const FragmentAddresses &bTrans,
                                       int64_t mt, ArrayRef<int64_t> bChunks,
                                       int64_t kSteps) {
+  const int64_t nt = 2 * int64_t(bChunks.size());
   return productLoop(
-      g, mt, 2 * int64_t(bChunks.size()), kSteps,
+      g, zeroTiles(g, mt * nt), mt, nt, kSteps,
       [&](int64_t ks, int64_t mi) {
         return g.ldmatrix4(aTrans.at(g, smem, ks * 16, mi * 2), true);
       },
       [&](int64_t ks, int64_t np) {
         return g.ldmatrix4(bTrans.at(g, smem, ks * 16, bChunks[np]), true);
       });
+}
+
+void mmaAccumulateShared(GpuBuilder &g, Value smem, MutableArrayRef<Value> acc,
+                         const FragmentAddresses &a,
+                         const FragmentAddresses &bTrans, int64_t mt,
+                         int64_t kSteps, int64_t cols) {
+  const int64_t ct = cols / 8;
+  std::vector<Acc> s(mt * ct);
+  for (size_t i = 0; i < s.size(); ++i)
+    s[i] = {acc[4 * i], acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]};
+  s = productLoop(
+      g, std::move(s), mt, ct, kSteps,
+      [&](int64_t ks, int64_t mi) {
+        return g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
+      },
+      [&](int64_t ks, int64_t np) {
+        return g.ldmatrix4(bTrans.at(g, smem, ks * 16, np * 2), true);
+      });
+  for (size_t i = 0; i < s.size(); ++i)
+    for (int64_t e = 0; e < 4; ++e)
+      acc[4 * i + e] = s[i][e];
 }
 
 void mmaAccumulate(GpuBuilder &g, Value smem, MutableArrayRef<Value> acc,

@@ -52,8 +52,8 @@ struct FragmentAddresses {
 /// The lane's (row, chunk) of the three ldmatrix patterns above.
 enum class FragmentPattern { A, B, BTrans };
 /// \p chunkOffset (optional, i32): an even number of chunks added to the
-/// lane's chunk; the chunks then read, offset included, must stay below 8
-/// (the caller adds whole groups of 8 chunks with shifted()).
+/// lane's chunk (any even number: the swizzle only XORs the low 3 bits of
+/// the chunk index, which whole groups of 8 leave alone).
 FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
                                     Value lane, Value rowBase, Value tileOffset,
                                     int64_t rowChunks,
@@ -87,6 +87,16 @@ mmaProductTransposed(GpuBuilder &g, Value smem, const FragmentAddresses &aTrans,
 void mmaAccumulate(GpuBuilder &g, Value smem, llvm::MutableArrayRef<Value> acc,
                    const std::vector<Acc> &lhs, const FragmentAddresses &bTrans,
                    int64_t mt, int64_t nt, int64_t cols);
+
+/// acc (mt x cols / 8 tiles, 4 values each) += A B with A in shared memory
+/// stored [m][k] at \p a (A pattern: rows mi * 16, k chunks ks * 2) and B
+/// stored [k][n] at \p bTrans (BTrans pattern: k rows ks * 16, n chunks
+/// from 0), \p kSteps k-steps of 16.
+void mmaAccumulateShared(GpuBuilder &g, Value smem,
+                         llvm::MutableArrayRef<Value> acc,
+                         const FragmentAddresses &a,
+                         const FragmentAddresses &bTrans, int64_t mt,
+                         int64_t kSteps, int64_t cols);
 
 /// Who copies: the block's threads and the copy width.
 struct TileCopier {

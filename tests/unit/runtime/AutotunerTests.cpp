@@ -102,6 +102,36 @@ TEST(Autotuner, BackwardRegisterEstimate) {
   EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(512, 512), small), 160);
 }
 
+/// The dK/dV kernel's 2-D warp grid: only with atomic dQ, one program for
+/// dK and dV, Br = 64, an even number of warps and head dims in multiples
+/// of 32; it halves a warp's queries and columns, doubles its keys, and
+/// adds the P^T tile.
+TEST(Autotuner, BackwardWarpGrid) {
+  TileConfig c;
+  c.blockM = 64;
+  c.blockN = 128;
+  c.warps = 8;
+  GpuBackwardGeometry g = gpuBackwardGeometry(backwardSpec(128, 128), c);
+  EXPECT_EQ(g.kvQuerySplit, 2);
+  EXPECT_EQ(g.keyTiles, 2); // 128 keys over 4 key parts
+  EXPECT_EQ(g.kvSmem.total - g.kvSmem.pTile, 128 * 64 * 2);
+  // Registers: 32 keys x 128 columns (dK, dV) + 32 x 32 (S^T, dP^T) twice.
+  EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(128, 128), c),
+            32 * 128 / 32 + 2 * 32 * 32 / 32);
+  AttentionSpec det = backwardSpec(128, 128);
+  det.deterministic = true;
+  for (auto [spec, config] :
+       {std::pair(det, c), std::pair(backwardSpec(80, 80), c),
+        std::pair(backwardSpec(256, 256), c),
+        std::pair(backwardSpec(128, 128), TileConfig{128, 128, 8, 2}),
+        std::pair(backwardSpec(128, 128), TileConfig{64, 128, 1, 2})}) {
+    GpuBackwardGeometry one = gpuBackwardGeometry(spec, config);
+    EXPECT_EQ(one.kvQuerySplit, 1) << spec.name() << " " << config.toJson();
+    EXPECT_EQ(one.keyTiles, config.blockN / (16 * config.warps));
+    EXPECT_EQ(one.kvSmem.total, one.kvSmem.pTile);
+  }
+}
+
 /// The dQ kernel's own tiling: two row tiles per warp and 32 keys per step
 /// where Br gives each warp one tile and dQ fits; else Br and Bc.
 TEST(Autotuner, BackwardDqKernelTiling) {
@@ -121,13 +151,17 @@ TEST(Autotuner, BackwardDqKernelTiling) {
   EXPECT_EQ(g.dqThreads(), 128);
   EXPECT_EQ(g.dqSharedBytes(), g.dqSmem.total);
   // Atomic dQ: the third kernel converts dq_accum, a warp per row as the
-  // preprocess; the dK/dV kernel holds dS^T (Bc keys x Br queries).
+  // preprocess; the dK/dV kernel holds dS^T and, in its 2-D warp grid,
+  // P^T (Bc keys x Br queries each).
   GpuBackwardGeometry atomic = gpuBackwardGeometry(backwardSpec(128, 128), c);
   EXPECT_TRUE(atomic.atomicDq);
   EXPECT_EQ(atomic.dqGrid(p), atomic.preprocessGrid(p));
   EXPECT_EQ(atomic.dqThreads(), GpuBackwardGeometry::kPreprocessThreads);
   EXPECT_EQ(atomic.dqSharedBytes(), 0);
-  EXPECT_EQ(atomic.kvSmem.total - atomic.kvSmem.dsTile, 64 * 64 * 2);
+  EXPECT_EQ(atomic.kvQuerySplit, 2);
+  EXPECT_EQ(atomic.kvSmem.pTile - atomic.kvSmem.dsTile, 64 * 64 * 2);
+  EXPECT_EQ(atomic.kvSmem.total - atomic.kvSmem.pTile, 64 * 64 * 2);
+  EXPECT_EQ(g.kvQuerySplit, 1);
   EXPECT_EQ(g.kvSmem.total, g.kvSmem.dsTile);
   // Already two row tiles per warp (128 rows): Br x Bc as given.
   c.blockM = 128;
