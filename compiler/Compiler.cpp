@@ -115,6 +115,7 @@ lowerToGpu(MLIRContext &ctx, const AttentionSpec &spec,
   GpuPipelineConfig gpu;
   gpu.copyBytes = target.copyBytes;
   gpu.vectorAtomics = usesVectorAtomics(target);
+  gpu.wgmma = usesWgmma(target);
   runPipeline(*module, [&](OpPassManager &pm) {
     buildGpuPipeline(pm, config, gpu, stopAtGpu);
   });
@@ -132,10 +133,18 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
 }
 
 std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
-  return fmt::format("builtin.module(flashjit-gpu-pipeline{{block-m={} "
-                     "block-n={} warps={} copy-bytes={} vector-atomics={}}})",
-                     config.blockM, config.blockN, config.warps,
-                     target.copyBytes, usesVectorAtomics(target));
+  return fmt::format(
+      "builtin.module(flashjit-gpu-pipeline{{block-m={} "
+      "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={}}})",
+      config.blockM, config.blockN, config.warps, target.copyBytes,
+      usesVectorAtomics(target), usesWgmma(target));
+}
+
+bool usesWgmma(const GpuTarget &target) {
+  // FLASHJIT_WGMMA=0 keeps mma.sync (for comparisons); the pipeline text,
+  // part of the cache key, records the choice.
+  const char *env = std::getenv("FLASHJIT_WGMMA");
+  return target.arch == "sm_90a" && !(env && std::string(env) == "0");
 }
 
 bool usesVectorAtomics(const GpuTarget &target) {

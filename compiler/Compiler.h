@@ -70,6 +70,9 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target);
 /// Whether kernels for \p target add f32 pairs with one vector reduction
 /// (red.global.add.v2.f32: sm_90 or later, PTX ISA 8.1 or later).
 bool usesVectorAtomics(const GpuTarget &target);
+/// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
+/// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
+bool usesWgmma(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

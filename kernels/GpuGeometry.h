@@ -176,6 +176,12 @@ struct GpuBackwardGeometry {
   /// accumulates its keys' dK and dV over half of the columns (FA-2's
   /// layout: fewer shared-memory reads per MMA).
   int64_t kvQuerySplit;
+  /// The dK/dV kernel can run on Hopper's warpgroup MMAs (the lowering's
+  /// `wgmma` option, sm_90a): atomic dQ, one program for dK and dV, head
+  /// dims in multiples of 64 (<= 128), Br = 64 and one warpgroup per 64
+  /// keys (warps = Bc / 16). Its tiles then use the blocked 128B-swizzle
+  /// layout and start on 1024-byte boundaries (the statistics padded).
+  bool wgmmaShape;
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
   int64_t dqRows, dqKeys;    ///< dQ kernel: rows per program, keys per step
@@ -250,6 +256,9 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                     g.dqkPad % 32 == 0 && g.dvPad % 32 == 0;
   g.kvQuerySplit = grid ? 2 : 1;
   g.keyTiles = config.blockN * g.kvQuerySplit / (16 * config.warps);
+  g.wgmmaShape = g.atomicDq && g.kvCombined && g.dqkPad % 64 == 0 &&
+                 g.dvPad % 64 == 0 && config.blockM == 64 &&
+                 config.blockN % 64 == 0 && config.warps * 16 == config.blockN;
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
@@ -284,7 +293,9 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
     return s;
   };
   const int64_t keyTileBytes = config.blockN * g.dsRowChunks * 16;
-  g.kvSmem = smem(config.blockN, config.blockM, 2 * config.blockM * 4,
+  const int64_t statsBytes = 2 * config.blockM * 4;
+  g.kvSmem = smem(config.blockN, config.blockM,
+                  g.wgmmaShape ? roundUp(statsBytes, 1024) : statsBytes,
                   g.atomicDq ? keyTileBytes : 0, grid ? keyTileBytes : 0);
   g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0, 0);
   return g;

@@ -62,6 +62,7 @@
 
 #include "compiler/Conversion/KernelEmitters.h"
 #include "compiler/Conversion/TileCopy.h"
+#include "compiler/Conversion/Wgmma.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
 
@@ -70,6 +71,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 using namespace mlir;
 using namespace flashjit;
@@ -91,6 +93,9 @@ struct BwdShape {
   bool hasBand;
   Role role;
   bool vectorAtomics; ///< dQ pairs by red.global.add.v2.f32
+  /// The dK/dV kernel on warpgroup MMAs (the `wgmma` option where
+  /// geo.wgmmaShape holds).
+  bool wgmma;
 };
 
 /// What a program of a main kernel accumulates: dS times the streamed
@@ -122,11 +127,13 @@ public:
   FlashBwdKernel(GpuBuilder &g, const BwdShape &k, mlir::gpu::GPUFuncOp fn,
                  Value smem)
       : g(g), k(k), fn(fn), smem(smem), kvMajor(k.role == Role::Main),
-        qs(kvMajor ? k.geo.kvQuerySplit : 1),
+        wg(kvMajor && k.wgmma), qs(kvMajor && !wg ? k.geo.kvQuerySplit : 1),
         rr(kvMajor ? k.config.blockN : k.geo.dqRows),
         rs(kvMajor ? k.config.blockM : k.geo.dqKeys),
-        mt(kvMajor ? k.geo.keyTiles : k.geo.rowTiles), nt(rs / (8 * qs)),
-        sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem),
+        mt(wg        ? 1
+           : kvMajor ? k.geo.keyTiles
+                     : k.geo.rowTiles),
+        nt(rs / (8 * qs)), sm(kvMajor ? k.geo.kvSmem : k.geo.dqSmem),
         dqw(dqWarps(k.config.warps, qs)) {}
 
   void emit();
@@ -176,6 +183,17 @@ private:
   SmallVector<Value> step(const Outputs &out, ArrayRef<Value> acc, Value first,
                           Value stageOff);
   void storeKeyTile(const Tiles &t, int64_t tileOffset);
+  Tiles probabilities(Tiles s, Value first, Value stageOff);
+  SmallVector<Value> wgStep(const Outputs &out, ArrayRef<Value> acc,
+                            Value first, Value stageOff);
+  SmallVector<Value> wgProduct(ArrayRef<Value> d, bool v, Value stageOff);
+  SmallVector<Value> wgPack(const Tiles &lhs);
+  SmallVector<Value> wgAccumulate(ArrayRef<Value> d, ArrayRef<Value> a, bool v,
+                                  Value stageOff, int64_t cols);
+  SmallVector<Value> wgDq(ArrayRef<Value> d, const Outputs &out);
+  void wgReduceDq(ArrayRef<Value> d, const Outputs &out, Value first);
+  /// Bytes of a blocked tile's 64-column block (rows x 128).
+  int64_t blockBytes(int64_t rows) const { return wg ? rows * 128 : 0; }
   void addDq(const Outputs &out, Value first);
   void addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds, Value first);
   Tiles maskTiles(const Tiles &p, Value first);
@@ -189,6 +207,9 @@ private:
   Value smem;
   /// The dK/dV kernel (resident keys, streamed queries), else the dQ kernel.
   const bool kvMajor;
+  /// Warpgroup MMAs (the dK/dV kernel, BwdShape::wgmma): warp w holds keys
+  /// 16w..16w+15 as with mma.sync, warpgroup w / 4 the 64 keys of its MMAs.
+  const bool wg;
   /// Warps along the streamed rows (GpuBackwardGeometry::kvQuerySplit in
   /// the dK/dV kernel); rows of the resident and streamed tiles; a warp's
   /// MMA tiles of S (S^T): mt along the resident rows, nt along the
@@ -214,6 +235,9 @@ private:
   Value listBase, perSparse;
   // Per-row statistics of the dQ kernel (2 per m-tile).
   SmallVector<Value> rowNegLse, rowDelta;
+  // The dK/dV kernel's delta of the current step's streamed rows (2 per
+  // n-tile, see probabilities()).
+  SmallVector<Value> stepDelta;
   // Atomic dQ without a band: which of the thread's key rows exist (2 per
   // m-tile).
   SmallVector<Value> keyExists;
@@ -224,6 +248,9 @@ private:
   /// 2-D warp grid: P^T and dS^T in shared memory as the A operands of dV
   /// and dK (the warp's keys).
   FragmentAddresses pTA, dsTA;
+  /// Warpgroup MMAs: the builder, and the warpgroup's index.
+  std::optional<Wgmma> wgmma;
+  Value wgIdx;
 };
 
 /// Runs \p body(row64, at) for each row of this program's kPreprocessRows
@@ -413,6 +440,10 @@ void FlashBwdKernel::setUpMain() {
             CmpIPredicate::slt,
             g.add(row0, g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp))),
             nkv));
+  if (wg) {
+    wgmma.emplace(g, smem);
+    wgIdx = g.divU(warp, c32(4));
+  }
   if (kvMajor && k.geo.atomicDq) {
     const int64_t perPart = k.config.warps / dqw.rowSplit;
     dqRowPart = dqw.rowSplit > 1 ? g.divU(warp, c32(perPart)) : c32(0);
@@ -454,13 +485,14 @@ void FlashBwdKernel::issueStream(Value first, Value stageOff) {
                 TileSource{qkIsQ ? buf(bwd::Q) : buf(bwd::K), streamQKBase,
                            idx(qkIsQ ? bwd::QStrideN : bwd::KStrideN), first,
                            nStream, rs, k.spec.headDimQK, c32(0), k.geo.qkCols,
-                           k.geo.qkRowChunks,
-                           g.add(stageOff, c32(sm.streamQK))});
+                           k.geo.qkRowChunks, g.add(stageOff, c32(sm.streamQK)),
+                           blockBytes(rs)});
   copyTileAsync(g, who,
                 TileSource{qkIsQ ? buf(bwd::DO) : buf(bwd::V), streamVBase,
                            idx(qkIsQ ? bwd::DOStrideN : bwd::VStrideN), first,
                            nStream, rs, k.spec.headDimV, c32(0), k.geo.vCols,
-                           k.geo.vRowChunks, g.add(stageOff, c32(sm.streamV))});
+                           k.geo.vRowChunks, g.add(stageOff, c32(sm.streamV)),
+                           blockBytes(rs)});
   if (!kvMajor)
     return;
   // 2 * Br floats: -lse * log2(e) (second half of the workspace), then delta.
@@ -534,9 +566,70 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
   FragmentAddresses bQK = strQK.inLoop(g).shifted(g, stageOff);
   FragmentAddresses bV = strV.inLoop(g).shifted(g, stageOff);
 
-  // S (S^T in the dK/dV kernel), then P = exp2(S * scale * log2(e) - lse *
-  // log2(e)): one FMA and one ex2 per element.
-  Tiles p = product(aQK, bQK, k.geo.dqkPad / 16);
+  // S (S^T in the dK/dV kernel), then P.
+  if (wg)
+    return wgStep(out, acc, first, stageOff);
+  Tiles p =
+      probabilities(product(aQK, bQK, k.geo.dqkPad / 16), first, stageOff);
+  auto delta = [&](int64_t mi, int64_t ni, int64_t e) {
+    return kvMajor ? stepDelta[ni * 2 + e % 2] : rowDelta[mi * 2 + e / 2];
+  };
+
+  // The warp's columns of dK and dV (all of them, or its half in the 2-D
+  // grid).
+  const int64_t kCols = out.kCols / qs, vCols = out.vCols / qs;
+  MutableArrayRef<Value> accK(acc.data(), mt * kCols / 8 * 4);
+  MutableArrayRef<Value> accV(acc.data() + mt * kCols / 8 * 4,
+                              mt * vCols / 8 * 4);
+  FragmentAddresses bVT;
+  if (out.vCols)
+    bVT =
+        strVT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.vStart, c32(2))));
+  if (grid())
+    storeKeyTile(p, sm.pTile);
+  else if (out.vCols) // dV += P^T dO
+    accumulate(accV, p, bVT, out.vCols);
+  if (out.kCols) {
+    // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta).
+    Tiles ds = product(aV, bV, k.geo.dvPad / 16);
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 4; ++e) {
+          Value &v = ds[mi * nt + ni][e];
+          v = g.fmul(p[mi * nt + ni][e], g.fsub(v, delta(mi, ni, e)));
+        }
+    // dK += dS^T Q, dQ += dS K (atomic dQ: dS^T stored before the dK
+    // MMAs, which then cover the stores' latency: +0.3-1%, run B13).
+    const bool atomicDq = kvMajor && k.geo.atomicDq;
+    if (atomicDq)
+      storeKeyTile(ds, sm.dsTile);
+    FragmentAddresses bQKT =
+        strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2))));
+    if (grid()) {
+      // Every warp's P^T and dS^T are stored: dV and dK over all Br
+      // queries, then dQ.
+      g.barrier();
+      mmaAccumulateShared(g, smem, accV, pTA.inLoop(g), bVT, mt, rs / 16,
+                          vCols);
+      mmaAccumulateShared(g, smem, accK, dsTA.inLoop(g), bQKT, mt, rs / 16,
+                          kCols);
+      addDq(out, first);
+    } else {
+      accumulate(accK, ds, bQKT, out.kCols);
+      if (atomicDq) {
+        g.barrier(); // every warp's dS^T is stored
+        addDq(out, first);
+      }
+    }
+  }
+  return acc;
+}
+
+/// P = exp2(S * scale * log2(e) - lse * log2(e)) (one FMA and one ex2 per
+/// element) from \p p = S (S^T in the dK/dV kernel), masked; the dK/dV
+/// kernel also loads the streamed rows' delta into stepDelta.
+FlashBwdKernel::Tiles FlashBwdKernel::probabilities(Tiles p, Value first,
+                                                    Value stageOff) {
   SmallVector<Value> colNegLse, colDelta;
   if (kvMajor) {
     Value stats = g.add(stageOff, c32(sm.streamStats));
@@ -553,9 +646,7 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
   auto negLse = [&](int64_t mi, int64_t ni, int64_t e) {
     return kvMajor ? colNegLse[ni * 2 + e % 2] : rowNegLse[mi * 2 + e / 2];
   };
-  auto delta = [&](int64_t mi, int64_t ni, int64_t e) {
-    return kvMajor ? colDelta[ni * 2 + e % 2] : rowDelta[mi * 2 + e / 2];
-  };
+  stepDelta = colDelta;
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t ni = 0; ni < nt; ++ni)
       for (int64_t e = 0; e < 4; ++e) {
@@ -618,54 +709,206 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
       for (int64_t e = 0; e < 4; ++e)
         p[i][e] = maskIf.getResult(i * 4 + e);
   }
+  return p;
+}
 
-  // The warp's columns of dK and dV (all of them, or its half in the 2-D
-  // grid).
-  const int64_t kCols = out.kCols / qs, vCols = out.vCols / qs;
-  MutableArrayRef<Value> accK(acc.data(), mt * kCols / 8 * 4);
-  MutableArrayRef<Value> accV(acc.data() + mt * kCols / 8 * 4,
-                              mt * vCols / 8 * 4);
-  FragmentAddresses bVT;
-  if (out.vCols)
-    bVT =
-        strVT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.vStart, c32(2))));
-  if (grid())
-    storeKeyTile(p, sm.pTile);
-  else if (out.vCols) // dV += P^T dO
-    accumulate(accV, p, bVT, out.vCols);
-  if (out.kCols) {
-    // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta).
-    Tiles ds = product(aV, bV, k.geo.dvPad / 16);
-    for (int64_t mi = 0; mi < mt; ++mi)
-      for (int64_t ni = 0; ni < nt; ++ni)
-        for (int64_t e = 0; e < 4; ++e) {
-          Value &v = ds[mi * nt + ni][e];
-          v = g.fmul(p[mi * nt + ni][e], g.fsub(v, delta(mi, ni, e)));
-        }
-    // dK += dS^T Q, dQ += dS K (atomic dQ: dS^T stored before the dK
-    // MMAs, which then cover the stores' latency: +0.3-1%, run B13).
-    const bool atomicDq = kvMajor && k.geo.atomicDq;
-    if (atomicDq)
-      storeKeyTile(ds, sm.dsTile);
-    FragmentAddresses bQKT =
-        strQKT.inLoop(g).shifted(g, g.add(stageOff, g.mul(out.kStart, c32(2))));
-    if (grid()) {
-      // Every warp's P^T and dS^T are stored: dV and dK over all Br
-      // queries, then dQ.
-      g.barrier();
-      mmaAccumulateShared(g, smem, accV, pTA.inLoop(g), bVT, mt, rs / 16,
-                          vCols);
-      mmaAccumulateShared(g, smem, accK, dsTA.inLoop(g), bQKT, mt, rs / 16,
-                          kCols);
-      addDq(out, first);
-    } else {
-      accumulate(accK, ds, bQKT, out.kCols);
-      if (atomicDq) {
-        g.barrier(); // every warp's dS^T is stored
-        addDq(out, first);
+/// Warpgroup MMAs: issues d += S^T = K Q^T (\p v false) or dP^T = V dO^T
+/// (\p v true) for the warpgroup's 64 keys and all Br queries, one m64nBr
+/// k16 MMA per 16 columns of the head dim, both operands K-major in blocked
+/// tiles (the k-step's 32 bytes within the 128-byte rows of a 64-column
+/// block).
+SmallVector<Value> FlashBwdKernel::wgProduct(ArrayRef<Value> dIn, bool v,
+                                             Value stageOff) {
+  const int64_t kSteps = (v ? k.geo.dvPad : k.geo.dqkPad) / 16;
+  Value aTile =
+      g.add(c32(v ? sm.residentV : sm.residentQK), g.mul(wgIdx, c32(64 * 128)));
+  Value bTile = g.add(stageOff, c32(v ? sm.streamV : sm.streamQK));
+  SmallVector<Value> d(dIn);
+  for (int64_t ks = 0; ks < kSteps; ++ks) {
+    const int64_t inRow = (ks % 4) * 32;
+    Value a = wgmma->descriptor(g.add(aTile, c32((ks / 4) * rr * 128 + inRow)),
+                                Major::K, rr * 128);
+    Value b = wgmma->descriptor(g.add(bTile, c32((ks / 4) * rs * 128 + inRow)),
+                                Major::K, rs * 128);
+    d = wgmma->mma(rs, d, a, {}, b, false, false);
+  }
+  return d;
+}
+
+/// The A registers of lhs (P^T or dS^T, the warp's 16 keys x Br queries
+/// in accumulator layout): 4 per 16 queries.
+SmallVector<Value> FlashBwdKernel::wgPack(const Tiles &lhs) {
+  SmallVector<Value> a;
+  for (int64_t kk = 0; kk < nt / 2; ++kk) {
+    const Acc &lo = lhs[2 * kk], &hi = lhs[2 * kk + 1];
+    a.append({g.pack2(lo[0], lo[1]), g.pack2(lo[2], lo[3]),
+              g.pack2(hi[0], hi[1]), g.pack2(hi[2], hi[3])});
+  }
+  return a;
+}
+
+/// Warpgroup MMAs: issues d (\p cols / 8 n-tiles) += lhs B, lhs as the A
+/// registers \p a (wgPack), B the streamed dO (\p v) or Q read MN-major:
+/// one m64n(cols)k16 MMA per 16 queries.
+SmallVector<Value> FlashBwdKernel::wgAccumulate(ArrayRef<Value> dIn,
+                                                ArrayRef<Value> a, bool v,
+                                                Value stageOff, int64_t cols) {
+  Value bTile = g.add(stageOff, c32(v ? sm.streamV : sm.streamQK));
+  SmallVector<Value> d(dIn);
+  for (int64_t kk = 0; kk < nt / 2; ++kk) {
+    Value b = wgmma->descriptor(g.add(bTile, c32(kk * 16 * 128)), Major::MN,
+                                rs * 128);
+    d = wgmma->mma(cols, d, Value(), a.slice(4 * kk, 4), b, false, true);
+  }
+  return d;
+}
+
+/// How the warpgroups split dQ = dS K: in 64-column blocks where they can,
+/// else over the keys (each adding its keys' share).
+struct WgDqSplit {
+  bool cols;
+  int64_t n, keys; ///< the MMAs' N and the keys one warpgroup reduces
+};
+static WgDqSplit wgDqSplit(int64_t cols, int64_t groups, int64_t bc) {
+  bool bycols = (cols / groups) % 64 == 0;
+  return {bycols, bycols ? cols / groups : cols, bycols ? bc : bc / groups};
+}
+
+/// Warpgroup MMAs: issues d += dS K (after the barrier that follows the
+/// dS^T stores), A = dS from the dS^T tile and B = the resident K, both
+/// MN-major.
+SmallVector<Value> FlashBwdKernel::wgDq(ArrayRef<Value> dIn,
+                                        const Outputs &out) {
+  WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
+  Value kTile =
+      g.add(c32(sm.residentQK),
+            split.cols ? g.mul(wgIdx, c32(split.n / 64 * rr * 128)) : c32(0));
+  Value keyBytes = split.cols ? c32(0) : g.mul(wgIdx, c32(split.keys * 128));
+  SmallVector<Value> d(dIn);
+  for (int64_t ks = 0; ks < split.keys / 16; ++ks) {
+    Value rows = g.add(keyBytes, c32(ks * 16 * 128));
+    Value a =
+        wgmma->descriptor(g.add(c32(sm.dsTile), rows), Major::MN, rr * 128);
+    Value b = wgmma->descriptor(g.add(kTile, rows), Major::MN, rr * 128);
+    d = wgmma->mma(split.n, d, a, {}, b, true, true);
+  }
+  return d;
+}
+
+/// dq_accum += the warpgroup's dS K (\p d) as in addDqSlab: warp w % 4
+/// holds query rows 16 (w % 4)..+15 of its columns.
+void FlashBwdKernel::wgReduceDq(ArrayRef<Value> d, const Outputs &out,
+                                Value first) {
+  const int64_t dqk = k.spec.headDimQK;
+  WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
+  Value colBase = split.cols ? g.mul(wgIdx, c32(split.n)) : c32(0);
+  Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
+  Value col0 = g.add(g.add(out.kStart, colBase), g.mul(tig, c32(2)));
+  Value q0 = g.add(first, g.add(g.mul(g.remU(warp, c32(4)), c32(16)), grp));
+  const bool pair = k.vectorAtomics && dqk % 2 == 0;
+  for (int64_t half = 0; half < 2; ++half) {
+    Value q = g.add(q0, c32(8 * half));
+    Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
+    Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
+    for (int64_t j = 0; j < split.n / 8; ++j)
+      for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
+        Value col = g.add(col0, c32(8 * j + e));
+        Value ok =
+            dqk % 64 == 0
+                ? rowOk
+                : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, c32(dqk)));
+        Value ptr = ptrAt(buf(bwd::DqAccum), g.f32, g.add(rowAt, g.ext64(col)));
+        if (pair)
+          g.reduceAdd2(ok, ptr, d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+        else
+          g.reduceAdd(ok, ptr, d[4 * j + 2 * half + e]);
+      }
+  }
+}
+
+/// One streamed block on warpgroup MMAs, in three batches (each: the
+/// registers it reads pinned, wgmma.fence, the MMAs, commit):
+///   1. S^T; wait; P;
+///   2. dV += P^T dO and dP^T together; wait; dS; dS^T to shared memory;
+///   3. dK += dS^T Q, left in flight across the barrier, then dQ = dS K;
+///      wait for both; the dQ reductions.
+SmallVector<Value> FlashBwdKernel::wgStep(const Outputs &out,
+                                          ArrayRef<Value> accIn, Value first,
+                                          Value stageOff) {
+  const int64_t kc = out.kCols / 2, vc = out.vCols / 2;
+  auto zeros = [&](int64_t n) { return SmallVector<Value>(n, g.cf(0.0)); };
+  auto tiles = [&](ArrayRef<Value> d) {
+    Tiles t(d.size() / 4);
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = {d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]};
+    return t;
+  };
+  auto finish = [&](SmallVector<Value> d) {
+    wgmma->commit();
+    wgmma->wait(0);
+    return wgmma->pin(d);
+  };
+
+  // 1. S^T, P.
+  SmallVector<Value> s = wgmma->pin(zeros(rs / 2));
+  wgmma->fence();
+  Tiles p = probabilities(tiles(finish(wgProduct(s, false, stageOff))), first,
+                          stageOff);
+
+  // 2. dV and dP^T.
+  SmallVector<Value> live(accIn.begin() + kc, accIn.begin() + kc + vc);
+  SmallVector<Value> pa = wgPack(p);
+  live.append(pa);
+  live.append(zeros(rs / 2));
+  live = wgmma->pin(live);
+  wgmma->fence();
+  SmallVector<Value> accV = wgAccumulate(
+      ArrayRef<Value>(live).take_front(vc),
+      ArrayRef<Value>(live).slice(vc, pa.size()), true, stageOff, out.vCols);
+  SmallVector<Value> dp =
+      wgProduct(ArrayRef<Value>(live).take_back(rs / 2), true, stageOff);
+  SmallVector<Value> both(accV);
+  both.append(dp);
+  both = finish(both);
+  // dS = P (dP - delta) with P as dV used it (the packed A registers):
+  // P's f32 registers are free while dV and dP^T run.
+  Tiles ds = tiles(ArrayRef<Value>(both).take_back(rs / 2));
+  for (int64_t ni = 0; ni < nt; ++ni)
+    for (int64_t half = 0; half < 2; ++half) {
+      // Tile ni's row half `half` is A register (ni / 2) * 4 + (ni % 2) * 2
+      // + half of wgPack.
+      auto [p0, p1] = g.unpack2(live[vc + (ni / 2) * 4 + (ni % 2) * 2 + half]);
+      for (int64_t e = 0; e < 2; ++e) {
+        Value &v = ds[ni][2 * half + e];
+        v = g.fmul(e ? p1 : p0, g.fsub(v, stepDelta[ni * 2 + e]));
       }
     }
-  }
+  storeKeyTile(ds, sm.dsTile);
+
+  // 3. dK, then (every warp's dS^T stored) dQ.
+  SmallVector<Value> kLive(accIn.begin(), accIn.begin() + kc);
+  SmallVector<Value> dsa = wgPack(ds);
+  kLive.append(dsa);
+  kLive = wgmma->pin(kLive);
+  wgmma->fence();
+  SmallVector<Value> accK = wgAccumulate(
+      ArrayRef<Value>(kLive).take_front(kc),
+      ArrayRef<Value>(kLive).take_back(dsa.size()), false, stageOff, out.kCols);
+  wgmma->commit();
+  wgmma->fenceProxyAsync(); // dS^T, stored above, is read by wgmma
+  g.barrier();
+  WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
+  SmallVector<Value> dq = wgmma->pin(zeros(split.n / 2));
+  wgmma->fence();
+  dq = wgDq(dq, out);
+  SmallVector<Value> all(accK);
+  all.append(dq);
+  all = finish(all);
+  wgReduceDq(ArrayRef<Value>(all).take_back(split.n / 2), out, first);
+
+  SmallVector<Value> acc(all.begin(), all.begin() + kc);
+  acc.append(ArrayRef<Value>(both).take_front(vc).begin(),
+             ArrayRef<Value>(both).take_front(vc).end());
   return acc;
 }
 
@@ -678,10 +921,13 @@ void FlashBwdKernel::storeKeyTile(const Tiles &t, int64_t tileOffset) {
       Value key = g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
         const Acc &a = t[mi * nt + ni];
-        Value at = g.add(c32(tileOffset),
-                         g.add(g.swizzled(key, g.add(streamRow0, c32(ni * 8)),
-                                          k.geo.dsRowChunks),
-                               g.mul(tig, c32(4))));
+        // Br = 64 with wgmma: one 64-column block of 128-byte rows.
+        Value chunkAt =
+            wg ? g.add(g.mul(key, c32(128)),
+                       g.mul(g.andI(g.xorI(key, c32(ni)), c32(7)), c32(16)))
+               : g.swizzled(key, g.add(streamRow0, c32(ni * 8)),
+                            k.geo.dsRowChunks);
+        Value at = g.add(c32(tileOffset), g.add(chunkAt, g.mul(tig, c32(4))));
         LLVM::StoreOp::create(g.b, g.pack2(a[2 * half], a[2 * half + 1]),
                               g.sharedBytePtr(smem, at));
       }
@@ -839,6 +1085,8 @@ SmallVector<Value> FlashBwdKernel::streamHead(const Outputs &out,
     });
     g.commitGroup();
     g.waitGroup(1); // block t (and the resident tiles) landed
+    if (wg)
+      wgmma->fenceProxyAsync(); // cp.async's writes, read by wgmma
     g.barrier();
     SmallVector<Value> acc =
         step(out, SmallVector<Value>(loop.getRegionIterArgs()), blockStart(t),
@@ -951,12 +1199,12 @@ void FlashBwdKernel::emit() {
                 TileSource{kvMajor ? buf(bwd::K) : buf(bwd::Q), resQKBase,
                            idx(kvMajor ? bwd::KStrideN : bwd::QStrideN), row0,
                            nResident, rr, k.spec.headDimQK, c32(0), geo.qkCols,
-                           qkc, c32(sm.residentQK)});
+                           qkc, c32(sm.residentQK), blockBytes(rr)});
   copyTileAsync(g, who,
                 TileSource{kvMajor ? buf(bwd::V) : buf(bwd::DO), resVBase,
                            idx(kvMajor ? bwd::VStrideN : bwd::DOStrideN), row0,
                            nResident, rr, k.spec.headDimV, c32(0), geo.vCols,
-                           vc, c32(sm.residentV)});
+                           vc, c32(sm.residentV), blockBytes(rr)});
   g.commitGroup();
 
   if (!kvMajor) {
@@ -1016,7 +1264,7 @@ void FlashBwdKernel::emit() {
 
 /// Reads the description, tiling and role the tiling pass recorded.
 FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
-                              bool vectorAtomics) {
+                              bool vectorAtomics, bool wgmma) {
   auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel_backward");
   BwdShape k;
   k.spec = specFromAttrs(attrs);
@@ -1051,6 +1299,7 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
   if (!problem.empty())
     return fn.emitError() << problem;
   k.geo = gpuBackwardGeometry(k.spec, k.config);
+  k.wgmma = wgmma && k.geo.wgmmaShape && k.role == Role::Main;
   return k;
 }
 
@@ -1058,8 +1307,9 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
 
 LogicalResult flashjit::conversion::lowerBackwardKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool vectorAtomics) {
-  FailureOr<BwdShape> shape = readShape(fn, warps, copyBytes, vectorAtomics);
+    int64_t copyBytes, bool vectorAtomics, bool wgmma) {
+  FailureOr<BwdShape> shape =
+      readShape(fn, warps, copyBytes, vectorAtomics, wgmma);
   if (failed(shape))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());

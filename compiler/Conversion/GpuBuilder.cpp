@@ -208,6 +208,15 @@ Value GpuBuilder::pack2(Value x, Value y) {
   return LLVM::BitcastOp::create(b, i32, h);
 }
 
+std::pair<Value, Value> GpuBuilder::unpack2(Value bits) {
+  auto v2f = VectorType::get({2}, f32);
+  auto v2h = VectorType::get({2}, halfTy);
+  Value h = LLVM::BitcastOp::create(b, v2h, bits);
+  Value v = LLVM::FPExtOp::create(b, v2f, h);
+  return {LLVM::ExtractElementOp::create(b, v, c32(0)),
+          LLVM::ExtractElementOp::create(b, v, c32(1))};
+}
+
 Value GpuBuilder::toElementBits(Value x) {
   Value h = LLVM::FPTruncOp::create(b, halfTy, x);
   return LLVM::BitcastOp::create(b, i16, h);

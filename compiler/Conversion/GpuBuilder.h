@@ -145,6 +145,8 @@ public:
                            const std::array<Value, 4> &c);
   /// Two f32 -> one b32 of two elements (x in the low half).
   Value pack2(Value x, Value y);
+  /// pack2's inverse: one b32 of two elements -> two f32 (low half first).
+  std::pair<Value, Value> unpack2(Value bits);
   /// One f32 -> one 16-bit element (as i16).
   Value toElementBits(Value x);
 };

@@ -27,7 +27,7 @@ mlir::LogicalResult lowerForwardKernel(mlir::func::FuncOp fn,
 mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
                                         mlir::gpu::GPUModuleOp gpuModule,
                                         int64_t warps, int64_t copyBytes,
-                                        bool vectorAtomics);
+                                        bool vectorAtomics, bool wgmma);
 
 /// The description a tiling pass recorded on a tiled function
 /// (`attn.kernel` or `attn.kernel_backward`): head dims, element type, mask,

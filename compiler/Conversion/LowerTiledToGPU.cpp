@@ -107,7 +107,7 @@ struct LowerTiledToGPUPass
     auto smemTy = LLVM::LLVMArrayType::get(b.getI8Type(), 0);
     LLVM::GlobalOp::create(b, smemTy, /*isConstant=*/false,
                            LLVM::Linkage::External, "flashjit_smem",
-                           Attribute(), /*alignment=*/16, /*addrSpace=*/3);
+                           Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
       if (failed(
               conversion::lowerForwardKernel(fn, gpuModule, warps, copyBytes)))
@@ -115,8 +115,8 @@ struct LowerTiledToGPUPass
       fn.erase();
     }
     for (func::FuncOp fn : backward) {
-      if (failed(conversion::lowerBackwardKernel(fn, gpuModule, warps,
-                                                 copyBytes, vectorAtomics)))
+      if (failed(conversion::lowerBackwardKernel(
+              fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma)))
         return signalPassFailure();
       fn.erase();
     }

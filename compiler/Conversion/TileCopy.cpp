@@ -187,6 +187,18 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
     useCol = g.ext64(g.select(g.cmp(CmpIPredicate::sgt, srcBytes, g.c32(0)),
                               gCol, g.c32(0)));
   };
+  // Byte offset of (row, col) (col a multiple of the copy width) and the
+  // bytes between rows, in either layout.
+  const int64_t rowBytes = src.blockBytes ? 128 : rowChunks * 16;
+  auto tileOffset = [&](Value row, Value col) {
+    Value inChunk = g.mul(g.remU(col, g.c32(8)), g.c32(2));
+    if (!src.blockBytes)
+      return g.add(g.swizzled(row, col, rowChunks), inChunk);
+    Value chunk = g.andI(g.xorI(g.divU(col, g.c32(8)), row), g.c32(7));
+    return g.add(g.add(g.mul(g.divU(col, g.c32(64)), g.c32(src.blockBytes)),
+                       g.mul(row, g.c32(128))),
+                 g.add(g.mul(chunk, g.c32(16)), inChunk));
+  };
   auto rowElem = [&](Value row) {
     return g.add(src.rowBase, g.mul(g.ext64(row), src.rowStride));
   };
@@ -200,9 +212,7 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
     Value laneUseCol;
     columnTerms(laneCol, laneBytes, laneUseCol);
     laneDst = g.sharedBytePtr(
-        smem, g.add(src.smemOffset,
-                    g.add(g.swizzled(laneRow, laneCol, rowChunks),
-                          g.mul(g.remU(laneCol, g.c32(8)), g.c32(2)))));
+        smem, g.add(src.smemOffset, tileOffset(laneRow, laneCol)));
     Value firstRow = g.minS(g.add(src.row0, laneRow), lastRow);
     lanePtr = g.toGlobal(
         g.elementPtr(src.base, g.add(rowElem(firstRow), laneUseCol)));
@@ -215,8 +225,8 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
     auto body = [&] {
       if (regular) {
         int64_t pass = first / threads;
-        Value dst = g.sharedBytePtr(laneDst,
-                                    g.c32(pass * rowsPerPass * rowChunks * 16));
+        Value dst =
+            g.sharedBytePtr(laneDst, g.c32(pass * rowsPerPass * rowBytes));
         Value ptr =
             pass == 0
                 ? lanePtr
@@ -234,9 +244,7 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
       Value col = g.mul(g.remU(i, g.c32(perRow)), g.c32(perCopy));
       Value srcBytes, useCol;
       columnTerms(col, srcBytes, useCol);
-      Value dstOff =
-          g.add(src.smemOffset, g.add(g.swizzled(r, col, rowChunks),
-                                      g.mul(g.remU(col, g.c32(8)), g.c32(2))));
+      Value dstOff = g.add(src.smemOffset, tileOffset(r, col));
       Value row = g.add(src.row0, r);
       Value rowOk = g.cmp(CmpIPredicate::slt, row, src.nRows);
       Value elem = g.add(rowElem(g.minS(row, lastRow)), useCol);

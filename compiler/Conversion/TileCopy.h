@@ -120,6 +120,10 @@ struct TileSource {
   int64_t padCols;     ///< columns copied (a multiple of 8)
   int64_t rowChunks;   ///< 16-byte chunks per row in shared memory
   Value smemOffset;    ///< byte offset of the tile (i32)
+  /// 0: rows of rowChunks chunks, chunk c of row r at (c & ~7) | ((c ^ r) &
+  /// 7). Else the blocked layout of wgmma (Wgmma.h): 64-column blocks
+  /// blockBytes apart, rows of 128 bytes within a block.
+  int64_t blockBytes = 0;
 };
 
 /// Issues the cp.async copies of \p src into swizzled shared memory. Rows at

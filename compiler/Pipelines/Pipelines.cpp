@@ -74,6 +74,7 @@ void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
   lower.warps = config.warps;
   lower.copyBytes = gpu.copyBytes;
   lower.vectorAtomics = gpu.vectorAtomics;
+  lower.wgmma = gpu.wgmma;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -106,6 +107,7 @@ void registerFlashjitPasses() {
         GpuPipelineConfig gpu;
         gpu.copyBytes = options.copyBytes;
         gpu.vectorAtomics = options.vectorAtomics;
+        gpu.wgmma = options.wgmma;
         buildGpuPipeline(pm, toConfig(options), gpu);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(

@@ -40,6 +40,10 @@ struct FlashjitPipelineOptions
       llvm::cl::desc("f32 pairs by red.global.add.v2.f32 (GPU; sm_90, PTX "
                      "ISA 8.1)"),
       llvm::cl::init(false)};
+  Option<bool> wgmma{*this, "wgmma",
+                     llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
+                                    "MMAs where its shape allows (sm_90a)"),
+                     llvm::cl::init(false)};
 };
 
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
@@ -53,6 +57,7 @@ void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 struct GpuPipelineConfig {
   int64_t copyBytes = 16;     ///< global -> shared copy width (alignment)
   bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
+  bool wgmma = false;         ///< warpgroup MMAs (sm_90a)
 };
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),

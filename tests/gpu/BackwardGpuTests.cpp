@@ -95,6 +95,13 @@ const GpuCase kCases[] = {
   {"det_d128_br128_bc64_w4", "--deterministic --head-dim 128 --block-m 128 --block-n 64 --warps 4 --seq-len 777"},
   {"det_d64_br32_bc64_w2_causal", "--deterministic --head-dim 64 --block-m 32 --block-n 64 --warps 2 --causal --seq-len 999"},
   // Large: N = 4096, B * H = 8 (batch 0's first KV head group is checked).
+  // Warpgroup MMAs (sm_90a; named wg_: the run must report kv_mma wgmma
+  // there): one warpgroup; dQ split over the keys (dqk 64 over two
+  // warpgroups); fp16 with Nkv past a 64-key block; GQA with a window.
+  {"wg_d128_bc64_w4_causal_gqa2", "--head-dim 128 --block-m 64 --block-n 64 --warps 4 --causal --gqa 2 --heads 4 --seq-len 333"},
+  {"wg_d64_dv128_window", "--head-dim 64 --head-dim-v 128 --block-m 64 --block-n 128 --warps 8 --window 100,30 --seq-len 500"},
+  {"wg_d128_fp16_nkv_odd", "--head-dim 128 --dtype fp16 --seq-len 200 --seq-len-kv 333"},
+  {"wg_d64_gqa4_window_bc128", "--head-dim 64 --gqa 4 --heads 8 --block-m 64 --block-n 128 --warps 8 --window 64,0 --seq-len 700"},
   {"large_d128_n4096_bh8", "--head-dim 128 --batch 2 --heads 4 --seq-len 4096"},
   {"large_det_d128_causal_n4096_bh8", "--deterministic --head-dim 128 --causal --batch 2 --heads 4 --seq-len 4096"},
   {"large_d64_causal_gqa2_n4096_bh8", "--head-dim 64 --causal --gqa 2 --heads 8 --seq-len 4096"},
@@ -230,6 +237,10 @@ TEST_P(BackwardGpu, MatchesFloat64Gradients) {
   SCOPED_TRACE("flashjit " + args + "\n" + r.out);
   ASSERT_EQ(r.exitCode, 0);
   expectCorrectGradients(r.out);
+  // The wg_ cases exist for the warpgroup-MMA kernel: on sm_90a they run it.
+  if (std::string(GetParam().name).rfind("wg_", 0) == 0 &&
+      r.out.find("\"arch\":\"sm_90a\"") != std::string::npos)
+    EXPECT_NE(r.out.find("\"kv_mma\":\"wgmma\""), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, BackwardGpu, ::testing::ValuesIn(kCases),

@@ -222,6 +222,68 @@ TEST(GpuCodegenConfigs, AtomicDqWarpSplitsAssemble) {
     }
 }
 
+/// The dK/dV kernel runs on warpgroup MMAs exactly where it can: sm_90a,
+/// atomic dQ and GpuBackwardGeometry::wgmmaShape (one and two warpgroups,
+/// dQ split over columns or keys, masks, fp16); those kernels assemble
+/// with at most a few bytes of spill (measured: 0-12). Elsewhere (sm_90,
+/// the separate dQ pass, d = 96, Br = 128) it stays on mma.sync.
+TEST(GpuCodegenConfigs, WgmmaWhereTheShapeAllows) {
+  if (!rt::NvJitLink::get().available())
+    GTEST_SKIP() << "skipped: no nvJitLink";
+  struct Case {
+    int64_t dqk, dv;
+    MaskKind mask;
+    DType dtype;
+    bool deterministic;
+    TileConfig config;
+    const char *arch;
+    bool wgmma;
+  };
+  const Case cases[] = {
+      {128, 128, MaskKind::None, DType::BF16, false, tile(64, 128, 8), "sm_90a",
+       true},
+      {128, 128, MaskKind::Causal, DType::FP16, false, tile(64, 64, 4),
+       "sm_90a", true},
+      {64, 128, MaskKind::SlidingWindow, DType::BF16, false, tile(64, 128, 8),
+       "sm_90a", true},
+      {128, 128, MaskKind::None, DType::BF16, false, tile(64, 128, 8), "sm_90",
+       false},
+      {128, 128, MaskKind::None, DType::BF16, true, tile(64, 64, 4), "sm_90a",
+       false},
+      {96, 96, MaskKind::None, DType::BF16, false, tile(64, 128, 8), "sm_90a",
+       false},
+      {64, 64, MaskKind::None, DType::BF16, false, tile(128, 128, 8), "sm_90a",
+       false},
+  };
+  for (const Case &c : cases) {
+    AttentionSpec spec;
+    spec.direction = Direction::Backward;
+    spec.headDimQK = c.dqk;
+    spec.headDimV = c.dv;
+    spec.mask = c.mask;
+    spec.dtype = c.dtype;
+    spec.deterministic = c.deterministic;
+    GpuTarget target;
+    target.arch = c.arch;
+    target.driverVersion = kRecentDriver;
+    EXPECT_EQ(usesWgmma(target) &&
+                  gpuBackwardGeometry(spec, c.config).wgmmaShape,
+              c.wgmma);
+    std::string ptx = compileToPtx(spec, c.config, target);
+    SCOPED_TRACE(spec.name() + " " + c.config.toJson() + " " + c.arch);
+    EXPECT_EQ(ptx.find("wgmma.mma_async") != std::string::npos, c.wgmma);
+    EXPECT_EQ(gpuPipelineText(c.config, target).find("wgmma=true") !=
+                  std::string::npos,
+              std::string(c.arch) == "sm_90a");
+    if (!c.wgmma)
+      continue;
+    rt::CubinResult cubin = rt::ptxToCubin(ptx, c.arch);
+    rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog, "attention");
+    EXPECT_GT(use.registers, 0) << cubin.infoLog;
+    EXPECT_LE(use.spillStoresBytes, 64) << cubin.infoLog;
+  }
+}
+
 /// The backward's narrow copies at d > 256 (8 bytes: rows of 600 and 800
 /// bytes), both dQ modes: they assemble. They spill (measured: 760-812
 /// bytes; 4.1-5.0 KB with 2-byte copies, not compiled here for time: the

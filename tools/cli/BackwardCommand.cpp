@@ -1,6 +1,7 @@
 //===- BackwardCommand.cpp - `flashjit run --backward` --------------------===//
 
 #include "tools/cli/BackwardCommand.h"
+#include "compiler/Compiler.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/BackwardLauncher.h"
@@ -213,13 +214,17 @@ int runBackward(const CliOptions &o) {
     std::string gpuFields = ",\"cache\":null";
     if (run.gpu) {
       GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+      GpuTarget target;
+      target.arch = run.gpu->arch;
+      const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
       gpuFields =
           gpuJsonFields(*run.gpu, tflops, repeats,
                         std::max(geo.kvSmem.total, geo.dqSharedBytes())) +
           fmt::format(",\"forward_config\":{},"
-                      "\"forward_config_source\":\"{}\"",
+                      "\"forward_config_source\":\"{}\",\"kv_mma\":\"{}\"",
                       run.gpuForward->config.toJson(),
-                      run.gpuForward->configSource);
+                      run.gpuForward->configSource,
+                      wgmma ? "wgmma" : "mma.sync");
     }
     fmt::print(
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","

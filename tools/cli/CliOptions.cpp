@@ -324,9 +324,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (!blockNGiven)
     o.config.blockN = heuristic.blockN;
   o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
-  // Warps split Br (and, in the backward's dK/dV kernel, Bc) in 16-row tiles.
-  int64_t splitRows =
-      backward ? std::min(o.config.blockM, o.config.blockN) : o.config.blockM;
+  // Warps split Br (and, in the backward's dK/dV kernel, Bc) in 16-row
+  // tiles; with atomic dQ the backward's warps split only Bc.
+  const bool atomicDq = backward && !o.spec.deterministic;
+  int64_t splitRows = atomicDq   ? o.config.blockN
+                      : backward ? std::min(o.config.blockM, o.config.blockN)
+                                 : o.config.blockM;
   if (!warpsGiven)
     o.config.warps =
         std::min(heuristic.warps, std::max<int64_t>(1, splitRows / 16));
