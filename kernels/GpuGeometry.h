@@ -177,10 +177,11 @@ struct GpuBackwardGeometry {
   /// layout: fewer shared-memory reads per MMA).
   int64_t kvQuerySplit;
   /// The dK/dV kernel can run on Hopper's warpgroup MMAs (the lowering's
-  /// `wgmma` option, sm_90a): atomic dQ, one program for dK and dV, head
-  /// dims in multiples of 64 (<= 128), Br = 64 and one warpgroup per 64
-  /// keys (warps = Bc / 16). Its tiles then use the blocked 128B-swizzle
-  /// layout and start on 1024-byte boundaries (the statistics padded).
+  /// `wgmma` option, sm_90a): atomic dQ, one program for dK and dV (any
+  /// head dims with dqk + dv <= 256 padded to 16), Br = 64 and one
+  /// warpgroup per 64 keys (warps = Bc / 16). Its tiles then use the
+  /// blocked 128B-swizzle layout and start on 1024-byte boundaries (the
+  /// statistics padded).
   bool wgmmaShape;
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
@@ -256,8 +257,7 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                     g.dqkPad % 32 == 0 && g.dvPad % 32 == 0;
   g.kvQuerySplit = grid ? 2 : 1;
   g.keyTiles = config.blockN * g.kvQuerySplit / (16 * config.warps);
-  g.wgmmaShape = g.atomicDq && g.kvCombined && g.dqkPad % 64 == 0 &&
-                 g.dvPad % 64 == 0 && config.blockM == 64 &&
+  g.wgmmaShape = g.atomicDq && g.kvCombined && config.blockM == 64 &&
                  config.blockN % 64 == 0 && config.warps * 16 == config.blockN;
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
