@@ -195,6 +195,8 @@ private:
   /// Bytes of a blocked tile's 64-column block (rows x 128).
   int64_t blockBytes(int64_t rows) const { return wg ? rows * 128 : 0; }
   void addDq(const Outputs &out, Value first);
+  void reduceDqPair(Value rowAt, Value rowOk, Value col, Value v0, Value v1,
+                    bool checkCols);
   void addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds, Value first);
   Tiles maskTiles(const Tiles &p, Value first);
   void storeTile(ArrayRef<Value> acc, int64_t cols, Value colStart,
@@ -561,14 +563,14 @@ FlashBwdKernel::Tiles FlashBwdKernel::maskTiles(const Tiles &p, Value first) {
 SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
                                         ArrayRef<Value> accIn, Value first,
                                         Value stageOff) {
+  if (wg)
+    return wgStep(out, accIn, first, stageOff);
   SmallVector<Value> acc(accIn);
   FragmentAddresses aQK = resQK.inLoop(g), aV = resV.inLoop(g);
   FragmentAddresses bQK = strQK.inLoop(g).shifted(g, stageOff);
   FragmentAddresses bV = strV.inLoop(g).shifted(g, stageOff);
 
   // S (S^T in the dK/dV kernel), then P.
-  if (wg)
-    return wgStep(out, acc, first, stageOff);
   Tiles p =
       probabilities(product(aQK, bQK, k.geo.dqkPad / 16), first, stageOff);
   auto delta = [&](int64_t mi, int64_t ni, int64_t e) {
@@ -805,24 +807,13 @@ void FlashBwdKernel::wgReduceDq(ArrayRef<Value> d, const Outputs &out,
   Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   Value col0 = g.add(g.add(out.kStart, colBase), g.mul(tig, c32(2)));
   Value q0 = g.add(first, g.add(g.mul(g.remU(warp, c32(4)), c32(16)), grp));
-  const bool pair = k.vectorAtomics && dqk % 2 == 0;
   for (int64_t half = 0; half < 2; ++half) {
     Value q = g.add(q0, c32(8 * half));
     Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
     Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
     for (int64_t j = 0; j < split.n / 8; ++j)
-      for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
-        Value col = g.add(col0, c32(8 * j + e));
-        Value ok =
-            dqk % 64 == 0
-                ? rowOk
-                : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, c32(dqk)));
-        Value ptr = ptrAt(buf(bwd::DqAccum), g.f32, g.add(rowAt, g.ext64(col)));
-        if (pair)
-          g.reduceAdd2(ok, ptr, d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
-        else
-          g.reduceAdd(ok, ptr, d[4 * j + 2 * half + e]);
-      }
+      reduceDqPair(rowAt, rowOk, g.add(col0, c32(8 * j)), d[4 * j + 2 * half],
+                   d[4 * j + 2 * half + 1], dqk % 64 != 0);
   }
 }
 
@@ -990,32 +981,39 @@ void FlashBwdKernel::addDqSlab(const Outputs &out, ArrayRef<int64_t> rounds,
                     : first;
   Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   const int64_t nt2 = int64_t(chunks.size()) * 2;
-  // Column pairs (col, col + 1) by one vector reduction where the row's
-  // pairs are 8-byte aligned (dqk even: col + 1 < dqk iff col < dqk).
-  const bool pair = k.vectorAtomics && dqk % 2 == 0;
   for (int64_t mi = 0; mi < mtQ; ++mi)
     for (int64_t half = 0; half < 2; ++half) {
       Value q = g.add(rows0, g.add(c32(mi * 16 + 8 * half), grp));
       Value rowOk = g.cmp(CmpIPredicate::slt, q, nq);
       Value rowAt = g.mul(g.add(rowBase, g.ext64(q)), g.c64(dqk));
       for (int64_t n = 0; n < nt2; ++n) {
-        for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
-          Value col = g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2) + e));
-          Value ok =
-              colsInside
-                  ? rowOk
-                  : g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, c32(dqk)));
-          const Acc &v = dq[mi * nt2 + n];
-          // Predicated, not branched: the slab stays one basic block.
-          Value ptr =
-              ptrAt(buf(bwd::DqAccum), g.f32, g.add(rowAt, g.ext64(col)));
-          if (pair)
-            g.reduceAdd2(ok, ptr, v[2 * half], v[2 * half + 1]);
-          else
-            g.reduceAdd(ok, ptr, v[2 * half + e]);
-        }
+        const Acc &v = dq[mi * nt2 + n];
+        reduceDqPair(rowAt, rowOk,
+                     g.add(warpCol0, c32(colConst[n / 2] + 8 * (n % 2))),
+                     v[2 * half], v[2 * half + 1], !colsInside);
       }
     }
+}
+
+/// dq_accum[rowAt + col + e] += v_e for e = 0, 1 where the row exists
+/// (\p rowOk) and, with \p checkCols, the column does: one vector
+/// reduction where the target has them and the row's pairs are 8-byte
+/// aligned (dqk even: col + 1 < dqk iff col < dqk), else two. Predicated,
+/// not branched: the caller's block stays one basic block.
+void FlashBwdKernel::reduceDqPair(Value rowAt, Value rowOk, Value col, Value v0,
+                                  Value v1, bool checkCols) {
+  const int64_t dqk = k.spec.headDimQK;
+  const bool pair = k.vectorAtomics && dqk % 2 == 0;
+  for (int64_t e = 0; e < 2; e += pair ? 2 : 1) {
+    Value c = e ? g.add(col, c32(e)) : col;
+    Value ok = checkCols ? g.andI(rowOk, g.cmp(CmpIPredicate::slt, c, c32(dqk)))
+                         : rowOk;
+    Value ptr = ptrAt(buf(bwd::DqAccum), g.f32, g.add(rowAt, g.ext64(c)));
+    if (pair)
+      g.reduceAdd2(ok, ptr, v0, v1);
+    else
+      g.reduceAdd(ok, ptr, e ? v1 : v0);
+  }
 }
 
 /// The pipelined loop over the streamed blocks of the current head: two
