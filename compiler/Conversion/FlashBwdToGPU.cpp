@@ -121,6 +121,17 @@ DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
   return {rowSplit, cols, perPart / cols, 64 / cols};
 }
 
+/// How the warpgroups split dQ = dS K: in 64-column blocks where they can,
+/// else over the keys (each adding its keys' share).
+struct WgDqSplit {
+  bool cols;
+  int64_t n, keys; ///< the MMAs' N and the keys one warpgroup reduces
+};
+static WgDqSplit wgDqSplit(int64_t cols, int64_t groups, int64_t bc) {
+  bool bycols = (cols / groups) % 64 == 0;
+  return {bycols, bycols ? cols / groups : cols, bycols ? bc : bc / groups};
+}
+
 /// Emits one of the three backward kernels.
 class FlashBwdKernel {
 public:
@@ -190,8 +201,9 @@ private:
   SmallVector<Value> wgPack(const Tiles &lhs);
   SmallVector<Value> wgAccumulate(ArrayRef<Value> d, ArrayRef<Value> a, bool v,
                                   Value stageOff, int64_t cols);
-  SmallVector<Value> wgDq(ArrayRef<Value> d, const Outputs &out);
-  void wgReduceDq(ArrayRef<Value> d, const Outputs &out, Value first);
+  SmallVector<Value> wgDq(ArrayRef<Value> d, const WgDqSplit &split);
+  void wgReduceDq(ArrayRef<Value> d, const WgDqSplit &split, const Outputs &out,
+                  Value first);
   /// Bytes of a blocked tile's 64-column block (rows x 128).
   int64_t blockBytes(int64_t rows) const { return wg ? rows * 128 : 0; }
   void addDq(const Outputs &out, Value first);
@@ -765,23 +777,11 @@ SmallVector<Value> FlashBwdKernel::wgAccumulate(ArrayRef<Value> dIn,
   return d;
 }
 
-/// How the warpgroups split dQ = dS K: in 64-column blocks where they can,
-/// else over the keys (each adding its keys' share).
-struct WgDqSplit {
-  bool cols;
-  int64_t n, keys; ///< the MMAs' N and the keys one warpgroup reduces
-};
-static WgDqSplit wgDqSplit(int64_t cols, int64_t groups, int64_t bc) {
-  bool bycols = (cols / groups) % 64 == 0;
-  return {bycols, bycols ? cols / groups : cols, bycols ? bc : bc / groups};
-}
-
 /// Warpgroup MMAs: issues d += dS K (after the barrier that follows the
 /// dS^T stores), A = dS from the dS^T tile and B = the resident K, both
 /// MN-major.
 SmallVector<Value> FlashBwdKernel::wgDq(ArrayRef<Value> dIn,
-                                        const Outputs &out) {
-  WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
+                                        const WgDqSplit &split) {
   Value kTile =
       g.add(c32(sm.residentQK),
             split.cols ? g.mul(wgIdx, c32(split.n / 64 * rr * 128)) : c32(0));
@@ -799,10 +799,9 @@ SmallVector<Value> FlashBwdKernel::wgDq(ArrayRef<Value> dIn,
 
 /// dq_accum += the warpgroup's dS K (\p d) as in addDqSlab: warp w % 4
 /// holds query rows 16 (w % 4)..+15 of its columns.
-void FlashBwdKernel::wgReduceDq(ArrayRef<Value> d, const Outputs &out,
-                                Value first) {
+void FlashBwdKernel::wgReduceDq(ArrayRef<Value> d, const WgDqSplit &split,
+                                const Outputs &out, Value first) {
   const int64_t dqk = k.spec.headDimQK;
-  WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
   Value colBase = split.cols ? g.mul(wgIdx, c32(split.n)) : c32(0);
   Value rowBase = g.mul(g.add(g.mul(bI, idx(bwd::Heads)), hI), idx(bwd::SeqQ));
   Value col0 = g.add(g.add(out.kStart, colBase), g.mul(tig, c32(2)));
@@ -891,11 +890,11 @@ SmallVector<Value> FlashBwdKernel::wgStep(const Outputs &out,
   WgDqSplit split = wgDqSplit(out.kCols, k.config.warps / 4, rr);
   SmallVector<Value> dq = wgmma->pin(zeros(split.n / 2));
   wgmma->fence();
-  dq = wgDq(dq, out);
+  dq = wgDq(dq, split);
   SmallVector<Value> all(accK);
   all.append(dq);
   all = finish(all);
-  wgReduceDq(ArrayRef<Value>(all).take_back(split.n / 2), out, first);
+  wgReduceDq(ArrayRef<Value>(all).take_back(split.n / 2), split, out, first);
 
   SmallVector<Value> acc(all.begin(), all.begin() + kc);
   acc.append(ArrayRef<Value>(both).take_front(vc).begin(),
@@ -912,12 +911,9 @@ void FlashBwdKernel::storeKeyTile(const Tiles &t, int64_t tileOffset) {
       Value key = g.add(warpRow0, g.add(c32(mi * 16 + 8 * half), grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
         const Acc &a = t[mi * nt + ni];
-        // Br = 64 with wgmma: one 64-column block of 128-byte rows.
-        Value chunkAt =
-            wg ? g.add(g.mul(key, c32(128)),
-                       g.mul(g.andI(g.xorI(key, c32(ni)), c32(7)), c32(16)))
-               : g.swizzled(key, g.add(streamRow0, c32(ni * 8)),
-                            k.geo.dsRowChunks);
+        Value col = g.add(streamRow0, c32(ni * 8));
+        Value chunkAt = wg ? g.swizzledBlocked(key, col, blockBytes(rr))
+                           : g.swizzled(key, col, k.geo.dsRowChunks);
         Value at = g.add(c32(tileOffset), g.add(chunkAt, g.mul(tig, c32(4))));
         LLVM::StoreOp::create(g.b, g.pack2(a[2 * half], a[2 * half + 1]),
                               g.sharedBytePtr(smem, at));

@@ -127,6 +127,12 @@ Value GpuBuilder::swizzled(Value row, Value col, int64_t rowChunks) {
   return mul(add(mul(row, c32(rowChunks)), chunk), c32(16));
 }
 
+Value GpuBuilder::swizzledBlocked(Value row, Value col, int64_t blockBytes) {
+  Value chunk = andI(xorI(divU(col, c32(8)), row), c32(7));
+  return add(add(mul(divU(col, c32(64)), c32(blockBytes)), mul(row, c32(128))),
+             mul(chunk, c32(16)));
+}
+
 void GpuBuilder::copyAsync(Value dst, Value src, Value srcBytes,
                            int64_t bytes) {
   switch (bytes) {

@@ -127,6 +127,10 @@ public:
   /// 8 elements, i32) of row \p row (i32) in a swizzled tile with
   /// \p rowChunks chunks per row: chunk (col / 8) ^ (row % 8).
   Value swizzled(Value row, Value col, int64_t rowChunks);
+  /// The same chunk in the blocked layout of wgmma (Wgmma.h): 64-column
+  /// blocks \p blockBytes apart, rows of 128 bytes, chunk ((col / 8) ^ row)
+  /// % 8 within the row.
+  Value swizzledBlocked(Value row, Value col, int64_t blockBytes);
 
   /// cp.async of \p bytes (4, 8 or 16) with zero fill past \p srcBytes; for
   /// 2-byte copies a synchronous load and store.

@@ -192,12 +192,9 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
   const int64_t rowBytes = src.blockBytes ? 128 : rowChunks * 16;
   auto tileOffset = [&](Value row, Value col) {
     Value inChunk = g.mul(g.remU(col, g.c32(8)), g.c32(2));
-    if (!src.blockBytes)
-      return g.add(g.swizzled(row, col, rowChunks), inChunk);
-    Value chunk = g.andI(g.xorI(g.divU(col, g.c32(8)), row), g.c32(7));
-    return g.add(g.add(g.mul(g.divU(col, g.c32(64)), g.c32(src.blockBytes)),
-                       g.mul(row, g.c32(128))),
-                 g.add(g.mul(chunk, g.c32(16)), inChunk));
+    return g.add(src.blockBytes ? g.swizzledBlocked(row, col, src.blockBytes)
+                                : g.swizzled(row, col, rowChunks),
+                 inChunk);
   };
   auto rowElem = [&](Value row) {
     return g.add(src.rowBase, g.mul(g.ext64(row), src.rowStride));

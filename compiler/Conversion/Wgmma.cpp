@@ -2,8 +2,6 @@
 
 #include "compiler/Conversion/Wgmma.h"
 
-#include "llvm/ADT/StringExtras.h"
-
 #include <string>
 
 using namespace mlir;

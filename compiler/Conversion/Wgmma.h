@@ -7,13 +7,13 @@
 /// matrix descriptor, asynchronously. Internal to compiler/Conversion.
 ///
 /// Shared-memory tiles read by wgmma use the "blocked" 128-byte-swizzle
-/// layout (TileLayout::blocked): 64-column blocks, each `rows` rows of 128
-/// bytes, chunk c of row r at ((c ^ r) & 7) * 16 within its row. Tiles start
-/// on 1024-byte boundaries, so that this XOR is the hardware's 128B
-/// swizzle of the address bits. A descriptor names a start address, the
-/// stride between 8-row groups (SBO, 1024 here) and, for an MN-major
-/// operand (the M or N dimension contiguous: read transposed), the stride
-/// between 64-column blocks along M or N (LBO).
+/// layout (TileSource::blockBytes, GpuBuilder::swizzledBlocked): 64-column
+/// blocks, each `rows` rows of 128 bytes, chunk c of row r at ((c ^ r) & 7) *
+/// 16 within its row. Tiles start on 1024-byte boundaries, so that this XOR is
+/// the hardware's 128B swizzle of the address bits. A descriptor names a start
+/// address, the stride between 8-row groups (SBO, 1024 here) and, for an
+/// MN-major operand (the M or N dimension contiguous: read transposed), the
+/// stride between 64-column blocks along M or N (LBO).
 ///
 /// The accumulator of a warpgroup MMA has the m16n8 layout of mma.sync per
 /// warp (warp w of the group holds rows 16w..16w+15; value 4j + e of a
