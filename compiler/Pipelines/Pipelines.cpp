@@ -5,6 +5,7 @@
 #include "compiler/Conversion/Passes.h"
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
+#include "dialects/Tile/IR/TileDialect.h"
 
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
 #include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
@@ -125,7 +126,7 @@ void registerFlashjitPasses() {
 }
 
 void registerFlashjitDialects(DialectRegistry &registry) {
-  registry.insert<attn::AttnDialect, func::FuncDialect, scf::SCFDialect,
+  registry.insert<attn::AttnDialect, tile::TileDialect, func::FuncDialect, scf::SCFDialect,
                   arith::ArithDialect, math::MathDialect, memref::MemRefDialect,
                   cf::ControlFlowDialect, LLVM::LLVMDialect, gpu::GPUDialect,
                   NVVM::NVVMDialect, ub::UBDialect>();

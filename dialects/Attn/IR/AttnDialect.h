@@ -15,6 +15,9 @@
 
 #include "dialects/Attn/IR/AttnDialect.h.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Attn/IR/AttnAttrs.h.inc"
+
 #define GET_OP_CLASSES
 #include "dialects/Attn/IR/AttnOps.h.inc"
 

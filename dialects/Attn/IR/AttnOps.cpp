@@ -3,18 +3,98 @@
 #include "dialects/Attn/IR/AttnDialect.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
+
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 using namespace flashjit::attn;
 
 #include "dialects/Attn/IR/AttnDialect.cpp.inc"
 
+#define GET_ATTRDEF_CLASSES
+#include "dialects/Attn/IR/AttnAttrs.cpp.inc"
+
 void AttnDialect::initialize() {
   addOperations<
 #define GET_OP_LIST
 #include "dialects/Attn/IR/AttnOps.cpp.inc"
       >();
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "dialects/Attn/IR/AttnAttrs.cpp.inc"
+      >();
+}
+
+/// The roles a tiled function can have (KernelAttr's `role`).
+static bool isKnownRole(StringRef role) {
+  return role == "forward" || role == "preprocess" || role == "main" ||
+         role == "dq" || role == "dq_convert";
+}
+
+LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 StringRef role, int64_t headDimQk,
+                                 int64_t headDimV, Type elementType,
+                                 StringRef mask, int64_t gqa,
+                                 int64_t sparseBlock, int64_t blockM,
+                                 int64_t blockN, bool deterministic) {
+  if (!isKnownRole(role))
+    return emitError() << "#attn.kernel: role must be \"forward\", "
+                          "\"preprocess\", \"main\", \"dq\" or "
+                          "\"dq_convert\", got \""
+                       << role << "\"";
+  for (auto [name, v] : {std::pair<const char *, int64_t>{"head_dim_qk",
+                                                          headDimQk},
+                         {"head_dim_v", headDimV}})
+    if (v < 1 || v > 512)
+      return emitError() << "#attn.kernel: " << name
+                         << " must be in [1, 512], got " << v;
+  if (!elementType || (!elementType.isBF16() && !elementType.isF16()))
+    return emitError() << "#attn.kernel: element_type must be bf16 or f16, got "
+                       << elementType;
+  if (mask != "none" && mask != "causal" && mask != "sliding_window")
+    return emitError() << "#attn.kernel: mask must be \"none\", \"causal\" "
+                          "or \"sliding_window\", got \""
+                       << mask << "\"";
+  if (gqa < 1)
+    return emitError() << "#attn.kernel: gqa must be >= 1, got " << gqa;
+  if (sparseBlock < 0)
+    return emitError() << "#attn.kernel: sparse_block must be >= 0, got "
+                       << sparseBlock;
+  for (auto [name, v] : {std::pair<const char *, int64_t>{"block_m", blockM},
+                         {"block_n", blockN}})
+    if (v < 1 || v > 1024)
+      return emitError() << "#attn.kernel: " << name
+                         << " must be in [1, 1024], got " << v;
+  if (sparseBlock > 0 && (sparseBlock % blockM || sparseBlock % blockN))
+    return emitError() << "#attn.kernel: block_m (" << blockM
+                       << ") and block_n (" << blockN
+                       << ") must divide sparse_block (" << sparseBlock << ")";
+  if (role == "dq" && !deterministic)
+    return emitError() << "#attn.kernel: role \"dq\" (the separate dQ pass) "
+                          "needs deterministic = true";
+  if (role == "dq_convert" && deterministic)
+    return emitError() << "#attn.kernel: role \"dq_convert\" (atomic dQ) "
+                          "needs deterministic = false";
+  return success();
+}
+
+LogicalResult AttnDialect::verifyOperationAttribute(Operation *op,
+                                                    NamedAttribute attr) {
+  if (attr.getName() == "attn.kernel" && !isa<KernelAttr>(attr.getValue()))
+    return op->emitError() << "attn.kernel must be an #attn.kernel<...>, got "
+                           << attr.getValue();
+  if (attr.getName() == "attn.arg_names") {
+    auto names = dyn_cast<ArrayAttr>(attr.getValue());
+    if (!names || !llvm::all_of(names, [](Attribute a) {
+          auto s = dyn_cast<StringAttr>(a);
+          return s && !s.getValue().empty();
+        }))
+      return op->emitError()
+             << "attn.arg_names must be an array of non-empty strings";
+  }
+  return success();
 }
 
 /// The checks of every kernel description (attn.flash_fwd, attn.flash_bwd).

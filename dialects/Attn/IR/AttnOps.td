@@ -10,6 +10,7 @@
 #ifndef FLASHJIT_ATTN_OPS
 #define FLASHJIT_ATTN_OPS
 
+include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/OpBase.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/BuiltinAttributes.td"
@@ -22,7 +23,64 @@ def Attn_Dialect : Dialect {
     The `attn` dialect holds what a user asks flashjit to compile: one op per
     kernel, carrying head dims, element type, mask kind, GQA group size and
     the block-sparse block size. `flashjit-tile-attention` lowers each op
-    into a function holding the tiled FlashAttention-2 loop.
+    into a function holding the tiled FlashAttention-2 loop, written in the
+    `tile` dialect and marked with an `attn.kernel = #attn.kernel<...>`
+    attribute: the description, the tiling and the function's role.
+  }];
+  let useDefaultAttributePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
+}
+
+/// A boolean parameter printed and parsed as `true` / `false`.
+def Attn_BoolParameter : AttrOrTypeParameter<"bool", "a boolean"> {
+  let parser = [{ [&]() -> ::mlir::FailureOr<bool> {
+    if (::mlir::succeeded($_parser.parseOptionalKeyword("true")))
+      return true;
+    if (::mlir::succeeded($_parser.parseOptionalKeyword("false")))
+      return false;
+    $_parser.emitError($_parser.getCurrentLocation(), "expected true or false");
+    return ::mlir::failure();
+  }() }];
+  let printer = [{ $_printer << ($_self ? "true" : "false") }];
+}
+
+def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
+  let mnemonic = "kernel";
+  let summary = "What a tiled kernel function computes, and how it is tiled";
+  let description = [{
+    The contract between the tiling passes and every later stage, on each
+    function they make (`attn.kernel = #attn.kernel<...>`). `role` says
+    which program the function is: "forward" (one Q block of the forward),
+    or one of the backward's "preprocess", "main" (dK, dV of one KV block),
+    "dq" (the deterministic dQ pass) or "dq_convert" (atomic dQ's
+    conversion). The other fields are the description's (attn.flash_fwd /
+    attn.flash_bwd) and the tile sizes Br x Bc. The verifier checks every
+    field, so a later stage never meets a head dim of 0 or an unknown mask.
+
+    ```mlir
+    func.func @attention(...) attributes {attn.kernel = #attn.kernel<
+        role = "forward", head_dim_qk = 64, head_dim_v = 64,
+        element_type = bf16, mask = "causal", gqa = 1, sparse_block = 0,
+        block_m = 64, block_n = 64, deterministic = false>}
+    ```
+  }];
+  let parameters = (ins
+    StringRefParameter<"the function's role">:$role,
+    "int64_t":$head_dim_qk,
+    "int64_t":$head_dim_v,
+    "::mlir::Type":$element_type,
+    StringRefParameter<"none, causal or sliding_window">:$mask,
+    "int64_t":$gqa,
+    "int64_t":$sparse_block,
+    "int64_t":$block_m,
+    "int64_t":$block_n,
+    Attn_BoolParameter:$deterministic
+  );
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// Whether the function belongs to the backward pass.
+    bool isBackward() const { return getRole() != "forward"; }
   }];
 }
 
