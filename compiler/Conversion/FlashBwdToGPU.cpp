@@ -2,7 +2,7 @@
 //
 /// \file
 /// Lowers the three functions of the tiled backward (made by
-/// flashjit-tile-attention-backward, carrying `attn.kernel_backward`) to
+/// flashjit-tile-attention-backward, carrying `attn.kernel`) to
 /// three gpu.func kernels with the same names and arguments (minus pid_m and
 /// pid_bh). Before:
 ///
@@ -1259,33 +1259,21 @@ void FlashBwdKernel::emit() {
 /// Reads the description, tiling and role the tiling pass recorded.
 FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
                               bool vectorAtomics, bool wgmma) {
-  auto attrs = fn->getAttrOfType<DictionaryAttr>("attn.kernel_backward");
+  // The attribute's verifier has checked every field and the role's mode.
+  auto attrs = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   BwdShape k;
-  k.spec = specFromAttrs(attrs);
-  k.spec.direction = Direction::Backward;
+  k.spec = specFromAttr(attrs);
   k.hasBand = k.spec.mask != MaskKind::None;
-  k.config.blockM = intAttr(attrs, "block_m");
-  k.config.blockN = intAttr(attrs, "block_n");
+  k.config.blockM = attrs.getBlockM();
+  k.config.blockN = attrs.getBlockN();
   k.config.warps = warps;
   k.copyBytes = copyBytes;
   k.vectorAtomics = vectorAtomics;
-  auto role = attrs.getAs<StringAttr>("role");
-  StringRef name = role ? role.getValue() : "";
-  if (name != "preprocess" && name != "main" && name != "dq" &&
-      name != "dq_convert")
-    return fn.emitError() << "attn.kernel_backward: role must be "
-                             "\"preprocess\", \"main\", \"dq\" or "
-                             "\"dq_convert\"";
+  StringRef name = attrs.getRole();
   k.role = name == "preprocess" ? Role::Preprocess
            : name == "main"     ? Role::Main
            : name == "dq"       ? Role::Dq
                                 : Role::DqConvert;
-  if (k.role == Role::Dq && !k.spec.deterministic)
-    return fn.emitError() << "attn.kernel_backward: role \"dq\" (the "
-                             "separate dQ pass) needs deterministic = true";
-  if (k.role == Role::DqConvert && k.spec.deterministic)
-    return fn.emitError() << "attn.kernel_backward: role \"dq_convert\" "
-                             "(atomic dQ) needs deterministic = false";
   if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
     return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
                           << copyBytes;

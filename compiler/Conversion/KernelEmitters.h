@@ -12,16 +12,18 @@
 #define FLASHJIT_COMPILER_CONVERSION_KERNELEMITTERS_H
 
 #include "compiler/Conversion/GpuBuilder.h"
+#include "dialects/Attn/IR/AttnDialect.h"
 #include "kernels/AttentionSpec.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 namespace flashjit::conversion {
 
-/// Lowers a tiled forward function (emits its errors on \p fn).
-mlir::LogicalResult lowerForwardKernel(mlir::func::FuncOp fn,
-                                       mlir::gpu::GPUModuleOp gpuModule,
-                                       int64_t warps, int64_t copyBytes);
+/// Lowers a tiled forward function, written in the tile dialect, into a
+/// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault).
+mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
+                                    mlir::gpu::GPUModuleOp gpuModule,
+                                    int64_t warps, int64_t copyBytes);
 
 /// Lowers one of the three tiled backward functions.
 mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
@@ -30,13 +32,18 @@ mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
                                         bool vectorAtomics, bool wgmma);
 
 /// The description a tiling pass recorded on a tiled function
-/// (`attn.kernel` or `attn.kernel_backward`): head dims, element type, mask,
-/// GQA group, sparse block, the backward's `deterministic` (the direction
-/// is left Forward).
-AttentionSpec specFromAttrs(mlir::DictionaryAttr attrs);
+/// (`attn.kernel`, verified): head dims, element type, mask, GQA group,
+/// sparse block, direction (from the role) and `deterministic`.
+AttentionSpec specFromAttr(attn::KernelAttr attr);
 
-/// Integer field \p name of \p attrs (0 if absent).
-int64_t intAttr(mlir::DictionaryAttr attrs, llvm::StringRef name);
+/// Checks the GPU lowering's options against the function's tiling before
+/// any code is made (a named error on \p fn): warps in [1, 16], copy-bytes
+/// 2, 4, 8 or 16, tiles that fit the warps, the shared memory (227 KB, the
+/// most any target gives a block) and the registers.
+mlir::LogicalResult checkGpuOptions(mlir::func::FuncOp fn,
+                                    const AttentionSpec &spec,
+                                    const TileConfig &config,
+                                    int64_t copyBytes);
 
 /// Appends a `gpu.func` kernel named as \p tiled, taking \p argTys, with a
 /// known block size of \p threads and the dynamic shared memory it needs

@@ -2,8 +2,9 @@
 //
 /// \file
 /// The pass driver: creates `gpu.module @flashjit_kernels` with the dynamic
-/// shared memory symbol, lowers every tiled function through its op
-/// family's emitter (KernelEmitters.h) and erases it. Before:
+/// shared memory symbol, lowers every tiled function (the forward's tile IR
+/// by the tile lowering, TileToGPU.h; the backward's three functions by
+/// their emitter, FlashBwdToGPU.cpp) and erases it. Before:
 ///
 ///   func.func @attention(...) attributes {attn.kernel = {...}}
 ///
@@ -20,6 +21,7 @@
 
 #include "compiler/Conversion/KernelEmitters.h"
 #include "compiler/Conversion/Passes.h"
+#include "kernels/GpuGeometry.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -31,29 +33,49 @@ namespace flashjit::conversion {
 using namespace mlir;
 using namespace flashjit;
 
-int64_t conversion::intAttr(DictionaryAttr attrs, StringRef name) {
-  auto a = attrs.getAs<IntegerAttr>(name);
-  return a ? a.getInt() : int64_t(0);
+AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
+  AttentionSpec spec;
+  StringRef mask = attr.getMask();
+  spec.mask = mask == "none"     ? MaskKind::None
+              : mask == "causal" ? MaskKind::Causal
+                                 : MaskKind::SlidingWindow;
+  spec.headDimQK = attr.getHeadDimQk();
+  spec.headDimV = attr.getHeadDimV();
+  spec.gqaGroup = attr.getGqa();
+  spec.sparseBlock = attr.getSparseBlock();
+  spec.blockSparse = spec.sparseBlock > 0;
+  spec.dtype = attr.getElementType().isF16() ? DType::FP16 : DType::BF16;
+  spec.direction = attr.isBackward() ? Direction::Backward : Direction::Forward;
+  spec.deterministic = attr.getDeterministic();
+  return spec;
 }
 
-AttentionSpec conversion::specFromAttrs(DictionaryAttr attrs) {
-  AttentionSpec spec;
-  auto maskName = attrs.getAs<StringAttr>("mask");
-  spec.mask = !maskName || maskName.getValue() == "none" ? MaskKind::None
-              : maskName.getValue() == "causal"          ? MaskKind::Causal
-                                                : MaskKind::SlidingWindow;
-  spec.headDimQK = intAttr(attrs, "head_dim_qk");
-  spec.headDimV = intAttr(attrs, "head_dim_v");
-  spec.gqaGroup = intAttr(attrs, "gqa");
-  spec.sparseBlock = intAttr(attrs, "sparse_block");
-  spec.blockSparse = spec.sparseBlock > 0;
-  if (auto det = attrs.getAs<BoolAttr>("deterministic"))
-    spec.deterministic = det.getValue();
-  auto et = attrs.getAs<TypeAttr>("element_type");
-  spec.dtype = et && et.getValue().isF16() ? DType::FP16 : DType::BF16;
-  auto deterministic = attrs.getAs<BoolAttr>("deterministic");
-  spec.deterministic = deterministic && deterministic.getValue();
-  return spec;
+/// The most dynamic shared memory any target gives one block (sm_90: 227
+/// KB); a device with less is checked again by the launcher.
+static constexpr int64_t kMaxSharedBytes = 232448;
+
+LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
+                                          const AttentionSpec &spec,
+                                          const TileConfig &config,
+                                          int64_t copyBytes) {
+  if (config.warps < 1 || config.warps > 16)
+    return fn.emitError() << "warps must be in [1, 16], got " << config.warps;
+  if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
+    return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
+                          << copyBytes;
+  if (spec.direction == Direction::Backward)
+    return success(); // FlashBwdToGPU checks its own geometry
+  if (std::string p = gpuConfigProblem(spec, config, kMaxSharedBytes);
+      !p.empty())
+    return fn.emitError() << p;
+  GpuGeometry geo = gpuGeometry(spec, config);
+  int64_t accumulators =
+      geo.mTiles * (config.blockN / 8 + geo.dvChunk / 8) * 4;
+  if (accumulators > 255)
+    return fn.emitError() << "the tiles need " << accumulators
+                          << " f32 accumulator registers per thread (S and "
+                             "O), more than a thread has (255)";
+  return success();
 }
 
 mlir::gpu::GPUFuncOp
@@ -70,9 +92,8 @@ conversion::createKernelFunc(ImplicitLocOpBuilder &b,
   kernel.setKnownBlockSizeAttr(
       b.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
   kernel->setAttr("attn.shared_bytes", b.getI64IntegerAttr(sharedBytes));
-  for (StringRef name : {"attn.kernel", "attn.kernel_backward"})
-    if (Attribute a = tiled->getAttr(name))
-      kernel->setAttr(name, a);
+  if (Attribute a = tiled->getAttr("attn.kernel"))
+    kernel->setAttr("attn.kernel", a);
   return kernel;
 }
 
@@ -90,12 +111,20 @@ struct LowerTiledToGPUPass
   void runOnOperation() override {
     ModuleOp module = getOperation();
     SmallVector<func::FuncOp> forward, backward;
+    bool bad = false;
     module.walk([&](func::FuncOp fn) {
-      if (fn->hasAttr("attn.kernel"))
-        forward.push_back(fn);
-      else if (fn->hasAttr("attn.kernel_backward"))
-        backward.push_back(fn);
+      if (!fn->hasAttr("attn.kernel"))
+        return;
+      auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+      if (!attr) {
+        fn.emitError() << "attn.kernel must be an #attn.kernel<...>";
+        bad = true;
+        return;
+      }
+      (attr.isBackward() ? backward : forward).push_back(fn);
     });
+    if (bad)
+      return signalPassFailure();
     if (forward.empty() && backward.empty())
       return;
     MLIRContext *ctx = &getContext();
@@ -109,12 +138,19 @@ struct LowerTiledToGPUPass
                            LLVM::Linkage::External, "flashjit_smem",
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
-      if (failed(
-              conversion::lowerForwardKernel(fn, gpuModule, warps, copyBytes)))
+      if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes)))
         return signalPassFailure();
       fn.erase();
     }
     for (func::FuncOp fn : backward) {
+      TileConfig config;
+      auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+      config.blockM = attr.getBlockM();
+      config.blockN = attr.getBlockN();
+      config.warps = warps;
+      if (failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
+                                             config, copyBytes)))
+        return signalPassFailure();
       if (failed(conversion::lowerBackwardKernel(
               fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma)))
         return signalPassFailure();

@@ -2,6 +2,7 @@
 #ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_PASSES_H
 #define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_PASSES_H
 
+#include "dialects/Tile/IR/TileDialect.h"
 #include "mlir/Pass/Pass.h"
 
 namespace flashjit::attn {

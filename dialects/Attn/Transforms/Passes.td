@@ -9,7 +9,8 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
   let summary = "Lower attn.flash_fwd into the tiled FlashAttention-2 loop";
   let description = [{
     Replaces each `attn.flash_fwd @f` by `func.func @f`, the body of one
-    program: it owns a block of `block-m` query rows of one (batch, head),
+    program written in the tile dialect (the stage the CPU and the GPU
+    both compile; see TileOps.td for the contract): it owns a block of `block-m` query rows of one (batch, head),
     walks the KV sequence in blocks of `block-n` rows with an `scf.for`
     (or, when block-sparse, only the blocks the run-time layout lists), keeps
     the running max m, running sum l and the fp32 accumulator O, rescales by
@@ -21,7 +22,8 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
   let dependentDialects = ["mlir::func::FuncDialect", "mlir::scf::SCFDialect",
                            "mlir::arith::ArithDialect",
                            "mlir::math::MathDialect",
-                           "mlir::memref::MemRefDialect"];
+                           "mlir::memref::MemRefDialect",
+                           "::flashjit::tile::TileDialect"];
   let options = [
     Option<"blockM", "block-m", "int64_t", "64",
            "Br: query rows per program">,

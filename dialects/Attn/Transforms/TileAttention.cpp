@@ -1,39 +1,50 @@
 //===- TileAttention.cpp - attn.flash_fwd -> the tiled FA-2 loop ----------===//
 //
 /// \file
-/// `flashjit-tile-attention` turns a kernel description into the body of one
-/// program of the FlashAttention-2 forward. Before:
+/// `flashjit-tile-attention` turns a kernel description into one program of
+/// the FlashAttention-2 forward, written in the tile dialect: the shared
+/// stage that the CPU execution mode and the GPU lowering both compile, so
+/// every arithmetic decision is made here. Before:
 ///
 ///   attn.flash_fwd @attention {element_type = bf16, head_dim_qk = 96 : i64,
 ///       head_dim_v = 96 : i64, mask = "causal", gqa = 1 : i64,
 ///       sparse_block = 0 : i64}
 ///
-/// After (abridged; Br = 64, Bc = 64):
+/// After (abridged; Br = 64, Bc = 32):
 ///
 ///   func.func @attention(%q: memref<?xbf16>, ..., %pid_m: index,
-///                        %pid_bh: index) attributes {attn.kernel = {...}} {
-///     %qt  = memref.alloca() : memref<64x96xf32>   // the Q tile
-///     %acc = memref.alloca() : memref<64x96xf32>   // running O
-///     %m   = memref.alloca() : memref<64xf32>      // running max (log2 units)
-///     %l   = memref.alloca() : memref<64xf32>      // running sum
-///     %s   = memref.alloca() : memref<64x64xf32>   // S, then P, of one block
-///     scf.for %kb = %lo to %hi step %c1 {          // KV blocks in the band
-///       ... S = Q K^T * scale * log2(e); masked only if the block straddles
-///       ... m_new = max(m, rowmax(S)); alpha = exp2(m - m_new)
-///       ... P = exp2(S - m_new); l = l * alpha + rowsum(P); O = O * alpha
-///       ... O += P V
+///       %pid_bh: index) attributes {attn.kernel = #attn.kernel<role =
+///       "forward", ..., block_m = 64, block_n = 32, ...>} {
+///     %q = tile.load %Q[%qoff] rows %m0 of %nq stride %sq
+///     %r:3 = scf.for %t = %lo to %hi step %c1
+///         iter_args(%o = %zeros, %m = %neginf, %l = %zero) {
+///       %k = tile.load %K[...] rows %n0 of %nkv stride %sk
+///       %v = tile.load %V[...] rows %n0 of %nkv stride %sv
+///       %s = tile.dot %q, %k {transpose_rhs}            // raw scores, f32
+///       %s2 = scf.if %straddles { select(in band, %s, -inf) } else { %s }
+///       %mn = maxnumf(%m, reduce_max(%s2) * scale_log2e)
+///       %mu = select(%mn == -inf, 0, %mn)
+///       %a = exp2(%m - %mu)
+///       %p = exp2(fma(%s2, scale_log2e, -bcast(%mu)))
+///       %l2 = %l * %a + reduce_sum(%p)
+///       %o2 = tile.dot truncf(%p), %v acc %o * bcast(%a)   // P rounded
+///       scf.yield %o2, %mn, %l2
 ///     }
-///     ... o = O / l;  lse = (m + log2(l)) * ln(2)
+///     tile.store truncf(%r#0 * bcast(1 / l)), %O[...]  // 0 where l = 0
+///     tile.store (m + log2 l) * ln 2, %LSE[...]           // -inf where l = 0
 ///   }
 ///
-/// Everything is scf/arith/math/memref, so the same IR runs on the CPU
-/// (interpreter mode) and is the input of the GPU lowering.
+/// The row max is taken on the raw scores and then scaled: the scale is > 0
+/// (the description's 0 means 1 / sqrt(d)), so max(s) * c = max(s * c), and
+/// P = exp2(s * c - m) is one FMA per score. Blocks that lie outside the
+/// band or past Nkv (a BCSR layout can list them) are fully masked, so they
+/// add nothing.
 //
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
-#include "dialects/Attn/Transforms/TiledBuilder.h"
+#include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -41,7 +52,6 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
-#include "mlir/IR/ImplicitLocOpBuilder.h"
 
 #include <cmath>
 #include <limits>
@@ -54,14 +64,20 @@ namespace flashjit::attn {
 using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::attn;
+using arith::CmpFPredicate;
+using arith::CmpIPredicate;
 
 namespace {
 
+/// Window sizes are clamped to this before the i32 mask arithmetic: with
+/// sequence lengths below 2^29 a clamped side still covers every key.
+constexpr int64_t kWindowClamp = int64_t(1) << 30;
+
 /// Builds the tiled function for one attn.flash_fwd op.
-class TiledForwardBuilder : flashjit::attn::detail::TiledBuilderBase {
+class TiledForwardBuilder : flashjit::attn::detail::TileIRBuilderBase {
 public:
   TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc)
-      : TiledBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
+      : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
         hasBand(op.getMask() != "none"), elemTy(op.getElementType()) {}
 
@@ -71,16 +87,12 @@ private:
   Value arg(int i) { return func.getArgument(i); }
   Value indexArg(abi::IndexArg i) { return arg(abi::NumBuffers + i); }
 
-  void loadQTile();
-  void initState();
-  void denseKVLoop();
-  void sparseKVLoop();
-  void processBlock(Value n0);
-  void computeScores(Value n0);
-  void maskScores(Value n0);
-  void onlineSoftmax();
-  void accumulatePV(Value n0);
-  void writeOutput();
+  void setUpProgram();
+  void loopBounds();
+  Value blockStart(Value t);
+  SmallVector<Value> step(Value t, Value o, Value m, Value l);
+  Value maskScores(Value s, Value n0);
+  void writeOutput(Value o, Value m, Value l);
 
   FlashFwdOp op;
   const int64_t br, bc, dqk, dv, sparseBlock;
@@ -88,12 +100,12 @@ private:
   Type elemTy;
   func::FuncOp func;
 
-  // Values of the program, set up in build().
-  Value nq, nkv, scaleLog2, m0, rowsValid, bIdx, hIdx;
+  // Scalars of the program, set up in setUpProgram() and loopBounds().
+  Value nq, nkv, scaleLog2, m0, bIdx, hIdx;
   Value qBase, kBase, vBase, oBase, lseBase;
   Value offset, winL, winR, jLo, jHi, fullLo, fullHi;
-  Value qTile, acc, rowMax, rowSum, sTile;
-  Value zeroF, negInf;
+  Value tLo, tHi, listBase, perSparse;
+  Value qTile;
 };
 
 } // namespace
@@ -118,54 +130,67 @@ func::FuncOp TiledForwardBuilder::build() {
 
   func = func::FuncOp::create(b, op.getSymName(),
                               FunctionType::get(ctx, argTys, {}));
-  // Record the description and the tiling for the later stages.
-  SmallVector<NamedAttribute> kernelAttrs(op->getAttrs().begin(),
-                                          op->getAttrs().end());
-  kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
-  kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
-  llvm::erase_if(kernelAttrs,
-                 [](NamedAttribute a) { return a.getName() == "sym_name"; });
-  func->setAttr("attn.kernel", b.getDictionaryAttr(kernelAttrs));
+  func->setAttr("attn.kernel",
+                KernelAttr::get(ctx, "forward", dqk, dv, elemTy, op.getMask(),
+                                op.getGqa(), sparseBlock, br, bc,
+                                /*deterministic=*/false));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
+  b.setInsertionPointToStart(func.addEntryBlock());
 
-  Block *entry = func.addEntryBlock();
-  b.setInsertionPointToStart(entry);
+  setUpProgram();
+  qTile = loadTile(tile({br, dqk}, elemTy), arg(abi::Q), qBase, m0, nq,
+                   indexArg(abi::QStrideN));
+  loopBounds();
 
-  zeroF = cF32(0.0);
-  negInf = cF32(-std::numeric_limits<double>::infinity());
+  Tensor oTy = tile({br, dv}, f32), rowTy = tile({br}, f32);
+  SmallVector<Value> init = {
+      constTile(0.0, oTy),
+      constTile(-std::numeric_limits<double>::infinity(), rowTy),
+      constTile(0.0, rowTy)};
+  auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), init);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    auto carried = loop.getRegionIterArgs();
+    scf::YieldOp::create(b, step(loop.getInductionVar(), carried[0],
+                                 carried[1], carried[2]));
+  }
+  writeOutput(loop.getResult(0), loop.getResult(1), loop.getResult(2));
+  func::ReturnOp::create(b);
+  return func;
+}
+
+/// Which (batch, head, Q block) this program owns (GQA maps query head h to
+/// KV head h / gqa), the bases of its rows, and the band of keys it sees.
+void TiledForwardBuilder::setUpProgram() {
   nq = indexArg(abi::SeqQ);
   nkv = indexArg(abi::SeqKV);
   scaleLog2 = arg(abi::NumBuffers + abi::NumIndexArgs);
   Value pidM = arg(abi::NumBuffers + abi::NumIndexArgs + 1);
   Value pidBH = arg(abi::NumBuffers + abi::NumIndexArgs + 2);
-
-  // Which (batch, head, Q block) this program owns; GQA maps query head h to
-  // KV head h / gqa.
   Value heads = indexArg(abi::Heads);
   bIdx = arith::DivUIOp::create(b, pidBH, heads);
   hIdx = arith::RemUIOp::create(b, pidBH, heads);
   Value hkIdx = arith::DivUIOp::create(b, hIdx, cIdx(op.getGqa()));
   m0 = mulC(pidM, br);
-  rowsValid = minI(cIdx(br), sub(nq, m0));
   auto base = [&](abi::IndexArg sb, abi::IndexArg sh, Value head) {
     return add(mul(bIdx, indexArg(sb)), mul(head, indexArg(sh)));
   };
-  qBase = add(base(abi::QStrideB, abi::QStrideH, hIdx),
-              mul(m0, indexArg(abi::QStrideN)));
+  qBase = base(abi::QStrideB, abi::QStrideH, hIdx);
   kBase = base(abi::KStrideB, abi::KStrideH, hkIdx);
   vBase = base(abi::VStrideB, abi::VStrideH, hkIdx);
-  oBase = add(base(abi::OStrideB, abi::OStrideH, hIdx),
-              mul(m0, indexArg(abi::OStrideN)));
-  lseBase = add(mul(pidBH, nq), m0);
+  oBase = base(abi::OStrideB, abi::OStrideH, hIdx);
+  lseBase = mul(pidBH, nq);
 
   // The band of visible keys (bottom-right aligned): row i sees
   // [i + off - L, i + off + R], off = Nkv - Nq. [jLo, jHi] covers the rows
-  // of this block; columns in [fullLo, fullHi] are visible from all of them.
+  // of this block; keys in [fullLo, fullHi] are visible from all of them.
   offset = sub(nkv, nq);
+  Value rowsValid = minI(cIdx(br), sub(nq, m0));
   Value lastRow = add(m0, sub(rowsValid, cIdx(1)));
   if (hasBand) {
-    winL = indexArg(abi::WindowLeft);
-    winR = indexArg(abi::WindowRight);
+    winL = minI(indexArg(abi::WindowLeft), cIdx(kWindowClamp));
+    winR = minI(indexArg(abi::WindowRight), cIdx(kWindowClamp));
     jLo = maxI(cIdx(0), sub(add(m0, offset), winL));
     jHi = minI(sub(nkv, cIdx(1)), add(add(lastRow, offset), winR));
     fullLo = sub(add(lastRow, offset), winL);
@@ -174,183 +199,110 @@ func::FuncOp TiledForwardBuilder::build() {
     jLo = cIdx(0);
     jHi = sub(nkv, cIdx(1));
   }
-
-  qTile = memref::AllocaOp::create(b, MemRefType::get({br, dqk}, f32));
-  acc = memref::AllocaOp::create(b, MemRefType::get({br, dv}, f32));
-  rowMax = memref::AllocaOp::create(b, MemRefType::get({br}, f32));
-  rowSum = memref::AllocaOp::create(b, MemRefType::get({br}, f32));
-  sTile = memref::AllocaOp::create(b, MemRefType::get({br, bc}, f32));
-
-  loadQTile();
-  initState();
-  if (sparseBlock > 0)
-    sparseKVLoop();
-  else
-    denseKVLoop();
-  writeOutput();
-  func::ReturnOp::create(b);
-  return func;
 }
 
-/// Q rows past Nq are zero-filled (their loads are clamped to row 0).
-void TiledForwardBuilder::loadQTile() {
-  Value q = arg(abi::Q);
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    Value valid = cmpI(arith::CmpIPredicate::slt, r, rowsValid);
-    Value row = select(valid, r, cIdx(0));
-    Value rowBase = add(qBase, mul(row, indexArg(abi::QStrideN)));
-    forLoop(cIdx(0), cIdx(dqk), [&](Value d) {
-      Value x = select(valid, loadF32(q, add(rowBase, d)), zeroF);
-      store(x, qTile, {r, d});
-    });
-  });
-}
-
-void TiledForwardBuilder::initState() {
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    store(negInf, rowMax, {r});
-    store(zeroF, rowSum, {r});
-    forLoop(cIdx(0), cIdx(dv), [&](Value d) { store(zeroF, acc, {r, d}); });
-  });
-}
-
-/// The FA-2 KV loop: an scf.for over the blocks of Bc keys in [jLo, jHi].
-void TiledForwardBuilder::denseKVLoop() {
-  forBlocksInRange(jLo, jHi, bc, [&](Value n0) { processBlock(n0); });
-}
-
-/// Block-sparse: visit only the sparse KV blocks the layout lists for this
-/// Q block, each as sparse_block / Bc blocks of Bc keys, skipping those that
-/// lie past Nkv or outside the band.
-void TiledForwardBuilder::sparseKVLoop() {
-  Value qsb = arith::DivUIOp::create(b, m0, cIdx(sparseBlock));
-  forListedBlocks(arg(abi::Counts), arg(abi::Indices),
-                  {indexArg(abi::CountsStrideB), indexArg(abi::CountsStrideH),
-                   indexArg(abi::IndicesStrideB), indexArg(abi::IndicesStrideH),
-                   indexArg(abi::IndicesStrideM)},
-                  bIdx, hIdx, qsb, sparseBlock, bc, jLo, jHi,
-                  [&](Value n0) { processBlock(n0); });
-}
-
-/// One iteration of the KV loop over keys [n0, n0 + Bc).
-void TiledForwardBuilder::processBlock(Value n0) {
-  computeScores(n0);
-  // Only blocks that cross Nkv or the band's edge pay for the element mask.
-  Value n1 = add(n0, cIdx(bc - 1));
-  Value needsMask = cmpI(arith::CmpIPredicate::sge, n1, nkv);
-  if (hasBand) {
-    needsMask = arith::OrIOp::create(
-        b, needsMask, cmpI(arith::CmpIPredicate::slt, n0, fullLo));
-    needsMask = arith::OrIOp::create(
-        b, needsMask, cmpI(arith::CmpIPredicate::sgt, n1, fullHi));
+/// The KV loop's iterations [tLo, tHi): the blocks of Bc keys that meet
+/// [jLo, jHi], or every Bc-block of the sparse blocks the layout lists.
+void TiledForwardBuilder::loopBounds() {
+  if (sparseBlock == 0) {
+    tLo = arith::DivSIOp::create(b, jLo, cIdx(bc));
+    Value end = add(arith::DivSIOp::create(b, jHi, cIdx(bc)), cIdx(1));
+    tHi = select(cmpI(CmpIPredicate::sge, jHi, jLo), end, tLo);
+    return;
   }
-  ifThen(needsMask, [&] { maskScores(n0); });
-  onlineSoftmax();
-  accumulatePV(n0);
+  perSparse = cIdx(sparseBlock / bc);
+  Value qsb = arith::DivUIOp::create(b, m0, cIdx(sparseBlock));
+  Value countAt = add(add(mul(bIdx, indexArg(abi::CountsStrideB)),
+                          mul(hIdx, indexArg(abi::CountsStrideH))),
+                      qsb);
+  listBase = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
+                     mul(hIdx, indexArg(abi::IndicesStrideH))),
+                 mul(qsb, indexArg(abi::IndicesStrideM)));
+  tLo = cIdx(0);
+  tHi = mul(indexCast(load(arg(abi::Counts), {countAt})), perSparse);
 }
 
-/// S[r, c] = (Q[r] . K[n0 + c]) * scale * log2(e). Key rows past Nkv are
-/// clamped to the last one (their scores are masked afterwards).
-void TiledForwardBuilder::computeScores(Value n0) {
-  Value k = arg(abi::K);
-  Value lastKey = sub(nkv, cIdx(1));
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    forLoop(cIdx(0), cIdx(bc), [&](Value c) {
-      Value j = minI(add(n0, c), lastKey);
-      Value kRow = add(kBase, mul(j, indexArg(abi::KStrideN)));
-      Value dot = forReduce(cIdx(0), cIdx(dqk), zeroF, [&](Value d, Value a) {
-        Value qv = load(qTile, {r, d});
-        Value kv = loadF32(k, add(kRow, d));
-        return fadd(a, fmul(qv, kv));
-      });
-      store(fmul(dot, scaleLog2), sTile, {r, c});
-    });
-  });
+/// First key of iteration \p t.
+Value TiledForwardBuilder::blockStart(Value t) {
+  if (sparseBlock == 0)
+    return mulC(t, bc);
+  Value entry = arith::DivUIOp::create(b, t, perSparse);
+  Value listed = indexCast(load(arg(abi::Indices), {add(listBase, entry)}));
+  Value within = arith::RemUIOp::create(b, t, perSparse);
+  return add(mulC(listed, sparseBlock), mulC(within, bc));
 }
 
-/// S[r, c] = -inf where key n0 + c is past Nkv or outside row m0 + r's band.
-void TiledForwardBuilder::maskScores(Value n0) {
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    Value diag = add(add(m0, r), offset);
-    forLoop(cIdx(0), cIdx(bc), [&](Value c) {
-      Value j = add(n0, c);
-      Value visible = cmpI(arith::CmpIPredicate::slt, j, nkv);
-      if (hasBand) {
-        visible = arith::AndIOp::create(
-            b, visible, cmpI(arith::CmpIPredicate::sge, j, sub(diag, winL)));
-        visible = arith::AndIOp::create(
-            b, visible, cmpI(arith::CmpIPredicate::sle, j, add(diag, winR)));
-      }
-      store(select(visible, load(sTile, {r, c}), negInf), sTile, {r, c});
-    });
-  });
+/// One iteration of the KV loop over keys [n0, n0 + Bc): the online-softmax
+/// update of (O, m, l). m is in scaled log2 units; a row that has seen no
+/// key keeps m = -inf and uses 0 as the subtrahend (no inf - inf).
+SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
+                                             Value l) {
+  Value n0 = blockStart(t);
+  Value k = loadTile(tile({bc, dqk}, elemTy), arg(abi::K), kBase, n0, nkv,
+                     indexArg(abi::KStrideN));
+  Value v = loadTile(tile({bc, dv}, elemTy), arg(abi::V), vBase, n0, nkv,
+                     indexArg(abi::VStrideN));
+  Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
+
+  // Only blocks that cross Nkv or the band's edge pay for the mask.
+  Value n1 = add(n0, cIdx(bc - 1));
+  Value needsMask = cmpI(CmpIPredicate::sge, n1, nkv);
+  if (hasBand) {
+    needsMask = orI(needsMask, cmpI(CmpIPredicate::slt, n0, fullLo));
+    needsMask = orI(needsMask, cmpI(CmpIPredicate::sgt, n1, fullHi));
+  }
+  s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
+
+  Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
+  Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
+  Value mBlock = fmul(reduce("max", s, 1), splat(scaleLog2, rowTy));
+  Value mNew = maxF(m, mBlock);
+  Value mUse = select(cmpF(CmpFPredicate::OEQ, mNew, negInf),
+                      constTile(0.0, rowTy), mNew);
+  Value alpha = exp2(fsub(m, mUse));
+  Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
+  Value p = exp2(math::FmaOp::create(b, s, splat(scaleLog2, sTy), negM));
+  Value lNew = fadd(fmul(l, alpha), reduce("sum", p, 1));
+  Tensor oTy = tile({br, dv}, f32);
+  Value oScaled = fmul(o, broadcast(alpha, oTy, 1));
+  Value oNew = dot(truncTile(p, elemTy), v, oScaled, false, false);
+  return {oNew, mNew, lNew};
 }
 
-/// The online-softmax update of each row: new max, rescale factor
-/// alpha = exp2(m_old - m_new), P = exp2(S - m_new) (rounded to the element
-/// type, as the second matmul consumes it), l = l * alpha + rowsum(P),
-/// O = O * alpha. A row that has seen no key yet keeps m = -inf; it uses 0 as
-/// the subtrahend so that no inf - inf NaN appears.
-void TiledForwardBuilder::onlineSoftmax() {
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    Value blockMax =
-        forReduce(cIdx(0), cIdx(bc), negInf, [&](Value c, Value a) {
-          return arith::MaxNumFOp::create(b, a, load(sTile, {r, c}));
-        });
-    Value mOld = load(rowMax, {r});
-    Value mNew = arith::MaxNumFOp::create(b, mOld, blockMax);
-    Value isEmpty =
-        arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, mNew, negInf);
-    Value mUse = select(isEmpty, zeroF, mNew);
-    Value alpha = math::Exp2Op::create(b, fsub(mOld, mUse));
-    Value pSum = forReduce(cIdx(0), cIdx(bc), zeroF, [&](Value c, Value a) {
-      Value p = math::Exp2Op::create(b, fsub(load(sTile, {r, c}), mUse));
-      Value pLow = arith::TruncFOp::create(b, elemTy, p);
-      store(arith::ExtFOp::create(b, f32, pLow), sTile, {r, c});
-      return fadd(a, p);
-    });
-    store(fadd(fmul(load(rowSum, {r}), alpha), pSum), rowSum, {r});
-    store(mNew, rowMax, {r});
-    forLoop(cIdx(0), cIdx(dv), [&](Value d) {
-      store(fmul(load(acc, {r, d}), alpha), acc, {r, d});
-    });
-  });
-}
-
-/// O[r] += sum_c P[r, c] * V[n0 + c] (masked keys have P = 0).
-void TiledForwardBuilder::accumulatePV(Value n0) {
-  Value v = arg(abi::V);
-  Value lastKey = sub(nkv, cIdx(1));
-  forLoop(cIdx(0), cIdx(br), [&](Value r) {
-    forLoop(cIdx(0), cIdx(bc), [&](Value c) {
-      Value p = load(sTile, {r, c});
-      Value j = minI(add(n0, c), lastKey);
-      Value vRow = add(vBase, mul(j, indexArg(abi::VStrideN)));
-      forLoop(cIdx(0), cIdx(dv), [&](Value d) {
-        Value o = fadd(load(acc, {r, d}), fmul(p, loadF32(v, add(vRow, d))));
-        store(o, acc, {r, d});
-      });
-    });
-  });
+/// -inf where key n0 + c is past Nkv or outside row m0 + r's band.
+Value TiledForwardBuilder::maskScores(Value s, Value n0) {
+  Type i32 = b.getI32Type();
+  Tensor sTy = tile({br, bc}, i32), rowTy = tile({br}, i32);
+  Value cols = arith::AddIOp::create(b, iota(sTy, 1), splat(toI32(n0), sTy));
+  Value ok = cmpI(CmpIPredicate::slt, cols, splat(toI32(nkv), sTy));
+  if (hasBand) {
+    Value diag = arith::AddIOp::create(b, iota(rowTy, 0),
+                                       splat(toI32(add(m0, offset)), rowTy));
+    Value lo = arith::SubIOp::create(b, diag, splat(toI32(winL), rowTy));
+    Value hi = arith::AddIOp::create(b, diag, splat(toI32(winR), rowTy));
+    ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));
+    ok = andI(ok, cmpI(CmpIPredicate::sle, cols, broadcast(hi, sTy, 1)));
+  }
+  Value negInf = constTile(-std::numeric_limits<double>::infinity(),
+                           tile({br, bc}, f32));
+  return select(ok, s, negInf);
 }
 
 /// O = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key (l = 0)
 /// gets O = 0 and lse = -inf.
-void TiledForwardBuilder::writeOutput() {
-  Value o = arg(abi::O), lse = arg(abi::Lse);
-  forLoop(cIdx(0), rowsValid, [&](Value r) {
-    Value l = load(rowSum, {r});
-    Value empty = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, l, zeroF);
-    Value inv = select(empty, zeroF, arith::DivFOp::create(b, cF32(1.0), l));
-    Value oRow = add(oBase, mul(r, indexArg(abi::OStrideN)));
-    forLoop(cIdx(0), cIdx(dv), [&](Value d) {
-      Value x = fmul(load(acc, {r, d}), inv);
-      store(arith::TruncFOp::create(b, elemTy, x), o, {add(oRow, d)});
-    });
-    Value logL = math::Log2Op::create(b, l);
-    Value lseVal = fmul(fadd(load(rowMax, {r}), logL), cF32(std::log(2.0)));
-    store(select(empty, negInf, lseVal), lse, {add(lseBase, r)});
-  });
+void TiledForwardBuilder::writeOutput(Value o, Value m, Value l) {
+  Tensor rowTy = tile({br}, f32), oTy = tile({br, dv}, f32);
+  Value zero = constTile(0.0, rowTy);
+  Value empty = cmpF(CmpFPredicate::OEQ, l, zero);
+  Value inv = select(empty, zero,
+                     arith::DivFOp::create(b, constTile(1.0, rowTy), l));
+  Value out = truncTile(fmul(o, broadcast(inv, oTy, 1)), elemTy);
+  storeTile(out, arg(abi::O), oBase, m0, nq, indexArg(abi::OStrideN));
+  Value lse = fmul(fadd(m, log2(l)), constTile(std::log(2.0), rowTy));
+  lse = select(empty,
+               constTile(-std::numeric_limits<double>::infinity(), rowTy),
+               lse);
+  storeTile(lse, arg(abi::Lse), lseBase, m0, nq, Value());
 }
 
 namespace {

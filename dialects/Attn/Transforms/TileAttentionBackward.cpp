@@ -190,20 +190,11 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role) {
     argNames.push_back(b.getStringAttr(n));
   }
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
-  SmallVector<NamedAttribute> kernelAttrs(op->getAttrs().begin(),
-                                          op->getAttrs().end());
-  llvm::erase_if(kernelAttrs, [](NamedAttribute a) {
-    return a.getName() == "sym_name" || a.getName() == "deterministic";
-  });
-  // Always present (the op elides its default), so that a lowering of any
-  // of the three functions knows the dQ mode without a default of its own.
-  kernelAttrs.push_back(
-      b.getNamedAttr("deterministic", b.getBoolAttr(op.getDeterministic())));
-  kernelAttrs.push_back(b.getNamedAttr("block_m", b.getI64IntegerAttr(br)));
-  kernelAttrs.push_back(b.getNamedAttr("block_n", b.getI64IntegerAttr(bc)));
-  kernelAttrs.push_back(b.getNamedAttr("role", b.getStringAttr(role)));
-  // Not `attn.kernel`: the GPU lowering of the forward must not pick these.
-  func->setAttr("attn.kernel_backward", b.getDictionaryAttr(kernelAttrs));
+  func->setAttr("attn.kernel",
+                KernelAttr::get(ctx, role, op.getHeadDimQk(), op.getHeadDimV(),
+                                elemTy, op.getMask(), op.getGqa(),
+                                op.getSparseBlock(), br, bc,
+                                op.getDeterministic()));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
   b.setInsertionPointToStart(func.addEntryBlock());

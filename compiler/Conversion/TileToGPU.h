@@ -1,0 +1,189 @@
+//===- TileToGPU.h - The tile IR -> a tensor-core kernel --------*- C++ -*-===//
+//
+/// \file
+/// The GPU lowering of the tile dialect (the shared stage: TileOps.td). It
+/// decides only where data lives and when things happen:
+///   - layouts: a 2-D register tile is spread over the warps as the
+///     m16n8k16 accumulator layout (warps split the rows; thread (grp, tig)
+///     of a warp holds rows grp and grp + 8 of each 16-row m-tile and
+///     columns 2 tig, 2 tig + 1 of each 8-column n-tile), a rank-1 tile as
+///     the matching per-row values (replicated over the 4 lanes of a row),
+///     and a tile that only feeds tile.dot lives in XOR-swizzled shared
+///     memory instead (TileCopy.h), read by ldmatrix;
+///   - staging: each shared tile has its own slot; loads become cp.async
+///     copies issued as early as their slot is free (the loop's software
+///     pipeline: TileKernelLowering::lowerFor);
+///   - distribution: dv > 256 splits the columns of V and O over grid.z.
+/// What each op computes is the tile IR's: each op family's lowering
+/// (lowerLoad, lowerDot, lowerReduce, lowerElementwise, ...) maps one op of
+/// the tile IR onto the registers of its operands' fragments. Internal to
+/// compiler/Conversion.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_COMPILER_CONVERSION_TILETOGPU_H
+#define FLASHJIT_COMPILER_CONVERSION_TILETOGPU_H
+
+#include "compiler/Conversion/GpuBuilder.h"
+#include "compiler/Conversion/TileCopy.h"
+#include "dialects/Tile/IR/TileDialect.h"
+#include "kernels/AttentionSpec.h"
+#include "kernels/GpuGeometry.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/IRMapping.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <optional>
+
+namespace flashjit::conversion {
+
+using mlir::LogicalResult;
+using mlir::Operation;
+using mlir::Value;
+
+/// Where a tile value lives on the GPU.
+enum class TileHome {
+  Shared,    ///< a shared-memory slot (a tile.load that only feeds dots)
+  Registers, ///< the accumulator layout (2-D) or per-row values (rank 1)
+};
+
+/// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
+struct SharedSlot {
+  int64_t offset = 0;    ///< byte offset in the dynamic shared memory
+  int64_t rowChunks = 0; ///< 16-byte chunks per row (a multiple of 8)
+  int64_t padCols = 0;   ///< columns copied (zero-filled past the tile's)
+  bool splitCols = false; ///< the columns of this program's grid.z chunk
+};
+
+/// The per-thread registers of a register tile, in the accumulator order:
+/// 2-D element (mi, ni, e) at (mi * nt + ni) * 4 + e, holding row
+/// warpRow0 + mi * 16 + grp + 8 * (e / 2) and column ni * 8 + 2 * tig +
+/// e % 2; rank-1 element (mi, half) at 2 * mi + half, row warpRow0 + mi * 16
+/// + 8 * half + grp.
+struct Fragment {
+  llvm::SmallVector<Value> regs;
+  /// The tile's element type is bf16/f16 but the registers still hold the
+  /// f32 values: the rounding happens where they are consumed (packed for
+  /// an MMA, converted for a store), so it happens exactly once.
+  bool pendingRound = false;
+};
+
+/// Lowers one tiled function (role "forward") into a gpu.func.
+class TileKernelLowering {
+public:
+  TileKernelLowering(mlir::ImplicitLocOpBuilder &b, mlir::func::FuncOp fn,
+                     const AttentionSpec &spec, const TileConfig &config,
+                     int64_t copyBytes);
+
+  /// Builds the kernel in \p gpuModule; errors are emitted on the op at
+  /// fault.
+  LogicalResult run(mlir::gpu::GPUModuleOp gpuModule);
+
+private:
+  // Analysis (TileToGPU.cpp).
+  LogicalResult assignHomes();
+  LogicalResult checkPostconditions(mlir::gpu::GPUFuncOp kernel);
+  void setUpThreads(mlir::gpu::GPUFuncOp kernel);
+
+  // The walk: one op at a time, each op family by its lowering.
+  LogicalResult lowerBlock(mlir::Block &block);
+  LogicalResult lowerOp(Operation *op);
+  LogicalResult cloneScalar(Operation *op);
+
+  // Memory (TileToGPUMemory.cpp).
+  LogicalResult lowerLoad(tile::LoadOp op);
+  LogicalResult lowerStore(tile::StoreOp op);
+  LogicalResult lowerScalarLoad(Operation *op);
+  /// Issues the cp.async copies of shared load \p op, its operands evaluated
+  /// with the enclosing loop's induction variable replaced by \p iv (null:
+  /// as mapped now), and commits them as one group.
+  LogicalResult issueCopy(tile::LoadOp op, Value iv);
+
+  // Compute (TileToGPUCompute.cpp).
+  LogicalResult lowerDot(tile::DotOp op);
+  LogicalResult lowerReduce(tile::ReduceOp op);
+  LogicalResult lowerBroadcast(tile::BroadcastOp op);
+  LogicalResult lowerSplat(tile::SplatOp op);
+  LogicalResult lowerIota(tile::IotaOp op);
+  LogicalResult lowerConstant(Operation *op);
+  LogicalResult lowerElementwise(Operation *op);
+  LogicalResult lowerRounding(Operation *op);
+  Value lowerMathScalar(Operation *op, mlir::ValueRange scalars);
+  /// `o * bcast(exp2(x - y))` skips the multiply when no row of the warp
+  /// has x != y (then the factor is exactly 1): an exact rewrite.
+  std::optional<LogicalResult> lowerUnitRescale(Operation *op);
+
+  // Control flow (TileToGPUControl.cpp).
+  LogicalResult lowerFor(mlir::scf::ForOp op);
+  /// The loop results that are running row sums kept per lane.
+  llvm::SmallVector<unsigned> deferRunningSums(mlir::scf::ForOp op);
+  LogicalResult lowerIf(mlir::scf::IfOp op);
+  llvm::SmallVector<Value> flatten(mlir::ValueRange tiles);
+
+  // Helpers.
+  bool isTile(Value v) const {
+    return mlir::isa<mlir::RankedTensorType>(v.getType());
+  }
+  mlir::RankedTensorType tileType(Value v) const {
+    return mlir::cast<mlir::RankedTensorType>(v.getType());
+  }
+  /// Registers per thread of a register tile of \p ty.
+  int64_t regCount(mlir::RankedTensorType ty) const;
+  /// n-tiles (8 columns each) per thread of a 2-D register tile.
+  int64_t nTiles(mlir::RankedTensorType ty) const;
+  /// Columns of a 2-D tile as the registers and slots hold them: the
+  /// grid.z chunk for tiles as wide as V, else padded to 16.
+  int64_t paddedCols(mlir::RankedTensorType ty) const;
+  bool splitsCols(mlir::RankedTensorType ty) const;
+  Value scalar(Value v) const { return map.lookup(v); }
+  Value toI32(Value index);
+  Value toI64(Value index);
+  mlir::InFlightDiagnostic fail(Operation *op, llvm::StringRef what);
+
+  mlir::ImplicitLocOpBuilder &b;
+  gpu::GpuBuilder g;
+  mlir::func::FuncOp fn;
+  AttentionSpec spec;
+  TileConfig config;
+  int64_t copyBytes;
+  GpuGeometry geo;
+  int64_t mt = 0; ///< 16-row m-tiles per warp
+
+  llvm::DenseMap<Value, TileHome> homes;
+  llvm::DenseMap<Value, SharedSlot> slots;
+  llvm::DenseMap<Value, Fragment> frags;
+  /// Row sums whose 4 lanes are combined after their loop (lowerFor).
+  llvm::DenseSet<Operation *> deferredSums;
+  /// Shared loads whose copies a loop's pipeline issues (skipped in place).
+  llvm::DenseSet<Operation *> pipelined;
+  /// Per dot: what to do before it (wait, barrier, copies to issue).
+  struct BeforeDot {
+    bool sync = false;
+    /// Copies to issue after the barrier: (load, 0) for this iteration's,
+    /// (load, 1) for the next one's (guarded by t + 1 < ub).
+    llvm::SmallVector<std::pair<tile::LoadOp, int>> issue;
+  };
+  llvm::DenseMap<Operation *, BeforeDot> beforeDot;
+  mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's
+  int64_t sharedBytes = 0;
+  /// Copies issued and not yet waited for (straight-line code).
+  bool pendingCopies = false;
+  /// The loop being lowered: its new induction variable, bound and step.
+  Value loopIv, loopUb, loopStep;
+  /// The thread index the copies use (an opaque copy inside loops).
+  Value copyTid;
+
+  // Thread geometry (i32) and the ldmatrix lane bases of each slot.
+  Value smem, tid, lane, grp, tig, warpRow0, chunk;
+  struct SlotFrags {
+    std::optional<gpu::FragmentAddresses> a, b, bTrans;
+  };
+  llvm::DenseMap<Value, SlotFrags> slotFrags;
+};
+
+} // namespace flashjit::conversion
+
+#endif // FLASHJIT_COMPILER_CONVERSION_TILETOGPU_H

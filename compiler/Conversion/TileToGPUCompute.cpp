@@ -1,0 +1,348 @@
+//===- TileToGPUCompute.cpp - Tile arithmetic on registers ----------------===//
+//
+/// \file
+/// The compute op families of the tile lowering (TileToGPU.h): tile.dot on
+/// m16n8k16 tensor-core MMAs, row reductions by warp shuffles, broadcasts,
+/// splats, iota, constants, elementwise arith / math, and the rounding
+/// points (arith.truncf / arith.extf of a tile).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+
+/// Products on the tensor cores. Two placements are lowered:
+///
+///   %s = tile.dot %q, %k {transpose_rhs}   // both shared: S = Q K^T
+///     -> per warp, mt x nt m16n8k16 MMAs per 16-wide k-step; A by ldmatrix
+///        (rows warpRow0 + mi * 16), B ([n][k]) by ldmatrix
+///   %o = tile.dot %p, %v acc %a            // P in registers, V shared
+///     -> P's f32 registers packed to bf16 pairs (its rounding point: the
+///        accumulator layout is the A layout of the next MMA, two n-tiles
+///        per k-step), V ([k][n]) by ldmatrix.trans, accumulating into %a
+///
+/// Before the first dot of a pipeline stage: cp.async.wait_all and a
+/// barrier, then the copies whose slots this frees (lowerFor).
+LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
+  auto it = beforeDot.find(op);
+  if (it != beforeDot.end() || pendingCopies) {
+    g.waitAll();
+    g.barrier();
+    pendingCopies = false;
+  }
+  if (it != beforeDot.end())
+    for (auto [load, ahead] : it->second.issue) {
+      if (!ahead) {
+        if (failed(issueCopy(load, loopIv)))
+          return failure();
+        continue;
+      }
+      Value next = arith::AddIOp::create(b, loopIv, loopStep);
+      Value more = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next,
+                                         loopUb);
+      LogicalResult r = success();
+      g.ifThen(more, [&] { r = issueCopy(load, next); });
+      if (failed(r))
+        return failure();
+    }
+
+  Value lhs = op.getLhs(), rhs = op.getRhs();
+  RankedTensorType resTy = op.getType();
+  if (op.getTransposeLhs())
+    return fail(op, "a transposed lhs is not lowered on the GPU yet");
+  if (homes.lookup(rhs) != TileHome::Shared)
+    return fail(op, "the rhs must be a shared tile");
+  const SharedSlot &rs = slots[rhs];
+  SlotFrags &rf = slotFrags[rhs];
+  Fragment out;
+  if (homes.lookup(lhs) == TileHome::Shared && op.getTransposeRhs()) {
+    const SharedSlot &ls = slots[lhs];
+    std::vector<gpu::Acc> acc =
+        gpu::mmaProduct(g, smem, *slotFrags[lhs].a, *rf.b, mt,
+                        nTiles(resTy), ls.padCols / 16);
+    for (const gpu::Acc &a : acc)
+      out.regs.append(a.begin(), a.end());
+    if (Value c = op.getAcc())
+      for (auto [i, r] : llvm::enumerate(out.regs))
+        r = g.fadd(frags[c].regs[i], r);
+  } else if (homes.lookup(lhs) == TileHome::Registers &&
+             !op.getTransposeRhs()) {
+    const Fragment &p = frags[lhs];
+    if (!p.pendingRound)
+      return fail(op, "a register lhs must be a tile rounded by arith.truncf");
+    RankedTensorType lTy = tileType(lhs);
+    int64_t nt = nTiles(lTy);
+    std::vector<gpu::Acc> lhsTiles(mt * nt);
+    for (size_t i = 0; i < lhsTiles.size(); ++i)
+      lhsTiles[i] = {p.regs[4 * i], p.regs[4 * i + 1], p.regs[4 * i + 2],
+                     p.regs[4 * i + 3]};
+    if (Value c = op.getAcc())
+      out.regs = frags[c].regs;
+    else
+      out.regs.assign(regCount(resTy), g.cf(0.0));
+    gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, *rf.bTrans, mt, nt,
+                       rs.padCols);
+  } else {
+    return fail(op, "this operand placement is not lowered on the GPU yet");
+  }
+  frags[op.getResult()] = std::move(out);
+  return success();
+}
+
+/// Row reductions: each thread folds its registers of a row, then the 4
+/// lanes of the row combine by shuffles (a running sum's lanes combine
+/// after its loop instead: lowerFor). Before:
+///
+///   %mx = tile.reduce "max" %s dim 1 : tensor<64x32xf32> -> tensor<64xf32>
+///
+/// After, per row register (mi, half):
+///
+///   %a = maxnum(-inf, s[mi, 0, 2 half], s[mi, 0, 2 half + 1], s[mi, 1, ..])
+///   %b = maxnum(%a, shfl.bfly(%a, 1)) ; %mx = maxnum(%b, shfl.bfly(%b, 2))
+LogicalResult TileKernelLowering::lowerReduce(tile::ReduceOp op) {
+  if (op.getDim() != 1)
+    return fail(op, "column reductions are not lowered on the GPU yet");
+  RankedTensorType ty = tileType(op.getValue());
+  if (splitsCols(ty))
+    return fail(op, "its rows are split over programs");
+  bool isMax = op.getKind() == "max";
+  auto combine = [&](Value x, Value y) {
+    return isMax ? g.fmax(x, y) : g.fadd(x, y);
+  };
+  const Fragment &in = frags[op.getValue()];
+  const int64_t nt = nTiles(ty);
+  Fragment out;
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value acc =
+          isMax ? g.cf(-std::numeric_limits<double>::infinity()) : g.cf(0.0);
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 2; ++e)
+          acc = combine(acc, in.regs[(mi * nt + ni) * 4 + 2 * h + e]);
+      if (!deferredSums.contains(op)) {
+        acc = combine(acc, g.shuffleXor(acc, 1));
+        acc = combine(acc, g.shuffleXor(acc, 2));
+      }
+      out.regs.push_back(acc);
+    }
+  frags[op.getResult()] = std::move(out);
+  return success();
+}
+
+/// A per-row tile over the columns: register (mi, ni, e) takes row
+/// register (mi, e / 2). No instruction.
+LogicalResult TileKernelLowering::lowerBroadcast(tile::BroadcastOp op) {
+  if (op.getDim() != 1)
+    return fail(op, "per-column broadcasts are not lowered on the GPU yet");
+  const Fragment &in = frags[op.getValue()];
+  Fragment out;
+  const int64_t nt = nTiles(op.getType());
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t ni = 0; ni < nt; ++ni)
+      for (int64_t e = 0; e < 4; ++e)
+        out.regs.push_back(in.regs[2 * mi + e / 2]);
+  frags[op.getResult()] = std::move(out);
+  return success();
+}
+
+LogicalResult TileKernelLowering::lowerSplat(tile::SplatOp op) {
+  frags[op.getResult()].regs.assign(regCount(op.getType()),
+                                    scalar(op.getValue()));
+  return success();
+}
+
+/// Row indices (warpRow0 + mi * 16 + grp + 8 * (e / 2)) or column indices
+/// (the chunk's first column + ni * 8 + 2 * tig + e % 2) of the registers.
+LogicalResult TileKernelLowering::lowerIota(tile::IotaOp op) {
+  RankedTensorType ty = op.getType();
+  Fragment out;
+  auto rowOf = [&](int64_t mi, int64_t h) {
+    return g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h)));
+  };
+  if (ty.getRank() == 1) {
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t h = 0; h < 2; ++h)
+        out.regs.push_back(rowOf(mi, h));
+  } else {
+    const int64_t nt = nTiles(ty);
+    Value colBase =
+        splitsCols(ty) ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
+    Value tig2 = g.add(colBase, g.mul(tig, g.c32(2)));
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 4; ++e)
+          out.regs.push_back(op.getDim() == 0
+                                 ? rowOf(mi, e / 2)
+                                 : g.add(tig2, g.c32(ni * 8 + e % 2)));
+  }
+  frags[op.getResult()] = std::move(out);
+  return success();
+}
+
+LogicalResult TileKernelLowering::lowerConstant(Operation *op) {
+  auto dense = dyn_cast<DenseElementsAttr>(cast<arith::ConstantOp>(op).getValue());
+  if (!dense || !dense.isSplat())
+    return fail(op, "only splat constant tiles are lowered");
+  auto ty = cast<RankedTensorType>(op->getResult(0).getType());
+  Value c = arith::ConstantOp::create(
+      b, cast<TypedAttr>(dense.getSplatValue<Attribute>()));
+  frags[op->getResult(0)].regs.assign(regCount(ty), c);
+  return success();
+}
+
+/// The rounding points. arith.truncf of an f32 register tile to the element
+/// type marks it: the registers round where they are consumed (packed for
+/// an MMA, converted for a store), once. arith.extf of such a tile rounds
+/// each pair through a bf16x2 / f16x2 conversion and back.
+LogicalResult TileKernelLowering::lowerRounding(Operation *op) {
+  Value in = op->getOperand(0), res = op->getResult(0);
+  const Fragment &f = frags[in];
+  if (isa<arith::TruncFOp>(op)) {
+    if (tileType(res).getElementType() != g.halfTy || f.pendingRound)
+      return fail(op, "rounds f32 tiles to the kernel's element type only");
+    Fragment out = f;
+    out.pendingRound = true;
+    frags[res] = std::move(out);
+    return success();
+  }
+  if (!f.pendingRound)
+    return fail(op, "widens only tiles rounded by arith.truncf");
+  Fragment out;
+  for (size_t i = 0; i + 1 < f.regs.size(); i += 2) {
+    auto [lo, hi] = g.unpack2(g.pack2(f.regs[i], f.regs[i + 1]));
+    out.regs.append({lo, hi});
+  }
+  frags[res] = std::move(out);
+  return success();
+}
+
+std::optional<LogicalResult>
+TileKernelLowering::lowerUnitRescale(Operation *op) {
+  auto mul = dyn_cast<arith::MulFOp>(op);
+  if (!mul)
+    return std::nullopt;
+  auto bcast = mul.getRhs().getDefiningOp<tile::BroadcastOp>();
+  auto exp = bcast ? bcast.getValue().getDefiningOp<math::Exp2Op>() : nullptr;
+  auto diff = exp ? exp.getOperand().getDefiningOp<arith::SubFOp>() : nullptr;
+  if (!diff || !frags.count(diff.getLhs()) || !frags.count(diff.getRhs()))
+    return std::nullopt;
+  // exp2(x - y) is exactly 1 where x == y, and o * 1 == o: when no row of
+  // the warp moved (a warp-uniform vote), the multiplies are skipped.
+  const Fragment &x = frags[diff.getLhs()], &y = frags[diff.getRhs()];
+  Value moved = g.cBool(false);
+  for (size_t i = 0; i < x.regs.size(); ++i)
+    moved = g.orI(moved, arith::CmpFOp::create(b, arith::CmpFPredicate::UNE,
+                                               x.regs[i], y.regs[i]));
+  Value any =
+      g.intrinsic("llvm.nvvm.vote.any.sync", {g.i1}, {g.c32(-1), moved});
+  const Fragment &o = frags[mul.getLhs()], &s = frags[mul.getRhs()];
+  SmallVector<Type> types(o.regs.size(), g.f32);
+  auto ifOp = scf::IfOp::create(b, types, any, /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    SmallVector<Value> scaled;
+    for (size_t i = 0; i < o.regs.size(); ++i)
+      scaled.push_back(g.fmul(o.regs[i], s.regs[i]));
+    scf::YieldOp::create(b, scaled);
+    b.setInsertionPointToStart(ifOp.elseBlock());
+    scf::YieldOp::create(b, o.regs);
+  }
+  frags[mul.getResult()].regs.assign(ifOp.getResults().begin(),
+                                     ifOp.getResults().end());
+  return success();
+}
+
+/// The scalar math flashjit lowers itself, without libdevice: NVVM's
+/// approximations for the transcendental functions (ex2, lg2, tanh: as
+/// every FlashAttention kernel uses them) and LLVM's intrinsics for the
+/// exact ones. Null for any other op.
+Value TileKernelLowering::lowerMathScalar(Operation *op, ValueRange x) {
+  Type f32 = g.f32;
+  if (isa<math::Exp2Op>(op))
+    return g.exp2(x[0]);
+  if (isa<math::Log2Op>(op))
+    return g.log2(x[0]);
+  if (isa<math::ExpOp>(op))
+    return g.exp2(g.fmul(x[0], g.cf(1.4426950408889634)));
+  if (isa<math::LogOp>(op))
+    return g.fmul(g.log2(x[0]), g.cf(0.6931471805599453));
+  if (isa<math::TanhOp>(op))
+    return LLVM::InlineAsmOp::create(
+               b, f32, x.take_front(), "tanh.approx.f32 $0, $1;", "=f,f",
+               /*has_side_effects=*/false, /*is_align_stack=*/false,
+               LLVM::tailcallkind::TailCallKind::None, LLVM::AsmDialectAttr(),
+               ArrayAttr())
+        .getResult(0);
+  if (isa<math::FmaOp>(op))
+    return g.fma(x[0], x[1], x[2]);
+  if (isa<arith::MaxNumFOp>(op))
+    return g.fmax(x[0], x[1]);
+  if (isa<arith::MinNumFOp>(op))
+    return LLVM::MinNumOp::create(b, x[0], x[1]);
+  if (isa<math::AbsFOp>(op))
+    return LLVM::FAbsOp::create(b, x[0]);
+  if (isa<math::SqrtOp>(op))
+    return LLVM::SqrtOp::create(b, x[0]);
+  return Value();
+}
+
+/// Elementwise arith / math on tiles: the same op on each register. Before:
+///
+///   %p = math.exp2 %x : tensor<64x32xf32>
+///
+/// After, per register i: `%p_i = ex2.approx.ftz %x_i` (math by
+/// lowerMathScalar; every arith op is cloned on scalars).
+LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
+  if (std::optional<LogicalResult> r = lowerUnitRescale(op))
+    return *r;
+  int64_t count = -1;
+  for (Value v : op->getOperands()) {
+    if (!isTile(v))
+      continue;
+    auto it = frags.find(v);
+    if (it == frags.end())
+      return fail(op, "an operand has no registers");
+    if (it->second.pendingRound)
+      return fail(op, "a rounded tile is consumed only by tile.dot, "
+                      "tile.store or arith.extf");
+    if (count >= 0 && int64_t(it->second.regs.size()) != count)
+      return fail(op, "operands of different layouts");
+    count = it->second.regs.size();
+  }
+  if (count < 0)
+    return fail(op, "no tile operand");
+  SmallVector<Type> resultTypes;
+  for (Value r : op->getResults())
+    resultTypes.push_back(tileType(r).getElementType());
+  SmallVector<Fragment> outs(op->getNumResults());
+  for (int64_t i = 0; i < count; ++i) {
+    SmallVector<Value> operands;
+    for (Value v : op->getOperands())
+      operands.push_back(isTile(v) ? frags[v].regs[i] : scalar(v));
+    if (Value v = lowerMathScalar(op, operands)) {
+      outs[0].regs.push_back(v);
+      continue;
+    }
+    if (isa<math::MathDialect>(op->getDialect()))
+      return fail(op, "this math op has no GPU lowering (flashjit links no "
+                      "libdevice)");
+    OperationState state(op->getLoc(), op->getName().getStringRef(), operands,
+                         resultTypes, op->getAttrs());
+    Operation *scalarOp = b.create(state);
+    for (unsigned r = 0; r < op->getNumResults(); ++r)
+      outs[r].regs.push_back(scalarOp->getResult(r));
+  }
+  for (unsigned r = 0; r < op->getNumResults(); ++r)
+    frags[op->getResult(r)] = std::move(outs[r]);
+  return success();
+}

@@ -1,0 +1,276 @@
+//===- TileToGPUControl.cpp - Loops and branches over tiles ---------------===//
+//
+/// \file
+/// The control-flow op family of the tile lowering (TileToGPU.h): scf.for
+/// and scf.if carrying tiles carry their registers instead, and the loop
+/// over KV blocks gets its software pipeline here.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+
+SmallVector<Value> TileKernelLowering::flatten(ValueRange values) {
+  SmallVector<Value> flat;
+  for (Value v : values) {
+    if (!isTile(v)) {
+      flat.push_back(scalar(v));
+      continue;
+    }
+    const Fragment &f = frags[v];
+    flat.append(f.regs.begin(), f.regs.end());
+  }
+  return flat;
+}
+
+/// The registers' types of \p values, flattened as flatten() does.
+static SmallVector<Type> flatTypes(ValueRange values,
+                                   function_ref<int64_t(Value)> count) {
+  SmallVector<Type> types;
+  for (Value v : values) {
+    auto ty = dyn_cast<RankedTensorType>(v.getType());
+    if (!ty) {
+      types.push_back(v.getType());
+      continue;
+    }
+    types.append(count(v), ty.getElementType());
+  }
+  return types;
+}
+
+/// Splits \p flat back into \p values' registers (tiles) and scalars.
+static void unflatten(ValueRange values, ValueRange flat,
+                      function_ref<int64_t(Value)> count,
+                      function_ref<void(Value, ArrayRef<Value>)> assign) {
+  SmallVector<Value> all(flat.begin(), flat.end());
+  size_t at = 0;
+  for (Value v : values) {
+    int64_t n = isa<RankedTensorType>(v.getType()) ? count(v) : 1;
+    assign(v, ArrayRef<Value>(all).slice(at, n));
+    at += n;
+  }
+}
+
+/// Running row sums, `%l2 = %l * %a + tile.reduce "sum" %p dim 1` with %l
+/// an iter_arg starting at 0 and used by that multiply alone, are kept per
+/// lane: each of a row's 4 lanes carries the sum of its own columns, and
+/// the lanes are combined by two shuffles after the loop, not in every
+/// iteration (FlashAttention-2's order). Only the association of the f32
+/// sum changes, which a reduction leaves to the implementation.
+SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
+  SmallVector<unsigned> deferred;
+  auto yield = cast<scf::YieldOp>(op.getBody()->getTerminator());
+  for (unsigned i = 0; i < op.getNumRegionIterArgs(); ++i) {
+    Value arg = op.getRegionIterArgs()[i];
+    auto add = yield.getOperand(i).getDefiningOp<arith::AddFOp>();
+    auto init = op.getInitArgs()[i].getDefiningOp<arith::ConstantOp>();
+    auto zero = init ? dyn_cast<DenseFPElementsAttr>(init.getValue()) : nullptr;
+    if (!add || !zero || !zero.isSplat() ||
+        !zero.getSplatValue<APFloat>().isPosZero() || !arg.hasOneUse() ||
+        !add->hasOneUse() || tileType(arg).getRank() != 1)
+      continue;
+    auto mul = add.getLhs().getDefiningOp<arith::MulFOp>();
+    auto sum = add.getRhs().getDefiningOp<tile::ReduceOp>();
+    if (!mul || !sum || sum.getKind() != "sum" || !sum->hasOneUse() ||
+        mul.getLhs() != arg || !mul->hasOneUse())
+      continue;
+    deferredSums.insert(sum);
+    deferred.push_back(i);
+  }
+  return deferred;
+}
+
+/// A loop carrying tiles carries their registers. Before:
+///
+///   %r:3 = scf.for %t = %lo to %hi step %c1 iter_args(%o = %o0, %m = %m0,
+///       %l = %l0) -> (tensor<64x96xf32>, tensor<64xf32>, tensor<64xf32>) {
+///     %k = tile.load %K[...] rows %n0 ...   // feeds the first dot
+///     %v = tile.load %V[...] rows %n0 ...   // feeds the second
+///     ... tile.dot %q, %k ... tile.dot %p, %v ...
+///   }
+///
+/// After (the pipeline of single-buffered shared tiles: each slot is
+/// refilled as soon as its reader is done):
+///
+///   cp.async K(lo); commit                  // prologue, if lo < hi
+///   %r:N = scf.for %t = %lo to %hi step %c1 iter_args(<registers>) {
+///     wait_all; barrier                     // K(t) landed; V free
+///     cp.async V(t); commit
+///     ... S = Q K^T ... softmax ...
+///     wait_all; barrier                     // V(t) landed; K free
+///     scf.if (%t + 1 < %hi) { cp.async K(t + 1); commit }
+///     ... O += P V ...
+///   }
+///
+/// In general, with shared loads L_1 .. L_n (n >= 2) ordered by their first
+/// dots D_1 .. D_n: before D_i, wait and barrier, then L_{i-1}(t + 1)
+/// (i > 1) or L_n(t) (i = 1); L_1(lo) before the loop. A single shared load
+/// is copied in place, after a barrier.
+LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
+  Block *body = op.getBody();
+  SmallVector<tile::LoadOp> loads;
+  DenseMap<Operation *, Operation *> firstDot;
+  for (Operation &inner : body->without_terminator()) {
+    auto load = dyn_cast<tile::LoadOp>(&inner);
+    if (!load || homes.lookup(load.getResult()) != TileHome::Shared)
+      continue;
+    Operation *first = nullptr;
+    for (Operation *user : load.getResult().getUsers()) {
+      Operation *inBody = body->findAncestorOpInBlock(*user);
+      if (inBody && (!first || inBody->isBeforeInBlock(first)))
+        first = inBody;
+    }
+    if (!first || !isa<tile::DotOp>(first))
+      return fail(load, "a pipelined shared tile must be read by a tile.dot "
+                        "of the loop body itself");
+    loads.push_back(load);
+    firstDot[load] = first;
+  }
+  llvm::sort(loads, [&](tile::LoadOp x, tile::LoadOp y) {
+    return firstDot[x]->isBeforeInBlock(firstDot[y]);
+  });
+  const size_t n = loads.size();
+  if (n >= 2)
+    for (size_t i = 0; i < n; ++i) {
+      BeforeDot &before = beforeDot[firstDot[loads[i]]];
+      before.sync = true;
+      before.issue.push_back(i > 0 ? std::make_pair(loads[i - 1], 1)
+                                   : std::make_pair(loads[n - 1], 0));
+      pipelined.insert(loads[i]);
+    }
+
+  // The counter runs in i32 (sequence lengths are below 2^31, so are block
+  // indices): an i64 counter and bound cost two registers each, live across
+  // the whole loop.
+  auto narrow = [&](Value v) {
+    return scalar(v);
+  };
+  Value lb = narrow(op.getLowerBound()), ub = narrow(op.getUpperBound());
+  Value step = narrow(op.getStep());
+  if (n >= 2) {
+    Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, lb, ub);
+    LogicalResult r = success();
+    g.ifThen(any, [&] { r = issueCopy(loads[0], lb); });
+    if (failed(r))
+      return failure();
+  }
+
+  SmallVector<unsigned> perLane = deferRunningSums(op);
+  auto count = [&](Value v) { return regCount(tileType(v)); };
+  SmallVector<Value> init = flatten(op.getInitArgs());
+  for (Value v : op.getInitArgs())
+    if (isTile(v) && frags[v].pendingRound)
+      return fail(op, "a loop cannot carry a rounded tile");
+  auto loop = scf::ForOp::create(b, lb, ub, step, init);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    map.map(op.getInductionVar(), loop.getInductionVar());
+    unflatten(op.getRegionIterArgs(), loop.getRegionIterArgs(), count,
+              [&](Value v, ArrayRef<Value> regs) {
+                if (isTile(v))
+                  frags[v].regs.assign(regs.begin(), regs.end());
+                else
+                  map.map(v, regs[0]);
+              });
+    // Loop-variant copies of the lane bases: addresses are recomputed (one
+    // add each) rather than hoisted into registers live across the loop.
+    DenseMap<Value, SlotFrags> outer = slotFrags;
+    for (auto &[v, f] : slotFrags)
+      for (auto *a : {&f.a, &f.b, &f.bTrans})
+        if (*a)
+          *a = (*a)->inLoop(g);
+    Value outerTid = copyTid;
+    copyTid = g.opaque(tid);
+    Value outerIv = loopIv, outerUb = loopUb, outerStep = loopStep;
+    loopIv = loop.getInductionVar();
+    loopUb = ub;
+    loopStep = step;
+    bool outerPending = pendingCopies;
+    pendingCopies = false;
+
+    if (failed(lowerBlock(*body)))
+      return failure();
+    auto yield = cast<scf::YieldOp>(body->getTerminator());
+    for (Value v : yield.getOperands())
+      if (isTile(v) && frags[v].pendingRound)
+        return fail(op, "a loop cannot carry a rounded tile");
+    scf::YieldOp::create(b, flatten(yield.getOperands()));
+
+    slotFrags = std::move(outer);
+    copyTid = outerTid;
+    loopIv = outerIv;
+    loopUb = outerUb;
+    loopStep = outerStep;
+    pendingCopies = outerPending || pendingCopies;
+  }
+  unflatten(op.getResults(), loop.getResults(), count,
+            [&](Value v, ArrayRef<Value> regs) {
+              if (isTile(v))
+                frags[v].regs.assign(regs.begin(), regs.end());
+              else
+                map.map(v, regs[0]);
+            });
+  for (unsigned i : perLane)
+    for (Value &r : frags[op.getResult(i)].regs) {
+      r = g.fadd(r, g.shuffleXor(r, 1));
+      r = g.fadd(r, g.shuffleXor(r, 2));
+    }
+  return success();
+}
+
+/// A branch yielding tiles yields their registers. Before:
+///
+///   %s2 = scf.if %straddles -> (tensor<64x32xf32>) {
+///     ... scf.yield %masked ...
+///   } else { scf.yield %s }
+///
+/// After: `scf.if %straddles -> (f32, ..., f32)` over the registers of
+/// each branch's yield.
+LogicalResult TileKernelLowering::lowerIf(scf::IfOp op) {
+  auto count = [&](Value v) { return regCount(tileType(v)); };
+  SmallVector<Type> types = flatTypes(op.getResults(), count);
+  auto ifOp = scf::IfOp::create(b, types, scalar(op.getCondition()),
+                                /*withElseRegion=*/true);
+  for (auto [from, to] : {std::make_pair(&op.getThenRegion(),
+                                         &ifOp.getThenRegion()),
+                          std::make_pair(&op.getElseRegion(),
+                                         &ifOp.getElseRegion())}) {
+    OpBuilder::InsertionGuard guard(b);
+    Block *dest = &to->front();
+    // An scf.if without results gets an implicit yield: lower before it.
+    Operation *implicitYield = dest->empty() ? nullptr : dest->getTerminator();
+    if (implicitYield)
+      b.setInsertionPoint(implicitYield);
+    else
+      b.setInsertionPointToStart(dest);
+    if (from->empty())
+      continue;
+    Block &src = from->front();
+    if (failed(lowerBlock(src)))
+      return failure();
+    auto yield = cast<scf::YieldOp>(src.getTerminator());
+    for (Value v : yield.getOperands())
+      if (isTile(v) && frags[v].pendingRound)
+        return fail(op, "a branch cannot yield a rounded tile");
+    SmallVector<Value> flat = flatten(yield.getOperands());
+    if (implicitYield)
+      implicitYield->setOperands(flat);
+    else
+      scf::YieldOp::create(b, flat);
+  }
+  unflatten(op.getResults(), ifOp.getResults(), count,
+            [&](Value v, ArrayRef<Value> regs) {
+              if (isTile(v))
+                frags[v].regs.assign(regs.begin(), regs.end());
+              else
+                map.map(v, regs[0]);
+            });
+  return success();
+}

@@ -1,0 +1,196 @@
+//===- TileToGPUMemory.cpp - Global tiles <-> shared memory and registers -===//
+//
+/// \file
+/// The memory op family of the tile lowering (TileToGPU.h): tile.load into
+/// a shared-memory slot by cp.async, tile.store from registers, and the
+/// scalar memref.load of a layout entry.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "llvm/ADT/SetVector.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+using arith::CmpIPredicate;
+
+/// A shared tile's copies: where its loop's pipeline issues them, nothing
+/// here; elsewhere in place. Before:
+///
+///   %k = tile.load %K[%off] rows %n0 of %nkv stride %sn
+///       : memref<?xbf16> -> tensor<64x96xbf16>
+///
+/// After (the slot at byte 16384, rows of 16 chunks; one cp.async of 16
+/// bytes per thread and chunk, zero-filled past Nkv and past column 96):
+///
+///   llvm.call_intrinsic "llvm.nvvm.cp.async.cg.shared.global.16.s"(...)
+///   ...
+///   llvm.call_intrinsic "llvm.nvvm.cp.async.commit.group"()
+LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
+  if (pipelined.contains(op))
+    return success();
+  // Inside a loop without a pipeline, the slot's readers of the previous
+  // iteration must be done before it is overwritten.
+  if (op->getParentOfType<scf::ForOp>())
+    g.barrier();
+  return issueCopy(op, Value());
+}
+
+LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
+  IRMapping local = map;
+  if (iv) {
+    auto loop = cast<scf::ForOp>(op->getParentOp());
+    local.map(loop.getInductionVar(), iv);
+    // The scalar ops of the loop body that the load's operands depend on,
+    // evaluated again for this iteration.
+    llvm::SetVector<Operation *> slice;
+    SmallVector<Value> work(op->getOperands());
+    while (!work.empty()) {
+      Value v = work.pop_back_val();
+      Operation *def = v.getDefiningOp();
+      if (!def || def->getBlock() != op->getBlock() || slice.contains(def))
+        continue;
+      slice.insert(def);
+      work.append(def->getOperands().begin(), def->getOperands().end());
+    }
+    SmallVector<Operation *> ordered(slice.begin(), slice.end());
+    llvm::sort(ordered, [](Operation *x, Operation *y) {
+      return x->isBeforeInBlock(y);
+    });
+    for (Operation *def : ordered) {
+      if (isa<memref::LoadOp>(def)) {
+        IRMapping saved = map;
+        map = local;
+        LogicalResult r = lowerScalarLoad(def);
+        local = map;
+        map = saved;
+        if (failed(r))
+          return failure();
+      } else if (def->getNumRegions() == 0) {
+        b.clone(*def, local);
+      } else {
+        return fail(op, "its address depends on an op with regions");
+      }
+    }
+  }
+  const SharedSlot &slot = slots[op.getResult()];
+  RankedTensorType ty = op.getType();
+  Value colBase = slot.splitCols ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
+  auto idx = [&](Value v) { return local.lookup(v); };
+  Value offset = arith::IndexCastOp::create(b, g.i64, idx(op.getOffset()));
+  Value stride = arith::IndexCastOp::create(b, g.i64, idx(op.getStride()));
+  Value row0 = arith::IndexCastOp::create(b, g.i32, idx(op.getRow0()));
+  Value rows = arith::IndexCastOp::create(b, g.i32, idx(op.getRows()));
+  gpu::copyTileAsync(
+      g, gpu::TileCopier{smem, copyTid ? copyTid : tid, geo.threads, copyBytes},
+      gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
+                      ty.getDimSize(0), ty.getDimSize(1), colBase,
+                      slot.padCols, slot.rowChunks, g.c32(slot.offset)});
+  g.commitGroup();
+  pendingCopies = true;
+  return success();
+}
+
+/// A register tile's rows (and columns) that exist, written element by
+/// element. Before:
+///
+///   tile.store %o, %O[%off] rows %m0 of %nq stride %sn
+///       : tensor<64x96xbf16>, memref<?xbf16>
+///
+/// After, per register (mi, ni, e) of the thread:
+///
+///   %row = m0 + warp row + mi * 16 + grp + 8 * (e / 2)
+///   %col = chunk column + ni * 8 + 2 * tig + e % 2
+///   scf.if (%row < %nq && %col < 96) {
+///     llvm.store (cvt.rn.bf16 %v), %O[off + row * sn + col]
+///   }
+///
+/// A rank-1 tile (one value per row, replicated over the row's 4 lanes and
+/// over the column chunks) is stored by lane tig = 0 of chunk 0.
+LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
+  Value v = op.getValue();
+  if (homes.lookup(v) != TileHome::Registers || !frags.count(v))
+    return fail(op, "only register tiles can be stored");
+  const Fragment &f = frags[v];
+  RankedTensorType ty = tileType(v);
+  Type elem = ty.getElementType();
+  bool half = elem == g.halfTy;
+  if (!half && !elem.isF32())
+    return fail(op, "stores bf16/f16 or f32 tiles, got ") << ty;
+  if (half != f.pendingRound)
+    return fail(op, "a 16-bit tile must come from arith.truncf");
+  Value base = scalar(op.getBase());
+  Value offset = toI64(scalar(op.getOffset()));
+  Value row0 = toI32(scalar(op.getRow0()));
+  Value rows = toI32(scalar(op.getRows()));
+  auto store = [&](Value value, Value index64) {
+    if (half) {
+      LLVM::StoreOp::create(b, g.toElementBits(value),
+                            g.elementPtr(base, index64));
+      return;
+    }
+    Value ptr = LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                                    ArrayRef<LLVM::GEPArg>{index64});
+    LLVM::StoreOp::create(b, value, ptr);
+  };
+  if (ty.getRank() == 1) {
+    Value writer = g.andI(g.cmp(CmpIPredicate::eq, tig, g.c32(0)),
+                          g.cmp(CmpIPredicate::eq, chunk, g.c32(0)));
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value row = g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 +
+                                                                 8 * h))));
+        Value ok = g.andI(writer, g.cmp(CmpIPredicate::slt, row, rows));
+        g.ifThen(ok, [&] {
+          store(f.regs[2 * mi + h], g.add(offset, g.ext64(row)));
+        });
+      }
+    return success();
+  }
+  Value stride = toI64(scalar(op.getStride()));
+  const int64_t nt = nTiles(ty);
+  Value colBase = splitsCols(ty) ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
+  Value cols = g.c32(ty.getDimSize(1));
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row =
+          g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
+      Value rowOk = g.cmp(CmpIPredicate::slt, row, rows);
+      Value rowAt = g.add(offset, g.mul(g.ext64(row), stride));
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 2; ++e) {
+          Value col = g.add(colBase, g.add(g.c32(ni * 8 + e),
+                                           g.mul(tig, g.c32(2))));
+          Value ok = g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, cols));
+          Value x = f.regs[(mi * nt + ni) * 4 + 2 * h + e];
+          g.ifThen(ok, [&] { store(x, g.add(rowAt, g.ext64(col))); });
+        }
+    }
+  return success();
+}
+
+/// A scalar read of a buffer (a BCSR layout's count or index). Before:
+///
+///   %c = memref.load %counts[%i] : memref<?xi32>
+///
+/// After:
+///
+///   %p = llvm.getelementptr %counts[%i64] : (!llvm.ptr, i64) -> !llvm.ptr, i32
+///   %c = llvm.load %p : !llvm.ptr -> i32
+LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op) {
+  auto load = cast<memref::LoadOp>(op);
+  if (load.getIndices().size() != 1)
+    return fail(op, "buffers are 1-D");
+  Type elem = load.getType();
+  Value index = toI64(map.lookup(load.getIndices()[0]));
+  Value ptr = LLVM::GEPOp::create(b, g.ptrGen, elem,
+                                  map.lookup(load.getMemRef()),
+                                  ArrayRef<LLVM::GEPArg>{index});
+  map.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
+  return success();
+}
