@@ -36,4 +36,28 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
   ];
 }
 
+def LowerTileToLoops : Pass<"flashjit-lower-tile-to-loops", "mlir::ModuleOp"> {
+  let summary = "Lower the tile IR to loops on memref buffers (the CPU mode)";
+  let description = [{
+    Rewrites every function body so that no tensor and no tile op remains:
+    each tile value gets a memref.alloca of its static shape, hoisted to the
+    function's entry block, and each op on tiles becomes a loop nest over
+    its elements (memref load / store / atomic_rmw, scf, scalar arith and
+    math), with the semantics TileOps.td gives: tile.load zero-fills the
+    rows past `rows` without reading them, tile.store and tile.atomic_add
+    skip them (atomic_add by memref.atomic_rmw addf), tile.dot accumulates
+    in f32 in order k = 0..K-1 from acc (or 0), tile.reduce folds maxnumf
+    from -inf or addf from 0 in index order. Elementwise arith / math ops on
+    tiles (the ElementwiseMappable ops) are cloned on scalars. A loop
+    carrying tiles gets one buffer per tile iter_arg (the yielded tiles are
+    copied back at the end of the body, through temporaries when the yield
+    permutes them); an scf.if yielding tiles writes a result buffer in each
+    branch. Scalar code is left as it is; an op on tiles that cannot be
+    lowered (an unknown op, a dynamic shape) is a named error.
+  }];
+  let dependentDialects = ["mlir::memref::MemRefDialect",
+                           "mlir::scf::SCFDialect", "mlir::arith::ArithDialect",
+                           "mlir::math::MathDialect"];
+}
+
 #endif // FLASHJIT_CONVERSION_PASSES

@@ -53,8 +53,8 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   pm.addPass(createCSEPass());
 }
 
-void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
-  buildTilingPipeline(pm, config);
+void buildCpuLoweringPipeline(OpPassManager &pm) {
+  pm.addPass(conversion::createLowerTileToLoops());
   pm.addPass(createLoopInvariantCodeMotionPass());
   pm.addPass(createSCFToControlFlowPass());
   pm.addPass(memref::createExpandStridedMetadataPass());
@@ -66,6 +66,11 @@ void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
   pm.addPass(createConvertControlFlowToLLVMPass());
   pm.addPass(createReconcileUnrealizedCastsPass());
   pm.addPass(createCanonicalizerPass());
+}
+
+void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
+  buildTilingPipeline(pm, config);
+  buildCpuLoweringPipeline(pm);
 }
 
 void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
@@ -123,6 +128,9 @@ void registerFlashjitPasses() {
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         buildCpuPipeline(pm, toConfig(options));
       });
+  PassPipelineRegistration<>(
+      "flashjit-tile-to-cpu-pipeline", "tile IR -> LLVM dialect for the host",
+      [](OpPassManager &pm) { buildCpuLoweringPipeline(pm); });
 }
 
 void registerFlashjitDialects(DialectRegistry &registry) {

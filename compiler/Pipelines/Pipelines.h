@@ -50,7 +50,13 @@ struct FlashjitPipelineOptions
 /// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup).
 void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 
-/// attn -> LLVM dialect for the host: the CPU execution mode.
+/// tile IR -> LLVM dialect for the host: flashjit-lower-tile-to-loops, then
+/// the host lowering (LICM, SCF -> CF, memref / math / arith / index / func
+/// / cf -> LLVM, canonicalize).
+void buildCpuLoweringPipeline(mlir::OpPassManager &pm);
+
+/// attn -> LLVM dialect for the host: the CPU execution mode (the tiling
+/// pipeline, then buildCpuLoweringPipeline).
 void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
 
 /// GPU-only knobs of the GPU pipeline.
@@ -67,7 +73,7 @@ void buildGpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
                       const GpuPipelineConfig &gpu, bool stopAtGpu = false);
 
 /// Registers "flashjit-tiling-pipeline", "flashjit-cpu-pipeline",
-/// "flashjit-gpu-pipeline" and every
+/// "flashjit-tile-to-cpu-pipeline", "flashjit-gpu-pipeline" and every
 /// flashjit pass with the global pass registry (for flashjit-opt).
 void registerFlashjitPasses();
 
