@@ -47,6 +47,12 @@ struct GpuTarget {
   int64_t copyBytes = 16;      ///< global->shared copy width (alignment)
 };
 
+/// Names the code the compiler emits for a given pipeline text: part of
+/// every cubin and tuning cache key, so that entries written by an earlier
+/// code generator are rebuilt, not reused. Change it with every change to
+/// a lowering that can alter the PTX of an unchanged pipeline.
+inline constexpr const char *kCodegenRevision = "tile-ir-1";
+
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
 

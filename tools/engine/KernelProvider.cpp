@@ -17,6 +17,7 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target) {
   rt::CacheKey key;
   key.add("version", FLASHJIT_VERSION)
+      .add("codegen", kCodegenRevision)
       .add("pipeline", gpuPipelineText(config, target))
       .add("spec", spec.toJson())
       .add("config", config.toJson())
@@ -60,6 +61,7 @@ rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
                        const rt::DeviceInfo &info) {
   rt::CacheKey key;
   key.add("version", FLASHJIT_VERSION)
+      .add("codegen", kCodegenRevision)
       .add("spec", spec.toJson())
       .add("problem_class", rt::problemClass(p))
       .add("gpu_name", info.name)

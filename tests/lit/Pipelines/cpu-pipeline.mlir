@@ -10,8 +10,8 @@
 // CHECK: llvm.return
 
 // TILED: func.func @attention
-// TILED: memref.alloca() : memref<16x16xf32>
-// TILED: scf.for
+// TILED: tile.load {{.*}} -> tensor<16x16xbf16>
+// TILED: scf.for {{.*}} -> (tensor<16x16xf32>, tensor<16xf32>, tensor<16xf32>)
 module {
 attn.flash_fwd @attention {element_type = bf16, gqa = 1 : i64, head_dim_qk = 16 : i64, head_dim_v = 16 : i64, mask = "none", sparse_block = 0 : i64}
 }

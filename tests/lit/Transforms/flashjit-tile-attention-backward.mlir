@@ -10,8 +10,8 @@
 // CHECK-SAME: %{{.*}}: memref<?xbf16>
 // CHECK-SAME: "lse", "delta", "dq_accum", "dq", "dk", "dv", "counts", "indices", "kv_counts", "kv_indices"
 // CHECK-SAME: "scale_log2e", "scale", "pid_m", "pid_bh"]
-// CHECK-SAME: attn.kernel_backward = {block_m = 64 : i64, block_n = 32 : i64, deterministic = false
-// CHECK-SAME: role = "preprocess"
+// CHECK-SAME: attn.kernel = #attn.kernel<role = "preprocess"
+// CHECK-SAME: block_m = 64, block_n = 32, deterministic = false>
 // CHECK: scf.for
 // CHECK: iter_args
 // CHECK: arith.mulf
@@ -25,8 +25,8 @@
 // Q blocks of the band; P is recomputed with exp2 from lse * log2(e); the
 // element mask only under an scf.if; P and dS rounded for the matmuls.
 // CHECK-LABEL: func.func @causal(
-// CHECK-SAME: deterministic = false
 // CHECK-SAME: role = "main"
+// CHECK-SAME: deterministic = false
 // CHECK-DAG: memref.alloca() : memref<32x96xf32>
 // CHECK-DAG: memref.alloca() : memref<32x64xf32>
 // CHECK-DAG: memref.alloca() : memref<64x32xf32>
@@ -47,8 +47,8 @@
 
 // The conversion: no KV loop, dq = bf16(dq_accum * scale).
 // CHECK-LABEL: func.func @causal_dq(
-// CHECK-SAME: deterministic = false
 // CHECK-SAME: role = "dq_convert"
+// CHECK-SAME: deterministic = false
 // CHECK-NOT: math.exp2
 // CHECK: %[[ACC:.*]] = memref.load %arg7[%{{.*}}] : memref<?xf32>
 // CHECK: %[[SCALED:.*]] = arith.mulf %[[ACC]], %arg56 : f32
@@ -72,19 +72,19 @@ attn.flash_bwd @causal {element_type = bf16, gqa = 2 : i64, head_dim_qk = 96 : i
 // alone; @det_dq is the separate pass: a KV loop over the band, the same
 // recomputation, dQ += dS K.
 // CHECK-LABEL: func.func @det_preprocess(
-// CHECK-SAME: deterministic = true
 // CHECK-SAME: role = "preprocess"
+// CHECK-SAME: deterministic = true
 // CHECK-NOT: %arg7[
 // CHECK: return
 // CHECK-LABEL: func.func @det(
-// CHECK-SAME: deterministic = true
 // CHECK-SAME: role = "main"
+// CHECK-SAME: deterministic = true
 // CHECK-NOT: memref.atomic_rmw
 // CHECK-NOT: %arg7[
 // CHECK: return
 // CHECK-LABEL: func.func @det_dq(
-// CHECK-SAME: deterministic = true
 // CHECK-SAME: role = "dq"
+// CHECK-SAME: deterministic = true
 // CHECK: scf.for %[[KB:.*]] = %{{.*}} to %{{.*}} step
 // CHECK: arith.muli %[[KB]], %c32{{.*}} : index
 // CHECK: math.exp2
