@@ -2,8 +2,11 @@
 
 #include "kernels/AttentionSpec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
+#include <optional>
+#include <vector>
 
 namespace flashjit {
 
@@ -104,6 +107,83 @@ void Problem::validate(const AttentionSpec &spec) const {
   if (!std::isfinite(scale) || scale < 0)
     throw SpecError(fmt::format(
         "scale must be finite and >= 0 (0 = 1/sqrt(head_dim)), got {}", scale));
+  if (scale != 0 && (scale < kMinScale || scale > kMaxScale))
+    throw SpecError(fmt::format(
+        "scale must be 0 (1/sqrt(head_dim)) or in [2^-126, 2^63] = [{:g}, "
+        "{:g}] (f32 normal, and scale * log2(e) * score finite in f32 for "
+        "every |score| < 2^64), got {}",
+        kMinScale, kMaxScale, scale));
+}
+
+namespace {
+/// The product of \p factors, or nullopt when it overflows int64.
+std::optional<int64_t> checkedProduct(const std::vector<int64_t> &factors) {
+  int64_t product = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(product, f, &product))
+      return std::nullopt;
+  return product;
+}
+} // namespace
+
+void checkProblemSize(const AttentionSpec &spec, const Problem &p) {
+  const int64_t kvHeads = p.heads / std::max<int64_t>(1, spec.gqaGroup);
+  struct Tensor {
+    const char *name, *formula;
+    std::vector<int64_t> factors;
+  };
+  const Tensor tensors[] = {
+      {"q",
+       "batch * heads * seq_len * head_dim_qk",
+       {p.batch, p.heads, p.seqLenQ, spec.headDimQK}},
+      {"k",
+       "batch * kv_heads * seq_len_kv * head_dim_qk",
+       {p.batch, kvHeads, p.seqLenKV, spec.headDimQK}},
+      {"v",
+       "batch * kv_heads * seq_len_kv * head_dim_v",
+       {p.batch, kvHeads, p.seqLenKV, spec.headDimV}},
+      {"o",
+       "batch * heads * seq_len * head_dim_v",
+       {p.batch, p.heads, p.seqLenQ, spec.headDimV}},
+      {"lse", "batch * heads * seq_len", {p.batch, p.heads, p.seqLenQ}},
+  };
+  std::vector<Tensor> all(std::begin(tensors), std::end(tensors));
+  if (spec.blockSparse && spec.sparseBlock >= 1) {
+    // A layout broadcast over batch and heads: [q_blocks, kv_blocks].
+    int64_t sb = spec.sparseBlock;
+    all.push_back({"the layout's indices",
+                   "q_blocks * kv_blocks",
+                   {(p.seqLenQ + sb - 1) / sb, (p.seqLenKV + sb - 1) / sb}});
+  }
+  for (const Tensor &t : all) {
+    std::optional<int64_t> n = checkedProduct(t.factors);
+    if (n && *n <= kMaxTensorElements)
+      continue;
+    std::string factors;
+    for (int64_t f : t.factors)
+      factors += (factors.empty() ? "" : " * ") + std::to_string(f);
+    throw SpecError(fmt::format(
+        "problem too large: {} would hold {} = {} elements{}; the limit is "
+        "2^40 ({}) elements per tensor",
+        t.name, t.formula, factors + (n ? fmt::format(" = {}", *n) : ""),
+        n ? "" : " (overflows int64)", kMaxTensorElements));
+  }
+}
+
+void checkTensorReach(const char *what, const int64_t *shape,
+                      const int64_t *strides) {
+  int64_t reach = 0;
+  for (int i = 0; i < 4; ++i) {
+    int64_t step;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &step) ||
+        __builtin_add_overflow(reach, step, &reach) || reach > kMaxTensorReach)
+      throw SpecError(fmt::format(
+          "{}: shape [{}, {}, {}, {}] with strides [{}, {}, {}, {}] reaches "
+          "past element 2^47 ({}) of its base (sum of (shape[i] - 1) * "
+          "strides[i]): no buffer is that large",
+          what, shape[0], shape[1], shape[2], shape[3], strides[0], strides[1],
+          strides[2], strides[3], kMaxTensorReach));
+  }
 }
 
 double Problem::effectiveScale(const AttentionSpec &spec) const {

@@ -34,6 +34,25 @@ public:
 /// "Infinite" window extent: larger than any sequence length we accept.
 constexpr int64_t kUnboundedWindow = int64_t(1) << 40;
 
+/// The most elements one tensor of a problem (q, k, v, o, their gradients,
+/// lse) may hold: 2^40, i.e. 2 TiB of 16-bit elements, past any host's or
+/// GPU's memory, so a real problem never meets it while every index and byte
+/// count of an accepted one stays far from int64 overflow. Checked as a
+/// total (checkProblemSize), not per dimension.
+constexpr int64_t kMaxTensorElements = int64_t(1) << 40;
+/// The farthest element a strided (B, H, N, d) view may reach from its base
+/// pointer: 2^47 elements (2^48 bytes, 256 TiB), past any address space a
+/// host or a GPU has (checkTensorReach).
+constexpr int64_t kMaxTensorReach = int64_t(1) << 47;
+/// The softmax scale's bounds (0 aside, which means 1/sqrt(head_dim)). The
+/// kernels compute exp2(scale * log2(e) * s - m) in f32: below 2^-126 the
+/// f32 scale is denormal (flushed to zero on the GPU: every score 0); above
+/// 2^63, scale * log2(e) exceeds 2^64 and a score |s| >= 2^64 (|q| |k| of
+/// 2^32 at d = 1) overflows f32 to inf, and inf - inf is NaN. Within the
+/// bounds every score |s| < 2^64 stays finite.
+constexpr double kMinScale = 0x1p-126;
+constexpr double kMaxScale = 0x1p63;
+
 /// The compile-time description. One compiled kernel serves every batch,
 /// head count, sequence length, scale and window size.
 struct AttentionSpec {
@@ -94,6 +113,19 @@ struct Problem {
   }
   std::string toJson(const AttentionSpec &spec) const;
 };
+
+/// Throws SpecError if a tensor of \p problem under \p spec (q, k, v, o, or
+/// lse) would hold more than kMaxTensorElements elements, naming the tensor,
+/// its factors and their product (or that the product overflows int64). The
+/// CLI and the C API (so the Python binding) call it before they allocate.
+void checkProblemSize(const AttentionSpec &spec, const Problem &problem);
+
+/// Throws SpecError naming \p what if the strided view of \p shape (4 sizes
+/// >= 1) and \p strides (4 strides >= 0, in elements) reaches past element
+/// kMaxTensorReach of its base: sum (shape[i] - 1) * strides[i] is computed
+/// without overflow.
+void checkTensorReach(const char *what, const int64_t *shape,
+                      const int64_t *strides);
 
 /// The effective (left, right) band of \p spec on \p problem: causal is
 /// (inf, 0), none is (inf, inf), sliding window is the problem's window.

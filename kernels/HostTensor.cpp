@@ -4,8 +4,10 @@
 #include "kernels/HalfFloat.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -89,10 +91,59 @@ BlockSparseLayout BlockSparseLayout::random(int64_t batch, int64_t heads,
   return fromDense(batch, heads, qBlocks, kvBlocks, dense);
 }
 
-BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
-  std::ifstream in(path);
+/// \p token as a message shows it: at most 16 characters, the unprintable
+/// ones as \xNN.
+static std::string shownToken(const std::string &token) {
+  std::string shown;
+  for (size_t i = 0; i < token.size() && i < 16; ++i) {
+    unsigned char c = static_cast<unsigned char>(token[i]);
+    shown += c >= 0x20 && c < 0x7f ? std::string(1, char(c))
+                                   : fmt::format("\\x{:02x}", c);
+  }
+  return token.size() > 16 ? shown + "..." : shown;
+}
+
+/// The text of the layout file \p path, read with a bound: a directory, a
+/// missing file or one past kMaxLayoutFileBytes (a device such as /dev/zero
+/// included, whose read stops there) is a SpecError.
+static std::string readLayoutFile(const std::string &path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw SpecError(fmt::format("layout: cannot open '{}': {}", path,
+                                ec ? ec.message() : "no such file"));
+  if (fs::is_directory(st))
+    throw SpecError(
+        fmt::format("layout: '{}' is a directory, not a layout file", path));
+  if (fs::is_regular_file(st)) {
+    uintmax_t size = fs::file_size(path, ec);
+    if (!ec && size > uintmax_t(kMaxLayoutFileBytes))
+      throw SpecError(fmt::format(
+          "layout: '{}' is {} bytes; a layout file may hold at most {} "
+          "bytes (64 MiB)",
+          path, size, kMaxLayoutFileBytes));
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in)
     throw SpecError(fmt::format("layout: cannot open '{}'", path));
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    text.append(chunk, size_t(in.gcount()));
+    if (text.size() > size_t(kMaxLayoutFileBytes))
+      throw SpecError(fmt::format(
+          "layout: '{}' holds more than {} bytes (64 MiB), the most a "
+          "layout file may hold (not a regular file: read stopped there)",
+          path, kMaxLayoutFileBytes));
+  }
+  if (in.bad())
+    throw SpecError(fmt::format("layout: cannot read '{}'", path));
+  return text;
+}
+
+BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
+  std::istringstream in(readLayoutFile(path));
   std::vector<uint8_t> dense;
   int64_t rows = 0, cols = -1;
   std::string line;
@@ -106,7 +157,7 @@ BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
       if (tok != "0" && tok != "1")
         throw SpecError(
             fmt::format("layout: '{}' line {}: expected 0 or 1, got '{}'", path,
-                        rows + 1, tok));
+                        rows + 1, shownToken(tok)));
       dense.push_back(tok == "1");
       ++n;
     }
@@ -156,9 +207,32 @@ void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
   for (size_t i = 0; i < counts.size(); ++i)
     if (counts[i] < 0 || counts[i] > kvBlocks)
       throw SpecError("layout: a block count is out of range");
+  if (counts.size() != size_t(batch * heads * qBlocks) ||
+      indices.size() != counts.size() * size_t(kvBlocks))
+    throw SpecError(fmt::format(
+        "layout: {} counts and {} indices given, a {}x{}x{}x{} layout has {} "
+        "and {}",
+        counts.size(), indices.size(), batch, heads, qBlocks, kvBlocks,
+        batch * heads * qBlocks, batch * heads * qBlocks * kvBlocks));
   for (int32_t v : indices)
     if (v < 0 || v >= kvBlocks)
       throw SpecError("layout: a KV block index is out of range");
+  // A KV block listed twice would count twice in the forward's softmax (lse
+  // high by ln 2): refused, as transposed() refuses it for the backward.
+  std::vector<int64_t> lastRow(size_t(kvBlocks), -1);
+  for (size_t row = 0; row < counts.size(); ++row) {
+    const int32_t *idx = &indices[row * size_t(kvBlocks)];
+    for (int32_t j = 0; j < counts[row]; ++j) {
+      if (lastRow[size_t(idx[j])] == int64_t(row)) {
+        int64_t qb = int64_t(row) % qBlocks, bh = int64_t(row) / qBlocks;
+        throw SpecError(fmt::format(
+            "layout: KV block {} is listed twice for batch {}, head {}, Q "
+            "block {}",
+            idx[j], bh / heads, bh % heads, qb));
+      }
+      lastRow[size_t(idx[j])] = int64_t(row);
+    }
+  }
 }
 
 double BlockSparseLayout::density() const {
@@ -772,16 +846,47 @@ static void writeNpy(const std::string &path, const char *descr,
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
+  auto fail = [&](int err) {
+    throw SpecError(
+        fmt::format("cannot write '{}': {}", path, std::strerror(err)));
+  };
+  errno = 0;
   FILE *f = std::fopen(path.c_str(), "wb");
   if (!f)
-    throw std::runtime_error(fmt::format("cannot write '{}'", path));
+    fail(errno);
   uint16_t hlen = uint16_t(header.size());
-  std::fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-  std::fwrite(&hlen, 2, 1, f);
-  std::fwrite(header.data(), 1, header.size(), f);
-  size_t written = std::fwrite(bytes, 1, size, f);
-  if (std::fclose(f) != 0 || written != size)
-    throw std::runtime_error(fmt::format("cannot write '{}'", path));
+  bool ok = std::fwrite("\x93NUMPY\x01\x00", 1, 8, f) == 8;
+  ok &= std::fwrite(&hlen, 2, 1, f) == 1;
+  ok &= std::fwrite(header.data(), 1, header.size(), f) == header.size();
+  ok &= std::fwrite(bytes, 1, size, f) == size;
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (!ok)
+    fail(err ? err : EIO);
+}
+
+void prepareDumpDirectory(const std::string &dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw SpecError(fmt::format("--dump-io: cannot create the directory '{}': "
+                                "{}",
+                                dir, ec.message()));
+  if (!std::filesystem::is_directory(dir, ec))
+    throw SpecError(
+        fmt::format("--dump-io: '{}' exists and is not a directory", dir));
+  // Writable? (Found now, before the run, not after it.)
+  std::string probe = dir + "/.flashjit-dump-probe";
+  errno = 0;
+  FILE *f = std::fopen(probe.c_str(), "wb");
+  if (!f)
+    throw SpecError(fmt::format("--dump-io: cannot write into '{}': {}", dir,
+                                std::strerror(errno)));
+  std::fclose(f);
+  std::filesystem::remove(probe, ec);
 }
 
 void writeHalfNpy(const std::string &path, DType dtype, const HalfTensor &t) {
@@ -792,7 +897,7 @@ void writeHalfNpy(const std::string &path, DType dtype, const HalfTensor &t) {
 void dumpForwardIO(const std::string &dir, const AttentionSpec &spec,
                    const Problem &p, const AttentionData &d,
                    const BlockSparseLayout *layout) {
-  std::filesystem::create_directories(dir);
+  prepareDumpDirectory(dir);
   writeHalfNpy(dir + "/q.npy", spec.dtype, d.q);
   writeHalfNpy(dir + "/k.npy", spec.dtype, d.k);
   writeHalfNpy(dir + "/v.npy", spec.dtype, d.v);

@@ -56,6 +56,10 @@ enum class QKVLayout {
   Packed,   ///< one (B, N, 3, H, d) buffer, as a fused qkv projection makes
 };
 
+/// The largest layout file BlockSparseLayout::readText reads: 64 MiB (about
+/// 5,800 x 5,800 blocks of "0 "/"1 ").
+constexpr int64_t kMaxLayoutFileBytes = int64_t(64) << 20;
+
 /// Block-sparse layout in BCSR form (as FlexAttention's BlockMask): for each
 /// (batch, head, sparse Q block) a count and a list of sparse KV block
 /// indices. Batch or heads of 1 broadcast.
@@ -74,7 +78,9 @@ struct BlockSparseLayout {
                                   int64_t kvBlocks, double density,
                                   uint64_t seed);
   /// Reads the text format: one line per sparse Q block, whitespace-
-  /// separated 0/1 per KV block; broadcast over batch and heads.
+  /// separated 0/1 per KV block; broadcast over batch and heads. Throws
+  /// SpecError for a directory, a missing file or one that holds more than
+  /// kMaxLayoutFileBytes (read no further: /dev/zero is refused at once).
   static BlockSparseLayout readText(const std::string &path);
   /// Is KV block \p kb listed for (b, h, qb)?
   bool contains(int64_t b, int64_t h, int64_t qb, int64_t kb) const;
@@ -82,7 +88,10 @@ struct BlockSparseLayout {
   std::array<int64_t, 3> countStrides() const;
   /// Element strides of indices (b, h, qb); the last dim is contiguous.
   std::array<int64_t, 3> indexStrides() const;
-  /// Throws SpecError if it cannot serve \p problem at \p sparseBlock.
+  /// Throws SpecError if it cannot serve \p problem at \p sparseBlock: its
+  /// shape, a count or index out of range, or a KV block listed twice in a
+  /// row (the forward would count it twice; the backward's transposed()
+  /// refuses it too).
   void checkFits(const Problem &problem, int64_t sparseBlock) const;
   double density() const;
   /// The KV-major layout the backward's main loop walks: row kb lists, in
@@ -240,7 +249,14 @@ void dumpForwardIO(const std::string &dir, const AttentionSpec &spec,
                    const Problem &problem, const AttentionData &data,
                    const BlockSparseLayout *layout);
 
-/// Writes a float32 / int32 .npy file; throws std::runtime_error on failure.
+/// Makes \p dir (and its parents) if missing and checks that a file can be
+/// made in it; throws SpecError ("--dump-io: ...", with the system's reason)
+/// otherwise. dumpForwardIO calls it; the CLI also calls it before a run.
+void prepareDumpDirectory(const std::string &dir);
+
+/// Writes a float32 / int32 .npy file; throws SpecError (a
+/// std::runtime_error) naming the path and the system's reason on failure,
+/// a full disk included.
 void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
                  const std::vector<float> &values);
 void writeNpyI32(const std::string &path, const std::vector<int64_t> &shape,

@@ -494,7 +494,7 @@ std::vector<DiskCache::Entry> DiskCache::list() const {
   return entries;
 }
 
-size_t DiskCache::clear() {
+size_t DiskCache::clear(std::vector<std::string> *failures) {
   size_t removed = 0;
   std::error_code ec;
   for (fs::directory_iterator kinds(directory_, ec), end; !ec && kinds != end;
@@ -509,8 +509,31 @@ size_t DiskCache::clear() {
       // must not delete anything else.
       if (roleOf(files->path().filename().string()) == FileRole::Other)
         continue;
-      if (::unlink(files->path().c_str()) == 0)
+      const std::string path = files->path().string();
+      if (::unlink(path.c_str()) == 0) {
         ++removed;
+        continue;
+      }
+      int err = errno;
+      if (err == ENOENT)
+        continue; // removed meanwhile (another clear, a reader's repair)
+      // A directory named as an entry (made by hand, or by a tool that
+      // mistook the cache): store() could never rename a new entry onto
+      // it, so it is removed too, whatever it holds.
+      std::error_code dirEc;
+      if (err == EISDIR || err == EPERM) {
+        if (fs::is_directory(fs::symlink_status(path, dirEc)) &&
+            fs::remove_all(path, dirEc) != static_cast<std::uintmax_t>(-1) &&
+            !dirEc) {
+          ++removed;
+          continue;
+        }
+        if (dirEc)
+          err = dirEc.value();
+      }
+      if (failures)
+        failures->push_back(
+            fmt::format("cannot remove '{}': {}", path, std::strerror(err)));
     }
   }
   return removed;

@@ -151,9 +151,11 @@ public:
   std::vector<Entry> list() const;
 
   /// Removes every entry and every stray temp file (including those of a
-  /// writer still running, whose store() then returns false); returns how
-  /// many files were removed.
-  size_t clear();
+  /// writer still running, whose store() then returns false), and any
+  /// directory named as one (which would block its key); returns how many
+  /// were removed. What could not be removed is appended to \p failures
+  /// ("cannot remove 'PATH': reason"), if given.
+  size_t clear(std::vector<std::string> *failures = nullptr);
 
   /// The cache directory.
   const std::string &directory() const { return directory_; }

@@ -93,6 +93,10 @@ def _mask_and_window(causal, window):
             raise ValueError(
                 f"flashjit: window {name} must be an int >= 0 or None "
                 f"(unbounded), got {w!r}")
+        if value > _lib.INT64_MAX:  # ctypes would wrap it (2**64 + 5 as 5)
+            raise ValueError(
+                f"flashjit: window {name} must be at most 2**63 - 1 (or None, "
+                f"unbounded), got {value}")
         return value
 
     return _lib.MASK_SLIDING_WINDOW, side("left", left), side("right", right)
@@ -563,10 +567,13 @@ class Kernel:
         """{"block_m", "block_n", "warps", "stages"} for a problem."""
         heads = self._spec.gqa if heads is None else heads
         seq_len_kv = seq_len if seq_len_kv is None else seq_len_kv
+        sizes = [_lib.int64(n, x) for n, x in (
+            ("batch", batch), ("heads", heads), ("seq_len", seq_len),
+            ("seq_len_kv", seq_len_kv))]
         out = (ctypes.c_int64 * 4)()
         h = _lib.handle(_lib.DEVICE_CUDA if device == "cuda" else _lib.DEVICE_CPU)
         _lib.check(_lib.lib().flashjit_chosen_config(
-            h, ctypes.byref(self._spec), batch, heads, seq_len, seq_len_kv, out))
+            h, ctypes.byref(self._spec), *sizes, out))
         return dict(zip(("block_m", "block_n", "warps", "stages"), list(out)))
 
     def __repr__(self):
@@ -608,6 +615,6 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
     # Validate now: chosen_config checks the spec on the CPU handle.
     out = (ctypes.c_int64 * 4)()
     _lib.check(_lib.lib().flashjit_chosen_config(
-        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), 1, max(1, int(gqa)),
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), 1, max(1, spec.gqa),
         1, 1, out))
     return Kernel(spec, arch)

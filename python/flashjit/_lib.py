@@ -110,26 +110,50 @@ class Layout(ctypes.Structure):
     ]
 
 
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+
+def int64(what, value):
+    """value as an int that fits the C API's int64_t. ctypes would wrap a
+    larger one silently (2**64 + 5 as 5); this raises ValueError naming
+    `what` and the true value, and TypeError for a non-integer (1.5 is not
+    truncated to 1)."""
+    import operator
+
+    if isinstance(value, bool):
+        raise TypeError(f"flashjit: {what} must be an integer, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"flashjit: {what} must be an integer, got "
+                        f"{value!r} ({type(value).__name__})") from None
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise ValueError(f"flashjit: {what} must fit in int64 "
+                         f"([-2**63, 2**63 - 1]), got {v}")
+    return v
+
+
 def make_tensor(data_ptr, shape, strides):
     t = Tensor()
     t.data = data_ptr
     for i in range(4):
-        t.shape[i] = int(shape[i])
-        t.strides[i] = int(strides[i])
+        t.shape[i] = int64(f"shape[{i}]", shape[i])
+        t.strides[i] = int64(f"strides[{i}]", strides[i])
     return t
 
 
 def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
               backward=False, deterministic=False):
     s = Spec()
-    s.head_dim_qk = int(head_dim_qk)
-    s.head_dim_v = int(head_dim_v)
+    s.head_dim_qk = int64("head_dim", head_dim_qk)
+    s.head_dim_v = int64("head_dim_v", head_dim_v)
     s.dtype = dtype
     s.mask = mask
-    s.gqa = int(gqa)
+    s.gqa = int64("gqa", gqa)
     s.block_sparse = 1 if sparse_block else 0
     s.direction = 1 if backward else 0  # which pass emit / chosen_config see
-    s.sparse_block = int(sparse_block) if sparse_block else 128
+    s.sparse_block = int64("sparse_block", sparse_block) if sparse_block else 128
     # The backward's dQ: 1, a separate pass (bit-identical); 0, atomic adds.
     s.deterministic = 1 if deterministic else 0
     return s

@@ -14,6 +14,7 @@ use with torch tensors.
 """
 
 import ctypes
+import operator
 
 try:
     import numpy as np
@@ -28,6 +29,53 @@ def _need_numpy():
         raise ImportError("flashjit.BlockMask needs numpy (pip install numpy)")
 
 
+_MAX_BLOCK = 1 << 16  # spec.sparse_block's range in the C API
+
+
+def _int_array(name, x):
+    """x as an int64 numpy array; TypeError for non-integer elements (an
+    index 0.7 is not truncated to 0) and ValueError past int64, so that a
+    count of 2**32 + 1 is not wrapped to 1 by a cast to int32: the range
+    checks see the true values."""
+    a = _to_numpy(x)
+    if a.size == 0:
+        return np.zeros(a.shape, dtype=np.int64)
+    if a.dtype == object:  # Python ints too large for int64, or a mix
+        for v in a.flat:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(
+                    v, (int, np.integer)):
+                raise TypeError(f"flashjit.BlockMask: {name} must hold "
+                                f"integers, got {v!r}")
+            if not -(1 << 63) <= int(v) < (1 << 63):
+                raise ValueError(f"flashjit.BlockMask: {name} holds {int(v)}, "
+                                 "out of range")
+        return np.ascontiguousarray(a, dtype=np.int64)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"flashjit.BlockMask: {name} must hold integers, got "
+                        f"dtype {a.dtype} (values are not truncated)")
+    if a.dtype.kind == "u" and int(a.max()) >= (1 << 63):
+        raise ValueError(f"flashjit.BlockMask: {name} holds {int(a.max())}, "
+                         "out of range")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def _check_no_repeats(indices, counts, kv_blocks):
+    """ValueError if a (batch, head, q block) lists a key block twice: the
+    forward would count it twice (lse high by ln 2), the backward refuses
+    it."""
+    if not indices.size:
+        return
+    listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
+    marked = np.where(listed, indices, kv_blocks)
+    ordered = np.sort(marked, axis=-1)
+    dup = (ordered[..., 1:] == ordered[..., :-1]) & (ordered[..., 1:] < kv_blocks)
+    if dup.any():
+        b, h, qb, j = (int(x) for x in np.argwhere(dup)[0])
+        raise ValueError(
+            f"flashjit.BlockMask: key block {int(ordered[b, h, qb, j])} is "
+            f"listed twice for batch {b}, head {h}, query block {qb}")
+
+
 def _to_numpy(x):
     """numpy array of x (a numpy array, a torch tensor or a nested list)."""
     if type(x).__module__.startswith("torch"):
@@ -40,8 +88,8 @@ class BlockMask:
 
     def __init__(self, counts, indices, block_size=128):
         _need_numpy()
-        counts = np.ascontiguousarray(_to_numpy(counts), dtype=np.int32)
-        indices = np.ascontiguousarray(_to_numpy(indices), dtype=np.int32)
+        counts = _int_array("counts", counts)
+        indices = _int_array("indices", indices)
         if counts.ndim != 3 or indices.ndim != 4:
             raise ValueError(
                 "flashjit.BlockMask: counts must be [B, H, Qb] and indices "
@@ -51,22 +99,34 @@ class BlockMask:
             raise ValueError(
                 f"flashjit.BlockMask: indices' leading shape {indices.shape[:3]}"
                 f" differs from counts' {counts.shape}")
-        block_size = int(block_size)
-        if block_size < 1:
+        if isinstance(block_size, bool):
+            raise TypeError("flashjit.BlockMask: block_size must be an int, "
+                            f"got {block_size!r}")
+        try:
+            block_size = operator.index(block_size)  # 1.5 is not 1
+        except TypeError:
+            raise TypeError("flashjit.BlockMask: block_size must be an int, "
+                            f"got {block_size!r}") from None
+        if not 1 <= block_size <= _MAX_BLOCK:
             raise ValueError(
-                f"flashjit.BlockMask: block_size must be >= 1, got {block_size}")
+                f"flashjit.BlockMask: block_size must be in [1, {_MAX_BLOCK}]"
+                f", got {block_size}")
         kv_blocks = indices.shape[3]
         if counts.size and (counts.min() < 0 or counts.max() > kv_blocks):
+            bad = counts[(counts < 0) | (counts > kv_blocks)].flat[0]
             raise ValueError("flashjit.BlockMask: a count is out of range "
-                             f"[0, {kv_blocks}]")
+                             f"[0, {kv_blocks}]: {int(bad)}")
         listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
         bad = listed & ((indices < 0) | (indices >= kv_blocks))
         if bad.any():
             raise ValueError("flashjit.BlockMask: a key block index is out of "
-                             f"range [0, {kv_blocks})")
+                             f"range [0, {kv_blocks}): "
+                             f"{int(indices[bad].flat[0])}")
         # Unlisted slots are never read; keep them in range anyway.
-        self.indices = np.where(listed, indices, 0).astype(np.int32)
-        self.counts = counts
+        indices = np.where(listed, indices, 0)
+        _check_no_repeats(indices, counts, kv_blocks)
+        self.indices = np.ascontiguousarray(indices, dtype=np.int32)
+        self.counts = np.ascontiguousarray(counts, dtype=np.int32)
         self.block_size = block_size
         self._device_cache = {}
 

@@ -18,6 +18,7 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 
+#include <cmath>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -584,6 +585,121 @@ TEST(CApiErrors, BackwardRefusesALayoutThatListsABlockTwice) {
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
   EXPECT_EQ(sp.backward(h, g, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("listed twice"), std::string::npos) << lastError();
+}
+
+/// Issue 16: the total size is checked before anything is copied. A shape
+/// whose B * H * N * d wraps past 2^64 segfaulted; zero strides keep every
+/// view's reach small, so only the total is wrong.
+TEST(CApiErrors, ForwardChecksTheTotalSizeBeforeAnyCopy) {
+  Handle h;
+  AttentionSpec s;
+  s.headDimQK = s.headDimV = 16;
+  flashjit_spec spec = toC(s);
+  uint16_t dummy[16] = {};
+  float lse[1];
+  flashjit_tensor t = {
+      dummy,
+      {int64_t(1) << 20, int64_t(1) << 20, int64_t(1) << 24, 16},
+      {0, 0, 0, 1}};
+  EXPECT_EQ(flashjit_forward(h, &spec, &t, &t, &t, &t, lse, 0.0, -1, -1,
+                             nullptr, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("flashjit_forward: problem too large: q would "
+                             "hold batch * heads * seq_len * head_dim_qk = "
+                             "1048576 * 1048576 * 16777216 * 16 elements "
+                             "(overflows int64)"),
+            std::string::npos)
+      << lastError();
+  // The backward runs the same check.
+  flashjit_status st =
+      flashjit_backward(h, &spec, &t, &t, &t, &t, &t, lse, &t, &t, &t, 0.0, -1,
+                        -1, nullptr, nullptr, 0, nullptr);
+  EXPECT_EQ(st, FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("problem too large"), std::string::npos)
+      << lastError();
+}
+
+TEST(CApiErrors, AStrideOf2To62IsRefused) {
+  Handle h;
+  SmallProblem sp;
+  sp.k.strides[0] = int64_t(1) << 62;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("k: shape [2, 2, 33, 32] with strides "
+                             "[4611686018427387904, 1056, 32, 1] reaches past "
+                             "element 2^47"),
+            std::string::npos)
+      << lastError();
+  SmallProblem ok;
+  EXPECT_EQ(ok.run(h), FLASHJIT_OK) << lastError();
+}
+
+TEST(CApiErrors, ANonzeroReservedFieldIsRefused) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.reserved = 7;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.reserved must be 0 (flashjit_spec_init "
+                             "sets it), got 7"),
+            std::string::npos)
+      << lastError();
+  int64_t out[4];
+  EXPECT_EQ(flashjit_chosen_config(h, &sp.spec, 1, 2, 16, 16, out),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.reserved"), std::string::npos)
+      << lastError();
+}
+
+TEST(CApiErrors, AScaleThatOverflowsF32IsRefused) {
+  Handle h;
+  SmallProblem sp;
+  for (double scale : {1e38, 1e-320}) {
+    flashjit_status st =
+        flashjit_forward(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                         sp.d.lse.data(), scale, -1, -1, nullptr, nullptr);
+    EXPECT_EQ(st, FLASHJIT_ERROR_INVALID_ARGUMENT) << scale;
+    EXPECT_NE(lastError().find("scale must be 0 (1/sqrt(head_dim)) or in "
+                               "[2^-126, 2^63]"),
+              std::string::npos)
+        << lastError();
+  }
+}
+
+TEST(CApiErrors, ForwardRefusesALayoutThatListsABlockTwice) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  BlockSparseLayout l = BlockSparseLayout::fromDense(1, 1, 2, 3,
+                                                     {1, 1, 0, //
+                                                      0, 1, 1});
+  l.indices[1] = l.indices[0]; // Q block 0 lists KV block 0 twice
+  flashjit_layout cl = toC(l);
+  EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("layout: KV block 0 is listed twice for batch 0, "
+                             "head 0, Q block 0"),
+            std::string::npos)
+      << lastError();
+}
+
+/// A NaN lse would read as a row that sees no key (a zero dQ row): refused.
+TEST(CApiErrors, BackwardRefusesANanLse) {
+  Handle h;
+  SmallProblem sp;
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  std::mt19937_64 rng(3);
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
+  // Row (batch 1, head 2, query 5).
+  sp.d.lse[size_t((1 * 4 + 2) * 20 + 5)] = std::nanf("");
+  EXPECT_EQ(sp.backward(h, g), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("lse[1, 2, 5] is nan: the forward's lse is "
+                             "finite, or -inf for a row that sees no key"),
+            std::string::npos)
+      << lastError();
+  sp.d.lse[size_t((1 * 4 + 2) * 20 + 5)] = INFINITY;
+  EXPECT_EQ(sp.backward(h, g), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("lse[1, 2, 5] is inf"), std::string::npos)
+      << lastError();
 }
 
 //===----------------------------------------------------------------------===//

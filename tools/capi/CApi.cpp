@@ -28,6 +28,7 @@
 #include "tools/engine/KernelProvider.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
@@ -198,6 +199,10 @@ AttentionSpec toSpec(const flashjit_spec *s) {
                         "by a separate pass), got {}",
                         s->deterministic));
   spec.deterministic = s->deterministic == 1;
+  if (s->reserved != 0)
+    invalid(fmt::format("spec.reserved must be 0 (flashjit_spec_init sets "
+                        "it), got {}",
+                        s->reserved));
   try {
     spec.validate();
   } catch (const SpecError &e) {
@@ -228,6 +233,7 @@ void checkTensor(const flashjit_tensor *t, const char *what) {
     invalid(fmt::format(
         "{}.strides[3]: the innermost (head-dim) stride must be 1, got {}",
         what, t->strides[3]));
+  checkTensorReach(what, t->shape, t->strides);
 }
 
 void checkDim(const flashjit_tensor *t, const char *what, int dim, int64_t want,
@@ -285,6 +291,7 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
                         windowLeft, windowRight));
   }
   p.validate(spec);
+  checkProblemSize(spec, p); // before any copy or allocation
   return p;
 }
 
@@ -312,6 +319,14 @@ void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
                         "(q_blocks x kv_blocks) blocks of {}",
                         layout->q_blocks, layout->kv_blocks, needQ, needKV,
                         spec.sparseBlock));
+  int64_t cells = 0;
+  if (__builtin_mul_overflow(layout->batch * layout->heads,
+                             layout->q_blocks * layout->kv_blocks, &cells) ||
+      cells > kMaxTensorElements)
+    invalid(fmt::format("layout: indices of batch * heads * q_blocks * "
+                        "kv_blocks = {} * {} * {} * {} entries exceed 2^40",
+                        layout->batch, layout->heads, layout->q_blocks,
+                        layout->kv_blocks));
 }
 
 BlockSparseLayout layoutShape(const flashjit_layout &l) {
@@ -552,6 +567,15 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   fwd.v = packedCopy(v);
   fwd.o = packedCopy(o);
   fwd.lse.assign(lse, lse + p.batch * p.heads * p.seqLenQ);
+  // A NaN (or +inf) lse is no forward's output; the kernel would read it as
+  // a row that sees no key and give that row a zero dQ. Refused instead.
+  for (size_t i = 0; i < fwd.lse.size(); ++i)
+    if (std::isnan(fwd.lse[i]) || fwd.lse[i] == INFINITY) {
+      int64_t row = int64_t(i) % p.seqLenQ, bh = int64_t(i) / p.seqLenQ;
+      invalid(fmt::format("lse[{}, {}, {}] is {}: the forward's lse is "
+                          "finite, or -inf for a row that sees no key",
+                          bh / p.heads, bh % p.heads, row, fwd.lse[i]));
+    }
   AttentionGrads g;
   g.dO = packedCopy(dO);
   g.dq = HalfTensor::packed({q.shape[0], q.shape[1], q.shape[2], q.shape[3]});

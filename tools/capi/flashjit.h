@@ -158,7 +158,7 @@ typedef struct flashjit_spec {
    *  an fp32 workspace from the dK/dV loop (faster, a larger workspace; the
    *  last bits of dQ may vary run to run). Since version 3. */
   int32_t deterministic;
-  int32_t reserved; /**< 0 (flashjit_spec_init sets it) */
+  int32_t reserved; /**< 0 (flashjit_spec_init sets it); else refused */
 } flashjit_spec;
 
 /** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128,
@@ -166,7 +166,14 @@ typedef struct flashjit_spec {
 FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec);
 
 /** A (B, H, N, d) tensor: 16-bit elements (the spec's dtype), strides in
- *  elements, the innermost stride 1, the others >= 0 and arbitrary. */
+ *  elements, the innermost stride 1, the others >= 0 and arbitrary, as long
+ *  as the farthest element, sum (shape[i] - 1) * strides[i], is below 2^47.
+ *
+ *  Limits of every call that takes tensors (FLASHJIT_ERROR_INVALID_ARGUMENT
+ *  past them, before anything is copied or allocated): each of q, k, v, o
+ *  and lse holds at most 2^40 elements (the products B * H * N * d checked
+ *  without overflow; so is a layout's batch * heads * q_blocks * kv_blocks);
+ *  the scale is 0 or in [2^-126, 2^63] (see flashjit_forward). */
 typedef struct flashjit_tensor {
   void *data;
   int64_t shape[4];
@@ -198,7 +205,9 @@ typedef struct flashjit_layout {
  *  v: (B, H / gqa, Nkv, head_dim_v)   o: (B, H, Nq, head_dim_v), written
  *  lse: fp32 [B, H, Nq] packed, written; required on CUDA, may be NULL on
  *       the CPU.
- *  scale: 0 means 1 / sqrt(head_dim_qk).
+ *  scale: 0 means 1 / sqrt(head_dim_qk); else in [2^-126, 2^63]: the
+ *       kernels work in f32 with scale * log2(e), which must be a normal
+ *       f32 and keep scale * log2(e) * score finite for |score| < 2^64.
  *  window_left, window_right: FLASHJIT_MASK_SLIDING_WINDOW only (>= 0, -1 =
  *       unbounded); pass -1, -1 for the other masks.
  *  layout: required iff spec->block_sparse, else NULL.
@@ -224,7 +233,10 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
  *       flashjit_forward that made o and lse.
  *  d_o: shaped as o; dq, dk, dv: shaped as q, k, v, written (any outer
  *       strides, innermost stride 1, as every tensor here).
- *  lse: the forward's, fp32 [B, H, Nq] packed.
+ *  lse: the forward's, fp32 [B, H, Nq] packed: finite, or -inf for a row
+ *       that sees no key. A CPU handle refuses a NaN or +inf entry
+ *       (FLASHJIT_ERROR_INVALID_ARGUMENT, naming it); CUDA does not read
+ *       lse on the host, so there it is the caller's to keep.
  *  workspace, workspace_bytes: scratch memory of at least the bytes
  *       flashjit_backward_workspace_size gives for this spec and shape,
  *       16-byte aligned, that nothing else touches until the call's kernels

@@ -18,9 +18,11 @@
 #include "tools/cli/GpuCommands.h"
 #include "tools/engine/Stopwatch.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -29,7 +31,15 @@
 namespace flashjit::cli {
 namespace {
 
-enum ExitCode { Ok = 0, AccuracyFailed = 1, Usage = 2, NoDriver = 3 };
+/// The exit codes (README, `flashjit run --help`). Internal is a bug in
+/// flashjit: every bad input is a named error with Usage.
+enum ExitCode {
+  Ok = 0,
+  AccuracyFailed = 1,
+  Usage = 2,
+  NoDriver = 3,
+  Internal = 4
+};
 
 /// Where stdout-bound text goes: the file of -o, or stdout.
 void writeOutput(const CliOptions &o, const std::string &text) {
@@ -39,6 +49,7 @@ void writeOutput(const CliOptions &o, const std::string &text) {
   }
   std::ofstream out(o.outputPath, std::ios::binary);
   out << text;
+  out.close(); // a full disk shows when the buffer is flushed
   if (!out)
     throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
 }
@@ -55,6 +66,7 @@ int runCompile(const CliOptions &o) {
     CubinBuild b = engine::buildCubin(o.spec, o.config, target, cache);
     std::ofstream out(o.outputPath, std::ios::binary);
     out.write(b.cubin.data(), std::streamsize(b.cubin.size()));
+    out.close();
     if (!out)
       throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
     if (o.json)
@@ -171,6 +183,9 @@ int dispatch(int argc, const char *const *argv) {
     return runCompile(o);
   if (o.command == "cache")
     return runCacheCommand(o);
+  // An unusable --dump-io is found before the run, not after it.
+  if (!o.dumpDir.empty() && o.command == "run")
+    prepareDumpDirectory(o.dumpDir);
   if (o.spec.direction == Direction::Backward)
     return runBackward(o);
   return runRun(o);
@@ -179,12 +194,23 @@ int dispatch(int argc, const char *const *argv) {
 } // namespace
 } // namespace flashjit::cli
 
+/// Flushes stdout: a failed write (a full disk, a closed pipe) is an error
+/// (exit 2 with a message), not a silent success.
+static int checkStdout(int code) {
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout))
+    return code;
+  int err = errno;
+  std::fprintf(stderr, "flashjit: error: cannot write to standard output: %s\n",
+               std::strerror(err ? err : EIO));
+  return flashjit::cli::Usage;
+}
+
 /// The whole CLI: returns the process exit code. Never throws.
 extern "C" __attribute__((visibility("default"))) int
 flashjit_cli_main(int argc, const char *const *argv) {
   using namespace flashjit;
   try {
-    return cli::dispatch(argc, argv);
+    return checkStdout(cli::dispatch(argc, argv));
   } catch (const SpecError &e) {
     fmt::print(stderr, "flashjit: error: {}\n", e.what());
     return cli::Usage;
@@ -194,8 +220,16 @@ flashjit_cli_main(int argc, const char *const *argv) {
   } catch (const rt::RuntimeError &e) {
     fmt::print(stderr, "flashjit: error: {}\n", e.what());
     return e.code() == rt::ErrorCode::NoDriver ? cli::NoDriver : cli::Usage;
+  } catch (const std::bad_alloc &) {
+    fmt::print(stderr, "flashjit: error: out of host memory: this problem's "
+                       "buffers do not fit (reduce --batch, --heads or "
+                       "--seq-len)\n");
+    return cli::Usage;
+  } catch (const std::filesystem::filesystem_error &e) {
+    fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return cli::Usage;
   } catch (const std::exception &e) {
     fmt::print(stderr, "flashjit: internal error: {}\n", e.what());
-    return 4;
+    return cli::Internal;
   }
 }

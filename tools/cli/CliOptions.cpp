@@ -5,6 +5,7 @@
 #include "kernels/HostTensor.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fmt/format.h>
 #include <functional>
@@ -64,8 +65,9 @@ std::string helpText(const std::string &command) {
         "  --tune               tune the tiling first (as `flashjit tune`)\n"
         "  --packed-qkv         q, k, v as strided views of one\n"
         "                       (B, N, 3, H, d) buffer\n"
-        "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input,\n"
-        "            3 no CUDA driver\n";
+        "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input\n"
+        "            (a named error on stderr), 3 no CUDA driver, 4 internal\n"
+        "            error (a bug in flashjit: please report it)\n";
   else
     usage =
         "usage: flashjit <command> [options]\n"
@@ -139,8 +141,14 @@ double parseDouble(const std::string &flag, const std::string &text) {
   char *end = nullptr;
   errno = 0;
   double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || errno == ERANGE)
+  if (text.empty() || *end != '\0')
     throw SpecError(fmt::format("{}: expected a number, got '{}'", flag, text));
+  // ERANGE: an overflow (HUGE_VAL) is refused here; an underflow (a denormal
+  // or 0) is a number, which the flag's own range check names.
+  if (errno == ERANGE && std::isinf(v))
+    throw SpecError(
+        fmt::format("{}: '{}' is out of the range of a double (|x| < 1.8e308)",
+                    flag, text));
   return v;
 }
 
@@ -341,8 +349,10 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (o.repeats < 1)
     throw SpecError(fmt::format("--repeats must be >= 1, got {}", o.repeats));
   o.config.validate(o.spec);
-  if (o.command != "compile") // compile needs no problem
+  if (o.command != "compile") { // compile needs no problem
     o.problem.validate(o.spec);
+    checkProblemSize(o.spec, o.problem);
+  }
   return o;
 }
 
@@ -355,6 +365,20 @@ std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
   if (!spec.blockSparse)
     return nullptr;
   int64_t sb = spec.sparseBlock;
+  if (o.layoutPath.empty()) {
+    // A random layout is drawn for every (batch, head).
+    int64_t cells = 0;
+    if (__builtin_mul_overflow(p.batch * p.heads,
+                               ((p.seqLenQ + sb - 1) / sb) *
+                                   ((p.seqLenKV + sb - 1) / sb),
+                               &cells) ||
+        cells > kMaxTensorElements)
+      throw SpecError(fmt::format(
+          "problem too large: a random layout of batch * heads * q_blocks * "
+          "kv_blocks = {} * {} * {} * {} blocks exceeds 2^40",
+          p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
+          (p.seqLenKV + sb - 1) / sb));
+  }
   auto layout = std::make_unique<BlockSparseLayout>(
       !o.layoutPath.empty()
           ? BlockSparseLayout::readText(o.layoutPath)

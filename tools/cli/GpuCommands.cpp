@@ -301,8 +301,14 @@ int runCacheCommand(const CliOptions &o) {
   if (verb == "path") {
     fmt::print("{}\n", cache.directory());
   } else if (verb == "clear") {
-    size_t n = cache.clear();
+    std::vector<std::string> failures;
+    size_t n = cache.clear(&failures);
     fmt::print("removed {} entries from {}\n", n, cache.directory());
+    if (!failures.empty()) {
+      for (const std::string &f : failures)
+        fmt::print(stderr, "flashjit: error: cache clear: {}\n", f);
+      return 2; // what is left would block its key
+    }
   } else if (verb == "list") {
     auto entries = cache.list();
     for (const auto &e : entries)
