@@ -1,10 +1,14 @@
 //===- Compiler.cpp - Stages of the pipeline, for the tools ---------------===//
 
 #include "compiler/CompilerInternal.h"
+#include "compiler/Conversion/KernelEmitters.h"
+#include "dialects/Attn/IR/AttnDialect.h"
+#include "kernels/KernelABI.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Target/PTXEmitter.h"
 #include "kernels/GpuGeometry.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
@@ -22,7 +26,8 @@ namespace flashjit {
 
 Stage parseStage(const std::string &name) {
   static const std::pair<const char *, Stage> stages[] = {
-      {"attn", Stage::Attn},       {"tiled", Stage::Tiled},
+      {"attn", Stage::Attn},       {"tile", Stage::Tile},
+      {"tiled", Stage::Tile},
       {"gpu", Stage::Gpu},         {"llvm", Stage::Llvm},
       {"ptx", Stage::Ptx},         {"cubin", Stage::Cubin},
       {"cpu-llvm", Stage::CpuLlvm}};
@@ -30,7 +35,7 @@ Stage parseStage(const std::string &name) {
     if (name == n)
       return stage;
   throw SpecError(fmt::format("--emit: unknown stage '{}' (expected attn, "
-                              "tiled, gpu, llvm, ptx, cubin or cpu-llvm)",
+                              "tile, gpu, llvm, ptx, cubin or cpu-llvm)",
                               name));
 }
 
@@ -72,6 +77,146 @@ OwningOpRef<ModuleOp> parseAttnModule(MLIRContext &ctx,
   return module;
 }
 
+/// The description an attn op carries.
+template <typename OpT>
+static AttentionSpec specFromOp(OpT op, Direction direction) {
+  AttentionSpec spec;
+  spec.direction = direction;
+  spec.headDimQK = op.getHeadDimQkAttr().getInt();
+  spec.headDimV = op.getHeadDimVAttr().getInt();
+  spec.dtype = op.getElementType().isF16() ? DType::FP16 : DType::BF16;
+  StringRef mask = op.getMask();
+  spec.mask = mask == "none"     ? MaskKind::None
+              : mask == "causal" ? MaskKind::Causal
+                                 : MaskKind::SlidingWindow;
+  spec.gqaGroup = op.getGqaAttr().getInt();
+  int64_t sb = op.getSparseBlockAttr().getInt();
+  spec.blockSparse = sb > 0;
+  if (sb > 0)
+    spec.sparseBlock = sb;
+  return spec;
+}
+
+/// The kernel names the runtime looks up for \p direction.
+static bool isKernelName(StringRef name, Direction direction) {
+  std::string base = kKernelName;
+  if (direction == Direction::Forward)
+    return name == base;
+  return name == base || name == base + abi::bwd::kPreprocessSuffix ||
+         name == base + abi::bwd::kDqSuffix;
+}
+
+/// Reads what \p module holds (see inspectSource).
+static SourceInfo describeModule(ModuleOp module, const std::string &name) {
+  SourceInfo info;
+  int described = 0;
+  auto fail = [&](const std::string &why) {
+    throw CompileError(fmt::format("{}: {}", name, why));
+  };
+  auto expectName = [&](StringRef sym, Direction direction) {
+    if (!isKernelName(sym, direction))
+      fail(fmt::format("the kernel must be named @{}{} (the runtime launches "
+                       "that name), got @{}",
+                       kKernelName,
+                       direction == Direction::Forward
+                           ? ""
+                           : " (and its _preprocess, _dq functions)",
+                       sym.str()));
+  };
+  module.walk([&](Operation *op) {
+    if (auto fwd = dyn_cast<attn::FlashFwdOp>(op)) {
+      expectName(fwd.getSymName(), Direction::Forward);
+      info.spec = specFromOp(fwd, Direction::Forward);
+      ++described;
+    } else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op)) {
+      expectName(bwd.getSymName(), Direction::Backward);
+      info.spec = specFromOp(bwd, Direction::Backward);
+      info.spec.deterministic = bwd.getDeterministic();
+      ++described;
+    }
+  });
+  if (described > 1)
+    fail("holds several attn descriptions; give one kernel per file");
+  if (described == 1)
+    return info;
+  std::optional<std::string> specJson;
+  module.walk([&](func::FuncOp fn) {
+    auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+    if (!attr)
+      return;
+    AttentionSpec spec = conversion::specFromAttr(attr);
+    expectName(fn.getName(), spec.direction);
+    if (specJson && *specJson != spec.toJson())
+      fail("its kernel functions describe different attentions");
+    specJson = spec.toJson();
+    info.spec = spec;
+    TileConfig tiling;
+    tiling.blockM = attr.getBlockM();
+    tiling.blockN = attr.getBlockN();
+    info.tiling = tiling;
+  });
+  if (!specJson)
+    fail("holds no kernel: neither an attn.flash_fwd / attn.flash_bwd op nor "
+         "a function with attn.kernel = #attn.kernel<...>");
+  info.stage = Stage::Tile;
+  return info;
+}
+
+/// Parses \p source (or the attn stage of \p spec when it is empty); sets
+/// \p tiled when it holds the tile stage, whose tiling must be \p config's.
+static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
+                                        const AttentionSpec &spec,
+                                        const KernelSource &source,
+                                        const TileConfig &config,
+                                        bool &tiled) {
+  tiled = false;
+  if (source.empty())
+    return parseAttnModule(ctx, spec);
+  DiagnosticCollector diags(ctx);
+  auto module = parseSourceString<ModuleOp>(source.text, &ctx, source.name);
+  if (!module)
+    throw CompileError(
+        fmt::format("{}: invalid IR: {}", source.name, diags.str()));
+  SourceInfo info = describeModule(*module, source.name);
+  if (info.spec.toJson() != spec.toJson())
+    throw CompileError(fmt::format("{} describes {}, not {}", source.name,
+                                   info.spec.toJson(), spec.toJson()));
+  tiled = info.stage == Stage::Tile;
+  if (tiled && (info.tiling->blockM != config.blockM ||
+                info.tiling->blockN != config.blockN))
+    throw CompileError(fmt::format(
+        "{} is tiled {} x {}; it cannot be compiled as {} x {}", source.name,
+        info.tiling->blockM, info.tiling->blockN, config.blockM,
+        config.blockN));
+  return module;
+}
+
+SourceInfo inspectSource(const KernelSource &source) {
+  auto ctx = createContext();
+  DiagnosticCollector diags(*ctx);
+  auto module = parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);
+  if (!module)
+    throw CompileError(
+        fmt::format("{}: invalid IR: {}", source.name, diags.str()));
+  return describeModule(*module, source.name);
+}
+
+OwningOpRef<ModuleOp> loadSource(MLIRContext &ctx, const AttentionSpec &spec,
+                                 const KernelSource &source,
+                                 const TileConfig &config,
+                                 const std::function<void(OpPassManager &)>
+                                     &afterTiling) {
+  bool tiled = false;
+  OwningOpRef<ModuleOp> module = loadModule(ctx, spec, source, config, tiled);
+  runPipeline(*module, [&](OpPassManager &pm) {
+    if (!tiled)
+      buildTilingPipeline(pm, config);
+    if (afterTiling)
+      afterTiling(pm);
+  });
+  return module;
+}
+
 void runPipeline(ModuleOp module,
                  const std::function<void(OpPassManager &)> &build) {
   DiagnosticCollector diags(*module.getContext());
@@ -107,28 +252,28 @@ static PtxOptions checkGpuRequest(const AttentionSpec &spec,
   return ptx;
 }
 
-/// Runs the GPU pipeline on the attn stage of \p spec.
+/// Runs the GPU pipeline on \p source (the attn stage of \p spec when
+/// empty).
 static OwningOpRef<ModuleOp>
 lowerToGpu(MLIRContext &ctx, const AttentionSpec &spec,
-           const TileConfig &config, const GpuTarget &target, bool stopAtGpu) {
-  OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
+           const TileConfig &config, const GpuTarget &target, bool stopAtGpu,
+           const KernelSource &source) {
   GpuPipelineConfig gpu;
   gpu.copyBytes = target.copyBytes;
   gpu.vectorAtomics = usesVectorAtomics(target);
   gpu.wgmma = usesWgmma(target);
-  runPipeline(*module, [&](OpPassManager &pm) {
-    buildGpuPipeline(pm, config, gpu, stopAtGpu);
+  return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
+    buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
-  return module;
 }
 
 std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
-                         const GpuTarget &target) {
+                         const GpuTarget &target, const KernelSource &source) {
   spec.validate();
   config.validate(spec);
   PtxOptions ptx = checkGpuRequest(spec, config, target);
   auto ctx = createContext();
-  auto module = lowerToGpu(*ctx, spec, config, target, false);
+  auto module = lowerToGpu(*ctx, spec, config, target, false, source);
   return gpuModuleToPtx(*module, ptx);
 }
 
@@ -156,30 +301,36 @@ bool usesVectorAtomics(const GpuTarget &target) {
 }
 
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
-                      Stage stage, const GpuTarget &target) {
+                      Stage stage, const GpuTarget &target,
+                      const KernelSource &source) {
   spec.validate();
   config.validate(spec);
   auto ctx = createContext();
-  OwningOpRef<ModuleOp> module = parseAttnModule(*ctx, spec);
   std::string out;
   llvm::raw_string_ostream os(out);
   switch (stage) {
-  case Stage::Attn:
+  case Stage::Attn: {
+    bool tiled = false;
+    OwningOpRef<ModuleOp> module =
+        loadModule(*ctx, spec, source, config, tiled);
+    if (tiled)
+      throw SpecError(fmt::format("--emit attn: {} holds the tile stage, "
+                                  "which comes after attn",
+                                  source.name));
     module->print(os);
     break;
-  case Stage::Tiled:
-    runPipeline(*module,
-                [&](OpPassManager &pm) { buildTilingPipeline(pm, config); });
-    module->print(os);
+  }
+  case Stage::Tile:
+    loadSource(*ctx, spec, source, config, nullptr)->print(os);
     break;
   case Stage::Gpu:
     checkGpuRequest(spec, config, target);
-    lowerToGpu(*ctx, spec, config, target, true)->print(os);
+    lowerToGpu(*ctx, spec, config, target, true, source)->print(os);
     break;
   case Stage::Llvm:
   case Stage::Ptx: {
     PtxOptions ptx = checkGpuRequest(spec, config, target);
-    auto gpuModule = lowerToGpu(*ctx, spec, config, target, false);
+    auto gpuModule = lowerToGpu(*ctx, spec, config, target, false, source);
     os << (stage == Stage::Llvm ? gpuModuleToLLVMIR(*gpuModule, ptx)
                                 : gpuModuleToPtx(*gpuModule, ptx));
     break;
@@ -187,8 +338,9 @@ std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
   case Stage::Cubin:
     throw SpecError("emitStage: the cubin is made from the PTX by nvJitLink");
   case Stage::CpuLlvm: {
-    runPipeline(*module,
-                [&](OpPassManager &pm) { buildCpuPipeline(pm, config); });
+    auto module = loadSource(*ctx, spec, source, config, [](OpPassManager &pm) {
+      buildCpuLoweringPipeline(pm);
+    });
     llvm::LLVMContext llvmCtx;
     auto llvmModule = translateModuleToLLVMIR(*module, llvmCtx);
     if (!llvmModule)

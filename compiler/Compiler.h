@@ -13,6 +13,7 @@
 #include "kernels/HostTensor.h"
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -28,7 +29,7 @@ public:
 /// Inspectable stages of the pipeline.
 enum class Stage {
   Attn,    ///< the attn dialect description
-  Tiled,   ///< after flashjit-tile-attention: the FA-2 loop in scf/arith/memref
+  Tile,    ///< after the tiling passes: the FA-2 loop in the tile dialect
   Gpu,     ///< the tensor-core kernel in the gpu + llvm/nvvm dialects
   Llvm,    ///< the kernel's LLVM IR (NVPTX), optimised
   Ptx,     ///< PTX assembly
@@ -36,9 +37,32 @@ enum class Stage {
   CpuLlvm, ///< LLVM IR of the CPU execution mode
 };
 
-/// Parses "attn", "tiled", "gpu", "llvm", "ptx", "cubin", "cpu-llvm";
-/// throws SpecError otherwise.
+/// Parses "attn", "tile" (or its old name "tiled"), "gpu", "llvm", "ptx",
+/// "cubin", "cpu-llvm"; throws SpecError otherwise.
 Stage parseStage(const std::string &name);
+
+/// The IR a compile starts from: empty, the attn stage flashjit makes from
+/// the spec; else the text of a file holding the attn stage or the tile
+/// stage (an edit of `--emit tile`), which is compiled as it is.
+struct KernelSource {
+  std::string text;
+  std::string name = "input"; ///< for diagnostics (the file's path)
+  bool empty() const { return text.empty(); }
+};
+
+/// What an IR file holds.
+struct SourceInfo {
+  Stage stage = Stage::Attn; ///< Attn or Tile
+  AttentionSpec spec;        ///< the description its op or #attn.kernel has
+  /// The tile stage fixes Br and Bc (its #attn.kernel's block_m, block_n).
+  std::optional<TileConfig> tiling;
+};
+
+/// Parses and verifies \p source, and reads the description it carries
+/// (every kernel function of a tile-stage file must describe the same
+/// attention). Throws CompileError for IR that does not parse or verify,
+/// or that holds no kernel.
+SourceInfo inspectSource(const KernelSource &source);
 
 /// What a GPU compile targets.
 struct GpuTarget {
@@ -56,14 +80,18 @@ inline constexpr const char *kCodegenRevision = "tile-ir-1";
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
 
-/// Prints \p stage (not Cubin) of \p spec compiled with \p config.
+/// Prints \p stage (not Cubin) of \p spec compiled with \p config, from
+/// \p source when given (whose description must be \p spec: see
+/// inspectSource; a stage before the source's own is an error).
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
-                      Stage stage, const GpuTarget &target = {});
+                      Stage stage, const GpuTarget &target = {},
+                      const KernelSource &source = {});
 
 /// The GPU kernel's PTX; throws CompileError (or SpecError for a config the
 /// GPU cannot run).
 std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
-                         const GpuTarget &target);
+                         const GpuTarget &target,
+                         const KernelSource &source = {});
 
 /// The textual pass pipeline that takes the attn stage to the CPU's LLVM
 /// dialect (the same one flashjit-opt runs as flashjit-cpu-pipeline).
@@ -86,7 +114,8 @@ public:
   /// Compiles the forward \p spec with \p config; throws CompileError (or
   /// SpecError for a backward spec: see CpuBackwardKernel).
   static std::unique_ptr<CpuKernel> compile(const AttentionSpec &spec,
-                                            const TileConfig &config);
+                                            const TileConfig &config,
+                                            const KernelSource &source = {});
   ~CpuKernel();
 
   /// Runs every program of the grid (ceil(Nq / Br) x B*H) on host threads.
@@ -114,8 +143,9 @@ class CpuBackwardKernel {
 public:
   /// Compiles \p spec (direction Backward) with \p config; throws
   /// CompileError, or SpecError for a forward spec.
-  static std::unique_ptr<CpuBackwardKernel> compile(const AttentionSpec &spec,
-                                                    const TileConfig &config);
+  static std::unique_ptr<CpuBackwardKernel>
+  compile(const AttentionSpec &spec, const TileConfig &config,
+          const KernelSource &source = {});
   ~CpuBackwardKernel();
 
   /// dq, dk, dv of \p grads from q, k, v, o, lse of \p fwd (the forward's

@@ -30,6 +30,14 @@ std::unique_ptr<mlir::MLIRContext> createContext();
 mlir::OwningOpRef<mlir::ModuleOp> parseAttnModule(mlir::MLIRContext &ctx,
                                                   const AttentionSpec &spec);
 
+/// Parses \p source (the attn stage of \p spec when empty), runs the
+/// tiling passes unless it holds the tile stage already (then its Br x Bc
+/// are the IR's), then the passes \p afterTiling adds (if any).
+mlir::OwningOpRef<mlir::ModuleOp>
+loadSource(mlir::MLIRContext &ctx, const AttentionSpec &spec,
+           const KernelSource &source, const TileConfig &config,
+           const std::function<void(mlir::OpPassManager &)> &afterTiling);
+
 /// Runs the pipeline that \p build assembles on \p module; throws
 /// CompileError with the diagnostics of the failing pass.
 void runPipeline(mlir::ModuleOp module,

@@ -103,43 +103,47 @@ static std::string shownToken(const std::string &token) {
   return token.size() > 16 ? shown + "..." : shown;
 }
 
-/// The text of the layout file \p path, read with a bound: a directory, a
-/// missing file or one past kMaxLayoutFileBytes (a device such as /dev/zero
-/// included, whose read stops there) is a SpecError.
-static std::string readLayoutFile(const std::string &path) {
+std::string readBoundedFile(const std::string &path, const std::string &what,
+                            int64_t maxBytes) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st))
-    throw SpecError(fmt::format("layout: cannot open '{}': {}", path,
+    throw SpecError(fmt::format("{}: cannot open '{}': {}", what, path,
                                 ec ? ec.message() : "no such file"));
   if (fs::is_directory(st))
     throw SpecError(
-        fmt::format("layout: '{}' is a directory, not a layout file", path));
+        fmt::format("{}: '{}' is a directory, not a {} file", what, path, what));
   if (fs::is_regular_file(st)) {
     uintmax_t size = fs::file_size(path, ec);
-    if (!ec && size > uintmax_t(kMaxLayoutFileBytes))
+    if (!ec && size > uintmax_t(maxBytes))
       throw SpecError(fmt::format(
-          "layout: '{}' is {} bytes; a layout file may hold at most {} "
-          "bytes (64 MiB)",
-          path, size, kMaxLayoutFileBytes));
+          "{}: '{}' is {} bytes; a {} file may hold at most {} bytes", what,
+          path, size, what, maxBytes));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    throw SpecError(fmt::format("layout: cannot open '{}'", path));
+    throw SpecError(fmt::format("{}: cannot open '{}'", what, path));
   std::string text;
   char chunk[1 << 16];
   while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
     text.append(chunk, size_t(in.gcount()));
-    if (text.size() > size_t(kMaxLayoutFileBytes))
+    if (text.size() > size_t(maxBytes))
       throw SpecError(fmt::format(
-          "layout: '{}' holds more than {} bytes (64 MiB), the most a "
-          "layout file may hold (not a regular file: read stopped there)",
-          path, kMaxLayoutFileBytes));
+          "{}: '{}' holds more than {} bytes, the most a {} file may hold "
+          "(not a regular file: read stopped there)",
+          what, path, maxBytes, what));
   }
   if (in.bad())
-    throw SpecError(fmt::format("layout: cannot read '{}'", path));
+    throw SpecError(fmt::format("{}: cannot read '{}'", what, path));
   return text;
+}
+
+/// The text of the layout file \p path, read with a bound: a directory, a
+/// missing file or one past kMaxLayoutFileBytes (a device such as /dev/zero
+/// included, whose read stops there) is a SpecError.
+static std::string readLayoutFile(const std::string &path) {
+  return readBoundedFile(path, "layout", kMaxLayoutFileBytes);
 }
 
 BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {

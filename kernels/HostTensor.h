@@ -56,6 +56,13 @@ enum class QKVLayout {
   Packed,   ///< one (B, N, 3, H, d) buffer, as a fused qkv projection makes
 };
 
+/// The bytes of the file \p path, at most \p maxBytes of them: a missing
+/// file, a directory or a longer file (a device such as /dev/zero included:
+/// the read stops at the bound) is a SpecError whose message starts with
+/// \p what.
+std::string readBoundedFile(const std::string &path, const std::string &what,
+                            int64_t maxBytes);
+
 /// The largest layout file BlockSparseLayout::readText reads: 64 MiB (about
 /// 5,800 x 5,800 blocks of "0 "/"1 ").
 constexpr int64_t kMaxLayoutFileBytes = int64_t(64) << 20;

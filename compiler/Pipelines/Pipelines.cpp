@@ -76,8 +76,13 @@ void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
 void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
                       const GpuPipelineConfig &gpu, bool stopAtGpu) {
   buildTilingPipeline(pm, config);
+  buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
+}
+
+void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
+                              const GpuPipelineConfig &gpu, bool stopAtGpu) {
   conversion::LowerTiledToGPUOptions lower;
-  lower.warps = config.warps;
+  lower.warps = warps;
   lower.copyBytes = gpu.copyBytes;
   lower.vectorAtomics = gpu.vectorAtomics;
   lower.wgmma = gpu.wgmma;
@@ -106,15 +111,24 @@ static TileConfig toConfig(const FlashjitPipelineOptions &options) {
 void registerFlashjitPasses() {
   attn::registerAttnPasses();
   conversion::registerConversionPasses();
+  auto gpuConfig = [](const FlashjitPipelineOptions &options) {
+    GpuPipelineConfig gpu;
+    gpu.copyBytes = options.copyBytes;
+    gpu.vectorAtomics = options.vectorAtomics;
+    gpu.wgmma = options.wgmma;
+    return gpu;
+  };
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-gpu-pipeline",
       "attn -> gpu.module in LLVM + NVVM (tensor-core kernel)",
-      [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        GpuPipelineConfig gpu;
-        gpu.copyBytes = options.copyBytes;
-        gpu.vectorAtomics = options.vectorAtomics;
-        gpu.wgmma = options.wgmma;
-        buildGpuPipeline(pm, toConfig(options), gpu);
+      [=](OpPassManager &pm, const FlashjitPipelineOptions &options) {
+        buildGpuPipeline(pm, toConfig(options), gpuConfig(options));
+      });
+  PassPipelineRegistration<FlashjitPipelineOptions>(
+      "flashjit-tile-to-gpu-pipeline",
+      "tile IR -> gpu.module in LLVM + NVVM (block-m, block-n: the IR's)",
+      [=](OpPassManager &pm, const FlashjitPipelineOptions &options) {
+        buildGpuLoweringPipeline(pm, options.warps, gpuConfig(options));
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tiling-pipeline",

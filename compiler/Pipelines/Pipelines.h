@@ -67,13 +67,22 @@ struct GpuPipelineConfig {
 };
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),
-/// ready for translation to LLVM IR and PTX. Stops after the lowering to
-/// the gpu dialect when \p stopAtGpu (the `gpu` stage).
+/// ready for translation to LLVM IR and PTX: the tiling pipeline, then
+/// buildGpuLoweringPipeline. Stops after the lowering to the gpu dialect
+/// when \p stopAtGpu (the `gpu` stage).
 void buildGpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
                       const GpuPipelineConfig &gpu, bool stopAtGpu = false);
 
+/// tile IR -> gpu.module in the LLVM + NVVM dialects: the GPU lowering
+/// (flashjit-lower-tiled-to-gpu with \p warps warps), cleanup and, unless
+/// \p stopAtGpu, the conversion to NVVM.
+void buildGpuLoweringPipeline(mlir::OpPassManager &pm, int64_t warps,
+                              const GpuPipelineConfig &gpu,
+                              bool stopAtGpu = false);
+
 /// Registers "flashjit-tiling-pipeline", "flashjit-cpu-pipeline",
-/// "flashjit-tile-to-cpu-pipeline", "flashjit-gpu-pipeline" and every
+/// "flashjit-tile-to-cpu-pipeline", "flashjit-gpu-pipeline",
+/// "flashjit-tile-to-gpu-pipeline" and every
 /// flashjit pass with the global pass registry (for flashjit-opt).
 void registerFlashjitPasses();
 

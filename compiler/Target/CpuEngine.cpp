@@ -94,15 +94,17 @@ void initializeNativeTarget() {
   (void)done;
 }
 
-/// Runs the CPU pipeline on the attn stage of \p spec and JIT-compiles it,
+/// Runs the CPU pipeline on \p source (the attn stage of \p spec when
+/// empty) and JIT-compiles it,
 /// with flashjit's half-float builtins registered.
 std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
                                             const AttentionSpec &spec,
-                                            const TileConfig &config) {
+                                            const TileConfig &config,
+                                            const KernelSource &source) {
   initializeNativeTarget();
-  OwningOpRef<ModuleOp> module = parseAttnModule(ctx, spec);
-  runPipeline(*module,
-              [&](OpPassManager &pm) { buildCpuPipeline(pm, config); });
+  OwningOpRef<ModuleOp> module =
+      loadSource(ctx, spec, source, config,
+                 [](OpPassManager &pm) { buildCpuLoweringPipeline(pm); });
 
   ExecutionEngineOptions engineOptions;
   auto transformer = makeOptimizingTransformer(/*optLevel=*/2,
@@ -210,7 +212,8 @@ const AttentionSpec &CpuKernel::spec() const { return impl->spec; }
 const TileConfig &CpuKernel::config() const { return impl->config; }
 
 std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
-                                              const TileConfig &config) {
+                                              const TileConfig &config,
+                                              const KernelSource &source) {
   spec.validate();
   config.validate(spec);
   if (spec.direction != Direction::Forward)
@@ -220,7 +223,7 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
   impl->spec = spec;
   impl->config = config;
   impl->ctx = createContext();
-  impl->engine = jitCompile(*impl->ctx, spec, config);
+  impl->engine = jitCompile(*impl->ctx, spec, config, source);
   impl->entry = lookupEntry(*impl->engine, kKernelName);
   return std::unique_ptr<CpuKernel>(new CpuKernel(std::move(impl)));
 }
@@ -287,7 +290,8 @@ const TileConfig &CpuBackwardKernel::config() const { return impl->config; }
 
 std::unique_ptr<CpuBackwardKernel>
 CpuBackwardKernel::compile(const AttentionSpec &spec,
-                           const TileConfig &config) {
+                           const TileConfig &config,
+                           const KernelSource &source) {
   spec.validate();
   config.validate(spec);
   if (spec.direction != Direction::Backward)
@@ -297,7 +301,7 @@ CpuBackwardKernel::compile(const AttentionSpec &spec,
   impl->spec = spec;
   impl->config = config;
   impl->ctx = createContext();
-  impl->engine = jitCompile(*impl->ctx, spec, config);
+  impl->engine = jitCompile(*impl->ctx, spec, config, source);
   std::string name = kKernelName;
   impl->preprocess =
       lookupEntry(*impl->engine, name + abi::bwd::kPreprocessSuffix);

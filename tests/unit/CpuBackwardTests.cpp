@@ -451,12 +451,12 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   EXPECT_NE(o.spec.name().find("bwd_"), std::string::npos);
   // The tiled @attention_dq: the conversion of atomic dQ by default, the
   // separate pass when deterministic.
-  std::string tiled = emitStage(o.spec, o.config, Stage::Tiled);
+  std::string tiled = emitStage(o.spec, o.config, Stage::Tile);
   EXPECT_NE(tiled.find("@attention_dq("), std::string::npos);
   EXPECT_NE(tiled.find("role = \"dq_convert\""), std::string::npos);
   EXPECT_NE(tiled.find("memref.atomic_rmw addf"), std::string::npos);
   o.spec.deterministic = true;
-  tiled = emitStage(o.spec, o.config, Stage::Tiled);
+  tiled = emitStage(o.spec, o.config, Stage::Tile);
   EXPECT_NE(tiled.find("role = \"dq\""), std::string::npos);
   EXPECT_EQ(tiled.find("memref.atomic_rmw"), std::string::npos);
   // The GPU stages (both forms): three kernels, tensor cores, no

@@ -93,7 +93,7 @@ BackwardRunResult runBackwardOnCpu(const CliOptions &o,
   CpuKernel::compile(forwardSpec, o.config)->run(p, data, layout);
   r.forwardMs = msSince(t0);
   t0 = std::chrono::steady_clock::now();
-  auto kernel = CpuBackwardKernel::compile(o.spec, o.config);
+  auto kernel = CpuBackwardKernel::compile(o.spec, o.config, o.source);
   r.compileMs = msSince(t0);
   t0 = std::chrono::steady_clock::now();
   kernel->run(p, data, grads, layout);
@@ -271,6 +271,12 @@ int runBackward(const CliOptions &o) {
       fmt::print("{}", gpuTextSummary(*run.gpu, tflops));
     fmt::print("\n");
   }
+  if (!ok && !o.source.empty())
+    fmt::print(stderr,
+               "flashjit: {} does not compute the gradients of the attention "
+               "its description names ({}); an edit that changes the "
+               "arithmetic fails this check\n",
+               o.source.name, o.spec.name());
   return ok ? 0 : 1;
 }
 

@@ -63,7 +63,7 @@ int runCompile(const CliOptions &o) {
     if (o.outputPath.empty())
       throw SpecError("--emit cubin writes a binary: give -o FILE");
     rt::DiskCache cache;
-    CubinBuild b = engine::buildCubin(o.spec, o.config, target, cache);
+    CubinBuild b = engine::buildCubin(o.spec, o.config, target, cache, o.source);
     std::ofstream out(o.outputPath, std::ios::binary);
     out.write(b.cubin.data(), std::streamsize(b.cubin.size()));
     out.close();
@@ -85,7 +85,7 @@ int runCompile(const CliOptions &o) {
                  b.spillBytes, rt::toString(b.cache));
     return Ok;
   }
-  std::string text = emitStage(o.spec, o.config, stage, target);
+  std::string text = emitStage(o.spec, o.config, stage, target, o.source);
   if (!text.empty() && text.back() != '\n')
     text += '\n';
   writeOutput(o, text);
@@ -117,7 +117,7 @@ int runRun(const CliOptions &o) {
     runMs = gpu.medianMs;
   } else {
     auto t0 = std::chrono::steady_clock::now();
-    auto kernel = CpuKernel::compile(spec, o.config);
+    auto kernel = CpuKernel::compile(spec, o.config, o.source);
     compileMs = msSince(t0);
     t0 = std::chrono::steady_clock::now();
     kernel->run(p, data, layout.get());
@@ -170,6 +170,13 @@ int runRun(const CliOptions &o) {
       fmt::print("{}", gpuTextSummary(gpu, tflops));
     fmt::print("\n");
   }
+  if (!ok && !o.source.empty())
+    fmt::print(stderr,
+               "flashjit: {} does not compute the attention its description "
+               "names ({}): rel_err {:.3e} >= {} against its float64 "
+               "reference; an edit that changes the arithmetic fails this "
+               "check\n",
+               o.source.name, spec.name(), reported, bound);
   return ok ? Ok : AccuracyFailed;
 }
 

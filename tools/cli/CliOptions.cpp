@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <functional>
 #include <map>
+#include <set>
 #include <random>
 
 namespace flashjit::cli {
@@ -21,10 +22,15 @@ std::string helpText(const std::string &command) {
   std::string usage;
   if (command == "compile")
     usage =
-        "usage: flashjit compile [spec] [tiling] [--emit STAGE] [-o FILE]\n"
+        "usage: flashjit compile [spec | --input FILE] [tiling] [--emit STAGE]"
+        " [-o FILE]\n"
         "Prints one stage of the pipeline for the described attention.\n"
-        "  --emit STAGE         attn | tiled | gpu | llvm | ptx | cubin |\n"
-        "                       cpu-llvm (default: tiled); cubin needs -o\n"
+        "  --emit STAGE         attn | tile | gpu | llvm | ptx | cubin |\n"
+        "                       cpu-llvm (default: tile; 'tiled' is its old\n"
+        "                       name); cubin needs -o\n"
+        "  --input FILE         continue from the IR in FILE (the attn or the\n"
+        "                       tile stage, edited or not): its description\n"
+        "                       and tiling are the kernel's\n"
         "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
         "                       (default: the GPU found, else sm_90a)\n"
         "  -o FILE              write the stage to FILE instead of stdout\n";
@@ -51,10 +57,14 @@ std::string helpText(const std::string &command) {
             "2.5x the forward's.\n";
   else if (command == "run")
     usage =
-        "usage: flashjit run [spec] [problem] [tiling] [--device D] "
-        "[--json] [--dump-io DIR]\n"
+        "usage: flashjit run [spec | --input FILE] [problem] [tiling] "
+        "[--device D] [--json] [--dump-io DIR]\n"
         "Runs the kernel on fresh random inputs and checks it against a\n"
         "float64 reference (relative norm error of O and lse).\n"
+        "  --input FILE         run the IR in FILE (attn or tile stage),\n"
+        "                       checked against the float64 reference of the\n"
+        "                       attention its description names: an edit\n"
+        "                       that changes the arithmetic fails (exit 1)\n"
         "  --device cpu|cuda    where to run (default: cuda when a GPU is\n"
         "                       found, else cpu with a note on stderr)\n"
         "  --json               one JSON object on stdout, logs on stderr\n"
@@ -203,6 +213,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--block-sparse",
        [&](auto &v) { o.density = parseDouble("--block-sparse", v); }},
       {"--layout", [&](auto &v) { o.layoutPath = v; }},
+      {"--input", [&](auto &v) { o.source.name = v; }},
       {"--sparse-block",
        [&](auto &v) { o.spec.sparseBlock = parseInt("--sparse-block", v); }},
       {"--batch", [&](auto &v) { o.problem.batch = parseInt("--batch", v); }},
@@ -272,8 +283,15 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"-h", [&] { o.help = true; }},
   };
 
+  // The flags that describe the kernel: with --input the file does.
+  static const std::set<std::string> kSpecFlags = {
+      "--head-dim", "--head-dim-v", "--dtype",     "--gqa",
+      "--causal",   "--backward",   "--deterministic", "--sparse-block"};
+  std::vector<std::string> specFlagsSeen;
   for (; i < args.size(); ++i) {
     std::string arg = args[i], value;
+    if (kSpecFlags.count(arg.substr(0, arg.find('='))))
+      specFlagsSeen.push_back(arg.substr(0, arg.find('=')));
     bool inlineValue = false;
     if (auto eq = arg.find('=');
         arg.rfind("--", 0) == 0 && eq != std::string::npos) {
@@ -300,6 +318,50 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;
+  std::optional<TileConfig> fileTiling;
+  if (!o.source.name.empty() || !o.source.text.empty()) {
+    if (o.command != "compile" && o.command != "run" && o.command != "bench")
+      throw SpecError("--input works with compile, run and bench");
+    if (o.tune)
+      throw SpecError("--input: a kernel read from a file is not tuned "
+                      "(give its tiling with --warps)");
+    if (!specFlagsSeen.empty())
+      throw SpecError(fmt::format("--input {}: the file carries the "
+                                  "description; drop {}",
+                                  o.source.name, specFlagsSeen.front()));
+    o.source.text = readBoundedFile(o.source.name, "--input", 64 << 20);
+    SourceInfo info;
+    try {
+      info = inspectSource(o.source);
+    } catch (const CompileError &e) {
+      throw SpecError(e.what());
+    }
+    const bool wantSparse = o.density.has_value() || !o.layoutPath.empty();
+    if (info.spec.blockSparse && !wantSparse)
+      throw SpecError(fmt::format("--input {}: the kernel is block-sparse; "
+                                  "give --block-sparse DENSITY or --layout "
+                                  "FILE",
+                                  o.source.name));
+    if (!info.spec.blockSparse && wantSparse)
+      throw SpecError(fmt::format("--input {}: the kernel is dense; drop "
+                                  "--block-sparse / --layout",
+                                  o.source.name));
+    if (window && info.spec.mask != MaskKind::SlidingWindow)
+      throw SpecError(fmt::format("--input {}: --window needs a "
+                                  "sliding_window kernel",
+                                  o.source.name));
+    if (!window && info.spec.mask == MaskKind::SlidingWindow)
+      throw SpecError(fmt::format("--input {}: the kernel has a sliding "
+                                  "window; give its sizes with --window L,R",
+                                  o.source.name));
+    o.spec = info.spec;
+    fileTiling = info.tiling;
+    if (fileTiling && ((blockMGiven && o.config.blockM != fileTiling->blockM) ||
+                       (blockNGiven && o.config.blockN != fileTiling->blockN)))
+      throw SpecError(fmt::format(
+          "--input {}: the file is tiled {} x {}; drop --block-m / --block-n",
+          o.source.name, fileTiling->blockM, fileTiling->blockN));
+  }
   if (!seqKVGiven)
     o.problem.seqLenKV = o.problem.seqLenQ;
   if (!headsGiven)
@@ -317,7 +379,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   }
   if (o.density && !o.layoutPath.empty())
     throw SpecError("--block-sparse and --layout are exclusive");
-  o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
+  if (o.source.empty())
+    o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
   if (o.spec.deterministic && o.spec.direction != Direction::Backward)
     throw SpecError("--deterministic needs --backward (it chooses how the "
                     "backward sums dQ)");
@@ -328,9 +391,9 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   TileConfig heuristic =
       backward ? defaultGpuBackwardConfig(o.spec) : defaultGpuConfig(o.spec);
   if (!blockMGiven)
-    o.config.blockM = heuristic.blockM;
+    o.config.blockM = fileTiling ? fileTiling->blockM : heuristic.blockM;
   if (!blockNGiven)
-    o.config.blockN = heuristic.blockN;
+    o.config.blockN = fileTiling ? fileTiling->blockN : heuristic.blockN;
   o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
   // Warps split Br (and, in the backward's dK/dV kernel, Bc) in 16-row
   // tiles; with atomic dQ the backward's warps split only Bc.

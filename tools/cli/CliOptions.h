@@ -9,6 +9,7 @@
 #ifndef FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
 #define FLASHJIT_TOOLS_CLI_CLIOPTIONS_H
 
+#include "compiler/Compiler.h"
 #include "kernels/AttentionSpec.h"
 #include "kernels/HostTensor.h"
 
@@ -27,12 +28,16 @@ struct CliOptions {
   Problem problem;
   TileConfig config;
   std::optional<Device> device; ///< unset: cuda when a GPU is found, else cpu
-  std::string emit = "tiled";
+  std::string emit = "tile";
   std::string target;   ///< --target: sm_80, sm_90a, ... (default: the GPU's)
   int64_t repeats = 20; ///< timed launches (median reported)
   std::string outputPath;
   std::string dumpDir;
   std::string layoutPath;
+  /// --input FILE: the IR to compile or run (the attn or the tile stage,
+  /// e.g. an edited `--emit tile`); the spec (and, for the tile stage, Br x
+  /// Bc) are the file's.
+  KernelSource source;
   std::optional<double> density;
   uint64_t seed = 0;
   bool seedGiven = false;

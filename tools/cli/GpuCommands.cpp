@@ -184,8 +184,13 @@ GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
   GpuRunResult r;
   r.copyBytes = target.copyBytes;
   r.arch = target.arch;
-  r.config = flags ? *flags : fallback;
-  r.configSource = flags ? "flags" : "heuristic";
+  // A kernel from --input runs with the command line's tiling (the file's
+  // Br x Bc for the tile stage), never a tuned one.
+  const bool fromFile = !o.source.empty() && spec.direction == o.spec.direction;
+  const std::optional<TileConfig> given =
+      fromFile ? std::optional<TileConfig>(o.config) : flags;
+  r.config = given ? *given : fallback;
+  r.configSource = given ? "flags" : "heuristic";
   if (tune) {
     rt::TuneResult result = tune(tuneProgress(o));
     r.tuneTable = rt::formatTuneTable(result);
@@ -201,11 +206,11 @@ GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
     r.tuneJson +=
         fmt::format("],\"tune_compile_s\":{:.3f},\"tune_time_s\":{:.3f}",
                     result.compileSeconds, result.timeSeconds);
-    if (!flags) {
+    if (!given) {
       r.config = result.best;
       r.configSource = "tuned";
     }
-  } else if (!flags) {
+  } else if (!given) {
     if (auto tuned =
             engine::loadTunedConfig(spec, p, session.info, session.cache)) {
       r.config = *tuned;
@@ -215,7 +220,11 @@ GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
   std::string problem = check(r.config);
   if (!problem.empty())
     throw SpecError(problem);
-  r.build = engine::buildCubin(spec, r.config, target, session.cache);
+  // The kernel read from --input (the one of its direction: a backward
+  // run's forward is flashjit's own).
+  const KernelSource &source =
+      spec.direction == o.spec.direction ? o.source : KernelSource{};
+  r.build = engine::buildCubin(spec, r.config, target, session.cache, source);
   r.compileMs = r.build.prepareMs;
   return r;
 }

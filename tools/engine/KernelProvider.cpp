@@ -14,7 +14,7 @@
 namespace flashjit::engine {
 
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target) {
+                      const GpuTarget &target, const KernelSource &source) {
   rt::CacheKey key;
   key.add("version", FLASHJIT_VERSION)
       .add("codegen", kCodegenRevision)
@@ -29,6 +29,8 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                           ? fmt::format("for driver {}", target.driverVersion)
                           : std::to_string(choosePtxVersion(target.arch, 0)))
       .add("nvjitlink", rt::nvJitLinkVersionString());
+  if (!source.empty())
+    key.add("source", source.text);
   return key;
 }
 
@@ -72,9 +74,10 @@ rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
 }
 
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, rt::DiskCache &cache) {
+                      const GpuTarget &target, rt::DiskCache &cache,
+                      const KernelSource &source) {
   auto t0 = std::chrono::steady_clock::now();
-  rt::CacheKey key = cubinKey(spec, config, target);
+  rt::CacheKey key = cubinKey(spec, config, target, source);
   CubinBuild b;
   if (auto payload = cache.load("cubin", key, b.cache)) {
     if (unpackCubin(*payload, b)) {
@@ -83,7 +86,7 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     }
     b.cache = rt::CacheStatus::Rebuilt;
   }
-  std::string ptx = compileToPtx(spec, config, target);
+  std::string ptx = compileToPtx(spec, config, target, source);
   rt::CubinResult r = rt::ptxToCubin(ptx, target.arch);
   rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
   b.cubin = std::move(r.cubin);

@@ -31,16 +31,19 @@ struct CubinBuild {
   double prepareMs = 0; ///< flashjit's own time: cache lookup or compile
 };
 
-/// The cubin for (spec, config, target): from the on-disk cache, else
-/// compiled (PTX -> nvJitLink) and stored. Thread-safe.
+/// The cubin for (spec, config, target), compiled from \p source when given
+/// (an IR file: KernelSource): from the on-disk cache, else compiled (PTX ->
+/// nvJitLink) and stored. Thread-safe.
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, rt::DiskCache &cache);
+                      const GpuTarget &target, rt::DiskCache &cache,
+                      const KernelSource &source = {});
 
 /// The cubin cache key: everything that changes the bytes (flashjit's
-/// version, the pipeline, the spec with its direction, the config, the copy
-/// width, arch, PTX ISA, nvJitLink's version).
+/// version and code generator, the pipeline, the spec with its direction,
+/// the config, the copy width, arch, PTX ISA, nvJitLink's version, and the
+/// source IR's text when the kernel comes from a file).
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target);
+                      const GpuTarget &target, const KernelSource &source = {});
 
 /// The cache key of tuning results: spec (with its direction: forward and
 /// backward are tuned apart), problem class, GPU identity.
