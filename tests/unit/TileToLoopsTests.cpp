@@ -61,8 +61,12 @@ uint16_t fromContainer(_Float16 h) {
 }
 _Float16 truncsfbf2(float f) { return toContainer(flashjit::floatToBf16(f)); }
 _Float16 truncsfhf2(float f) { return toContainer(flashjit::floatToFp16(f)); }
-float extendhfsf2(_Float16 h) { return flashjit::fp16ToFloat(fromContainer(h)); }
-float extendbfsf2(_Float16 h) { return flashjit::bf16ToFloat(fromContainer(h)); }
+float extendhfsf2(_Float16 h) {
+  return flashjit::fp16ToFloat(fromContainer(h));
+}
+float extendbfsf2(_Float16 h) {
+  return flashjit::bf16ToFloat(fromContainer(h));
+}
 uint16_t gnuF2h(float f) { return flashjit::floatToFp16(f); }
 float gnuH2f(uint16_t h) { return flashjit::fp16ToFloat(h); }
 
@@ -91,12 +95,17 @@ public:
     ptrs.push_back(&ints.emplace_back(v));
     return *this;
   }
+  Args &f32(float v) {
+    ptrs.push_back(&floats.emplace_back(v));
+    return *this;
+  }
   void **data() { return ptrs.data(); }
 
 private:
   std::deque<MemRef1D> mems;
   std::deque<int64_t> indices;
   std::deque<int32_t> ints;
+  std::deque<float> floats;
   std::vector<void *> ptrs;
 };
 
@@ -179,7 +188,7 @@ private:
   std::string errors;
 };
 
-#define JIT_OR_FAIL(jit, source)                                              \
+#define JIT_OR_FAIL(jit, source)                                               \
   TileJit jit(source);                                                         \
   ASSERT_TRUE(jit.ok()) << jit.diagnostics()
 
@@ -308,8 +317,17 @@ TEST(TileToLoops, LoadZeroFillsAndStoreSkipsRowsPastTheEnd) {
         wantO1[size_t(off + q0 + r)] = v;
     }
     Args args;
-    args.buf(a).buf(o).buf(z).buf(o1).buf(z1).index(off).index(r0).index(n)
-        .index(s).index(q0).index(m);
+    args.buf(a)
+        .buf(o)
+        .buf(z)
+        .buf(o1)
+        .buf(z1)
+        .index(off)
+        .index(r0)
+        .index(n)
+        .index(s)
+        .index(q0)
+        .index(m);
     jit.call("load_store", args);
     expectExact(z, wantZ, "2-D load (all rows stored)");
     expectExact(o, wantO, "2-D predicated store");
@@ -345,8 +363,8 @@ func.func @dot(%A: memref<?xbf16>, %B: memref<?xbf16>, %C: memref<?xf32>,
 )mlir";
 
 /// (transpose_lhs, transpose_rhs, acc)
-class TileDot
-    : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+class TileDot : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {
+};
 
 TEST_P(TileDot, AccumulatesInF32InKOrder) {
   auto [tl, tr, withAcc] = GetParam();
@@ -373,7 +391,8 @@ TEST_P(TileDot, AccumulatesInF32InKOrder) {
                   {"ATTRS", attrDict}});
   JIT_OR_FAIL(jit, source);
 
-  std::vector<uint16_t> a = randBf16(size_t(m * k)), b = randBf16(size_t(k * n));
+  std::vector<uint16_t> a = randBf16(size_t(m * k)),
+                        b = randBf16(size_t(k * n));
   std::vector<float> c = randFloats(size_t(m * n)), o = poisoned(size_t(m * n));
   auto lhs = [&](int64_t i, int64_t kk) {
     return flashjit::bf16ToFloat(a[size_t(tl ? kk * m + i : i * k + kk)]);
@@ -547,7 +566,8 @@ TEST(TileToLoops, IotaCompareSelectCausalMask) {
     for (int r = 0; r < 8; ++r) {
       wantIota[size_t(r)] = float(r);
       for (int c = 0; c < 8; ++c)
-        want[size_t(r * 8 + c)] = k0 + c <= q0 + r ? s[size_t(r * 8 + c)] : -kInf;
+        want[size_t(r * 8 + c)] =
+            k0 + c <= q0 + r ? s[size_t(r * 8 + c)] : -kInf;
     }
     Args args;
     args.buf(s).buf(o).buf(iota).i32(q0).i32(k0);
@@ -743,7 +763,8 @@ TEST(TileToLoops, AtomicAddFromManyThreads) {
   std::vector<float> wantD = d, wantD1 = d1;
   for (int64_t r = 0; r < 5 && r0 + r < n; ++r) {
     for (int64_t c = 0; c < 6; ++c)
-      wantD[size_t((r0 + r) * 6 + c)] += float(threads * calls) * a[size_t(r * 6 + c)];
+      wantD[size_t((r0 + r) * 6 + c)] +=
+          float(threads * calls) * a[size_t(r * 6 + c)];
     wantD1[size_t(r0 + r)] += float(threads * calls) * a[size_t(r)];
   }
   auto fn = jit.entry("atomic");
@@ -807,6 +828,135 @@ TEST(TileToLoops, TruncfRoundsEachElement) {
   expectExact(gotB, wantB, "truncf to bf16 (bits)");
   expectExact(gotH, wantH, "truncf to f16 (bits)");
   expectExact(e, wantE, "extf of the bf16");
+}
+
+//===----------------------------------------------------------------------===//
+// A whole forward program: the FlashAttention-2 KV loop on tiles
+//===----------------------------------------------------------------------===//
+
+const char *kForward = R"mlir(
+func.func @fwd(%Q: memref<?xbf16>, %K: memref<?xbf16>, %V: memref<?xbf16>,
+               %O: memref<?xf32>, %nq: index, %nkv: index, %m0: index,
+               %scale: f32) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %cbn = arith.constant {BN} : index
+  %cbn1 = arith.constant {BN1} : index
+  %cd = arith.constant {D} : index
+  %q = tile.load %Q[%c0] rows %m0 of %nq stride %cd
+      : memref<?xbf16> -> tensor<{BM}x{D}xbf16>
+  %o0 = arith.constant dense<0.0> : tensor<{BM}x{D}xf32>
+  %mi0 = arith.constant dense<0xFF800000> : tensor<{BM}xf32>
+  %l0 = arith.constant dense<0.0> : tensor<{BM}xf32>
+  %sc = tile.splat %scale : f32 -> tensor<{BM}x{BN}xf32>
+  %cols = tile.iota dim 1 : tensor<{BM}x{BN}xi32>
+  %nkvi = arith.index_cast %nkv : index to i32
+  %nkvt = tile.splat %nkvi : i32 -> tensor<{BM}x{BN}xi32>
+  %ninf = arith.constant dense<0xFF800000> : tensor<{BM}x{BN}xf32>
+  %nkvr = arith.addi %nkv, %cbn1 : index
+  %nb = arith.divui %nkvr, %cbn : index
+  %r:3 = scf.for %t = %c0 to %nb step %c1
+      iter_args(%o = %o0, %m = %mi0, %l = %l0)
+      -> (tensor<{BM}x{D}xf32>, tensor<{BM}xf32>, tensor<{BM}xf32>) {
+    %n0 = arith.muli %t, %cbn : index
+    %k = tile.load %K[%c0] rows %n0 of %nkv stride %cd
+        : memref<?xbf16> -> tensor<{BN}x{D}xbf16>
+    %v = tile.load %V[%c0] rows %n0 of %nkv stride %cd
+        : memref<?xbf16> -> tensor<{BN}x{D}xbf16>
+    %s = tile.dot %q, %k {transpose_rhs}
+        : tensor<{BM}x{D}xbf16>, tensor<{BN}x{D}xbf16> -> tensor<{BM}x{BN}xf32>
+    %ss = arith.mulf %s, %sc : tensor<{BM}x{BN}xf32>
+    %n0i = arith.index_cast %n0 : index to i32
+    %n0t = tile.splat %n0i : i32 -> tensor<{BM}x{BN}xi32>
+    %key = arith.addi %cols, %n0t : tensor<{BM}x{BN}xi32>
+    %valid = arith.cmpi slt, %key, %nkvt : tensor<{BM}x{BN}xi32>
+    %sm = arith.select %valid, %ss, %ninf
+        : tensor<{BM}x{BN}xi1>, tensor<{BM}x{BN}xf32>
+    %mx = tile.reduce "max" %sm dim 1 : tensor<{BM}x{BN}xf32> -> tensor<{BM}xf32>
+    %mn = arith.maxnumf %m, %mx : tensor<{BM}xf32>
+    %dm = arith.subf %m, %mn : tensor<{BM}xf32>
+    %alpha = math.exp2 %dm : tensor<{BM}xf32>
+    %mnb = tile.broadcast %mn dim 1 : tensor<{BM}xf32> -> tensor<{BM}x{BN}xf32>
+    %sd = arith.subf %sm, %mnb : tensor<{BM}x{BN}xf32>
+    %p = math.exp2 %sd : tensor<{BM}x{BN}xf32>
+    %ps = tile.reduce "sum" %p dim 1 : tensor<{BM}x{BN}xf32> -> tensor<{BM}xf32>
+    %la = arith.mulf %l, %alpha : tensor<{BM}xf32>
+    %ln = arith.addf %la, %ps : tensor<{BM}xf32>
+    %p16 = arith.truncf %p : tensor<{BM}x{BN}xf32> to tensor<{BM}x{BN}xbf16>
+    %ab = tile.broadcast %alpha dim 1 : tensor<{BM}xf32> -> tensor<{BM}x{D}xf32>
+    %oa = arith.mulf %o, %ab : tensor<{BM}x{D}xf32>
+    %on = tile.dot %p16, %v acc %oa : tensor<{BM}x{D}xf32>
+        : tensor<{BM}x{BN}xbf16>, tensor<{BN}x{D}xbf16> -> tensor<{BM}x{D}xf32>
+    scf.yield %on, %mn, %ln
+        : tensor<{BM}x{D}xf32>, tensor<{BM}xf32>, tensor<{BM}xf32>
+  }
+  %lb = tile.broadcast %r#2 dim 1 : tensor<{BM}xf32> -> tensor<{BM}x{D}xf32>
+  %of = arith.divf %r#0, %lb : tensor<{BM}x{D}xf32>
+  tile.store %of, %O[%c0] rows %m0 of %nq stride %cd
+      : tensor<{BM}x{D}xf32>, memref<?xf32>
+  return
+}
+)mlir";
+
+TEST(TileToLoops, ForwardKvLoopMatchesReference) {
+  const int64_t bm = 32, bn = 32, d = 64;
+  JIT_OR_FAIL(jit, fill(kForward, {{"BM", std::to_string(bm)},
+                                   {"BN", std::to_string(bn)},
+                                   {"BN1", std::to_string(bn - 1)},
+                                   {"D", std::to_string(d)}}));
+  const int64_t nkv = randInt(40, 300), nq = randInt(1, 80);
+  const int64_t m0 = bm * randInt(0, int((nq - 1) / bm));
+  const float scale = float(1 / std::sqrt(double(d)) / std::log(2.0));
+  std::vector<uint16_t> q = randBf16(size_t(nq * d));
+  std::vector<uint16_t> k = randBf16(size_t(nkv * d));
+  std::vector<uint16_t> v = randBf16(size_t(nkv * d));
+  std::vector<float> o = poisoned(size_t(nq * d));
+  using flashjit::bf16ToFloat;
+  std::vector<float> want = o, scaleOf(o.size(), 0);
+  for (int64_t r = 0; r < bm && m0 + r < nq; ++r) {
+    const int64_t i = m0 + r;
+    float m = -kInf, l = 0;
+    std::vector<float> acc(static_cast<size_t>(d), 0.0f);
+    for (int64_t n0 = 0; n0 < nkv; n0 += bn) {
+      std::vector<float> sm(static_cast<size_t>(bn));
+      float mx = -kInf;
+      for (int64_t c = 0; c < bn; ++c) {
+        float s = 0;
+        if (n0 + c < nkv)
+          for (int64_t kk = 0; kk < d; ++kk)
+            s = s + bf16ToFloat(q[size_t(i * d + kk)]) *
+                        bf16ToFloat(k[size_t((n0 + c) * d + kk)]);
+        sm[size_t(c)] = n0 + c < nkv ? s * scale : -kInf;
+        mx = std::fmax(mx, sm[size_t(c)]);
+      }
+      float mn = std::fmax(m, mx), alpha = std::exp2(m - mn), ps = 0;
+      std::vector<float> p16(static_cast<size_t>(bn));
+      for (int64_t c = 0; c < bn; ++c) {
+        float p = std::exp2(sm[size_t(c)] - mn);
+        ps += p;
+        p16[size_t(c)] = bf16ToFloat(flashjit::floatToBf16(p));
+      }
+      l = l * alpha + ps;
+      m = mn;
+      for (int64_t j = 0; j < d; ++j) {
+        float a = acc[size_t(j)] * alpha;
+        for (int64_t c = 0; c < bn; ++c) {
+          float vv =
+              n0 + c < nkv ? bf16ToFloat(v[size_t((n0 + c) * d + j)]) : 0;
+          a = a + p16[size_t(c)] * vv;
+        }
+        acc[size_t(j)] = a;
+      }
+    }
+    for (int64_t j = 0; j < d; ++j) {
+      want[size_t(i * d + j)] = acc[size_t(j)] / l;
+      scaleOf[size_t(i * d + j)] = 1; // |v| <= 2: O is a convex mix of V
+    }
+  }
+  Args args;
+  args.buf(q).buf(k).buf(v).buf(o).index(nq).index(nkv).index(m0).f32(scale);
+  jit.call("fwd", args);
+  expectNear(o, want, scaleOf, "O");
 }
 
 } // namespace
