@@ -13,8 +13,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "compiler/Conversion/Passes.h"
 #include "compiler/Conversion/TileToLoops.h"
+#include "compiler/Conversion/Passes.h"
 
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -127,9 +127,15 @@ TileLowering::TileLowering(func::FuncOp func)
 
 Value TileLowering::newBuffer(Type tileType) {
   auto t = cast<RankedTensorType>(tileType);
-  return memref::AllocaOp::create(
+  // After the last one: the lowering inserts code before the entry block's
+  // first op too.
+  if (lastAlloca)
+    allocBuilder.setInsertionPointAfter(lastAlloca);
+  auto alloca = memref::AllocaOp::create(
       allocBuilder, func.getLoc(),
       MemRefType::get(t.getShape(), t.getElementType()));
+  lastAlloca = alloca;
+  return alloca;
 }
 
 Value TileLowering::defineBuffer(Value tile) {
@@ -155,6 +161,17 @@ Value TileLowering::buffer(Value tile) {
                  memref::StoreOp::create(b, loc, scalar, buf, ivs);
                });
   return buf;
+}
+
+Value TileLowering::reusableBuffer(Value operand, Operation *user,
+                                   Type resultType) {
+  Operation *def = operand.getDefiningOp();
+  // scf results live in the loop's (or the if's) own buffers; a value from
+  // outside the user's block may be read again (the user is in a loop).
+  if (!def || isa<scf::ForOp, scf::IfOp>(def) || !operand.hasOneUse() ||
+      def->getBlock() != user->getBlock() || operand.getType() != resultType)
+    return nullptr;
+  return buffers.lookup(operand);
 }
 
 Value TileLowering::element(OpBuilder &b, Location loc, Value tile,
@@ -336,9 +353,8 @@ LogicalResult TileLowering::lowerFor(scf::ForOp op) {
     carried.push_back(buf);
   }
   auto newFor = scf::ForOp::create(
-      b, loc, op.getLowerBound(), op.getUpperBound(), op.getStep(),
-      scalarInits, [](OpBuilder &, Location, Value, ValueRange) {},
-      op.getUnsignedCmp());
+      b, loc, op.getLowerBound(), op.getUpperBound(), op.getStep(), scalarInits,
+      [](OpBuilder &, Location, Value, ValueRange) {}, op.getUnsignedCmp());
   newFor->setDiscardableAttrs(op->getDiscardableAttrDictionary());
   Block *oldBody = op.getBody(), *newBody = newFor.getBody();
   op.getInductionVar().replaceAllUsesWith(newFor.getInductionVar());
@@ -403,10 +419,11 @@ LogicalResult TileLowering::lowerIf(scf::IfOp op) {
     }
   }
   bool hasElse = !op.getElseRegion().empty();
-  auto newIf = scf::IfOp::create(b, op.getLoc(), scalarTypes,
-                                 op.getCondition(), hasElse);
+  auto newIf = scf::IfOp::create(b, op.getLoc(), scalarTypes, op.getCondition(),
+                                 hasElse);
   newIf->setDiscardableAttrs(op->getDiscardableAttrDictionary());
-  for (auto [from, to] : llvm::zip_equal(op->getRegions(), newIf->getRegions())) {
+  for (auto [from, to] :
+       llvm::zip_equal(op->getRegions(), newIf->getRegions())) {
     to.takeBody(from);
     if (to.empty())
       continue;

@@ -71,6 +71,12 @@ public:
   mlir::Value defineBuffer(mlir::Value tile);
   /// The buffer of an already lowered tile (a splat's is filled on demand).
   mlir::Value buffer(mlir::Value tile);
+  /// The buffer of \p operand if \p user may overwrite it in place (it is
+  /// \p operand's only use, in the block of its definition, by an op that
+  /// reads each element before writing it), else null. Keeps the entry
+  /// block's stack frame small: a chain of elementwise ops shares a buffer.
+  mlir::Value reusableBuffer(mlir::Value operand, mlir::Operation *user,
+                             mlir::Type resultType);
   /// Element \p ivs of \p tile: the scalar of a splat, else a load.
   mlir::Value element(mlir::OpBuilder &b, mlir::Location loc, mlir::Value tile,
                       mlir::ValueRange ivs);
@@ -82,6 +88,7 @@ private:
   mlir::func::FuncOp func;
   /// Inserts at the start of the entry block: every alloca is hoisted there.
   mlir::OpBuilder allocBuilder;
+  mlir::Operation *lastAlloca = nullptr;
   llvm::DenseMap<mlir::Value, mlir::Value> buffers;
   /// Splat tiles (tile.splat, arith.constant dense<c>): their scalar. Their
   /// buffer is filled only if an op needs one.
@@ -92,11 +99,11 @@ private:
 
 /// Builds a loop nest over \p shape (constant bounds, step 1) and calls
 /// \p body with the induction variables, innermost last.
-void forEachIndex(
-    mlir::OpBuilder &b, mlir::Location loc, llvm::ArrayRef<int64_t> shape,
-    llvm::function_ref<void(mlir::OpBuilder &, mlir::Location,
-                            mlir::ValueRange)>
-        body);
+void forEachIndex(mlir::OpBuilder &b, mlir::Location loc,
+                  llvm::ArrayRef<int64_t> shape,
+                  llvm::function_ref<void(mlir::OpBuilder &, mlir::Location,
+                                          mlir::ValueRange)>
+                      body);
 
 /// An index constant.
 mlir::Value indexConst(mlir::OpBuilder &b, mlir::Location loc, int64_t v);

@@ -55,38 +55,39 @@ void TileLowering::lowerLoad(OpBuilder &b, tile::LoadOp op) {
   Value zero =
       arith::ConstantOp::create(b, loc, b.getZeroAttr(type.getElementType()));
   ArrayRef<int64_t> cols = type.getShape().drop_front();
-  forEachIndex(b, loc, type.getDimSize(0), [&](OpBuilder &b, Location loc,
-                                               ValueRange r) {
-    auto [present, first] =
-        globalRow(b, loc, r[0], op.getOffset(), op.getRow0(), op.getRows(),
-                  op.getStride());
-    // Writes each column of row r: from memory, or zeros.
-    auto fillRow = [&](bool fromMemory) {
-      return [&, fromMemory](OpBuilder &b, Location loc) {
-        auto write = [&](OpBuilder &b, Location loc, ValueRange c) {
-          SmallVector<Value> at{r[0]};
-          Value v = zero;
-          if (fromMemory) {
-            Value idx = first;
-            if (!c.empty()) {
-              idx = arith::AddIOp::create(b, loc, first, c[0]);
-              at.push_back(c[0]);
-            }
-            v = memref::LoadOp::create(b, loc, op.getBase(), idx);
-          } else if (!c.empty()) {
-            at.push_back(c[0]);
-          }
-          memref::StoreOp::create(b, loc, v, buf, at);
+  forEachIndex(
+      b, loc, type.getDimSize(0),
+      [&](OpBuilder &b, Location loc, ValueRange r) {
+        auto [present, first] =
+            globalRow(b, loc, r[0], op.getOffset(), op.getRow0(), op.getRows(),
+                      op.getStride());
+        // Writes each column of row r: from memory, or zeros.
+        auto fillRow = [&](bool fromMemory) {
+          return [&, fromMemory](OpBuilder &b, Location loc) {
+            auto write = [&](OpBuilder &b, Location loc, ValueRange c) {
+              SmallVector<Value> at{r[0]};
+              Value v = zero;
+              if (fromMemory) {
+                Value idx = first;
+                if (!c.empty()) {
+                  idx = arith::AddIOp::create(b, loc, first, c[0]);
+                  at.push_back(c[0]);
+                }
+                v = memref::LoadOp::create(b, loc, op.getBase(), idx);
+              } else if (!c.empty()) {
+                at.push_back(c[0]);
+              }
+              memref::StoreOp::create(b, loc, v, buf, at);
+            };
+            if (cols.empty())
+              write(b, loc, {});
+            else
+              forEachIndex(b, loc, cols, write);
+            scf::YieldOp::create(b, loc);
+          };
         };
-        if (cols.empty())
-          write(b, loc, {});
-        else
-          forEachIndex(b, loc, cols, write);
-        scf::YieldOp::create(b, loc);
-      };
-    };
-    scf::IfOp::create(b, loc, present, fillRow(true), fillRow(false));
-  });
+        scf::IfOp::create(b, loc, present, fillRow(true), fillRow(false));
+      });
 }
 
 /// Rows past the end are not written; atomic_add adds each element with
@@ -113,38 +114,39 @@ void TileLowering::lowerStore(OpBuilder &b, Operation *op, Value value,
                               Value stride, bool atomic) {
   auto type = cast<RankedTensorType>(value.getType());
   ArrayRef<int64_t> cols = type.getShape().drop_front();
-  forEachIndex(b, op->getLoc(), type.getDimSize(0), [&](OpBuilder &b,
-                                                        Location loc,
-                                                        ValueRange r) {
-    auto [present, first] =
-        globalRow(b, loc, r[0], offset, row0, rows, stride);
-    scf::IfOp::create(b, loc, present, [&](OpBuilder &b, Location loc) {
-      auto write = [&](OpBuilder &b, Location loc, ValueRange c) {
-        SmallVector<Value> at{r[0]};
-        Value idx = first;
-        if (!c.empty()) {
-          at.push_back(c[0]);
-          idx = arith::AddIOp::create(b, loc, first, c[0]);
-        }
-        Value v = element(b, loc, value, at);
-        if (atomic)
-          memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf, v,
-                                      base, idx);
-        else
-          memref::StoreOp::create(b, loc, v, base, idx);
-      };
-      if (cols.empty())
-        write(b, loc, {});
-      else
-        forEachIndex(b, loc, cols, write);
-      scf::YieldOp::create(b, loc);
-    });
-  });
+  forEachIndex(
+      b, op->getLoc(), type.getDimSize(0),
+      [&](OpBuilder &b, Location loc, ValueRange r) {
+        auto [present, first] =
+            globalRow(b, loc, r[0], offset, row0, rows, stride);
+        scf::IfOp::create(b, loc, present, [&](OpBuilder &b, Location loc) {
+          auto write = [&](OpBuilder &b, Location loc, ValueRange c) {
+            SmallVector<Value> at{r[0]};
+            Value idx = first;
+            if (!c.empty()) {
+              at.push_back(c[0]);
+              idx = arith::AddIOp::create(b, loc, first, c[0]);
+            }
+            Value v = element(b, loc, value, at);
+            if (atomic)
+              memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf, v,
+                                          base, idx);
+            else
+              memref::StoreOp::create(b, loc, v, base, idx);
+          };
+          if (cols.empty())
+            write(b, loc, {});
+          else
+            forEachIndex(b, loc, cols, write);
+          scf::YieldOp::create(b, loc);
+        });
+      });
 }
 
 /// One f32 accumulator per output element, the products added in order
 /// k = 0..K-1 starting from acc (or 0). The j loop is innermost (each
-/// element's sum keeps its order; LLVM vectorizes over j).
+/// element's sum keeps its order; LLVM vectorizes over j); a transposed rhs
+/// is first staged as K x N f32 so that the j loop reads it contiguously.
 ///
 ///   %o = tile.dot %p, %v acc %o0 : tensor<64x96xf32>
 ///       : tensor<64x32xbf16>, tensor<32x96xbf16> -> tensor<64x96xf32>
@@ -164,15 +166,37 @@ void TileLowering::lowerDot(OpBuilder &b, tile::DotOp op) {
   Type f32 = b.getF32Type();
   int64_t m = res.getDimSize(0), n = res.getDimSize(1);
   int64_t k = op.getLhs().getType().getDimSize(op.getTransposeLhs() ? 0 : 1);
-  Value out = defineBuffer(op.getResult());
-  Value zero = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(0.0f));
-  forEachIndex(b, loc, {m, n}, [&](OpBuilder &b, Location loc, ValueRange ij) {
-    Value init = op.getAcc() ? element(b, loc, op.getAcc(), ij) : zero;
-    memref::StoreOp::create(b, loc, init, out, ij);
-  });
+  // The sum accumulates in the result's buffer: acc's own where it dies here.
+  Value out = op.getAcc() ? reusableBuffer(op.getAcc(), op, res) : Value();
+  if (out) {
+    buffers[op.getResult()] = out;
+  } else {
+    out = defineBuffer(op.getResult());
+    Value zero = arith::ConstantOp::create(b, loc, b.getF32FloatAttr(0.0f));
+    forEachIndex(
+        b, loc, {m, n}, [&](OpBuilder &b, Location loc, ValueRange ij) {
+          Value init = op.getAcc() ? element(b, loc, op.getAcc(), ij) : zero;
+          memref::StoreOp::create(b, loc, init, out, ij);
+        });
+  }
   auto toF32 = [&](OpBuilder &b, Location loc, Value v) -> Value {
     return v.getType() == f32 ? v : arith::ExtFOp::create(b, loc, f32, v);
   };
+  // A transposed rhs is staged once as K x N f32, so that the j loop reads
+  // contiguous elements (the values, hence the sums, are the same).
+  Value rhs = op.getRhs(), staged;
+  bool tr = op.getTransposeRhs();
+  if (tr && !splats.lookup(rhs)) {
+    staged = newBuffer(RankedTensorType::get({k, n}, f32));
+    forEachIndex(b, loc, {k, n},
+                 [&](OpBuilder &b, Location loc, ValueRange kj) {
+                   SmallVector<Value, 2> at{kj[0], kj[1]};
+                   if (tr)
+                     std::swap(at[0], at[1]);
+                   Value v = toF32(b, loc, element(b, loc, rhs, at));
+                   memref::StoreOp::create(b, loc, v, staged, kj);
+                 });
+  }
   forEachIndex(b, loc, {m, k}, [&](OpBuilder &b, Location loc, ValueRange ik) {
     Value i = ik[0], kk = ik[1];
     SmallVector<Value, 2> lhsAt{i, kk};
@@ -181,9 +205,14 @@ void TileLowering::lowerDot(OpBuilder &b, tile::DotOp op) {
     Value a = toF32(b, loc, element(b, loc, op.getLhs(), lhsAt));
     forEachIndex(b, loc, n, [&](OpBuilder &b, Location loc, ValueRange j) {
       SmallVector<Value, 2> rhsAt{kk, j[0]}, outAt{i, j[0]};
-      if (op.getTransposeRhs())
-        std::swap(rhsAt[0], rhsAt[1]);
-      Value bv = toF32(b, loc, element(b, loc, op.getRhs(), rhsAt));
+      Value bv;
+      if (staged) {
+        bv = memref::LoadOp::create(b, loc, staged, rhsAt);
+      } else {
+        if (op.getTransposeRhs())
+          std::swap(rhsAt[0], rhsAt[1]);
+        bv = toF32(b, loc, element(b, loc, rhs, rhsAt));
+      }
       Value prod = arith::MulFOp::create(b, loc, a, bv);
       Value acc = memref::LoadOp::create(b, loc, out, outAt);
       Value sum = arith::AddFOp::create(b, loc, acc, prod);
@@ -238,13 +267,12 @@ void TileLowering::lowerReduce(OpBuilder &b, tile::ReduceOp op) {
   forEachIndex(b, loc, cols, [&](OpBuilder &b, Location loc, ValueRange c) {
     memref::StoreOp::create(b, loc, init, out, c);
   });
-  forEachIndex(b, loc, {rows, cols},
-               [&](OpBuilder &b, Location loc, ValueRange rc) {
-                 Value acc = memref::LoadOp::create(b, loc, out, rc[1]);
-                 Value x = element(b, loc, op.getValue(), rc);
-                 memref::StoreOp::create(b, loc, combine(b, loc, acc, x), out,
-                                         rc[1]);
-               });
+  forEachIndex(
+      b, loc, {rows, cols}, [&](OpBuilder &b, Location loc, ValueRange rc) {
+        Value acc = memref::LoadOp::create(b, loc, out, rc[1]);
+        Value x = element(b, loc, op.getValue(), rc);
+        memref::StoreOp::create(b, loc, combine(b, loc, acc, x), out, rc[1]);
+      });
 }
 
 /// dim 1 repeats a per-row value over the columns, dim 0 a per-column value
@@ -262,8 +290,8 @@ void TileLowering::lowerBroadcast(OpBuilder &b, tile::BroadcastOp op) {
   bool perRow = op.getDim() == 1;
   forEachIndex(b, op.getLoc(), op.getType().getShape(),
                [&](OpBuilder &b, Location loc, ValueRange rc) {
-                 Value v = element(b, loc, op.getValue(),
-                                   perRow ? rc[0] : rc[1]);
+                 Value v =
+                     element(b, loc, op.getValue(), perRow ? rc[0] : rc[1]);
                  memref::StoreOp::create(b, loc, v, out, rc);
                });
 }
@@ -316,21 +344,29 @@ void TileLowering::lowerConstant(OpBuilder &b, arith::ConstantOp op) {
 ///   } }
 void TileLowering::lowerElementwise(OpBuilder &b, Operation *op) {
   SmallVector<Value> outs;
-  for (Value res : op->getResults())
-    outs.push_back(defineBuffer(res));
+  for (Value res : op->getResults()) {
+    // In place where an operand dies here: element ivs is read before it is
+    // written.
+    Value reused;
+    if (op->getNumResults() == 1)
+      for (Value operand : op->getOperands())
+        if ((reused = reusableBuffer(operand, op, res.getType())))
+          break;
+    if (reused)
+      buffers[res] = reused;
+    outs.push_back(reused ? reused : defineBuffer(res));
+  }
   auto shape = cast<RankedTensorType>(op->getResult(0).getType()).getShape();
-  forEachIndex(b, op->getLoc(), shape,
-               [&](OpBuilder &b, Location loc, ValueRange ivs) {
-                 IRMapping map;
-                 for (Value operand : op->getOperands())
-                   if (isTileType(operand.getType()))
-                     map.map(operand, element(b, loc, operand, ivs));
-                 Operation *scalar = b.clone(*op, map);
-                 for (auto [res, out] :
-                      llvm::zip_equal(scalar->getResults(), outs)) {
-                   res.setType(cast<RankedTensorType>(res.getType())
-                                   .getElementType());
-                   memref::StoreOp::create(b, loc, res, out, ivs);
-                 }
-               });
+  forEachIndex(
+      b, op->getLoc(), shape, [&](OpBuilder &b, Location loc, ValueRange ivs) {
+        IRMapping map;
+        for (Value operand : op->getOperands())
+          if (isTileType(operand.getType()))
+            map.map(operand, element(b, loc, operand, ivs));
+        Operation *scalar = b.clone(*op, map);
+        for (auto [res, out] : llvm::zip_equal(scalar->getResults(), outs)) {
+          res.setType(cast<RankedTensorType>(res.getType()).getElementType());
+          memref::StoreOp::create(b, loc, res, out, ivs);
+        }
+      });
 }

@@ -1,261 +1,23 @@
-//===- TileToLoopsTests.cpp - The tile IR on the CPU vs plain C++ ---------===//
+//===- TileToLoopsTests.cpp - The tile ops on the CPU vs plain C++ --------===//
 //
 /// \file
 /// Parses small tile-IR functions, lowers them with buildCpuLoweringPipeline
 /// (flashjit-lower-tile-to-loops, then the host tail), JIT-compiles them with
 /// MLIR's ExecutionEngine and compares what they write with a plain C++
-/// reference of the semantics TileOps.td gives. Fresh random inputs every
-/// run; outputs are poisoned with NaN first, so a row that must not be
-/// written keeps its NaN. Exact comparisons where the arithmetic is exact,
-/// else 1e-5 relative.
+/// reference of the semantics TileOps.td gives: the tile ops, elementwise
+/// ops, atomic adds and rounding. Fresh random inputs every run; outputs are
+/// poisoned with NaN first, so a row that must not be written keeps its NaN.
+/// Exact comparisons where the arithmetic is exact, else 1e-5 relative.
 //
 //===----------------------------------------------------------------------===//
 
-#include "compiler/Pipelines/Pipelines.h"
-#include "kernels/HalfFloat.h"
+#include "tests/unit/TileJit.h"
 
-#include "mlir/ExecutionEngine/ExecutionEngine.h"
-#include "mlir/ExecutionEngine/OptUtils.h"
-#include "mlir/IR/BuiltinOps.h"
-#include "mlir/IR/Diagnostics.h"
-#include "mlir/IR/DialectRegistry.h"
-#include "mlir/IR/MLIRContext.h"
-#include "mlir/Parser/Parser.h"
-#include "mlir/Pass/PassManager.h"
-
-#include "llvm/ExecutionEngine/Orc/Mangling.h"
-#include "llvm/Support/Error.h"
-#include "llvm/Support/TargetSelect.h"
-#include "llvm/Support/raw_ostream.h"
-
-#include <gtest/gtest.h>
-
-#include <cmath>
-#include <cstring>
-#include <deque>
-#include <limits>
-#include <random>
-#include <string>
 #include <thread>
-#include <vector>
 
-using namespace mlir;
+using namespace flashjit::test;
 
 namespace {
-
-//===----------------------------------------------------------------------===//
-// JIT plumbing (as compiler/Target/CpuEngine.cpp does it)
-//===----------------------------------------------------------------------===//
-
-// x86 lowers bf16/f16 conversions to compiler-rt builtins that take and
-// return 16-bit floats in XMM registers; _Float16 only carries the bits.
-_Float16 toContainer(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return h;
-}
-uint16_t fromContainer(_Float16 h) {
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
-}
-_Float16 truncsfbf2(float f) { return toContainer(flashjit::floatToBf16(f)); }
-_Float16 truncsfhf2(float f) { return toContainer(flashjit::floatToFp16(f)); }
-float extendhfsf2(_Float16 h) { return flashjit::fp16ToFloat(fromContainer(h)); }
-float extendbfsf2(_Float16 h) { return flashjit::bf16ToFloat(fromContainer(h)); }
-uint16_t gnuF2h(float f) { return flashjit::floatToFp16(f); }
-float gnuH2f(uint16_t h) { return flashjit::fp16ToFloat(h); }
-
-/// A (allocated, aligned, offset, size, stride) memref<?xT> descriptor.
-struct MemRef1D {
-  void *allocated;
-  void *aligned;
-  int64_t offset, size, stride;
-};
-
-/// The packed arguments of one call: a pointer per expanded argument.
-class Args {
-public:
-  template <typename T> Args &buf(std::vector<T> &v) {
-    mems.push_back({v.data(), v.data(), 0, int64_t(v.size()), 1});
-    MemRef1D &m = mems.back();
-    ptrs.insert(ptrs.end(),
-                {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
-    return *this;
-  }
-  Args &index(int64_t v) {
-    ptrs.push_back(&indices.emplace_back(v));
-    return *this;
-  }
-  Args &i32(int32_t v) {
-    ptrs.push_back(&ints.emplace_back(v));
-    return *this;
-  }
-  void **data() { return ptrs.data(); }
-
-private:
-  std::deque<MemRef1D> mems;
-  std::deque<int64_t> indices;
-  std::deque<int32_t> ints;
-  std::vector<void *> ptrs;
-};
-
-/// Parses \p source, lowers it with buildCpuLoweringPipeline and JITs it.
-class TileJit {
-public:
-  explicit TileJit(const std::string &source) {
-    static bool init = [] {
-      llvm::InitializeNativeTarget();
-      llvm::InitializeNativeTargetAsmPrinter();
-      return true;
-    }();
-    (void)init;
-    DialectRegistry registry;
-    flashjit::registerFlashjitDialects(registry);
-    ctx.appendDialectRegistry(registry);
-    ctx.loadAllAvailableDialects();
-    llvm::raw_string_ostream os(errors);
-    ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &d) {
-      os << d << "\n";
-      return success();
-    });
-    module = parseSourceString<ModuleOp>(source, &ctx);
-    if (!module)
-      return;
-    PassManager pm(&ctx);
-    flashjit::buildCpuLoweringPipeline(pm);
-    if (failed(pm.run(*module))) {
-      os << "the lowering failed\n";
-      return;
-    }
-    ExecutionEngineOptions options;
-    auto transformer = makeOptimizingTransformer(2, 0, nullptr);
-    options.transformer = transformer;
-    auto created = ExecutionEngine::create(*module, options);
-    if (!created) {
-      os << llvm::toString(created.takeError());
-      return;
-    }
-    engine = std::move(*created);
-    engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
-      llvm::orc::SymbolMap map;
-      auto add = [&](const char *name, auto *fn) {
-        map[interner(name)] = {llvm::orc::ExecutorAddr::fromPtr(fn),
-                               llvm::JITSymbolFlags::Exported};
-      };
-      add("__truncsfbf2", &truncsfbf2);
-      add("__truncsfhf2", &truncsfhf2);
-      add("__extendhfsf2", &extendhfsf2);
-      add("__extendbfsf2", &extendbfsf2);
-      add("__gnu_f2h_ieee", &gnuF2h);
-      add("__gnu_h2f_ieee", &gnuH2f);
-      return map;
-    });
-  }
-
-  bool ok() const { return engine != nullptr; }
-  const std::string &diagnostics() const { return errors; }
-
-  /// The packed entry point of @\p name (null with a diagnostic if absent).
-  void (*entry(const std::string &name))(void **) {
-    auto fn = engine->lookupPacked(name);
-    if (!fn) {
-      errors += llvm::toString(fn.takeError());
-      return nullptr;
-    }
-    return *fn;
-  }
-
-  void call(const std::string &name, Args &args) {
-    auto fn = entry(name);
-    ASSERT_NE(fn, nullptr) << errors;
-    fn(args.data());
-  }
-
-private:
-  MLIRContext ctx;
-  OwningOpRef<ModuleOp> module;
-  std::unique_ptr<ExecutionEngine> engine;
-  std::string errors;
-};
-
-#define JIT_OR_FAIL(jit, source)                                              \
-  TileJit jit(source);                                                         \
-  ASSERT_TRUE(jit.ok()) << jit.diagnostics()
-
-//===----------------------------------------------------------------------===//
-// Inputs and comparisons
-//===----------------------------------------------------------------------===//
-
-std::mt19937 &rng() {
-  static std::mt19937 gen{std::random_device{}()};
-  return gen;
-}
-int randInt(int lo, int hi) {
-  return std::uniform_int_distribution<int>(lo, hi)(rng());
-}
-std::vector<float> randFloats(size_t n, float lo = -2, float hi = 2) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float &x : v)
-    x = dist(rng());
-  return v;
-}
-/// Small integers: sums and products of them are exact in f32.
-std::vector<float> randInts(size_t n, int lo = -8, int hi = 8) {
-  std::vector<float> v(n);
-  for (float &x : v)
-    x = float(randInt(lo, hi));
-  return v;
-}
-std::vector<uint16_t> randBf16(size_t n) {
-  std::vector<uint16_t> v(n);
-  for (uint16_t &x : v)
-    x = flashjit::floatToBf16(randFloats(1)[0]);
-  return v;
-}
-const float kNaN = std::numeric_limits<float>::quiet_NaN();
-const float kInf = std::numeric_limits<float>::infinity();
-std::vector<float> poisoned(size_t n) { return std::vector<float>(n, kNaN); }
-
-bool same(float a, float b) {
-  return (std::isnan(a) && std::isnan(b)) ||
-         std::memcmp(&a, &b, sizeof(float)) == 0;
-}
-
-void expectExact(const std::vector<float> &got, const std::vector<float> &want,
-                 const char *what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_TRUE(same(got[i], want[i]))
-        << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-/// |got - want| <= 1e-5 * scale (scale: the sum of the magnitudes that went
-/// into want, or |want|).
-void expectNear(const std::vector<float> &got, const std::vector<float> &want,
-                const std::vector<float> &scale, const char *what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(want[i]) || std::isinf(want[i])) {
-      ASSERT_TRUE(same(got[i], want[i]))
-          << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-      continue;
-    }
-    float tol = 1e-5f * std::max(scale[i], std::fabs(want[i]));
-    ASSERT_LE(std::fabs(got[i] - want[i]), tol)
-        << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-  }
-}
-
-/// Replaces every "{KEY}" of \p text.
-std::string fill(std::string text,
-                 const std::vector<std::pair<std::string, std::string>> &kv) {
-  for (auto &[key, value] : kv)
-    for (size_t at; (at = text.find("{" + key + "}")) != std::string::npos;)
-      text.replace(at, key.size() + 2, value);
-  return text;
-}
 
 //===----------------------------------------------------------------------===//
 // tile.load / tile.store
@@ -308,8 +70,17 @@ TEST(TileToLoops, LoadZeroFillsAndStoreSkipsRowsPastTheEnd) {
         wantO1[size_t(off + q0 + r)] = v;
     }
     Args args;
-    args.buf(a).buf(o).buf(z).buf(o1).buf(z1).index(off).index(r0).index(n)
-        .index(s).index(q0).index(m);
+    args.buf(a)
+        .buf(o)
+        .buf(z)
+        .buf(o1)
+        .buf(z1)
+        .index(off)
+        .index(r0)
+        .index(n)
+        .index(s)
+        .index(q0)
+        .index(m);
     jit.call("load_store", args);
     expectExact(z, wantZ, "2-D load (all rows stored)");
     expectExact(o, wantO, "2-D predicated store");
@@ -345,8 +116,8 @@ func.func @dot(%A: memref<?xbf16>, %B: memref<?xbf16>, %C: memref<?xf32>,
 )mlir";
 
 /// (transpose_lhs, transpose_rhs, acc)
-class TileDot
-    : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+class TileDot : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {
+};
 
 TEST_P(TileDot, AccumulatesInF32InKOrder) {
   auto [tl, tr, withAcc] = GetParam();
@@ -373,7 +144,8 @@ TEST_P(TileDot, AccumulatesInF32InKOrder) {
                   {"ATTRS", attrDict}});
   JIT_OR_FAIL(jit, source);
 
-  std::vector<uint16_t> a = randBf16(size_t(m * k)), b = randBf16(size_t(k * n));
+  std::vector<uint16_t> a = randBf16(size_t(m * k)),
+                        b = randBf16(size_t(k * n));
   std::vector<float> c = randFloats(size_t(m * n)), o = poisoned(size_t(m * n));
   auto lhs = [&](int64_t i, int64_t kk) {
     return flashjit::bf16ToFloat(a[size_t(tl ? kk * m + i : i * k + kk)]);
@@ -547,169 +319,14 @@ TEST(TileToLoops, IotaCompareSelectCausalMask) {
     for (int r = 0; r < 8; ++r) {
       wantIota[size_t(r)] = float(r);
       for (int c = 0; c < 8; ++c)
-        want[size_t(r * 8 + c)] = k0 + c <= q0 + r ? s[size_t(r * 8 + c)] : -kInf;
+        want[size_t(r * 8 + c)] =
+            k0 + c <= q0 + r ? s[size_t(r * 8 + c)] : -kInf;
     }
     Args args;
     args.buf(s).buf(o).buf(iota).i32(q0).i32(k0);
     jit.call("mask", args);
     expectExact(o, want, "masked scores");
     expectExact(iota, wantIota, "1-D iota");
-  }
-}
-
-//===----------------------------------------------------------------------===//
-// scf.for carrying tiles, scf.if yielding one
-//===----------------------------------------------------------------------===//
-
-const char *kSoftmax = R"mlir(
-func.func @softmax(%S: memref<?xf32>, %O: memref<?xf32>, %M: memref<?xf32>,
-                   %L: memref<?xf32>, %T: index) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %c4 = arith.constant 4 : index
-  %c8 = arith.constant 8 : index
-  %big = arith.constant 1000 : index
-  %o0 = arith.constant dense<0.0> : tensor<4x8xf32>
-  %m0 = arith.constant dense<0xFF800000> : tensor<4xf32>
-  %l0 = arith.constant dense<0.0> : tensor<4xf32>
-  %r:3 = scf.for %t = %c0 to %T step %c1
-      iter_args(%o = %o0, %m = %m0, %l = %l0)
-      -> (tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>) {
-    %row0 = arith.muli %t, %c4 : index
-    %s = tile.load %S[%c0] rows %row0 of %big stride %c8
-        : memref<?xf32> -> tensor<4x8xf32>
-    %mx = tile.reduce "max" %s dim 1 : tensor<4x8xf32> -> tensor<4xf32>
-    %mn = arith.maxnumf %m, %mx : tensor<4xf32>
-    %d = arith.subf %m, %mn : tensor<4xf32>
-    %alpha = math.exp2 %d : tensor<4xf32>
-    %mnb = tile.broadcast %mn dim 1 : tensor<4xf32> -> tensor<4x8xf32>
-    %sd = arith.subf %s, %mnb : tensor<4x8xf32>
-    %p = math.exp2 %sd : tensor<4x8xf32>
-    %ps = tile.reduce "sum" %p dim 1 : tensor<4x8xf32> -> tensor<4xf32>
-    %la = arith.mulf %l, %alpha : tensor<4xf32>
-    %ln = arith.addf %la, %ps : tensor<4xf32>
-    %ab = tile.broadcast %alpha dim 1 : tensor<4xf32> -> tensor<4x8xf32>
-    %oa = arith.mulf %o, %ab : tensor<4x8xf32>
-    %on = arith.addf %oa, %p : tensor<4x8xf32>
-    scf.yield %on, %mn, %ln : tensor<4x8xf32>, tensor<4xf32>, tensor<4xf32>
-  }
-  tile.store %r#0, %O[%c0] rows %c0 of %big stride %c8
-      : tensor<4x8xf32>, memref<?xf32>
-  tile.store %r#1, %M[%c0] rows %c0 of %big : tensor<4xf32>, memref<?xf32>
-  tile.store %r#2, %L[%c0] rows %c0 of %big : tensor<4xf32>, memref<?xf32>
-  return
-}
-)mlir";
-
-TEST(TileToLoops, ForCarryingThreeTilesOnlineSoftmax) {
-  JIT_OR_FAIL(jit, kSoftmax);
-  const int64_t blocks = randInt(1, 6);
-  std::vector<float> s = randFloats(size_t(blocks * 32), -8, 8);
-  std::vector<float> o = poisoned(32), m = poisoned(4), l = poisoned(4);
-  std::vector<float> wantO(32, 0), wantM(4, -kInf), wantL(4, 0);
-  for (int64_t t = 0; t < blocks; ++t)
-    for (int r = 0; r < 4; ++r) {
-      const float *row = &s[size_t((t * 4 + r) * 8)];
-      float mx = -kInf;
-      for (int c = 0; c < 8; ++c)
-        mx = std::fmax(mx, row[c]);
-      float mn = std::fmax(wantM[size_t(r)], mx);
-      float alpha = std::exp2(wantM[size_t(r)] - mn);
-      float ps = 0;
-      for (int c = 0; c < 8; ++c) {
-        float p = std::exp2(row[c] - mn);
-        ps += p;
-        float &oe = wantO[size_t(r * 8 + c)];
-        oe = oe * alpha + p;
-      }
-      wantL[size_t(r)] = wantL[size_t(r)] * alpha + ps;
-      wantM[size_t(r)] = mn;
-    }
-  Args args;
-  args.buf(s).buf(o).buf(m).buf(l).index(blocks);
-  jit.call("softmax", args);
-  expectExact(m, wantM, "running max");
-  expectNear(l, wantL, wantL, "running sum");
-  expectNear(o, wantO, wantO, "accumulator");
-}
-
-const char *kSwap = R"mlir(
-func.func @swap(%A: memref<?xf32>, %O: memref<?xf32>, %T: index) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %c4 = arith.constant 4 : index
-  %c8 = arith.constant 8 : index
-  %big = arith.constant 1000 : index
-  %p0 = tile.load %A[%c0] rows %c0 of %big : memref<?xf32> -> tensor<4xf32>
-  %q0 = tile.load %A[%c4] rows %c0 of %big : memref<?xf32> -> tensor<4xf32>
-  %z0 = arith.constant dense<0.0> : tensor<4xf32>
-  %r:3 = scf.for %t = %c0 to %T step %c1
-      iter_args(%p = %p0, %q = %q0, %z = %z0)
-      -> (tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) {
-    %two = arith.constant dense<2.0> : tensor<4xf32>
-    %z2 = arith.mulf %z, %two : tensor<4xf32>
-    %zn = arith.addf %z2, %p : tensor<4xf32>
-    scf.yield %q, %p, %zn : tensor<4xf32>, tensor<4xf32>, tensor<4xf32>
-  }
-  tile.store %r#0, %O[%c0] rows %c0 of %big : tensor<4xf32>, memref<?xf32>
-  tile.store %r#1, %O[%c4] rows %c0 of %big : tensor<4xf32>, memref<?xf32>
-  tile.store %r#2, %O[%c8] rows %c0 of %big : tensor<4xf32>, memref<?xf32>
-  return
-}
-)mlir";
-
-TEST(TileToLoops, ForYieldSwappingIterArgs) {
-  JIT_OR_FAIL(jit, kSwap);
-  for (int64_t trips : std::vector<int64_t>{0, 1, 2, 5, randInt(3, 9)}) {
-    std::vector<float> a = randInts(8), o = poisoned(12);
-    std::vector<float> p(a.begin(), a.begin() + 4), q(a.begin() + 4, a.end());
-    std::vector<float> z(4, 0);
-    for (int64_t t = 0; t < trips; ++t) {
-      for (int i = 0; i < 4; ++i)
-        z[size_t(i)] = z[size_t(i)] * 2 + p[size_t(i)];
-      std::swap(p, q);
-    }
-    std::vector<float> want = p;
-    want.insert(want.end(), q.begin(), q.end());
-    want.insert(want.end(), z.begin(), z.end());
-    Args args;
-    args.buf(a).buf(o).index(trips);
-    jit.call("swap", args);
-    expectExact(o, want, ("swap, trips " + std::to_string(trips)).c_str());
-  }
-}
-
-const char *kIf = R"mlir(
-func.func @if_tile(%A: memref<?xf32>, %O: memref<?xf32>, %flag: index) {
-  %c0 = arith.constant 0 : index
-  %c3 = arith.constant 3 : index
-  %big = arith.constant 1000 : index
-  %a = tile.load %A[%c0] rows %c0 of %big stride %c3
-      : memref<?xf32> -> tensor<4x3xf32>
-  %cond = arith.cmpi ne, %flag, %c0 : index
-  %t = scf.if %cond -> (tensor<4x3xf32>) {
-    %e = arith.negf %a : tensor<4x3xf32>
-    scf.yield %e : tensor<4x3xf32>
-  } else {
-    scf.yield %a : tensor<4x3xf32>
-  }
-  %u = arith.addf %t, %a : tensor<4x3xf32>
-  tile.store %u, %O[%c0] rows %c0 of %big stride %c3
-      : tensor<4x3xf32>, memref<?xf32>
-  return
-}
-)mlir";
-
-TEST(TileToLoops, IfYieldingATile) {
-  JIT_OR_FAIL(jit, kIf);
-  for (int64_t flag : {0, 1}) {
-    std::vector<float> a = randFloats(12), o = poisoned(12), want(12);
-    for (size_t i = 0; i < 12; ++i)
-      want[i] = (flag ? -a[i] : a[i]) + a[i];
-    Args args;
-    args.buf(a).buf(o).index(flag);
-    jit.call("if_tile", args);
-    expectExact(o, want, flag ? "then branch" : "else branch");
   }
 }
 
@@ -743,7 +360,8 @@ TEST(TileToLoops, AtomicAddFromManyThreads) {
   std::vector<float> wantD = d, wantD1 = d1;
   for (int64_t r = 0; r < 5 && r0 + r < n; ++r) {
     for (int64_t c = 0; c < 6; ++c)
-      wantD[size_t((r0 + r) * 6 + c)] += float(threads * calls) * a[size_t(r * 6 + c)];
+      wantD[size_t((r0 + r) * 6 + c)] +=
+          float(threads * calls) * a[size_t(r * 6 + c)];
     wantD1[size_t(r0 + r)] += float(threads * calls) * a[size_t(r)];
   }
   auto fn = jit.entry("atomic");

@@ -54,23 +54,27 @@ func.func @atomic_add(%A: memref<?xf32>, %D: memref<?xf32>, %off: index,
 // -----
 
 // tile.dot: operands extended to f32, one accumulator per element starting
-// from acc, the products added in k order (j innermost).
+// from acc, the products added in k order (j innermost); the transposed rhs
+// is staged once as K x N f32.
 // CHECK-LABEL: func.func @dot(
 // CHECK-NOT: tensor
 // CHECK: memref.alloca() : memref<8x4xbf16>
 // CHECK: memref.alloca() : memref<2x8xbf16>
 // CHECK: %[[ACC:.*]] = memref.alloca() : memref<4x2xf32>
 // CHECK: %[[OUT:.*]] = memref.alloca() : memref<4x2xf32>
+// CHECK: %[[RT:.*]] = memref.alloca() : memref<8x2xf32>
 // CHECK: %[[INIT:.*]] = memref.load %[[ACC]][%[[I:.*]], %[[J:.*]]] : memref<4x2xf32>
 // CHECK-NEXT: memref.store %[[INIT]], %[[OUT]][%[[I]], %[[J]]]
+// CHECK: %[[R:.*]] = memref.load %{{.*}}[%[[RJ:.*]], %[[RK:.*]]] : memref<2x8xbf16>
+// CHECK-NEXT: %[[RF:.*]] = arith.extf %[[R]] : bf16 to f32
+// CHECK-NEXT: memref.store %[[RF]], %[[RT]][%[[RK]], %[[RJ]]]
 // CHECK: scf.for %[[I2:[^ ]*]] =
-// CHECK:   scf.for %[[K:[^ ]*]] =
+// CHECK-NEXT: scf.for %[[K:[^ ]*]] =
 // CHECK:     %[[A:.*]] = memref.load %{{.*}}[%[[K]], %[[I2]]] : memref<8x4xbf16>
 // CHECK:     %[[AF:.*]] = arith.extf %[[A]] : bf16 to f32
 // CHECK:     scf.for %[[J2:[^ ]*]] =
-// CHECK:       %[[B:.*]] = memref.load %{{.*}}[%[[J2]], %[[K]]] : memref<2x8xbf16>
-// CHECK:       %[[BF:.*]] = arith.extf %[[B]] : bf16 to f32
-// CHECK:       %[[P:.*]] = arith.mulf %[[AF]], %[[BF]] : f32
+// CHECK:       %[[B:.*]] = memref.load %[[RT]][%[[K]], %[[J2]]] : memref<8x2xf32>
+// CHECK:       %[[P:.*]] = arith.mulf %[[AF]], %[[B]] : f32
 // CHECK:       %[[S:.*]] = memref.load %[[OUT]][%[[I2]], %[[J2]]]
 // CHECK:       %[[S2:.*]] = arith.addf %[[S]], %[[P]] : f32
 // CHECK:       memref.store %[[S2]], %[[OUT]][%[[I2]], %[[J2]]]
@@ -88,6 +92,63 @@ func.func @dot(%A: memref<?xbf16>, %C: memref<?xf32>, %off: index,
       : tensor<8x4xbf16>, tensor<2x8xbf16> -> tensor<4x2xf32>
   tile.store %d, %C[%off] rows %off of %n stride %s
       : tensor<4x2xf32>, memref<?xf32>
+  // %acc lives on: the dot cannot accumulate in its buffer.
+  tile.store %acc, %C[%off] rows %off of %n stride %s
+      : tensor<4x2xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// A dot whose acc dies there accumulates in acc's buffer (no copy); an
+// elementwise op whose operand dies there writes in place.
+// CHECK-LABEL: func.func @in_place(
+// CHECK: memref.alloca() : memref<4x4xf32>
+// CHECK-NEXT: %[[ACC:.*]] = memref.alloca() : memref<4x4xf32>
+// CHECK-NOT: memref.alloca() : memref<4x4xf32>
+// CHECK: arith.mulf %{{.*}}, %{{.*}} : f32
+// CHECK: memref.load %[[ACC]]
+// CHECK: arith.addf
+// CHECK: memref.store %{{.*}}, %[[ACC]]
+// CHECK: %[[X:.*]] = memref.load %[[ACC]]
+// CHECK: %[[E:.*]] = math.exp2 %[[X]] : f32
+// CHECK: memref.store %[[E]], %[[ACC]]
+// CHECK: return
+func.func @in_place(%A: memref<?xf32>, %off: index, %n: index, %s: index) {
+  %a = tile.load %A[%off] rows %off of %n stride %s
+      : memref<?xf32> -> tensor<4x4xf32>
+  %acc = tile.load %A[%off] rows %off of %n stride %s
+      : memref<?xf32> -> tensor<4x4xf32>
+  %d = tile.dot %a, %a acc %acc : tensor<4x4xf32>
+      : tensor<4x4xf32>, tensor<4x4xf32> -> tensor<4x4xf32>
+  %e = math.exp2 %d : tensor<4x4xf32>
+  tile.store %e, %A[%off] rows %off of %n stride %s
+      : tensor<4x4xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// Tiles inside scalar control flow: the loop stays, its body is lowered.
+// CHECK-LABEL: func.func @scalar_loop(
+// CHECK-NOT: tensor
+// CHECK: memref.alloca() : memref<4xf32>
+// CHECK: scf.for
+// CHECK:   scf.for
+// CHECK:     memref.load %{{.*}} : memref<?xf32>
+// CHECK:   scf.for
+// CHECK:     memref.store %{{.*}} : memref<?xf32>
+// CHECK-NOT: tensor
+// CHECK: return
+func.func @scalar_loop(%A: memref<?xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  scf.for %i = %c0 to %n step %c1 {
+    %r0 = arith.muli %i, %c4 : index
+    %t = tile.load %A[%c0] rows %r0 of %n : memref<?xf32> -> tensor<4xf32>
+    tile.store %t, %A[%c0] rows %r0 of %n : tensor<4xf32>, memref<?xf32>
+  }
   return
 }
 
