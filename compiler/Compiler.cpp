@@ -145,6 +145,8 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (!attr)
       return;
     AttentionSpec spec = conversion::specFromAttr(attr);
+    if (!spec.blockSparse) // a dense spec keeps the default block
+      spec.sparseBlock = AttentionSpec().sparseBlock;
     expectName(fn.getName(), spec.direction);
     if (specJson && *specJson != spec.toJson())
       fail("its kernel functions describe different attentions");

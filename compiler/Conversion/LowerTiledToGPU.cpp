@@ -21,6 +21,7 @@
 
 #include "compiler/Conversion/KernelEmitters.h"
 #include "compiler/Conversion/Passes.h"
+#include "dialects/Tile/IR/TileDialect.h"
 #include "kernels/GpuGeometry.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -125,8 +126,11 @@ struct LowerTiledToGPUPass
     });
     if (bad)
       return signalPassFailure();
-    if (forward.empty() && backward.empty())
-      return;
+    if (forward.empty() && backward.empty()) {
+      module.emitError() << "flashjit-lower-tiled-to-gpu: no kernel to lower "
+                            "(no function carries attn.kernel)";
+      return signalPassFailure();
+    }
     MLIRContext *ctx = &getContext();
     module->setAttr("gpu.container_module", UnitAttr::get(ctx));
     ImplicitLocOpBuilder b(module.getLoc(), ctx);
@@ -148,7 +152,8 @@ struct LowerTiledToGPUPass
       config.blockM = attr.getBlockM();
       config.blockN = attr.getBlockN();
       config.warps = warps;
-      if (failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
+      if (failed(tile::verifyWritesOutput(fn)) ||
+          failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
                                              config, copyBytes)))
         return signalPassFailure();
       if (failed(conversion::lowerBackwardKernel(

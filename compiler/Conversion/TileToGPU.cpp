@@ -243,14 +243,8 @@ TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
 }
 
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
-  bool writes = false;
-  fn.walk([&](Operation *op) {
-    writes |= isa<tile::StoreOp, tile::AtomicAddOp>(op);
-  });
-  if (!writes)
-    return fn.emitError() << "kernel @" << fn.getName()
-                          << " writes no output (no tile.store or "
-                             "tile.atomic_add): an emptied body?";
+  if (failed(tile::verifyWritesOutput(fn)))
+    return failure();
   const int64_t numArgs = abi::NumBuffers + abi::NumIndexArgs + 3;
   if (fn.getNumArguments() != unsigned(numArgs))
     return fn.emitError() << "a forward kernel takes " << numArgs

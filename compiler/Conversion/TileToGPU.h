@@ -35,6 +35,7 @@
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/MapVector.h"
 
 #include <optional>
 
@@ -153,7 +154,8 @@ private:
   int64_t mt = 0; ///< 16-row m-tiles per warp
 
   llvm::DenseMap<Value, TileHome> homes;
-  llvm::DenseMap<Value, SharedSlot> slots;
+  /// In program order (a MapVector: the kernel's code is deterministic).
+  llvm::MapVector<Value, SharedSlot> slots;
   llvm::DenseMap<Value, Fragment> frags;
   /// Row sums whose 4 lanes are combined after their loop (lowerFor).
   llvm::DenseSet<Operation *> deferredSums;
@@ -181,7 +183,7 @@ private:
   struct SlotFrags {
     std::optional<gpu::FragmentAddresses> a, b, bTrans;
   };
-  llvm::DenseMap<Value, SlotFrags> slotFrags;
+  llvm::MapVector<Value, SlotFrags> slotFrags;
 };
 
 } // namespace flashjit::conversion

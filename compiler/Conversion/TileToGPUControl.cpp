@@ -181,7 +181,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
               });
     // Loop-variant copies of the lane bases: addresses are recomputed (one
     // add each) rather than hoisted into registers live across the loop.
-    DenseMap<Value, SlotFrags> outer = slotFrags;
+    llvm::MapVector<Value, SlotFrags> outer = slotFrags;
     for (auto &[v, f] : slotFrags)
       for (auto *a : {&f.a, &f.b, &f.bTrans})
         if (*a)

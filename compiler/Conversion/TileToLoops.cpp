@@ -464,6 +464,10 @@ struct LowerTileToLoopsPass
         funcs.push_back(f);
     });
     for (func::FuncOp f : funcs) {
+      if (f->hasAttr("attn.kernel") && failed(tile::verifyWritesOutput(f))) {
+        signalPassFailure();
+        return;
+      }
       if (failed(checkLowerable(f)) || failed(TileLowering(f).run())) {
         signalPassFailure();
         return;

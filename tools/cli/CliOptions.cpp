@@ -213,7 +213,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--block-sparse",
        [&](auto &v) { o.density = parseDouble("--block-sparse", v); }},
       {"--layout", [&](auto &v) { o.layoutPath = v; }},
-      {"--input", [&](auto &v) { o.source.name = v; }},
+      {"--input", [&](auto &v) { o.inputPath = v; }},
       {"--sparse-block",
        [&](auto &v) { o.spec.sparseBlock = parseInt("--sparse-block", v); }},
       {"--batch", [&](auto &v) { o.problem.batch = parseInt("--batch", v); }},
@@ -319,7 +319,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;
   std::optional<TileConfig> fileTiling;
-  if (!o.source.name.empty() || !o.source.text.empty()) {
+  if (!o.inputPath.empty()) {
     if (o.command != "compile" && o.command != "run" && o.command != "bench")
       throw SpecError("--input works with compile, run and bench");
     if (o.tune)
@@ -328,8 +328,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     if (!specFlagsSeen.empty())
       throw SpecError(fmt::format("--input {}: the file carries the "
                                   "description; drop {}",
-                                  o.source.name, specFlagsSeen.front()));
-    o.source.text = readBoundedFile(o.source.name, "--input", 64 << 20);
+                                  o.inputPath, specFlagsSeen.front()));
+    o.source.name = o.inputPath;
+    o.source.text = readBoundedFile(o.inputPath, "--input", 64 << 20);
+    if (o.source.text.empty())
+      throw SpecError(fmt::format("--input {}: the file is empty",
+                                  o.inputPath));
     SourceInfo info;
     try {
       info = inspectSource(o.source);

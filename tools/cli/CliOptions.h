@@ -38,6 +38,7 @@ struct CliOptions {
   /// e.g. an edited `--emit tile`); the spec (and, for the tile stage, Br x
   /// Bc) are the file's.
   KernelSource source;
+  std::string inputPath; ///< --input FILE as given
   std::optional<double> density;
   uint64_t seed = 0;
   bool seedGiven = false;

@@ -19,4 +19,14 @@
 #define GET_OP_CLASSES
 #include "dialects/Tile/IR/TileOps.h.inc"
 
+namespace flashjit::tile {
+
+/// The check both lowerings of a kernel start with: a function that carries
+/// `attn.kernel` must write something (a tile.store, tile.atomic_add or a
+/// memref store); an emptied body is a named error on \p kernel, not a
+/// kernel that leaves its outputs unwritten.
+mlir::LogicalResult verifyWritesOutput(mlir::Operation *kernel);
+
+} // namespace flashjit::tile
+
 #endif // FLASHJIT_DIALECTS_TILE_IR_TILEDIALECT_H

@@ -134,5 +134,21 @@ LogicalResult IotaOp::verify() {
   return success();
 }
 
+LogicalResult flashjit::tile::verifyWritesOutput(Operation *kernel) {
+  bool writes = false;
+  kernel->walk([&](Operation *op) {
+    StringRef name = op->getName().getStringRef();
+    writes |= isa<StoreOp, AtomicAddOp>(op) || name == "memref.store" ||
+              name == "memref.atomic_rmw";
+  });
+  if (writes)
+    return success();
+  auto sym = kernel->getAttrOfType<StringAttr>("sym_name");
+  return kernel->emitError()
+         << "kernel @" << (sym ? sym.getValue() : StringRef("?"))
+         << " writes no output (no tile.store, tile.atomic_add or memref "
+            "store): an emptied body?";
+}
+
 #define GET_OP_CLASSES
 #include "dialects/Tile/IR/TileOps.cpp.inc"
