@@ -164,6 +164,34 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
   return info;
 }
 
+/// MLIR's parser sizes a multi-result op's forward references by the
+/// largest result number used (`%x#N`): a mutated number such as
+/// %r#2147483648 would allocate without bound. Such a reference is refused
+/// before parsing (flashjit's kernels use at most a few hundred results).
+static void checkResultNumbers(const KernelSource &source) {
+  const std::string &t = source.text;
+  for (size_t at = t.find('#'); at != std::string::npos;
+       at = t.find('#', at + 1)) {
+    if (at == 0 || !(std::isalnum((unsigned char)t[at - 1]) ||
+                     t[at - 1] == '_'))
+      continue;
+    size_t end = at + 1;
+    while (end < t.size() && std::isdigit((unsigned char)t[end]))
+      ++end;
+    if (end == at + 1)
+      continue;
+    size_t start = at;
+    while (start > 0 && t[start - 1] != '%' && !std::isspace((unsigned char)t[start - 1]))
+      --start;
+    if (start == 0 || t[start - 1] != '%')
+      continue;
+    if (end - at - 1 > 5 || std::stol(t.substr(at + 1, end - at - 1)) > 65535)
+      throw CompileError(fmt::format(
+          "{}: result number {} is out of range (at most 65535)", source.name,
+          t.substr(at + 1, std::min<size_t>(end - at - 1, 24))));
+  }
+}
+
 /// Parses \p source (or the attn stage of \p spec when it is empty); sets
 /// \p tiled when it holds the tile stage, whose tiling must be \p config's.
 static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
@@ -174,6 +202,7 @@ static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
   tiled = false;
   if (source.empty())
     return parseAttnModule(ctx, spec);
+  checkResultNumbers(source);
   DiagnosticCollector diags(ctx);
   auto module = parseSourceString<ModuleOp>(source.text, &ctx, source.name);
   if (!module)
@@ -194,6 +223,7 @@ static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
 }
 
 SourceInfo inspectSource(const KernelSource &source) {
+  checkResultNumbers(source);
   auto ctx = createContext();
   DiagnosticCollector diags(*ctx);
   auto module = parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);

@@ -457,6 +457,26 @@ LogicalResult TileLowering::lowerIf(scf::IfOp op) {
 namespace {
 struct LowerTileToLoopsPass
     : public conversion::impl::LowerTileToLoopsBase<LowerTileToLoopsPass> {
+  /// The CPU grid runs its programs on host threads with default stacks
+  /// (8 MiB): a function whose tile buffers need more than kMaxStackBytes
+  /// is a named error, not a stack overflow at run time.
+  static constexpr int64_t kMaxStackBytes = int64_t(4) << 20;
+  static LogicalResult checkStackBytes(func::FuncOp f) {
+    int64_t bytes = 0;
+    f.walk([&](memref::AllocaOp a) {
+      MemRefType ty = a.getType();
+      if (ty.hasStaticShape())
+        bytes += ty.getNumElements() *
+                 std::max<int64_t>(1, ty.getElementTypeBitWidth() / 8);
+    });
+    if (bytes <= kMaxStackBytes)
+      return success();
+    return f.emitError() << "the tiles of @" << f.getName() << " need "
+                         << bytes << " bytes of stack; the CPU mode allows "
+                         << kMaxStackBytes
+                         << " (use a smaller block-m / block-n)";
+  }
+
   void runOnOperation() override {
     SmallVector<func::FuncOp> funcs;
     getOperation().walk([&](func::FuncOp f) {
@@ -468,7 +488,8 @@ struct LowerTileToLoopsPass
         signalPassFailure();
         return;
       }
-      if (failed(checkLowerable(f)) || failed(TileLowering(f).run())) {
+      if (failed(checkLowerable(f)) || failed(TileLowering(f).run()) ||
+          failed(checkStackBytes(f))) {
         signalPassFailure();
         return;
       }

@@ -31,6 +31,11 @@ int main(int argc, char **argv) {
   mlir::registerConvertControlFlowToLLVMPass();
   mlir::registerReconcileUnrealizedCastsPass();
   mlir::memref::registerExpandStridedMetadataPass();
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "flashjit optimizer driver\n", registry));
+  // Invalid IR, a failing pass or a bad pass option is a usage error of
+  // flashjit's tools: exit 2, as the flashjit CLI.
+  return mlir::failed(mlir::MlirOptMain(argc, argv,
+                                        "flashjit optimizer driver\n",
+                                        registry))
+             ? 2
+             : 0;
 }

@@ -135,14 +135,15 @@ protected:
   mlir::Type f32, idxTy;
 };
 
-/// The body of both tiling passes: checks Br and Bc (>= 1, dividing the
-/// sparse block) and replaces every \p OpT in \p module by what
+/// The body of both tiling passes: checks Br and Bc (in [1, 1024], dividing
+/// the sparse block) and replaces every \p OpT in \p module by what
 /// `Builder(op, blockM, blockN).build()` makes.
 template <typename OpT, typename Builder>
 mlir::LogicalResult tileEach(mlir::ModuleOp module, int64_t blockM,
                              int64_t blockN) {
-  if (blockM < 1 || blockN < 1)
-    return module.emitError() << "block-m and block-n must be >= 1, got "
+  if (blockM < 1 || blockN < 1 || blockM > 1024 || blockN > 1024)
+    return module.emitError() << "block-m and block-n must be in [1, 1024], "
+                                 "got "
                               << blockM << " and " << blockN;
   llvm::SmallVector<OpT> ops;
   module.walk([&](OpT op) { ops.push_back(op); });

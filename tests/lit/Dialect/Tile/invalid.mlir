@@ -1,0 +1,114 @@
+// RUN: flashjit-opt %s --split-input-file --verify-diagnostics
+
+func.func @f(%a: memref<?xbf16>, %i: index) {
+  // expected-error @+1 {{tile element type 'f32' must be the buffer's ('bf16')}}
+  %q = tile.load %a[%i] rows %i of %i stride %i : memref<?xbf16> -> tensor<16x32xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: memref<?xbf16>, %i: index) {
+  // expected-error @+1 {{a 2-D tile needs a row stride}}
+  %q = tile.load %a[%i] rows %i of %i : memref<?xbf16> -> tensor<16x32xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16x32xbf16>, %b: tensor<16x16xbf16>) {
+  // expected-error @+1 {{contraction dims differ: 32 (lhs) and 16 (rhs)}}
+  %s = tile.dot %a, %b {transpose_rhs} : tensor<16x32xbf16>, tensor<16x16xbf16> -> tensor<16x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16x32xbf16>) {
+  // expected-error @+1 {{result must be 16x16, got 'tensor<16x8xf32>'}}
+  %s = tile.dot %a, %a {transpose_rhs} : tensor<16x32xbf16>, tensor<16x32xbf16> -> tensor<16x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16x32xf32>) {
+  // expected-error @+1 {{kind must be "max" or "sum", got "min"}}
+  %r = tile.reduce "min" %a dim 1 : tensor<16x32xf32> -> tensor<16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16x32xf32>) {
+  // expected-error @+1 {{result must be tensor<16xf32>}}
+  %r = tile.reduce "max" %a dim 1 : tensor<16x32xf32> -> tensor<32xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16xf32>) {
+  // expected-error @+1 {{cannot broadcast}}
+  %r = tile.broadcast %a dim 0 : tensor<16xf32> -> tensor<16x32xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{iota tiles are i32}}
+  %r = tile.iota dim 0 : tensor<16x32xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<16x16xbf16>, %b: memref<?xbf16>, %i: index) {
+  // expected-error @+1 {{adds f32 tiles}}
+  tile.atomic_add %a, %b[%i] rows %i of %i stride %i : tensor<16x16xbf16>, memref<?xbf16>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: mask must be "none", "causal" or "sliding_window", got "causl"}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "causl", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: block_m must be in [1, 1024], got 0}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 0, block_n = 64, deterministic = false>} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: element_type must be bf16 or f16, got 'f32'}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_qk = 64, head_dim_v = 64, element_type = f32, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{attn.kernel must be an #attn.kernel<...>, got "hello"}}
+func.func @attention() attributes {attn.kernel = "hello"} {
+  return
+}
+
+// -----
+
+// A missing field (head_dim_qk) is a parse error, never a default.
+// expected-error @+1 {{expected ','}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{role "dq" (the separate dQ pass) needs deterministic = true}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "dq", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
+  return
+}

@@ -1,0 +1,28 @@
+// RUN: flashjit-opt %s | flashjit-opt | FileCheck %s
+
+// Every tile op prints and parses back.
+// CHECK-LABEL: func.func @ops
+// CHECK: tile.load %arg0[%arg2] rows %arg3 of %arg4 stride %arg5 : memref<?xbf16> -> tensor<16x32xbf16>
+// CHECK: tile.load %arg1[%arg2] rows %arg3 of %arg4 : memref<?xf32> -> tensor<16xf32>
+// CHECK: tile.dot %{{.*}}, %{{.*}} {transpose_rhs} : tensor<16x32xbf16>, tensor<16x32xbf16> -> tensor<16x16xf32>
+// CHECK: tile.dot %{{.*}}, %{{.*}} acc %{{.*}} : tensor<16x16xf32> {transpose_lhs} : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+// CHECK: tile.reduce "max" %{{.*}} dim 1 : tensor<16x16xf32> -> tensor<16xf32>
+// CHECK: tile.broadcast %{{.*}} dim 1 : tensor<16xf32> -> tensor<16x16xf32>
+// CHECK: tile.splat %arg6 : f32 -> tensor<16x16xf32>
+// CHECK: tile.iota dim 0 : tensor<16x16xi32>
+// CHECK: tile.store %{{.*}}, %arg1[%arg2] rows %arg3 of %arg4 : tensor<16xf32>, memref<?xf32>
+// CHECK: tile.atomic_add %{{.*}}, %arg7[%arg2] rows %arg3 of %arg4 stride %arg5 : tensor<16x16xf32>, memref<?xf32>
+func.func @ops(%a: memref<?xbf16>, %l: memref<?xf32>, %off: index, %r0: index,
+               %n: index, %s: index, %x: f32, %acc: memref<?xf32>) {
+  %q = tile.load %a[%off] rows %r0 of %n stride %s : memref<?xbf16> -> tensor<16x32xbf16>
+  %m = tile.load %l[%off] rows %r0 of %n : memref<?xf32> -> tensor<16xf32>
+  %p = tile.dot %q, %q {transpose_rhs} : tensor<16x32xbf16>, tensor<16x32xbf16> -> tensor<16x16xf32>
+  %p2 = tile.dot %p, %p acc %p : tensor<16x16xf32> {transpose_lhs} : tensor<16x16xf32>, tensor<16x16xf32> -> tensor<16x16xf32>
+  %mx = tile.reduce "max" %p2 dim 1 : tensor<16x16xf32> -> tensor<16xf32>
+  %b = tile.broadcast %mx dim 1 : tensor<16xf32> -> tensor<16x16xf32>
+  %sp = tile.splat %x : f32 -> tensor<16x16xf32>
+  %io = tile.iota dim 0 : tensor<16x16xi32>
+  tile.store %m, %l[%off] rows %r0 of %n : tensor<16xf32>, memref<?xf32>
+  tile.atomic_add %b, %acc[%off] rows %r0 of %n stride %s : tensor<16x16xf32>, memref<?xf32>
+  return
+}
