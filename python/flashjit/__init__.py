@@ -518,7 +518,7 @@ class Kernel:
     """A kernel description; its stages are compiled on demand.
 
     .ptx          PTX for .arch (None: the current GPU's, else sm_90a)
-    .emit(stage)  "attn", "tiled", "gpu", "llvm", "ptx" or "cpu-llvm" text
+    .emit(stage)  "attn", "tile" (or "tiled"), "gpu", "llvm", "ptx" or "cpu-llvm" text
     .config(...)  the tiling flashjit chooses for a problem
     """
 

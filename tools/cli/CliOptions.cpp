@@ -84,7 +84,7 @@ std::string helpText(const std::string &command) {
         "flashjit JIT-compiles FlashAttention-style kernels through an "
         "MLIR pipeline.\n"
         "commands:\n"
-        "  compile   print a stage of the pipeline (attn, tiled, gpu, llvm,\n"
+        "  compile   print a stage of the pipeline (attn, tile, gpu, llvm,\n"
         "            ptx, cubin, cpu-llvm)\n"
         "  run       run on random inputs and check against a reference\n"
         "  bench     time the kernel on the GPU (TFLOP/s)\n"
