@@ -2,11 +2,11 @@
 
 #include "compiler/CompilerInternal.h"
 #include "compiler/Conversion/KernelEmitters.h"
-#include "dialects/Attn/IR/AttnDialect.h"
-#include "kernels/KernelABI.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Target/PTXEmitter.h"
+#include "dialects/Attn/IR/AttnDialect.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
@@ -26,11 +26,10 @@ namespace flashjit {
 
 Stage parseStage(const std::string &name) {
   static const std::pair<const char *, Stage> stages[] = {
-      {"attn", Stage::Attn},       {"tile", Stage::Tile},
-      {"tiled", Stage::Tile},
-      {"gpu", Stage::Gpu},         {"llvm", Stage::Llvm},
-      {"ptx", Stage::Ptx},         {"cubin", Stage::Cubin},
-      {"cpu-llvm", Stage::CpuLlvm}};
+      {"attn", Stage::Attn},   {"tile", Stage::Tile},
+      {"tiled", Stage::Tile},  {"gpu", Stage::Gpu},
+      {"llvm", Stage::Llvm},   {"ptx", Stage::Ptx},
+      {"cubin", Stage::Cubin}, {"cpu-llvm", Stage::CpuLlvm}};
   for (auto &[n, stage] : stages)
     if (name == n)
       return stage;
@@ -172,8 +171,8 @@ static void checkResultNumbers(const KernelSource &source) {
   const std::string &t = source.text;
   for (size_t at = t.find('#'); at != std::string::npos;
        at = t.find('#', at + 1)) {
-    if (at == 0 || !(std::isalnum((unsigned char)t[at - 1]) ||
-                     t[at - 1] == '_'))
+    if (at == 0 ||
+        !(std::isalnum((unsigned char)t[at - 1]) || t[at - 1] == '_'))
       continue;
     size_t end = at + 1;
     while (end < t.size() && std::isdigit((unsigned char)t[end]))
@@ -181,7 +180,8 @@ static void checkResultNumbers(const KernelSource &source) {
     if (end == at + 1)
       continue;
     size_t start = at;
-    while (start > 0 && t[start - 1] != '%' && !std::isspace((unsigned char)t[start - 1]))
+    while (start > 0 && t[start - 1] != '%' &&
+           !std::isspace((unsigned char)t[start - 1]))
       --start;
     if (start == 0 || t[start - 1] != '%')
       continue;
@@ -197,8 +197,7 @@ static void checkResultNumbers(const KernelSource &source) {
 static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
                                         const AttentionSpec &spec,
                                         const KernelSource &source,
-                                        const TileConfig &config,
-                                        bool &tiled) {
+                                        const TileConfig &config, bool &tiled) {
   tiled = false;
   if (source.empty())
     return parseAttnModule(ctx, spec);
@@ -215,10 +214,10 @@ static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
   tiled = info.stage == Stage::Tile;
   if (tiled && (info.tiling->blockM != config.blockM ||
                 info.tiling->blockN != config.blockN))
-    throw CompileError(fmt::format(
-        "{} is tiled {} x {}; it cannot be compiled as {} x {}", source.name,
-        info.tiling->blockM, info.tiling->blockN, config.blockM,
-        config.blockN));
+    throw CompileError(
+        fmt::format("{} is tiled {} x {}; it cannot be compiled as {} x {}",
+                    source.name, info.tiling->blockM, info.tiling->blockN,
+                    config.blockM, config.blockN));
   return module;
 }
 
@@ -226,18 +225,18 @@ SourceInfo inspectSource(const KernelSource &source) {
   checkResultNumbers(source);
   auto ctx = createContext();
   DiagnosticCollector diags(*ctx);
-  auto module = parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);
+  auto module =
+      parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);
   if (!module)
     throw CompileError(
         fmt::format("{}: invalid IR: {}", source.name, diags.str()));
   return describeModule(*module, source.name);
 }
 
-OwningOpRef<ModuleOp> loadSource(MLIRContext &ctx, const AttentionSpec &spec,
-                                 const KernelSource &source,
-                                 const TileConfig &config,
-                                 const std::function<void(OpPassManager &)>
-                                     &afterTiling) {
+OwningOpRef<ModuleOp>
+loadSource(MLIRContext &ctx, const AttentionSpec &spec,
+           const KernelSource &source, const TileConfig &config,
+           const std::function<void(OpPassManager &)> &afterTiling) {
   bool tiled = false;
   OwningOpRef<ModuleOp> module = loadModule(ctx, spec, source, config, tiled);
   runPipeline(*module, [&](OpPassManager &pm) {
@@ -286,10 +285,11 @@ static PtxOptions checkGpuRequest(const AttentionSpec &spec,
 
 /// Runs the GPU pipeline on \p source (the attn stage of \p spec when
 /// empty).
-static OwningOpRef<ModuleOp>
-lowerToGpu(MLIRContext &ctx, const AttentionSpec &spec,
-           const TileConfig &config, const GpuTarget &target, bool stopAtGpu,
-           const KernelSource &source) {
+static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
+                                        const AttentionSpec &spec,
+                                        const TileConfig &config,
+                                        const GpuTarget &target, bool stopAtGpu,
+                                        const KernelSource &source) {
   GpuPipelineConfig gpu;
   gpu.copyBytes = target.copyBytes;
   gpu.vectorAtomics = usesVectorAtomics(target);

@@ -112,8 +112,8 @@ std::string readBoundedFile(const std::string &path, const std::string &what,
     throw SpecError(fmt::format("{}: cannot open '{}': {}", what, path,
                                 ec ? ec.message() : "no such file"));
   if (fs::is_directory(st))
-    throw SpecError(
-        fmt::format("{}: '{}' is a directory, not a {} file", what, path, what));
+    throw SpecError(fmt::format("{}: '{}' is a directory, not a {} file", what,
+                                path, what));
   if (fs::is_regular_file(st)) {
     uintmax_t size = fs::file_size(path, ec);
     if (!ec && size > uintmax_t(maxBytes))

@@ -70,8 +70,7 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
       !p.empty())
     return fn.emitError() << p;
   GpuGeometry geo = gpuGeometry(spec, config);
-  int64_t accumulators =
-      geo.mTiles * (config.blockN / 8 + geo.dvChunk / 8) * 4;
+  int64_t accumulators = geo.mTiles * (config.blockN / 8 + geo.dvChunk / 8) * 4;
   if (accumulators > 255)
     return fn.emitError() << "the tiles need " << accumulators
                           << " f32 accumulator registers per thread (S and "

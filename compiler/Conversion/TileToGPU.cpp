@@ -41,8 +41,7 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
 
-TileKernelLowering::TileKernelLowering(ImplicitLocOpBuilder &b,
-                                       func::FuncOp fn,
+TileKernelLowering::TileKernelLowering(ImplicitLocOpBuilder &b, func::FuncOp fn,
                                        const AttentionSpec &spec,
                                        const TileConfig &config,
                                        int64_t copyBytes)
@@ -115,8 +114,8 @@ LogicalResult TileKernelLowering::assignHomes() {
         return use.getOperandNumber() == 1 && !dot.getTransposeRhs();
       });
       SharedSlot slot;
-      slot.padCols = feedsColumns ? paddedCols(ty)
-                                  : roundUp(ty.getDimSize(1), 16);
+      slot.padCols =
+          feedsColumns ? paddedCols(ty) : roundUp(ty.getDimSize(1), 16);
       slot.splitCols = feedsColumns && splitsCols(ty);
       slot.rowChunks = roundUp(slot.padCols / 8, 8);
       slot.offset = sharedBytes;
@@ -151,14 +150,14 @@ void TileKernelLowering::setUpThreads(mlir::gpu::GPUFuncOp kernel) {
       auto dot = cast<tile::DotOp>(use.getOwner());
       Value off = g.c32(slot.offset);
       if (use.getOperandNumber() == 0 && !f.a)
-        f.a = gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane,
-                                     warpRow0, off, slot.rowChunks);
+        f.a = gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane, warpRow0,
+                                     off, slot.rowChunks);
       if (use.getOperandNumber() == 1 && dot.getTransposeRhs() && !f.b)
-        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane,
-                                     g.c32(0), off, slot.rowChunks);
+        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane, g.c32(0),
+                                     off, slot.rowChunks);
       if (use.getOperandNumber() == 1 && !dot.getTransposeRhs() && !f.bTrans)
-        f.bTrans = gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans,
-                                          lane, g.c32(0), off, slot.rowChunks);
+        f.bTrans = gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
+                                          g.c32(0), off, slot.rowChunks);
     }
   }
 }
@@ -200,8 +199,9 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
       llvm::any_of(op->getOperands(), [&](Value v) { return isTile(v); }) ||
       llvm::any_of(op->getResults(), [&](Value v) { return isTile(v); });
   if (!touchesTiles) {
-    if (op->getNumRegions() || op->getDialect() == g.b.getContext()
-                                   ->getLoadedDialect<tile::TileDialect>())
+    if (op->getNumRegions() ||
+        op->getDialect() ==
+            g.b.getContext()->getLoadedDialect<tile::TileDialect>())
       return fail(op, "no GPU lowering for this op");
     for (Value v : op->getOperands())
       if (isa<MemRefType>(v.getType()))
@@ -228,11 +228,10 @@ LogicalResult
 TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
   auto *tileDialect = b.getContext()->getLoadedDialect<tile::TileDialect>();
   WalkResult walk = kernel.walk([&](Operation *op) {
-    bool tensors =
-        llvm::any_of(op->getResultTypes(),
-                     [](Type t) { return isa<TensorType>(t); }) ||
-        llvm::any_of(op->getOperandTypes(),
-                     [](Type t) { return isa<TensorType>(t); });
+    bool tensors = llvm::any_of(op->getResultTypes(),
+                                [](Type t) { return isa<TensorType>(t); }) ||
+                   llvm::any_of(op->getOperandTypes(),
+                                [](Type t) { return isa<TensorType>(t); });
     if (op->getDialect() == tileDialect || tensors) {
       op->emitOpError() << "left in the GPU kernel by the tile lowering";
       return WalkResult::interrupt();
@@ -263,8 +262,8 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
                     : Type(g.f32);
     Type got = fn.getArgument(i).getType();
     if (want ? got != want : !isa<MemRefType>(got))
-      return fn.emitError() << "argument " << i << " has type " << got
-                            << ", not the ABI's";
+      return fn.emitError()
+             << "argument " << i << " has type " << got << ", not the ABI's";
   }
   auto kernel =
       createKernelFunc(b, gpuModule, fn, argTys, geo.threads, geo.sharedBytes);
@@ -276,8 +275,8 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
     map.map(fn.getArgument(i), kernel.getArgument(i));
   for (int i = 0; i < abi::NumIndexArgs; ++i)
     map.map(fn.getArgument(abi::NumBuffers + i),
-            arith::IndexCastOp::create(b, b.getIndexType(),
-                                       kernel.getArgument(abi::NumBuffers + i)));
+            arith::IndexCastOp::create(
+                b, b.getIndexType(), kernel.getArgument(abi::NumBuffers + i)));
   const int scaleArg = abi::NumBuffers + abi::NumIndexArgs;
   map.map(fn.getArgument(scaleArg), kernel.getArgument(scaleArg));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);

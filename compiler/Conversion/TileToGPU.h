@@ -53,9 +53,9 @@ enum class TileHome {
 
 /// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
 struct SharedSlot {
-  int64_t offset = 0;    ///< byte offset in the dynamic shared memory
-  int64_t rowChunks = 0; ///< 16-byte chunks per row (a multiple of 8)
-  int64_t padCols = 0;   ///< columns copied (zero-filled past the tile's)
+  int64_t offset = 0;     ///< byte offset in the dynamic shared memory
+  int64_t rowChunks = 0;  ///< 16-byte chunks per row (a multiple of 8)
+  int64_t padCols = 0;    ///< columns copied (zero-filled past the tile's)
   bool splitCols = false; ///< the columns of this program's grid.z chunk
 };
 

@@ -47,8 +47,8 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
         continue;
       }
       Value next = arith::AddIOp::create(b, loopIv, loopStep);
-      Value more = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next,
-                                         loopUb);
+      Value more =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next, loopUb);
       LogicalResult r = success();
       g.ifThen(more, [&] { r = issueCopy(load, next); });
       if (failed(r))
@@ -66,9 +66,8 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   Fragment out;
   if (homes.lookup(lhs) == TileHome::Shared && op.getTransposeRhs()) {
     const SharedSlot &ls = slots[lhs];
-    std::vector<gpu::Acc> acc =
-        gpu::mmaProduct(g, smem, *slotFrags[lhs].a, *rf.b, mt,
-                        nTiles(resTy), ls.padCols / 16);
+    std::vector<gpu::Acc> acc = gpu::mmaProduct(
+        g, smem, *slotFrags[lhs].a, *rf.b, mt, nTiles(resTy), ls.padCols / 16);
     for (const gpu::Acc &a : acc)
       out.regs.append(a.begin(), a.end());
     if (Value c = op.getAcc())
@@ -189,7 +188,8 @@ LogicalResult TileKernelLowering::lowerIota(tile::IotaOp op) {
 }
 
 LogicalResult TileKernelLowering::lowerConstant(Operation *op) {
-  auto dense = dyn_cast<DenseElementsAttr>(cast<arith::ConstantOp>(op).getValue());
+  auto dense =
+      dyn_cast<DenseElementsAttr>(cast<arith::ConstantOp>(op).getValue());
   if (!dense || !dense.isSplat())
     return fail(op, "only splat constant tiles are lowered");
   auto ty = cast<RankedTensorType>(op->getResult(0).getType());

@@ -148,9 +148,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
   // The counter runs in i32 (sequence lengths are below 2^31, so are block
   // indices): an i64 counter and bound cost two registers each, live across
   // the whole loop.
-  auto narrow = [&](Value v) {
-    return scalar(v);
-  };
+  auto narrow = [&](Value v) { return scalar(v); };
   Value lb = narrow(op.getLowerBound()), ub = narrow(op.getUpperBound());
   Value step = narrow(op.getStep());
   if (n >= 2) {
@@ -238,10 +236,9 @@ LogicalResult TileKernelLowering::lowerIf(scf::IfOp op) {
   SmallVector<Type> types = flatTypes(op.getResults(), count);
   auto ifOp = scf::IfOp::create(b, types, scalar(op.getCondition()),
                                 /*withElseRegion=*/true);
-  for (auto [from, to] : {std::make_pair(&op.getThenRegion(),
-                                         &ifOp.getThenRegion()),
-                          std::make_pair(&op.getElseRegion(),
-                                         &ifOp.getElseRegion())}) {
+  for (auto [from, to] :
+       {std::make_pair(&op.getThenRegion(), &ifOp.getThenRegion()),
+        std::make_pair(&op.getElseRegion(), &ifOp.getElseRegion())}) {
     OpBuilder::InsertionGuard guard(b);
     Block *dest = &to->front();
     // An scf.if without results gets an implicit yield: lower before it.

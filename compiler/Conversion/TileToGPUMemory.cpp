@@ -89,8 +89,8 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
   gpu::copyTileAsync(
       g, gpu::TileCopier{smem, copyTid ? copyTid : tid, geo.threads, copyBytes},
       gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
-                      ty.getDimSize(0), ty.getDimSize(1), colBase,
-                      slot.padCols, slot.rowChunks, g.c32(slot.offset)});
+                      ty.getDimSize(0), ty.getDimSize(1), colBase, slot.padCols,
+                      slot.rowChunks, g.c32(slot.offset)});
   g.commitGroup();
   pendingCopies = true;
   return success();
@@ -143,8 +143,8 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
                           g.cmp(CmpIPredicate::eq, chunk, g.c32(0)));
     for (int64_t mi = 0; mi < mt; ++mi)
       for (int64_t h = 0; h < 2; ++h) {
-        Value row = g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 +
-                                                                 8 * h))));
+        Value row =
+            g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
         Value ok = g.andI(writer, g.cmp(CmpIPredicate::slt, row, rows));
         g.ifThen(ok, [&] {
           store(f.regs[2 * mi + h], g.add(offset, g.ext64(row)));
@@ -164,8 +164,8 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
       Value rowAt = g.add(offset, g.mul(g.ext64(row), stride));
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
-          Value col = g.add(colBase, g.add(g.c32(ni * 8 + e),
-                                           g.mul(tig, g.c32(2))));
+          Value col =
+              g.add(colBase, g.add(g.c32(ni * 8 + e), g.mul(tig, g.c32(2))));
           Value ok = g.andI(rowOk, g.cmp(CmpIPredicate::slt, col, cols));
           Value x = f.regs[(mi * nt + ni) * 4 + 2 * h + e];
           g.ifThen(ok, [&] { store(x, g.add(rowAt, g.ext64(col))); });
@@ -188,9 +188,9 @@ LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op) {
     return fail(op, "buffers are 1-D");
   Type elem = load.getType();
   Value index = toI64(map.lookup(load.getIndices()[0]));
-  Value ptr = LLVM::GEPOp::create(b, g.ptrGen, elem,
-                                  map.lookup(load.getMemRef()),
-                                  ArrayRef<LLVM::GEPArg>{index});
+  Value ptr =
+      LLVM::GEPOp::create(b, g.ptrGen, elem, map.lookup(load.getMemRef()),
+                          ArrayRef<LLVM::GEPArg>{index});
   map.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
   return success();
 }

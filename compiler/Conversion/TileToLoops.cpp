@@ -471,8 +471,8 @@ struct LowerTileToLoopsPass
     });
     if (bytes <= kMaxStackBytes)
       return success();
-    return f.emitError() << "the tiles of @" << f.getName() << " need "
-                         << bytes << " bytes of stack; the CPU mode allows "
+    return f.emitError() << "the tiles of @" << f.getName() << " need " << bytes
+                         << " bytes of stack; the CPU mode allows "
                          << kMaxStackBytes
                          << " (use a smaller block-m / block-n)";
   }

@@ -148,10 +148,11 @@ void registerFlashjitPasses() {
 }
 
 void registerFlashjitDialects(DialectRegistry &registry) {
-  registry.insert<attn::AttnDialect, tile::TileDialect, func::FuncDialect, scf::SCFDialect,
-                  arith::ArithDialect, math::MathDialect, memref::MemRefDialect,
-                  cf::ControlFlowDialect, LLVM::LLVMDialect, gpu::GPUDialect,
-                  NVVM::NVVMDialect, ub::UBDialect>();
+  registry
+      .insert<attn::AttnDialect, tile::TileDialect, func::FuncDialect,
+              scf::SCFDialect, arith::ArithDialect, math::MathDialect,
+              memref::MemRefDialect, cf::ControlFlowDialect, LLVM::LLVMDialect,
+              gpu::GPUDialect, NVVM::NVVMDialect, ub::UBDialect>();
   registerBuiltinDialectTranslation(registry);
   registerLLVMDialectTranslation(registry);
   registerNVVMDialectTranslation(registry);

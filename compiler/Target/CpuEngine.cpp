@@ -289,8 +289,7 @@ const AttentionSpec &CpuBackwardKernel::spec() const { return impl->spec; }
 const TileConfig &CpuBackwardKernel::config() const { return impl->config; }
 
 std::unique_ptr<CpuBackwardKernel>
-CpuBackwardKernel::compile(const AttentionSpec &spec,
-                           const TileConfig &config,
+CpuBackwardKernel::compile(const AttentionSpec &spec, const TileConfig &config,
                            const KernelSource &source) {
   spec.validate();
   config.validate(spec);

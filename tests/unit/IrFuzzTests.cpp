@@ -53,10 +53,15 @@ std::vector<std::string> seeds() {
 /// One random edit of \p text.
 std::string mutate(std::string text, std::mt19937_64 &rng) {
   auto pick = [&](size_t n) { return size_t(rng() % std::max<size_t>(n, 1)); };
-  static const char *numbers[] = {"0",          "-1",         "1",
-                                  "3",          "4096",       "2147483648",
-                                  "-4611686018427387904", "99999999999999999999"};
-  static const char *strings[] = {"\"causl\"", "\"\"", "\"hello\"",
+  static const char *numbers[] = {"0",
+                                  "-1",
+                                  "1",
+                                  "3",
+                                  "4096",
+                                  "2147483648",
+                                  "-4611686018427387904",
+                                  "99999999999999999999"};
+  static const char *strings[] = {"\"causl\"",          "\"\"",   "\"hello\"",
                                   "\"sliding_window\"", "\"dq\"", "\"main\""};
   switch (rng() % 7) {
   case 0: // truncated input

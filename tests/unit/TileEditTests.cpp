@@ -52,15 +52,14 @@ std::string softCapped(const std::string &tile) {
                      "    %cap = arith.constant dense<2.0> : " + ty + "\n" +
                      "    %inv = arith.constant dense<0.5> : " + ty + "\n" +
                      "    %sd = arith.mulf %raw_s, %inv : " + ty + "\n" +
-                     "    %th = math.tanh %sd : " + ty + "\n" + "    " +
-                     name + " = arith.mulf %th, %cap : " + ty;
+                     "    %th = math.tanh %sd : " + ty + "\n" + "    " + name +
+                     " = arith.mulf %th, %cap : " + ty;
   return m.prefix().str() + edit + m.suffix().str();
 }
 
 /// O of the soft-capped attention in float64 (dense, no mask).
 std::vector<double> softCapReference(const AttentionSpec &spec,
-                                     const Problem &p,
-                                     const AttentionData &d) {
+                                     const Problem &p, const AttentionData &d) {
   const double scale = p.effectiveScale(spec);
   std::vector<double> out;
   auto f = [&](const HalfTensor &t, int64_t n, int64_t c) {

@@ -308,8 +308,9 @@ FLASHJIT_API flashjit_status flashjit_chosen_config(
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, int64_t out[4]);
 
 /** Prints a stage of \p spec (its direction: the forward's kernel or the
- *  backward's three) compiled with the default tiling: "attn",
- *  "tile" (or its old name "tiled"), "gpu", "llvm", "ptx", "cpu-llvm", or "cubin" (binary; needs
+ *  backward's three) compiled with the default tiling: "attn", "tile"
+ *  (or its old name "tiled"), "gpu", "llvm", "ptx", "cpu-llvm", or "cubin"
+ *  (binary; needs
  *  nvJitLink). \p arch: "sm_80", "sm_90a", ...; NULL means the handle's GPU
  *  on a CUDA handle, "sm_90a" on a CPU handle (neither needs a GPU for
  *  "ptx"). On success *out is a NUL-terminated buffer of *len bytes (not

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <functional>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 namespace flashjit::cli {
 
@@ -285,7 +285,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   // The flags that describe the kernel: with --input the file does.
   static const std::set<std::string> kSpecFlags = {
-      "--head-dim", "--head-dim-v", "--dtype",     "--gqa",
+      "--head-dim", "--head-dim-v", "--dtype",         "--gqa",
       "--causal",   "--backward",   "--deterministic", "--sparse-block"};
   std::vector<std::string> specFlagsSeen;
   for (; i < args.size(); ++i) {
@@ -332,8 +332,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.source.name = o.inputPath;
     o.source.text = readBoundedFile(o.inputPath, "--input", 64 << 20);
     if (o.source.text.empty())
-      throw SpecError(fmt::format("--input {}: the file is empty",
-                                  o.inputPath));
+      throw SpecError(
+          fmt::format("--input {}: the file is empty", o.inputPath));
     SourceInfo info;
     try {
       info = inspectSource(o.source);

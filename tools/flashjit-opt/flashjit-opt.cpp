@@ -33,9 +33,8 @@ int main(int argc, char **argv) {
   mlir::memref::registerExpandStridedMetadataPass();
   // Invalid IR, a failing pass or a bad pass option is a usage error of
   // flashjit's tools: exit 2, as the flashjit CLI.
-  return mlir::failed(mlir::MlirOptMain(argc, argv,
-                                        "flashjit optimizer driver\n",
-                                        registry))
+  return mlir::failed(mlir::MlirOptMain(
+             argc, argv, "flashjit optimizer driver\n", registry))
              ? 2
              : 0;
 }

@@ -44,9 +44,9 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                           "\"preprocess\", \"main\", \"dq\" or "
                           "\"dq_convert\", got \""
                        << role << "\"";
-  for (auto [name, v] : {std::pair<const char *, int64_t>{"head_dim_qk",
-                                                          headDimQk},
-                         {"head_dim_v", headDimV}})
+  for (auto [name, v] :
+       {std::pair<const char *, int64_t>{"head_dim_qk", headDimQk},
+        {"head_dim_v", headDimV}})
     if (v < 1 || v > 512)
       return emitError() << "#attn.kernel: " << name
                          << " must be in [1, 512], got " << v;

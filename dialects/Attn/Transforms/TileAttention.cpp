@@ -152,8 +152,8 @@ func::FuncOp TiledForwardBuilder::build() {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     auto carried = loop.getRegionIterArgs();
-    scf::YieldOp::create(b, step(loop.getInductionVar(), carried[0],
-                                 carried[1], carried[2]));
+    scf::YieldOp::create(
+        b, step(loop.getInductionVar(), carried[0], carried[1], carried[2]));
   }
   writeOutput(loop.getResult(0), loop.getResult(1), loop.getResult(2));
   func::ReturnOp::create(b);
@@ -283,8 +283,8 @@ Value TiledForwardBuilder::maskScores(Value s, Value n0) {
     ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));
     ok = andI(ok, cmpI(CmpIPredicate::sle, cols, broadcast(hi, sTy, 1)));
   }
-  Value negInf = constTile(-std::numeric_limits<double>::infinity(),
-                           tile({br, bc}, f32));
+  Value negInf =
+      constTile(-std::numeric_limits<double>::infinity(), tile({br, bc}, f32));
   return select(ok, s, negInf);
 }
 
@@ -294,14 +294,13 @@ void TiledForwardBuilder::writeOutput(Value o, Value m, Value l) {
   Tensor rowTy = tile({br}, f32), oTy = tile({br, dv}, f32);
   Value zero = constTile(0.0, rowTy);
   Value empty = cmpF(CmpFPredicate::OEQ, l, zero);
-  Value inv = select(empty, zero,
-                     arith::DivFOp::create(b, constTile(1.0, rowTy), l));
+  Value inv =
+      select(empty, zero, arith::DivFOp::create(b, constTile(1.0, rowTy), l));
   Value out = truncTile(fmul(o, broadcast(inv, oTy, 1)), elemTy);
   storeTile(out, arg(abi::O), oBase, m0, nq, indexArg(abi::OStrideN));
   Value lse = fmul(fadd(m, log2(l)), constTile(std::log(2.0), rowTy));
   lse = select(empty,
-               constTile(-std::numeric_limits<double>::infinity(), rowTy),
-               lse);
+               constTile(-std::numeric_limits<double>::infinity(), rowTy), lse);
   storeTile(lse, arg(abi::Lse), lseBase, m0, nq, Value());
 }
 

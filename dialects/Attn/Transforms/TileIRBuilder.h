@@ -32,8 +32,8 @@ protected:
   Value splat(Value x, Tensor ty) { return tile::SplatOp::create(b, ty, x); }
   /// A constant f32 tile of \p ty.
   Value constTile(double v, Tensor ty) {
-    auto attr = mlir::DenseElementsAttr::get(
-        ty, llvm::APFloat(static_cast<float>(v)));
+    auto attr =
+        mlir::DenseElementsAttr::get(ty, llvm::APFloat(static_cast<float>(v)));
     return mlir::arith::ConstantOp::create(b, ty, attr);
   }
   /// The row (dim 0) or column (dim 1) index of each element, i32.
@@ -47,8 +47,8 @@ protected:
   /// "max" or "sum" of a 2-D f32 tile along \p dim.
   Value reduce(llvm::StringRef kind, Value v, int64_t dim) {
     auto in = mlir::cast<Tensor>(v.getType());
-    return tile::ReduceOp::create(
-        b, tile({in.getDimSize(1 - dim)}, f32), kind, v, dim);
+    return tile::ReduceOp::create(b, tile({in.getDimSize(1 - dim)}, f32), kind,
+                                  v, dim);
   }
   /// lhs rhs^T (+ acc) or lhs rhs (+ acc), f32.
   Value dot(Value lhs, Value rhs, Value acc, bool transposeLhs,

@@ -35,8 +35,14 @@ def Tile_Dialect : Dialect {
     asynchronous copies and software pipelining, warp roles and register
     budgets. They may rewrite an op into one that computes the same value
     bit for bit (skip `O * 1`, split a dot's columns over programs), never
-    change the arithmetic. The CPU execution mode lowers this same IR to
-    loops, so the CPU tests check what the GPU runs.
+    change the arithmetic. Left to each implementation, and documented where
+    it is made: the association of f32 sums (a dot's K-sum, a row sum, and
+    a running row sum `l = l * a + rowsum(p)` that the GPU keeps per lane
+    and combines after its loop, FlashAttention-2's order), and the
+    precision of math functions (the GPU's math.exp2, log2 and tanh are the
+    hardware's approximations, ex2 / lg2 / tanh.approx; the CPU's are
+    libm-exact). The CPU execution mode lowers this same IR to loops, so the
+    CPU tests check what the GPU runs.
 
     **Values.** A tile is a `tensor<RxCxT>` or `tensor<RxT>` with a static
     shape: the tiles of Q, K, V in their element type, S and O in f32, the
