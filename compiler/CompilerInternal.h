@@ -18,8 +18,9 @@
 #include <memory>
 
 namespace mlir {
+class ExecutionEngine;
 class OpPassManager;
-}
+} // namespace mlir
 
 namespace flashjit {
 
@@ -37,6 +38,11 @@ mlir::OwningOpRef<mlir::ModuleOp>
 loadSource(mlir::MLIRContext &ctx, const AttentionSpec &spec,
            const KernelSource &source, const TileConfig &config,
            const std::function<void(mlir::OpPassManager &)> &afterTiling);
+
+/// JIT-compiles \p module (in the LLVM dialect, for the host) at O2, with
+/// flashjit's half-float conversion builtins registered (static libgcc
+/// lacks them); throws CompileError.
+std::unique_ptr<mlir::ExecutionEngine> jitLoweredModule(mlir::ModuleOp module);
 
 /// Runs the pipeline that \p build assembles on \p module; throws
 /// CompileError with the diagnostics of the failing pass.

@@ -123,6 +123,9 @@ private:
   llvm::SmallVector<unsigned> deferRunningSums(mlir::scf::ForOp op);
   LogicalResult lowerIf(mlir::scf::IfOp op);
   llvm::SmallVector<Value> flatten(mlir::ValueRange tiles);
+  /// flatten()'s inverse: \p values' registers (tiles) and scalars taken
+  /// from \p flat in order.
+  void assignFlat(mlir::ValueRange values, mlir::ValueRange flat);
 
   // Helpers.
   bool isTile(Value v) const {

@@ -57,6 +57,17 @@ static void unflatten(ValueRange values, ValueRange flat,
   }
 }
 
+void TileKernelLowering::assignFlat(ValueRange values, ValueRange flat) {
+  unflatten(
+      values, flat, [&](Value v) { return regCount(tileType(v)); },
+      [&](Value v, ArrayRef<Value> regs) {
+        if (isTile(v))
+          frags[v].regs.assign(regs.begin(), regs.end());
+        else
+          map.map(v, regs[0]);
+      });
+}
+
 /// Running row sums, `%l2 = %l * %a + tile.reduce "sum" %p dim 1` with %l
 /// an iter_arg starting at 0 and used by that multiply alone, are kept per
 /// lane: each of a row's 4 lanes carries the sum of its own columns, and
@@ -145,12 +156,10 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
       pipelined.insert(loads[i]);
     }
 
-  // The counter runs in i32 (sequence lengths are below 2^31, so are block
-  // indices): an i64 counter and bound cost two registers each, live across
-  // the whole loop.
-  auto narrow = [&](Value v) { return scalar(v); };
-  Value lb = narrow(op.getLowerBound()), ub = narrow(op.getUpperBound());
-  Value step = narrow(op.getStep());
+  // The counter stays an index (i64 after convert-gpu-to-nvvm): narrowing
+  // it to i32 was measured to add spills (d = 256 windowed: 0 -> 88 bytes).
+  Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
+  Value step = scalar(op.getStep());
   if (n >= 2) {
     Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, lb, ub);
     LogicalResult r = success();
@@ -160,7 +169,6 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
   }
 
   SmallVector<unsigned> perLane = deferRunningSums(op);
-  auto count = [&](Value v) { return regCount(tileType(v)); };
   SmallVector<Value> init = flatten(op.getInitArgs());
   for (Value v : op.getInitArgs())
     if (isTile(v) && frags[v].pendingRound)
@@ -170,13 +178,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     map.map(op.getInductionVar(), loop.getInductionVar());
-    unflatten(op.getRegionIterArgs(), loop.getRegionIterArgs(), count,
-              [&](Value v, ArrayRef<Value> regs) {
-                if (isTile(v))
-                  frags[v].regs.assign(regs.begin(), regs.end());
-                else
-                  map.map(v, regs[0]);
-              });
+    assignFlat(op.getRegionIterArgs(), loop.getRegionIterArgs());
     // Loop-variant copies of the lane bases: addresses are recomputed (one
     // add each) rather than hoisted into registers live across the loop.
     llvm::MapVector<Value, SlotFrags> outer = slotFrags;
@@ -208,13 +210,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     loopStep = outerStep;
     pendingCopies = outerPending || pendingCopies;
   }
-  unflatten(op.getResults(), loop.getResults(), count,
-            [&](Value v, ArrayRef<Value> regs) {
-              if (isTile(v))
-                frags[v].regs.assign(regs.begin(), regs.end());
-              else
-                map.map(v, regs[0]);
-            });
+  assignFlat(op.getResults(), loop.getResults());
   for (unsigned i : perLane)
     for (Value &r : frags[op.getResult(i)].regs) {
       r = g.fadd(r, g.shuffleXor(r, 1));
@@ -262,12 +258,6 @@ LogicalResult TileKernelLowering::lowerIf(scf::IfOp op) {
     else
       scf::YieldOp::create(b, flat);
   }
-  unflatten(op.getResults(), ifOp.getResults(), count,
-            [&](Value v, ArrayRef<Value> regs) {
-              if (isTile(v))
-                frags[v].regs.assign(regs.begin(), regs.end());
-              else
-                map.map(v, regs[0]);
-            });
+  assignFlat(op.getResults(), ifOp.getResults());
   return success();
 }

@@ -94,25 +94,17 @@ void initializeNativeTarget() {
   (void)done;
 }
 
-/// Runs the CPU pipeline on \p source (the attn stage of \p spec when
-/// empty) and JIT-compiles it,
-/// with flashjit's half-float builtins registered.
-std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
-                                            const AttentionSpec &spec,
-                                            const TileConfig &config,
-                                            const KernelSource &source) {
-  initializeNativeTarget();
-  OwningOpRef<ModuleOp> module =
-      loadSource(ctx, spec, source, config,
-                 [](OpPassManager &pm) { buildCpuLoweringPipeline(pm); });
+} // namespace
 
+std::unique_ptr<ExecutionEngine> jitLoweredModule(ModuleOp module) {
+  initializeNativeTarget();
   ExecutionEngineOptions engineOptions;
   auto transformer = makeOptimizingTransformer(/*optLevel=*/2,
                                                /*sizeLevel=*/0, nullptr);
   engineOptions.transformer = transformer;
   engineOptions.enableGDBNotificationListener = false;
   engineOptions.enablePerfNotificationListener = false;
-  auto engine = ExecutionEngine::create(*module, engineOptions);
+  auto engine = ExecutionEngine::create(module, engineOptions);
   if (!engine)
     throw CompileError("CPU JIT failed: " + llvm::toString(engine.takeError()));
   (*engine)->registerSymbols([](llvm::orc::MangleAndInterner interner) {
@@ -130,6 +122,20 @@ std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
     return map;
   });
   return std::move(*engine);
+}
+
+namespace {
+
+/// Runs the CPU pipeline on \p source (the attn stage of \p spec when
+/// empty) and JIT-compiles it.
+std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
+                                            const AttentionSpec &spec,
+                                            const TileConfig &config,
+                                            const KernelSource &source) {
+  OwningOpRef<ModuleOp> module =
+      loadSource(ctx, spec, source, config,
+                 [](OpPassManager &pm) { buildCpuLoweringPipeline(pm); });
+  return jitLoweredModule(*module);
 }
 
 PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {

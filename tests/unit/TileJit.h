@@ -3,19 +3,19 @@
 /// \file
 /// Shared by the tile-IR unit tests: parses a tile-IR module, lowers it with
 /// buildCpuLoweringPipeline, JIT-compiles it with MLIR's ExecutionEngine
-/// (flashjit's bf16/fp16 conversion builtins registered, as
-/// compiler/Target/CpuEngine.cpp does) and calls its packed entry points;
+/// (through the CPU mode's own jitLoweredModule, half-float builtins and
+/// all) and calls its packed entry points;
 /// random inputs, NaN poison and the exact / relative comparisons.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TESTS_UNIT_TILEJIT_H
 #define FLASHJIT_TESTS_UNIT_TILEJIT_H
 
+#include "compiler/CompilerInternal.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "kernels/HalfFloat.h"
 
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
-#include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -23,9 +23,7 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 
-#include "llvm/ExecutionEngine/Orc/Mangling.h"
 #include "llvm/Support/Error.h"
-#include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <gtest/gtest.h>
@@ -45,33 +43,6 @@ using namespace mlir;
 //===----------------------------------------------------------------------===//
 // JIT plumbing (as compiler/Target/CpuEngine.cpp does it)
 //===----------------------------------------------------------------------===//
-
-// x86 lowers bf16/f16 conversions to compiler-rt builtins that take and
-// return 16-bit floats in XMM registers; _Float16 only carries the bits.
-inline _Float16 toContainer(uint16_t bits) {
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return h;
-}
-inline uint16_t fromContainer(_Float16 h) {
-  uint16_t bits;
-  std::memcpy(&bits, &h, 2);
-  return bits;
-}
-inline _Float16 truncsfbf2(float f) {
-  return toContainer(flashjit::floatToBf16(f));
-}
-inline _Float16 truncsfhf2(float f) {
-  return toContainer(flashjit::floatToFp16(f));
-}
-inline float extendhfsf2(_Float16 h) {
-  return flashjit::fp16ToFloat(fromContainer(h));
-}
-inline float extendbfsf2(_Float16 h) {
-  return flashjit::bf16ToFloat(fromContainer(h));
-}
-inline uint16_t gnuF2h(float f) { return flashjit::floatToFp16(f); }
-inline float gnuH2f(uint16_t h) { return flashjit::fp16ToFloat(h); }
 
 /// A (allocated, aligned, offset, size, stride) memref<?xT> descriptor.
 struct MemRef1D {
@@ -116,12 +87,6 @@ private:
 class TileJit {
 public:
   explicit TileJit(const std::string &source) {
-    static bool init = [] {
-      llvm::InitializeNativeTarget();
-      llvm::InitializeNativeTargetAsmPrinter();
-      return true;
-    }();
-    (void)init;
     DialectRegistry registry;
     flashjit::registerFlashjitDialects(registry);
     ctx.appendDialectRegistry(registry);
@@ -140,29 +105,11 @@ public:
       os << "the lowering failed\n";
       return;
     }
-    ExecutionEngineOptions options;
-    auto transformer = makeOptimizingTransformer(2, 0, nullptr);
-    options.transformer = transformer;
-    auto created = ExecutionEngine::create(*module, options);
-    if (!created) {
-      os << llvm::toString(created.takeError());
-      return;
+    try {
+      engine = flashjit::jitLoweredModule(*module);
+    } catch (const flashjit::CompileError &e) {
+      os << e.what();
     }
-    engine = std::move(*created);
-    engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
-      llvm::orc::SymbolMap map;
-      auto add = [&](const char *name, auto *fn) {
-        map[interner(name)] = {llvm::orc::ExecutorAddr::fromPtr(fn),
-                               llvm::JITSymbolFlags::Exported};
-      };
-      add("__truncsfbf2", &truncsfbf2);
-      add("__truncsfhf2", &truncsfhf2);
-      add("__extendhfsf2", &extendhfsf2);
-      add("__extendbfsf2", &extendbfsf2);
-      add("__gnu_f2h_ieee", &gnuF2h);
-      add("__gnu_h2f_ieee", &gnuH2f);
-      return map;
-    });
   }
 
   bool ok() const { return engine != nullptr; }
