@@ -13,7 +13,7 @@
 #include "compiler/Compiler.h"
 #include "kernels/HostTensor.h"
 
-#include "tests/unit/AttentionCases.h"
+#include "tests/unit/ForwardCheck.h"
 
 #include <gtest/gtest.h>
 
@@ -29,58 +29,7 @@ using namespace flashjit::test;
 class CpuForward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuForward, MatchesFloat64Reference) {
-  const Case &c = GetParam();
-  AttentionSpec spec;
-  spec.headDimQK = c.dqk;
-  spec.headDimV = c.dv;
-  spec.dtype = c.dtype;
-  spec.mask = c.mask;
-  spec.gqaGroup = c.gqa;
-  spec.blockSparse = c.layout != LayoutKind::Dense;
-  spec.sparseBlock = c.sparseBlock;
-  TileConfig config;
-  config.blockM = c.br;
-  config.blockN = c.bc;
-  Problem p;
-  p.batch = c.batch;
-  p.heads = c.heads;
-  p.seqLenQ = c.nq;
-  p.seqLenKV = c.nkv;
-  p.windowLeft = c.winL;
-  p.windowRight = c.winR;
-
-  uint64_t seed = freshSeed();
-  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
-  std::mt19937_64 rng(seed);
-  AttentionData data = makeRandomInputs(spec, p, c.qkv, rng);
-  if (c.qkv == QKVLayout::Packed)
-    ASSERT_EQ(data.q.buffer, data.k.buffer) << "case must use packed qkv";
-  std::unique_ptr<BlockSparseLayout> layout;
-  if (spec.blockSparse)
-    layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
-
-  auto kernel = CpuKernel::compile(spec, config);
-  kernel->run(p, data, layout.get());
-  ReferenceResult ref = referenceForward(spec, p, data, layout.get());
-  ErrorReport err = compareWithReference(spec, p, data, ref);
-
-  EXPECT_EQ(err.nanCount, 0) << "NaN (or unwritten poisoned) outputs";
-  EXPECT_EQ(err.lseMismatch, 0) << "lse -inf pattern differs";
-  EXPECT_LT(err.oRelErr, errorBound(spec.dtype));
-  EXPECT_LT(err.lseRelErr, errorBound(spec.dtype));
-  // Rows that see no key: O exactly 0 and lse -inf.
-  ASSERT_EQ(int64_t(ref.rows.size()), p.batch * p.heads * p.seqLenQ);
-  for (size_t ri = 0; ri < ref.rows.size(); ++ri)
-    if (std::isinf(ref.lse[ri])) {
-      int64_t row = ref.rows[ri];
-      ASSERT_TRUE(std::isinf(data.lse[row]) && data.lse[row] < 0);
-      int64_t i = int64_t(row) % p.seqLenQ;
-      int64_t bh = int64_t(row) / p.seqLenQ;
-      for (int64_t d = 0; d < c.dv; ++d)
-        ASSERT_EQ(halfToFloat(spec.dtype,
-                              data.o.at(bh / p.heads, bh % p.heads, i, d)),
-                  0.0f);
-    }
+  expectForwardMatchesReference(GetParam(), freshSeed());
 }
 
 // clang-format off

@@ -1,0 +1,83 @@
+//===- ForwardCheck.h - One forward case on the CPU vs float64 -*- C++ -*-===//
+//
+/// \file
+/// Runs one Case through the CPU execution mode (the tile IR, lowered to
+/// loops) on fresh random inputs with NaN-poisoned outputs and checks it
+/// against the float64 reference: relative norm errors within the dtype's
+/// bound, no NaN, the -inf pattern of lse, and O = 0 on rows that see no
+/// key. Shared by the forward matrix and the property test.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_TESTS_UNIT_FORWARDCHECK_H
+#define FLASHJIT_TESTS_UNIT_FORWARDCHECK_H
+
+#include "compiler/Compiler.h"
+#include "kernels/HostTensor.h"
+#include "tests/unit/AttentionCases.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+
+namespace flashjit::test {
+
+/// Checks case \p c on inputs drawn from \p seed (reported on failure).
+inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
+  AttentionSpec spec;
+  spec.headDimQK = c.dqk;
+  spec.headDimV = c.dv;
+  spec.dtype = c.dtype;
+  spec.mask = c.mask;
+  spec.gqaGroup = c.gqa;
+  spec.blockSparse = c.layout != LayoutKind::Dense;
+  spec.sparseBlock = c.sparseBlock;
+  TileConfig config;
+  config.blockM = c.br;
+  config.blockN = c.bc;
+  Problem p;
+  p.batch = c.batch;
+  p.heads = c.heads;
+  p.seqLenQ = c.nq;
+  p.seqLenKV = c.nkv;
+  p.windowLeft = c.winL;
+  p.windowRight = c.winR;
+
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  std::mt19937_64 rng(seed);
+  AttentionData data = makeRandomInputs(spec, p, c.qkv, rng);
+  if (c.qkv == QKVLayout::Packed)
+    ASSERT_EQ(data.q.buffer, data.k.buffer) << "case must use packed qkv";
+  std::unique_ptr<BlockSparseLayout> layout;
+  if (spec.blockSparse)
+    layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
+
+  auto kernel = CpuKernel::compile(spec, config);
+  kernel->run(p, data, layout.get());
+  ReferenceResult ref = referenceForward(spec, p, data, layout.get());
+  ErrorReport err = compareWithReference(spec, p, data, ref);
+
+  EXPECT_EQ(err.nanCount, 0) << "NaN (or unwritten poisoned) outputs";
+  EXPECT_EQ(err.lseMismatch, 0) << "lse -inf pattern differs";
+  EXPECT_LT(err.oRelErr, errorBound(spec.dtype));
+  EXPECT_LT(err.lseRelErr, errorBound(spec.dtype));
+  // Rows that see no key: O exactly 0 and lse -inf.
+  ASSERT_EQ(int64_t(ref.rows.size()), p.batch * p.heads * p.seqLenQ);
+  for (size_t ri = 0; ri < ref.rows.size(); ++ri)
+    if (std::isinf(ref.lse[ri])) {
+      int64_t row = ref.rows[ri];
+      ASSERT_TRUE(std::isinf(data.lse[row]) && data.lse[row] < 0);
+      int64_t i = int64_t(row) % p.seqLenQ;
+      int64_t bh = int64_t(row) / p.seqLenQ;
+      for (int64_t d = 0; d < c.dv; ++d)
+        ASSERT_EQ(halfToFloat(spec.dtype,
+                              data.o.at(bh / p.heads, bh % p.heads, i, d)),
+                  0.0f);
+    }
+}
+
+
+} // namespace flashjit::test
+
+#endif // FLASHJIT_TESTS_UNIT_FORWARDCHECK_H
