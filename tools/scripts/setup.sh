@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ ccache python3 lld
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libzstd-dev zlib1g-dev
-  libgtest-dev googletest libfmt-dev)
+  libgtest-dev googletest libfmt-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
