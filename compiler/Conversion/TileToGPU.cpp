@@ -265,8 +265,10 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
       return fn.emitError()
              << "argument " << i << " has type " << got << ", not the ABI's";
   }
+  // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
+  // is the launcher's (GpuGeometry); assignHomes refuses more.
   auto kernel =
-      createKernelFunc(b, gpuModule, fn, argTys, geo.threads, geo.sharedBytes);
+      createKernelFunc(b, gpuModule, fn, argTys, geo.threads, sharedBytes);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);
   setUpThreads(kernel);

@@ -77,7 +77,6 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
     }
 }
 
-
 } // namespace flashjit::test
 
 #endif // FLASHJIT_TESTS_UNIT_FORWARDCHECK_H

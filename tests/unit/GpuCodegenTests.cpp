@@ -97,6 +97,32 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
   }
 }
 
+/// The forward kernel's recorded resources (attn.shared_bytes, the block
+/// size) are what the launcher provides (kernels/GpuGeometry.h): the tile
+/// lowering's slots must fit the launcher's formula, for every case of the
+/// matrix at its default tiling and at a second one.
+TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
+  const GpuCase &c = GetParam();
+  AttentionSpec spec = c.spec(Direction::Forward);
+  GpuTarget target;
+  target.arch = "sm_90a";
+  for (TileConfig config : {defaultGpuConfig(spec), tile(64, 32, 4)}) {
+    if (spec.blockSparse && (spec.sparseBlock % config.blockM != 0 ||
+                             spec.sparseBlock % config.blockN != 0))
+      continue;
+    std::string gpu = emitStage(spec, config, Stage::Gpu, target);
+    GpuGeometry geo = gpuGeometry(spec, config);
+    EXPECT_NE(gpu.find("attn.shared_bytes = " +
+                       std::to_string(geo.sharedBytes) + " : i64"),
+              std::string::npos)
+        << config.toJson() << " does not record " << geo.sharedBytes;
+    EXPECT_NE(gpu.find("known_block_size = array<i32: " +
+                       std::to_string(geo.threads) + ", 1, 1>"),
+              std::string::npos)
+        << config.toJson();
+  }
+}
+
 /// The backward's three kernels at their default tiling assemble, fit the
 /// H200's shared memory and registers, and spill at most a few bytes: the
 /// defaults are the fastest tilings measured (bench/NOTES.md), some of which

@@ -47,8 +47,8 @@ Case drawCase(std::mt19937_64 &rng, std::string &name) {
   c.br = tiles[rng() % 5];
   c.bc = tiles[rng() % 5];
   if (rng() % 3 == 0) {
-    static const LayoutKind kinds[] = {LayoutKind::Random,
-                                       LayoutKind::EmptyRow, LayoutKind::Full};
+    static const LayoutKind kinds[] = {LayoutKind::Random, LayoutKind::EmptyRow,
+                                       LayoutKind::Full};
     c.layout = kinds[rng() % 3];
     c.sparseBlock = rng() % 2 ? 64 : 128;
     // Br and Bc must divide the sparse block.
@@ -71,8 +71,7 @@ Case drawCase(std::mt19937_64 &rng, std::string &name) {
          std::to_string(c.batch) + "_h" + std::to_string(c.heads) + "_nq" +
          std::to_string(c.nq) + "_nkv" + std::to_string(c.nkv) + "_" +
          std::to_string(c.br) + "x" + std::to_string(c.bc) + "_layout" +
-         std::to_string(int(c.layout)) + "_sb" +
-         std::to_string(c.sparseBlock) +
+         std::to_string(int(c.layout)) + "_sb" + std::to_string(c.sparseBlock) +
          (c.qkv == QKVLayout::Packed ? "_packed" : "");
   c.name = name.c_str();
   return c;
@@ -86,9 +85,8 @@ TEST(Property, RandomValidProblemsMatchFloat64) {
   for (int i = 0; i < 24; ++i) {
     std::string name;
     Case c = drawCase(rng, name);
-    SCOPED_TRACE(::testing::Message()
-                 << "case " << i << ": " << name << " (property seed "
-                 << seed << ")");
+    SCOPED_TRACE(::testing::Message() << "case " << i << ": " << name
+                                      << " (property seed " << seed << ")");
     expectForwardMatchesReference(c, rng());
     if (::testing::Test::HasFailure())
       return;
