@@ -78,22 +78,12 @@ OwningOpRef<ModuleOp> parseAttnModule(MLIRContext &ctx,
 
 /// The description an attn op carries.
 template <typename OpT>
-static AttentionSpec specFromOp(OpT op, Direction direction) {
-  AttentionSpec spec;
-  spec.direction = direction;
-  spec.headDimQK = op.getHeadDimQkAttr().getInt();
-  spec.headDimV = op.getHeadDimVAttr().getInt();
-  spec.dtype = op.getElementType().isF16() ? DType::FP16 : DType::BF16;
-  StringRef mask = op.getMask();
-  spec.mask = mask == "none"     ? MaskKind::None
-              : mask == "causal" ? MaskKind::Causal
-                                 : MaskKind::SlidingWindow;
-  spec.gqaGroup = op.getGqaAttr().getInt();
-  int64_t sb = op.getSparseBlockAttr().getInt();
-  spec.blockSparse = sb > 0;
-  if (sb > 0)
-    spec.sparseBlock = sb;
-  return spec;
+static AttentionSpec specFromOp(OpT op, Direction direction,
+                                bool deterministic) {
+  return conversion::describedSpec(
+      direction, op.getHeadDimQkAttr().getInt(), op.getHeadDimVAttr().getInt(),
+      op.getElementType(), op.getMask(), op.getGqaAttr().getInt(),
+      op.getSparseBlockAttr().getInt(), deterministic);
 }
 
 /// The kernel names the runtime looks up for \p direction.
@@ -125,12 +115,11 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
   module.walk([&](Operation *op) {
     if (auto fwd = dyn_cast<attn::FlashFwdOp>(op)) {
       expectName(fwd.getSymName(), Direction::Forward);
-      info.spec = specFromOp(fwd, Direction::Forward);
+      info.spec = specFromOp(fwd, Direction::Forward, false);
       ++described;
     } else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op)) {
       expectName(bwd.getSymName(), Direction::Backward);
-      info.spec = specFromOp(bwd, Direction::Backward);
-      info.spec.deterministic = bwd.getDeterministic();
+      info.spec = specFromOp(bwd, Direction::Backward, bwd.getDeterministic());
       ++described;
     }
   });
@@ -144,8 +133,6 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (!attr)
       return;
     AttentionSpec spec = conversion::specFromAttr(attr);
-    if (!spec.blockSparse) // a dense spec keeps the default block
-      spec.sparseBlock = AttentionSpec().sparseBlock;
     expectName(fn.getName(), spec.direction);
     if (specJson && *specJson != spec.toJson())
       fail("its kernel functions describe different attentions");

@@ -31,6 +31,14 @@ mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
                                         int64_t warps, int64_t copyBytes,
                                         bool vectorAtomics, bool wgmma);
 
+/// The AttentionSpec of a description's fields (an attn op's or an
+/// #attn.kernel's, both verified): the one mapping of mask names and
+/// element types; a dense spec keeps AttentionSpec's default sparse block.
+AttentionSpec describedSpec(Direction direction, int64_t headDimQk,
+                            int64_t headDimV, mlir::Type elementType,
+                            llvm::StringRef mask, int64_t gqa,
+                            int64_t sparseBlock, bool deterministic);
+
 /// The description a tiling pass recorded on a tiled function
 /// (`attn.kernel`, verified): head dims, element type, mask, GQA group,
 /// sparse block, direction (from the role) and `deterministic`.

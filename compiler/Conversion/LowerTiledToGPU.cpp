@@ -34,21 +34,33 @@ namespace flashjit::conversion {
 using namespace mlir;
 using namespace flashjit;
 
-AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
+AttentionSpec conversion::describedSpec(Direction direction, int64_t headDimQk,
+                                        int64_t headDimV, Type elementType,
+                                        StringRef mask, int64_t gqa,
+                                        int64_t sparseBlock,
+                                        bool deterministic) {
   AttentionSpec spec;
-  StringRef mask = attr.getMask();
+  spec.direction = direction;
+  spec.headDimQK = headDimQk;
+  spec.headDimV = headDimV;
+  spec.dtype = elementType.isF16() ? DType::FP16 : DType::BF16;
   spec.mask = mask == "none"     ? MaskKind::None
               : mask == "causal" ? MaskKind::Causal
                                  : MaskKind::SlidingWindow;
-  spec.headDimQK = attr.getHeadDimQk();
-  spec.headDimV = attr.getHeadDimV();
-  spec.gqaGroup = attr.getGqa();
-  spec.sparseBlock = attr.getSparseBlock();
-  spec.blockSparse = spec.sparseBlock > 0;
-  spec.dtype = attr.getElementType().isF16() ? DType::FP16 : DType::BF16;
-  spec.direction = attr.isBackward() ? Direction::Backward : Direction::Forward;
-  spec.deterministic = attr.getDeterministic();
+  spec.gqaGroup = gqa;
+  spec.blockSparse = sparseBlock > 0;
+  if (spec.blockSparse) // a dense spec keeps the default (unused) block
+    spec.sparseBlock = sparseBlock;
+  spec.deterministic = deterministic;
   return spec;
+}
+
+AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
+  return describedSpec(attr.isBackward() ? Direction::Backward
+                                         : Direction::Forward,
+                       attr.getHeadDimQk(), attr.getHeadDimV(),
+                       attr.getElementType(), attr.getMask(), attr.getGqa(),
+                       attr.getSparseBlock(), attr.getDeterministic());
 }
 
 /// The most dynamic shared memory any target gives one block (sm_90: 227
