@@ -1274,9 +1274,7 @@ FailureOr<BwdShape> readShape(func::FuncOp fn, int64_t warps, int64_t copyBytes,
            : name == "main"     ? Role::Main
            : name == "dq"       ? Role::Dq
                                 : Role::DqConvert;
-  if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
-    return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
-                          << copyBytes;
+  // copy-bytes and warps were checked by checkGpuOptions.
   std::string problem = gpuBackwardConfigProblem(k.spec, k.config, INT64_MAX);
   if (!problem.empty())
     return fn.emitError() << problem;

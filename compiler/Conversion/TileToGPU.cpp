@@ -136,7 +136,7 @@ LogicalResult TileKernelLowering::assignHomes() {
 
 /// Thread and lane indices, the O-column chunk, and each slot's ldmatrix
 /// lane bases for the operand patterns its dots read it with.
-void TileKernelLowering::setUpThreads(mlir::gpu::GPUFuncOp kernel) {
+void TileKernelLowering::setUpThreads() {
   tid = g.threadIdX();
   Value warp = g.divU(tid, g.c32(32));
   lane = g.remU(tid, g.c32(32));
@@ -194,7 +194,7 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
   if (isa<tile::AtomicAddOp>(op))
     return fail(op, "tile.atomic_add is not implemented on the GPU yet");
   if (isa<memref::LoadOp>(op))
-    return lowerScalarLoad(op);
+    return lowerScalarLoad(op, map);
   bool touchesTiles =
       llvm::any_of(op->getOperands(), [&](Value v) { return isTile(v); }) ||
       llvm::any_of(op->getResults(), [&](Value v) { return isTile(v); });
@@ -271,7 +271,7 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
       createKernelFunc(b, gpuModule, fn, argTys, geo.threads, sharedBytes);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);
-  setUpThreads(kernel);
+  setUpThreads();
 
   for (int i = 0; i < abi::NumBuffers; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));

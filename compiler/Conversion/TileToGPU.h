@@ -87,7 +87,7 @@ private:
   // Analysis (TileToGPU.cpp).
   LogicalResult assignHomes();
   LogicalResult checkPostconditions(mlir::gpu::GPUFuncOp kernel);
-  void setUpThreads(mlir::gpu::GPUFuncOp kernel);
+  void setUpThreads();
 
   // The walk: one op at a time, each op family by its lowering.
   LogicalResult lowerBlock(mlir::Block &block);
@@ -97,7 +97,9 @@ private:
   // Memory (TileToGPUMemory.cpp).
   LogicalResult lowerLoad(tile::LoadOp op);
   LogicalResult lowerStore(tile::StoreOp op);
-  LogicalResult lowerScalarLoad(Operation *op);
+  /// memref.load of a scalar, its operands and result in \p mapping (the
+  /// walk's, or another iteration's: issueCopy).
+  LogicalResult lowerScalarLoad(Operation *op, mlir::IRMapping &mapping);
   /// Issues the cp.async copies of shared load \p op, its operands evaluated
   /// with the enclosing loop's induction variable replaced by \p iv (null:
   /// as mapped now), and commits them as one group.
@@ -164,9 +166,9 @@ private:
   llvm::DenseSet<Operation *> deferredSums;
   /// Shared loads whose copies a loop's pipeline issues (skipped in place).
   llvm::DenseSet<Operation *> pipelined;
-  /// Per dot: what to do before it (wait, barrier, copies to issue).
+  /// The first dot of each pipeline stage: before it, wait and barrier,
+  /// then these copies.
   struct BeforeDot {
-    bool sync = false;
     /// Copies to issue after the barrier: (load, 0) for this iteration's,
     /// (load, 1) for the next one's (guarded by t + 1 < ub).
     llvm::SmallVector<std::pair<tile::LoadOp, int>> issue;

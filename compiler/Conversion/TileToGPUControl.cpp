@@ -149,10 +149,9 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
   const size_t n = loads.size();
   if (n >= 2)
     for (size_t i = 0; i < n; ++i) {
-      BeforeDot &before = beforeDot[firstDot[loads[i]]];
-      before.sync = true;
-      before.issue.push_back(i > 0 ? std::make_pair(loads[i - 1], 1)
-                                   : std::make_pair(loads[n - 1], 0));
+      beforeDot[firstDot[loads[i]]].issue.push_back(
+          i > 0 ? std::make_pair(loads[i - 1], 1)
+                : std::make_pair(loads[n - 1], 0));
       pipelined.insert(loads[i]);
     }
 

@@ -42,12 +42,15 @@ LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
 }
 
 LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
-  IRMapping local = map;
+  // Another iteration's copy evaluates the load's operands again, in a
+  // mapping of its own; this iteration's uses the walk's.
+  IRMapping another;
+  IRMapping &local = iv ? another : map;
   if (iv) {
+    another = map;
     auto loop = cast<scf::ForOp>(op->getParentOp());
     local.map(loop.getInductionVar(), iv);
-    // The scalar ops of the loop body that the load's operands depend on,
-    // evaluated again for this iteration.
+    // The scalar ops of the loop body that the load's operands depend on.
     llvm::SetVector<Operation *> slice;
     SmallVector<Value> work(op->getOperands());
     while (!work.empty()) {
@@ -64,12 +67,7 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
     });
     for (Operation *def : ordered) {
       if (isa<memref::LoadOp>(def)) {
-        IRMapping saved = map;
-        map = local;
-        LogicalResult r = lowerScalarLoad(def);
-        local = map;
-        map = saved;
-        if (failed(r))
+        if (failed(lowerScalarLoad(def, local)))
           return failure();
       } else if (def->getNumRegions() == 0) {
         b.clone(*def, local);
@@ -81,11 +79,10 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
   const SharedSlot &slot = slots[op.getResult()];
   RankedTensorType ty = op.getType();
   Value colBase = slot.splitCols ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
-  auto idx = [&](Value v) { return local.lookup(v); };
-  Value offset = arith::IndexCastOp::create(b, g.i64, idx(op.getOffset()));
-  Value stride = arith::IndexCastOp::create(b, g.i64, idx(op.getStride()));
-  Value row0 = arith::IndexCastOp::create(b, g.i32, idx(op.getRow0()));
-  Value rows = arith::IndexCastOp::create(b, g.i32, idx(op.getRows()));
+  Value offset = toI64(local.lookup(op.getOffset()));
+  Value stride = toI64(local.lookup(op.getStride()));
+  Value row0 = toI32(local.lookup(op.getRow0()));
+  Value rows = toI32(local.lookup(op.getRows()));
   gpu::copyTileAsync(
       g, gpu::TileCopier{smem, copyTid ? copyTid : tid, geo.threads, copyBytes},
       gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
@@ -182,15 +179,16 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
 ///
 ///   %p = llvm.getelementptr %counts[%i64] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 ///   %c = llvm.load %p : !llvm.ptr -> i32
-LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op) {
+LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op,
+                                                  IRMapping &mapping) {
   auto load = cast<memref::LoadOp>(op);
   if (load.getIndices().size() != 1)
     return fail(op, "buffers are 1-D");
   Type elem = load.getType();
-  Value index = toI64(map.lookup(load.getIndices()[0]));
+  Value index = toI64(mapping.lookup(load.getIndices()[0]));
   Value ptr =
-      LLVM::GEPOp::create(b, g.ptrGen, elem, map.lookup(load.getMemRef()),
+      LLVM::GEPOp::create(b, g.ptrGen, elem, mapping.lookup(load.getMemRef()),
                           ArrayRef<LLVM::GEPArg>{index});
-  map.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
+  mapping.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
   return success();
 }
