@@ -93,9 +93,9 @@ static std::vector<Acc> zeroTiles(GpuBuilder &g, int64_t tiles) {
 std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
                             const FragmentAddresses &a,
                             const FragmentAddresses &b, int64_t mt, int64_t nt,
-                            int64_t kSteps) {
+                            int64_t kSteps, std::vector<Acc> init) {
   return productLoop(
-      g, zeroTiles(g, mt * nt), mt, nt, kSteps,
+      g, init.empty() ? zeroTiles(g, mt * nt) : std::move(init), mt, nt, kSteps,
       [&](int64_t ks, int64_t mi) {
         return g.ldmatrix4(a.at(g, smem, mi * 16, ks * 2), false);
       },

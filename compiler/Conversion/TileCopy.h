@@ -62,14 +62,15 @@ FragmentAddresses fragmentAddresses(GpuBuilder &g, FragmentPattern pattern,
 /// One m16n8 fp32 accumulator tile (4 values per thread).
 using Acc = std::array<Value, 4>;
 
-/// The mt x nt accumulator tiles of A B^T for one warp: A's 16-row tiles
-/// at \p a (A pattern, rows mi * 16), B's rows at \p b (B pattern, nt / 2
-/// ldmatrix of 16 rows), \p kSteps k-steps of 16. Tile (mi, ni) is at
-/// mi * nt + ni.
+/// The mt x nt accumulator tiles of A B^T (+ \p init, if given) for one
+/// warp: A's 16-row tiles at \p a (A pattern, rows mi * 16), B's rows at
+/// \p b (B pattern, nt / 2 ldmatrix of 16 rows), \p kSteps k-steps of 16.
+/// Tile (mi, ni) is at mi * nt + ni; \p init, if not empty, is the MMAs'
+/// first accumulator in the same order (else zeros).
 std::vector<Acc> mmaProduct(GpuBuilder &g, Value smem,
                             const FragmentAddresses &a,
                             const FragmentAddresses &b, int64_t mt, int64_t nt,
-                            int64_t kSteps);
+                            int64_t kSteps, std::vector<Acc> init = {});
 
 /// The mt x nt accumulator tiles of A B for one warp, both operands stored
 /// [k][m] and [k][n] (read with ldmatrix.trans): A at \p aTrans (B pattern:

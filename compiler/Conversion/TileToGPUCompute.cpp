@@ -66,13 +66,17 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   Fragment out;
   if (homes.lookup(lhs) == TileHome::Shared && op.getTransposeRhs()) {
     const SharedSlot &ls = slots[lhs];
-    std::vector<gpu::Acc> acc = gpu::mmaProduct(
-        g, smem, *slotFrags[lhs].a, *rf.b, mt, nTiles(resTy), ls.padCols / 16);
+    // acc, if any, is the MMAs' first accumulator, as on the tensor cores.
+    std::vector<gpu::Acc> init;
+    if (Value c = op.getAcc())
+      for (size_t i = 0; i + 3 < frags[c].regs.size(); i += 4)
+        init.push_back({frags[c].regs[i], frags[c].regs[i + 1],
+                        frags[c].regs[i + 2], frags[c].regs[i + 3]});
+    std::vector<gpu::Acc> acc =
+        gpu::mmaProduct(g, smem, *slotFrags[lhs].a, *rf.b, mt, nTiles(resTy),
+                        ls.padCols / 16, std::move(init));
     for (const gpu::Acc &a : acc)
       out.regs.append(a.begin(), a.end());
-    if (Value c = op.getAcc())
-      for (auto [i, r] : llvm::enumerate(out.regs))
-        r = g.fadd(frags[c].regs[i], r);
   } else if (homes.lookup(lhs) == TileHome::Registers &&
              !op.getTransposeRhs()) {
     const Fragment &p = frags[lhs];
