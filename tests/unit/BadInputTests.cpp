@@ -112,9 +112,12 @@ TEST(ProblemSize, TheCliRefusesBeforeAllocating) {
   EXPECT_CONTAINS(e, "problem too large: a random layout of batch * heads * "
                      "q_blocks * kv_blocks = 1024 * 1024 * 4096 * 4096 "
                      "blocks exceeds 2^40");
-  // compile takes no problem: the sizes are not checked there.
-  EXPECT_NO_THROW(parseArgs({"compile", "--batch", "1048576", "--heads",
-                             "1048576", "--seq-len", "16777216"}));
+  // compile takes no problem: it refuses the problem's flags by name.
+  EXPECT_CONTAINS(errorOf([] {
+                    parseArgs({"compile", "--batch", "1048576", "--heads",
+                               "1048576", "--seq-len", "16777216"});
+                  }),
+                  "compile: --batch is an option of run, bench and tune");
 }
 
 TEST(TensorReach, RefusesAStrideOf2To62) {

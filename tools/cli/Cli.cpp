@@ -12,6 +12,7 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/CudaDriver.h"
+#include "runtime/NvJitLink.h"
 #include "runtime/Error.h"
 #include "tools/cli/BackwardCommand.h"
 #include "tools/cli/CliOptions.h"
@@ -26,6 +27,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <llvm/Config/llvm-config.h>
 #include <random>
 
 namespace flashjit::cli {
@@ -55,6 +57,54 @@ void writeOutput(const CliOptions &o, const std::string &text) {
 }
 
 using engine::msSince;
+
+#ifndef FLASHJIT_VERSION
+#define FLASHJIT_VERSION "unknown"
+#endif
+
+/// `flashjit --version`: flashjit's version, the LLVM/MLIR it was built
+/// with, and the CUDA driver and nvJitLink it finds (both dlopen'ed at run
+/// time: "not found" with the reason when absent, never an error).
+/// \p reason without a leading \p prefix ("nvJitLink not found: ").
+std::string withoutPrefix(const std::string &reason, const char *prefix) {
+  return reason.rfind(prefix, 0) == 0 ? reason.substr(std::strlen(prefix))
+                                      : reason;
+}
+
+std::string versionText() {
+  std::string text = fmt::format("flashjit {}\nLLVM/MLIR: {}\n",
+                                 FLASHJIT_VERSION, LLVM_VERSION_STRING);
+  rt::NvJitLink &link = rt::NvJitLink::get();
+  if (link.available())
+    text += fmt::format("nvJitLink: {} ({})\n",
+                        rt::nvJitLinkVersionString(link), link.libraryPath());
+  else
+    text += fmt::format(
+        "nvJitLink: not found ({})\n",
+        withoutPrefix(link.unavailableReason(), "nvJitLink not found: "));
+  rt::CudaDriver &driver = rt::CudaDriver::get();
+  if (!driver.available()) {
+    text += fmt::format(
+        "CUDA driver: not found ({})\n",
+        withoutPrefix(driver.unavailableReason(), "no CUDA driver found: "));
+    return text;
+  }
+  int v = driver.driverVersion();
+  text += fmt::format("CUDA driver: {}.{} ({})\n", v / 1000, (v % 1000) / 10,
+                      driver.libraryPath());
+  try {
+    int count = driver.deviceCount();
+    for (int d = 0; d < count; ++d) {
+      rt::DeviceInfo info = rt::queryDevice(d, driver);
+      text += fmt::format("GPU {}: {} ({})\n", d, info.name, info.targetArch());
+    }
+    if (count == 0)
+      text += "GPU: none\n";
+  } catch (const std::exception &e) {
+    text += fmt::format("GPU: not queried ({})\n", e.what());
+  }
+  return text;
+}
 
 int runCompile(const CliOptions &o) {
   Stage stage = parseStage(o.emit);
@@ -183,6 +233,10 @@ int runRun(const CliOptions &o) {
 
 int dispatch(int argc, const char *const *argv) {
   CliOptions o = parseCommandLine(argc, argv);
+  if (o.version) {
+    fmt::print("{}", versionText());
+    return Ok;
+  }
   if (o.help || o.command.empty() || o.command == "help") {
     fmt::print("{}", helpText(o.command == "help" ? "" : o.command));
     return o.command.empty() && !o.help ? Usage : Ok;

@@ -4,6 +4,7 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -33,7 +34,10 @@ std::string helpText(const std::string &command) {
         "                       and tiling are the kernel's\n"
         "  --target ARCH        sm_80, sm_86, sm_89, sm_90, sm_90a, ...\n"
         "                       (default: the GPU found, else sm_90a)\n"
-        "  -o FILE              write the stage to FILE instead of stdout\n";
+        "  -o FILE              write the stage to FILE instead of stdout\n"
+        "The problem (--batch, --heads, --seq-len, --seq-len-kv, --scale) and\n"
+        "run's --device, --repeats, --seed, --tune, --dump-io, --packed-qkv\n"
+        "are refused: a compiled kernel serves every problem.\n";
   else if (command == "tune")
     usage = "usage: flashjit tune [spec] [problem] [--json]\n"
             "Tunes Br x Bc and warps on the GPU for this spec and problem\n"
@@ -90,7 +94,10 @@ std::string helpText(const std::string &command) {
         "  bench     time the kernel on the GPU (TFLOP/s)\n"
         "  tune      tune Br x Bc, warps on the GPU and cache the winner\n"
         "  cache     list, clear or locate the on-disk cache\n"
-        "  help      this text; `flashjit <command> --help` for more\n";
+        "  help      this text; `flashjit <command> --help` for more\n"
+        "  --version flashjit's version, LLVM/MLIR's, and those of the CUDA\n"
+        "            driver and nvJitLink when found (both are loaded at run\n"
+        "            time)\n";
   return usage +
          "spec:\n"
          "  --head-dim D         head dim of Q and K (and V unless "
@@ -133,6 +140,14 @@ std::string helpText(const std::string &command) {
          "                       4 up to 256, 32 x 32 with 2 past it;\n"
          "                       --deterministic: 64 x 64 with 4 warps (128 x\n"
          "                       64 at d <= 64 without a mask) up to 256)\n";
+}
+
+const std::vector<std::string> &runOnlyOptions() {
+  static const std::vector<std::string> options = {
+      "--batch",   "--heads", "--seq-len", "--seq-len-kv", "--scale",
+      "--device",  "--repeats", "--seed",  "--tune",       "--dump-io",
+      "--packed-qkv"};
+  return options;
 }
 
 namespace {
@@ -281,15 +296,20 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--tune", [&] { o.tune = true; }},
       {"--help", [&] { o.help = true; }},
       {"-h", [&] { o.help = true; }},
+      {"--version", [&] { o.version = true; }},
   };
 
   // The flags that describe the kernel: with --input the file does.
   static const std::set<std::string> kSpecFlags = {
       "--head-dim", "--head-dim-v", "--dtype",         "--gqa",
       "--causal",   "--backward",   "--deterministic", "--sparse-block"};
-  std::vector<std::string> specFlagsSeen;
+  std::vector<std::string> specFlagsSeen, runFlagsSeen;
+  const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {
     std::string arg = args[i], value;
+    if (std::find(runOnly.begin(), runOnly.end(),
+                  arg.substr(0, arg.find('='))) != runOnly.end())
+      runFlagsSeen.push_back(arg.substr(0, arg.find('=')));
     if (kSpecFlags.count(arg.substr(0, arg.find('='))))
       specFlagsSeen.push_back(arg.substr(0, arg.find('=')));
     bool inlineValue = false;
@@ -313,8 +333,14 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     }
     h->second(value);
   }
-  if (o.help)
+  if (o.help || o.version)
     return o;
+  if (o.command == "compile" && !runFlagsSeen.empty())
+    throw SpecError(fmt::format(
+        "compile: {} is an option of run, bench and tune (the problem, the "
+        "inputs or the timing); a compiled kernel serves every problem: drop "
+        "it",
+        runFlagsSeen.front()));
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;

@@ -48,6 +48,8 @@ struct CliOptions {
   std::string cacheVerb;        ///< `flashjit cache VERB`
   bool packedQKV = false; ///< q, k, v as views of one (B, N, 3, H, d) buffer
   bool help = false;
+  bool version = false; ///< --version: the versions of flashjit and its
+                        ///< libraries (never fails)
 };
 
 /// Parses argv[1..]; throws SpecError on an unknown flag or a bad value.
@@ -66,6 +68,10 @@ struct RandomRun {
   AttentionData data;
 };
 RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
+
+/// The options only `run`, `bench` and `tune` use (the problem, the
+/// random inputs, the device, the timing), which `compile` refuses.
+const std::vector<std::string> &runOnlyOptions();
 
 /// The --help text of \p command ("" for the top level).
 std::string helpText(const std::string &command);
