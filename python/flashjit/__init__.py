@@ -300,11 +300,15 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     (default; its last bits may vary run to run), or with deterministic=True
     by a separate pass over Q blocks, bit-identical run to run. (torch CUDA
     tensors get their backward from autograd: attention(...).backward().)"""
+    mask, wl, wr = _mask_and_window(causal, window)
+    return _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
+                           _block(block_mask), deterministic)
+
+
+def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
+                    deterministic):
     import numpy as np
 
-    mask, wl, wr = _mask_and_window(causal, window)
-    scale = _scale(scale)
-    bm = _block(block_mask)
     dtype, as_kernel, from_kernel = _numpy_kind(
         "attention_backward",
         (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o)))
@@ -334,175 +338,38 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     return tuple(from_kernel(g) for g in grads)
 
 
-# -- torch: the CUDA path ---------------------------------------------------
-
-_TORCH_DTYPES = {}
-
-
-def _torch_dtype(torch, t):
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES[torch.bfloat16] = _lib.DTYPE_BF16
-        _TORCH_DTYPES[torch.float16] = _lib.DTYPE_FP16
-    if t.dtype not in _TORCH_DTYPES:
-        raise TypeError(
-            f"flashjit.attention: torch tensors must be bfloat16 or float16, "
-            f"got {t.dtype}")
-    return _TORCH_DTYPES[t.dtype]
-
-
-def _torch_tensor(name, t):
-    strides = list(t.stride())
-    if t.shape[3] > 1 and strides[3] != 1:
-        raise ValueError(
-            f"flashjit.attention: {name}'s innermost (head-dim) stride must "
-            f"be 1, got {strides[3]} (strides {tuple(strides)})")
-    if t.shape[3] == 1:
-        strides[3] = 1
-    if any(s < 0 for s in strides):
-        raise ValueError(f"flashjit.attention: {name} has negative strides")
-    return _lib.make_tensor(t.data_ptr(), t.shape, strides)
-
-
-_cuda_device_set = {}
-
-
-def _cuda_handle(device):
-    h = _lib.handle(_lib.DEVICE_CUDA)
-    index = device.index if device.index is not None else 0
-    if _cuda_device_set.get("ordinal") != index:
-        _lib.check(_lib.lib().flashjit_set_cuda_device(h, index))
-        _cuda_device_set["ordinal"] = index
-    return h
-
-
-def _check_torch_inputs(torch, q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"flashjit.attention: {name} is a {type(t).__name__}, the "
-                "others torch tensors: pass three torch CUDA tensors")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise ValueError(
-                f"flashjit.attention: torch tensors must be on a CUDA device, "
-                f"{name} is on {t.device} (numpy arrays take the CPU path)")
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"flashjit.attention: q, k, v are on different devices: "
-            f"{q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(
-            f"flashjit.attention: q, k, v dtypes differ: {q.dtype}, "
-            f"{k.dtype}, {v.dtype}")
-    dtype = _torch_dtype(torch, q)
-    gqa = _check_shapes(q.shape, k.shape, v.shape)
-    return dtype, gqa
+# -- torch: the ops of flashjit.ops ---------------------------------------
+# (flashjit/_torch_impl.py runs them; both modules import torch.)
 
 
 def _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm):
-    dtype, gqa = _check_torch_inputs(torch, q, k, v)
-    B, H, Nq, D = q.shape
-    Dv = v.shape[3]
-    o = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
-    tq, tk, tv, to = (_torch_tensor(n, t) for n, t in
-                      (("q", q), ("k", k), ("v", v), ("o", o)))
-    with torch.cuda.device(q.device):
-        layout, keep = (bm._device_layout(q.device) if bm else (None, None))
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _lib.check(_lib.lib().flashjit_forward(
-            _cuda_handle(q.device), ctypes.byref(spec), ctypes.byref(tq),
-            ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
-            ctypes.c_void_p(lse.data_ptr()), scale, wl, wr,
-            ctypes.byref(layout) if layout is not None else None,
-            ctypes.c_void_p(stream)))
-    del keep
-    return o, lse
+    """(o, lse) of torch CUDA tensors (tests call it directly)."""
+    from . import _torch_impl
+
+    return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm)
 
 
 def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
                    deterministic):
-    """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
-    device. Its workspace is a torch tensor of the size the C API asks for,
-    so torch's caching allocator keeps it stream-ordered."""
-    dtype, gqa = _check_torch_inputs(torch, q, k, v)
-    B, H, Nq, D = q.shape
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    spec = _lib.make_spec(D, v.shape[3], dtype, mask, gqa,
-                          bm.block_size if bm else 0,
-                          deterministic=deterministic)
-    d_o = d_o.to(o.dtype)
-    if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
-        d_o = d_o.contiguous()
-    ts = [_torch_tensor(n, t) for n, t in
-          (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o), ("dq", dq),
-           ("dk", dk), ("dv", dv))]
-    lib = _lib.lib()
-    with torch.cuda.device(q.device):
-        handle = _cuda_handle(q.device)
-        size = ctypes.c_size_t()
-        _lib.check(lib.flashjit_backward_workspace_size(
-            handle, ctypes.byref(spec), B, H, Nq, k.shape[2],
-            ctypes.byref(size)))
-        workspace = torch.empty(size.value, dtype=torch.uint8, device=q.device)
-        layout, keep = (bm._device_layout(q.device) if bm else (None, None))
-        stream = torch.cuda.current_stream(q.device).cuda_stream
-        _lib.check(lib.flashjit_backward(
-            handle, ctypes.byref(spec), *(ctypes.byref(t) for t in ts[:5]),
-            ctypes.c_void_p(lse.data_ptr()),
-            *(ctypes.byref(t) for t in ts[5:]), scale, wl, wr,
-            ctypes.byref(layout) if layout is not None else None,
-            ctypes.c_void_p(workspace.data_ptr()), size.value,
-            ctypes.c_void_p(stream)))
-    del keep, workspace
-    return dq, dk, dv
+    """(dq, dk, dv) of torch CUDA tensors (tests call it directly)."""
+    from . import _torch_impl
+
+    return _torch_impl.backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl,
+                                     wr, bm, deterministic)
 
 
-_autograd_cache = {}
+def _cuda_handle(device):
+    from . import _torch_impl
 
-
-def _autograd_function(torch):
-    """flashjit's torch.autograd.Function (made on first use, so that
-    importing flashjit does not import torch)."""
-    fn = _autograd_cache.get("fn")
-    if fn is not None:
-        return fn
-
-    class FlashjitAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, mask, scale, wl, wr, bm, deterministic):
-            o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.options = (mask, scale, wl, wr, bm, deterministic)
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-
-        @staticmethod
-        @torch.autograd.function.once_differentiable
-        def backward(ctx, d_o, d_lse):
-            # lse is non-differentiable: d_lse is ignored.
-            q, k, v, o, lse = ctx.saved_tensors
-            grads = _backward_cuda(torch, q, k, v, o, lse, d_o, *ctx.options)
-            return tuple(g if need else None for g, need in
-                         zip(grads, ctx.needs_input_grad[:3])) + (None,) * 6
-
-    _autograd_cache["fn"] = FlashjitAttention
-    return FlashjitAttention
+    return _torch_impl.cuda_handle(
+        device.index if device.index is not None else 0)
 
 
 def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
                      deterministic):
-    import torch
+    from . import ops
 
-    _check_torch_inputs(torch, q, k, v)
-    needs_grad = torch.is_grad_enabled() and any(
-        t.requires_grad for t in (q, k, v))
-    if needs_grad:
-        o, lse = _autograd_function(torch).apply(q, k, v, mask, scale, wl, wr,
-                                                 bm, deterministic)
-    else:
-        o, lse = _forward_cuda(torch, q, k, v, mask, scale, wl, wr, bm)
+    o, lse = ops.attention(q, k, v, mask, scale, wl, wr, bm, deterministic)
     return (o, lse) if return_lse else o
 
 

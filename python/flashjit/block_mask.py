@@ -254,9 +254,10 @@ class BlockMask:
                              self.indices.ctypes.data_as(ctypes.c_void_p)),
                 (self.counts, self.indices))
 
-    def _device_layout(self, device):
-        """(flashjit_layout on a torch CUDA device, tensors to keep alive).
-        The copies are made once per device and kept in the mask."""
+    def _device_tensors(self, device):
+        """(counts, indices) as int32 torch tensors on a torch device (the
+        custom ops' block_counts / block_indices): copied once per device
+        and kept in the mask; on the CPU they share the mask's memory."""
         key = str(device)
         cached = self._device_cache.get(key)
         if cached is None:
@@ -266,5 +267,11 @@ class BlockMask:
             indices = torch.from_numpy(self.indices).to(device)
             cached = (counts, indices)
             self._device_cache[key] = cached
+        return cached
+
+    def _device_layout(self, device):
+        """(flashjit_layout on a torch CUDA device, tensors to keep alive).
+        The copies are made once per device and kept in the mask."""
+        cached = self._device_tensors(device)
         counts, indices = cached
         return (self._layout(counts.data_ptr(), indices.data_ptr()), cached)

@@ -2,7 +2,7 @@
 the forward (o, lse) and autograd's backward (dq, dk, dv).
 
 Skips without torch; the CUDA tests skip without a GPU. The input-checking
-tests need torch only (CPU tensors are rejected before any CUDA call).
+tests need torch only (CPU tensors run in the CPU execution mode).
 Inputs are fresh random numbers each run; a failure prints its seed.
 """
 
@@ -514,10 +514,16 @@ def test_compile_ptx_for_this_gpu():
 # -- errors -------------------------------------------------------------------
 
 
-def test_cpu_tensors_are_rejected():
-    q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="CUDA"):
-        flashjit.attention(q, q, q)
+def test_cpu_tensors_run_in_the_cpu_mode():
+    """torch CPU tensors take the CPU execution mode (as numpy arrays do):
+    the same bits as the numpy path; meta tensors get the op's fake."""
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float16)
+    o = flashjit.attention(q, q, q, causal=True)
+    want = flashjit.attention(q.numpy(), q.numpy(), q.numpy(), causal=True)
+    assert o.dtype == torch.float16 and np.array_equal(o.numpy(), want)
+    with pytest.raises(ValueError, match="different devices"):
+        flashjit.attention(q.to("meta"), q, q)
+    assert flashjit.attention(*(q.to("meta"),) * 3).device.type == "meta"
 
 
 def test_torch_and_numpy_do_not_mix():

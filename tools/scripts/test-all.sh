@@ -6,3 +6,6 @@ cd "$(dirname "$0")/../.."
 bash tools/scripts/setup.sh
 bash tools/scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)"
+# The Python package: the wheel from ./build, installed into a fresh venv,
+# the CPU Python tests against it (about 25 s).
+bash tools/scripts/test-wheel.sh

@@ -1,0 +1,288 @@
+"""The kernels behind flashjit's torch ops: torch CUDA tensors through the C
+API on torch's current stream, torch CPU tensors through the CPU execution
+mode (numpy). Imported on first use with torch tensors (it imports torch).
+
+The CUDA path is the per-call hot path. Everything that depends only on
+the inputs' shapes, strides, dtype, device and the mask kind (the checks,
+the flashjit_spec, the flashjit_tensor structs and their ctypes.byref
+arguments, the output shapes, the backward's workspace size) is computed
+once per such key and cached in a _Plan; a call then allocates its outputs
+(torch's caching allocator), writes four data pointers into the cached
+structs, reads the raw current stream and calls the C function.
+"""
+
+import ctypes
+
+import torch
+
+from . import _lib
+
+_DTYPES = {torch.bfloat16: _lib.DTYPE_BF16, torch.float16: _lib.DTYPE_FP16}
+_raw_stream = torch._C._cuda_getCurrentRawStream
+_current_device = torch._C._cuda_getDevice
+_MAX_PLANS = 4096
+_by = ctypes.byref
+
+
+def check_inputs(q, k, v, fn="attention"):
+    """(flashjit dtype, gqa) of three torch tensors on one device; named
+    TypeError / ValueError otherwise."""
+    from . import _check_shapes
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"flashjit.{fn}: {name} is a {type(t).__name__}, the "
+                "others torch tensors: pass three torch tensors")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type not in ("cuda", "cpu", "meta"):
+            raise ValueError(
+                f"flashjit.{fn}: torch tensors must be on a CUDA device (or "
+                f"the CPU, the CPU execution mode), {name} is on {t.device}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"flashjit.{fn}: q, k, v are on different devices: "
+            f"{q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"flashjit.{fn}: q, k, v dtypes differ: {q.dtype}, "
+            f"{k.dtype}, {v.dtype}")
+    if q.dtype not in _DTYPES:
+        raise TypeError(
+            f"flashjit.{fn}: torch tensors must be bfloat16 or float16, "
+            f"got {q.dtype}")
+    return _DTYPES[q.dtype], _check_shapes(q.shape, k.shape, v.shape)
+
+
+def c_tensor(name, shape, strides, fn="attention"):
+    """A flashjit_tensor (data 0) of a shape and element strides."""
+    strides = list(strides)
+    if shape[3] > 1 and strides[3] != 1:
+        raise ValueError(
+            f"flashjit.{fn}: {name}'s innermost (head-dim) stride must "
+            f"be 1, got {strides[3]} (strides {tuple(strides)})")
+    if shape[3] == 1:
+        strides[3] = 1
+    if any(s < 0 for s in strides):
+        raise ValueError(f"flashjit.{fn}: {name} has negative strides")
+    return _lib.make_tensor(0, shape, strides)
+
+
+# -- the CUDA handle ---------------------------------------------------------
+
+_ordinal = [None]
+
+
+def cuda_handle(index):
+    """The process's CUDA handle, told the device ordinal to use when a
+    thread has no current context."""
+    h = _lib.handle(_lib.DEVICE_CUDA)
+    if _ordinal[0] != index:
+        _lib.check(_lib.lib().flashjit_set_cuda_device(h, index))
+        _ordinal[0] = index
+    return h
+
+
+class _Plan:
+    """What a forward or backward call of one key needs besides pointers."""
+
+    __slots__ = ("spec", "structs", "refs", "spec_ref", "o_shape",
+                 "lse_shape", "grad_strides", "workspace", "index", "device",
+                 "dtype", "batch", "heads", "nq", "nkv")
+
+
+_fwd_plans = {}
+_bwd_plans = {}
+
+
+def _layout_ref(bm, device):
+    if bm is None:
+        return None, None
+    layout, keep = bm._device_layout(device)
+    return _by(layout), (layout, keep)
+
+
+def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn):
+    dtype, gqa = check_inputs(q, k, v, fn)
+    B, H, Nq, D = q.shape
+    p = _Plan()
+    p.spec = _lib.make_spec(D, v.shape[3], dtype, mask, gqa,
+                            bm.block_size if bm else 0,
+                            deterministic=deterministic)
+    p.spec_ref = _by(p.spec)
+    p.structs = [c_tensor(n, s, st, fn) for n, (s, st) in zip(names, tensors)]
+    p.refs = [_by(t) for t in p.structs]
+    p.device = q.device
+    p.index = q.device.index if q.device.index is not None else 0
+    p.dtype = q.dtype
+    p.batch, p.heads, p.nq, p.nkv = B, H, Nq, k.shape[2]
+    return p
+
+
+def _forward_plan(key, q, k, v, mask, bm):
+    B, H, Nq, _ = q.shape
+    Dv = v.shape[3]
+    o_shape = (B, H, Nq, Dv)
+    o_strides = (H * Nq * Dv, Nq * Dv, Dv, 1)
+    p = _base_plan(q, k, v, mask, bm, False, ("q", "k", "v", "o"),
+                   ((q.shape, q.stride()), (k.shape, k.stride()),
+                    (v.shape, v.stride()), (o_shape, o_strides)), "attention")
+    p.o_shape, p.lse_shape = o_shape, (B, H, Nq)
+    if len(_fwd_plans) >= _MAX_PLANS:
+        _fwd_plans.clear()
+    _fwd_plans[key] = p
+    return p
+
+
+def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
+    """(o, lse) of torch CUDA tensors on torch's current stream."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, mask,
+           bm.block_size if bm is not None else 0)
+    p = _fwd_plans.get(key)
+    if p is None:
+        if q.device.type != "cuda":
+            check_inputs(q, k, v)  # names a mix of devices first
+            raise ValueError(
+                f"flashjit.attention: forward_cuda needs CUDA tensors, got "
+                f"{q.device}")
+        p = _forward_plan(key, q, k, v, mask, bm)
+    o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
+    tq, tk, tv, to = p.structs
+    tq.data, tk.data, tv.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    to.data = o.data_ptr()
+    index = p.index
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            _launch_forward(p, lse, scale, wl, wr, bm, index)
+    else:
+        _launch_forward(p, lse, scale, wl, wr, bm, index)
+    return o, lse
+
+
+def _launch_forward(p, lse, scale, wl, wr, bm, index):
+    layout_ref, keep = _layout_ref(bm, p.device)
+    r = p.refs
+    status = _lib.lib().flashjit_forward(
+        cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3],
+        lse.data_ptr(), scale, wl, wr, layout_ref, _raw_stream(index))
+    del keep
+    if status:
+        _lib.check(status)
+
+
+def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
+                  deterministic):
+    """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
+    device. Its workspace is a torch tensor of the size the C API asks for,
+    so torch's caching allocator keeps it stream-ordered."""
+    if d_o.dtype != o.dtype:
+        d_o = d_o.to(o.dtype)
+    if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
+        d_o = d_o.contiguous()
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           o.shape, o.stride(), d_o.shape, d_o.stride(), q.dtype, k.dtype,
+           v.dtype, o.dtype, q.device, k.device, v.device, mask,
+           bm.block_size if bm is not None else 0, bool(deterministic))
+    p = _bwd_plans.get(key)
+    if p is None:
+        p = _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic)
+    dq = torch.empty_strided(q.shape, p.grad_strides[0], dtype=p.dtype,
+                             device=p.device)
+    dk = torch.empty_strided(k.shape, p.grad_strides[1], dtype=p.dtype,
+                             device=p.device)
+    dv = torch.empty_strided(v.shape, p.grad_strides[2], dtype=p.dtype,
+                             device=p.device)
+    for t, x in zip(p.structs, (q, k, v, o, d_o, dq, dk, dv)):
+        t.data = x.data_ptr()
+    index = p.index
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            _launch_backward(p, lse, scale, wl, wr, bm, index)
+    else:
+        _launch_backward(p, lse, scale, wl, wr, bm, index)
+    return dq, dk, dv
+
+
+def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic):
+    if q.device.type != "cuda":
+        check_inputs(q, k, v)
+        raise ValueError("flashjit.attention: backward_cuda needs CUDA "
+                         f"tensors, got {q.device}")
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    if tuple(o.shape) != (B, H, Nq, Dv) or tuple(d_o.shape) != tuple(o.shape):
+        raise ValueError(f"flashjit.attention_backward: o and d_o must be "
+                         f"{(B, H, Nq, Dv)}, got {tuple(o.shape)} and "
+                         f"{tuple(d_o.shape)}")
+    # dq, dk, dv laid out as torch.empty_like lays them out.
+    grad_strides = tuple(torch.empty_like(t, device="meta").stride()
+                         for t in (q, k, v))
+    shapes = [(t.shape, t.stride()) for t in (q, k, v, o, d_o)]
+    shapes += [(t.shape, s) for t, s in zip((q, k, v), grad_strides)]
+    p = _base_plan(q, k, v, mask, bm, deterministic,
+                   ("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), shapes,
+                   "attention_backward")
+    p.grad_strides = grad_strides
+    size = ctypes.c_size_t()
+    _lib.check(_lib.lib().flashjit_backward_workspace_size(
+        cuda_handle(p.index), p.spec_ref, B, H, Nq, k.shape[2], _by(size)))
+    p.workspace = size.value
+    if len(_bwd_plans) >= _MAX_PLANS:
+        _bwd_plans.clear()
+    _bwd_plans[key] = p
+    return p
+
+
+def _launch_backward(p, lse, scale, wl, wr, bm, index):
+    workspace = torch.empty(p.workspace, dtype=torch.uint8, device=p.device)
+    layout_ref, keep = _layout_ref(bm, p.device)
+    r = p.refs
+    status = _lib.lib().flashjit_backward(
+        cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
+        lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
+        workspace.data_ptr(), p.workspace, _raw_stream(index))
+    del keep, workspace
+    if status:
+        _lib.check(status)
+
+
+# -- torch CPU tensors: the CPU execution mode ---------------------------------
+
+
+def _to_numpy(t):
+    """A 16-bit CPU tensor as a numpy array the CPU path takes: float16
+    as is, bfloat16 as float32 (exact; the CPU path rounds it back to bf16
+    without loss)."""
+    t = t.detach()
+    if t.shape[-1] > 1 and t.stride(-1) != 1:  # e.g. an expanded d_o
+        t = t.contiguous()
+    return t.numpy() if t.dtype == torch.float16 else t.float().numpy()
+
+
+def _from_numpy(a, dtype):
+    return torch.from_numpy(a).to(dtype)
+
+
+def forward_cpu(q, k, v, mask, scale, wl, wr, bm):
+    """(o, lse) of torch CPU tensors, by the CPU execution mode."""
+    from . import _attention_numpy
+
+    check_inputs(q, k, v)
+    o, lse = _attention_numpy(_to_numpy(q), _to_numpy(k), _to_numpy(v), mask,
+                              scale, wl, wr, bm, True)
+    return _from_numpy(o, q.dtype), torch.from_numpy(lse)
+
+
+def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
+                 deterministic):
+    from . import _backward_numpy
+
+    check_inputs(q, k, v, "attention_backward")
+    grads = _backward_numpy(*(_to_numpy(t) for t in (q, k, v, o, d_o)),
+                            lse.detach().numpy(), mask, scale, wl, wr, bm,
+                            deterministic)
+    # Laid out as torch.empty_like(q / k / v), as on CUDA and in the fake.
+    return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
+                 for t, g in zip((q, k, v), grads))

@@ -1,0 +1,181 @@
+"""flashjit's attention as torch.library custom ops.
+
+    flashjit::attention_fwd(q, k, v, mask, scale, window_left, window_right,
+                            block_counts, block_indices, block_size,
+                            deterministic) -> (o, lse)
+    flashjit::attention_bwd(d_o, q, k, v, o, lse, mask, scale, window_left,
+                            window_right, block_counts, block_indices,
+                            block_size, deterministic) -> (dq, dk, dv)
+
+mask is the C API's flashjit_mask (0 none, 1 causal, 2 sliding window, its
+sizes window_left / window_right, -1 unbounded); scale 0 means 1/sqrt(d);
+block_counts / block_indices are a BlockMask's int32 BCSR tensors on the
+inputs' device (None when dense) and block_size its block. deterministic
+only changes how the backward sums dQ.
+
+Both ops have fake (meta) implementations, so torch.compile, torch.export
+and FakeTensor tracing see o as q's shape with v's head dim and lse as
+float32 [B, H, Nq]; attention_fwd has an autograd formula (register_autograd)
+that calls attention_bwd, whose own derivative is refused (no double
+backward). flashjit.attention() goes through them whenever torch traces or
+autograd records; an eager call that needs no gradient takes the same
+kernel without the dispatcher (the per-call path, about 2x cheaper).
+
+Importing this module imports torch; `import flashjit` does not import it.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib, _torch_impl
+
+
+class _TensorLayout:
+    """An op's block_counts / block_indices as the layout the kernels take
+    (a BlockMask's _device_layout / _host_layout), without copying them."""
+
+    def __init__(self, counts, indices, block_size):
+        for name, t in (("block_counts", counts), ("block_indices", indices)):
+            if t.dtype != torch.int32 or not t.is_contiguous():
+                raise ValueError(f"flashjit::attention: {name} must be a "
+                                 "contiguous int32 tensor (a BlockMask's)")
+        if counts.dim() != 3 or indices.dim() != 4:
+            raise ValueError("flashjit::attention: block_counts must be "
+                             "[B, H, Qb] and block_indices [B, H, Qb, KVb]")
+        self.counts, self.indices, self.block_size = counts, indices, block_size
+
+    def _layout(self):
+        layout = _lib.Layout()
+        layout.counts = self.counts.data_ptr()
+        layout.indices = self.indices.data_ptr()
+        layout.batch, layout.heads, layout.q_blocks = self.counts.shape
+        layout.kv_blocks = self.indices.shape[3]
+        return layout, (self.counts, self.indices)
+
+    def _device_layout(self, device):
+        return self._layout()
+
+    def _host_layout(self):
+        return self._layout()
+
+
+def _block_mask(counts, indices, block_size):
+    """The layout of an op's block tensors (None when dense)."""
+    if counts is None:
+        return None
+    return _TensorLayout(counts, indices, block_size)
+
+
+@torch.library.custom_op("flashjit::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, mask: int, scale: float,
+                  window_left: int, window_right: int,
+                  block_counts: Optional[Tensor],
+                  block_indices: Optional[Tensor], block_size: int,
+                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+    bm = _block_mask(block_counts, block_indices, block_size)
+    if q.device.type == "cuda":
+        return _torch_impl.forward_cuda(q, k, v, mask, scale, window_left,
+                                        window_right, bm)
+    return _torch_impl.forward_cpu(q, k, v, mask, scale, window_left,
+                                   window_right, bm)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, mask, scale, window_left, window_right,
+                        block_counts, block_indices, block_size,
+                        deterministic):
+    _torch_impl.check_inputs(q, k, v)
+    B, H, Nq, _ = q.shape
+    o = q.new_empty((B, H, Nq, v.shape[3]))
+    lse = q.new_empty((B, H, Nq), dtype=torch.float32)
+    return o, lse
+
+
+@torch.library.custom_op("flashjit::attention_bwd", mutates_args=())
+def attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+                  lse: Tensor, mask: int, scale: float, window_left: int,
+                  window_right: int, block_counts: Optional[Tensor],
+                  block_indices: Optional[Tensor], block_size: int,
+                  deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    bm = _block_mask(block_counts, block_indices, block_size)
+    run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
+           _torch_impl.backward_cpu)
+    return run(q, k, v, o, lse, d_o, mask, scale, window_left, window_right,
+               bm, deterministic)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(d_o, q, k, v, o, lse, mask, scale, window_left,
+                        window_right, block_counts, block_indices, block_size,
+                        deterministic):
+    _torch_impl.check_inputs(q, k, v, "attention_backward")
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, mask, scale, wl, wr, counts, indices, block, det = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, counts, indices)
+    ctx.options = (mask, scale, wl, wr, block, det)
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_backward(ctx, d_o, d_lse):
+    # lse is non-differentiable: d_lse is ignored.
+    q, k, v, o, lse, counts, indices = ctx.saved_tensors
+    mask, scale, wl, wr, block, det = ctx.options
+    if d_o is None:
+        d_o = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.flashjit.attention_bwd(
+        d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices, block,
+        det)
+    need = ctx.needs_input_grad
+    return ((dq if need[0] else None), (dk if need[1] else None),
+            (dv if need[2] else None)) + (None,) * 8
+
+
+attention_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+def _bwd_setup_context(ctx, inputs, output):
+    pass
+
+
+def _bwd_backward(ctx, *grads):
+    raise RuntimeError(
+        "flashjit: attention's backward has no derivative: cannot "
+        "differentiate twice (no double backward through flashjit.attention)")
+
+
+attention_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
+
+
+def attention(q, k, v, mask, scale, wl, wr, bm, deterministic):
+    """(o, lse) for flashjit.attention's torch tensors (checked arguments:
+    mask, scale, window and bm come from its argument handling)."""
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor)
+            and isinstance(v, Tensor)):
+        _torch_impl.check_inputs(q, k, v)  # names the one that is not
+    if bm is not None:
+        counts, indices = bm._device_tensors(q.device)
+        block = bm.block_size
+    else:
+        counts = indices = None
+        block = 0
+    if (not torch.compiler.is_compiling() and type(q) is Tensor
+            and type(k) is Tensor and type(v) is Tensor
+            and not (torch.is_grad_enabled() and
+                     (q.requires_grad or k.requires_grad or v.requires_grad))):
+        # Eager, no gradient: the op's kernel without the dispatcher.
+        if q.device.type == "cuda":
+            return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm)
+        if q.device.type == "cpu":
+            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm)
+    return torch.ops.flashjit.attention_fwd(q, k, v, mask, scale, wl, wr,
+                                            counts, indices, block,
+                                            bool(deterministic))
+
+
+__all__ = ["attention_fwd", "attention_bwd", "attention"]

@@ -1,0 +1,214 @@
+"""flashjit's torch.library custom ops (flashjit/ops.py): opcheck on both
+ops, torch.compile(fullgraph=True) of a module using flashjit.attention
+(forward and backward against eager), a CUDA-graph capture of the compiled
+module, and double backward refused.
+
+Runs on every device torch has here: the CPU (the CPU execution mode) and,
+when there is one, the GPU. Skips as a whole without torch; the CUDA cases
+(and the CUDA-graph test) skip without a GPU, with that reason.
+"""
+
+import os
+import sys
+
+import pytest
+
+import flashjit
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (test_cpu.py covers the CPU path)")
+from torch.library import opcheck  # noqa: E402
+
+import flashjit.ops  # noqa: E402,F401  (registers flashjit::attention_*)
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = pytest.mark.skipif(
+    not HAS_CUDA, reason="no CUDA GPU (torch.cuda.is_available() is False)")
+DEVICES = [pytest.param("cpu", id="cpu"),
+           pytest.param("cuda", id="cuda", marks=cuda_only)]
+
+# (B, H, Hkv, Nq, Nkv, d, dv, dtype, mask): bf16, fp16, causal, GQA, a
+# window, d != dv, Nq != Nkv.
+CASES = [
+    pytest.param(1, 2, 2, 64, 64, 64, 64, torch.bfloat16, "none", id="bf16"),
+    pytest.param(2, 4, 4, 77, 77, 32, 32, torch.float16, "causal",
+                 id="fp16-causal"),
+    pytest.param(1, 8, 2, 96, 130, 64, 64, torch.bfloat16, "causal",
+                 id="bf16-gqa4-causal"),
+    pytest.param(1, 4, 1, 50, 50, 40, 24, torch.float16, "window",
+                 id="fp16-mqa-window-dv"),
+]
+MASKS = {"none": (0, -1, -1), "causal": (1, -1, -1), "window": (2, 8, 3)}
+
+
+@pytest.fixture
+def seed():
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    return s
+
+
+def make(B, H, Hkv, Nq, Nkv, d, dv, dtype, device, grad=False):
+    q = torch.randn(B, H, Nq, d, dtype=dtype, device=device)
+    k = torch.randn(B, Hkv, Nkv, d, dtype=dtype, device=device)
+    v = torch.randn(B, Hkv, Nkv, dv, dtype=dtype, device=device)
+    return tuple(t.requires_grad_(grad) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,H,Hkv,Nq,Nkv,d,dv,dtype,mask", CASES)
+def test_opcheck_both_ops(B, H, Hkv, Nq, Nkv, d, dv, dtype, mask, device,
+                          seed):
+    m, wl, wr = MASKS[mask]
+    q, k, v = make(B, H, Hkv, Nq, Nkv, d, dv, dtype, device, grad=True)
+    fwd = (q, k, v, m, 0.0, wl, wr, None, None, 0, False)
+    opcheck(torch.ops.flashjit.attention_fwd.default, fwd)
+    with torch.no_grad():
+        o, lse = torch.ops.flashjit.attention_fwd(*fwd)
+    assert o.shape == (B, H, Nq, dv) and o.dtype == dtype
+    assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32
+    d_o = torch.randn_like(o)
+    bwd = (d_o, q.detach(), k.detach(), v.detach(), o, lse, m, 0.0, wl, wr,
+           None, None, 0, True)
+    opcheck(torch.ops.flashjit.attention_bwd.default, bwd)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_block_sparse(device, seed):
+    q, k, v = make(1, 2, 2, 128, 128, 64, 64, torch.bfloat16, device, True)
+    dense = torch.tensor([[True, False], [True, True]])
+    bm = flashjit.BlockMask.from_dense(dense, block_size=64)
+    counts, indices = bm._device_tensors(q.device)
+    opcheck(torch.ops.flashjit.attention_fwd.default,
+            (q, k, v, 0, 0.0, -1, -1, counts, indices, 64, False))
+
+
+def test_fake_shapes_without_running():
+    """The fake kernel: o is q's shape with v's head dim, lse float32
+    [B, H, Nq], and the shape checks name the problem on meta tensors."""
+    q = torch.empty(2, 8, 100, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 2, 300, 64, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(2, 2, 300, 48, dtype=torch.bfloat16, device="meta")
+    o, lse = torch.ops.flashjit.attention_fwd(q, k, v, 1, 0.0, -1, -1, None,
+                                              None, 0, False)
+    assert o.shape == (2, 8, 100, 48) and o.device.type == "meta"
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+    with pytest.raises(ValueError, match="multiple"):
+        torch.ops.flashjit.attention_fwd(q, k[:, :1].expand(2, 3, 300, 64),
+                                         v[:, :1].expand(2, 3, 300, 48), 0,
+                                         0.0, -1, -1, None, None, 0, False)
+
+
+class TinyAttention(torch.nn.Module):
+    """A projection to packed q, k, v (GQA: 4 query heads, 2 KV heads),
+    flashjit.attention, an output projection."""
+
+    def __init__(self, dim=128, heads=4, kv_heads=2, head_dim=32):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, kv_heads, head_dim
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * head_dim)
+        self.out = torch.nn.Linear(heads * head_dim, dim)
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.h * self.d, self.hkv * self.d, self.hkv * self.d], dim=-1)
+        q = q.view(B, N, self.h, self.d).transpose(1, 2)
+        k = k.view(B, N, self.hkv, self.d).transpose(1, 2)
+        v = v.view(B, N, self.hkv, self.d).transpose(1, 2)
+        o = flashjit.attention(q, k, v, causal=True)
+        return self.out(o.transpose(1, 2).reshape(B, N, -1))
+
+
+def run_step(model, x):
+    """(loss, grads of every parameter and of x) of one step."""
+    x = x.detach().requires_grad_()
+    loss = model(x).float().square().mean()
+    params = list(model.parameters())
+    grads = torch.autograd.grad(loss, params + [x])
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_matches_eager(device, seed):
+    torch._dynamo.reset()
+    model = TinyAttention().to(device=device, dtype=torch.bfloat16)
+    x = torch.randn(2, 96, 128, dtype=torch.bfloat16, device=device)
+    want_loss, want = run_step(model, x)
+    compiled = torch.compile(model, fullgraph=True)
+    got_loss, got = run_step(compiled, x)
+    torch.testing.assert_close(got_loss, want_loss, rtol=2e-2, atol=1e-4)
+    for a, b in zip(got, want):
+        # Inductor fuses the projections differently: bf16 rounding only.
+        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2,
+                                   atol=5e-3 * b.float().abs().max().item())
+    # No graph break: dynamo's explanation of the same module.
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+@cuda_only
+def test_compiled_module_in_a_cuda_graph(seed):
+    """The compiled module's forward and backward captured in one CUDA graph
+    and replayed on new inputs: the same bits as the uncaptured run."""
+    torch._dynamo.reset()
+    model = TinyAttention().cuda().bfloat16()
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(2, 128, 128, dtype=torch.bfloat16, device="cuda")
+    params = list(model.parameters())
+
+    def step(inp):
+        loss = compiled(inp).float().square().mean()
+        return (loss,) + torch.autograd.grad(loss, params)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles, loads the kernels
+        for _ in range(2):
+            step(x)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    static_x = x.clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out = step(static_x)
+    for trial in range(2):
+        fresh = torch.randn_like(x)
+        static_x.copy_(fresh)
+        g.replay()
+        torch.cuda.synchronize()
+        want = step(fresh)
+        for a, b in zip(static_out, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_fast_path_equals_the_op(device, seed):
+    """Without autograd, flashjit.attention skips the dispatcher: the same
+    kernel, the same bits as the op."""
+    q, k, v = make(1, 4, 2, 70, 90, 64, 64, torch.float16, device)
+    o, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+    o2, lse2 = torch.ops.flashjit.attention_fwd(q, k, v, 1, 0.0, -1, -1, None,
+                                                None, 0, False)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_refused(device):
+    q = torch.randn(1, 1, 32, 32, dtype=torch.bfloat16, device=device)
+    q.requires_grad_()
+    o = flashjit.attention(q, q.detach(), q.detach())
+    (dq,) = torch.autograd.grad((o.float() ** 2).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
+def test_import_flashjit_does_not_import_torch():
+    import subprocess
+
+    code = ("import sys, flashjit; flashjit.version(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
