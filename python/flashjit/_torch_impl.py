@@ -120,6 +120,7 @@ def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn):
 
 
 def _forward_plan(key, q, k, v, mask, bm):
+    check_inputs(q, k, v)
     B, H, Nq, _ = q.shape
     Dv = v.shape[3]
     o_shape = (B, H, Nq, Dv)
@@ -210,6 +211,7 @@ def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic):
         check_inputs(q, k, v)
         raise ValueError("flashjit.attention: backward_cuda needs CUDA "
                          f"tensors, got {q.device}")
+    check_inputs(q, k, v, "attention_backward")
     B, H, Nq, D = q.shape
     Dv = v.shape[3]
     if tuple(o.shape) != (B, H, Nq, Dv) or tuple(d_o.shape) != tuple(o.shape):

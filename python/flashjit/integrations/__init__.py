@@ -1,0 +1,1 @@
+"""Integrations of flashjit with other libraries (each imports its own)."""
