@@ -230,6 +230,20 @@ struct GpuBackwardGeometry {
   int64_t dqSharedBytes() const { return atomicDq ? 0 : dqSmem.total; }
 };
 
+/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): the Br
+/// rows go in rowSplit parts (warp / (warps / rowSplit)); within a part
+/// (warp % (warps / rowSplit)), the columns go in groups of 64, `cols` warps
+/// split each group into contiguous pieces of colWidth, and `groups` warp
+/// phases take the groups round robin.
+struct DqWarps {
+  int64_t rowSplit, cols, groups, colWidth;
+};
+inline DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
+  int64_t perPart = warps / rowSplit;
+  int64_t cols = perPart % 4 == 0 ? 4 : perPart % 2 == 0 ? 2 : 1;
+  return {rowSplit, cols, perPart / cols, 64 / cols};
+}
+
 /// Splits \p pad columns into chunks of at most \p maxChunk (a multiple of
 /// 64 when there is more than one).
 inline void splitColumns(int64_t pad, int64_t maxChunk, int64_t &chunk,

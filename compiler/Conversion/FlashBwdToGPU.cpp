@@ -107,20 +107,6 @@ struct Outputs {
   Value kStart, vStart; ///< i32, multiples of 64 elements
 };
 
-/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): the Br
-/// rows go in rowSplit parts (warp / (warps / rowSplit)); within a part
-/// (warp % (warps / rowSplit)), the columns go in groups of 64, `cols` warps
-/// split each group into contiguous pieces of colWidth, and `groups` warp
-/// phases take the groups round robin.
-struct DqWarps {
-  int64_t rowSplit, cols, groups, colWidth;
-};
-DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
-  int64_t perPart = warps / rowSplit;
-  int64_t cols = perPart % 4 == 0 ? 4 : perPart % 2 == 0 ? 2 : 1;
-  return {rowSplit, cols, perPart / cols, 64 / cols};
-}
-
 /// How the warpgroups split dQ = dS K: in 64-column blocks where they can,
 /// else over the keys (each adding its keys' share).
 struct WgDqSplit {

@@ -19,13 +19,32 @@
 
 namespace flashjit::conversion {
 
+/// The most dynamic shared memory any target gives one block (sm_90: 227
+/// KB); a device with less is checked again by the launcher.
+constexpr int64_t kMaxSharedBytes = 232448;
+
 /// Lowers a tiled forward function, written in the tile dialect, into a
 /// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes);
 
-/// Lowers one of the three tiled backward functions.
+/// Whether the tile lowering makes the backward kernel of \p role (today:
+/// the preprocess, dq_convert, the dQ pass up to 256 columns, and the
+/// dK/dV kernel with atomic dQ and both outputs in one program, on one warp
+/// row or on warpgroup MMAs); the others are still emitted from the
+/// description (FlashBwdToGPU.cpp).
+bool tileLowersBackward(const AttentionSpec &spec, const TileConfig &config,
+                        llvm::StringRef role, bool wgmma);
+
+/// Lowers a tiled backward function written in the tile dialect (one that
+/// tileLowersBackward accepts) into a gpu.func (TileToGPU.h).
+mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
+                                            mlir::gpu::GPUModuleOp gpuModule,
+                                            int64_t warps, int64_t copyBytes,
+                                            bool vectorAtomics, bool wgmma);
+
+/// Lowers one of the three tiled backward functions from its description.
 mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
                                         mlir::gpu::GPUModuleOp gpuModule,
                                         int64_t warps, int64_t copyBytes,

@@ -63,10 +63,6 @@ AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
                        attr.getSparseBlock(), attr.getDeterministic());
 }
 
-/// The most dynamic shared memory any target gives one block (sm_90: 227
-/// KB); a device with less is checked again by the launcher.
-static constexpr int64_t kMaxSharedBytes = 232448;
-
 LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                                           const AttentionSpec &spec,
                                           const TileConfig &config,
@@ -78,7 +74,7 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                           << copyBytes;
   if (spec.direction == Direction::Backward)
     return success(); // FlashBwdToGPU checks its own geometry
-  if (std::string p = gpuConfigProblem(spec, config, kMaxSharedBytes);
+  if (std::string p = gpuConfigProblem(spec, config, conversion::kMaxSharedBytes);
       !p.empty())
     return fn.emitError() << p;
   GpuGeometry geo = gpuGeometry(spec, config);
@@ -167,8 +163,16 @@ struct LowerTiledToGPUPass
           failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
                                              config, copyBytes)))
         return signalPassFailure();
-      if (failed(conversion::lowerBackwardKernel(
-              fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma)))
+      AttentionSpec spec = conversion::specFromAttr(attr);
+      LogicalResult lowered =
+          conversion::tileLowersBackward(spec, config, attr.getRole(), wgmma)
+              ? conversion::lowerTileBackwardKernel(fn, gpuModule, warps,
+                                                    copyBytes, vectorAtomics,
+                                                    wgmma)
+              : conversion::lowerBackwardKernel(fn, gpuModule, warps,
+                                                copyBytes, vectorAtomics,
+                                                wgmma);
+      if (failed(lowered))
         return signalPassFailure();
       fn.erase();
     }

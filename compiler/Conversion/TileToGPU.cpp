@@ -44,23 +44,24 @@ using namespace flashjit::conversion;
 TileKernelLowering::TileKernelLowering(ImplicitLocOpBuilder &b, func::FuncOp fn,
                                        const AttentionSpec &spec,
                                        const TileConfig &config,
-                                       int64_t copyBytes)
+                                       int64_t copyBytes,
+                                       const KernelPlacement &place)
     : b(b), g(b, spec.dtype == DType::BF16 ? gpu::Elem::BF16 : gpu::Elem::F16),
-      fn(fn), spec(spec), config(config), copyBytes(copyBytes),
-      geo(gpuGeometry(spec, config)), mt(geo.mTiles) {}
+      fn(fn), spec(spec), config(config), copyBytes(copyBytes), place(place),
+      mt(place.mt) {}
 
 InFlightDiagnostic TileKernelLowering::fail(Operation *op, StringRef what) {
   return op->emitOpError() << "cannot be lowered to the GPU: " << what;
 }
 
 bool TileKernelLowering::splitsCols(RankedTensorType ty) const {
-  return ty.getRank() == 2 && geo.dvChunks > 1 &&
+  return ty.getRank() == 2 && place.colChunks > 1 &&
          ty.getDimSize(1) == spec.headDimV;
 }
 
 int64_t TileKernelLowering::paddedCols(RankedTensorType ty) const {
-  if (ty.getDimSize(1) == spec.headDimV)
-    return geo.dvChunk;
+  if (place.colChunk && ty.getDimSize(1) == spec.headDimV)
+    return place.colChunk;
   return roundUp(ty.getDimSize(1), 16);
 }
 
@@ -79,12 +80,55 @@ Value TileKernelLowering::toI64(Value index) {
   return arith::IndexCastOp::create(b, g.i64, index);
 }
 
-/// A tile.load whose every user is a tile.dot lives in a shared-memory slot
-/// (the slots in program order, as kernels/GpuGeometry.h lays them out for
-/// the launcher); every other tile lives in registers, whose rows must be
-/// the program's Br.
+/// Whether every user of \p v is a tile.broadcast along dim 0.
+static bool onlyColumnBroadcasts(Value v) {
+  return !v.use_empty() && llvm::all_of(v.getUsers(), [](Operation *u) {
+    auto bc = dyn_cast<tile::BroadcastOp>(u);
+    return bc && bc.getDim() == 0;
+  });
+}
+
+/// A tile.load whose every user is a tile.dot lives in a shared-memory slot,
+/// a rank-1 f32 load read only by per-column broadcasts in a SharedVector
+/// slot (the slots in program order, as kernels/GpuGeometry.h lays them out
+/// for the launcher); every other tile lives in registers, whose rows must
+/// be the placement's (a transposed product's excepted: its reduction into
+/// global memory distributes it, TileToGPUAtomics.cpp). A loop whose shared
+/// tiles have several reader dots, or which reads a SharedVector, has its
+/// slots double-buffered (lowerDoubleBufferedFor): the second stage follows
+/// the first. Register tiles that a product reads transposed get staging
+/// slots after every other.
 LogicalResult TileKernelLowering::assignHomes() {
+  auto addSlot = [&](Value v, SharedSlot slot, int64_t bytes) {
+    slot.offset = isTile(v) && tileType(v).getRank() == 2
+                      ? alignSlot(sharedBytes)
+                      : sharedBytes;
+    sharedBytes += roundUp(bytes, 16);
+    slots[v] = slot;
+  };
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
+    if (auto loop = dyn_cast<scf::ForOp>(op)) {
+      // Post-order: the loop's own loads have the latest slots.
+      int64_t first = -1, readers = 0;
+      bool vectors = false;
+      for (Operation &inner : loop.getBody()->without_terminator()) {
+        auto load = dyn_cast<tile::LoadOp>(&inner);
+        if (!load || !slots.count(load.getResult()))
+          continue;
+        if (first < 0)
+          first = slots[load.getResult()].offset;
+        vectors |= homes[load.getResult()] == TileHome::SharedVector;
+        readers = std::max<int64_t>(
+            readers, std::distance(load->getUsers().begin(),
+                                   load->getUsers().end()));
+      }
+      if (first >= 0 && (vectors || readers > 1)) {
+        int64_t stage = alignSlot(sharedBytes) - first;
+        doubleBuffered[loop] = stage;
+        sharedBytes = first + 2 * stage;
+      }
+      return WalkResult::advance();
+    }
     for (Value v : op->getResults()) {
       if (!isTile(v))
         continue;
@@ -94,13 +138,29 @@ LogicalResult TileKernelLowering::assignHomes() {
                       llvm::all_of(v.getUsers(), [](Operation *u) {
                         return isa<tile::DotOp>(u);
                       });
+      if (load && ty.getRank() == 1 && ty.getElementType().isF32() &&
+          onlyColumnBroadcasts(v)) {
+        homes[v] = TileHome::SharedVector;
+        addSlot(v, SharedSlot(), ty.getDimSize(0) * 4);
+        continue;
+      }
+      if (load && ty.getRank() == 1 && ty.getElementType().isF32()) {
+        homes[v] = TileHome::Registers; // per-row values, read from memory
+        continue;
+      }
+      auto dot = dyn_cast<tile::DotOp>(op);
+      if (dot && dot.getTransposeLhs()) {
+        homes[v] = TileHome::Registers;
+        continue;
+      }
       if (!onlyDots) {
         if (load)
-          return fail(op, "a tile.load must feed only tile.dot (register "
-                          "loads are not implemented yet)");
-        if (ty.getDimSize(0) != config.blockM)
-          return fail(op, "register tiles must have Br = ")
-                 << config.blockM << " rows, got " << ty;
+          return fail(op, "a tile.load must feed only tile.dot, or (rank 1, "
+                          "f32) only per-column broadcasts (register loads "
+                          "are not implemented yet)");
+        if (ty.getDimSize(0) != place.regRows)
+          return fail(op, "register tiles must have ")
+                 << place.regRows << " rows here, got " << ty;
         homes[v] = TileHome::Registers;
         continue;
       }
@@ -118,19 +178,43 @@ LogicalResult TileKernelLowering::assignHomes() {
           feedsColumns ? paddedCols(ty) : roundUp(ty.getDimSize(1), 16);
       slot.splitCols = feedsColumns && splitsCols(ty);
       slot.rowChunks = roundUp(slot.padCols / 8, 8);
-      slot.offset = sharedBytes;
-      sharedBytes += ty.getDimSize(0) * slot.rowChunks * 16;
       homes[v] = TileHome::Shared;
-      slots[v] = slot;
+      addSlot(v, slot, ty.getDimSize(0) * slot.rowChunks * 16);
     }
     return WalkResult::advance();
   });
   if (walk.wasInterrupted())
     return failure();
-  if (sharedBytes > geo.sharedBytes)
+  walk = fn.walk([&](tile::DotOp dot) -> WalkResult {
+    if (!dot.getTransposeLhs())
+      return WalkResult::advance();
+    Value lhs = dot.getLhs();
+    auto round = lhs.getDefiningOp<arith::TruncFOp>();
+    if (!round || homes.lookup(round.getIn()) != TileHome::Registers)
+      return fail(dot, "a transposed lhs must be a register tile rounded by "
+                       "arith.truncf");
+    if (!dot->hasOneUse() || !isa<tile::AtomicAddOp>(*dot->user_begin()) ||
+        dot.getAcc())
+      return fail(dot, "a product with a transposed lhs must be reduced "
+                       "into global memory by one tile.atomic_add, without "
+                       "acc");
+    if (staging.count(lhs))
+      return WalkResult::advance();
+    RankedTensorType ty = tileType(lhs);
+    SharedSlot slot;
+    slot.padCols = roundUp(ty.getDimSize(1), 16);
+    slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+    slot.offset = alignSlot(sharedBytes);
+    sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
+    staging[lhs] = slot;
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "
-                          << geo.sharedBytes << " the launcher provides";
+                          << place.maxShared << " the launcher provides";
   return success();
 }
 
@@ -144,10 +228,18 @@ void TileKernelLowering::setUpThreads() {
   tig = g.remU(lane, g.c32(4));
   warpRow0 = g.mul(warp, g.c32(mt * 16));
   chunk = g.blockId(mlir::gpu::Dimension::z);
+  if (place.wgmma) {
+    wg.emplace(g, smem);
+    wgIdx = g.divU(warp, g.c32(4));
+  }
   for (auto &[v, slot] : slots) {
+    if (homes.lookup(v) != TileHome::Shared)
+      continue;
     SlotFrags &f = slotFrags[v];
     for (OpOperand &use : v.getUses()) {
       auto dot = cast<tile::DotOp>(use.getOwner());
+      if (dot.getTransposeLhs())
+        continue; // its own addresses: lowerTransposedProduct
       Value off = g.c32(slot.offset);
       if (use.getOperandNumber() == 0 && !f.a)
         f.a = gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane, warpRow0,
@@ -163,9 +255,18 @@ void TileKernelLowering::setUpThreads() {
 }
 
 LogicalResult TileKernelLowering::lowerBlock(Block &block) {
-  for (Operation &op : block.without_terminator())
+  for (Operation &op : block.without_terminator()) {
+    if (wg) {
+      // Warpgroup MMAs: a batch ends at the first op outside it; an op
+      // that reads a product in flight (or holds regions) waits for it.
+      if (!batchRun.contains(&op))
+        settle(/*wait=*/readsInFlight(&op) || op.getNumRegions() > 0);
+    }
     if (failed(lowerOp(&op)))
       return failure();
+  }
+  if (wg)
+    settle(/*wait=*/true);
   if (isa<func::ReturnOp>(block.getTerminator()))
     mlir::gpu::ReturnOp::create(b);
   return success();
@@ -191,8 +292,12 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
     return lowerFor(f);
   if (auto i = dyn_cast<scf::IfOp>(op))
     return lowerIf(i);
-  if (isa<tile::AtomicAddOp>(op))
-    return fail(op, "tile.atomic_add is not implemented on the GPU yet");
+  if (isa<tile::AtomicAddOp>(op)) {
+    if (fusedAtomics.contains(op))
+      return success();
+    return fail(op, "a tile.atomic_add is lowered only with the transposed "
+                    "product it reduces");
+  }
   if (isa<memref::LoadOp>(op))
     return lowerScalarLoad(op, map);
   bool touchesTiles =
@@ -244,22 +349,25 @@ TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (failed(tile::verifyWritesOutput(fn)))
     return failure();
-  const int64_t numArgs = abi::NumBuffers + abi::NumIndexArgs + 3;
+  const int numArgs =
+      place.numBuffers + place.numIndexArgs + place.numF32Args + 2;
   if (fn.getNumArguments() != unsigned(numArgs))
-    return fn.emitError() << "a forward kernel takes " << numArgs
+    return fn.emitError() << "this kernel takes " << numArgs
                           << " arguments (kernels/KernelABI.h), got "
                           << fn.getNumArguments();
   if (failed(assignHomes()))
     return failure();
 
-  SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
-  argTys.append(abi::NumIndexArgs, g.i64);
-  argTys.push_back(g.f32);
-  for (int i = 0; i < numArgs - 2; ++i) {
-    Type want = i < abi::NumBuffers ? Type()
-                : i < abi::NumBuffers + abi::NumIndexArgs
-                    ? Type(b.getIndexType())
-                    : Type(g.f32);
+  const int firstIndex = place.numBuffers;
+  const int firstF32 = firstIndex + place.numIndexArgs;
+  const int pidArg = firstF32 + place.numF32Args;
+  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
+  argTys.append(place.numIndexArgs, g.i64);
+  argTys.append(place.numF32Args, g.f32);
+  for (int i = 0; i < pidArg; ++i) {
+    Type want = i < firstIndex ? Type()
+                : i < firstF32 ? Type(b.getIndexType())
+                               : Type(g.f32);
     Type got = fn.getArgument(i).getType();
     if (want ? got != want : !isa<MemRefType>(got))
       return fn.emitError()
@@ -268,21 +376,21 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
   // is the launcher's (GpuGeometry); assignHomes refuses more.
   auto kernel =
-      createKernelFunc(b, gpuModule, fn, argTys, geo.threads, sharedBytes);
+      createKernelFunc(b, gpuModule, fn, argTys, place.threads, sharedBytes);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);
   setUpThreads();
 
-  for (int i = 0; i < abi::NumBuffers; ++i)
+  for (int i = 0; i < firstIndex; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
-  for (int i = 0; i < abi::NumIndexArgs; ++i)
-    map.map(fn.getArgument(abi::NumBuffers + i),
-            arith::IndexCastOp::create(
-                b, b.getIndexType(), kernel.getArgument(abi::NumBuffers + i)));
-  const int scaleArg = abi::NumBuffers + abi::NumIndexArgs;
-  map.map(fn.getArgument(scaleArg), kernel.getArgument(scaleArg));
+  for (int i = firstIndex; i < firstF32; ++i)
+    map.map(fn.getArgument(i),
+            arith::IndexCastOp::create(b, b.getIndexType(),
+                                       kernel.getArgument(i)));
+  for (int i = firstF32; i < pidArg; ++i)
+    map.map(fn.getArgument(i), kernel.getArgument(i));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
-  if (spec.mask == MaskKind::Causal) {
+  if (place.reversePidM) {
     // Heaviest Q blocks (the last rows see the most keys) start first, so
     // the last wave of the grid is made of short blocks.
     Value blocks = arith::IndexCastUIOp::create(
@@ -290,14 +398,34 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
     pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
   }
   Value pidBH = g.blockId(mlir::gpu::Dimension::y);
-  map.map(fn.getArgument(scaleArg + 1),
+  map.map(fn.getArgument(pidArg),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidM));
-  map.map(fn.getArgument(scaleArg + 2),
+  map.map(fn.getArgument(pidArg + 1),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
 
   if (failed(lowerBlock(fn.getBody().front())))
     return failure();
   return checkPostconditions(kernel);
+}
+
+/// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
+/// and grid.z split of V's columns.
+static KernelPlacement forwardPlacement(const AttentionSpec &spec,
+                                        const TileConfig &config) {
+  GpuGeometry geo = gpuGeometry(spec, config);
+  KernelPlacement p;
+  p.role = KernelRole::Forward;
+  p.threads = geo.threads;
+  p.regRows = config.blockM;
+  p.mt = geo.mTiles;
+  p.maxShared = geo.sharedBytes;
+  p.colChunk = geo.dvChunk;
+  p.colChunks = geo.dvChunks;
+  p.numBuffers = abi::NumBuffers;
+  p.numIndexArgs = abi::NumIndexArgs;
+  p.numF32Args = 1;
+  p.reversePidM = spec.mask == MaskKind::Causal;
+  return p;
 }
 
 LogicalResult
@@ -313,5 +441,71 @@ flashjit::conversion::lowerTileKernel(func::FuncOp fn,
   if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(b, fn, spec, config, copyBytes).run(gpuModule);
+  return TileKernelLowering(b, fn, spec, config, copyBytes,
+                            forwardPlacement(spec, config))
+      .run(gpuModule);
+}
+
+bool flashjit::conversion::tileLowersBackward(const AttentionSpec &spec,
+                                              const TileConfig &config,
+                                              StringRef role, bool wgmma) {
+  if (role == "preprocess" || role == "dq_convert")
+    return true;
+  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+  if (role == "dq")
+    return geo.dqChunks == 1;
+  return geo.atomicDq && geo.kvCombined &&
+         (geo.kvQuerySplit == 1 || (wgmma && geo.wgmmaShape));
+}
+
+LogicalResult flashjit::conversion::lowerTileBackwardKernel(
+    func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
+    int64_t copyBytes, bool vectorAtomics, bool wgmma) {
+  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+  AttentionSpec spec = specFromAttr(attr);
+  TileConfig config;
+  config.blockM = attr.getBlockM();
+  config.blockN = attr.getBlockN();
+  config.warps = warps;
+  if (std::string p = gpuBackwardConfigProblem(spec, config, INT64_MAX);
+      !p.empty())
+    return fn.emitError() << p;
+  KernelPlacement p;
+  p.numBuffers = abi::bwd::NumBuffers;
+  p.numIndexArgs = abi::bwd::NumIndexArgs;
+  p.numF32Args = abi::bwd::NumF32Args;
+  if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
+    p.threads = GpuBackwardGeometry::kPreprocessThreads;
+    return lowerRowKernel(fn, gpuModule, spec, p);
+  }
+  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+  p.threads = geo.threads;
+  if (attr.getRole() == "dq") {
+    // The function's own tiles are the dQ pass's (dqRows x dqKeys, which
+    // the pipeline gives the tiling pass): one or two 16-row tiles per warp.
+    p.role = KernelRole::BackwardDq;
+    p.regRows = config.blockM;
+    p.mt = config.blockM / (16 * warps);
+    p.maxShared = kMaxSharedBytes;
+    p.reversePidM = spec.mask == MaskKind::Causal;
+    if (p.mt < 1 || config.blockM % (16 * warps) != 0)
+      return fn.emitError() << "the dQ pass's warps split its " << config.blockM
+                            << " rows in 16-row tiles: block_m must be a "
+                               "multiple of 16 * warps = "
+                            << 16 * warps;
+    ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+    return TileKernelLowering(b, fn, spec, config, copyBytes, p)
+        .run(gpuModule);
+  }
+  p.role = KernelRole::BackwardMain;
+  p.regRows = config.blockN;
+  p.mt = geo.keyTiles;
+  p.maxShared = geo.kvSmem.total;
+  p.vectorAtomics = vectorAtomics;
+  // Warpgroup MMAs: one warpgroup per 64 keys, one 16-key tile per warp.
+  p.wgmma = wgmma && geo.wgmmaShape;
+  if (p.wgmma)
+    p.mt = 1;
+  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+  return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }

@@ -123,6 +123,44 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   }
 }
 
+/// The backward kernels' recorded resources are what the launcher provides
+/// (gpuBackwardGeometry): the dK/dV kernel's and the dQ pass's slots fill
+/// exactly the launcher's shared memory, and every kernel records the block
+/// size the launcher uses; for both dQ modes, on sm_90a (warpgroup MMAs
+/// where the shape allows) and sm_80.
+TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
+  const GpuCase &c = GetParam();
+  for (bool deterministic : {false, true})
+    for (const char *arch : {"sm_80", "sm_90a"}) {
+      AttentionSpec spec = c.spec(Direction::Backward);
+      spec.deterministic = deterministic;
+      TileConfig config = defaultGpuBackwardConfig(spec);
+      GpuTarget target;
+      target.arch = arch;
+      std::string gpu = emitStage(spec, config, Stage::Gpu, target);
+      GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+      auto recorded = [&](const std::string &fn, int64_t shared,
+                          int64_t threads) {
+        size_t at = gpu.find("gpu.func @" + fn + "(");
+        ASSERT_NE(at, std::string::npos) << fn;
+        size_t end = gpu.find("{\n", at);
+        std::string head = gpu.substr(at, end - at);
+        EXPECT_NE(head.find("attn.shared_bytes = " + std::to_string(shared) +
+                            " : i64"),
+                  std::string::npos)
+            << fn << " " << config.toJson() << " " << arch << ": " << head;
+        EXPECT_NE(head.find("known_block_size = array<i32: " +
+                            std::to_string(threads) + ", 1, 1>"),
+                  std::string::npos)
+            << fn << " " << head;
+      };
+      recorded("attention_preprocess", 0,
+               GpuBackwardGeometry::kPreprocessThreads);
+      recorded("attention", geo.kvSmem.total, geo.threads);
+      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads());
+    }
+}
+
 /// The backward's three kernels at their default tiling assemble, fit the
 /// H200's shared memory and registers, and spill at most a few bytes: the
 /// defaults are the fastest tilings measured (bench/NOTES.md), some of which
