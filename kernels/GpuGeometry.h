@@ -11,6 +11,7 @@
 #define FLASHJIT_KERNELS_GPUGEOMETRY_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/KernelABI.h"
 
 #include <algorithm>
 #include <array>
@@ -165,7 +166,9 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
 /// of 64), one chunk of one of them per program (grid.z), each recomputing
 /// P (and dP for dK) in full.
 struct GpuBackwardGeometry {
-  static constexpr int64_t kPreprocessRows = 64;
+  /// Rows per program of the preprocessing and the dQ conversion: the
+  /// tiled row kernels' (kernels/KernelABI.h).
+  static constexpr int64_t kPreprocessRows = abi::bwd::kRowBlockRows;
   static constexpr int64_t kPreprocessThreads = 128;
   int64_t threads; ///< 32 * warps
   /// dK/dV kernel: warps along the Br queries of S^T and dP^T. 1: every

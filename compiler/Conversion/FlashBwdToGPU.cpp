@@ -4,7 +4,9 @@
 /// Lowers the three functions of the tiled backward (made by
 /// flashjit-tile-attention-backward, carrying `attn.kernel`) to
 /// three gpu.func kernels with the same names and arguments (minus pid_m and
-/// pid_bh). Before:
+/// pid_bh). The kernels are emitted from `attn.kernel` (the description, the
+/// tiling and the role), not from the functions' tile-IR bodies; they compute
+/// the bodies' algorithm (the same loops, masks and rounding points). Before:
 ///
 ///   func.func @attention_preprocess(...) {attn.kernel_backward = {role =
 ///       "preprocess", ...}}
@@ -27,7 +29,8 @@
 ///         // S^T = K Q^T (ldmatrix, mma.m16n8k16); P^T = exp2(S^T * scale *
 ///         //   log2(e) - lse * log2(e)), masked only where the block pair
 ///         //   straddles the band
-///         // dP^T = V dO^T; dS^T = P^T (dP^T - delta)
+///         // dP^T = V dO^T; dS^T = elem(P^T) (dP^T - delta), from P^T
+///         //   rounded as dV's MMA takes it (the tiled IR's order)
 ///         // dV += P^T dO; dK += dS^T Q (P^T, dS^T packed in registers:
 ///         //   the accumulator layout is the next MMA's A operand;
 ///         //   dO and Q by ldmatrix.trans)
@@ -590,13 +593,20 @@ SmallVector<Value> FlashBwdKernel::step(const Outputs &out,
   else if (out.vCols) // dV += P^T dO
     accumulate(accV, p, bVT, out.vCols);
   if (out.kCols) {
-    // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta).
+    // dP = dO V^T (dP^T = V dO^T), dS = P (dP - delta) with P rounded to
+    // the element type, as dV's MMA takes it (the tiled IR's rounding
+    // point; wgStep's dS too): the pairs are packed as the MMA's A operand
+    // and P^T's stores pack them.
     Tiles ds = product(aV, bV, k.geo.dvPad / 16);
     for (int64_t mi = 0; mi < mt; ++mi)
       for (int64_t ni = 0; ni < nt; ++ni)
-        for (int64_t e = 0; e < 4; ++e) {
-          Value &v = ds[mi * nt + ni][e];
-          v = g.fmul(p[mi * nt + ni][e], g.fsub(v, delta(mi, ni, e)));
+        for (int64_t half = 0; half < 2; ++half) {
+          const Acc &pa = p[mi * nt + ni];
+          auto [p0, p1] = g.unpack2(g.pack2(pa[2 * half], pa[2 * half + 1]));
+          for (int64_t e = 2 * half; e < 2 * half + 2; ++e) {
+            Value &v = ds[mi * nt + ni][e];
+            v = g.fmul(e % 2 ? p1 : p0, g.fsub(v, delta(mi, ni, e)));
+          }
         }
     // dK += dS^T Q, dQ += dS K (atomic dQ: dS^T stored before the dK
     // MMAs, which then cover the stores' latency: +0.3-1%, run B13).

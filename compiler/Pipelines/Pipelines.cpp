@@ -132,7 +132,7 @@ void registerFlashjitPasses() {
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tiling-pipeline",
-      "attn -> tiled FlashAttention-2 IR (scf/arith/math/memref)",
+      "attn -> tiled FlashAttention-2 IR (the tile dialect + scf/arith/math)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         buildTilingPipeline(pm, toConfig(options));
       });
