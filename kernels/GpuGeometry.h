@@ -256,6 +256,27 @@ inline void splitColumns(int64_t pad, int64_t maxChunk, int64_t &chunk,
   chunks = ceilDiv(pad, chunk);
 }
 
+/// The separate dQ pass's tiles (deterministic dQ): Br rows and Bc keys,
+/// except where Br gives each warp one 16-row tile and dQ fits (dqChunk <=
+/// 128, at most 4 warps): then two 16-row tiles per warp and 32 keys per
+/// step, so that every K/V fragment feeds two MMAs and the accumulators
+/// stay in registers. The tiling pass makes the dQ function with these
+/// tiles (its `warps` option), so the CPU runs what the GPU runs.
+struct DqPassTiles {
+  int64_t rows, keys;
+};
+inline DqPassTiles dqPassTiles(int64_t headDimQK, int64_t sparseBlock,
+                               const TileConfig &config) {
+  int64_t chunk = 0, chunks = 0;
+  splitColumns(roundUp(headDimQK, 16), 256, chunk, chunks);
+  const int64_t wideRows = 32 * config.warps;
+  bool wide = config.blockM < wideRows && chunk <= 128 && config.warps <= 4 &&
+              (sparseBlock == 0 ||
+               (sparseBlock % wideRows == 0 && sparseBlock % 32 == 0));
+  return wide ? DqPassTiles{wideRows, 32}
+              : DqPassTiles{config.blockM, config.blockN};
+}
+
 inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                                                const TileConfig &config) {
   GpuBackwardGeometry g;
@@ -279,14 +300,10 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
-  const int64_t wideRows = 32 * config.warps;
-  bool wide =
-      config.blockM < wideRows && g.dqChunk <= 128 && config.warps <= 4 &&
-      (!spec.blockSparse ||
-       (spec.sparseBlock % wideRows == 0 && spec.sparseBlock % 32 == 0));
-  g.rowTiles = wide ? 2 : config.blockM / (16 * config.warps);
-  g.dqRows = wide ? wideRows : config.blockM;
-  g.dqKeys = wide ? 32 : config.blockN;
+  DqPassTiles dqTiles = dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, config);
+  g.rowTiles = dqTiles.rows / (16 * config.warps);
+  g.dqRows = dqTiles.rows;
+  g.dqKeys = dqTiles.keys;
   // Rows cover every chunk's columns (the last chunk may pass the head dim;
   // those columns are zero-filled and never stored).
   g.qkCols =

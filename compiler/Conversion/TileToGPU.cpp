@@ -292,11 +292,12 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
     return lowerFor(f);
   if (auto i = dyn_cast<scf::IfOp>(op))
     return lowerIf(i);
-  if (isa<tile::AtomicAddOp>(op)) {
-    if (fusedAtomics.contains(op))
-      return success();
-    return fail(op, "a tile.atomic_add is lowered only with the transposed "
-                    "product it reduces");
+  if (auto atomic = dyn_cast<tile::AtomicAddOp>(op)) {
+    auto dot = atomic.getValue().getDefiningOp<tile::DotOp>();
+    if (!dot || !dot.getTransposeLhs())
+      return fail(op, "a tile.atomic_add is lowered only with the transposed "
+                      "product it reduces");
+    return lowerTransposedProduct(dot);
   }
   if (isa<memref::LoadOp>(op))
     return lowerScalarLoad(op, map);
@@ -467,8 +468,10 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   config.blockM = attr.getBlockM();
   config.blockN = attr.getBlockN();
   config.warps = warps;
+  // The dK/dV kernel's tiles are the description's Br x Bc; the dQ pass
+  // has its own (checked below), the row kernels need none.
   if (std::string p = gpuBackwardConfigProblem(spec, config, INT64_MAX);
-      !p.empty())
+      attr.getRole() == "main" && !p.empty())
     return fn.emitError() << p;
   KernelPlacement p;
   p.numBuffers = abi::bwd::NumBuffers;

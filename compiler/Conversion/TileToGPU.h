@@ -287,8 +287,6 @@ private:
   /// Register tiles that a product reads transposed: their staging slots,
   /// written where they are rounded (stageTransposed).
   llvm::MapVector<Value, SharedSlot> staging;
-  /// tile.atomic_add ops lowered with the product they reduce.
-  llvm::DenseSet<Operation *> fusedAtomics;
   /// Warpgroup MMAs: the builder, the warpgroup index, the products whose
   /// registers are still being written, whether a batch is open (fenced,
   /// not committed), and the pinned zeros of the open batch's products

@@ -126,7 +126,6 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   auto atomic = cast<tile::AtomicAddOp>(*op->user_begin());
   if (!cast<MemRefType>(atomic.getBase().getType()).getElementType().isF32())
     return fail(atomic, "reduces into an f32 buffer only");
-  fusedAtomics.insert(atomic);
   if (place.wgmma)
     return lowerWgmmaTransposed(op, atomic);
   const SharedSlot &lhsSlot = staging[lhs], &rhsSlot = slots[rhs];

@@ -51,10 +51,12 @@ using arith::CmpIPredicate;
 namespace {
 
 /// One row's registers of a tile: a 2-D tile's values at the lane's
-/// columns (lane + 32 j), a rank-1 tile's one value.
+/// columns (lane + 32 j), a rank-1 tile's one value; a splat's one value
+/// stands for every column.
 struct RowRegs {
   SmallVector<Value> regs;
   bool pendingRound = false; ///< as Fragment::pendingRound
+  Value at(int64_t j) const { return regs[regs.size() > 1 ? j : 0]; }
 };
 
 class RowKernelLowering {
@@ -112,6 +114,8 @@ private:
 /// is no product, loop or branch.
 LogicalResult RowKernelLowering::analyse() {
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
+    if (op == fn.getOperation())
+      return WalkResult::advance();
     if (isa<tile::DotOp, tile::AtomicAddOp, tile::IotaOp>(op) ||
         op->getNumRegions() > 0)
       return fail(op, "a row kernel has no product, index tile, loop or "
@@ -218,9 +222,9 @@ LogicalResult RowKernelLowering::lowerStore(tile::StoreOp op) {
   for (int64_t j = 0; j < ceilDiv(n, 32); ++j) {
     Value at = g.add(rowAt, g.ext64(column(j)));
     if (Value ok = columnOk(j, n))
-      g.ifThen(ok, [&] { storeAt(base, elem, at, in.regs[j]); });
+      g.ifThen(ok, [&] { storeAt(base, elem, at, in.at(j)); });
     else
-      storeAt(base, elem, at, in.regs[j]);
+      storeAt(base, elem, at, in.at(j));
   }
   return success();
 }
@@ -237,7 +241,7 @@ LogicalResult RowKernelLowering::lowerReduce(tile::ReduceOp op) {
   const int64_t n = cols(op.getValue());
   Value acc = identity;
   for (int64_t j = 0; j < ceilDiv(n, 32); ++j) {
-    Value v = in.regs[j];
+    Value v = in.at(j);
     if (Value ok = columnOk(j, n))
       v = g.select(ok, v, identity);
     acc = isMax ? g.fmax(acc, v) : g.fadd(acc, v);
@@ -267,9 +271,7 @@ LogicalResult RowKernelLowering::lowerElementwise(Operation *op) {
   for (int64_t i = 0; i < count; ++i) {
     SmallVector<Value> operands;
     for (Value v : op->getOperands())
-      operands.push_back(!isTile(v)                ? map.lookup(v)
-                         : regs[v].regs.size() > 1 ? regs[v].regs[i]
-                                                   : regs[v].regs[0]);
+      operands.push_back(isTile(v) ? regs[v].at(i) : map.lookup(v));
     if (Value v = lowerScalarMath(b, g, op, operands)) {
       outs[0].regs.push_back(v);
       continue;

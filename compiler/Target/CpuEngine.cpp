@@ -16,6 +16,7 @@
 #include "compiler/CompilerInternal.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "kernels/HalfFloat.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
@@ -416,9 +417,13 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   auto blocks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
   const int64_t rowBlocks = blocks(p.seqLenQ, bwd::kRowBlockRows);
   const int64_t kvBlocks = blocks(p.seqLenKV, c.blockN);
-  // The separate dQ pass: Q blocks of its block_m rows (the pipeline's
-  // default, block-m); atomic dQ's conversion: kRowBlockRows rows.
-  const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, c.blockM);
+  // The separate dQ pass: Q blocks of the rows the tiling pipeline gives
+  // it (dqPassTiles, as on the GPU); atomic dQ's conversion: kRowBlockRows
+  // rows.
+  const int64_t dqRows =
+      dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, c)
+          .rows;
+  const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, dqRows);
   // In this order: the preprocessing writes delta (and zeroes dq_accum),
   // the main loop reads delta (and adds into dq_accum), @f_dq writes dQ.
   runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads);

@@ -123,11 +123,11 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   }
 }
 
-/// The backward kernels' recorded resources are what the launcher provides
-/// (gpuBackwardGeometry): the dK/dV kernel's and the dQ pass's slots fill
-/// exactly the launcher's shared memory, and every kernel records the block
-/// size the launcher uses; for both dQ modes, on sm_90a (warpgroup MMAs
-/// where the shape allows) and sm_80.
+/// The backward kernels' recorded resources fit what the launcher provides
+/// (gpuBackwardGeometry): the shared memory a kernel records is at most the
+/// launcher's (equal, but for the shapes warpgroup MMAs can take, where the
+/// launcher's formula pads and counts a P^T tile), the block size is the launcher's;
+/// for both dQ modes, on sm_90a and sm_80.
 TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
   const GpuCase &c = GetParam();
   for (bool deterministic : {false, true})
@@ -140,24 +140,29 @@ TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
       std::string gpu = emitStage(spec, config, Stage::Gpu, target);
       GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
       auto recorded = [&](const std::string &fn, int64_t shared,
-                          int64_t threads) {
+                          int64_t threads, bool exact) {
         size_t at = gpu.find("gpu.func @" + fn + "(");
         ASSERT_NE(at, std::string::npos) << fn;
-        size_t end = gpu.find("{\n", at);
-        std::string head = gpu.substr(at, end - at);
-        EXPECT_NE(head.find("attn.shared_bytes = " + std::to_string(shared) +
-                            " : i64"),
-                  std::string::npos)
-            << fn << " " << config.toJson() << " " << arch << ": " << head;
+        std::string head = gpu.substr(at, gpu.find("{\n", at) - at);
+        const std::string key = "attn.shared_bytes = ";
+        size_t k = head.find(key);
+        ASSERT_NE(k, std::string::npos) << fn << ": " << head;
+        int64_t bytes = std::stoll(head.substr(k + key.size()));
+        std::string where = fn + " " + config.toJson() + " " + arch;
+        EXPECT_LE(bytes, shared) << where;
+        if (exact)
+          EXPECT_EQ(bytes, shared) << where;
         EXPECT_NE(head.find("known_block_size = array<i32: " +
                             std::to_string(threads) + ", 1, 1>"),
                   std::string::npos)
-            << fn << " " << head;
+            << where << ": " << head;
       };
       recorded("attention_preprocess", 0,
-               GpuBackwardGeometry::kPreprocessThreads);
-      recorded("attention", geo.kvSmem.total, geo.threads);
-      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads());
+               GpuBackwardGeometry::kPreprocessThreads, true);
+      // A shape that wgmma could take pads the launcher's statistics to
+      // 1 KiB on every target.
+      recorded("attention", geo.kvSmem.total, geo.threads, !geo.wgmmaShape);
+      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads(), true);
     }
 }
 

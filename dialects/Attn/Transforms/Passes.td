@@ -74,6 +74,10 @@ def TileAttentionBackward
            "(0: block-m)">,
     Option<"dqBlockN", "dq-block-n", "int64_t", "0",
            "Bc': keys per step of the deterministic dQ pass (0: block-n)">,
+    Option<"warps", "warps", "int64_t", "0",
+           "the GPU's warps: with dq-block-m/n 0, the dQ pass's tiles are "
+           "dqPassTiles(dqk, sparse block, Br x Bc, warps) of "
+           "kernels/GpuGeometry.h, as the GPU launches them (0: Br x Bc)">,
   ];
 }
 

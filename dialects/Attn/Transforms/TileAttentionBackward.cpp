@@ -213,8 +213,14 @@ struct TileAttentionBackwardPass
                          << dqM << " and " << dqN;
       return signalPassFailure();
     }
-    const int64_t dqBr = dqM ? dqM : int64_t(blockM);
-    const int64_t dqBc = dqN ? dqN : int64_t(blockN);
+    if (warps < 0 || warps > 16) {
+      module.emitError() << "warps must be in [0, 16], got "
+                         << int64_t(warps);
+      return signalPassFailure();
+    }
+    // 0: the GPU's rule (dqPassTiles), or Br x Bc without warps.
+    const int64_t dqBr = dqM ? dqM : warps ? 0 : int64_t(blockM);
+    const int64_t dqBc = dqN ? dqN : warps ? 0 : int64_t(blockN);
     // Only the separate dQ pass (deterministic) uses Br' x Bc'; tileEach
     // checks block-m and block-n (the default).
     const bool ownDqTiling = dqM || dqN;
@@ -230,7 +236,7 @@ struct TileAttentionBackwardPass
     if (walk.wasInterrupted() ||
         failed(
             flashjit::attn::detail::tileEach<FlashBwdOp, TiledBackwardBuilder>(
-                module, blockM, blockN, dqBr, dqBc)))
+                module, blockM, blockN, dqBr, dqBc, int64_t(warps))))
       signalPassFailure();
   }
 };

@@ -14,6 +14,7 @@
 
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -21,15 +22,27 @@
 namespace flashjit::attn::detail {
 
 /// Builds the three tiled functions of one attn.flash_bwd op: Br x Bc for
-/// the main loop, Br' x Bc' (dqBr, dqBc) for the deterministic dQ pass.
+/// the main loop, Br' x Bc' (dqBr, dqBc) for the deterministic dQ pass
+/// (0: the GPU's dqPassTiles for \p warps warps).
 class TiledBackwardBuilder : TileIRBuilderBase {
 public:
   TiledBackwardBuilder(FlashBwdOp op, int64_t br, int64_t bc, int64_t dqBr,
-                       int64_t dqBc)
-      : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqBr(dqBr), dqBc(dqBc),
+                       int64_t dqBc, int64_t warps)
+      : TileIRBuilderBase(op), op(op), br(br), bc(bc),
+        dqBr(dqBr ? dqBr : dqTiles(op, br, bc, warps).rows),
+        dqBc(dqBc ? dqBc : dqTiles(op, br, bc, warps).keys),
         dqk(op.getHeadDimQk()), dv(op.getHeadDimV()), gqa(op.getGqa()),
         sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
         atomicDq(!op.getDeterministic()), elemTy(op.getElementType()) {}
+
+  static DqPassTiles dqTiles(FlashBwdOp op, int64_t br, int64_t bc,
+                             int64_t warps) {
+    TileConfig config;
+    config.blockM = br;
+    config.blockN = bc;
+    config.warps = warps;
+    return dqPassTiles(op.getHeadDimQk(), op.getSparseBlock(), config);
+  }
 
   void build() {
     buildPreprocess();
