@@ -54,14 +54,26 @@ InFlightDiagnostic TileKernelLowering::fail(Operation *op, StringRef what) {
   return op->emitOpError() << "cannot be lowered to the GPU: " << what;
 }
 
+const KernelPlacement::ColumnSplit *
+TileKernelLowering::splitOf(RankedTensorType ty) const {
+  for (const KernelPlacement::ColumnSplit &s : place.splits)
+    if (ty.getRank() == 2 && s.chunks > 1 && ty.getDimSize(1) == s.width)
+      return &s;
+  return nullptr;
+}
+
 bool TileKernelLowering::splitsCols(RankedTensorType ty) const {
-  return ty.getRank() == 2 && place.colChunks > 1 &&
-         ty.getDimSize(1) == spec.headDimV;
+  return activeSplit && activeSplit->chunks > 1 && ty.getRank() == 2 &&
+         ty.getDimSize(1) == activeSplit->width;
+}
+
+Value TileKernelLowering::colStart(RankedTensorType ty) {
+  return splitsCols(ty) ? splitStart : g.c32(0);
 }
 
 int64_t TileKernelLowering::paddedCols(RankedTensorType ty) const {
-  if (place.colChunk && ty.getDimSize(1) == spec.headDimV)
-    return place.colChunk;
+  if (splitsCols(ty))
+    return activeSplit->chunk;
   return roundUp(ty.getDimSize(1), 16);
 }
 
@@ -169,14 +181,23 @@ LogicalResult TileKernelLowering::assignHomes() {
                << ty;
       // Columns that become the product's columns (P V's V) follow the
       // product's split over grid.z; contracted columns are copied whole.
-      bool feedsColumns = llvm::any_of(v.getUses(), [](OpOperand &use) {
+      auto isColumns = [](OpOperand &use) {
         auto dot = cast<tile::DotOp>(use.getOwner());
         return use.getOperandNumber() == 1 && !dot.getTransposeRhs();
-      });
+      };
+      bool feedsColumns = llvm::any_of(v.getUses(), isColumns);
       SharedSlot slot;
-      slot.padCols =
-          feedsColumns ? paddedCols(ty) : roundUp(ty.getDimSize(1), 16);
-      slot.splitCols = feedsColumns && splitsCols(ty);
+      slot.padCols = roundUp(ty.getDimSize(1), 16);
+      if (const KernelPlacement::ColumnSplit *s = splitOf(ty);
+          s && feedsColumns) {
+        // Only product columns: the program's chunk is copied (P V's V);
+        // else every chunk's columns (zero past the tile), read at the
+        // program's offset.
+        slot.splitCols = llvm::all_of(v.getUses(), isColumns);
+        slot.padCols = slot.splitCols
+                           ? s->chunk
+                           : std::max(slot.padCols, s->chunk * s->chunks);
+      }
       slot.rowChunks = roundUp(slot.padCols / 8, 8);
       homes[v] = TileHome::Shared;
       addSlot(v, slot, ty.getDimSize(0) * slot.rowChunks * 16);
@@ -255,6 +276,7 @@ void TileKernelLowering::setUpThreads() {
 }
 
 LogicalResult TileKernelLowering::lowerBlock(Block &block) {
+  const bool outermost = isa<func::ReturnOp>(block.getTerminator());
   for (Operation &op : block.without_terminator()) {
     if (wg) {
       // Warpgroup MMAs: a batch ends at the first op outside it; an op
@@ -267,13 +289,70 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   }
   if (wg)
     settle(/*wait=*/true);
-  if (isa<func::ReturnOp>(block.getTerminator()))
+  if (outermost && branch < 0)
     mlir::gpu::ReturnOp::create(b);
   return success();
 }
 
+bool TileKernelLowering::otherBranchOutput(Operation *op) {
+  if (branch < 0)
+    return false;
+  if (isa<tile::AtomicAddOp>(op))
+    return branch == 1; // dQ belongs to the dK programs
+  auto store = dyn_cast<tile::StoreOp>(op);
+  return store && store.getBase() == fn.getArgument(branch ? abi::bwd::DK
+                                                           : abi::bwd::DV);
+}
+
+void TileKernelLowering::markLive() {
+  live.clear();
+  SmallVector<Value> work;
+  fn.walk([&](Operation *op) {
+    if (isa<tile::StoreOp, tile::AtomicAddOp>(op) && !otherBranchOutput(op))
+      work.append(op->getOperands().begin(), op->getOperands().end());
+  });
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    if (!live.insert(v).second)
+      continue;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      // A loop's carried value: its start and what each iteration yields.
+      if (auto loop = dyn_cast<scf::ForOp>(arg.getOwner()->getParentOp());
+          loop && arg.getArgNumber() > 0) {
+        unsigned i = arg.getArgNumber() - 1;
+        work.push_back(loop.getInitArgs()[i]);
+        work.push_back(loop.getBody()->getTerminator()->getOperand(i));
+      }
+      continue;
+    }
+    Operation *def = v.getDefiningOp();
+    if (auto loop = dyn_cast<scf::ForOp>(def)) {
+      unsigned i = cast<OpResult>(v).getResultNumber();
+      work.push_back(loop.getRegionIterArgs()[i]);
+      continue;
+    }
+    if (auto ifOp = dyn_cast<scf::IfOp>(def)) {
+      unsigned i = cast<OpResult>(v).getResultNumber();
+      work.push_back(ifOp.thenYield().getOperand(i));
+      work.push_back(ifOp.elseYield().getOperand(i));
+      continue;
+    }
+    work.append(def->getOperands().begin(), def->getOperands().end());
+  }
+}
+
 /// Hands \p op to its family's lowering; scalar ops are cloned as they are.
 LogicalResult TileKernelLowering::lowerOp(Operation *op) {
+  if (branch >= 0 && op->getNumRegions() == 0 && op->getNumResults() > 0 &&
+      llvm::all_of(op->getResults(), [&](Value v) {
+        return isTile(v) && !live.contains(v);
+      })) {
+    // Not needed by this branch's outputs: zeros, which the loops that
+    // carry them fold away.
+    for (Value v : op->getResults())
+      frags[v].regs.assign(regCount(tileType(v)), g.cf(0.0));
+    return success();
+  }
   if (auto l = dyn_cast<tile::LoadOp>(op))
     return lowerLoad(l);
   if (auto s = dyn_cast<tile::StoreOp>(op))
@@ -297,6 +376,8 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
     if (!dot || !dot.getTransposeLhs())
       return fail(op, "a tile.atomic_add is lowered only with the transposed "
                       "product it reduces");
+    if (otherBranchOutput(op))
+      return success();
     return lowerTransposedProduct(dot);
   }
   if (isa<memref::LoadOp>(op))
@@ -404,7 +485,36 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   map.map(fn.getArgument(pidArg + 1),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
 
-  if (failed(lowerBlock(fn.getBody().front())))
+  Block &body = fn.getBody().front();
+  if (place.splits.size() == 2) {
+    // The dK/dV kernel's programs: grid.z < dK's chunks take a chunk of dK
+    // (and dQ), the others one of dV; each branch lowers the whole body,
+    // and what does not reach its outputs is dead code.
+    const KernelPlacement::ColumnSplit &k = place.splits[0], &v = place.splits[1];
+    auto ifOp = scf::IfOp::create(
+        b, g.cmp(arith::CmpIPredicate::ult, chunk, g.c32(k.chunks)),
+        /*withElseRegion=*/true);
+    for (int which = 0; which < 2; ++which) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPoint((which ? ifOp.elseBlock() : ifOp.thenBlock())
+                              ->getTerminator());
+      branch = which;
+      activeSplit = &place.splits[which];
+      splitStart = which ? g.mul(g.sub(chunk, g.c32(k.chunks)), g.c32(v.chunk))
+                         : g.mul(chunk, g.c32(k.chunk));
+      markLive();
+      if (failed(lowerBlock(body)))
+        return failure();
+    }
+    branch = -1;
+    mlir::gpu::ReturnOp::create(b);
+    return checkPostconditions(kernel);
+  }
+  if (!place.splits.empty()) {
+    activeSplit = &place.splits[0];
+    splitStart = g.mul(chunk, g.c32(activeSplit->chunk));
+  }
+  if (failed(lowerBlock(body)))
     return failure();
   return checkPostconditions(kernel);
 }
@@ -420,8 +530,8 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
   p.regRows = config.blockM;
   p.mt = geo.mTiles;
   p.maxShared = geo.sharedBytes;
-  p.colChunk = geo.dvChunk;
-  p.colChunks = geo.dvChunks;
+  if (geo.dvChunks > 1)
+    p.splits.push_back({spec.headDimV, geo.dvChunk, geo.dvChunks});
   p.numBuffers = abi::NumBuffers;
   p.numIndexArgs = abi::NumIndexArgs;
   p.numF32Args = 1;
@@ -454,9 +564,8 @@ bool flashjit::conversion::tileLowersBackward(const AttentionSpec &spec,
     return true;
   GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
   if (role == "dq")
-    return geo.dqChunks == 1;
-  return geo.atomicDq && geo.kvCombined &&
-         (geo.kvQuerySplit == 1 || (wgmma && geo.wgmmaShape));
+    return true;
+  return geo.kvQuerySplit == 1 || (wgmma && geo.wgmmaShape);
 }
 
 LogicalResult flashjit::conversion::lowerTileBackwardKernel(
@@ -491,6 +600,8 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     p.mt = config.blockM / (16 * warps);
     p.maxShared = kMaxSharedBytes;
     p.reversePidM = spec.mask == MaskKind::Causal;
+    if (geo.dqChunks > 1)
+      p.splits.push_back({spec.headDimQK, geo.dqChunk, geo.dqChunks});
     if (p.mt < 1 || config.blockM % (16 * warps) != 0)
       return fn.emitError() << "the dQ pass's warps split its " << config.blockM
                             << " rows in 16-row tiles: block_m must be a "
@@ -507,6 +618,9 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.vectorAtomics = vectorAtomics;
   // Warpgroup MMAs: one warpgroup per 64 keys, one 16-key tile per warp.
   p.wgmma = wgmma && geo.wgmmaShape;
+  if (!geo.kvCombined)
+    p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
+                {spec.headDimV, geo.dvChunk, geo.dvChunks}};
   if (p.wgmma)
     p.mt = 1;
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());

@@ -68,8 +68,15 @@ struct KernelPlacement {
   /// m-tiles of them per warp.
   int64_t regRows = 0, mt = 0;
   int64_t maxShared = 0; ///< the dynamic shared memory the launcher gives
-  /// The forward's grid.z split of tiles as wide as V (0: none).
-  int64_t colChunk = 0, colChunks = 1;
+  /// A split of output columns over grid.z: a register tile `width` wide
+  /// holds `chunk` of its columns per program, over `chunks` programs.
+  struct ColumnSplit {
+    int64_t width = 0, chunk = 0, chunks = 1;
+  };
+  /// The forward's (V-wide tiles) and the dQ pass's (dQ-wide); the dK/dV
+  /// kernel's dK split, then its dV split: programs z < dK's chunks compute
+  /// a chunk of dK (and dQ), the others one of dV.
+  llvm::SmallVector<ColumnSplit, 2> splits;
   /// The ABI's argument groups (kernels/KernelABI.h), before pid_m, pid_bh.
   int numBuffers = 0, numIndexArgs = 0, numF32Args = 0;
   /// Causal: the grid's last Q blocks (the heaviest) start first.
@@ -152,6 +159,12 @@ private:
   LogicalResult assignHomes();
   LogicalResult checkPostconditions(mlir::gpu::GPUFuncOp kernel);
   void setUpThreads();
+
+  /// The dK/dV kernel's branches: the tiles that reach the branch's stores
+  /// and reductions (through loops and branches); the rest is not lowered.
+  void markLive();
+  /// Whether a store or reduction is the other branch's.
+  bool otherBranchOutput(Operation *op);
 
   // The walk: one op at a time, each op family by its lowering.
   LogicalResult lowerBlock(mlir::Block &block);
@@ -244,10 +257,14 @@ private:
   int64_t regCount(mlir::RankedTensorType ty) const;
   /// n-tiles (8 columns each) per thread of a 2-D register tile.
   int64_t nTiles(mlir::RankedTensorType ty) const;
-  /// Columns of a 2-D tile as the registers and slots hold them: the
-  /// grid.z chunk for tiles as wide as V, else padded to 16.
+  /// Columns of a 2-D register tile as the registers hold them: the grid.z
+  /// chunk for tiles the active split divides, else padded to 16.
   int64_t paddedCols(mlir::RankedTensorType ty) const;
   bool splitsCols(mlir::RankedTensorType ty) const;
+  /// The first column of the program's chunk of \p ty (i32; 0 unsplit).
+  Value colStart(mlir::RankedTensorType ty);
+  /// The split of the placement that divides tiles as wide as \p ty.
+  const KernelPlacement::ColumnSplit *splitOf(mlir::RankedTensorType ty) const;
   Value scalar(Value v) const { return map.lookup(v); }
   Value toI32(Value index);
   Value toI64(Value index);
@@ -308,6 +325,12 @@ private:
 
   // Thread geometry (i32) and the ldmatrix lane bases of each slot.
   Value smem, tid, lane, grp, tig, warpRow0, chunk;
+  /// The split of the program (branch) being lowered, its first column, and
+  /// the dK/dV kernel's branch (0: dK and dQ, 1: dV; -1: no branches).
+  const KernelPlacement::ColumnSplit *activeSplit = nullptr;
+  llvm::DenseSet<Value> live; ///< markLive's, for the branch being lowered
+  Value splitStart;
+  int branch = -1;
   struct SlotFrags {
     std::optional<gpu::FragmentAddresses> a, b, bTrans;
   };

@@ -61,10 +61,14 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
   r.stride = toI64(scalar(atomic.getStride()));
   r.row0 = toI32(scalar(atomic.getRow0()));
   r.bound = toI32(scalar(atomic.getRows()));
-  r.cols = tileType(atomic.getValue()).getDimSize(1);
+  RankedTensorType ty = tileType(atomic.getValue());
+  r.cols = ty.getDimSize(1);
   r.pairs = place.vectorAtomics && knownEven(atomic.getOffset()) &&
             knownEven(atomic.getStride());
-  r.checkCols = r.cols % 64 != 0;
+  // Columns past the tile exist where the 64-column groups or the chunks
+  // overhang it.
+  const KernelPlacement::ColumnSplit *s = splitsCols(ty) ? activeSplit : nullptr;
+  r.checkCols = r.cols % 64 != 0 || (s && s->chunk * s->chunks != r.cols);
   return r;
 }
 
@@ -132,7 +136,8 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   RankedTensorType resTy = op.getType();
   const int64_t rows = resTy.getDimSize(0), cols = resTy.getDimSize(1);
   const int64_t keys = tileType(lhs).getDimSize(0);
-  const int64_t padCols = roundUp(cols, 16);
+  const int64_t padCols = paddedCols(resTy);
+  (void)cols;
   const DqWarps w = dqWarps(place.threads / 32, 1);
   if (rows % 16 != 0 || keys % 16 != 0)
     return fail(op, "needs whole 16-row tiles");
@@ -147,13 +152,14 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
       lhsSlot.rowChunks));
   gpu::FragmentAddresses bT = inLoop(gpu::fragmentAddresses(
       g, gpu::FragmentPattern::BTrans, lane, g.c32(0),
-      g.add(slotOffset(rhs), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(128))),
+      g.add(g.add(slotOffset(rhs), g.mul(colStart(resTy), g.c32(2))),
+            g.mul(g.divU(warp, g.c32(w.cols)), g.c32(128))),
       rhsSlot.rowChunks,
       g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth / 8))));
 
   ReductionTarget red = reductionOf(atomic);
   Value warpCol0 =
-      g.add(g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64)),
+      g.add(g.add(colStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
             g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
                   g.mul(tig, g.c32(2))));
 

@@ -94,8 +94,12 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
       out.regs = frags[c].regs;
     else
       out.regs.assign(regCount(resTy), g.cf(0.0));
-    gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, *rf.bTrans, mt, nt,
-                       rs.padCols);
+    // A split product reads its chunk's columns of a slot holding all.
+    gpu::FragmentAddresses bT = *rf.bTrans;
+    if (splitsCols(resTy) && !rs.splitCols)
+      bT = bT.shifted(g, g.mul(splitStart, g.c32(2)));
+    gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, bT, mt, nt,
+                       paddedCols(resTy));
   } else {
     return fail(op, "this operand placement is not lowered on the GPU yet");
   }
@@ -204,8 +208,7 @@ LogicalResult TileKernelLowering::lowerIota(tile::IotaOp op) {
         out.regs.push_back(rowOf(mi, h));
   } else {
     const int64_t nt = nTiles(ty);
-    Value colBase =
-        splitsCols(ty) ? g.mul(chunk, g.c32(place.colChunk)) : g.c32(0);
+    Value colBase = colStart(ty);
     Value tig2 = g.add(colBase, g.mul(tig, g.c32(2)));
     for (int64_t mi = 0; mi < mt; ++mi)
       for (int64_t ni = 0; ni < nt; ++ni)

@@ -152,6 +152,8 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     return firstDot[x]->isBeforeInBlock(firstDot[y]);
   });
   const size_t n = loads.size();
+  for (tile::LoadOp l : loads) // a body lowered once per branch
+    beforeDot.erase(firstDot[l]);
   if (n >= 2)
     for (size_t i = 0; i < n; ++i) {
       beforeDot[firstDot[loads[i]]].issue.push_back(

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/TileToGPU.h"
+#include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -84,8 +85,7 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv,
   } else {
     const SharedSlot &slot = slots[op.getResult()];
     RankedTensorType ty = op.getType();
-    Value colBase =
-        slot.splitCols ? g.mul(chunk, g.c32(place.colChunk)) : g.c32(0);
+    Value colBase = slot.splitCols ? splitStart : g.c32(0);
     Value offset = toI64(local.lookup(op.getOffset()));
     Value stride = toI64(local.lookup(op.getStride()));
     Value row0 = toI32(local.lookup(op.getRow0()));
@@ -208,6 +208,9 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   Value v = op.getValue();
   if (homes.lookup(v) != TileHome::Registers || !frags.count(v))
     return fail(op, "only register tiles can be stored");
+  // The dK/dV kernel's branches store only their own output.
+  if (otherBranchOutput(op))
+    return success();
   const Fragment &f = frags[v];
   RankedTensorType ty = tileType(v);
   Type elem = ty.getElementType();
@@ -246,8 +249,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   }
   Value stride = toI64(scalar(op.getStride()));
   const int64_t nt = nTiles(ty);
-  Value colBase =
-      splitsCols(ty) ? g.mul(chunk, g.c32(place.colChunk)) : g.c32(0);
+  Value colBase = colStart(ty);
   Value cols = g.c32(ty.getDimSize(1));
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {

@@ -161,8 +161,12 @@ TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
                GpuBackwardGeometry::kPreprocessThreads, true);
       // A shape that wgmma could take pads the launcher's statistics to
       // 1 KiB on every target.
-      recorded("attention", geo.kvSmem.total, geo.threads, !geo.wgmmaShape);
-      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads(), true);
+      // Split columns: the launcher sizes every slot for the widest chunk
+      // set, the lowering only the slots read as product columns.
+      recorded("attention", geo.kvSmem.total, geo.threads,
+               !geo.wgmmaShape && geo.kvCombined);
+      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads(),
+               geo.dqChunks == 1);
     }
 }
 
