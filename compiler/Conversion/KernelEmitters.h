@@ -2,10 +2,9 @@
 //
 /// \file
 /// flashjit-lower-tiled-to-gpu (LowerTiledToGPU.cpp) walks the tiled
-/// functions and hands each to its op family's emitter: the forward
-/// (FlashFwdToGPU.cpp, functions carrying `attn.kernel`) or the backward
-/// (FlashBwdToGPU.cpp, `attn.kernel_backward`). Each emitter adds one
-/// gpu.func of the same name to the gpu.module. Internal.
+/// functions (carrying `attn.kernel`) and hands each to the tile IR's GPU
+/// lowering (TileToGPU.h), which adds one gpu.func of the same name to the
+/// gpu.module. Internal.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_COMPILER_CONVERSION_KERNELEMITTERS_H
@@ -29,26 +28,12 @@ mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes);
 
-/// Whether the tile lowering makes the backward kernel of \p role (today:
-/// the preprocess, dq_convert, the dQ pass up to 256 columns, and the
-/// dK/dV kernel with atomic dQ and both outputs in one program, on one warp
-/// row or on warpgroup MMAs); the others are still emitted from the
-/// description (FlashBwdToGPU.cpp).
-bool tileLowersBackward(const AttentionSpec &spec, const TileConfig &config,
-                        llvm::StringRef role, bool wgmma);
-
-/// Lowers a tiled backward function written in the tile dialect (one that
-/// tileLowersBackward accepts) into a gpu.func (TileToGPU.h).
+/// Lowers one of the backward's tiled functions, written in the tile
+/// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
 mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
                                             mlir::gpu::GPUModuleOp gpuModule,
                                             int64_t warps, int64_t copyBytes,
                                             bool vectorAtomics, bool wgmma);
-
-/// Lowers one of the three tiled backward functions from its description.
-mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
-                                        mlir::gpu::GPUModuleOp gpuModule,
-                                        int64_t warps, int64_t copyBytes,
-                                        bool vectorAtomics, bool wgmma);
 
 /// The AttentionSpec of a description's fields (an attn op's or an
 /// #attn.kernel's, both verified): the one mapping of mask names and

@@ -3,8 +3,8 @@
 /// \file
 /// The pass driver: creates `gpu.module @flashjit_kernels` with the dynamic
 /// shared memory symbol, lowers every tiled function (the forward's tile IR
-/// by the tile lowering, TileToGPU.h; the backward's three functions by
-/// their emitter, FlashBwdToGPU.cpp) and erases it. Before:
+/// and the backward's three functions alike, by the tile lowering,
+/// TileToGPU.h) and erases it. Before:
 ///
 ///   func.func @attention(...) attributes {attn.kernel = {...}}
 ///
@@ -73,7 +73,7 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
     return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
                           << copyBytes;
   if (spec.direction == Direction::Backward)
-    return success(); // FlashBwdToGPU checks its own geometry
+    return success(); // checked per role (TileToGPUPlacement.cpp)
   if (std::string p = gpuConfigProblem(spec, config, conversion::kMaxSharedBytes);
       !p.empty())
     return fn.emitError() << p;
@@ -163,15 +163,8 @@ struct LowerTiledToGPUPass
           failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
                                              config, copyBytes)))
         return signalPassFailure();
-      AttentionSpec spec = conversion::specFromAttr(attr);
-      LogicalResult lowered =
-          conversion::tileLowersBackward(spec, config, attr.getRole(), wgmma)
-              ? conversion::lowerTileBackwardKernel(fn, gpuModule, warps,
-                                                    copyBytes, vectorAtomics,
-                                                    wgmma)
-              : conversion::lowerBackwardKernel(fn, gpuModule, warps,
-                                                copyBytes, vectorAtomics,
-                                                wgmma);
+      LogicalResult lowered = conversion::lowerTileBackwardKernel(
+          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma);
       if (failed(lowered))
         return signalPassFailure();
       fn.erase();

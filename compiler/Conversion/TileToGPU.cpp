@@ -68,7 +68,10 @@ bool TileKernelLowering::splitsCols(RankedTensorType ty) const {
 }
 
 Value TileKernelLowering::colStart(RankedTensorType ty) {
-  return splitsCols(ty) ? splitStart : g.c32(0);
+  Value start = chunkStart(ty);
+  if (place.colParts > 1 && ty.getRank() == 2)
+    start = g.add(start, g.mul(colPart, g.c32(warpCols(ty))));
+  return start;
 }
 
 int64_t TileKernelLowering::paddedCols(RankedTensorType ty) const {
@@ -78,7 +81,7 @@ int64_t TileKernelLowering::paddedCols(RankedTensorType ty) const {
 }
 
 int64_t TileKernelLowering::nTiles(RankedTensorType ty) const {
-  return paddedCols(ty) / 8;
+  return warpCols(ty) / 8;
 }
 
 int64_t TileKernelLowering::regCount(RankedTensorType ty) const {
@@ -207,9 +210,28 @@ LogicalResult TileKernelLowering::assignHomes() {
   if (walk.wasInterrupted())
     return failure();
   walk = fn.walk([&](tile::DotOp dot) -> WalkResult {
-    if (!dot.getTransposeLhs())
-      return WalkResult::advance();
     Value lhs = dot.getLhs();
+    // With column parts, a register lhs is staged too (each warp holds part
+    // of its k-columns).
+    const bool partial = place.colParts > 1 &&
+                         homes.lookup(lhs) == TileHome::Registers;
+    if (!dot.getTransposeLhs() && !partial)
+      return WalkResult::advance();
+    if (partial && !dot.getTransposeLhs()) {
+      if (!lhs.getDefiningOp<arith::TruncFOp>())
+        return fail(dot, "a register lhs must be a tile rounded by "
+                         "arith.truncf");
+      if (!staging.count(lhs)) {
+        RankedTensorType ty = tileType(lhs);
+        SharedSlot slot;
+        slot.padCols = roundUp(ty.getDimSize(1), 16);
+        slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+        slot.offset = alignSlot(sharedBytes);
+        sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
+        staging[lhs] = slot;
+      }
+      return WalkResult::advance();
+    }
     auto round = lhs.getDefiningOp<arith::TruncFOp>();
     if (!round || homes.lookup(round.getIn()) != TileHome::Registers)
       return fail(dot, "a transposed lhs must be a register tile rounded by "
@@ -247,7 +269,10 @@ void TileKernelLowering::setUpThreads() {
   lane = g.remU(tid, g.c32(32));
   grp = g.divU(lane, g.c32(4));
   tig = g.remU(lane, g.c32(4));
-  warpRow0 = g.mul(warp, g.c32(mt * 16));
+  colPart = g.remU(warp, g.c32(place.colParts));
+  warpRow0 = g.mul(place.colParts > 1 ? g.divU(warp, g.c32(place.colParts))
+                                      : warp,
+                   g.c32(mt * 16));
   chunk = g.blockId(mlir::gpu::Dimension::z);
   if (place.wgmma) {
     wg.emplace(g, smem);
@@ -265,8 +290,14 @@ void TileKernelLowering::setUpThreads() {
       if (use.getOperandNumber() == 0 && !f.a)
         f.a = gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane, warpRow0,
                                      off, slot.rowChunks);
+      // The rows of a transposed rhs are the product's columns: the
+      // warp's part of them.
+      Value rows0 = place.colParts > 1
+                        ? g.mul(colPart, g.c32(tileType(v).getDimSize(0) /
+                                               place.colParts))
+                        : g.c32(0);
       if (use.getOperandNumber() == 1 && dot.getTransposeRhs() && !f.b)
-        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane, g.c32(0),
+        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane, rows0,
                                      off, slot.rowChunks);
       if (use.getOperandNumber() == 1 && !dot.getTransposeRhs() && !f.bTrans)
         f.bTrans = gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
@@ -517,112 +548,4 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (failed(lowerBlock(body)))
     return failure();
   return checkPostconditions(kernel);
-}
-
-/// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
-/// and grid.z split of V's columns.
-static KernelPlacement forwardPlacement(const AttentionSpec &spec,
-                                        const TileConfig &config) {
-  GpuGeometry geo = gpuGeometry(spec, config);
-  KernelPlacement p;
-  p.role = KernelRole::Forward;
-  p.threads = geo.threads;
-  p.regRows = config.blockM;
-  p.mt = geo.mTiles;
-  p.maxShared = geo.sharedBytes;
-  if (geo.dvChunks > 1)
-    p.splits.push_back({spec.headDimV, geo.dvChunk, geo.dvChunks});
-  p.numBuffers = abi::NumBuffers;
-  p.numIndexArgs = abi::NumIndexArgs;
-  p.numF32Args = 1;
-  p.reversePidM = spec.mask == MaskKind::Causal;
-  return p;
-}
-
-LogicalResult
-flashjit::conversion::lowerTileKernel(func::FuncOp fn,
-                                      mlir::gpu::GPUModuleOp gpuModule,
-                                      int64_t warps, int64_t copyBytes) {
-  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
-  AttentionSpec spec = specFromAttr(attr);
-  TileConfig config;
-  config.blockM = attr.getBlockM();
-  config.blockN = attr.getBlockN();
-  config.warps = warps;
-  if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
-    return failure();
-  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(b, fn, spec, config, copyBytes,
-                            forwardPlacement(spec, config))
-      .run(gpuModule);
-}
-
-bool flashjit::conversion::tileLowersBackward(const AttentionSpec &spec,
-                                              const TileConfig &config,
-                                              StringRef role, bool wgmma) {
-  if (role == "preprocess" || role == "dq_convert")
-    return true;
-  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
-  if (role == "dq")
-    return true;
-  return geo.kvQuerySplit == 1 || (wgmma && geo.wgmmaShape);
-}
-
-LogicalResult flashjit::conversion::lowerTileBackwardKernel(
-    func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool vectorAtomics, bool wgmma) {
-  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
-  AttentionSpec spec = specFromAttr(attr);
-  TileConfig config;
-  config.blockM = attr.getBlockM();
-  config.blockN = attr.getBlockN();
-  config.warps = warps;
-  // The dK/dV kernel's tiles are the description's Br x Bc; the dQ pass
-  // has its own (checked below), the row kernels need none.
-  if (std::string p = gpuBackwardConfigProblem(spec, config, INT64_MAX);
-      attr.getRole() == "main" && !p.empty())
-    return fn.emitError() << p;
-  KernelPlacement p;
-  p.numBuffers = abi::bwd::NumBuffers;
-  p.numIndexArgs = abi::bwd::NumIndexArgs;
-  p.numF32Args = abi::bwd::NumF32Args;
-  if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
-    p.threads = GpuBackwardGeometry::kPreprocessThreads;
-    return lowerRowKernel(fn, gpuModule, spec, p);
-  }
-  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
-  p.threads = geo.threads;
-  if (attr.getRole() == "dq") {
-    // The function's own tiles are the dQ pass's (dqRows x dqKeys, which
-    // the pipeline gives the tiling pass): one or two 16-row tiles per warp.
-    p.role = KernelRole::BackwardDq;
-    p.regRows = config.blockM;
-    p.mt = config.blockM / (16 * warps);
-    p.maxShared = kMaxSharedBytes;
-    p.reversePidM = spec.mask == MaskKind::Causal;
-    if (geo.dqChunks > 1)
-      p.splits.push_back({spec.headDimQK, geo.dqChunk, geo.dqChunks});
-    if (p.mt < 1 || config.blockM % (16 * warps) != 0)
-      return fn.emitError() << "the dQ pass's warps split its " << config.blockM
-                            << " rows in 16-row tiles: block_m must be a "
-                               "multiple of 16 * warps = "
-                            << 16 * warps;
-    ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-    return TileKernelLowering(b, fn, spec, config, copyBytes, p)
-        .run(gpuModule);
-  }
-  p.role = KernelRole::BackwardMain;
-  p.regRows = config.blockN;
-  p.mt = geo.keyTiles;
-  p.maxShared = geo.kvSmem.total;
-  p.vectorAtomics = vectorAtomics;
-  // Warpgroup MMAs: one warpgroup per 64 keys, one 16-key tile per warp.
-  p.wgmma = wgmma && geo.wgmmaShape;
-  if (!geo.kvCombined)
-    p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
-                {spec.headDimV, geo.dvChunk, geo.dvChunks}};
-  if (p.wgmma)
-    p.mt = 1;
-  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }

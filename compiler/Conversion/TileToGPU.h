@@ -83,6 +83,11 @@ struct KernelPlacement {
   bool reversePidM = false;
   /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).
   bool vectorAtomics = false;
+  /// Warps along the columns of every 2-D register tile (the dK/dV kernel's
+  /// 2-D warp grid: 2): warp w holds rows of part w / colParts and columns
+  /// of half w % colParts; a product's register lhs then goes through a
+  /// staging slot, since each warp holds only part of its k-columns.
+  int64_t colParts = 1;
   /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
   /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
   bool wgmma = false;
@@ -261,8 +266,17 @@ private:
   /// chunk for tiles the active split divides, else padded to 16.
   int64_t paddedCols(mlir::RankedTensorType ty) const;
   bool splitsCols(mlir::RankedTensorType ty) const;
-  /// The first column of the program's chunk of \p ty (i32; 0 unsplit).
+  /// Columns of a 2-D register tile one warp holds (paddedCols / colParts).
+  int64_t warpCols(mlir::RankedTensorType ty) const {
+    return paddedCols(ty) / place.colParts;
+  }
+  /// The first column of the warp's columns of \p ty: the program's chunk
+  /// and the warp's part of it (i32).
   Value colStart(mlir::RankedTensorType ty);
+  /// The first column of the program's chunk of \p ty alone (i32).
+  Value chunkStart(mlir::RankedTensorType ty) {
+    return splitsCols(ty) ? splitStart : g.c32(0);
+  }
   /// The split of the placement that divides tiles as wide as \p ty.
   const KernelPlacement::ColumnSplit *splitOf(mlir::RankedTensorType ty) const;
   Value scalar(Value v) const { return map.lookup(v); }
@@ -325,6 +339,9 @@ private:
 
   // Thread geometry (i32) and the ldmatrix lane bases of each slot.
   Value smem, tid, lane, grp, tig, warpRow0, chunk;
+  Value colPart; ///< the warp's column part (KernelPlacement::colParts)
+  /// Staging slots written since the last barrier (stageTransposed).
+  bool staged = false;
   /// The split of the program (branch) being lowered, its first column, and
   /// the dK/dV kernel's branch (0: dK and dQ, 1: dV; -1: no branches).
   const KernelPlacement::ColumnSplit *activeSplit = nullptr;

@@ -92,10 +92,10 @@ void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
       Value row = g.add(warpRow0, g.add(g.c32(mi * 16 + 8 * h), grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
         const int64_t rows = tileType(v).getDimSize(0);
-        Value chunkAt =
-            place.wgmma
-                ? g.swizzledBlocked(row, g.c32(ni * 8), blockBytes(rows))
-                : g.swizzled(row, g.c32(ni * 8), slot.rowChunks);
+        Value col = g.add(colStart(tileType(v)), g.c32(ni * 8));
+        Value chunkAt = place.wgmma
+                            ? g.swizzledBlocked(row, col, blockBytes(rows))
+                            : g.swizzled(row, col, slot.rowChunks);
         Value at = g.add(g.c32(slot.offset),
                          g.add(chunkAt, g.mul(tig, g.c32(4))));
         const Value *r = &f.regs[(mi * nt + ni) * 4 + 2 * h];
@@ -103,6 +103,7 @@ void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
                               g.sharedBytePtr(smem, at));
       }
     }
+  staged = true;
 }
 
 /// `tile.atomic_add (tile.dot %lhs, %rhs {transpose_lhs})` with %lhs a
@@ -134,32 +135,39 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
     return lowerWgmmaTransposed(op, atomic);
   const SharedSlot &lhsSlot = staging[lhs], &rhsSlot = slots[rhs];
   RankedTensorType resTy = op.getType();
-  const int64_t rows = resTy.getDimSize(0), cols = resTy.getDimSize(1);
+  const int64_t rows = resTy.getDimSize(0);
   const int64_t keys = tileType(lhs).getDimSize(0);
   const int64_t padCols = paddedCols(resTy);
-  (void)cols;
-  const DqWarps w = dqWarps(place.threads / 32, 1);
-  if (rows % 16 != 0 || keys % 16 != 0)
+  // With column parts (the 2-D warp grid) the rows go in as many parts.
+  const int64_t rowSplit = place.colParts;
+  const DqWarps w = dqWarps(place.threads / 32, rowSplit);
+  if (rows % (16 * rowSplit) != 0 || keys % 16 != 0)
     return fail(op, "needs whole 16-row tiles");
 
-  g.barrier(); // every warp's part of the lhs is staged
-  Value warp = g.divU(tid, g.c32(32));
+  if (staged) // every warp's part of the lhs is staged
+    g.barrier();
+  staged = false;
+  Value warpInBlock = g.divU(tid, g.c32(32));
+  const int64_t perPart = place.threads / 32 / rowSplit;
+  Value rowPart = rowSplit > 1 ? g.divU(warpInBlock, g.c32(perPart)) : Value();
+  Value warp = rowSplit > 1 ? g.remU(warpInBlock, g.c32(perPart)) : warpInBlock;
   auto inLoop = [&](gpu::FragmentAddresses f) {
     return loopIv ? f.inLoop(g) : f;
   };
   gpu::FragmentAddresses aT = inLoop(gpu::fragmentAddresses(
       g, gpu::FragmentPattern::B, lane, g.c32(0), g.c32(lhsSlot.offset),
-      lhsSlot.rowChunks));
+      lhsSlot.rowChunks,
+      rowPart ? g.mul(rowPart, g.c32(rows / rowSplit / 8)) : Value()));
   gpu::FragmentAddresses bT = inLoop(gpu::fragmentAddresses(
       g, gpu::FragmentPattern::BTrans, lane, g.c32(0),
-      g.add(g.add(slotOffset(rhs), g.mul(colStart(resTy), g.c32(2))),
+      g.add(g.add(slotOffset(rhs), g.mul(chunkStart(resTy), g.c32(2))),
             g.mul(g.divU(warp, g.c32(w.cols)), g.c32(128))),
       rhsSlot.rowChunks,
       g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth / 8))));
 
   ReductionTarget red = reductionOf(atomic);
   Value warpCol0 =
-      g.add(g.add(colStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
+      g.add(g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
             g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
                   g.mul(tig, g.c32(2))));
 
@@ -170,12 +178,15 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         chunks.push_back(8 * r * w.groups + 2 * jj);
         colConst.push_back(64 * r * w.groups + 16 * jj);
       }
-    const int64_t mtQ = rows / 16, nt2 = int64_t(chunks.size()) * 2;
+    const int64_t mtQ = rows / rowSplit / 16,
+                  nt2 = int64_t(chunks.size()) * 2;
     std::vector<gpu::Acc> acc =
         gpu::mmaProductTransposed(g, smem, aT, bT, mtQ, chunks, keys / 16);
     for (int64_t mi = 0; mi < mtQ; ++mi)
       for (int64_t h = 0; h < 2; ++h) {
         Value q = g.add(g.c32(mi * 16 + 8 * h), grp);
+        if (rowPart)
+          q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
         for (int64_t n = 0; n < nt2; ++n) {
           const gpu::Acc &v = acc[mi * nt2 + n];
           reducePair(g, red, q,
@@ -189,7 +200,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   // phases that have a group.
   const int64_t groups = ceilDiv(padCols, 64);
   const int64_t fullRounds = groups / w.groups;
-  const int64_t regsPerRound = rows / 16 * (w.colWidth / 8) * 4;
+  const int64_t regsPerRound = rows / rowSplit / 16 * (w.colWidth / 8) * 4;
   const int64_t perSlab = std::max<int64_t>(1, 64 / regsPerRound);
   for (int64_t r0 = 0; r0 < fullRounds; r0 += perSlab) {
     SmallVector<int64_t> rounds;

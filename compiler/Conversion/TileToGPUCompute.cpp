@@ -80,6 +80,42 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     for (const gpu::Acc &a : acc)
       out.regs.append(a.begin(), a.end());
   } else if (homes.lookup(lhs) == TileHome::Registers &&
+             !op.getTransposeRhs() && place.colParts > 1) {
+    // The 2-D warp grid: the warp's rows of the staged lhs over all its
+    // k-columns, the warp's part of the product's columns.
+    if (!staging.count(lhs))
+      return fail(op, "a register lhs must be staged here");
+    if (staged)
+      g.barrier(); // every warp's part of the lhs is staged
+    staged = false;
+    const SharedSlot &ls = staging[lhs];
+    auto inLoop = [&](gpu::FragmentAddresses f) {
+      return loopIv ? f.inLoop(g) : f;
+    };
+    gpu::FragmentAddresses a = inLoop(gpu::fragmentAddresses(
+        g, gpu::FragmentPattern::A, lane, warpRow0, g.c32(ls.offset),
+        ls.rowChunks));
+    // An offset of whole groups of 8 chunks moves the base; else the lane
+    // chunk takes it.
+    const int64_t partChunks = warpCols(resTy) / 8;
+    Value part = g.mul(colPart, g.c32(partChunks));
+    Value base = g.add(slotOffset(rhs), g.mul(chunkStart(resTy), g.c32(2)));
+    gpu::FragmentAddresses bT = inLoop(
+        partChunks % 8 == 0
+            ? gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
+                                     g.c32(0),
+                                     g.add(base, g.mul(part, g.c32(16))),
+                                     rs.rowChunks)
+            : gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
+                                     g.c32(0), base, rs.rowChunks, part));
+    if (Value c = op.getAcc())
+      out.regs = frags[c].regs;
+    else
+      out.regs.assign(regCount(resTy), g.cf(0.0));
+    gpu::mmaAccumulateShared(g, smem, out.regs, a, bT, mt,
+                             tileType(lhs).getDimSize(1) / 16,
+                             warpCols(resTy));
+  } else if (homes.lookup(lhs) == TileHome::Registers &&
              !op.getTransposeRhs()) {
     const Fragment &p = frags[lhs];
     if (!p.pendingRound)
@@ -99,7 +135,7 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     if (splitsCols(resTy) && !rs.splitCols)
       bT = bT.shifted(g, g.mul(splitStart, g.c32(2)));
     gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, bT, mt, nt,
-                       paddedCols(resTy));
+                       warpCols(resTy));
   } else {
     return fail(op, "this operand placement is not lowered on the GPU yet");
   }
@@ -164,10 +200,11 @@ LogicalResult TileKernelLowering::lowerBroadcast(tile::BroadcastOp op) {
     if (splitsCols(op.getType()))
       return fail(op, "its columns are split over programs");
     Value base = slotOffset(op.getValue());
+    Value first = colStart(op.getType());
     SmallVector<Value> cols;
     for (int64_t ni = 0; ni < nt; ++ni)
       for (int64_t e = 0; e < 2; ++e) {
-        Value c = g.add(g.c32(ni * 8 + e), g.mul(tig, g.c32(2)));
+        Value c = g.add(first, g.add(g.c32(ni * 8 + e), g.mul(tig, g.c32(2))));
         Value at = g.add(base, g.mul(c, g.c32(4)));
         cols.push_back(
             LLVM::LoadOp::create(b, g.f32, g.sharedBytePtr(smem, at)));

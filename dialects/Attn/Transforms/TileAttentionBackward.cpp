@@ -48,8 +48,8 @@
 ///     }
 ///     tile.store truncf(%dq * scale)
 ///
-/// These are the GPU kernels' algorithms (compiler/Conversion/
-/// FlashBwdToGPU.cpp): the same loops, masks and rounding points. dS is
+/// The CPU and the GPU (compiler/Conversion/TileToGPU.h) both compile these
+/// functions, so every loop, mask and rounding point is decided here. dS is
 /// computed from P rounded to the element type (the P that dV's matmul
 /// takes); P and dS are rounded where they feed a matmul. With GQA the main
 /// program sums dK and dV over the query heads of its KV head's group.

@@ -7,8 +7,8 @@
 /// P = exp2(S * scale * log2(e) - lse * log2(e)) with one FMA from the
 /// preprocessing's -lse * log2(e), mask it where the block pair needs it,
 /// round it to the element type, and take dS from the rounded P:
-/// dS = P (dP - delta), rounded too. The masks are the GPU kernels'
-/// (FlashBwdToGPU.cpp's probabilities() and maskTiles()), branch for branch.
+/// dS = P (dP - delta), rounded too. Only block pairs that straddle the
+/// band (or Nkv) pay for the element mask.
 //
 //===----------------------------------------------------------------------===//
 
