@@ -11,6 +11,7 @@
 #define FLASHJIT_KERNELS_GPUGEOMETRY_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/KernelABI.h"
 
 #include <algorithm>
 #include <array>
@@ -165,7 +166,9 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
 /// of 64), one chunk of one of them per program (grid.z), each recomputing
 /// P (and dP for dK) in full.
 struct GpuBackwardGeometry {
-  static constexpr int64_t kPreprocessRows = 64;
+  /// Rows per program of the preprocessing and the dQ conversion: the
+  /// tiled row kernels' (kernels/KernelABI.h).
+  static constexpr int64_t kPreprocessRows = abi::bwd::kRowBlockRows;
   static constexpr int64_t kPreprocessThreads = 128;
   int64_t threads; ///< 32 * warps
   /// dK/dV kernel: warps along the Br queries of S^T and dP^T. 1: every
@@ -230,6 +233,20 @@ struct GpuBackwardGeometry {
   int64_t dqSharedBytes() const { return atomicDq ? 0 : dqSmem.total; }
 };
 
+/// How the warps of the dK/dV kernel split dQ = dS K (atomic dQ): the Br
+/// rows go in rowSplit parts (warp / (warps / rowSplit)); within a part
+/// (warp % (warps / rowSplit)), the columns go in groups of 64, `cols` warps
+/// split each group into contiguous pieces of colWidth, and `groups` warp
+/// phases take the groups round robin.
+struct DqWarps {
+  int64_t rowSplit, cols, groups, colWidth;
+};
+inline DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
+  int64_t perPart = warps / rowSplit;
+  int64_t cols = perPart % 4 == 0 ? 4 : perPart % 2 == 0 ? 2 : 1;
+  return {rowSplit, cols, perPart / cols, 64 / cols};
+}
+
 /// Splits \p pad columns into chunks of at most \p maxChunk (a multiple of
 /// 64 when there is more than one).
 inline void splitColumns(int64_t pad, int64_t maxChunk, int64_t &chunk,
@@ -237,6 +254,27 @@ inline void splitColumns(int64_t pad, int64_t maxChunk, int64_t &chunk,
   chunks = ceilDiv(pad, maxChunk);
   chunk = chunks == 1 ? pad : roundUp(ceilDiv(pad, chunks), 64);
   chunks = ceilDiv(pad, chunk);
+}
+
+/// The separate dQ pass's tiles (deterministic dQ): Br rows and Bc keys,
+/// except where Br gives each warp one 16-row tile and dQ fits (dqChunk <=
+/// 128, at most 4 warps): then two 16-row tiles per warp and 32 keys per
+/// step, so that every K/V fragment feeds two MMAs and the accumulators
+/// stay in registers. The tiling pass makes the dQ function with these
+/// tiles (its `warps` option), so the CPU runs what the GPU runs.
+struct DqPassTiles {
+  int64_t rows, keys;
+};
+inline DqPassTiles dqPassTiles(int64_t headDimQK, int64_t sparseBlock,
+                               const TileConfig &config) {
+  int64_t chunk = 0, chunks = 0;
+  splitColumns(roundUp(headDimQK, 16), 256, chunk, chunks);
+  const int64_t wideRows = 32 * config.warps;
+  bool wide = config.blockM < wideRows && chunk <= 128 && config.warps <= 4 &&
+              (sparseBlock == 0 ||
+               (sparseBlock % wideRows == 0 && sparseBlock % 32 == 0));
+  return wide ? DqPassTiles{wideRows, 32}
+              : DqPassTiles{config.blockM, config.blockN};
 }
 
 inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
@@ -262,14 +300,10 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
-  const int64_t wideRows = 32 * config.warps;
-  bool wide =
-      config.blockM < wideRows && g.dqChunk <= 128 && config.warps <= 4 &&
-      (!spec.blockSparse ||
-       (spec.sparseBlock % wideRows == 0 && spec.sparseBlock % 32 == 0));
-  g.rowTiles = wide ? 2 : config.blockM / (16 * config.warps);
-  g.dqRows = wide ? wideRows : config.blockM;
-  g.dqKeys = wide ? 32 : config.blockN;
+  DqPassTiles dqTiles = dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, config);
+  g.rowTiles = dqTiles.rows / (16 * config.warps);
+  g.dqRows = dqTiles.rows;
+  g.dqKeys = dqTiles.keys;
   // Rows cover every chunk's columns (the last chunk may pass the head dim;
   // those columns are zero-filled and never stored).
   g.qkCols =

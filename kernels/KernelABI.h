@@ -109,8 +109,8 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///   buffers:  q, k, v, o, do (element type; do shaped as o),
 ///             lse (f32 [B, H, Nq], from the forward; -inf: the row sees no
 ///             key), delta (f32 [2, B, H, Nq] workspace: rowsum(do * o),
-///             then -lse * log2(e), -inf where lse = -inf; the CPU kernels
-///             use the first half only),
+///             then -lse * log2(e), -inf where lse = -inf; on both
+///             targets),
 ///             dq_accum (f32 [B, H, Nq, dqk] workspace, row-major, logical
 ///             dqk, no padding; after delta in one workspace: atomic dQ
 ///             only, see below; a deterministic backward neither reads nor
@@ -125,12 +125,13 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///
 /// lse, delta and dq_accum are packed. dQ comes in two modes, the
 /// attn.flash_bwd's `deterministic` (AttentionSpec::deterministic,
-/// dqAccumulation()), recorded with every function's role in its
-/// `attn.kernel_backward` (`deterministic`, a BoolAttr). What pid_m and
-/// pid_bh mean depends on the function:
-///   @f_preprocess  (role "preprocess") pid_m = Q block of Br rows,
-///                  pid_bh = b * H + h: writes delta of those rows; atomic
-///                  mode: also dq_accum[b, h, q, 0 .. dqk) = 0.
+/// dqAccumulation()), recorded with every function's role and tiling in its
+/// `attn.kernel` (`deterministic`). What pid_m and pid_bh mean depends on
+/// the function:
+///   @f_preprocess  (role "preprocess") pid_m = block of kRowBlockRows
+///                  rows, pid_bh = b * H + h: writes both halves of delta
+///                  for those rows; atomic mode: also dq_accum[b, h, q,
+///                  0 .. dqk) = 0.
 ///   @f             (role "main") pid_m = KV block of Bc keys,
 ///                  pid_bh = b * (H / gqa) + hk: walks the Q blocks that see
 ///                  the block, for every query head of the group, and writes
@@ -138,10 +139,12 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///                  of those blocks, dq_accum[b, h, q, :] += sum over its
 ///                  keys of dS[q, key] * K[key, :] (f32 atomic adds;
 ///                  unscaled; dS rounded to the element type, as for dK).
-///   @f_dq          atomic mode (role "dq_convert"): pid_m = Q block of Br
-///                  rows, pid_bh = b * H + h: dQ[b, h, q, c] =
+///   @f_dq          atomic mode (role "dq_convert"): pid_m = block of
+///                  kRowBlockRows rows, pid_bh = b * H + h: dQ[b, h, q, c] =
 ///                  element_type(dq_accum[b, h, q, c] * scale) of its rows.
-///                  Deterministic (role "dq"): the same grid walks the KV
+///                  Deterministic (role "dq"): pid_m = Q block of the
+///                  function's own block_m rows (the pass's dq-block-m,
+///                  block-m by default), pid_bh = b * H + h; walks the KV
 ///                  blocks its rows see and writes dQ of its rows (dQ by a
 ///                  separate pass over Q blocks: bit-identical run to run).
 /// Run the grids in that order: @f_preprocess, @f, @f_dq.
@@ -212,6 +215,12 @@ enum IndexArg : int {
 
 /// The f32 arguments after the index arguments, then pid_m and pid_bh.
 enum ScalarArg : int { ScaleLog2e, Scale, NumF32Args };
+
+/// Rows per program of the row kernels: @f_preprocess and atomic dQ's
+/// conversion (role "dq_convert"), whatever the tiling; on both targets
+/// (GpuBackwardGeometry::kPreprocessRows is this), so that their grid is
+/// ceil(Nq / kRowBlockRows) x (B * H).
+constexpr int64_t kRowBlockRows = 64;
 
 /// Suffixes of the three functions' names (the main one has none).
 inline constexpr const char *kPreprocessSuffix = "_preprocess";

@@ -2,10 +2,9 @@
 //
 /// \file
 /// flashjit-lower-tiled-to-gpu (LowerTiledToGPU.cpp) walks the tiled
-/// functions and hands each to its op family's emitter: the forward
-/// (FlashFwdToGPU.cpp, functions carrying `attn.kernel`) or the backward
-/// (FlashBwdToGPU.cpp, `attn.kernel_backward`). Each emitter adds one
-/// gpu.func of the same name to the gpu.module. Internal.
+/// functions (carrying `attn.kernel`) and hands each to the tile IR's GPU
+/// lowering (TileToGPU.h), which adds one gpu.func of the same name to the
+/// gpu.module. Internal.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_COMPILER_CONVERSION_KERNELEMITTERS_H
@@ -19,17 +18,22 @@
 
 namespace flashjit::conversion {
 
+/// The most dynamic shared memory any target gives one block (sm_90: 227
+/// KB); a device with less is checked again by the launcher.
+constexpr int64_t kMaxSharedBytes = 232448;
+
 /// Lowers a tiled forward function, written in the tile dialect, into a
 /// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes);
 
-/// Lowers one of the three tiled backward functions.
-mlir::LogicalResult lowerBackwardKernel(mlir::func::FuncOp fn,
-                                        mlir::gpu::GPUModuleOp gpuModule,
-                                        int64_t warps, int64_t copyBytes,
-                                        bool vectorAtomics, bool wgmma);
+/// Lowers one of the backward's tiled functions, written in the tile
+/// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
+mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
+                                            mlir::gpu::GPUModuleOp gpuModule,
+                                            int64_t warps, int64_t copyBytes,
+                                            bool vectorAtomics, bool wgmma);
 
 /// The AttentionSpec of a description's fields (an attn op's or an
 /// #attn.kernel's, both verified): the one mapping of mask names and

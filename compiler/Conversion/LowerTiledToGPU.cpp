@@ -3,8 +3,8 @@
 /// \file
 /// The pass driver: creates `gpu.module @flashjit_kernels` with the dynamic
 /// shared memory symbol, lowers every tiled function (the forward's tile IR
-/// by the tile lowering, TileToGPU.h; the backward's three functions by
-/// their emitter, FlashBwdToGPU.cpp) and erases it. Before:
+/// and the backward's three functions alike, by the tile lowering,
+/// TileToGPU.h) and erases it. Before:
 ///
 ///   func.func @attention(...) attributes {attn.kernel = {...}}
 ///
@@ -63,10 +63,6 @@ AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
                        attr.getSparseBlock(), attr.getDeterministic());
 }
 
-/// The most dynamic shared memory any target gives one block (sm_90: 227
-/// KB); a device with less is checked again by the launcher.
-static constexpr int64_t kMaxSharedBytes = 232448;
-
 LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                                           const AttentionSpec &spec,
                                           const TileConfig &config,
@@ -77,8 +73,8 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
     return fn.emitError() << "copy-bytes must be 2, 4, 8 or 16, got "
                           << copyBytes;
   if (spec.direction == Direction::Backward)
-    return success(); // FlashBwdToGPU checks its own geometry
-  if (std::string p = gpuConfigProblem(spec, config, kMaxSharedBytes);
+    return success(); // checked per role (TileToGPUPlacement.cpp)
+  if (std::string p = gpuConfigProblem(spec, config, conversion::kMaxSharedBytes);
       !p.empty())
     return fn.emitError() << p;
   GpuGeometry geo = gpuGeometry(spec, config);
@@ -167,8 +163,9 @@ struct LowerTiledToGPUPass
           failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
                                              config, copyBytes)))
         return signalPassFailure();
-      if (failed(conversion::lowerBackwardKernel(
-              fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma)))
+      LogicalResult lowered = conversion::lowerTileBackwardKernel(
+          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma);
+      if (failed(lowered))
         return signalPassFailure();
       fn.erase();
     }

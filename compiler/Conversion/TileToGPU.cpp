@@ -44,28 +44,44 @@ using namespace flashjit::conversion;
 TileKernelLowering::TileKernelLowering(ImplicitLocOpBuilder &b, func::FuncOp fn,
                                        const AttentionSpec &spec,
                                        const TileConfig &config,
-                                       int64_t copyBytes)
+                                       int64_t copyBytes,
+                                       const KernelPlacement &place)
     : b(b), g(b, spec.dtype == DType::BF16 ? gpu::Elem::BF16 : gpu::Elem::F16),
-      fn(fn), spec(spec), config(config), copyBytes(copyBytes),
-      geo(gpuGeometry(spec, config)), mt(geo.mTiles) {}
+      fn(fn), spec(spec), config(config), copyBytes(copyBytes), place(place),
+      mt(place.mt) {}
 
 InFlightDiagnostic TileKernelLowering::fail(Operation *op, StringRef what) {
   return op->emitOpError() << "cannot be lowered to the GPU: " << what;
 }
 
+const KernelPlacement::ColumnSplit *
+TileKernelLowering::splitOf(RankedTensorType ty) const {
+  for (const KernelPlacement::ColumnSplit &s : place.splits)
+    if (ty.getRank() == 2 && s.chunks > 1 && ty.getDimSize(1) == s.width)
+      return &s;
+  return nullptr;
+}
+
 bool TileKernelLowering::splitsCols(RankedTensorType ty) const {
-  return ty.getRank() == 2 && geo.dvChunks > 1 &&
-         ty.getDimSize(1) == spec.headDimV;
+  return activeSplit && activeSplit->chunks > 1 && ty.getRank() == 2 &&
+         ty.getDimSize(1) == activeSplit->width;
+}
+
+Value TileKernelLowering::colStart(RankedTensorType ty) {
+  Value start = chunkStart(ty);
+  if (place.colParts > 1 && ty.getRank() == 2)
+    start = g.add(start, g.mul(colPart, g.c32(warpCols(ty))));
+  return start;
 }
 
 int64_t TileKernelLowering::paddedCols(RankedTensorType ty) const {
-  if (ty.getDimSize(1) == spec.headDimV)
-    return geo.dvChunk;
+  if (splitsCols(ty))
+    return activeSplit->chunk;
   return roundUp(ty.getDimSize(1), 16);
 }
 
 int64_t TileKernelLowering::nTiles(RankedTensorType ty) const {
-  return paddedCols(ty) / 8;
+  return warpCols(ty) / 8;
 }
 
 int64_t TileKernelLowering::regCount(RankedTensorType ty) const {
@@ -79,12 +95,55 @@ Value TileKernelLowering::toI64(Value index) {
   return arith::IndexCastOp::create(b, g.i64, index);
 }
 
-/// A tile.load whose every user is a tile.dot lives in a shared-memory slot
-/// (the slots in program order, as kernels/GpuGeometry.h lays them out for
-/// the launcher); every other tile lives in registers, whose rows must be
-/// the program's Br.
+/// Whether every user of \p v is a tile.broadcast along dim 0.
+static bool onlyColumnBroadcasts(Value v) {
+  return !v.use_empty() && llvm::all_of(v.getUsers(), [](Operation *u) {
+    auto bc = dyn_cast<tile::BroadcastOp>(u);
+    return bc && bc.getDim() == 0;
+  });
+}
+
+/// A tile.load whose every user is a tile.dot lives in a shared-memory slot,
+/// a rank-1 f32 load read only by per-column broadcasts in a SharedVector
+/// slot (the slots in program order, as kernels/GpuGeometry.h lays them out
+/// for the launcher); every other tile lives in registers, whose rows must
+/// be the placement's (a transposed product's excepted: its reduction into
+/// global memory distributes it, TileToGPUAtomics.cpp). A loop whose shared
+/// tiles have several reader dots, or which reads a SharedVector, has its
+/// slots double-buffered (lowerDoubleBufferedFor): the second stage follows
+/// the first. Register tiles that a product reads transposed get staging
+/// slots after every other.
 LogicalResult TileKernelLowering::assignHomes() {
+  auto addSlot = [&](Value v, SharedSlot slot, int64_t bytes) {
+    slot.offset = isTile(v) && tileType(v).getRank() == 2
+                      ? alignSlot(sharedBytes)
+                      : sharedBytes;
+    sharedBytes += roundUp(bytes, 16);
+    slots[v] = slot;
+  };
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
+    if (auto loop = dyn_cast<scf::ForOp>(op)) {
+      // Post-order: the loop's own loads have the latest slots.
+      int64_t first = -1, readers = 0;
+      bool vectors = false;
+      for (Operation &inner : loop.getBody()->without_terminator()) {
+        auto load = dyn_cast<tile::LoadOp>(&inner);
+        if (!load || !slots.count(load.getResult()))
+          continue;
+        if (first < 0)
+          first = slots[load.getResult()].offset;
+        vectors |= homes[load.getResult()] == TileHome::SharedVector;
+        readers = std::max<int64_t>(
+            readers, std::distance(load->getUsers().begin(),
+                                   load->getUsers().end()));
+      }
+      if (first >= 0 && (vectors || readers > 1)) {
+        int64_t stage = alignSlot(sharedBytes) - first;
+        doubleBuffered[loop] = stage;
+        sharedBytes = first + 2 * stage;
+      }
+      return WalkResult::advance();
+    }
     for (Value v : op->getResults()) {
       if (!isTile(v))
         continue;
@@ -94,13 +153,29 @@ LogicalResult TileKernelLowering::assignHomes() {
                       llvm::all_of(v.getUsers(), [](Operation *u) {
                         return isa<tile::DotOp>(u);
                       });
+      if (load && ty.getRank() == 1 && ty.getElementType().isF32() &&
+          onlyColumnBroadcasts(v)) {
+        homes[v] = TileHome::SharedVector;
+        addSlot(v, SharedSlot(), ty.getDimSize(0) * 4);
+        continue;
+      }
+      if (load && ty.getRank() == 1 && ty.getElementType().isF32()) {
+        homes[v] = TileHome::Registers; // per-row values, read from memory
+        continue;
+      }
+      auto dot = dyn_cast<tile::DotOp>(op);
+      if (dot && dot.getTransposeLhs()) {
+        homes[v] = TileHome::Registers;
+        continue;
+      }
       if (!onlyDots) {
         if (load)
-          return fail(op, "a tile.load must feed only tile.dot (register "
-                          "loads are not implemented yet)");
-        if (ty.getDimSize(0) != config.blockM)
-          return fail(op, "register tiles must have Br = ")
-                 << config.blockM << " rows, got " << ty;
+          return fail(op, "a tile.load must feed only tile.dot, or (rank 1, "
+                          "f32) only per-column broadcasts (register loads "
+                          "are not implemented yet)");
+        if (ty.getDimSize(0) != place.regRows)
+          return fail(op, "register tiles must have ")
+                 << place.regRows << " rows here, got " << ty;
         homes[v] = TileHome::Registers;
         continue;
       }
@@ -109,28 +184,80 @@ LogicalResult TileKernelLowering::assignHomes() {
                << ty;
       // Columns that become the product's columns (P V's V) follow the
       // product's split over grid.z; contracted columns are copied whole.
-      bool feedsColumns = llvm::any_of(v.getUses(), [](OpOperand &use) {
+      auto isColumns = [](OpOperand &use) {
         auto dot = cast<tile::DotOp>(use.getOwner());
         return use.getOperandNumber() == 1 && !dot.getTransposeRhs();
-      });
+      };
+      bool feedsColumns = llvm::any_of(v.getUses(), isColumns);
       SharedSlot slot;
-      slot.padCols =
-          feedsColumns ? paddedCols(ty) : roundUp(ty.getDimSize(1), 16);
-      slot.splitCols = feedsColumns && splitsCols(ty);
+      slot.padCols = roundUp(ty.getDimSize(1), 16);
+      if (const KernelPlacement::ColumnSplit *s = splitOf(ty);
+          s && feedsColumns) {
+        // Only product columns: the program's chunk is copied (P V's V);
+        // else every chunk's columns (zero past the tile), read at the
+        // program's offset.
+        slot.splitCols = llvm::all_of(v.getUses(), isColumns);
+        slot.padCols = slot.splitCols
+                           ? s->chunk
+                           : std::max(slot.padCols, s->chunk * s->chunks);
+      }
       slot.rowChunks = roundUp(slot.padCols / 8, 8);
-      slot.offset = sharedBytes;
-      sharedBytes += ty.getDimSize(0) * slot.rowChunks * 16;
       homes[v] = TileHome::Shared;
-      slots[v] = slot;
+      addSlot(v, slot, ty.getDimSize(0) * slot.rowChunks * 16);
     }
     return WalkResult::advance();
   });
   if (walk.wasInterrupted())
     return failure();
-  if (sharedBytes > geo.sharedBytes)
+  walk = fn.walk([&](tile::DotOp dot) -> WalkResult {
+    Value lhs = dot.getLhs();
+    // With column parts, a register lhs is staged too (each warp holds part
+    // of its k-columns).
+    const bool partial = place.colParts > 1 &&
+                         homes.lookup(lhs) == TileHome::Registers;
+    if (!dot.getTransposeLhs() && !partial)
+      return WalkResult::advance();
+    if (partial && !dot.getTransposeLhs()) {
+      if (!lhs.getDefiningOp<arith::TruncFOp>())
+        return fail(dot, "a register lhs must be a tile rounded by "
+                         "arith.truncf");
+      if (!staging.count(lhs)) {
+        RankedTensorType ty = tileType(lhs);
+        SharedSlot slot;
+        slot.padCols = roundUp(ty.getDimSize(1), 16);
+        slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+        slot.offset = alignSlot(sharedBytes);
+        sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
+        staging[lhs] = slot;
+      }
+      return WalkResult::advance();
+    }
+    auto round = lhs.getDefiningOp<arith::TruncFOp>();
+    if (!round || homes.lookup(round.getIn()) != TileHome::Registers)
+      return fail(dot, "a transposed lhs must be a register tile rounded by "
+                       "arith.truncf");
+    if (!dot->hasOneUse() || !isa<tile::AtomicAddOp>(*dot->user_begin()) ||
+        dot.getAcc())
+      return fail(dot, "a product with a transposed lhs must be reduced "
+                       "into global memory by one tile.atomic_add, without "
+                       "acc");
+    if (staging.count(lhs))
+      return WalkResult::advance();
+    RankedTensorType ty = tileType(lhs);
+    SharedSlot slot;
+    slot.padCols = roundUp(ty.getDimSize(1), 16);
+    slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+    slot.offset = alignSlot(sharedBytes);
+    sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
+    staging[lhs] = slot;
+    return WalkResult::advance();
+  });
+  if (walk.wasInterrupted())
+    return failure();
+  if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "
-                          << geo.sharedBytes << " the launcher provides";
+                          << place.maxShared << " the launcher provides";
   return success();
 }
 
@@ -142,18 +269,35 @@ void TileKernelLowering::setUpThreads() {
   lane = g.remU(tid, g.c32(32));
   grp = g.divU(lane, g.c32(4));
   tig = g.remU(lane, g.c32(4));
-  warpRow0 = g.mul(warp, g.c32(mt * 16));
+  colPart = g.remU(warp, g.c32(place.colParts));
+  warpRow0 = g.mul(place.colParts > 1 ? g.divU(warp, g.c32(place.colParts))
+                                      : warp,
+                   g.c32(mt * 16));
   chunk = g.blockId(mlir::gpu::Dimension::z);
+  if (place.wgmma) {
+    wg.emplace(g, smem);
+    wgIdx = g.divU(warp, g.c32(4));
+  }
   for (auto &[v, slot] : slots) {
+    if (homes.lookup(v) != TileHome::Shared)
+      continue;
     SlotFrags &f = slotFrags[v];
     for (OpOperand &use : v.getUses()) {
       auto dot = cast<tile::DotOp>(use.getOwner());
+      if (dot.getTransposeLhs())
+        continue; // its own addresses: lowerTransposedProduct
       Value off = g.c32(slot.offset);
       if (use.getOperandNumber() == 0 && !f.a)
         f.a = gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane, warpRow0,
                                      off, slot.rowChunks);
+      // The rows of a transposed rhs are the product's columns: the
+      // warp's part of them.
+      Value rows0 = place.colParts > 1
+                        ? g.mul(colPart, g.c32(tileType(v).getDimSize(0) /
+                                               place.colParts))
+                        : g.c32(0);
       if (use.getOperandNumber() == 1 && dot.getTransposeRhs() && !f.b)
-        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane, g.c32(0),
+        f.b = gpu::fragmentAddresses(g, gpu::FragmentPattern::B, lane, rows0,
                                      off, slot.rowChunks);
       if (use.getOperandNumber() == 1 && !dot.getTransposeRhs() && !f.bTrans)
         f.bTrans = gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
@@ -163,16 +307,83 @@ void TileKernelLowering::setUpThreads() {
 }
 
 LogicalResult TileKernelLowering::lowerBlock(Block &block) {
-  for (Operation &op : block.without_terminator())
+  const bool outermost = isa<func::ReturnOp>(block.getTerminator());
+  for (Operation &op : block.without_terminator()) {
+    if (wg) {
+      // Warpgroup MMAs: a batch ends at the first op outside it; an op
+      // that reads a product in flight (or holds regions) waits for it.
+      if (!batchRun.contains(&op))
+        settle(/*wait=*/readsInFlight(&op) || op.getNumRegions() > 0);
+    }
     if (failed(lowerOp(&op)))
       return failure();
-  if (isa<func::ReturnOp>(block.getTerminator()))
+  }
+  if (wg)
+    settle(/*wait=*/true);
+  if (outermost && branch < 0)
     mlir::gpu::ReturnOp::create(b);
   return success();
 }
 
+bool TileKernelLowering::otherBranchOutput(Operation *op) {
+  if (branch < 0)
+    return false;
+  if (isa<tile::AtomicAddOp>(op))
+    return branch == 1; // dQ belongs to the dK programs
+  auto store = dyn_cast<tile::StoreOp>(op);
+  return store && store.getBase() == fn.getArgument(branch ? abi::bwd::DK
+                                                           : abi::bwd::DV);
+}
+
+void TileKernelLowering::markLive() {
+  live.clear();
+  SmallVector<Value> work;
+  fn.walk([&](Operation *op) {
+    if (isa<tile::StoreOp, tile::AtomicAddOp>(op) && !otherBranchOutput(op))
+      work.append(op->getOperands().begin(), op->getOperands().end());
+  });
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    if (!live.insert(v).second)
+      continue;
+    if (auto arg = dyn_cast<BlockArgument>(v)) {
+      // A loop's carried value: its start and what each iteration yields.
+      if (auto loop = dyn_cast<scf::ForOp>(arg.getOwner()->getParentOp());
+          loop && arg.getArgNumber() > 0) {
+        unsigned i = arg.getArgNumber() - 1;
+        work.push_back(loop.getInitArgs()[i]);
+        work.push_back(loop.getBody()->getTerminator()->getOperand(i));
+      }
+      continue;
+    }
+    Operation *def = v.getDefiningOp();
+    if (auto loop = dyn_cast<scf::ForOp>(def)) {
+      unsigned i = cast<OpResult>(v).getResultNumber();
+      work.push_back(loop.getRegionIterArgs()[i]);
+      continue;
+    }
+    if (auto ifOp = dyn_cast<scf::IfOp>(def)) {
+      unsigned i = cast<OpResult>(v).getResultNumber();
+      work.push_back(ifOp.thenYield().getOperand(i));
+      work.push_back(ifOp.elseYield().getOperand(i));
+      continue;
+    }
+    work.append(def->getOperands().begin(), def->getOperands().end());
+  }
+}
+
 /// Hands \p op to its family's lowering; scalar ops are cloned as they are.
 LogicalResult TileKernelLowering::lowerOp(Operation *op) {
+  if (branch >= 0 && op->getNumRegions() == 0 && op->getNumResults() > 0 &&
+      llvm::all_of(op->getResults(), [&](Value v) {
+        return isTile(v) && !live.contains(v);
+      })) {
+    // Not needed by this branch's outputs: zeros, which the loops that
+    // carry them fold away.
+    for (Value v : op->getResults())
+      frags[v].regs.assign(regCount(tileType(v)), g.cf(0.0));
+    return success();
+  }
   if (auto l = dyn_cast<tile::LoadOp>(op))
     return lowerLoad(l);
   if (auto s = dyn_cast<tile::StoreOp>(op))
@@ -191,8 +402,15 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
     return lowerFor(f);
   if (auto i = dyn_cast<scf::IfOp>(op))
     return lowerIf(i);
-  if (isa<tile::AtomicAddOp>(op))
-    return fail(op, "tile.atomic_add is not implemented on the GPU yet");
+  if (auto atomic = dyn_cast<tile::AtomicAddOp>(op)) {
+    auto dot = atomic.getValue().getDefiningOp<tile::DotOp>();
+    if (!dot || !dot.getTransposeLhs())
+      return fail(op, "a tile.atomic_add is lowered only with the transposed "
+                      "product it reduces");
+    if (otherBranchOutput(op))
+      return success();
+    return lowerTransposedProduct(dot);
+  }
   if (isa<memref::LoadOp>(op))
     return lowerScalarLoad(op, map);
   bool touchesTiles =
@@ -244,22 +462,25 @@ TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (failed(tile::verifyWritesOutput(fn)))
     return failure();
-  const int64_t numArgs = abi::NumBuffers + abi::NumIndexArgs + 3;
+  const int numArgs =
+      place.numBuffers + place.numIndexArgs + place.numF32Args + 2;
   if (fn.getNumArguments() != unsigned(numArgs))
-    return fn.emitError() << "a forward kernel takes " << numArgs
+    return fn.emitError() << "this kernel takes " << numArgs
                           << " arguments (kernels/KernelABI.h), got "
                           << fn.getNumArguments();
   if (failed(assignHomes()))
     return failure();
 
-  SmallVector<Type> argTys(abi::NumBuffers, g.ptrGen);
-  argTys.append(abi::NumIndexArgs, g.i64);
-  argTys.push_back(g.f32);
-  for (int i = 0; i < numArgs - 2; ++i) {
-    Type want = i < abi::NumBuffers ? Type()
-                : i < abi::NumBuffers + abi::NumIndexArgs
-                    ? Type(b.getIndexType())
-                    : Type(g.f32);
+  const int firstIndex = place.numBuffers;
+  const int firstF32 = firstIndex + place.numIndexArgs;
+  const int pidArg = firstF32 + place.numF32Args;
+  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
+  argTys.append(place.numIndexArgs, g.i64);
+  argTys.append(place.numF32Args, g.f32);
+  for (int i = 0; i < pidArg; ++i) {
+    Type want = i < firstIndex ? Type()
+                : i < firstF32 ? Type(b.getIndexType())
+                               : Type(g.f32);
     Type got = fn.getArgument(i).getType();
     if (want ? got != want : !isa<MemRefType>(got))
       return fn.emitError()
@@ -268,21 +489,21 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
   // is the launcher's (GpuGeometry); assignHomes refuses more.
   auto kernel =
-      createKernelFunc(b, gpuModule, fn, argTys, geo.threads, sharedBytes);
+      createKernelFunc(b, gpuModule, fn, argTys, place.threads, sharedBytes);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);
   setUpThreads();
 
-  for (int i = 0; i < abi::NumBuffers; ++i)
+  for (int i = 0; i < firstIndex; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
-  for (int i = 0; i < abi::NumIndexArgs; ++i)
-    map.map(fn.getArgument(abi::NumBuffers + i),
-            arith::IndexCastOp::create(
-                b, b.getIndexType(), kernel.getArgument(abi::NumBuffers + i)));
-  const int scaleArg = abi::NumBuffers + abi::NumIndexArgs;
-  map.map(fn.getArgument(scaleArg), kernel.getArgument(scaleArg));
+  for (int i = firstIndex; i < firstF32; ++i)
+    map.map(fn.getArgument(i),
+            arith::IndexCastOp::create(b, b.getIndexType(),
+                                       kernel.getArgument(i)));
+  for (int i = firstF32; i < pidArg; ++i)
+    map.map(fn.getArgument(i), kernel.getArgument(i));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
-  if (spec.mask == MaskKind::Causal) {
+  if (place.reversePidM) {
     // Heaviest Q blocks (the last rows see the most keys) start first, so
     // the last wave of the grid is made of short blocks.
     Value blocks = arith::IndexCastUIOp::create(
@@ -290,28 +511,41 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
     pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
   }
   Value pidBH = g.blockId(mlir::gpu::Dimension::y);
-  map.map(fn.getArgument(scaleArg + 1),
+  map.map(fn.getArgument(pidArg),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidM));
-  map.map(fn.getArgument(scaleArg + 2),
+  map.map(fn.getArgument(pidArg + 1),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
 
-  if (failed(lowerBlock(fn.getBody().front())))
+  Block &body = fn.getBody().front();
+  if (place.splits.size() == 2) {
+    // The dK/dV kernel's programs: grid.z < dK's chunks take a chunk of dK
+    // (and dQ), the others one of dV; each branch lowers the whole body,
+    // and what does not reach its outputs is dead code.
+    const KernelPlacement::ColumnSplit &k = place.splits[0], &v = place.splits[1];
+    auto ifOp = scf::IfOp::create(
+        b, g.cmp(arith::CmpIPredicate::ult, chunk, g.c32(k.chunks)),
+        /*withElseRegion=*/true);
+    for (int which = 0; which < 2; ++which) {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPoint((which ? ifOp.elseBlock() : ifOp.thenBlock())
+                              ->getTerminator());
+      branch = which;
+      activeSplit = &place.splits[which];
+      splitStart = which ? g.mul(g.sub(chunk, g.c32(k.chunks)), g.c32(v.chunk))
+                         : g.mul(chunk, g.c32(k.chunk));
+      markLive();
+      if (failed(lowerBlock(body)))
+        return failure();
+    }
+    branch = -1;
+    mlir::gpu::ReturnOp::create(b);
+    return checkPostconditions(kernel);
+  }
+  if (!place.splits.empty()) {
+    activeSplit = &place.splits[0];
+    splitStart = g.mul(chunk, g.c32(activeSplit->chunk));
+  }
+  if (failed(lowerBlock(body)))
     return failure();
   return checkPostconditions(kernel);
-}
-
-LogicalResult
-flashjit::conversion::lowerTileKernel(func::FuncOp fn,
-                                      mlir::gpu::GPUModuleOp gpuModule,
-                                      int64_t warps, int64_t copyBytes) {
-  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
-  AttentionSpec spec = specFromAttr(attr);
-  TileConfig config;
-  config.blockM = attr.getBlockM();
-  config.blockN = attr.getBlockN();
-  config.warps = warps;
-  if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
-    return failure();
-  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(b, fn, spec, config, copyBytes).run(gpuModule);
 }

@@ -25,6 +25,7 @@
 
 #include "compiler/Conversion/GpuBuilder.h"
 #include "compiler/Conversion/TileCopy.h"
+#include "compiler/Conversion/Wgmma.h"
 #include "dialects/Tile/IR/TileDialect.h"
 #include "kernels/AttentionSpec.h"
 #include "kernels/GpuGeometry.h"
@@ -49,6 +50,47 @@ using mlir::Value;
 enum class TileHome {
   Shared,    ///< a shared-memory slot (a tile.load that only feeds dots)
   Registers, ///< the accumulator layout (2-D) or per-row values (rank 1)
+  /// A rank-1 f32 slot (a tile.load that only feeds per-column
+  /// broadcasts): each thread reads the values of its columns.
+  SharedVector,
+};
+
+/// The three kinds of kernel the tile lowering makes, by the function's
+/// role in `#attn.kernel`.
+enum class KernelRole { Forward, BackwardMain, BackwardDq };
+
+/// What the function's role and tiling fix before any op is lowered.
+struct KernelPlacement {
+  KernelRole role = KernelRole::Forward;
+  int64_t threads = 0;
+  /// Rows of every register tile (but a transposed product's): Br in the
+  /// forward and the dQ pass, Bc in the dK/dV kernel; and the 16-row
+  /// m-tiles of them per warp.
+  int64_t regRows = 0, mt = 0;
+  int64_t maxShared = 0; ///< the dynamic shared memory the launcher gives
+  /// A split of output columns over grid.z: a register tile `width` wide
+  /// holds `chunk` of its columns per program, over `chunks` programs.
+  struct ColumnSplit {
+    int64_t width = 0, chunk = 0, chunks = 1;
+  };
+  /// The forward's (V-wide tiles) and the dQ pass's (dQ-wide); the dK/dV
+  /// kernel's dK split, then its dV split: programs z < dK's chunks compute
+  /// a chunk of dK (and dQ), the others one of dV.
+  llvm::SmallVector<ColumnSplit, 2> splits;
+  /// The ABI's argument groups (kernels/KernelABI.h), before pid_m, pid_bh.
+  int numBuffers = 0, numIndexArgs = 0, numF32Args = 0;
+  /// Causal: the grid's last Q blocks (the heaviest) start first.
+  bool reversePidM = false;
+  /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).
+  bool vectorAtomics = false;
+  /// Warps along the columns of every 2-D register tile (the dK/dV kernel's
+  /// 2-D warp grid: 2): warp w holds rows of part w / colParts and columns
+  /// of half w % colParts; a product's register lhs then goes through a
+  /// staging slot, since each warp holds only part of its k-columns.
+  int64_t colParts = 1;
+  /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
+  /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
+  bool wgmma = false;
 };
 
 /// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
@@ -70,14 +112,48 @@ struct Fragment {
   /// f32 values: the rounding happens where they are consumed (packed for
   /// an MMA, converted for a store), so it happens exactly once.
   bool pendingRound = false;
+  /// A rounded tile's element pairs (b32, A-operand order) as the warpgroup
+  /// MMAs that read it pinned them: what arith.extf widens afterwards.
+  llvm::SmallVector<Value> packed;
 };
 
-/// Lowers one tiled function (role "forward") into a gpu.func.
+/// Where a transposed product's registers are reduced (tile.atomic_add's
+/// f32 buffer): element (q, c) at offset + (row0 + q) * stride + c.
+struct ReductionTarget {
+  Value base, offset, stride; ///< offset, stride: i64
+  Value row0, bound;          ///< i32: the first row, rows that exist
+  int64_t cols = 0;
+  bool pairs = false;     ///< red.global.add.v2 (8-byte aligned pairs)
+  bool checkCols = false; ///< columns past the tile exist
+};
+
+/// dst[(row0 + q), col + e] += v_e (e = 0, 1) of \p r where row q exists
+/// (and the column, with checkCols): one vector reduction or two,
+/// predicated, not branched (TileToGPUAtomics.cpp).
+void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
+                Value col, Value v0, Value v1);
+
+/// The scalar math flashjit lowers itself, without libdevice: NVVM's
+/// approximations for the transcendental functions (ex2, lg2, tanh: as
+/// every FlashAttention kernel uses them) and LLVM's intrinsics for the
+/// exact ones. Null for any other op (\p x: its scalar operands).
+Value lowerScalarMath(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                      Operation *op, mlir::ValueRange x);
+
+/// Lowers a tiled function without products or loops (the backward's
+/// preprocess and dq_convert: TileToGPURows.cpp) into a gpu.func.
+LogicalResult lowerRowKernel(mlir::func::FuncOp fn,
+                             mlir::gpu::GPUModuleOp gpuModule,
+                             const AttentionSpec &spec,
+                             const KernelPlacement &place);
+
+/// Lowers one tiled function (role "forward", "main" on one warp row, or
+/// "dq") into a gpu.func.
 class TileKernelLowering {
 public:
   TileKernelLowering(mlir::ImplicitLocOpBuilder &b, mlir::func::FuncOp fn,
                      const AttentionSpec &spec, const TileConfig &config,
-                     int64_t copyBytes);
+                     int64_t copyBytes, const KernelPlacement &place);
 
   /// Builds the kernel in \p gpuModule; errors are emitted on the op at
   /// fault.
@@ -89,6 +165,12 @@ private:
   LogicalResult checkPostconditions(mlir::gpu::GPUFuncOp kernel);
   void setUpThreads();
 
+  /// The dK/dV kernel's branches: the tiles that reach the branch's stores
+  /// and reductions (through loops and branches); the rest is not lowered.
+  void markLive();
+  /// Whether a store or reduction is the other branch's.
+  bool otherBranchOutput(Operation *op);
+
   // The walk: one op at a time, each op family by its lowering.
   LogicalResult lowerBlock(mlir::Block &block);
   LogicalResult lowerOp(Operation *op);
@@ -97,16 +179,30 @@ private:
   // Memory (TileToGPUMemory.cpp).
   LogicalResult lowerLoad(tile::LoadOp op);
   LogicalResult lowerStore(tile::StoreOp op);
+  LogicalResult lowerRowValues(tile::LoadOp op);
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).
   LogicalResult lowerScalarLoad(Operation *op, mlir::IRMapping &mapping);
   /// Issues the cp.async copies of shared load \p op, its operands evaluated
   /// with the enclosing loop's induction variable replaced by \p iv (null:
   /// as mapped now), and commits them as one group.
-  LogicalResult issueCopy(tile::LoadOp op, Value iv);
+  /// \p dstShift (i32, optional) moves the destination: the other stage of
+  /// a double-buffered slot. Without \p commit the caller commits.
+  LogicalResult issueCopy(tile::LoadOp op, Value iv, Value dstShift = Value(),
+                          bool commit = true);
+  /// The cp.async copies of a SharedVector slot, 4 bytes per element.
+  void copyVector(tile::LoadOp op, mlir::IRMapping &local, Value dstShift);
+  /// The byte offset of \p v's slot in the stage being computed (i32).
+  Value slotOffset(Value v);
 
   // Compute (TileToGPUCompute.cpp).
   LogicalResult lowerDot(tile::DotOp op);
+  /// A product with a transposed register lhs, reduced into a global
+  /// accumulator (TileToGPUAtomics.cpp).
+  LogicalResult lowerTransposedProduct(tile::DotOp op);
+  ReductionTarget reductionOf(tile::AtomicAddOp atomic);
+  /// Stores rounded register tile \p v into its staging slot.
+  void stageTransposed(Value v, const Fragment &f);
   LogicalResult lowerReduce(tile::ReduceOp op);
   LogicalResult lowerBroadcast(tile::BroadcastOp op);
   LogicalResult lowerSplat(tile::SplatOp op);
@@ -114,13 +210,39 @@ private:
   LogicalResult lowerConstant(Operation *op);
   LogicalResult lowerElementwise(Operation *op);
   LogicalResult lowerRounding(Operation *op);
-  Value lowerMathScalar(Operation *op, mlir::ValueRange scalars);
   /// `o * bcast(exp2(x - y))` skips the multiply when no row of the warp
   /// has x != y (then the factor is exactly 1): an exact rewrite.
   std::optional<LogicalResult> lowerUnitRescale(Operation *op);
 
+  // Warpgroup MMAs (TileToGPUWgmma.cpp).
+  LogicalResult lowerWgmmaDot(tile::DotOp op);
+  LogicalResult lowerWgmmaTransposed(tile::DotOp op, tile::AtomicAddOp atomic);
+  /// Pins the registers that \p first and the independent dots right after
+  /// it read, then wgmma.fence: one batch of MMAs.
+  void openBatch(tile::DotOp first);
+  /// Commits the open batch (if any); with \p wait, also waits for every
+  /// MMA in flight and pins their results.
+  void settle(bool wait);
+  /// Whether \p op reads a product still in flight.
+  bool readsInFlight(Operation *op);
+  /// Bytes between a blocked tile's 64-column blocks (0: not blocked).
+  int64_t blockBytes(int64_t rows) const { return place.wgmma ? rows * 128 : 0; }
+  /// Rounds a slot offset up to the placement's alignment.
+  int64_t alignSlot(int64_t offset) const {
+    return place.wgmma ? roundUp(offset, 1024) : offset;
+  }
+
   // Control flow (TileToGPUControl.cpp).
   LogicalResult lowerFor(mlir::scf::ForOp op);
+  /// The double-buffered pipeline of \p op's shared loads (\p loads):
+  /// block t + 1 copies into one stage while block t computes on the other.
+  LogicalResult lowerDoubleBufferedFor(mlir::scf::ForOp op,
+                                       llvm::ArrayRef<tile::LoadOp> loads);
+  /// Makes the loop that carries \p op's registers and lowers its body
+  /// there, after \p atTop (the pipeline's code at the top of an
+  /// iteration), with the walk's loop state saved and restored around it.
+  LogicalResult lowerLoopBody(mlir::scf::ForOp op,
+                              llvm::function_ref<LogicalResult()> atTop);
   /// The loop results that are running row sums kept per lane.
   llvm::SmallVector<unsigned> deferRunningSums(mlir::scf::ForOp op);
   LogicalResult lowerIf(mlir::scf::IfOp op);
@@ -140,10 +262,23 @@ private:
   int64_t regCount(mlir::RankedTensorType ty) const;
   /// n-tiles (8 columns each) per thread of a 2-D register tile.
   int64_t nTiles(mlir::RankedTensorType ty) const;
-  /// Columns of a 2-D tile as the registers and slots hold them: the
-  /// grid.z chunk for tiles as wide as V, else padded to 16.
+  /// Columns of a 2-D register tile as the registers hold them: the grid.z
+  /// chunk for tiles the active split divides, else padded to 16.
   int64_t paddedCols(mlir::RankedTensorType ty) const;
   bool splitsCols(mlir::RankedTensorType ty) const;
+  /// Columns of a 2-D register tile one warp holds (paddedCols / colParts).
+  int64_t warpCols(mlir::RankedTensorType ty) const {
+    return paddedCols(ty) / place.colParts;
+  }
+  /// The first column of the warp's columns of \p ty: the program's chunk
+  /// and the warp's part of it (i32).
+  Value colStart(mlir::RankedTensorType ty);
+  /// The first column of the program's chunk of \p ty alone (i32).
+  Value chunkStart(mlir::RankedTensorType ty) {
+    return splitsCols(ty) ? splitStart : g.c32(0);
+  }
+  /// The split of the placement that divides tiles as wide as \p ty.
+  const KernelPlacement::ColumnSplit *splitOf(mlir::RankedTensorType ty) const;
   Value scalar(Value v) const { return map.lookup(v); }
   Value toI32(Value index);
   Value toI64(Value index);
@@ -155,7 +290,7 @@ private:
   AttentionSpec spec;
   TileConfig config;
   int64_t copyBytes;
-  GpuGeometry geo;
+  KernelPlacement place;
   int64_t mt = 0; ///< 16-row m-tiles per warp
 
   llvm::DenseMap<Value, TileHome> homes;
@@ -174,6 +309,25 @@ private:
     llvm::SmallVector<std::pair<tile::LoadOp, int>> issue;
   };
   llvm::DenseMap<Operation *, BeforeDot> beforeDot;
+  /// Loops whose shared loads are double-buffered, with the bytes of one
+  /// stage (the second stage follows the first).
+  llvm::DenseMap<Operation *, int64_t> doubleBuffered;
+  /// The current stage's byte offset of each slot of the double-buffered
+  /// loops being lowered (i32).
+  llvm::DenseMap<Value, Value> stageShift;
+  /// Register tiles that a product reads transposed: their staging slots,
+  /// written where they are rounded (stageTransposed).
+  llvm::MapVector<Value, SharedSlot> staging;
+  /// Warpgroup MMAs: the builder, the warpgroup index, the products whose
+  /// registers are still being written, whether a batch is open (fenced,
+  /// not committed), and the pinned zeros of the open batch's products
+  /// without acc.
+  std::optional<gpu::Wgmma> wg;
+  Value wgIdx;
+  llvm::SmallVector<Value> inFlight;
+  bool batchOpen = false;
+  llvm::DenseSet<Operation *> batchRun; ///< the open batch's products
+  llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;
   mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's
   int64_t sharedBytes = 0;
   /// Copies issued and not yet waited for (straight-line code).
@@ -185,6 +339,15 @@ private:
 
   // Thread geometry (i32) and the ldmatrix lane bases of each slot.
   Value smem, tid, lane, grp, tig, warpRow0, chunk;
+  Value colPart; ///< the warp's column part (KernelPlacement::colParts)
+  /// Staging slots written since the last barrier (stageTransposed).
+  bool staged = false;
+  /// The split of the program (branch) being lowered, its first column, and
+  /// the dK/dV kernel's branch (0: dK and dQ, 1: dV; -1: no branches).
+  const KernelPlacement::ColumnSplit *activeSplit = nullptr;
+  llvm::DenseSet<Value> live; ///< markLive's, for the branch being lowered
+  Value splitStart;
+  int branch = -1;
   struct SlotFrags {
     std::optional<gpu::FragmentAddresses> a, b, bTrans;
   };

@@ -58,7 +58,9 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   Value lhs = op.getLhs(), rhs = op.getRhs();
   RankedTensorType resTy = op.getType();
   if (op.getTransposeLhs())
-    return fail(op, "a transposed lhs is not lowered on the GPU yet");
+    return success(); // with the tile.atomic_add that reduces it
+  if (place.wgmma)
+    return lowerWgmmaDot(op);
   if (homes.lookup(rhs) != TileHome::Shared)
     return fail(op, "the rhs must be a shared tile");
   const SharedSlot &rs = slots[rhs];
@@ -78,6 +80,42 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     for (const gpu::Acc &a : acc)
       out.regs.append(a.begin(), a.end());
   } else if (homes.lookup(lhs) == TileHome::Registers &&
+             !op.getTransposeRhs() && place.colParts > 1) {
+    // The 2-D warp grid: the warp's rows of the staged lhs over all its
+    // k-columns, the warp's part of the product's columns.
+    if (!staging.count(lhs))
+      return fail(op, "a register lhs must be staged here");
+    if (staged)
+      g.barrier(); // every warp's part of the lhs is staged
+    staged = false;
+    const SharedSlot &ls = staging[lhs];
+    auto inLoop = [&](gpu::FragmentAddresses f) {
+      return loopIv ? f.inLoop(g) : f;
+    };
+    gpu::FragmentAddresses a = inLoop(gpu::fragmentAddresses(
+        g, gpu::FragmentPattern::A, lane, warpRow0, g.c32(ls.offset),
+        ls.rowChunks));
+    // An offset of whole groups of 8 chunks moves the base; else the lane
+    // chunk takes it.
+    const int64_t partChunks = warpCols(resTy) / 8;
+    Value part = g.mul(colPart, g.c32(partChunks));
+    Value base = g.add(slotOffset(rhs), g.mul(chunkStart(resTy), g.c32(2)));
+    gpu::FragmentAddresses bT = inLoop(
+        partChunks % 8 == 0
+            ? gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
+                                     g.c32(0),
+                                     g.add(base, g.mul(part, g.c32(16))),
+                                     rs.rowChunks)
+            : gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
+                                     g.c32(0), base, rs.rowChunks, part));
+    if (Value c = op.getAcc())
+      out.regs = frags[c].regs;
+    else
+      out.regs.assign(regCount(resTy), g.cf(0.0));
+    gpu::mmaAccumulateShared(g, smem, out.regs, a, bT, mt,
+                             tileType(lhs).getDimSize(1) / 16,
+                             warpCols(resTy));
+  } else if (homes.lookup(lhs) == TileHome::Registers &&
              !op.getTransposeRhs()) {
     const Fragment &p = frags[lhs];
     if (!p.pendingRound)
@@ -92,8 +130,12 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
       out.regs = frags[c].regs;
     else
       out.regs.assign(regCount(resTy), g.cf(0.0));
-    gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, *rf.bTrans, mt, nt,
-                       rs.padCols);
+    // A split product reads its chunk's columns of a slot holding all.
+    gpu::FragmentAddresses bT = *rf.bTrans;
+    if (splitsCols(resTy) && !rs.splitCols)
+      bT = bT.shifted(g, g.mul(splitStart, g.c32(2)));
+    gpu::mmaAccumulate(g, smem, out.regs, lhsTiles, bT, mt, nt,
+                       warpCols(resTy));
   } else {
     return fail(op, "this operand placement is not lowered on the GPU yet");
   }
@@ -142,13 +184,39 @@ LogicalResult TileKernelLowering::lowerReduce(tile::ReduceOp op) {
 }
 
 /// A per-row tile over the columns: register (mi, ni, e) takes row
-/// register (mi, e / 2). No instruction.
+/// register (mi, e / 2). No instruction. A per-column tile over the rows
+/// (dim 0) reads the thread's columns from its SharedVector slot:
+///
+///   %b = tile.broadcast %nl dim 0 : tensor<64xf32> -> tensor<128x64xf32>
+///
+/// becomes, per n-tile ni and e < 2, `ld.shared.f32 [slot + 4 (ni * 8 +
+/// 2 tig + e)]`, register (mi, ni, e') taking value (ni, e' % 2).
 LogicalResult TileKernelLowering::lowerBroadcast(tile::BroadcastOp op) {
-  if (op.getDim() != 1)
-    return fail(op, "per-column broadcasts are not lowered on the GPU yet");
-  const Fragment &in = frags[op.getValue()];
-  Fragment out;
   const int64_t nt = nTiles(op.getType());
+  Fragment out;
+  if (op.getDim() == 0) {
+    if (homes.lookup(op.getValue()) != TileHome::SharedVector)
+      return fail(op, "a per-column broadcast reads a rank-1 tile.load");
+    if (splitsCols(op.getType()))
+      return fail(op, "its columns are split over programs");
+    Value base = slotOffset(op.getValue());
+    Value first = colStart(op.getType());
+    SmallVector<Value> cols;
+    for (int64_t ni = 0; ni < nt; ++ni)
+      for (int64_t e = 0; e < 2; ++e) {
+        Value c = g.add(first, g.add(g.c32(ni * 8 + e), g.mul(tig, g.c32(2))));
+        Value at = g.add(base, g.mul(c, g.c32(4)));
+        cols.push_back(
+            LLVM::LoadOp::create(b, g.f32, g.sharedBytePtr(smem, at)));
+      }
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t ni = 0; ni < nt; ++ni)
+        for (int64_t e = 0; e < 4; ++e)
+          out.regs.push_back(cols[ni * 2 + e % 2]);
+    frags[op.getResult()] = std::move(out);
+    return success();
+  }
+  const Fragment &in = frags[op.getValue()];
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t ni = 0; ni < nt; ++ni)
       for (int64_t e = 0; e < 4; ++e)
@@ -177,8 +245,7 @@ LogicalResult TileKernelLowering::lowerIota(tile::IotaOp op) {
         out.regs.push_back(rowOf(mi, h));
   } else {
     const int64_t nt = nTiles(ty);
-    Value colBase =
-        splitsCols(ty) ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
+    Value colBase = colStart(ty);
     Value tig2 = g.add(colBase, g.mul(tig, g.c32(2)));
     for (int64_t mi = 0; mi < mt; ++mi)
       for (int64_t ni = 0; ni < nt; ++ni)
@@ -205,7 +272,9 @@ LogicalResult TileKernelLowering::lowerConstant(Operation *op) {
 
 /// The rounding points. arith.truncf of an f32 register tile to the element
 /// type marks it: the registers round where they are consumed (packed for
-/// an MMA, converted for a store), once. arith.extf of such a tile rounds
+/// an MMA, converted for a store), once; one that a product reads
+/// transposed is also stored to its staging slot there (stageTransposed).
+/// arith.extf of such a tile rounds
 /// each pair through a bf16x2 / f16x2 conversion and back.
 LogicalResult TileKernelLowering::lowerRounding(Operation *op) {
   Value in = op->getOperand(0), res = op->getResult(0);
@@ -215,6 +284,8 @@ LogicalResult TileKernelLowering::lowerRounding(Operation *op) {
       return fail(op, "rounds f32 tiles to the kernel's element type only");
     Fragment out = f;
     out.pendingRound = true;
+    if (staging.count(res))
+      stageTransposed(res, out);
     frags[res] = std::move(out);
     return success();
   }
@@ -222,7 +293,9 @@ LogicalResult TileKernelLowering::lowerRounding(Operation *op) {
     return fail(op, "widens only tiles rounded by arith.truncf");
   Fragment out;
   for (size_t i = 0; i + 1 < f.regs.size(); i += 2) {
-    auto [lo, hi] = g.unpack2(g.pack2(f.regs[i], f.regs[i + 1]));
+    // The pairs a warpgroup MMA read are taken as it pinned them.
+    auto [lo, hi] = g.unpack2(f.packed.empty() ? g.pack2(f.regs[i], f.regs[i + 1])
+                                               : f.packed[i / 2]);
     out.regs.append({lo, hi});
   }
   frags[res] = std::move(out);
@@ -266,11 +339,9 @@ TileKernelLowering::lowerUnitRescale(Operation *op) {
   return success();
 }
 
-/// The scalar math flashjit lowers itself, without libdevice: NVVM's
-/// approximations for the transcendental functions (ex2, lg2, tanh: as
-/// every FlashAttention kernel uses them) and LLVM's intrinsics for the
-/// exact ones. Null for any other op.
-Value TileKernelLowering::lowerMathScalar(Operation *op, ValueRange x) {
+/// ex2 / lg2 / tanh.approx, and LLVM's intrinsics for the exact functions.
+Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                                  Operation *op, ValueRange x) {
   Type f32 = g.f32;
   if (isa<math::Exp2Op>(op))
     return g.exp2(x[0]);
@@ -333,7 +404,7 @@ LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
     SmallVector<Value> operands;
     for (Value v : op->getOperands())
       operands.push_back(isTile(v) ? frags[v].regs[i] : scalar(v));
-    if (Value v = lowerMathScalar(op, operands)) {
+    if (Value v = lowerScalarMath(b, g, op, operands)) {
       outs[0].regs.push_back(v);
       continue;
     }

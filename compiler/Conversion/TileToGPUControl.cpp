@@ -11,6 +11,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 
 using namespace mlir;
 using namespace flashjit;
@@ -129,7 +130,10 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
   DenseMap<Operation *, Operation *> firstDot;
   for (Operation &inner : body->without_terminator()) {
     auto load = dyn_cast<tile::LoadOp>(&inner);
-    if (!load || homes.lookup(load.getResult()) != TileHome::Shared)
+    if (!load || !slots.count(load.getResult()))
+      continue;
+    loads.push_back(load);
+    if (homes.lookup(load.getResult()) != TileHome::Shared)
       continue;
     Operation *first = nullptr;
     for (Operation *user : load.getResult().getUsers()) {
@@ -140,13 +144,16 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     if (!first || !isa<tile::DotOp>(first))
       return fail(load, "a pipelined shared tile must be read by a tile.dot "
                         "of the loop body itself");
-    loads.push_back(load);
     firstDot[load] = first;
   }
+  if (doubleBuffered.count(op))
+    return lowerDoubleBufferedFor(op, loads);
   llvm::sort(loads, [&](tile::LoadOp x, tile::LoadOp y) {
     return firstDot[x]->isBeforeInBlock(firstDot[y]);
   });
   const size_t n = loads.size();
+  for (tile::LoadOp l : loads) // a body lowered once per branch
+    beforeDot.erase(firstDot[l]);
   if (n >= 2)
     for (size_t i = 0; i < n; ++i) {
       beforeDot[firstDot[loads[i]]].issue.push_back(
@@ -154,19 +161,98 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
                 : std::make_pair(loads[n - 1], 0));
       pipelined.insert(loads[i]);
     }
-
-  // The counter stays an index (i64 after convert-gpu-to-nvvm): narrowing
-  // it to i32 was measured to add spills (d = 256 windowed: 0 -> 88 bytes).
-  Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
-  Value step = scalar(op.getStep());
   if (n >= 2) {
+    Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
     Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, lb, ub);
     LogicalResult r = success();
     g.ifThen(any, [&] { r = issueCopy(loads[0], lb); });
     if (failed(r))
       return failure();
   }
+  return lowerLoopBody(op, [] { return success(); });
+}
 
+/// The pipeline of a loop whose shared tiles are read by several dots (or
+/// which reads per-column statistics): two stages of every slot of the
+/// body, the second stageBytes after the first. Before:
+///
+///   scf.for %t = %lo to %hi step %c1 iter_args(...) {
+///     %q = tile.load %Q[...] rows %m0 ...     // read by two dots
+///     %nl = tile.load %Delta[...] rows %m0 ... // per-column broadcasts
+///     ...
+///   }
+///
+/// After:
+///
+///   barrier                          // both stages free (outer loops)
+///   scf.if (%lo < %hi) { cp.async <every slot>(lo) -> stage 0 }; commit
+///   scf.for %t ... {
+///     %off = ((t - lo) & 1) * stageBytes
+///     barrier                        // the other stage is free
+///     scf.if (%t + 1 < %hi) { cp.async <every slot>(t + 1) -> the other
+///         stage }; commit
+///     cp.async.wait_group 1; barrier // stage t landed
+///     ... the body, reading each slot at its offset + %off ...
+///   }
+LogicalResult
+TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
+                                           ArrayRef<tile::LoadOp> loads) {
+  const int64_t stageBytes = doubleBuffered[op];
+  for (tile::LoadOp l : loads)
+    pipelined.insert(l);
+  Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
+  Value step = scalar(op.getStep());
+  auto issueAll = [&](Value iv, Value shift) {
+    LogicalResult r = success();
+    for (tile::LoadOp l : loads)
+      if (succeeded(r))
+        r = issueCopy(l, iv, shift, /*commit=*/false);
+    return r;
+  };
+  g.barrier(); // every warp is done with both stages
+  LogicalResult r = success();
+  g.ifThen(arith::CmpIOp::create(b, arith::CmpIPredicate::slt, lb, ub),
+           [&] { r = issueAll(lb, Value()); });
+  g.commitGroup();
+  if (failed(r))
+    return failure();
+  return lowerLoopBody(op, [&]() -> LogicalResult {
+    Value k = arith::SubIOp::create(b, loopIv, lb);
+    if (getConstantIntValue(op.getStep()) != 1)
+      k = arith::DivUIOp::create(b, k, step);
+    Value stage = g.andI(toI32(k), g.c32(1));
+    Value here = g.mul(stage, g.c32(stageBytes));
+    Value other = g.mul(g.sub(g.c32(1), stage), g.c32(stageBytes));
+    g.barrier(); // every warp is done with the other stage
+    Value next = arith::AddIOp::create(b, loopIv, step);
+    LogicalResult issued = success();
+    g.ifThen(arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next, ub),
+             [&] { issued = issueAll(next, other); });
+    g.commitGroup();
+    g.waitGroup(1); // this stage (and anything before it) landed
+    if (wg)
+      wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
+    g.barrier();
+    pendingCopies = false;
+    for (tile::LoadOp l : loads) {
+      stageShift[l.getResult()] = here;
+      if (auto it = slotFrags.find(l.getResult()); it != slotFrags.end())
+        for (auto *a : {&it->second.a, &it->second.b, &it->second.bTrans})
+          if (*a)
+            *a = (*a)->shifted(g, here);
+    }
+    return issued;
+  });
+}
+
+LogicalResult
+TileKernelLowering::lowerLoopBody(scf::ForOp op,
+                                  function_ref<LogicalResult()> atTop) {
+  // The counter stays an index (i64 after convert-gpu-to-nvvm): narrowing
+  // it to i32 was measured to add spills (d = 256 windowed: 0 -> 88 bytes).
+  Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
+  Value step = scalar(op.getStep());
+  Block *body = op.getBody();
   SmallVector<unsigned> perLane = deferRunningSums(op);
   SmallVector<Value> init = flatten(op.getInitArgs());
   for (Value v : op.getInitArgs())
@@ -185,6 +271,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
       for (auto *a : {&f.a, &f.b, &f.bTrans})
         if (*a)
           *a = (*a)->inLoop(g);
+    DenseMap<Value, Value> outerShift = stageShift;
     Value outerTid = copyTid;
     copyTid = g.opaque(tid);
     Value outerIv = loopIv, outerUb = loopUb, outerStep = loopStep;
@@ -194,7 +281,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     bool outerPending = pendingCopies;
     pendingCopies = false;
 
-    if (failed(lowerBlock(*body)))
+    if (failed(atTop()) || failed(lowerBlock(*body)))
       return failure();
     auto yield = cast<scf::YieldOp>(body->getTerminator());
     for (Value v : yield.getOperands())
@@ -203,6 +290,7 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
     scf::YieldOp::create(b, flatten(yield.getOperands()));
 
     slotFrags = std::move(outer);
+    stageShift = std::move(outerShift);
     copyTid = outerTid;
     loopIv = outerIv;
     loopUb = outerUb;

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/TileToGPU.h"
+#include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -34,6 +35,8 @@ using arith::CmpIPredicate;
 LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
   if (pipelined.contains(op))
     return success();
+  if (homes.lookup(op.getResult()) == TileHome::Registers)
+    return lowerRowValues(op);
   // Inside a loop without a pipeline, the slot's readers of the previous
   // iteration must be done before it is overwritten.
   if (op->getParentOfType<scf::ForOp>())
@@ -41,7 +44,8 @@ LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
   return issueCopy(op, Value());
 }
 
-LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
+LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv,
+                                            Value dstShift, bool commit) {
   // Another iteration's copy evaluates the load's operands again, in a
   // mapping of its own; this iteration's uses the walk's.
   IRMapping another;
@@ -76,21 +80,112 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv) {
       }
     }
   }
-  const SharedSlot &slot = slots[op.getResult()];
-  RankedTensorType ty = op.getType();
-  Value colBase = slot.splitCols ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
-  Value offset = toI64(local.lookup(op.getOffset()));
-  Value stride = toI64(local.lookup(op.getStride()));
-  Value row0 = toI32(local.lookup(op.getRow0()));
-  Value rows = toI32(local.lookup(op.getRows()));
-  gpu::copyTileAsync(
-      g, gpu::TileCopier{smem, copyTid ? copyTid : tid, geo.threads, copyBytes},
-      gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
-                      ty.getDimSize(0), ty.getDimSize(1), colBase, slot.padCols,
-                      slot.rowChunks, g.c32(slot.offset)});
-  g.commitGroup();
+  if (homes.lookup(op.getResult()) == TileHome::SharedVector) {
+    copyVector(op, local, dstShift);
+  } else {
+    const SharedSlot &slot = slots[op.getResult()];
+    RankedTensorType ty = op.getType();
+    Value colBase = slot.splitCols ? splitStart : g.c32(0);
+    Value offset = toI64(local.lookup(op.getOffset()));
+    Value stride = toI64(local.lookup(op.getStride()));
+    Value row0 = toI32(local.lookup(op.getRow0()));
+    Value rows = toI32(local.lookup(op.getRows()));
+    Value dst = g.c32(slot.offset);
+    if (dstShift)
+      dst = g.add(dst, dstShift);
+    gpu::copyTileAsync(
+        g,
+        gpu::TileCopier{smem, copyTid ? copyTid : tid, place.threads,
+                        copyBytes},
+        gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
+                        ty.getDimSize(0), ty.getDimSize(1), colBase,
+                        slot.padCols, slot.rowChunks, dst,
+                        blockBytes(ty.getDimSize(0))});
+  }
+  if (commit)
+    g.commitGroup();
   pendingCopies = true;
   return success();
+}
+
+/// A rank-1 f32 tile into per-row registers (its users broadcast it over
+/// the columns). Before:
+///
+///   %nl = tile.load %Delta[%off] rows %m0 of %nq
+///       : memref<?xf32> -> tensor<64xf32>
+///
+/// After, per row register (mi, h), row r = m0 + warp row + mi * 16 + 8 h +
+/// grp: `%v = ld.global.f32 [Delta + off + (r < nq ? r : 0)]`, then
+/// `select(r < nq, %v, 0)`.
+LogicalResult TileKernelLowering::lowerRowValues(tile::LoadOp op) {
+  if (op.getType().getRank() != 1)
+    return fail(op, "register loads of 2-D tiles are not implemented yet");
+  Value base = scalar(op.getBase());
+  Value offset = toI64(scalar(op.getOffset()));
+  Value row0 = toI32(scalar(op.getRow0()));
+  Value rows = toI32(scalar(op.getRows()));
+  Fragment out;
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value r = g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
+      Value ok = g.cmp(CmpIPredicate::slt, r, rows);
+      Value at = g.add(offset, g.ext64(g.select(ok, r, g.c32(0))));
+      Value v = LLVM::LoadOp::create(
+          b, g.f32,
+          LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                              ArrayRef<LLVM::GEPArg>{at}));
+      out.regs.push_back(g.select(ok, v, g.cf(0.0)));
+    }
+  frags[op.getResult()] = std::move(out);
+  return success();
+}
+
+/// A rank-1 f32 tile into its SharedVector slot: element i by a 4-byte
+/// cp.async from base[offset + row0 + i], zero-filled (src-size 0) where
+/// row0 + i >= rows. Before:
+///
+///   %nl = tile.load %Delta[%off] rows %m0 of %nq
+///       : memref<?xf32> -> tensor<64xf32>
+///
+/// After, per thread (256 threads: one pass, threads 0..63):
+///
+///   %ok = m0 + tid < nq
+///   cp.async.ca.shared.global [slot + 4 tid], [Delta + off + (ok ? m0 +
+///       tid : 0)], 4, (ok ? 4 : 0)
+void TileKernelLowering::copyVector(tile::LoadOp op, IRMapping &local,
+                                    Value dstShift) {
+  const int64_t n = op.getType().getDimSize(0);
+  Value t = copyTid ? copyTid : tid;
+  Value offset = toI64(local.lookup(op.getOffset()));
+  Value row0 = toI32(local.lookup(op.getRow0()));
+  Value rows = toI32(local.lookup(op.getRows()));
+  Value base = local.lookup(op.getBase());
+  Value dst0 = g.c32(slots[op.getResult()].offset);
+  if (dstShift)
+    dst0 = g.add(dst0, dstShift);
+  for (int64_t pass = 0; pass < n; pass += place.threads) {
+    auto body = [&] {
+      Value i = g.add(t, g.c32(pass));
+      Value r = g.add(row0, i);
+      Value ok = g.cmp(CmpIPredicate::slt, r, rows);
+      Value at = g.add(offset, g.ext64(g.select(ok, r, g.c32(0))));
+      Value src = g.toGlobal(LLVM::GEPOp::create(
+          b, g.ptrGen, g.f32, base, ArrayRef<LLVM::GEPArg>{at}));
+      Value dst = g.sharedBytePtr(smem, g.add(dst0, g.mul(i, g.c32(4))));
+      g.copyAsync(dst, src, g.select(ok, g.c32(4), g.c32(0)), 4);
+    };
+    if (pass + place.threads <= n)
+      body();
+    else
+      g.ifThen(g.cmp(CmpIPredicate::ult, t, g.c32(n - pass)), body);
+  }
+}
+
+Value TileKernelLowering::slotOffset(Value v) {
+  Value off = g.c32(slots.count(v) ? slots[v].offset : staging[v].offset);
+  if (Value shift = stageShift.lookup(v))
+    off = g.add(off, shift);
+  return off;
 }
 
 /// A register tile's rows (and columns) that exist, written element by
@@ -113,6 +208,9 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   Value v = op.getValue();
   if (homes.lookup(v) != TileHome::Registers || !frags.count(v))
     return fail(op, "only register tiles can be stored");
+  // The dK/dV kernel's branches store only their own output.
+  if (otherBranchOutput(op))
+    return success();
   const Fragment &f = frags[v];
   RankedTensorType ty = tileType(v);
   Type elem = ty.getElementType();
@@ -151,7 +249,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   }
   Value stride = toI64(scalar(op.getStride()));
   const int64_t nt = nTiles(ty);
-  Value colBase = splitsCols(ty) ? g.mul(chunk, g.c32(geo.dvChunk)) : g.c32(0);
+  Value colBase = colStart(ty);
   Value cols = g.c32(ty.getDimSize(1));
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {

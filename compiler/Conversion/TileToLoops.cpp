@@ -8,8 +8,8 @@
 /// and the control flow carrying tiles (scf.for, scf.if); the tile ops and
 /// the elementwise ops are in TileToLoopsOps.cpp.
 ///
-/// Functions without tiles (today's tiled IR: scf / memref / arith on
-/// scalars) are left unchanged.
+/// Functions without tiles (scalar scf / memref / arith) are left
+/// unchanged.
 //
 //===----------------------------------------------------------------------===//
 

@@ -48,6 +48,11 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
   tileBackward.blockN = config.blockN;
+  // The dQ pass's tiles follow the GPU's rule for these warps, on both
+  // targets: the CPU runs the programs the GPU runs.
+  // (Out-of-range warps are the GPU lowering's error to name.)
+  if (config.warps >= 1 && config.warps <= 16)
+    tileBackward.warps = config.warps;
   pm.addPass(attn::createTileAttentionBackward(tileBackward));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -132,7 +137,7 @@ void registerFlashjitPasses() {
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tiling-pipeline",
-      "attn -> tiled FlashAttention-2 IR (scf/arith/math/memref)",
+      "attn -> tiled FlashAttention-2 IR (the tile dialect + scf/arith/math)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         buildTilingPipeline(pm, toConfig(options));
       });

@@ -16,6 +16,7 @@
 #include "compiler/CompilerInternal.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "kernels/HalfFloat.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
@@ -345,8 +346,8 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   if (int64_t(fwd.lse.size()) < rows)
     throw SpecError(fmt::format("lse: {} values, the problem has {} rows",
                                 fwd.lse.size(), rows));
-  // The workspace: delta (f32 [2, B, H, Nq]; the CPU kernels use the first
-  // half), then, for atomic dQ, dq_accum (f32 [B, H, Nq, dqk]).
+  // The workspace: delta (f32 [2, B, H, Nq]: rowsum(dO * O), then -lse *
+  // log2(e)), then, for atomic dQ, dq_accum (f32 [B, H, Nq, dqk]).
   const int64_t needBytes = backwardWorkspaceBytes(spec, p);
   std::vector<float> ownWorkspace;
   float *delta = static_cast<float *>(workspace);
@@ -400,7 +401,7 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   bufs[bwd::O] = view(fwd.o);
   bufs[bwd::DO] = view(g.dO);
   bufs[bwd::Lse] = describe(const_cast<float *>(fwd.lse.data()), rows);
-  bufs[bwd::Delta] = describe(delta, rows);
+  bufs[bwd::Delta] = describe(delta, 2 * rows);
   bufs[bwd::DqAccum] = atomicDq
                            ? describe(delta + 2 * rows, rows * spec.headDimQK)
                            : describe(&noAccum, 1);
@@ -413,15 +414,21 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   bufs[bwd::KvIndices] = kvIndices;
 
   const TileConfig &c = impl->config;
-  const int64_t qBlocks = (p.seqLenQ + c.blockM - 1) / c.blockM;
-  const int64_t kvBlocks = (p.seqLenKV + c.blockN - 1) / c.blockN;
+  auto blocks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
+  const int64_t rowBlocks = blocks(p.seqLenQ, bwd::kRowBlockRows);
+  const int64_t kvBlocks = blocks(p.seqLenKV, c.blockN);
+  // The separate dQ pass: Q blocks of the rows the tiling pipeline gives
+  // it (dqPassTiles, as on the GPU); atomic dQ's conversion: kRowBlockRows
+  // rows.
+  const int64_t dqRows =
+      dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, c)
+          .rows;
+  const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, dqRows);
   // In this order: the preprocessing writes delta (and zeroes dq_accum),
-  // the main loop reads delta (and adds into dq_accum); both forms of
-  // @f_dq (the separate pass, the conversion) run on the preprocessing's
-  // grid.
-  runGrid(impl->preprocess, bufs, idx, f32s, qBlocks, p.batch * p.heads);
+  // the main loop reads delta (and adds into dq_accum), @f_dq writes dQ.
+  runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads);
   runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec));
-  runGrid(impl->dq, bufs, idx, f32s, qBlocks, p.batch * p.heads);
+  runGrid(impl->dq, bufs, idx, f32s, dqBlocks, p.batch * p.heads);
 }
 
 } // namespace flashjit

@@ -454,10 +454,11 @@ TEST(CpuBackwardCheck, CliFlagDescriptionAndGpuStages) {
   std::string tiled = emitStage(o.spec, o.config, Stage::Tile);
   EXPECT_NE(tiled.find("@attention_dq("), std::string::npos);
   EXPECT_NE(tiled.find("role = \"dq_convert\""), std::string::npos);
-  EXPECT_NE(tiled.find("memref.atomic_rmw addf"), std::string::npos);
+  EXPECT_NE(tiled.find("tile.atomic_add"), std::string::npos);
   o.spec.deterministic = true;
   tiled = emitStage(o.spec, o.config, Stage::Tile);
   EXPECT_NE(tiled.find("role = \"dq\""), std::string::npos);
+  EXPECT_EQ(tiled.find("tile.atomic_add"), std::string::npos);
   EXPECT_EQ(tiled.find("memref.atomic_rmw"), std::string::npos);
   // The GPU stages (both forms): three kernels, tensor cores, no
   // transposes through shared memory other than ldmatrix's; atomic dQ adds

@@ -123,6 +123,53 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   }
 }
 
+/// The backward kernels' recorded resources fit what the launcher provides
+/// (gpuBackwardGeometry): the shared memory a kernel records is at most the
+/// launcher's (equal, but for the shapes warpgroup MMAs can take, where the
+/// launcher's formula pads and counts a P^T tile), the block size is the launcher's;
+/// for both dQ modes, on sm_90a and sm_80.
+TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
+  const GpuCase &c = GetParam();
+  for (bool deterministic : {false, true})
+    for (const char *arch : {"sm_80", "sm_90a"}) {
+      AttentionSpec spec = c.spec(Direction::Backward);
+      spec.deterministic = deterministic;
+      TileConfig config = defaultGpuBackwardConfig(spec);
+      GpuTarget target;
+      target.arch = arch;
+      std::string gpu = emitStage(spec, config, Stage::Gpu, target);
+      GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+      auto recorded = [&](const std::string &fn, int64_t shared,
+                          int64_t threads, bool exact) {
+        size_t at = gpu.find("gpu.func @" + fn + "(");
+        ASSERT_NE(at, std::string::npos) << fn;
+        std::string head = gpu.substr(at, gpu.find("{\n", at) - at);
+        const std::string key = "attn.shared_bytes = ";
+        size_t k = head.find(key);
+        ASSERT_NE(k, std::string::npos) << fn << ": " << head;
+        int64_t bytes = std::stoll(head.substr(k + key.size()));
+        std::string where = fn + " " + config.toJson() + " " + arch;
+        EXPECT_LE(bytes, shared) << where;
+        if (exact)
+          EXPECT_EQ(bytes, shared) << where;
+        EXPECT_NE(head.find("known_block_size = array<i32: " +
+                            std::to_string(threads) + ", 1, 1>"),
+                  std::string::npos)
+            << where << ": " << head;
+      };
+      recorded("attention_preprocess", 0,
+               GpuBackwardGeometry::kPreprocessThreads, true);
+      // A shape that wgmma could take pads the launcher's statistics to
+      // 1 KiB on every target.
+      // Split columns: the launcher sizes every slot for the widest chunk
+      // set, the lowering only the slots read as product columns.
+      recorded("attention", geo.kvSmem.total, geo.threads,
+               !geo.wgmmaShape && geo.kvCombined);
+      recorded("attention_dq", geo.dqSharedBytes(), geo.dqThreads(),
+               geo.dqChunks == 1);
+    }
+}
+
 /// The backward's three kernels at their default tiling assemble, fit the
 /// H200's shared memory and registers, and spill at most a few bytes: the
 /// defaults are the fastest tilings measured (bench/NOTES.md), some of which

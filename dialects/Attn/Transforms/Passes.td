@@ -36,34 +36,48 @@ def TileAttentionBackward
     : Pass<"flashjit-tile-attention-backward", "mlir::ModuleOp"> {
   let summary = "Lower attn.flash_bwd into the tiled FlashAttention-2 backward";
   let description = [{
-    Replaces each `attn.flash_bwd @f` by three functions that share one
-    argument list (kernels/KernelABI.h, namespace bwd):
-    `@f_preprocess` (one program per Q block of `block-m` rows and
-    (batch, head)) writes D = rowsum(dO * O); `@f` (one program per KV block
-    of `block-n` keys and (batch, KV head)) keeps dK and dV of its keys in
-    fp32 tiles while it walks, for every query head of the GQA group, the Q
-    blocks that see its keys (the band, or the KV-major transposed layout
-    when block-sparse), recomputing P = exp2(S * log2(e) - lse * log2(e))
-    (0 where masked or lse = -inf), dV += P^T dO, dS = P * (dO V^T - D),
-    dK += dS^T Q. dQ, by the op's `deterministic`: false (the default),
-    `@f_preprocess` also zeroes the f32 dq_accum workspace, `@f` adds each
-    block pair's dS K into it with `memref.atomic_rmw addf`, and `@f_dq`
-    (role "dq_convert", one program per Q block) writes dQ = dq_accum *
-    scale; true, `@f_dq` (role "dq", one program per Q block) walks the KV
-    blocks its rows see, recomputes P and dS, and sums dQ = dS K: a separate
-    pass over Q blocks, deterministic by construction and free of atomics.
-    dK and dQ are scaled at the end. Every function's `attn.kernel_backward`
-    carries `deterministic` (a BoolAttr).
+    Replaces each `attn.flash_bwd @f` by three functions in the tile dialect
+    (the stage the CPU and the GPU both compile; see TileOps.td for the
+    contract) that share one argument list (kernels/KernelABI.h, namespace
+    bwd): `@f_preprocess` (one program per kRowBlockRows = 64 rows of one
+    (batch, head)) writes D = rowsum(dO * O) and -lse * log2(e) into the
+    delta workspace; `@f` (one program per KV block of `block-n` keys and
+    (batch, KV head)) keeps dK and dV of its keys in f32 tiles while it
+    walks, for every query head of the GQA group, the Q blocks of `block-m`
+    rows that see its keys (the band, or the KV-major transposed layout when
+    block-sparse), recomputing P = exp2(S * scale * log2(e) - lse * log2(e))
+    (0 where masked or lse = -inf), rounding it to the element type, and
+    accumulating dV += P^T dO, dS = P * (dO V^T - D) (from the rounded P,
+    rounded in turn), dK += dS^T Q. dQ, by the op's `deterministic`: false
+    (the default), `@f_preprocess` also zeroes the f32 dq_accum workspace,
+    `@f` adds each block pair's dS K into it with `tile.atomic_add`, and
+    `@f_dq` (role "dq_convert", kRowBlockRows rows per program) writes dQ =
+    dq_accum * scale; true, `@f_dq` (role "dq", one program per Q block of
+    `dq-block-m` rows) walks the KV blocks of `dq-block-n` keys its rows
+    see, recomputes P and dS, and sums dQ = dS K: a separate pass over Q
+    blocks, deterministic by construction and free of atomics. dK and dQ
+    are scaled at the end. Every function's `attn.kernel` carries its role,
+    its tiling and `deterministic`.
   }];
   let dependentDialects = ["mlir::func::FuncDialect", "mlir::scf::SCFDialect",
                            "mlir::arith::ArithDialect",
                            "mlir::math::MathDialect",
-                           "mlir::memref::MemRefDialect"];
+                           "mlir::memref::MemRefDialect",
+                           "::flashjit::tile::TileDialect"];
   let options = [
     Option<"blockM", "block-m", "int64_t", "64",
-           "Br: query rows per Q block">,
+           "Br: query rows per Q block (the main loop's streamed block)">,
     Option<"blockN", "block-n", "int64_t", "64",
            "Bc: keys per KV block (the main loop's program)">,
+    Option<"dqBlockM", "dq-block-m", "int64_t", "0",
+           "Br': query rows per program of the deterministic dQ pass "
+           "(0: block-m)">,
+    Option<"dqBlockN", "dq-block-n", "int64_t", "0",
+           "Bc': keys per step of the deterministic dQ pass (0: block-n)">,
+    Option<"warps", "warps", "int64_t", "0",
+           "the GPU's warps: with dq-block-m/n 0, the dQ pass's tiles are "
+           "dqPassTiles(dqk, sparse block, Br x Bc, warps) of "
+           "kernels/GpuGeometry.h, as the GPU launches them (0: Br x Bc)">,
   ];
 }
 

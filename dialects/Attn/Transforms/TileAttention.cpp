@@ -55,6 +55,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 namespace flashjit::attn {
 #define GEN_PASS_DEF_TILEATTENTION
@@ -69,9 +70,7 @@ using arith::CmpIPredicate;
 
 namespace {
 
-/// Window sizes are clamped to this before the i32 mask arithmetic: with
-/// sequence lengths below 2^29 a clamped side still covers every key.
-constexpr int64_t kWindowClamp = int64_t(1) << 30;
+using flashjit::attn::detail::kWindowClamp;
 
 /// Builds the tiled function for one attn.flash_fwd op.
 class TiledForwardBuilder : flashjit::attn::detail::TileIRBuilderBase {
@@ -104,7 +103,8 @@ private:
   Value nq, nkv, scaleLog2, m0, bIdx, hIdx;
   Value qBase, kBase, vBase, oBase, lseBase;
   Value offset, winL, winR, jLo, jHi, fullLo, fullHi;
-  Value tLo, tHi, listBase, perSparse;
+  Value tLo, tHi;
+  BlockList list;
   Value qTile;
 };
 
@@ -205,31 +205,21 @@ void TiledForwardBuilder::setUpProgram() {
 /// [jLo, jHi], or every Bc-block of the sparse blocks the layout lists.
 void TiledForwardBuilder::loopBounds() {
   if (sparseBlock == 0) {
-    tLo = arith::DivSIOp::create(b, jLo, cIdx(bc));
-    Value end = add(arith::DivSIOp::create(b, jHi, cIdx(bc)), cIdx(1));
-    tHi = select(cmpI(CmpIPredicate::sge, jHi, jLo), end, tLo);
+    std::tie(tLo, tHi) = blocksMeeting(jLo, jHi, bc);
     return;
   }
-  perSparse = cIdx(sparseBlock / bc);
-  Value qsb = arith::DivUIOp::create(b, m0, cIdx(sparseBlock));
-  Value countAt = add(add(mul(bIdx, indexArg(abi::CountsStrideB)),
-                          mul(hIdx, indexArg(abi::CountsStrideH))),
-                      qsb);
-  listBase = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
-                     mul(hIdx, indexArg(abi::IndicesStrideH))),
-                 mul(qsb, indexArg(abi::IndicesStrideM)));
+  list =
+      blockList(arg(abi::Counts), arg(abi::Indices),
+                {indexArg(abi::CountsStrideB), indexArg(abi::CountsStrideH),
+                 indexArg(abi::IndicesStrideB), indexArg(abi::IndicesStrideH),
+                 indexArg(abi::IndicesStrideM)},
+                bIdx, hIdx, m0, sparseBlock, bc, tHi);
   tLo = cIdx(0);
-  tHi = mul(indexCast(load(arg(abi::Counts), {countAt})), perSparse);
 }
 
 /// First key of iteration \p t.
 Value TiledForwardBuilder::blockStart(Value t) {
-  if (sparseBlock == 0)
-    return mulC(t, bc);
-  Value entry = arith::DivUIOp::create(b, t, perSparse);
-  Value listed = indexCast(load(arg(abi::Indices), {add(listBase, entry)}));
-  Value within = arith::RemUIOp::create(b, t, perSparse);
-  return add(mulC(listed, sparseBlock), mulC(within, bc));
+  return sparseBlock == 0 ? mulC(t, bc) : listedBlockStart(list, t);
 }
 
 /// One iteration of the KV loop over keys [n0, n0 + Bc): the online-softmax

@@ -3,8 +3,10 @@
 /// \file
 /// Constructors of the tile dialect's values for the tiling passes: typed
 /// tiles, splats and constants, iota, broadcasts, reductions, dots and the
-/// strided global accesses, so that the passes' algorithms read like the
-/// papers' pseudo-code. Internal to dialects/Attn/Transforms.
+/// strided global accesses, the loops carrying tiles, the walks over a band
+/// of blocks or a BCSR layout's list, and the band masks, so that the
+/// passes' algorithms read like the papers' pseudo-code. Internal to
+/// dialects/Attn/Transforms.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEIRBUILDER_H
@@ -17,6 +19,10 @@
 #include "mlir/IR/BuiltinTypes.h"
 
 namespace flashjit::attn::detail {
+
+/// Window sizes are clamped to this before the i32 mask arithmetic: with
+/// sequence lengths below 2^29 a clamped side still covers every key.
+constexpr int64_t kWindowClamp = int64_t(1) << 30;
 
 /// TiledBuilderBase plus the tile dialect: the arith helpers of the base
 /// work on tiles too (arith ops are elementwise on tensors).
@@ -74,6 +80,15 @@ protected:
     auto ty = mlir::cast<Tensor>(v.getType());
     return mlir::arith::TruncFOp::create(b, ty.clone(elem), v);
   }
+  /// \p v (bf16 / f16) widened to f32, exactly.
+  Value extTile(Value v) {
+    auto ty = mlir::cast<Tensor>(v.getType());
+    return mlir::arith::ExtFOp::create(b, ty.clone(f32), v);
+  }
+  /// x * y + z, one rounding.
+  Value fma(Value x, Value y, Value z) {
+    return mlir::math::FmaOp::create(b, x, y, z);
+  }
   Value exp2(Value x) { return mlir::math::Exp2Op::create(b, x); }
   Value log2(Value x) { return mlir::math::Log2Op::create(b, x); }
   Value maxF(Value x, Value y) {
@@ -85,6 +100,83 @@ protected:
   /// An i32 copy of an index scalar.
   Value toI32(Value x) {
     return mlir::arith::IndexCastOp::create(b, b.getI32Type(), x);
+  }
+  /// \p x clamped to [-kWindowClamp, kWindowClamp]: a row bound computed
+  /// from a (clamped) window, kept in i32 range as the GPU kernels keep it.
+  Value clampBound(Value x) {
+    return minI(maxI(x, cIdx(-kWindowClamp)), cIdx(kWindowClamp));
+  }
+  /// The global index start + r (dim 0) or start + c (dim 1) of each
+  /// element of \p ty (i32).
+  Value indexTile(Tensor ty, int64_t dim, Value start) {
+    return mlir::arith::AddIOp::create(b, iota(ty, dim),
+                                       splat(toI32(start), ty));
+  }
+  /// Whether column index cols[r][c] lies in [d_r - below, d_r + above],
+  /// d_r = diag + r: the band that row r of the tile sees (i1 tile; \p cols
+  /// from indexTile, \p below and \p above clamped windows).
+  Value inBand(Value cols, Value diag, Value below, Value above) {
+    using Pred = mlir::arith::CmpIPredicate;
+    auto ty = mlir::cast<Tensor>(cols.getType());
+    Tensor rowTy = tile({ty.getDimSize(0)}, b.getI32Type());
+    Value d = indexTile(rowTy, 0, diag);
+    Value lo = mlir::arith::SubIOp::create(b, d, splat(toI32(below), rowTy));
+    Value hi = mlir::arith::AddIOp::create(b, d, splat(toI32(above), rowTy));
+    return andI(cmpI(Pred::sge, cols, broadcast(lo, ty, 1)),
+                cmpI(Pred::sle, cols, broadcast(hi, ty, 1)));
+  }
+
+  /// The iterations [first, end) over the blocks of \p step rows that meet
+  /// rows [lo, hi] (none when hi < lo): block t starts at t * step.
+  std::pair<Value, Value> blocksMeeting(Value lo, Value hi, int64_t step) {
+    Value first = mlir::arith::DivSIOp::create(b, lo, cIdx(step));
+    Value end = add(mlir::arith::DivSIOp::create(b, hi, cIdx(step)), cIdx(1));
+    return {first,
+            select(cmpI(mlir::arith::CmpIPredicate::sge, hi, lo), end, first)};
+  }
+  /// A BCSR layout's list for one (batch, head, owner block), walked in
+  /// blocks of `step` rows: iteration t covers rows [start(t), start(t) +
+  /// step) of the listed sparse block t / perSparse.
+  struct BlockList {
+    Value indices, listBase, perSparse;
+    int64_t sparseBlock, step;
+  };
+  /// The list of (\p batch, \p head)'s sparse block that holds row
+  /// \p first (the program's own block) and its iteration count (counts *
+  /// sparseBlock / step) in \p iterations. \p strides are the layout's
+  /// (counts b, counts h, indices b, indices h, indices m).
+  BlockList blockList(Value counts, Value indices, std::array<Value, 5> strides,
+                      Value batch, Value head, Value first, int64_t sparseBlock,
+                      int64_t step, Value &iterations) {
+    BlockList l{indices, Value(), cIdx(sparseBlock / step), sparseBlock, step};
+    Value owner = mlir::arith::DivUIOp::create(b, first, cIdx(sparseBlock));
+    Value countAt =
+        add(add(mul(batch, strides[0]), mul(head, strides[1])), owner);
+    l.listBase = add(add(mul(batch, strides[2]), mul(head, strides[3])),
+                     mul(owner, strides[4]));
+    iterations = mul(indexCast(load(counts, {countAt})), l.perSparse);
+    return l;
+  }
+  /// The first row of iteration \p t of \p l (a scalar load of the list).
+  Value listedBlockStart(const BlockList &l, Value t) {
+    Value entry = mlir::arith::DivUIOp::create(b, t, l.perSparse);
+    Value listed = indexCast(load(l.indices, {add(l.listBase, entry)}));
+    Value within = mlir::arith::RemUIOp::create(b, t, l.perSparse);
+    return add(mulC(listed, l.sparseBlock), mulC(within, l.step));
+  }
+
+  /// `scf.for iv = lb to ub iter_args(init) { yield body(iv, carried) }`,
+  /// its results.
+  template <typename Fn>
+  llvm::SmallVector<Value> forCarrying(Value lb, Value ub,
+                                       mlir::ValueRange init, Fn &&body) {
+    auto loop = mlir::scf::ForOp::create(b, lb, ub, cIdx(1), init);
+    mlir::OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    llvm::SmallVector<Value> next =
+        body(loop.getInductionVar(), loop.getRegionIterArgs());
+    mlir::scf::YieldOp::create(b, next);
+    return llvm::SmallVector<Value>(loop.getResults());
   }
   /// `scf.if cond -> T { then() } else { otherwise }` yielding one value.
   template <typename Fn> Value ifElse(Value cond, Value otherwise, Fn &&then) {

@@ -1,9 +1,10 @@
 //===- TiledBuilder.h - Small IR constructors of the tiling passes -*- C++ -*-//
 //
 /// \file
-/// The scalar and loop constructors that the forward and backward tiling
-/// builders share, so that their algorithms read like the papers. Internal
-/// to dialects/Attn/Transforms.
+/// The scalar constructors that the forward and backward tiling builders
+/// share (index arithmetic, compares, selects, scalar loads of a BCSR
+/// layout), and the passes' common driver. Internal to
+/// dialects/Attn/Transforms.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBUILDER_H
@@ -50,85 +51,8 @@ protected:
   Value load(Value mem, mlir::ValueRange idx) {
     return mlir::memref::LoadOp::create(b, mem, idx);
   }
-  void store(Value v, Value mem, mlir::ValueRange idx) {
-    mlir::memref::StoreOp::create(b, v, mem, idx);
-  }
-  /// Loads a 16-bit element and widens it to f32.
-  Value loadF32(Value mem, Value idx) {
-    return mlir::arith::ExtFOp::create(b, f32, load(mem, idx));
-  }
-  /// Rounds an f32 to \p elemTy and back: what a matmul on 16-bit operands
-  /// sees.
-  Value roundTo(mlir::Type elemTy, Value x) {
-    Value low = mlir::arith::TruncFOp::create(b, elemTy, x);
-    return mlir::arith::ExtFOp::create(b, f32, low);
-  }
   Value indexCast(Value x) {
     return mlir::arith::IndexCastOp::create(b, idxTy, x);
-  }
-
-  /// `for iv = lb to ub { body(iv) }`.
-  template <typename Fn> void forLoop(Value lb, Value ub, Fn &&body) {
-    auto loop = mlir::scf::ForOp::create(b, lb, ub, cIdx(1));
-    mlir::OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    body(loop.getInductionVar());
-  }
-  /// `for iv = lb to ub iter(acc = init) { acc = body(iv, acc) }`.
-  template <typename Fn>
-  Value forReduce(Value lb, Value ub, Value init, Fn &&body) {
-    auto loop =
-        mlir::scf::ForOp::create(b, lb, ub, cIdx(1), mlir::ValueRange{init});
-    mlir::OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    Value next = body(loop.getInductionVar(), loop.getRegionIterArgs()[0]);
-    mlir::scf::YieldOp::create(b, next);
-    return loop.getResult(0);
-  }
-  /// `if (cond) { body() }`.
-  template <typename Fn> void ifThen(Value cond, Fn &&body) {
-    auto ifOp = mlir::scf::IfOp::create(b, cond, /*withElseRegion=*/false);
-    mlir::OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(ifOp.thenBlock());
-    body();
-  }
-
-  /// `for each block of \p step rows starting in [lo, hi]: body(first)`,
-  /// the blocks aligned to \p step (none when hi < lo).
-  template <typename Fn>
-  void forBlocksInRange(Value lo, Value hi, int64_t step, Fn &&body) {
-    Value first = mlir::arith::DivSIOp::create(b, lo, cIdx(step));
-    Value end = add(mlir::arith::DivSIOp::create(b, hi, cIdx(step)), cIdx(1));
-    Value last =
-        select(cmpI(mlir::arith::CmpIPredicate::sge, hi, lo), end, first);
-    forLoop(first, last, [&](Value blk) { body(mulC(blk, step)); });
-  }
-
-  /// The blocks a BCSR layout lists: for the sparse block \p owner (in
-  /// units of \p sparseBlock) of (\p batch, \p head), each listed sparse
-  /// block is walked as sparseBlock / step blocks of \p step rows, and
-  /// body(first) runs for those that meet [lo, hi]. \p strides are the
-  /// layout's (counts b, counts h, indices b, indices h, indices m).
-  template <typename Fn>
-  void forListedBlocks(Value counts, Value indices,
-                       std::array<Value, 5> strides, Value batch, Value head,
-                       Value owner, int64_t sparseBlock, int64_t step, Value lo,
-                       Value hi, Fn &&body) {
-    using Pred = mlir::arith::CmpIPredicate;
-    Value countAt =
-        add(add(mul(batch, strides[0]), mul(head, strides[1])), owner);
-    Value count = indexCast(load(counts, {countAt}));
-    Value listBase = add(add(mul(batch, strides[2]), mul(head, strides[3])),
-                         mul(owner, strides[4]));
-    forLoop(cIdx(0), count, [&](Value t) {
-      Value listed = indexCast(load(indices, {add(listBase, t)}));
-      forLoop(cIdx(0), cIdx(sparseBlock / step), [&](Value u) {
-        Value first = add(mulC(listed, sparseBlock), mulC(u, step));
-        Value meets = andI(cmpI(Pred::sle, first, hi),
-                           cmpI(Pred::sge, add(first, cIdx(step - 1)), lo));
-        ifThen(meets, [&] { body(first); });
-      });
-    });
   }
 
   mlir::ImplicitLocOpBuilder b;
@@ -137,10 +61,10 @@ protected:
 
 /// The body of both tiling passes: checks Br and Bc (in [1, 1024], dividing
 /// the sparse block) and replaces every \p OpT in \p module by what
-/// `Builder(op, blockM, blockN).build()` makes.
-template <typename OpT, typename Builder>
+/// `Builder(op, blockM, blockN, extra...).build()` makes.
+template <typename OpT, typename Builder, typename... Extra>
 mlir::LogicalResult tileEach(mlir::ModuleOp module, int64_t blockM,
-                             int64_t blockN) {
+                             int64_t blockN, Extra... extra) {
   if (blockM < 1 || blockN < 1 || blockM > 1024 || blockN > 1024)
     return module.emitError() << "block-m and block-n must be in [1, 1024], "
                                  "got "
@@ -153,7 +77,7 @@ mlir::LogicalResult tileEach(mlir::ModuleOp module, int64_t blockM,
       return op.emitOpError()
              << "block-m (" << blockM << ") and block-n (" << blockN
              << ") must divide sparse_block (" << sb << ")";
-    Builder(op, blockM, blockN).build();
+    Builder(op, blockM, blockN, extra...).build();
     op.erase();
   }
   return mlir::success();

@@ -1,0 +1,216 @@
+//===- TileToGPUAtomics.cpp - Transposed products reduced into memory -----===//
+//
+/// \file
+/// The reduction op family of the tile lowering (TileToGPU.h): a product
+/// whose lhs is a register tile read transposed, added into a global f32
+/// accumulator by tile.atomic_add (the backward's dQ = dS K from the dK/dV
+/// kernel, whose registers hold dS^T with the keys on the rows). The lhs
+/// goes through a staging slot of shared memory; the product is spread over
+/// the warps by 64-column groups (DqWarps, kernels/GpuGeometry.h), not in
+/// the accumulator layout of the kernel's other tiles, and each thread
+/// reduces its registers into memory by red.global.add.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+using arith::CmpIPredicate;
+
+/// Whether the index \p v is even on every path: an even constant, a
+/// product with an even factor, or a sum of even terms.
+static bool knownEven(Value v) {
+  if (std::optional<int64_t> c = getConstantIntValue(v))
+    return *c % 2 == 0;
+  if (auto mul = v.getDefiningOp<arith::MulIOp>())
+    return knownEven(mul.getLhs()) || knownEven(mul.getRhs());
+  if (auto add = v.getDefiningOp<arith::AddIOp>())
+    return knownEven(add.getLhs()) && knownEven(add.getRhs());
+  return false;
+}
+
+void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
+                       Value col, Value v0, Value v1) {
+  Value row = g.add(r.row0, q);
+  Value rowOk = g.cmp(CmpIPredicate::slt, row, r.bound);
+  Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
+  for (int64_t e = 0; e < 2; e += r.pairs ? 2 : 1) {
+    Value c = e ? g.add(col, g.c32(e)) : col;
+    Value ok = r.checkCols
+                   ? g.andI(rowOk, g.cmp(CmpIPredicate::slt, c, g.c32(r.cols)))
+                   : rowOk;
+    Value ptr = LLVM::GEPOp::create(g.b, g.ptrGen, g.f32, r.base,
+                                    ArrayRef<LLVM::GEPArg>{
+                                        g.add(rowAt, g.ext64(c))});
+    if (r.pairs)
+      g.reduceAdd2(ok, ptr, v0, v1);
+    else
+      g.reduceAdd(ok, ptr, e ? v1 : v0);
+  }
+}
+
+ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
+  ReductionTarget r;
+  r.base = scalar(atomic.getBase());
+  r.offset = toI64(scalar(atomic.getOffset()));
+  r.stride = toI64(scalar(atomic.getStride()));
+  r.row0 = toI32(scalar(atomic.getRow0()));
+  r.bound = toI32(scalar(atomic.getRows()));
+  RankedTensorType ty = tileType(atomic.getValue());
+  r.cols = ty.getDimSize(1);
+  r.pairs = place.vectorAtomics && knownEven(atomic.getOffset()) &&
+            knownEven(atomic.getStride());
+  // Columns past the tile exist where the 64-column groups or the chunks
+  // overhang it.
+  const KernelPlacement::ColumnSplit *s = splitsCols(ty) ? activeSplit : nullptr;
+  r.checkCols = r.cols % 64 != 0 || (s && s->chunk * s->chunks != r.cols);
+  return r;
+}
+
+/// The rounded tile's registers, as element-type pairs, into its staging
+/// slot (swizzled rows of 16-byte chunks, as TileCopy.h lays out a copied
+/// tile), right where it is rounded: the MMAs that follow cover the
+/// stores' latency. Before:
+///
+///   %dsh = arith.truncf %ds : tensor<128x64xf32> to tensor<128x64xbf16>
+///   %dq = tile.dot %dsh, %k {transpose_lhs} ...
+///
+/// After, per m-tile mi, half h and n-tile ni of the thread:
+///
+///   st.shared.b32 [slot + swizzle(warp row + mi * 16 + 8 h + grp, ni * 8)
+///       + 4 tig], cvt.rn.bf16x2(ds[mi, ni, 2 h], ds[mi, ni, 2 h + 1])
+void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
+  const SharedSlot &slot = staging[v];
+  const int64_t nt = nTiles(tileType(v));
+  for (int64_t mi = 0; mi < mt; ++mi)
+    for (int64_t h = 0; h < 2; ++h) {
+      Value row = g.add(warpRow0, g.add(g.c32(mi * 16 + 8 * h), grp));
+      for (int64_t ni = 0; ni < nt; ++ni) {
+        const int64_t rows = tileType(v).getDimSize(0);
+        Value col = g.add(colStart(tileType(v)), g.c32(ni * 8));
+        Value chunkAt = place.wgmma
+                            ? g.swizzledBlocked(row, col, blockBytes(rows))
+                            : g.swizzled(row, col, slot.rowChunks);
+        Value at = g.add(g.c32(slot.offset),
+                         g.add(chunkAt, g.mul(tig, g.c32(4))));
+        const Value *r = &f.regs[(mi * nt + ni) * 4 + 2 * h];
+        LLVM::StoreOp::create(b, g.pack2(r[0], r[1]),
+                              g.sharedBytePtr(smem, at));
+      }
+    }
+  staged = true;
+}
+
+/// `tile.atomic_add (tile.dot %lhs, %rhs {transpose_lhs})` with %lhs a
+/// staged register tile and %rhs a shared one. Before:
+///
+///   %dq = tile.dot %dsh, %k {transpose_lhs}
+///       : tensor<128x64xbf16>, tensor<128x96xbf16> -> tensor<64x96xf32>
+///   tile.atomic_add %dq, %dq_accum[%off] rows %m0 of %nq stride %c96
+///
+/// After (every warp's part of dS^T staged; 8 warps: 4 per 64-column
+/// group, 16 columns each, the groups taken round robin by 2 phases):
+///
+///   barrier
+///   // per round of column groups (at most 64 accumulators at a time):
+///   //   mmaProductTransposed: A = dS by ldmatrix.trans of dS^T, B = K by
+///   //   ldmatrix.trans, k-steps over the 128 keys
+///   //   red.global.add(.v2).f32 [dq_accum + off + row * 96 + col], ...
+///   //     predicated on row < nq (and col < 96 where the columns overhang)
+LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
+  Value lhs = op.getLhs(), rhs = op.getRhs();
+  if (!staging.count(lhs) || homes.lookup(rhs) != TileHome::Shared ||
+      op.getTransposeRhs())
+    return fail(op, "a transposed product reads a staged register lhs and a "
+                    "shared rhs, not transposed");
+  auto atomic = cast<tile::AtomicAddOp>(*op->user_begin());
+  if (!cast<MemRefType>(atomic.getBase().getType()).getElementType().isF32())
+    return fail(atomic, "reduces into an f32 buffer only");
+  if (place.wgmma)
+    return lowerWgmmaTransposed(op, atomic);
+  const SharedSlot &lhsSlot = staging[lhs], &rhsSlot = slots[rhs];
+  RankedTensorType resTy = op.getType();
+  const int64_t rows = resTy.getDimSize(0);
+  const int64_t keys = tileType(lhs).getDimSize(0);
+  const int64_t padCols = paddedCols(resTy);
+  // With column parts (the 2-D warp grid) the rows go in as many parts.
+  const int64_t rowSplit = place.colParts;
+  const DqWarps w = dqWarps(place.threads / 32, rowSplit);
+  if (rows % (16 * rowSplit) != 0 || keys % 16 != 0)
+    return fail(op, "needs whole 16-row tiles");
+
+  if (staged) // every warp's part of the lhs is staged
+    g.barrier();
+  staged = false;
+  Value warpInBlock = g.divU(tid, g.c32(32));
+  const int64_t perPart = place.threads / 32 / rowSplit;
+  Value rowPart = rowSplit > 1 ? g.divU(warpInBlock, g.c32(perPart)) : Value();
+  Value warp = rowSplit > 1 ? g.remU(warpInBlock, g.c32(perPart)) : warpInBlock;
+  auto inLoop = [&](gpu::FragmentAddresses f) {
+    return loopIv ? f.inLoop(g) : f;
+  };
+  gpu::FragmentAddresses aT = inLoop(gpu::fragmentAddresses(
+      g, gpu::FragmentPattern::B, lane, g.c32(0), g.c32(lhsSlot.offset),
+      lhsSlot.rowChunks,
+      rowPart ? g.mul(rowPart, g.c32(rows / rowSplit / 8)) : Value()));
+  gpu::FragmentAddresses bT = inLoop(gpu::fragmentAddresses(
+      g, gpu::FragmentPattern::BTrans, lane, g.c32(0),
+      g.add(g.add(slotOffset(rhs), g.mul(chunkStart(resTy), g.c32(2))),
+            g.mul(g.divU(warp, g.c32(w.cols)), g.c32(128))),
+      rhsSlot.rowChunks,
+      g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth / 8))));
+
+  ReductionTarget red = reductionOf(atomic);
+  Value warpCol0 =
+      g.add(g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
+            g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
+                  g.mul(tig, g.c32(2))));
+
+  auto slab = [&](ArrayRef<int64_t> rounds) {
+    SmallVector<int64_t> chunks, colConst;
+    for (int64_t r : rounds)
+      for (int64_t jj = 0; jj < w.colWidth / 16; ++jj) {
+        chunks.push_back(8 * r * w.groups + 2 * jj);
+        colConst.push_back(64 * r * w.groups + 16 * jj);
+      }
+    const int64_t mtQ = rows / rowSplit / 16,
+                  nt2 = int64_t(chunks.size()) * 2;
+    std::vector<gpu::Acc> acc =
+        gpu::mmaProductTransposed(g, smem, aT, bT, mtQ, chunks, keys / 16);
+    for (int64_t mi = 0; mi < mtQ; ++mi)
+      for (int64_t h = 0; h < 2; ++h) {
+        Value q = g.add(g.c32(mi * 16 + 8 * h), grp);
+        if (rowPart)
+          q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
+        for (int64_t n = 0; n < nt2; ++n) {
+          const gpu::Acc &v = acc[mi * nt2 + n];
+          reducePair(g, red, q,
+                     g.add(warpCol0, g.c32(colConst[n / 2] + 8 * (n % 2))),
+                     v[2 * h], v[2 * h + 1]);
+        }
+      }
+  };
+  // Rounds of column groups, as many per slab as keep the slab's
+  // accumulators at 64 registers; a last partial round only for the warp
+  // phases that have a group.
+  const int64_t groups = ceilDiv(padCols, 64);
+  const int64_t fullRounds = groups / w.groups;
+  const int64_t regsPerRound = rows / rowSplit / 16 * (w.colWidth / 8) * 4;
+  const int64_t perSlab = std::max<int64_t>(1, 64 / regsPerRound);
+  for (int64_t r0 = 0; r0 < fullRounds; r0 += perSlab) {
+    SmallVector<int64_t> rounds;
+    for (int64_t r = r0; r < std::min(fullRounds, r0 + perSlab); ++r)
+      rounds.push_back(r);
+    slab(rounds);
+  }
+  if (groups % w.groups != 0)
+    g.ifThen(g.cmp(CmpIPredicate::ult, g.divU(warp, g.c32(w.cols)),
+                   g.c32(groups % w.groups)),
+             [&] { slab({fullRounds}); });
+  return success();
+}

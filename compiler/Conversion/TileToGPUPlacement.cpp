@@ -1,0 +1,123 @@
+//===- TileToGPUPlacement.cpp - What each role fixes before lowering ------===//
+//
+/// \file
+/// The placements of the tile lowering (TileToGPU.h, KernelPlacement): what
+/// the function's role in `#attn.kernel` and its tiling fix before any op
+/// is lowered, as kernels/GpuGeometry.h gives the launcher:
+///   - "forward": Br rows per program, the warps split them; V-wide tiles
+///     split over grid.z past 256 columns;
+///   - "main" (the dK/dV kernel): Bc keys per program, the warps split them
+///     (warpgroup MMAs for the shapes that allow them on sm_90a; else, with
+///     Br = 64 and atomic dQ, the 2-D warp grid of two column parts); dK and
+///     dV split over grid.z when both do not fit one program;
+///   - "dq" (the separate dQ pass): its own tiles (dqPassTiles);
+///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/KernelEmitters.h"
+#include "compiler/Conversion/TileToGPU.h"
+#include "kernels/KernelABI.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+
+/// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
+/// and grid.z split of V's columns.
+static KernelPlacement forwardPlacement(const AttentionSpec &spec,
+                                        const TileConfig &config) {
+  GpuGeometry geo = gpuGeometry(spec, config);
+  KernelPlacement p;
+  p.role = KernelRole::Forward;
+  p.threads = geo.threads;
+  p.regRows = config.blockM;
+  p.mt = geo.mTiles;
+  p.maxShared = geo.sharedBytes;
+  if (geo.dvChunks > 1)
+    p.splits.push_back({spec.headDimV, geo.dvChunk, geo.dvChunks});
+  p.numBuffers = abi::NumBuffers;
+  p.numIndexArgs = abi::NumIndexArgs;
+  p.numF32Args = 1;
+  p.reversePidM = spec.mask == MaskKind::Causal;
+  return p;
+}
+
+LogicalResult
+flashjit::conversion::lowerTileKernel(func::FuncOp fn,
+                                      mlir::gpu::GPUModuleOp gpuModule,
+                                      int64_t warps, int64_t copyBytes) {
+  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+  AttentionSpec spec = specFromAttr(attr);
+  TileConfig config;
+  config.blockM = attr.getBlockM();
+  config.blockN = attr.getBlockN();
+  config.warps = warps;
+  if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
+    return failure();
+  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+  return TileKernelLowering(b, fn, spec, config, copyBytes,
+                            forwardPlacement(spec, config))
+      .run(gpuModule);
+}
+
+LogicalResult flashjit::conversion::lowerTileBackwardKernel(
+    func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
+    int64_t copyBytes, bool vectorAtomics, bool wgmma) {
+  auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
+  AttentionSpec spec = specFromAttr(attr);
+  TileConfig config;
+  config.blockM = attr.getBlockM();
+  config.blockN = attr.getBlockN();
+  config.warps = warps;
+  // The dK/dV kernel's tiles are the description's Br x Bc; the dQ pass
+  // has its own (checked below), the row kernels need none.
+  if (std::string p = gpuBackwardConfigProblem(spec, config, INT64_MAX);
+      attr.getRole() == "main" && !p.empty())
+    return fn.emitError() << p;
+  KernelPlacement p;
+  p.numBuffers = abi::bwd::NumBuffers;
+  p.numIndexArgs = abi::bwd::NumIndexArgs;
+  p.numF32Args = abi::bwd::NumF32Args;
+  if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
+    p.threads = GpuBackwardGeometry::kPreprocessThreads;
+    return lowerRowKernel(fn, gpuModule, spec, p);
+  }
+  GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
+  p.threads = geo.threads;
+  if (attr.getRole() == "dq") {
+    // The function's own tiles are the dQ pass's (dqRows x dqKeys, which
+    // the pipeline gives the tiling pass): one or two 16-row tiles per warp.
+    p.role = KernelRole::BackwardDq;
+    p.regRows = config.blockM;
+    p.mt = config.blockM / (16 * warps);
+    p.maxShared = kMaxSharedBytes;
+    p.reversePidM = spec.mask == MaskKind::Causal;
+    if (geo.dqChunks > 1)
+      p.splits.push_back({spec.headDimQK, geo.dqChunk, geo.dqChunks});
+    if (p.mt < 1 || config.blockM % (16 * warps) != 0)
+      return fn.emitError() << "the dQ pass's warps split its " << config.blockM
+                            << " rows in 16-row tiles: block_m must be a "
+                               "multiple of 16 * warps = "
+                            << 16 * warps;
+    ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+    return TileKernelLowering(b, fn, spec, config, copyBytes, p)
+        .run(gpuModule);
+  }
+  p.role = KernelRole::BackwardMain;
+  p.regRows = config.blockN;
+  p.mt = geo.keyTiles;
+  p.maxShared = geo.kvSmem.total;
+  p.vectorAtomics = vectorAtomics;
+  // Warpgroup MMAs: one warpgroup per 64 keys, one 16-key tile per warp.
+  p.wgmma = wgmma && geo.wgmmaShape;
+  if (!geo.kvCombined)
+    p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
+                {spec.headDimV, geo.dvChunk, geo.dvChunks}};
+  if (p.wgmma)
+    p.mt = 1;
+  else
+    p.colParts = geo.kvQuerySplit;
+  ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
+  return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
+}

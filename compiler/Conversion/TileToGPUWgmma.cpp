@@ -1,0 +1,235 @@
+//===- TileToGPUWgmma.cpp - tile.dot on Hopper's warpgroup MMAs -----------===//
+//
+/// \file
+/// The products of a kernel placed on warpgroup MMAs (KernelPlacement::
+/// wgmma, sm_90a; Wgmma.h): each warpgroup multiplies the 64 rows of its
+/// four warps, with the operands in shared memory read through matrix
+/// descriptors, or the lhs from registers. The accumulator layout per warp
+/// is mma.sync's, so every other op family lowers as it does there.
+///
+/// The MMAs run asynchronously, and this file also decides when they are
+/// waited for:
+///   - a batch is a run of adjacent products that do not read each other:
+///     the registers they read are pinned, one wgmma.fence, their MMAs,
+///     one commit;
+///   - the first op that reads a product in flight (or any branch, loop or
+///     block end) waits for every MMA in flight (wait_group 0) and takes
+///     their results through a pin, so that no read moves above the wait.
+/// For the backward's dK/dV kernel this gives three batches per step: S^T;
+/// dV with dP^T; dK, left in flight across the barrier of dQ = dS K.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+using flashjit::gpu::Major;
+
+bool TileKernelLowering::readsInFlight(Operation *op) {
+  if (inFlight.empty())
+    return false;
+  bool reads = false;
+  op->walk([&](Operation *inner) {
+    for (Value v : inner->getOperands())
+      if (llvm::is_contained(inFlight, v))
+        reads = true;
+  });
+  return reads;
+}
+
+void TileKernelLowering::settle(bool wait) {
+  if (batchOpen) {
+    wg->commit();
+    batchOpen = false;
+  }
+  if (!wait || inFlight.empty())
+    return;
+  wg->wait(0);
+  for (Value v : inFlight) {
+    Fragment &f = frags[v];
+    SmallVector<Value> pinned = wg->pin(f.regs);
+    f.regs.assign(pinned.begin(), pinned.end());
+  }
+  inFlight.clear();
+}
+
+/// The A registers of rounded tile \p f (the warp's 16 rows, mt = 1): four
+/// b32 per 16 columns, as m16n8k16 takes them.
+static SmallVector<Value> packA(flashjit::gpu::GpuBuilder &g, const Fragment &f) {
+  SmallVector<Value> a;
+  for (size_t i = 0; i + 7 < f.regs.size(); i += 8)
+    for (size_t j = 0; j < 8; j += 2)
+      a.push_back(g.pack2(f.regs[i + j], f.regs[i + j + 1]));
+  return a;
+}
+
+void TileKernelLowering::openBatch(tile::DotOp first) {
+  SmallVector<tile::DotOp> run;
+  for (Operation *op = first; op; op = op->getNextNode()) {
+    auto dot = dyn_cast<tile::DotOp>(op);
+    if (!dot || dot.getTransposeLhs() ||
+        llvm::any_of(run, [&](tile::DotOp d) {
+          return llvm::is_contained(dot->getOperands(), d.getResult());
+        }))
+      break;
+    run.push_back(dot);
+  }
+  // The registers the batch reads and writes, pinned before the fence.
+  SmallVector<Value> live;
+  SmallVector<std::pair<Value, size_t>> spans; // (value or dot result, size)
+  llvm::SmallPtrSet<void *, 4> packing;
+  batchRun.clear();
+  for (tile::DotOp dot : run) {
+    batchRun.insert(dot);
+    if (Value acc = dot.getAcc()) {
+      live.append(frags[acc].regs.begin(), frags[acc].regs.end());
+      spans.push_back({acc, frags[acc].regs.size()});
+    } else {
+      int64_t n = regCount(dot.getType());
+      live.append(n, g.cf(0.0));
+      spans.push_back({dot.getResult(), size_t(n)});
+    }
+    Value lhs = dot.getLhs();
+    if (homes.lookup(lhs) == TileHome::Registers &&
+        frags[lhs].packed.empty() &&
+        packing.insert(lhs.getAsOpaquePointer()).second) {
+      SmallVector<Value> a = packA(g, frags[lhs]);
+      live.append(a);
+      spans.push_back({lhs, a.size()});
+    }
+  }
+  SmallVector<Value> pinned = wg->pin(live);
+  size_t at = 0;
+  for (auto [v, n] : spans) {
+    ArrayRef<Value> part = ArrayRef<Value>(pinned).slice(at, n);
+    at += n;
+    if (auto dot = v.getDefiningOp<tile::DotOp>();
+        dot && llvm::is_contained(run, dot) && v == dot.getResult())
+      pinnedInit[dot].assign(part.begin(), part.end());
+    else if (frags[v].pendingRound)
+      frags[v].packed.assign(part.begin(), part.end());
+    else
+      frags[v].regs.assign(part.begin(), part.end());
+  }
+  wg->fence();
+  batchOpen = true;
+}
+
+/// Two placements, each one MMA per k-step of 16 for the warpgroup's 64
+/// rows:
+///
+///   %st = tile.dot %k, %q {transpose_rhs}   // both shared, K-major
+///     -> wgmma.m64n<rows of %q>k16, A = %k's rows of the warpgroup, B = %q
+///   %dv = tile.dot %pth, %do acc %dv0       // lhs rounded registers
+///     -> wgmma.m64n<cols of %do>k16, A = %pth's pairs, B = %do MN-major
+///
+/// In a blocked tile, k-step ks sits in 64-column block ks / 4 at byte
+/// (ks % 4) * 32 of each 128-byte row.
+LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
+  if (!batchOpen)
+    openBatch(op);
+  Value lhs = op.getLhs(), rhs = op.getRhs();
+  if (homes.lookup(rhs) != TileHome::Shared)
+    return fail(op, "the rhs of a warpgroup MMA must be a shared tile");
+  const int64_t rhsRows = tileType(rhs).getDimSize(0);
+  SmallVector<Value> d = op.getAcc() ? frags[op.getAcc()].regs
+                                     : pinnedInit.lookup(op);
+  if (homes.lookup(lhs) == TileHome::Shared && op.getTransposeRhs()) {
+    const int64_t lhsRows = tileType(lhs).getDimSize(0);
+    if (rhsRows % 8 != 0 || rhsRows > 256)
+      return fail(op, "a warpgroup MMA's N is a multiple of 8 up to 256");
+    Value aTile = g.add(slotOffset(lhs), g.mul(wgIdx, g.c32(64 * 128)));
+    Value bTile = slotOffset(rhs);
+    for (int64_t ks = 0; ks < slots[lhs].padCols / 16; ++ks) {
+      const int64_t inRow = (ks % 4) * 32;
+      Value a = wg->descriptor(
+          g.add(aTile, g.c32((ks / 4) * lhsRows * 128 + inRow)), Major::K,
+          lhsRows * 128);
+      Value bd = wg->descriptor(
+          g.add(bTile, g.c32((ks / 4) * rhsRows * 128 + inRow)), Major::K,
+          rhsRows * 128);
+      d = wg->mma(rhsRows, d, a, {}, bd, false, false);
+    }
+  } else if (homes.lookup(lhs) == TileHome::Registers &&
+             !op.getTransposeRhs() && frags[lhs].pendingRound) {
+    const int64_t cols = slots[rhs].padCols;
+    if (cols > 256)
+      return fail(op, "a warpgroup MMA's N is at most 256");
+    ArrayRef<Value> a = frags[lhs].packed;
+    Value bTile = slotOffset(rhs);
+    for (int64_t kk = 0; kk < int64_t(a.size()) / 4; ++kk) {
+      Value bd = wg->descriptor(g.add(bTile, g.c32(kk * 16 * 128)), Major::MN,
+                                rhsRows * 128);
+      d = wg->mma(cols, d, Value(), a.slice(4 * kk, 4), bd, false, true);
+    }
+  } else {
+    return fail(op, "this operand placement is not lowered on warpgroup "
+                    "MMAs");
+  }
+  frags[op.getResult()].regs.assign(d.begin(), d.end());
+  inFlight.push_back(op.getResult());
+  return success();
+}
+
+/// dQ = dS K on warpgroup MMAs, both operands MN-major in shared memory
+/// (dS^T staged, K resident): the warpgroups split the columns in 64-wide
+/// blocks where they can, else the keys (each adding its keys' share).
+/// Before:
+///
+///   %dq = tile.dot %dsh, %k {transpose_lhs} : ... -> tensor<64x128xf32>
+///   tile.atomic_add %dq, %dq_accum[...] ...
+///
+/// After: commit (the batch before stays in flight); fence.proxy.async;
+/// barrier; pinned zeros; fence; wgmma.m64n<N>k16 per 16 keys; commit;
+/// wait_group 0 (and the earlier batch); red.global.add(.v2) of the
+/// thread's registers, warp w % 4 holding rows 16 (w % 4) ...
+LogicalResult TileKernelLowering::lowerWgmmaTransposed(
+    tile::DotOp op, tile::AtomicAddOp atomic) {
+  Value lhs = op.getLhs(), rhs = op.getRhs();
+  const int64_t keys = tileType(lhs).getDimSize(0);
+  const int64_t cols = roundUp(op.getType().getDimSize(1), 16);
+  if (op.getType().getDimSize(0) != 64)
+    return fail(op, "a transposed warpgroup product has 64 rows");
+  const int64_t groups = place.threads / 128;
+  const bool byCols = (cols / groups) % 64 == 0;
+  const int64_t n = byCols ? cols / groups : cols;
+  const int64_t groupKeys = byCols ? keys : keys / groups;
+  if (n > 256 || n % 8 != 0)
+    return fail(op, "a warpgroup MMA's N is a multiple of 8 up to 256");
+  settle(/*wait=*/false);
+  wg->fenceProxyAsync(); // the staged lhs, stored above, is read by wgmma
+  g.barrier();
+  SmallVector<Value> d = wg->pin(SmallVector<Value>(n / 2, g.cf(0.0)));
+  wg->fence();
+  Value kTile = g.add(slotOffset(rhs),
+                      byCols ? g.mul(wgIdx, g.c32(n / 64 * keys * 128))
+                             : g.c32(0));
+  Value keyBytes = byCols ? g.c32(0) : g.mul(wgIdx, g.c32(groupKeys * 128));
+  for (int64_t ks = 0; ks < groupKeys / 16; ++ks) {
+    Value rows = g.add(keyBytes, g.c32(ks * 16 * 128));
+    Value a = wg->descriptor(g.add(g.c32(staging[lhs].offset), rows),
+                             Major::MN, keys * 128);
+    Value bd = wg->descriptor(g.add(kTile, rows), Major::MN, keys * 128);
+    d = wg->mma(n, d, a, {}, bd, true, true);
+  }
+  frags[op.getResult()].regs.assign(d.begin(), d.end());
+  inFlight.push_back(op.getResult());
+  batchOpen = true;
+  settle(/*wait=*/true);
+
+  ReductionTarget red = reductionOf(atomic);
+  const Fragment &f = frags[op.getResult()];
+  Value warp = g.divU(tid, g.c32(32));
+  Value col0 = g.add(byCols ? g.mul(wgIdx, g.c32(n)) : g.c32(0),
+                     g.mul(tig, g.c32(2)));
+  Value q0 = g.add(g.mul(g.remU(warp, g.c32(4)), g.c32(16)), grp);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t j = 0; j < n / 8; ++j)
+      reducePair(g, red, g.add(q0, g.c32(8 * h)), g.add(col0, g.c32(8 * j)),
+                 f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]);
+  return success();
+}

@@ -1,0 +1,282 @@
+//===- TileAttentionBackwardLoops.cpp - The backward's loops, as tile IR --===//
+//
+/// \file
+/// The two loops of flashjit-tile-attention-backward (see
+/// TileAttentionBackward.cpp for the whole): the KV-major main loop (dK, dV
+/// and atomic dQ's adds) and the deterministic dQ pass. Both recompute
+/// P = exp2(S * scale * log2(e) - lse * log2(e)) with one FMA from the
+/// preprocessing's -lse * log2(e), mask it where the block pair needs it,
+/// round it to the element type, and take dS from the rounded P:
+/// dS = P (dP - delta), rounded too. Only block pairs that straddle the
+/// band (or Nkv) pay for the element mask.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialects/Attn/Transforms/TiledBackward.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+#include <tuple>
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::attn;
+using flashjit::attn::detail::TiledBackwardBuilder;
+using Pred = arith::CmpIPredicate;
+namespace bwd = flashjit::abi::bwd;
+
+/// The main loop: one program per (KV block of Bc keys at n0, batch * KV
+/// head). K and V stay in tiles, dK and dV in f32 tiles carried by the loop
+/// over the query heads of the group and, inside it, by the loop over the Q
+/// blocks that see the keys.
+///
+///   %k = tile.load %K[...] rows %n0 of %nkv stride %sk   // Bc x dqk
+///   %v = tile.load %V[...] rows %n0 of %nkv stride %sv   // Bc x dv
+///   %r:2 = scf.for %g = %c0 to %gqa iter_args(%dk = 0, %dv = 0) {
+///     %s:2 = scf.for %t = %lo to %hi iter_args(%dk1 = %dk, %dv1 = %dv) {
+///       ... mainStep
+///     }
+///     scf.yield %s#0, %s#1
+///   }
+///   tile.store truncf(%r#0 * splat(%scale)), %DK[...] rows %n0 of %nkv
+///   tile.store truncf(%r#1), %DV[...] rows %n0 of %nkv
+///
+/// [lo, hi): the Q blocks of Br rows that meet the rows that see a key of
+/// the block, [max(0, n0 - off - R), min(Nq - 1, lastKey - off + L)]
+/// (query i sees key j iff i + off - L <= j <= i + off + R); block-sparse,
+/// every Br-block of the sparse Q blocks that the KV-major layout lists.
+void TiledBackwardBuilder::buildMain() {
+  beginFunc(op.getSymName(), "main", br, bc);
+  Value kvHeads = arith::DivUIOp::create(b, heads, cIdx(gqa));
+  Value bI = arith::DivUIOp::create(b, pidBH(), kvHeads);
+  Value hkI = arith::RemUIOp::create(b, pidBH(), kvHeads);
+  n0 = mulC(pidM(), bc);
+  kTile = loadRows(bwd::K, bwd::KStrideB, bI, hkI, bc, dqk, n0, nkv);
+  vTile = loadRows(bwd::V, bwd::VStrideB, bI, hkI, bc, dv, n0, nkv);
+
+  Value tLo, tHi;
+  if (sparseBlock == 0) {
+    Value keysValid = minI(cIdx(bc), sub(nkv, n0));
+    Value lastKey = add(n0, sub(keysValid, cIdx(1)));
+    Value lo = cIdx(0), hi = sub(nq, cIdx(1));
+    if (hasBand) {
+      lo = maxI(lo, sub(sub(n0, offset), winR));
+      hi = minI(hi, add(sub(lastKey, offset), winL));
+    }
+    std::tie(tLo, tHi) = blocksMeeting(clampBound(lo), clampBound(hi), br);
+  }
+  Value zeroK = constTile(0.0, tile({bc, dqk}, f32));
+  Value zeroV = constTile(0.0, tile({bc, dv}, f32));
+  SmallVector<Value> acc = forCarrying(
+      cIdx(0), cIdx(gqa), ValueRange{zeroK, zeroV},
+      [&](Value g, ValueRange in) {
+        Value hI = add(mulC(hkI, gqa), g);
+        Value lo = tLo, hi = tHi;
+        if (sparseBlock != 0) {
+          list = blockList(
+              buf(bwd::KvCounts), buf(bwd::KvIndices),
+              {indexArg(bwd::KvCountsStrideB), indexArg(bwd::KvCountsStrideH),
+               indexArg(bwd::KvIndicesStrideB), indexArg(bwd::KvIndicesStrideH),
+               indexArg(bwd::KvIndicesStrideM)},
+              bI, hI, n0, sparseBlock, br, hi);
+          lo = cIdx(0);
+        }
+        return forCarrying(lo, hi, in, [&](Value t, ValueRange carried) {
+          Value first =
+              sparseBlock == 0 ? mulC(t, br) : listedBlockStart(list, t);
+          return mainStep(first, bI, hI, carried[0], carried[1]);
+        });
+      });
+  storeRows(acc[0], scale, bwd::DK, bwd::DKStrideB, bI, hkI, n0, nkv);
+  storeRows(acc[1], Value(), bwd::DV, bwd::DVStrideB, bI, hkI, n0, nkv);
+  func::ReturnOp::create(b);
+}
+
+/// One Q block of Br rows at \p first of query head \p hI against the
+/// resident keys, S^T-major (keys on the rows, as the GPU's MMAs have
+/// them). Rows past Nq read zeros (Q, dO and their statistics), so their
+/// P is exactly 1 and their contributions exactly 0.
+///
+///   %q = tile.load %Q[...] rows %m0 of %nq stride %sq     // Br x dqk
+///   %do = tile.load %DO[...] rows %m0 of %nq stride %sdo  // Br x dv
+///   %nl = tile.load %DELTA[%bhn + %stat] rows %m0 of %nq  // Br
+///   %dl = tile.load %DELTA[%stat] rows %m0 of %nq         // Br
+///   %st = tile.dot %k, %q {transpose_rhs}                  // Bc x Br
+///   %pt = math.exp2 (math.fma %st, splat(%scale_log2e), bcast(%nl) dim 0)
+///   %pt2 = maskMain(%pt)
+///   %pth = arith.truncf %pt2 : ... to tensor<BcxBrxbf16>
+///   %dv2 = tile.dot %pth, %do acc %dv
+///   %dpt = tile.dot %v, %do {transpose_rhs}
+///   %ds = arith.mulf (arith.extf %pth), (%dpt - bcast(%dl) dim 0)
+///   %dsh = arith.truncf %ds
+///   %dk2 = tile.dot %dsh, %q acc %dk
+///   %dq = tile.dot %dsh, %k {transpose_lhs}                // atomic dQ
+///   tile.atomic_add %dq, %DQACC[%stat * dqk] rows %m0 of %nq stride %dqk
+SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
+                                                  Value hI, Value dk,
+                                                  Value dvAcc) {
+  Value stat = statBase(bI, hI);
+  Tensor rowTy = tile({br}, f32), sTy = tile({bc, br}, f32);
+  Value q = loadRows(bwd::Q, bwd::QStrideB, bI, hI, br, dqk, first, nq);
+  Value dO = loadRows(bwd::DO, bwd::DOStrideB, bI, hI, br, dv, first, nq);
+  Value nl =
+      loadTile(rowTy, buf(bwd::Delta), add(bhn, stat), first, nq, Value());
+  Value dl = loadTile(rowTy, buf(bwd::Delta), stat, first, nq, Value());
+
+  Value st = dot(kTile, q, Value(), false, /*transposeRhs=*/true);
+  Value pt =
+      exp2(fma(st, splat(scaleLog2, sTy), broadcast(nl, sTy, /*dim=*/0)));
+  Value pth = truncTile(maskMain(pt, first), elemTy);
+  Value dvNew = dot(pth, dO, dvAcc, false, false);
+  Value dpt = dot(vTile, dO, Value(), false, /*transposeRhs=*/true);
+  Value ds = fmul(extTile(pth), fsub(dpt, broadcast(dl, sTy, /*dim=*/0)));
+  Value dsh = truncTile(ds, elemTy);
+  Value dkNew = dot(dsh, q, dk, false, false);
+  if (atomicDq) {
+    Value dq = dot(dsh, kTile, Value(), /*transposeLhs=*/true, false);
+    tile::AtomicAddOp::create(b, dq, buf(bwd::DqAccum), mulC(stat, dqk), first,
+                              nq, cIdx(dqk));
+  }
+  return {dkNew, dvNew};
+}
+
+/// P^T with 0 where key n0 + r does not see query first + c: outside the
+/// band ([r - off - R, r - off + L] of queries) or, with atomic dQ, past
+/// Nkv (such keys would feed dQ; their P need not be finite).
+///
+///   band:  scf.if %straddles { select(visible, %pt, 0) } else { %pt }
+///          %straddles: n0 < lastQuery + off - L or lastKey > first + off
+///          + R (or, atomic dQ, n0 + Bc > Nkv), the block pair's corners
+///   none, atomic dQ:    select(n0 + r < Nkv, %pt, 0), no branch
+///   none, deterministic: %pt (keys past Nkv feed only dK, dV rows that
+///          are not stored)
+Value TiledBackwardBuilder::maskMain(Value pt, Value first) {
+  if (!hasBand && !atomicDq)
+    return pt;
+  Tensor iTy = tile({bc, br}, b.getI32Type());
+  Value zero = constTile(0.0, tile({bc, br}, f32));
+  auto visible = [&]() -> Value {
+    Value ok;
+    if (atomicDq)
+      ok = cmpI(Pred::slt, indexTile(iTy, 0, n0), splat(toI32(nkv), iTy));
+    if (hasBand) {
+      Value band =
+          inBand(indexTile(iTy, 1, first), sub(n0, offset), winR, winL);
+      ok = ok ? andI(ok, band) : band;
+    }
+    return select(ok, pt, zero);
+  };
+  if (!hasBand)
+    return visible();
+  Value lastQ = add(first, cIdx(br - 1)), lastK = add(n0, cIdx(bc - 1));
+  Value straddles = orI(cmpI(Pred::slt, n0, sub(add(lastQ, offset), winL)),
+                        cmpI(Pred::sgt, lastK, add(add(first, offset), winR)));
+  if (atomicDq)
+    straddles = orI(straddles, cmpI(Pred::sgt, add(n0, cIdx(bc)), nkv));
+  return ifElse(straddles, pt, visible);
+}
+
+/// The deterministic dQ pass: one program per (Q block of Br' rows at m0,
+/// batch * head); Q, dO and their statistics stay in tiles while it walks
+/// the KV blocks of Bc' keys its rows see (the forward's band or layout).
+///
+///   %q, %do, %nl, %dl = tile.load (Br' rows at %m0)
+///   %dq = scf.for %t = %lo to %hi iter_args(%acc = 0) {   // Br' x dqk
+///     ... dqStep
+///   }
+///   tile.store truncf(%dq * splat(%scale)), %DQ[...] rows %m0 of %nq
+void TiledBackwardBuilder::buildDq() {
+  beginFunc((op.getSymName() + bwd::kDqSuffix).str(), "dq", dqBr, dqBc);
+  Value bI = arith::DivUIOp::create(b, pidBH(), heads);
+  Value hI = arith::RemUIOp::create(b, pidBH(), heads);
+  Value hkI = arith::DivUIOp::create(b, hI, cIdx(gqa));
+  m0 = mulC(pidM(), dqBr);
+  Value stat = statBase(bI, hI);
+  Tensor rowTy = tile({dqBr}, f32);
+  qTile = loadRows(bwd::Q, bwd::QStrideB, bI, hI, dqBr, dqk, m0, nq);
+  doTile = loadRows(bwd::DO, bwd::DOStrideB, bI, hI, dqBr, dv, m0, nq);
+  negLse = loadTile(rowTy, buf(bwd::Delta), add(bhn, stat), m0, nq, Value());
+  delta = loadTile(rowTy, buf(bwd::Delta), stat, m0, nq, Value());
+
+  // Keys [fullLo, fullHi] are visible from every row of the block; the
+  // rows see [jLo, jHi].
+  Value rowsValid = minI(cIdx(dqBr), sub(nq, m0));
+  Value lastRow = add(m0, sub(rowsValid, cIdx(1)));
+  Value jLo = cIdx(0), jHi = sub(nkv, cIdx(1));
+  if (hasBand) {
+    jLo = maxI(jLo, sub(add(m0, offset), winL));
+    jHi = minI(jHi, add(add(lastRow, offset), winR));
+    fullLo = clampBound(sub(add(lastRow, offset), winL));
+    fullHi = clampBound(add(add(m0, offset), winR));
+  }
+  Value tLo, tHi;
+  if (sparseBlock == 0) {
+    std::tie(tLo, tHi) = blocksMeeting(clampBound(jLo), clampBound(jHi), dqBc);
+  } else {
+    list =
+        blockList(buf(bwd::Counts), buf(bwd::Indices),
+                  {indexArg(bwd::CountsStrideB), indexArg(bwd::CountsStrideH),
+                   indexArg(bwd::IndicesStrideB), indexArg(bwd::IndicesStrideH),
+                   indexArg(bwd::IndicesStrideM)},
+                  bI, hI, m0, sparseBlock, dqBc, tHi);
+    tLo = cIdx(0);
+  }
+  Value zero = constTile(0.0, tile({dqBr, dqk}, f32));
+  SmallVector<Value> dq =
+      forCarrying(tLo, tHi, ValueRange{zero}, [&](Value t, ValueRange carried) {
+        Value first =
+            sparseBlock == 0 ? mulC(t, dqBc) : listedBlockStart(list, t);
+        return SmallVector<Value>{dqStep(first, bI, hkI, carried[0])};
+      });
+  storeRows(dq[0], scale, bwd::DQ, bwd::DQStrideB, bI, hI, m0, nq);
+  func::ReturnOp::create(b);
+}
+
+/// One KV block of Bc' keys at \p first against the resident Q block:
+///
+///   %k = tile.load %K[...] rows %n0 of %nkv stride %sk    // Bc' x dqk
+///   %v = tile.load %V[...] rows %n0 of %nkv stride %sv    // Bc' x dv
+///   %s = tile.dot %q, %k {transpose_rhs}                   // Br' x Bc'
+///   %p = math.exp2 (math.fma %s, splat(%scale_log2e), bcast(%nl) dim 1)
+///   %p2 = maskDq(%p)
+///   %ph = arith.truncf %p2
+///   %dp = tile.dot %do, %v {transpose_rhs}
+///   %dsh = arith.truncf (arith.mulf (arith.extf %ph),
+///                                   (%dp - bcast(%dl) dim 1))
+///   %dq2 = tile.dot %dsh, %k acc %dq
+Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hkI, Value dq) {
+  Tensor sTy = tile({dqBr, dqBc}, f32);
+  Value k = loadRows(bwd::K, bwd::KStrideB, bI, hkI, dqBc, dqk, first, nkv);
+  Value v = loadRows(bwd::V, bwd::VStrideB, bI, hkI, dqBc, dv, first, nkv);
+  Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
+  Value p =
+      exp2(fma(s, splat(scaleLog2, sTy), broadcast(negLse, sTy, /*dim=*/1)));
+  Value ph = truncTile(maskDq(p, first), elemTy);
+  Value dp = dot(doTile, v, Value(), false, /*transposeRhs=*/true);
+  Value ds = fmul(extTile(ph), fsub(dp, broadcast(delta, sTy, /*dim=*/1)));
+  return dot(truncTile(ds, elemTy), k, dq, false, false);
+}
+
+/// P with 0 where key first + c is past Nkv or outside row m0 + r's band
+/// ([r + off - L, r + off + R]), only in the blocks that cross Nkv or the
+/// band's edge:
+///
+///   scf.if %needs { select(visible, %p, 0) } else { %p }
+///   %needs: first + Bc' > Nkv, or (band) first < fullLo or
+///           first + Bc' - 1 > fullHi
+Value TiledBackwardBuilder::maskDq(Value p, Value first) {
+  Value needs = cmpI(Pred::sgt, add(first, cIdx(dqBc)), nkv);
+  if (hasBand) {
+    needs = orI(needs, cmpI(Pred::slt, first, fullLo));
+    needs = orI(needs, cmpI(Pred::sgt, add(first, cIdx(dqBc - 1)), fullHi));
+  }
+  return ifElse(needs, p, [&] {
+    Tensor iTy = tile({dqBr, dqBc}, b.getI32Type());
+    Value cols = indexTile(iTy, 1, first);
+    Value ok = cmpI(Pred::slt, cols, splat(toI32(nkv), iTy));
+    if (hasBand)
+      ok = andI(ok, inBand(cols, add(m0, offset), winL, winR));
+    return select(ok, p, constTile(0.0, tile({dqBr, dqBc}, f32)));
+  });
+}

@@ -1,0 +1,131 @@
+//===- TiledBackward.h - The tiled backward's builder -----------*- C++ -*-===//
+//
+/// \file
+/// The builder of flashjit-tile-attention-backward: three tile-IR functions
+/// per attn.flash_bwd, sharing one argument list (kernels/KernelABI.h,
+/// abi::bwd). The row kernels (the preprocessing and atomic dQ's
+/// conversion) and the pass are in TileAttentionBackward.cpp, the loops
+/// (the KV-major main loop and the deterministic dQ pass) in
+/// TileAttentionBackwardLoops.cpp. Internal to dialects/Attn/Transforms.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
+#define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
+
+#include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/TileIRBuilder.h"
+#include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace flashjit::attn::detail {
+
+/// Builds the three tiled functions of one attn.flash_bwd op: Br x Bc for
+/// the main loop, Br' x Bc' (dqBr, dqBc) for the deterministic dQ pass
+/// (0: the GPU's dqPassTiles for \p warps warps).
+class TiledBackwardBuilder : TileIRBuilderBase {
+public:
+  TiledBackwardBuilder(FlashBwdOp op, int64_t br, int64_t bc, int64_t dqBr,
+                       int64_t dqBc, int64_t warps)
+      : TileIRBuilderBase(op), op(op), br(br), bc(bc),
+        dqBr(dqBr ? dqBr : dqTiles(op, br, bc, warps).rows),
+        dqBc(dqBc ? dqBc : dqTiles(op, br, bc, warps).keys),
+        dqk(op.getHeadDimQk()), dv(op.getHeadDimV()), gqa(op.getGqa()),
+        sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
+        atomicDq(!op.getDeterministic()), elemTy(op.getElementType()) {}
+
+  static DqPassTiles dqTiles(FlashBwdOp op, int64_t br, int64_t bc,
+                             int64_t warps) {
+    TileConfig config;
+    config.blockM = br;
+    config.blockN = bc;
+    config.warps = warps;
+    return dqPassTiles(op.getHeadDimQk(), op.getSparseBlock(), config);
+  }
+
+  void build() {
+    buildPreprocess();
+    buildMain();
+    if (atomicDq)
+      buildDqConvert();
+    else
+      buildDq();
+  }
+
+private:
+  using IndexArg = abi::bwd::IndexArg;
+
+  Value arg(int i) { return func.getArgument(i); }
+  Value buf(abi::bwd::Buffer i) { return arg(i); }
+  Value indexArg(IndexArg i) { return arg(abi::bwd::NumBuffers + i); }
+  Value f32Arg(abi::bwd::ScalarArg i) {
+    return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs + i);
+  }
+  Value pidM() {
+    return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
+               abi::bwd::NumF32Args);
+  }
+  Value pidBH() { return arg(func.getNumArguments() - 1); }
+  /// b * stride_b + h * stride_h of a strided (B, H, N, d) buffer.
+  Value headBase(IndexArg strideB, Value bI, Value hI) {
+    return add(mul(bI, indexArg(strideB)),
+               mul(hI, indexArg(IndexArg(strideB + 1))));
+  }
+  /// (b * H + h) * Nq: where the rows of query head (b, h) start in the
+  /// packed statistics (lse, delta; dq_accum times dqk).
+  Value statBase(Value bI, Value hI) {
+    return mul(add(mul(bI, heads), hI), nq);
+  }
+  /// \p x clamped like a window side (kWindowClamp).
+  Value clampWindow(Value x) { return minI(x, cIdx(kWindowClamp)); }
+  /// The rows [row0, row0 + rows) of a strided element-type tensor.
+  Value loadRows(abi::bwd::Buffer t, IndexArg strideB, Value bI, Value hI,
+                 int64_t rows, int64_t cols, Value row0, Value count) {
+    return loadTile(tile({rows, cols}, elemTy), buf(t),
+                    headBase(strideB, bI, hI), row0, count,
+                    indexArg(IndexArg(strideB + 2)));
+  }
+  /// elem(\p acc (* \p factor)) into the rows [row0, ...) of \p t.
+  void storeRows(Value acc, Value factor, abi::bwd::Buffer t, IndexArg strideB,
+                 Value bI, Value hI, Value row0, Value count);
+
+  // TileAttentionBackward.cpp: the functions' common part and the row
+  // kernels.
+  void beginFunc(llvm::StringRef name, llvm::StringRef role, int64_t blockM,
+                 int64_t blockN);
+  void buildPreprocess();
+  void buildDqConvert();
+
+  // TileAttentionBackwardLoops.cpp: the loops.
+  void buildMain();
+  llvm::SmallVector<Value> mainStep(Value first, Value bI, Value hI, Value dk,
+                                    Value dvAcc);
+  Value maskMain(Value pt, Value first);
+  void buildDq();
+  Value dqStep(Value first, Value bI, Value hkI, Value dq);
+  Value maskDq(Value p, Value first);
+
+  FlashBwdOp op;
+  const int64_t br, bc, dqBr, dqBc, dqk, dv, gqa, sparseBlock;
+  const bool hasBand;
+  /// dQ by atomic adds into dq_accum (not `deterministic`): the main loop
+  /// adds dS K, @f_dq only converts; else @f_dq is the separate pass.
+  const bool atomicDq;
+  mlir::Type elemTy;
+  mlir::func::FuncOp func;
+
+  // Scalars of the function being built, set up in beginFunc(): the
+  // lengths, B * H * Nq (where -lse * log2(e) starts in delta), Nkv - Nq,
+  // the windows (clamped; 0 without a band), the scales.
+  Value nq, nkv, heads, bhn, offset, winL, winR, scaleLog2, scale;
+  // The program's tiles and scalars (main: the resident key block; dQ
+  // pass: the resident Q block).
+  Value kTile, vTile, qTile, doTile, negLse, delta;
+  Value n0, m0, fullLo, fullHi;
+  BlockList list;
+};
+
+} // namespace flashjit::attn::detail
+
+#endif // FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
