@@ -261,6 +261,17 @@ LogicalResult TileKernelLowering::assignHomes() {
   return success();
 }
 
+TileKernelLowering::LaneIndices TileKernelLowering::laneIndices() {
+  if (!copyTid)
+    return {grp, tig, warpRow0};
+  Value warp = g.divU(copyTid, g.c32(32));
+  Value l = g.remU(copyTid, g.c32(32));
+  Value row0 = g.mul(place.colParts > 1 ? g.divU(warp, g.c32(place.colParts))
+                                        : warp,
+                     g.c32(mt * 16));
+  return {g.divU(l, g.c32(4)), g.remU(l, g.c32(4)), row0};
+}
+
 /// Thread and lane indices, the O-column chunk, and each slot's ldmatrix
 /// lane bases for the operand patterns its dots read it with.
 void TileKernelLowering::setUpThreads() {

@@ -227,6 +227,13 @@ private:
   bool readsInFlight(Operation *op);
   /// Bytes between a blocked tile's 64-column blocks (0: not blocked).
   int64_t blockBytes(int64_t rows) const { return place.wgmma ? rows * 128 : 0; }
+  /// The lane's (grp, tig) and the warp's first row, from the loop's opaque
+  /// thread index inside a loop: addresses made from them are recomputed
+  /// per iteration, not hoisted into registers live across the loop.
+  struct LaneIndices {
+    Value grp, tig, warpRow0;
+  };
+  LaneIndices laneIndices();
   /// Rounds a slot offset up to the placement's alignment.
   int64_t alignSlot(int64_t offset) const {
     return place.wgmma ? roundUp(offset, 1024) : offset;

@@ -87,6 +87,7 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
 void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
   const SharedSlot &slot = staging[v];
   const int64_t nt = nTiles(tileType(v));
+  auto [grp, tig, warpRow0] = laneIndices();
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {
       Value row = g.add(warpRow0, g.add(g.c32(mi * 16 + 8 * h), grp));
@@ -147,7 +148,9 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   if (staged) // every warp's part of the lhs is staged
     g.barrier();
   staged = false;
-  Value warpInBlock = g.divU(tid, g.c32(32));
+  // Inside a loop, from its opaque thread index: recomputed, not hoisted
+  // into registers live across the loop.
+  Value warpInBlock = g.divU(copyTid ? copyTid : tid, g.c32(32));
   const int64_t perPart = place.threads / 32 / rowSplit;
   Value rowPart = rowSplit > 1 ? g.divU(warpInBlock, g.c32(perPart)) : Value();
   Value warp = rowSplit > 1 ? g.remU(warpInBlock, g.c32(perPart)) : warpInBlock;
@@ -166,6 +169,8 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
       g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth / 8))));
 
   ReductionTarget red = reductionOf(atomic);
+  auto [grp, tig, warpRow0] = laneIndices();
+  (void)warpRow0;
   Value warpCol0 =
       g.add(g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
             g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),

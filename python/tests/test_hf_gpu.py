@@ -33,7 +33,8 @@ from flashjit.integrations import transformers as fj_hf  # noqa: E402
 
 def sync():
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
+
 
 SEQ, BATCH = 256, 2
 COMMON = dict(vocab_size=1024, hidden_size=256, intermediate_size=512,
