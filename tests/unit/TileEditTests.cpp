@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 
 #include "tests/unit/AttentionCases.h"
@@ -179,3 +180,45 @@ TEST(TileEdit, EmptiedKernelIsANamedError) {
 }
 
 } // namespace
+
+/// The backward's kernels come from their tile IR too: replacing exp2 by
+/// exp in the dK/dV function changes its PTX (exp becomes ex2 of x * log2
+/// e: the constant appears), and emptying that function is a named error.
+TEST(TileEdit, BackwardEditReachesThePtx) {
+  AttentionSpec spec = plainSpec();
+  spec.direction = Direction::Backward;
+  TileConfig config = defaultGpuBackwardConfig(spec);
+  std::string tile = emitStage(spec, config, Stage::Tile);
+  size_t main = tile.find("func.func @attention(");
+  ASSERT_NE(main, std::string::npos);
+  size_t end = tile.find("func.func @attention_dq", main);
+  std::string edited = tile;
+  size_t at = edited.find("math.exp2", main);
+  ASSERT_TRUE(at != std::string::npos && at < end);
+  edited.replace(at, 9, "math.exp");
+  GpuTarget target;
+  target.arch = "sm_90a";
+  auto kernel = [](const std::string &ptx) {
+    size_t a = ptx.find(".entry attention(");
+    return ptx.substr(a, ptx.find(".entry", a + 1) - a);
+  };
+  std::string before = kernel(compileToPtx(spec, config, target));
+  std::string after =
+      kernel(compileToPtx(spec, config, target, {edited, "exp.mlir"}));
+  EXPECT_EQ(before.find("0f3FB8AA3B"), std::string::npos);
+  EXPECT_NE(after.find("0f3FB8AA3B"), std::string::npos)
+      << "the edit did not reach the dK/dV kernel";
+
+  size_t open = tile.find("{\n", main);
+  size_t close = tile.find("return", open);
+  KernelSource empty{tile.substr(0, open + 2) + "    " + tile.substr(close),
+                     "empty.mlir"};
+  try {
+    compileToPtx(spec, config, target, empty);
+    ADD_FAILURE() << "an emptied dK/dV kernel compiled";
+  } catch (const CompileError &e) {
+    EXPECT_NE(std::string(e.what()).find("writes no output"),
+              std::string::npos)
+        << e.what();
+  }
+}
