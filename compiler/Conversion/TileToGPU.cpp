@@ -209,6 +209,17 @@ LogicalResult TileKernelLowering::assignHomes() {
   });
   if (walk.wasInterrupted())
     return failure();
+  auto stage = [&](Value lhs) {
+    if (staging.count(lhs))
+      return;
+    RankedTensorType ty = tileType(lhs);
+    SharedSlot slot;
+    slot.padCols = roundUp(ty.getDimSize(1), 16);
+    slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+    slot.offset = alignSlot(sharedBytes);
+    sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
+    staging[lhs] = slot;
+  };
   walk = fn.walk([&](tile::DotOp dot) -> WalkResult {
     Value lhs = dot.getLhs();
     // With column parts, a register lhs is staged too (each warp holds part
@@ -221,15 +232,7 @@ LogicalResult TileKernelLowering::assignHomes() {
       if (!lhs.getDefiningOp<arith::TruncFOp>())
         return fail(dot, "a register lhs must be a tile rounded by "
                          "arith.truncf");
-      if (!staging.count(lhs)) {
-        RankedTensorType ty = tileType(lhs);
-        SharedSlot slot;
-        slot.padCols = roundUp(ty.getDimSize(1), 16);
-        slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
-        slot.offset = alignSlot(sharedBytes);
-        sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
-        staging[lhs] = slot;
-      }
+      stage(lhs);
       return WalkResult::advance();
     }
     auto round = lhs.getDefiningOp<arith::TruncFOp>();
@@ -241,15 +244,7 @@ LogicalResult TileKernelLowering::assignHomes() {
       return fail(dot, "a product with a transposed lhs must be reduced "
                        "into global memory by one tile.atomic_add, without "
                        "acc");
-    if (staging.count(lhs))
-      return WalkResult::advance();
-    RankedTensorType ty = tileType(lhs);
-    SharedSlot slot;
-    slot.padCols = roundUp(ty.getDimSize(1), 16);
-    slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
-    slot.offset = alignSlot(sharedBytes);
-    sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
-    staging[lhs] = slot;
+    stage(lhs);
     return WalkResult::advance();
   });
   if (walk.wasInterrupted())

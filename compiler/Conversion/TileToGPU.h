@@ -140,6 +140,14 @@ void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
 Value lowerScalarMath(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                       Operation *op, mlir::ValueRange x);
 
+/// One element of elementwise \p op on scalar \p operands: lowerScalarMath's
+/// math, else the op cloned on scalars of \p types; failure (a named error
+/// on \p op) for other math.
+mlir::FailureOr<llvm::SmallVector<Value>>
+lowerScalarElement(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                   Operation *op, mlir::ValueRange operands,
+                   mlir::TypeRange types);
+
 /// Lowers a tiled function without products or loops (the backward's
 /// preprocess and dq_convert: TileToGPURows.cpp) into a gpu.func.
 LogicalResult lowerRowKernel(mlir::func::FuncOp fn,

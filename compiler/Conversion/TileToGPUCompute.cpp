@@ -371,6 +371,21 @@ Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   return Value();
 }
 
+FailureOr<SmallVector<Value>>
+conversion::lowerScalarElement(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                               Operation *op, ValueRange operands,
+                               TypeRange types) {
+  if (Value v = lowerScalarMath(b, g, op, operands))
+    return SmallVector<Value>{v};
+  if (isa<math::MathDialect>(op->getDialect()))
+    return op->emitOpError() << "cannot be lowered to the GPU: this math op "
+                                "has no GPU lowering (flashjit links no "
+                                "libdevice)";
+  OperationState state(op->getLoc(), op->getName().getStringRef(), operands,
+                       types, op->getAttrs());
+  return SmallVector<Value>(b.create(state)->getResults());
+}
+
 /// Elementwise arith / math on tiles: the same op on each register. Before:
 ///
 ///   %p = math.exp2 %x : tensor<64x32xf32>
@@ -404,18 +419,12 @@ LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
     SmallVector<Value> operands;
     for (Value v : op->getOperands())
       operands.push_back(isTile(v) ? frags[v].regs[i] : scalar(v));
-    if (Value v = lowerScalarMath(b, g, op, operands)) {
-      outs[0].regs.push_back(v);
-      continue;
-    }
-    if (isa<math::MathDialect>(op->getDialect()))
-      return fail(op, "this math op has no GPU lowering (flashjit links no "
-                      "libdevice)");
-    OperationState state(op->getLoc(), op->getName().getStringRef(), operands,
-                         resultTypes, op->getAttrs());
-    Operation *scalarOp = b.create(state);
+    FailureOr<SmallVector<Value>> res =
+        lowerScalarElement(b, g, op, operands, resultTypes);
+    if (failed(res))
+      return failure();
     for (unsigned r = 0; r < op->getNumResults(); ++r)
-      outs[r].regs.push_back(scalarOp->getResult(r));
+      outs[r].regs.push_back((*res)[r]);
   }
   for (unsigned r = 0; r < op->getNumResults(); ++r)
     frags[op->getResult(r)] = std::move(outs[r]);

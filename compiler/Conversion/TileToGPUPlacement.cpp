@@ -23,6 +23,15 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
 
+/// The function's tiling (its `#attn.kernel`) with the pass's warps.
+static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
+  TileConfig config;
+  config.blockM = attr.getBlockM();
+  config.blockN = attr.getBlockN();
+  config.warps = warps;
+  return config;
+}
+
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
 /// and grid.z split of V's columns.
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
@@ -49,10 +58,7 @@ flashjit::conversion::lowerTileKernel(func::FuncOp fn,
                                       int64_t warps, int64_t copyBytes) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
-  TileConfig config;
-  config.blockM = attr.getBlockM();
-  config.blockN = attr.getBlockN();
-  config.warps = warps;
+  TileConfig config = tilingOf(attr, warps);
   if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
@@ -66,10 +72,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     int64_t copyBytes, bool vectorAtomics, bool wgmma) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
-  TileConfig config;
-  config.blockM = attr.getBlockM();
-  config.blockN = attr.getBlockN();
-  config.warps = warps;
+  TileConfig config = tilingOf(attr, warps);
   // The dK/dV kernel's tiles are the description's Br x Bc; the dQ pass
   // has its own (checked below), the row kernels need none.
   if (std::string p = gpuBackwardConfigProblem(spec, config, INT64_MAX);

@@ -272,18 +272,12 @@ LogicalResult RowKernelLowering::lowerElementwise(Operation *op) {
     SmallVector<Value> operands;
     for (Value v : op->getOperands())
       operands.push_back(isTile(v) ? regs[v].at(i) : map.lookup(v));
-    if (Value v = lowerScalarMath(b, g, op, operands)) {
-      outs[0].regs.push_back(v);
-      continue;
-    }
-    if (isa<math::MathDialect>(op->getDialect()))
-      return fail(op, "this math op has no GPU lowering (flashjit links no "
-                      "libdevice)");
-    OperationState state(op->getLoc(), op->getName().getStringRef(), operands,
-                         types, op->getAttrs());
-    Operation *scalarOp = b.create(state);
+    FailureOr<SmallVector<Value>> res =
+        lowerScalarElement(b, g, op, operands, types);
+    if (failed(res))
+      return failure();
     for (unsigned r = 0; r < op->getNumResults(); ++r)
-      outs[r].regs.push_back(scalarOp->getResult(r));
+      outs[r].regs.push_back((*res)[r]);
   }
   for (unsigned r = 0; r < op->getNumResults(); ++r)
     regs[op->getResult(r)] = std::move(outs[r]);
