@@ -256,29 +256,36 @@ LogicalResult TileKernelLowering::assignHomes() {
   return success();
 }
 
+TileKernelLowering::LaneIndices TileKernelLowering::laneIndicesOf(Value t) {
+  LaneIndices li;
+  li.warp = g.divU(t, g.c32(32));
+  li.lane = g.remU(t, g.c32(32));
+  li.grp = g.divU(li.lane, g.c32(4));
+  li.tig = g.remU(li.lane, g.c32(4));
+  li.colPart = g.remU(li.warp, g.c32(place.colParts));
+  li.warpRow0 = g.mul(place.colParts > 1
+                          ? g.divU(li.warp, g.c32(place.colParts))
+                          : li.warp,
+                      g.c32(mt * 16));
+  return li;
+}
+
 TileKernelLowering::LaneIndices TileKernelLowering::laneIndices() {
-  if (!copyTid)
-    return {grp, tig, warpRow0};
-  Value warp = g.divU(copyTid, g.c32(32));
-  Value l = g.remU(copyTid, g.c32(32));
-  Value row0 = g.mul(place.colParts > 1 ? g.divU(warp, g.c32(place.colParts))
-                                        : warp,
-                     g.c32(mt * 16));
-  return {g.divU(l, g.c32(4)), g.remU(l, g.c32(4)), row0};
+  // Outside loops the same ops as setUpThreads', which CSE merges.
+  return laneIndicesOf(copyTid ? copyTid : tid);
 }
 
 /// Thread and lane indices, the O-column chunk, and each slot's ldmatrix
 /// lane bases for the operand patterns its dots read it with.
 void TileKernelLowering::setUpThreads() {
   tid = g.threadIdX();
-  Value warp = g.divU(tid, g.c32(32));
-  lane = g.remU(tid, g.c32(32));
-  grp = g.divU(lane, g.c32(4));
-  tig = g.remU(lane, g.c32(4));
-  colPart = g.remU(warp, g.c32(place.colParts));
-  warpRow0 = g.mul(place.colParts > 1 ? g.divU(warp, g.c32(place.colParts))
-                                      : warp,
-                   g.c32(mt * 16));
+  LaneIndices li = laneIndicesOf(tid);
+  Value warp = li.warp;
+  lane = li.lane;
+  grp = li.grp;
+  tig = li.tig;
+  colPart = li.colPart;
+  warpRow0 = li.warpRow0;
   chunk = g.blockId(mlir::gpu::Dimension::z);
   if (place.wgmma) {
     wg.emplace(g, smem);
@@ -465,41 +472,47 @@ TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
   return failure(walk.wasInterrupted());
 }
 
-LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
-  if (failed(tile::verifyWritesOutput(fn)))
-    return failure();
-  const int numArgs =
-      place.numBuffers + place.numIndexArgs + place.numF32Args + 2;
-  if (fn.getNumArguments() != unsigned(numArgs))
-    return fn.emitError() << "this kernel takes " << numArgs
-                          << " arguments (kernels/KernelABI.h), got "
-                          << fn.getNumArguments();
-  if (failed(assignHomes()))
-    return failure();
-
+LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
+                                               const KernelPlacement &place) {
   const int firstIndex = place.numBuffers;
   const int firstF32 = firstIndex + place.numIndexArgs;
   const int pidArg = firstF32 + place.numF32Args;
-  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
-  argTys.append(place.numIndexArgs, g.i64);
-  argTys.append(place.numF32Args, g.f32);
-  for (int i = 0; i < pidArg; ++i) {
+  if (fn.getNumArguments() != unsigned(pidArg + 2))
+    return fn.emitError() << "this kernel takes " << pidArg + 2
+                          << " arguments (kernels/KernelABI.h), got "
+                          << fn.getNumArguments();
+  Builder b(fn.getContext());
+  for (int i = 0; i < pidArg + 2; ++i) {
     Type want = i < firstIndex ? Type()
-                : i < firstF32 ? Type(b.getIndexType())
-                               : Type(g.f32);
+                : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
+                                              : Type(b.getF32Type());
     Type got = fn.getArgument(i).getType();
     if (want ? got != want : !isa<MemRefType>(got))
       return fn.emitError()
              << "argument " << i << " has type " << got << ", not the ABI's";
   }
-  // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
-  // is the launcher's (GpuGeometry); assignHomes refuses more.
-  auto kernel =
-      createKernelFunc(b, gpuModule, fn, argTys, place.threads, sharedBytes);
-  b.setInsertionPointToStart(&kernel.getBody().front());
-  smem = sharedMemoryBase(b, g);
-  setUpThreads();
+  return success();
+}
 
+mlir::gpu::GPUFuncOp conversion::createPlacedKernel(
+    ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+    mlir::gpu::GPUModuleOp gpuModule, func::FuncOp fn,
+    const KernelPlacement &place, int64_t sharedBytes) {
+  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
+  argTys.append(place.numIndexArgs, g.i64);
+  argTys.append(place.numF32Args, g.f32);
+  return createKernelFunc(b, gpuModule, fn, argTys, place.threads,
+                          sharedBytes);
+}
+
+void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b,
+                                    gpu::GpuBuilder &g, func::FuncOp fn,
+                                    mlir::gpu::GPUFuncOp kernel,
+                                    const KernelPlacement &place,
+                                    IRMapping &map) {
+  const int firstIndex = place.numBuffers;
+  const int firstF32 = firstIndex + place.numIndexArgs;
+  const int pidArg = firstF32 + place.numF32Args;
   for (int i = 0; i < firstIndex; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
   for (int i = firstIndex; i < firstF32; ++i)
@@ -521,6 +534,20 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidM));
   map.map(fn.getArgument(pidArg + 1),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
+}
+
+LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
+  if (failed(tile::verifyWritesOutput(fn)) ||
+      failed(checkPlacedArguments(fn, place)) || failed(assignHomes()))
+    return failure();
+  // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
+  // is the launcher's (GpuGeometry); assignHomes refuses more.
+  mlir::gpu::GPUFuncOp kernel =
+      createPlacedKernel(b, g, gpuModule, fn, place, sharedBytes);
+  b.setInsertionPointToStart(&kernel.getBody().front());
+  smem = sharedMemoryBase(b, g);
+  setUpThreads();
+  mapPlacedArguments(b, g, fn, kernel, place, map);
 
   Block &body = fn.getBody().front();
   if (place.splits.size() == 2) {

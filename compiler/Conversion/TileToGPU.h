@@ -55,13 +55,9 @@ enum class TileHome {
   SharedVector,
 };
 
-/// The three kinds of kernel the tile lowering makes, by the function's
-/// role in `#attn.kernel`.
-enum class KernelRole { Forward, BackwardMain, BackwardDq };
-
-/// What the function's role and tiling fix before any op is lowered.
+/// What the function's role and tiling fix before any op is lowered
+/// (TileToGPUPlacement.cpp).
 struct KernelPlacement {
-  KernelRole role = KernelRole::Forward;
   int64_t threads = 0;
   /// Rows of every register tile (but a transposed product's): Br in the
   /// forward and the dQ pass, Bc in the dK/dV kernel; and the 16-row
@@ -148,6 +144,26 @@ lowerScalarElement(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                    Operation *op, mlir::ValueRange operands,
                    mlir::TypeRange types);
 
+/// Checks \p fn's arguments against the ABI's groups of \p place (a
+/// named error on \p fn): buffers, index arguments, f32 arguments, pid_m
+/// and pid_bh.
+LogicalResult checkPlacedArguments(mlir::func::FuncOp fn,
+                                   const KernelPlacement &place);
+
+/// The gpu.func of \p fn for \p place (createKernelFunc), its arguments
+/// the ABI's groups without pid_m and pid_bh.
+mlir::gpu::GPUFuncOp
+createPlacedKernel(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                   mlir::gpu::GPUModuleOp gpuModule, mlir::func::FuncOp fn,
+                   const KernelPlacement &place, int64_t sharedBytes);
+
+/// Maps \p fn's arguments into \p map: the kernel's (index arguments cast
+/// back to index), pid_m = blockIdx.x (reversed with reversePidM) and
+/// pid_bh = blockIdx.y.
+void mapPlacedArguments(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                        mlir::func::FuncOp fn, mlir::gpu::GPUFuncOp kernel,
+                        const KernelPlacement &place, mlir::IRMapping &map);
+
 /// Lowers a tiled function without products or loops (the backward's
 /// preprocess and dq_convert: TileToGPURows.cpp) into a gpu.func.
 LogicalResult lowerRowKernel(mlir::func::FuncOp fn,
@@ -155,8 +171,8 @@ LogicalResult lowerRowKernel(mlir::func::FuncOp fn,
                              const AttentionSpec &spec,
                              const KernelPlacement &place);
 
-/// Lowers one tiled function (role "forward", "main" on one warp row, or
-/// "dq") into a gpu.func.
+/// Lowers one tiled function with products (role "forward", "main" or
+/// "dq") into a gpu.func, in the placement its role fixes.
 class TileKernelLowering {
 public:
   TileKernelLowering(mlir::ImplicitLocOpBuilder &b, mlir::func::FuncOp fn,
@@ -235,13 +251,16 @@ private:
   bool readsInFlight(Operation *op);
   /// Bytes between a blocked tile's 64-column blocks (0: not blocked).
   int64_t blockBytes(int64_t rows) const { return place.wgmma ? rows * 128 : 0; }
-  /// The lane's (grp, tig) and the warp's first row, from the loop's opaque
+  /// The warp and lane, the lane's (grp, tig), the warp's column part and
+  /// first row, from the loop's opaque
   /// thread index inside a loop: addresses made from them are recomputed
   /// per iteration, not hoisted into registers live across the loop.
   struct LaneIndices {
-    Value grp, tig, warpRow0;
+    Value warp, lane, grp, tig, colPart, warpRow0;
   };
   LaneIndices laneIndices();
+  /// The same from thread index \p t.
+  LaneIndices laneIndicesOf(Value t);
   /// Rounds a slot offset up to the placement's alignment.
   int64_t alignSlot(int64_t offset) const {
     return place.wgmma ? roundUp(offset, 1024) : offset;

@@ -87,7 +87,8 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
 void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
   const SharedSlot &slot = staging[v];
   const int64_t nt = nTiles(tileType(v));
-  auto [grp, tig, warpRow0] = laneIndices();
+  LaneIndices li = laneIndices();
+  Value grp = li.grp, tig = li.tig, warpRow0 = li.warpRow0;
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {
       Value row = g.add(warpRow0, g.add(g.c32(mi * 16 + 8 * h), grp));
@@ -169,8 +170,8 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
       g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth / 8))));
 
   ReductionTarget red = reductionOf(atomic);
-  auto [grp, tig, warpRow0] = laneIndices();
-  (void)warpRow0;
+  LaneIndices li = laneIndices();
+  Value grp = li.grp, tig = li.tig;
   Value warpCol0 =
       g.add(g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
             g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),

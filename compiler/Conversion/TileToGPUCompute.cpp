@@ -20,7 +20,9 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
 
-/// Products on the tensor cores. Two placements are lowered:
+/// Products on the tensor cores (mma.sync; warpgroup MMAs in
+/// TileToGPUWgmma.cpp, a transposed lhs in TileToGPUAtomics.cpp). Three
+/// placements are lowered here:
 ///
 ///   %s = tile.dot %q, %k {transpose_rhs}   // both shared: S = Q K^T
 ///     -> per warp, mt x nt m16n8k16 MMAs per 16-wide k-step; A by ldmatrix
@@ -29,6 +31,9 @@ using namespace flashjit::conversion;
 ///     -> P's f32 registers packed to bf16 pairs (its rounding point: the
 ///        accumulator layout is the A layout of the next MMA, two n-tiles
 ///        per k-step), V ([k][n]) by ldmatrix.trans, accumulating into %a
+///   %dv = tile.dot %pth, %do acc %a        // 2-D warp grid: each warp
+///     -> holds part of %pth's k-columns, so A comes back from its staging
+///        slot by ldmatrix, B by ldmatrix.trans at the warp's column part
 ///
 /// Before the first dot of a pipeline stage: cp.async.wait_all and a
 /// barrier, then the copies whose slots this frees (lowerFor).

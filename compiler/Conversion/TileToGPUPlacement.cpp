@@ -38,7 +38,6 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
                                         const TileConfig &config) {
   GpuGeometry geo = gpuGeometry(spec, config);
   KernelPlacement p;
-  p.role = KernelRole::Forward;
   p.threads = geo.threads;
   p.regRows = config.blockM;
   p.mt = geo.mTiles;
@@ -91,7 +90,6 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   if (attr.getRole() == "dq") {
     // The function's own tiles are the dQ pass's (dqRows x dqKeys, which
     // the pipeline gives the tiling pass): one or two 16-row tiles per warp.
-    p.role = KernelRole::BackwardDq;
     p.regRows = config.blockM;
     p.mt = config.blockM / (16 * warps);
     p.maxShared = kMaxSharedBytes;
@@ -107,7 +105,6 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     return TileKernelLowering(b, fn, spec, config, copyBytes, p)
         .run(gpuModule);
   }
-  p.role = KernelRole::BackwardMain;
   p.regRows = config.blockN;
   p.mt = geo.keyTiles;
   p.maxShared = geo.kvSmem.total;

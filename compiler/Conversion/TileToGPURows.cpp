@@ -335,28 +335,11 @@ LogicalResult RowKernelLowering::lowerOp(Operation *op) {
 LogicalResult RowKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (failed(tile::verifyWritesOutput(fn)) || failed(analyse()))
     return failure();
-  const int firstIndex = place.numBuffers;
-  const int firstF32 = firstIndex + place.numIndexArgs;
-  const int pidArg = firstF32 + place.numF32Args;
-  if (fn.getNumArguments() != unsigned(pidArg + 2))
-    return fn.emitError() << "this kernel takes " << pidArg + 2
-                          << " arguments (kernels/KernelABI.h), got "
-                          << fn.getNumArguments();
-  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
-  argTys.append(place.numIndexArgs, g.i64);
-  argTys.append(place.numF32Args, g.f32);
-  auto kernel = createKernelFunc(b, gpuModule, fn, argTys, place.threads, 0);
+  if (failed(checkPlacedArguments(fn, place)))
+    return failure();
+  auto kernel = createPlacedKernel(b, g, gpuModule, fn, place, 0);
   b.setInsertionPointToStart(&kernel.getBody().front());
-  for (int i = 0; i < pidArg; ++i)
-    map.map(fn.getArgument(i),
-            i >= firstIndex && i < firstF32
-                ? Value(arith::IndexCastOp::create(b, b.getIndexType(),
-                                                   kernel.getArgument(i)))
-                : kernel.getArgument(i));
-  for (auto [i, dim] : {std::pair(0, mlir::gpu::Dimension::x),
-                        std::pair(1, mlir::gpu::Dimension::y)})
-    map.map(fn.getArgument(pidArg + i),
-            arith::IndexCastUIOp::create(b, b.getIndexType(), g.blockId(dim)));
+  mapPlacedArguments(b, g, fn, kernel, place, map);
   Value tid = g.threadIdX();
   Value warp = g.divU(tid, g.c32(32));
   lane = g.remU(tid, g.c32(32));
