@@ -9,6 +9,8 @@
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
@@ -286,14 +288,89 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   });
 }
 
-std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
-                         const GpuTarget &target, const KernelSource &source) {
+/// The integer attribute \p name of \p dict, or -1.
+static int64_t intAttr(DictionaryAttr dict, StringRef name) {
+  auto a = dict ? dyn_cast_or_null<IntegerAttr>(dict.get(name)) : nullptr;
+  return a ? a.getInt() : -1;
+}
+
+/// The launch resources that the GPU lowering recorded on \p fn (a
+/// gpu.func kernel, or the llvm.func marked gpu.kernel it becomes) of
+/// \p blockSize threads; throws CompileError for a kernel without them.
+static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
+                                     DenseI32ArrayAttr blockSize) {
+  KernelLaunch k;
+  k.name = name.str();
+  if (blockSize && blockSize.size() == 3)
+    k.threads = blockSize[0];
+  if (auto shared = fn->getAttrOfType<IntegerAttr>("attn.shared_bytes"))
+    k.sharedBytes = shared.getInt();
+  auto grid = fn->getAttrOfType<DictionaryAttr>("attn.grid");
+  k.rows = intAttr(grid, "rows");
+  k.programsZ = intAttr(grid, "z");
+  auto str = [&](StringRef key) {
+    auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;
+    return a ? a.getValue() : StringRef();
+  };
+  k.overKeys = str("sequence") == "seq_kv";
+  k.kvHeads = str("heads") == "kv_heads";
+  bool named = (k.overKeys || str("sequence") == "seq_q") &&
+               (k.kvHeads || str("heads") == "heads");
+  if (!named || !k.valid() || !fn->hasAttr("attn.shared_bytes"))
+    throw CompileError("kernel '" + k.name +
+                       "' does not record its launch resources "
+                       "(known_block_size, attn.shared_bytes, attn.grid = "
+                       "{heads, rows, sequence, z})");
+  return k;
+}
+
+/// The recorded launches of every kernel of \p module, before or after
+/// the NVVM conversion.
+static std::vector<KernelLaunch> readKernelLaunches(ModuleOp module) {
+  std::vector<KernelLaunch> out;
+  module.walk([&](mlir::gpu::GPUFuncOp fn) {
+    if (fn.isKernel())
+      out.push_back(
+          readKernelLaunch(fn, fn.getName(), fn.getKnownBlockSizeAttr()));
+  });
+  module.walk([&](LLVM::LLVMFuncOp fn) {
+    if (fn->hasAttr("gpu.kernel"))
+      out.push_back(readKernelLaunch(
+          fn, fn.getSymName(),
+          fn->getAttrOfType<DenseI32ArrayAttr>("gpu.known_block_size")));
+  });
+  return out;
+}
+
+GpuCompilation compileForGpu(const AttentionSpec &spec,
+                             const TileConfig &config, const GpuTarget &target,
+                             const KernelSource &source) {
   spec.validate();
   config.validate(spec);
   PtxOptions ptx = checkGpuRequest(spec, config, target);
   auto ctx = createContext();
   auto module = lowerToGpu(*ctx, spec, config, target, false, source);
-  return gpuModuleToPtx(*module, ptx);
+  GpuCompilation out;
+  out.kernels = readKernelLaunches(*module);
+  out.ptx = gpuModuleToPtx(*module, ptx);
+  return out;
+}
+
+std::vector<KernelLaunch> gpuKernelLaunches(const AttentionSpec &spec,
+                                            const TileConfig &config,
+                                            const GpuTarget &target,
+                                            const KernelSource &source) {
+  spec.validate();
+  config.validate(spec);
+  checkGpuRequest(spec, config, target);
+  auto ctx = createContext();
+  return readKernelLaunches(
+      *lowerToGpu(*ctx, spec, config, target, /*stopAtGpu=*/true, source));
+}
+
+std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
+                         const GpuTarget &target, const KernelSource &source) {
+  return compileForGpu(spec, config, target, source).ptx;
 }
 
 std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {

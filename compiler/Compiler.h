@@ -11,11 +11,13 @@
 
 #include "kernels/AttentionSpec.h"
 #include "kernels/HostTensor.h"
+#include "kernels/KernelLaunch.h"
 
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace flashjit {
 
@@ -75,7 +77,7 @@ struct GpuTarget {
 /// every cubin and tuning cache key, so that entries written by an earlier
 /// code generator are rebuilt, not reused. Change it with every change to
 /// a lowering that can alter the PTX of an unchanged pipeline.
-inline constexpr const char *kCodegenRevision = "tile-ir-1";
+inline constexpr const char *kCodegenRevision = "tile-ir-2";
 
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
@@ -87,8 +89,27 @@ std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
                       Stage stage, const GpuTarget &target = {},
                       const KernelSource &source = {});
 
-/// The GPU kernel's PTX; throws CompileError (or SpecError for a config the
-/// GPU cannot run).
+/// The GPU kernels' PTX and the launch resources the lowering recorded on
+/// each (kernels/KernelLaunch.h), which the launchers use.
+struct GpuCompilation {
+  std::string ptx;
+  std::vector<KernelLaunch> kernels;
+};
+
+/// Compiles for the GPU; throws CompileError (or SpecError for a config
+/// the GPU cannot run). Every kernel must record its resources.
+GpuCompilation compileForGpu(const AttentionSpec &spec,
+                             const TileConfig &config, const GpuTarget &target,
+                             const KernelSource &source = {});
+
+/// compileForGpu's launch resources alone (the GPU lowering without the
+/// code generation).
+std::vector<KernelLaunch> gpuKernelLaunches(const AttentionSpec &spec,
+                                            const TileConfig &config,
+                                            const GpuTarget &target,
+                                            const KernelSource &source = {});
+
+/// compileForGpu's PTX.
 std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
                          const GpuTarget &target,
                          const KernelSource &source = {});

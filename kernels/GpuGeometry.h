@@ -3,8 +3,11 @@
 /// \file
 /// The one place that derives the GPU kernel's geometry from a spec and a
 /// tile config: padded head dims, the O-column split for dv > 256, shared
-/// memory layout, threads and grid. The GPU lowering and the launcher both
-/// use it, so they cannot disagree. Plain C++.
+/// memory layout, threads and grid. The GPU lowering places its kernels by
+/// it and records what it placed on each (kernels/KernelLaunch.h), which
+/// is what the launcher reads; the config checks (does a tiling fit the
+/// device?) use it before anything is compiled, and tests check the
+/// records against it. Plain C++.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_KERNELS_GPUGEOMETRY_H
@@ -37,6 +40,11 @@ struct GpuGeometry {
   int64_t vRowChunks;  ///< 16-byte chunks per V row in shared memory
   int64_t qOffset, kOffset, vOffset; ///< shared-memory byte offsets
   int64_t sharedBytes;               ///< dynamic shared memory per block
+  /// The tiles Hopper's warpgroup MMAs take (sm_90a, the lowering's wgmma
+  /// option): one warpgroup per 64 rows of Q (warps = Br / 16: one 16-row
+  /// tile per warp), Bc and both head dims at most 256 (a product's N), no
+  /// O-column split. The tiles then use the blocked 128B-swizzle layout.
+  bool wgmmaShape;
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
@@ -58,6 +66,8 @@ inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
   g.dvChunk = roundUp(ceilDiv(g.dvPad, g.dvChunks), 16);
   g.qkRowChunks = roundUp(g.dqkPad / 8, 8);
   g.vRowChunks = roundUp(g.dvChunk / 8, 8);
+  g.wgmmaShape = config.blockM % 64 == 0 && config.warps * 16 == config.blockM &&
+                 config.blockN <= 256 && g.dqkPad <= 256 && g.dvChunks == 1;
   g.qOffset = 0;
   g.kOffset = config.blockM * g.qkRowChunks * 16;
   g.vOffset = g.kOffset + config.blockN * g.qkRowChunks * 16;

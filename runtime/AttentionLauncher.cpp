@@ -35,11 +35,33 @@ void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
                     compiledCopy, allowedCopy));
 }
 
-ForwardKernel::ForwardKernel(const std::vector<char> &cubin,
-                             const AttentionSpec &spec,
-                             const TileConfig &config, int64_t copyBytes)
-    : module(cubin), spec(spec), config(config), geo(gpuGeometry(spec, config)),
-      copy(copyBytes) {
+const KernelLaunch &recordedLaunch(const KernelImage &image,
+                                   const std::string &name) {
+  if (const KernelLaunch *k = findKernelLaunch(image.kernels, name))
+    return *k;
+  throw RuntimeError(ErrorCode::InvalidArgument,
+                     fmt::format("the compiled image records no launch "
+                                 "resources for kernel '{}'",
+                                 name));
+}
+
+void launchRecorded(CUfunction function, const KernelLaunch &launch,
+                    const Problem &p, int64_t gqa, CUstream stream,
+                    void **params) {
+  std::array<int64_t, 3> grid = launch.grid(p, gqa);
+  if (grid[1] > 65535)
+    throw SpecError(
+        fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
+  rt::launch(function, Dim3{unsigned(grid[0]), unsigned(grid[1]),
+                            unsigned(grid[2])},
+             Dim3{unsigned(launch.threads), 1, 1}, unsigned(launch.sharedBytes),
+             stream, params);
+}
+
+ForwardKernel::ForwardKernel(const KernelImage &image,
+                             const AttentionSpec &spec, int64_t copyBytes)
+    : module(image.cubin), spec(spec),
+      launchOf(recordedLaunch(image, "attention")), copy(copyBytes) {
   function = module.function("attention");
 }
 
@@ -74,13 +96,7 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
     params[n++] = &v;
   params[n++] = &scaleLog2;
 
-  auto grid = geo.grid(p, config);
-  if (grid[1] > 65535)
-    throw SpecError(
-        fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
-  Dim3 g{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
-  Dim3 block{unsigned(geo.threads), 1, 1};
-  rt::launch(function, g, block, unsigned(geo.sharedBytes), stream, params);
+  launchRecorded(function, launchOf, p, spec.gqaGroup, stream, params);
 }
 
 } // namespace flashjit::rt

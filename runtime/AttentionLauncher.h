@@ -2,9 +2,10 @@
 //
 /// \file
 /// Launches a cubin made by flashjit's GPU pipeline: fills the argument list
-/// of kernels/KernelABI.h from device pointers and strides, and the grid,
-/// block and shared memory from kernels/GpuGeometry.h. No MLIR here: the
-/// compile step is the caller's.
+/// of kernels/KernelABI.h from device pointers and strides, and takes the
+/// grid, block and shared memory from the resources the lowering recorded
+/// on each kernel (kernels/KernelLaunch.h). No MLIR here: the compile step
+/// is the caller's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_RUNTIME_ATTENTIONLAUNCHER_H
@@ -12,6 +13,7 @@
 
 #include "kernels/AttentionSpec.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelLaunch.h"
 #include "runtime/CudaDriver.h"
 
 #include <array>
@@ -19,6 +21,18 @@
 #include <vector>
 
 namespace flashjit::rt {
+
+/// The recorded launch of kernel \p name in \p image; throws RuntimeError
+/// (InvalidArgument) when the image does not record it.
+const KernelLaunch &recordedLaunch(const KernelImage &image,
+                                   const std::string &name);
+
+/// Launches \p function as \p launch says for \p p (grid over \p gqa
+/// query heads per KV head); throws SpecError when batch * heads exceeds
+/// the grid's y limit.
+void launchRecorded(CUfunction function, const KernelLaunch &launch,
+                    const Problem &p, int64_t gqa, CUstream stream,
+                    void **params);
 
 /// A (B, H, N, d) tensor on the device: pointer and element strides.
 struct DeviceTensor {
@@ -47,24 +61,25 @@ void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
 /// A loaded forward kernel.
 class ForwardKernel {
 public:
-  /// Loads \p cubin; throws RuntimeError.
-  ForwardKernel(const std::vector<char> &cubin, const AttentionSpec &spec,
-                const TileConfig &config, int64_t copyBytes);
+  /// Loads \p image; throws RuntimeError (also when it does not record
+  /// the forward kernel's launch).
+  ForwardKernel(const KernelImage &image, const AttentionSpec &spec,
+                int64_t copyBytes);
 
   /// Launches on \p stream (nullptr: the legacy default stream). Throws
   /// SpecError for bad arguments, RuntimeError for driver errors.
   void launch(const Problem &problem, const ForwardArgs &args,
               CUstream stream) const;
 
-  const GpuGeometry &geometry() const { return geo; }
+  /// The recorded launch of the kernel.
+  const KernelLaunch &recorded() const { return launchOf; }
   int64_t copyBytes() const { return copy; }
 
 private:
   Module module;
   CUfunction function = nullptr;
   AttentionSpec spec;
-  TileConfig config;
-  GpuGeometry geo;
+  KernelLaunch launchOf;
   int64_t copy;
 };
 

@@ -113,7 +113,7 @@ TuneResult autotune(const std::vector<TileConfig> &candidates,
                     const ProgressFn &progress, unsigned threads) {
   TuneResult r;
   r.table.resize(candidates.size());
-  std::vector<std::vector<char>> cubins(candidates.size());
+  std::vector<KernelImage> cubins(candidates.size());
   auto t0 = std::chrono::steady_clock::now();
   std::atomic<size_t> next{0};
   auto worker = [&] {

@@ -12,6 +12,7 @@
 #define FLASHJIT_RUNTIME_AUTOTUNER_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/KernelLaunch.h"
 
 #include <functional>
 #include <string>
@@ -68,14 +69,15 @@ struct TuneResult {
   double compileSeconds = 0, timeSeconds = 0;
 };
 
-/// Compiles one config to a cubin; called from several host threads at
-/// once. Fills registers / spill bytes when known. Throws on failure.
-using CompileFn = std::function<std::vector<char>(
-    const TileConfig &config, int &registers, int &spillBytes)>;
+/// Compiles one config to a cubin with its recorded launches; called from
+/// several host threads at once. Fills registers / spill bytes when known.
+/// Throws on failure.
+using CompileFn = std::function<KernelImage(const TileConfig &config,
+                                            int &registers, int &spillBytes)>;
 /// Times a compiled candidate on the real inputs; returns the median ms.
 /// Called on the calling thread, one candidate after another.
 using TimeFn =
-    std::function<double(const TileConfig &, const std::vector<char> &cubin)>;
+    std::function<double(const TileConfig &, const KernelImage &image)>;
 /// Progress: candidate i of n done (its entry filled in).
 using ProgressFn =
     std::function<void(size_t i, size_t n, const TunedCandidate &)>;

@@ -19,15 +19,18 @@ int64_t chooseCopyBytes(const BackwardArgs &args) {
   return std::min(bytes, chooseCopyBytes(tiles));
 }
 
-BackwardKernel::BackwardKernel(const std::vector<char> &cubin,
-                               const AttentionSpec &spec,
-                               const TileConfig &config, int64_t copyBytes)
-    : module(cubin), spec(spec), config(config),
-      geo(gpuBackwardGeometry(spec, config)), copy(copyBytes) {
-  preprocess =
-      module.function(std::string("attention") + abi::bwd::kPreprocessSuffix);
-  main = module.function("attention");
-  dq = module.function(std::string("attention") + abi::bwd::kDqSuffix);
+BackwardKernel::BackwardKernel(const KernelImage &image,
+                               const AttentionSpec &spec, int64_t copyBytes)
+    : module(image.cubin),
+      preprocessLaunch(recordedLaunch(
+          image, std::string("attention") + abi::bwd::kPreprocessSuffix)),
+      mainLaunch(recordedLaunch(image, "attention")),
+      dqLaunch(recordedLaunch(image,
+                              std::string("attention") + abi::bwd::kDqSuffix)),
+      spec(spec), copy(copyBytes) {
+  preprocess = module.function(preprocessLaunch.name);
+  main = module.function(mainLaunch.name);
+  dq = module.function(dqLaunch.name);
 }
 
 void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
@@ -71,7 +74,7 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   bufs[bwd::KvCounts] = a.kvCounts;
   bufs[bwd::KvIndices] = a.kvIndices;
   // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
-  if (geo.atomicDq)
+  if (dqAccumulation(spec) == DqAccumulation::Atomic)
     bufs[bwd::DqAccum] =
         a.delta + CUdeviceptr(2 * 4 * p.batch * p.heads * p.seqLenQ);
   // Buffers a kernel never reads (dq_accum of the separate dQ pass, a dense
@@ -88,22 +91,10 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   for (float &f : f32s)
     params[n++] = &f;
 
-  auto dim3 = [](const std::array<int64_t, 3> &g) {
-    if (g[1] > 65535)
-      throw SpecError(
-          fmt::format("batch * heads = {} exceeds the grid's 65535", g[1]));
-    return Dim3{unsigned(g[0]), unsigned(g[1]), unsigned(g[2])};
-  };
-  Dim3 pre = dim3(geo.preprocessGrid(p)),
-       kv = dim3(geo.kvGrid(p, config, spec.gqaGroup)),
-       dqGrid = dim3(geo.dqGrid(p));
-  rt::launch(preprocess, pre,
-             Dim3{unsigned(GpuBackwardGeometry::kPreprocessThreads), 1, 1}, 0,
-             stream, params);
-  Dim3 block{unsigned(geo.threads), 1, 1};
-  rt::launch(main, kv, block, unsigned(geo.kvSmem.total), stream, params);
-  rt::launch(dq, dqGrid, Dim3{unsigned(geo.dqThreads()), 1, 1},
-             unsigned(geo.dqSharedBytes()), stream, params);
+  for (auto [fn, launch] : {std::pair{preprocess, &preprocessLaunch},
+                            {main, &mainLaunch},
+                            {dq, &dqLaunch}})
+    launchRecorded(fn, *launch, p, spec.gqaGroup, stream, params);
 }
 
 } // namespace flashjit::rt

@@ -38,25 +38,24 @@ int64_t chooseCopyBytes(const BackwardArgs &args);
 /// A loaded backward cubin.
 class BackwardKernel {
 public:
-  /// Loads \p cubin (compiled from a Direction::Backward spec); throws
-  /// RuntimeError.
-  BackwardKernel(const std::vector<char> &cubin, const AttentionSpec &spec,
-                 const TileConfig &config, int64_t copyBytes);
+  /// Loads \p image (compiled from a Direction::Backward spec); throws
+  /// RuntimeError (also when it does not record the three kernels'
+  /// launches).
+  BackwardKernel(const KernelImage &image, const AttentionSpec &spec,
+                 int64_t copyBytes);
 
   /// Launches the three kernels on \p stream. Throws SpecError for bad
   /// arguments, RuntimeError for driver errors.
   void launch(const Problem &problem, const BackwardArgs &args,
               CUstream stream) const;
 
-  const GpuBackwardGeometry &geometry() const { return geo; }
   int64_t copyBytes() const { return copy; }
 
 private:
   Module module;
   CUfunction preprocess = nullptr, main = nullptr, dq = nullptr;
+  KernelLaunch preprocessLaunch, mainLaunch, dqLaunch;
   AttentionSpec spec;
-  TileConfig config;
-  GpuBackwardGeometry geo;
   int64_t copy;
 };
 

@@ -23,10 +23,12 @@ namespace flashjit::conversion {
 constexpr int64_t kMaxSharedBytes = 232448;
 
 /// Lowers a tiled forward function, written in the tile dialect, into a
-/// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault).
+/// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault);
+/// its products on warpgroup MMAs where \p wgmma and the shape allow.
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
-                                    int64_t warps, int64_t copyBytes);
+                                    int64_t warps, int64_t copyBytes,
+                                    bool wgmma);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
@@ -58,13 +60,21 @@ mlir::LogicalResult checkGpuOptions(mlir::func::FuncOp fn,
                                     int64_t copyBytes);
 
 /// Appends a `gpu.func` kernel named as \p tiled, taking \p argTys, with a
-/// known block size of \p threads and the dynamic shared memory it needs
-/// recorded as `attn.shared_bytes`; copies the description attributes.
+/// known block size of \p threads, the dynamic shared memory it needs
+/// recorded as `attn.shared_bytes` and its grid as `attn.grid` (\p grid,
+/// kernels/KernelLaunch.h); copies the description attributes.
 mlir::gpu::GPUFuncOp createKernelFunc(mlir::ImplicitLocOpBuilder &b,
                                       mlir::gpu::GPUModuleOp gpuModule,
                                       mlir::func::FuncOp tiled,
                                       mlir::TypeRange argTys, int64_t threads,
-                                      int64_t sharedBytes);
+                                      int64_t sharedBytes,
+                                      mlir::DictionaryAttr grid);
+
+/// The `attn.grid` record: pid_m over \p rows rows of the keys
+/// (\p overKeys) or the queries, pid_bh over the KV heads (\p kvHeads) or
+/// all heads, \p programsZ programs along grid.z.
+mlir::DictionaryAttr gridAttr(mlir::Builder &b, int64_t rows, bool overKeys,
+                              bool kvHeads, int64_t programsZ);
 
 /// The base of the dynamic shared memory (`@flashjit_smem`).
 mlir::Value sharedMemoryBase(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g);

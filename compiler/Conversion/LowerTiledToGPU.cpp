@@ -13,7 +13,9 @@
 ///   module attributes {gpu.container_module} {
 ///     gpu.module @flashjit_kernels {
 ///       llvm.mlir.global external @flashjit_smem() {addr_space = 3 : i32}
-///       gpu.func @attention(...) kernel attributes {attn.shared_bytes = ..}
+///       gpu.func @attention(...) kernel attributes {attn.shared_bytes = ..,
+///           attn.grid = {heads = "heads", rows = .., sequence = "seq_q",
+///                        z = ..}, known_block_size = ..}
 ///     }
 ///   }
 //
@@ -90,7 +92,8 @@ mlir::gpu::GPUFuncOp
 conversion::createKernelFunc(ImplicitLocOpBuilder &b,
                              mlir::gpu::GPUModuleOp gpuModule,
                              func::FuncOp tiled, TypeRange argTys,
-                             int64_t threads, int64_t sharedBytes) {
+                             int64_t threads, int64_t sharedBytes,
+                             DictionaryAttr grid) {
   MLIRContext *ctx = b.getContext();
   b.setInsertionPointToEnd(gpuModule.getBody());
   auto kernel = mlir::gpu::GPUFuncOp::create(
@@ -100,9 +103,20 @@ conversion::createKernelFunc(ImplicitLocOpBuilder &b,
   kernel.setKnownBlockSizeAttr(
       b.getDenseI32ArrayAttr({int32_t(threads), 1, 1}));
   kernel->setAttr("attn.shared_bytes", b.getI64IntegerAttr(sharedBytes));
+  kernel->setAttr("attn.grid", grid);
   if (Attribute a = tiled->getAttr("attn.kernel"))
     kernel->setAttr("attn.kernel", a);
   return kernel;
+}
+
+DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
+                                   bool kvHeads, int64_t programsZ) {
+  return b.getDictionaryAttr(
+      {b.getNamedAttr("heads", b.getStringAttr(kvHeads ? "kv_heads" : "heads")),
+       b.getNamedAttr("rows", b.getI64IntegerAttr(rows)),
+       b.getNamedAttr("sequence",
+                      b.getStringAttr(overKeys ? "seq_kv" : "seq_q")),
+       b.getNamedAttr("z", b.getI64IntegerAttr(programsZ))});
 }
 
 Value conversion::sharedMemoryBase(ImplicitLocOpBuilder &b,
@@ -149,7 +163,8 @@ struct LowerTiledToGPUPass
                            LLVM::Linkage::External, "flashjit_smem",
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
-      if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes)))
+      if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
+                                             wgmma)))
         return signalPassFailure();
       fn.erase();
     }

@@ -31,8 +31,9 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "add f32 pairs with one red.global.add.v2.f32 (sm_90 and PTX ISA "
            "8.1 or later): the backward's atomic dQ">,
     Option<"wgmma", "wgmma", "bool", "false",
-           "the backward's dK/dV kernel on warpgroup MMAs (wgmma.mma_async, "
-           "sm_90a) where its shape allows (GpuBackwardGeometry::wgmmaShape)">,
+           "the products on warpgroup MMAs (wgmma.mma_async, sm_90a) where "
+           "the shape allows: the forward's (GpuGeometry::wgmmaShape) and "
+           "the backward's dK/dV kernel's (GpuBackwardGeometry::wgmmaShape)">,
   ];
 }
 

@@ -501,8 +501,13 @@ mlir::gpu::GPUFuncOp conversion::createPlacedKernel(
   SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
   argTys.append(place.numIndexArgs, g.i64);
   argTys.append(place.numF32Args, g.f32);
-  return createKernelFunc(b, gpuModule, fn, argTys, place.threads,
-                          sharedBytes);
+  int64_t programsZ = 0;
+  for (const KernelPlacement::ColumnSplit &s : place.splits)
+    programsZ += s.chunks;
+  return createKernelFunc(b, gpuModule, fn, argTys, place.threads, sharedBytes,
+                          gridAttr(b, place.gridRows, place.gridOverKeys,
+                                   place.gridKvHeads,
+                                   std::max<int64_t>(programsZ, 1)));
 }
 
 void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b,

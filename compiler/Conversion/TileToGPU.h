@@ -64,6 +64,11 @@ struct KernelPlacement {
   /// m-tiles of them per warp.
   int64_t regRows = 0, mt = 0;
   int64_t maxShared = 0; ///< the dynamic shared memory the launcher gives
+  /// The grid (recorded as `attn.grid`, kernels/KernelLaunch.h): pid_m
+  /// covers `gridRows` rows of the keys (gridOverKeys) or of the queries;
+  /// pid_bh the KV heads (gridKvHeads) or all heads of each batch.
+  int64_t gridRows = 0;
+  bool gridOverKeys = false, gridKvHeads = false;
   /// A split of output columns over grid.z: a register tile `width` wide
   /// holds `chunk` of its columns per program, over `chunks` programs.
   struct ColumnSplit {

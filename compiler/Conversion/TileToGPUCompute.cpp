@@ -41,6 +41,8 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   auto it = beforeDot.find(op);
   if (it != beforeDot.end() || pendingCopies) {
     g.waitAll();
+    if (wg)
+      wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
     g.barrier();
     pendingCopies = false;
   }

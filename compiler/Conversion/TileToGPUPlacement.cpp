@@ -33,13 +33,15 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 }
 
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
-/// and grid.z split of V's columns.
+/// and grid.z split of V's columns; the products on warpgroup MMAs where
+/// \p wgmma (sm_90a) and the shape allow them (one warpgroup per 64 rows).
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
-                                        const TileConfig &config) {
+                                        const TileConfig &config, bool wgmma) {
   GpuGeometry geo = gpuGeometry(spec, config);
   KernelPlacement p;
   p.threads = geo.threads;
   p.regRows = config.blockM;
+  p.gridRows = config.blockM;
   p.mt = geo.mTiles;
   p.maxShared = geo.sharedBytes;
   if (geo.dvChunks > 1)
@@ -48,13 +50,15 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
   p.numIndexArgs = abi::NumIndexArgs;
   p.numF32Args = 1;
   p.reversePidM = spec.mask == MaskKind::Causal;
+  p.wgmma = wgmma && geo.wgmmaShape;
   return p;
 }
 
 LogicalResult
 flashjit::conversion::lowerTileKernel(func::FuncOp fn,
                                       mlir::gpu::GPUModuleOp gpuModule,
-                                      int64_t warps, int64_t copyBytes) {
+                                      int64_t warps, int64_t copyBytes,
+                                      bool wgmma) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -62,7 +66,7 @@ flashjit::conversion::lowerTileKernel(func::FuncOp fn,
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes,
-                            forwardPlacement(spec, config))
+                            forwardPlacement(spec, config, wgmma))
       .run(gpuModule);
 }
 
@@ -83,6 +87,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.numF32Args = abi::bwd::NumF32Args;
   if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
+    p.gridRows = abi::bwd::kRowBlockRows;
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);
@@ -91,6 +96,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     // The function's own tiles are the dQ pass's (dqRows x dqKeys, which
     // the pipeline gives the tiling pass): one or two 16-row tiles per warp.
     p.regRows = config.blockM;
+    p.gridRows = config.blockM;
     p.mt = config.blockM / (16 * warps);
     p.maxShared = kMaxSharedBytes;
     p.reversePidM = spec.mask == MaskKind::Causal;
@@ -106,6 +112,8 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
         .run(gpuModule);
   }
   p.regRows = config.blockN;
+  p.gridRows = config.blockN;
+  p.gridOverKeys = p.gridKvHeads = true;
   p.mt = geo.keyTiles;
   p.maxShared = geo.kvSmem.total;
   p.vectorAtomics = vectorAtomics;

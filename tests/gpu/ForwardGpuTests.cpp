@@ -50,6 +50,41 @@ TEST_P(ForwardGpu, MatchesFloat64Reference) {
   EXPECT_EQ(jsonNumber(r.out, "nan_count"), 0);
 }
 
+/// The tilings Hopper runs on warpgroup MMAs (one warpgroup per 64 rows of
+/// Q: warps = Br / 16), across head dims, masks, GQA, block-sparse and
+/// Nq != Nkv; on sm_90a they must take wgmma, elsewhere mma.sync.
+class ForwardWgmmaGpu : public ForwardGpu {};
+
+TEST_P(ForwardWgmmaGpu, MatchesFloat64Reference) {
+  std::string args = GetParam();
+  if (args.find("--block-sparse") != std::string::npos)
+    args += " --seed " + std::to_string(std::random_device{}() % 100000);
+  auto r = runFlashjit("run --device cuda --json " + args);
+  SCOPED_TRACE("flashjit run --device cuda --json " + args + "\n" + r.out);
+  ASSERT_EQ(r.exitCode, 0);
+  EXPECT_NE(r.out.find("\"ok\":true"), std::string::npos);
+  EXPECT_LT(jsonNumber(r.out, "rel_err"), jsonNumber(r.out, "bound"));
+  EXPECT_EQ(jsonNumber(r.out, "nan_count"), 0);
+  const bool hopper = r.out.find("\"arch\":\"sm_90a\"") != std::string::npos;
+  EXPECT_NE(r.out.find(hopper ? "\"mma\":\"wgmma\"" : "\"mma\":\"mma.sync\""),
+            std::string::npos);
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Tilings, ForwardWgmmaGpu, ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 2 --seq-len 1000",
+  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --causal --seq-len 999",
+  "--head-dim 96 --dtype fp16 --block-m 128 --block-n 64 --warps 8 --window 100,20 --seq-len 1025",
+  "--head-dim 128 --block-m 64 --block-n 128 --warps 4 --gqa 2 --heads 4 --seq-len 300 --seq-len-kv 700",
+  "--head-dim 40 --head-dim-v 72 --block-m 128 --block-n 64 --warps 8 --seq-len 100 --seq-len-kv 333",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.5 --sparse-block 128 --seq-len 1025",
+  "--head-dim 256 --block-m 64 --block-n 64 --warps 4 --causal --seq-len 500",
+  "--head-dim 1 --block-m 64 --block-n 32 --warps 4 --seq-len 17",
+  "--head-dim 128 --block-m 192 --block-n 128 --warps 12 --causal --seq-len 700 --seq-len-kv 1500",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384"
+));
+// clang-format on
+
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
   "--head-dim 1 --seq-len 17 --heads 2",

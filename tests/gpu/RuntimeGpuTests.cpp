@@ -14,6 +14,7 @@
 ///
 //===----------------------------------------------------------------------===//
 
+#include "runtime/AttentionLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/NvJitLink.h"
 #include "tests/unit/runtime/TestKernels.h"
@@ -190,6 +191,50 @@ TEST_F(RuntimeGpu, LargeDynamicSharedMemory) {
                       << " != " << expected;
     }
   EXPECT_EQ(bad, 0u);
+}
+
+/// launchRecorded (what both attention launchers call) takes the grid,
+/// block and shared memory from a kernel's record: smem_roundtrip reverses
+/// each block's 100 KiB in shared memory, over a grid of ceil(Nkv / rows)
+/// blocks along x; the same record asking more shared memory than the
+/// device has is the driver's named error.
+TEST_F(RuntimeGpu, RecordedLaunchGivesGridBlockAndSharedMemory) {
+  const int64_t sharedBytes = 100 * 1024;
+  if (info.maxSharedPerBlockOptin < sharedBytes)
+    GTEST_SKIP() << "skipped: device allows only "
+                 << info.maxSharedPerBlockOptin << " bytes of shared memory";
+  Module module = loadTestKernels();
+  CUfunction function = module.function("smem_roundtrip");
+  flashjit::KernelLaunch record{"smem_roundtrip", 256, sharedBytes, 64, true, true, 1};
+  flashjit::Problem p;
+  p.batch = 1;
+  p.heads = 2; // one KV head of gqa 2: grid.y = 1
+  p.seqLenKV = 3 * 64 - 5;
+  ASSERT_EQ(record.grid(p, 2), (std::array<int64_t, 3>{3, 1, 1}));
+  unsigned words = unsigned(sharedBytes / 4);
+  const unsigned blocks = 3;
+  std::vector<float> in = randomFloats(blocks * words + words, rng);
+  DeviceBuffer din(in.size() * sizeof(float)), dout(in.size() * sizeof(float));
+  din.uploadVector(in);
+  dout.memset32(kPoison);
+  CUdeviceptr pin = din.ptr(), pout = dout.ptr();
+  void *params[] = {&pin, &pout, &words};
+  launchRecorded(function, record, p, 2, nullptr, params);
+  CudaDriver::get().synchronize();
+  std::vector<float> out = dout.downloadVector<float>();
+  std::size_t bad = 0;
+  for (unsigned b = 0; b < blocks; ++b)
+    for (unsigned w = 0; w < words; ++w)
+      if (out[b * words + w] != in[b * words + (words - 1 - w)] && bad++ < 5)
+        ADD_FAILURE() << "block " << b << " word " << w;
+  EXPECT_EQ(bad, 0u);
+  for (unsigned w = 0; w < words; ++w)
+    ASSERT_TRUE(isPoison(out[blocks * words + w]))
+        << "a fourth block ran: word " << w;
+
+  record.sharedBytes = info.maxSharedPerBlockOptin + 1024;
+  EXPECT_THROW(launchRecorded(function, record, p, 2, nullptr, params),
+               RuntimeError);
 }
 
 TEST_F(RuntimeGpu, TooMuchSharedMemoryIsExplained) {

@@ -718,7 +718,7 @@ gpuKernel(flashjit_handle *h,
   rt::DiskCache cache;
   engine::CubinBuild b = engine::buildCubin(spec, config, target, cache);
   auto kernel =
-      std::make_shared<Kernel>(b.cubin, spec, config, target.copyBytes);
+      std::make_shared<Kernel>(b.image, spec, target.copyBytes);
   kernels.emplace(key, kernel);
   return kernel;
 }

@@ -138,7 +138,7 @@ BackwardRunResult runBackwardOnGpu(const CliOptions &o,
       },
       tuneFn);
   auto t0 = std::chrono::steady_clock::now();
-  rt::BackwardKernel kernel(g.build.cubin, spec, g.config, g.copyBytes);
+  rt::BackwardKernel kernel(g.build.image, spec, g.copyBytes);
   g.moduleLoadMs = msSince(t0);
 
   // The checked launch: on poisoned gradients.
@@ -218,8 +218,7 @@ int runBackward(const CliOptions &o) {
       target.arch = run.gpu->arch;
       const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
       gpuFields =
-          gpuJsonFields(*run.gpu, tflops, repeats,
-                        std::max(geo.kvSmem.total, geo.dqSharedBytes())) +
+          gpuJsonFields(*run.gpu, tflops, repeats) +
           fmt::format(",\"forward_config\":{},"
                       "\"forward_config_source\":\"{}\",\"kv_mma\":\"{}\"",
                       run.gpuForward->config.toJson(),

@@ -116,24 +116,39 @@ int runCompile(const CliOptions &o) {
     CubinBuild b =
         engine::buildCubin(o.spec, o.config, target, cache, o.source);
     std::ofstream out(o.outputPath, std::ios::binary);
-    out.write(b.cubin.data(), std::streamsize(b.cubin.size()));
+    out.write(b.image.cubin.data(), std::streamsize(b.image.cubin.size()));
     out.close();
     if (!out)
       throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
+    // What a launcher of this cubin needs: the resources each kernel's
+    // lowering recorded (kernels/KernelLaunch.h).
+    std::string kernels, lines;
+    for (const KernelLaunch &k : b.image.kernels) {
+      std::string grid = fmt::format(
+          "ceil({} / {}) x batch * {} x {}", k.overKeys ? "seq_kv" : "seq_q",
+          k.rows, k.kvHeads ? "kv_heads" : "heads", k.programsZ);
+      kernels += fmt::format(
+          "{}{{\"name\":\"{}\",\"threads\":{},\"shared_bytes\":{},"
+          "\"grid\":\"{}\"}}",
+          kernels.empty() ? "" : ",", k.name, k.threads, k.sharedBytes, grid);
+      lines += fmt::format("  {}: {} threads, {} bytes of shared memory, grid "
+                           "{}\n",
+                           k.name, k.threads, k.sharedBytes, grid);
+    }
     if (o.json)
       fmt::print("{{\"stage\":\"cubin\",\"spec\":{},\"config\":{},"
                  "\"arch\":\"{}\",\"bytes\":{},\"registers\":{},"
                  "\"spill_bytes\":{},\"cache\":\"{}\",\"prepare_ms\":{:.3f},"
-                 "\"output\":\"{}\"}}\n",
+                 "\"output\":\"{}\",\"kernels\":[{}]}}\n",
                  o.spec.toJson(), o.config.toJson(), target.arch,
-                 b.cubin.size(), b.registers, b.spillBytes,
-                 rt::toString(b.cache), b.prepareMs, o.outputPath);
+                 b.image.cubin.size(), b.registers, b.spillBytes,
+                 rt::toString(b.cache), b.prepareMs, o.outputPath, kernels);
     else
       fmt::print(stderr,
                  "{}: {} bytes for {}; {} registers, {} bytes spilled; "
-                 "cubin cache {}\n",
-                 o.outputPath, b.cubin.size(), target.arch, b.registers,
-                 b.spillBytes, rt::toString(b.cache));
+                 "cubin cache {}\n{}",
+                 o.outputPath, b.image.cubin.size(), target.arch, b.registers,
+                 b.spillBytes, rt::toString(b.cache), lines);
     return Ok;
   }
   std::string text = emitStage(o.spec, o.config, stage, target, o.source);
@@ -191,12 +206,18 @@ int runRun(const CliOptions &o) {
   double tflops = device == Device::Cuda
                       ? forwardFlops(spec, p) / (runMs * 1e-3) / 1e12
                       : 0.0;
-  std::string gpuFields =
-      device == Device::Cuda
-          ? gpuJsonFields(gpu, tflops, bench ? o.repeats : 5,
-                          gpuGeometry(spec, gpu.config).sharedBytes)
-          : ",\"cache\":null";
   const TileConfig &config = device == Device::Cuda ? gpu.config : o.config;
+  std::string gpuFields = ",\"cache\":null";
+  if (device == Device::Cuda) {
+    // Which MMAs the kernel's products took (the lowering's wgmma option
+    // on sm_90a, where the tiles have the shape).
+    GpuTarget target;
+    target.arch = gpu.arch;
+    const bool wgmma =
+        usesWgmma(target) && gpuGeometry(spec, config).wgmmaShape;
+    gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
+                fmt::format(",\"mma\":\"{}\"", wgmma ? "wgmma" : "mma.sync");
+  }
   if (o.json) {
     fmt::print(
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","

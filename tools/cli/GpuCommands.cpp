@@ -251,7 +251,7 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       },
       tuneFn);
   auto t0 = std::chrono::steady_clock::now();
-  rt::ForwardKernel kernel(r.build.cubin, spec, r.config, r.copyBytes);
+  rt::ForwardKernel kernel(r.build.image, spec, r.copyBytes);
   r.moduleLoadMs = msSince(t0);
 
   // The checked launch: on poisoned outputs.
@@ -274,8 +274,11 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
                             /*useFlags=*/true);
 }
 
-std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
-                          int64_t sharedBytes) {
+std::string gpuJsonFields(const GpuRunResult &r, double tflops,
+                          int64_t repeats) {
+  int64_t sharedBytes = 0;
+  for (const KernelLaunch &k : r.build.image.kernels)
+    sharedBytes = std::max(sharedBytes, k.sharedBytes);
   return fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
                      "\"spill_bytes\":{},\"shared_bytes\":{},"
                      "\"min_ms\":{:.4f},\"tflops\":{:.2f},"

@@ -136,11 +136,11 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
                       bool tune);
 
 /// The JSON fields a GPU run adds (each with a leading comma): arch,
-/// copy_bytes, registers, spill_bytes, shared_bytes, min_ms, tflops,
-/// repeats, cache, config_source, prepare_ms, module_load_ms and, after
-/// tuning, candidates.
-std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
-                          int64_t sharedBytes);
+/// copy_bytes, registers, spill_bytes, shared_bytes (the most any kernel
+/// records), min_ms, tflops, repeats, cache, config_source, prepare_ms,
+/// module_load_ms and, after tuning, candidates.
+std::string gpuJsonFields(const GpuRunResult &r, double tflops,
+                          int64_t repeats);
 
 /// The text form's GPU summary: TFLOP/s, arch, registers, spills, config
 /// source, cubin cache.

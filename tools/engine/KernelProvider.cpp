@@ -36,25 +36,44 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
 
 namespace {
 
-/// Cached cubins start with one line "registers=R spill=S".
+/// Cached cubins start with one line "registers=R spill=S kernels=N", then
+/// the N kernels' recorded launches (formatKernelLaunches), then the cubin.
 std::vector<char> packCubin(const CubinBuild &b) {
-  std::string head =
-      fmt::format("registers={} spill={}\n", b.registers, b.spillBytes);
+  std::string head = fmt::format("registers={} spill={} kernels={}\n",
+                                 b.registers, b.spillBytes,
+                                 b.image.kernels.size()) +
+                     formatKernelLaunches(b.image.kernels);
   std::vector<char> out(head.begin(), head.end());
-  out.insert(out.end(), b.cubin.begin(), b.cubin.end());
+  out.insert(out.end(), b.image.cubin.begin(), b.image.cubin.end());
   return out;
 }
 
+/// The inverse of packCubin; false for a payload of another format (an
+/// older flashjit's: then the entry is rebuilt) or a damaged one.
 bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
   auto nl = std::find(payload.begin(), payload.end(), '\n');
   if (nl == payload.end())
     return false;
   std::string head(payload.begin(), nl);
-  if (std::sscanf(head.c_str(), "registers=%d spill=%d", &b.registers,
-                  &b.spillBytes) != 2)
+  int kernels = 0;
+  char extra = 0;
+  if (std::sscanf(head.c_str(), "registers=%d spill=%d kernels=%d%c",
+                  &b.registers, &b.spillBytes, &kernels, &extra) != 3 ||
+      kernels < 1 || kernels > 16)
     return false;
-  b.cubin.assign(nl + 1, payload.end());
-  return b.cubin.size() > 4;
+  auto end = nl + 1;
+  for (int i = 0; i < kernels; ++i) {
+    end = std::find(end, payload.end(), '\n');
+    if (end == payload.end())
+      return false;
+    ++end;
+  }
+  auto launches = parseKernelLaunches(std::string(nl + 1, end));
+  if (!launches || launches->size() != size_t(kernels))
+    return false;
+  b.image.kernels = std::move(*launches);
+  b.image.cubin.assign(end, payload.end());
+  return b.image.cubin.size() > 4;
 }
 
 } // namespace
@@ -86,10 +105,11 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     }
     b.cache = rt::CacheStatus::Rebuilt;
   }
-  std::string ptx = compileToPtx(spec, config, target, source);
-  rt::CubinResult r = rt::ptxToCubin(ptx, target.arch);
+  GpuCompilation compiled = compileForGpu(spec, config, target, source);
+  rt::CubinResult r = rt::ptxToCubin(compiled.ptx, target.arch);
   rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
-  b.cubin = std::move(r.cubin);
+  b.image.cubin = std::move(r.cubin);
+  b.image.kernels = std::move(compiled.kernels);
   b.registers = use.registers;
   b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes;
   cache.store("cubin", key, packCubin(b));
@@ -158,10 +178,10 @@ rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu) {
 
 namespace {
 
-/// Times one compiled candidate: loads \p cubin for \p config, returns the
+/// Times one compiled candidate: loads \p image for \p config, returns the
 /// median ms of a few launches on the real inputs.
 using TimeCubinFn = std::function<double(const TileConfig &config,
-                                         const std::vector<char> &cubin)>;
+                                         const KernelImage &image)>;
 
 /// The tuning glue shared by the forward and the backward: compiles the
 /// candidates through the cubin cache, times them with \p time, stores the
@@ -177,7 +197,7 @@ rt::TuneResult tuneAndStore(const AttentionSpec &spec, const Problem &p,
         CubinBuild b = buildCubin(spec, c, target, cache);
         regs = b.registers;
         spill = b.spillBytes;
-        return b.cubin;
+        return b.image;
       },
       time, progress);
   std::string text = result.best.toJson();
@@ -201,8 +221,8 @@ rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &p,
                     "tuneBackwardOnDevice");
   return tuneAndStore(
       spec, p, rt::tuningCandidates(spec, tuneLimits(gpu)),
-      [&](const TileConfig &c, const std::vector<char> &cubin) {
-        rt::ForwardKernel kernel(cubin, spec, c, target.copyBytes);
+      [&](const TileConfig &, const KernelImage &image) {
+        rt::ForwardKernel kernel(image, spec, target.copyBytes);
         return timeLaunches(kernel, p, args, kTuneRepeats).first;
       },
       target, gpu, cache, progress);
@@ -218,8 +238,8 @@ rt::TuneResult tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &p,
     throw SpecError("tuneBackwardOnDevice: the spec is not a backward one");
   return tuneAndStore(
       spec, p, rt::backwardTuningCandidates(spec, tuneLimits(gpu)),
-      [&](const TileConfig &c, const std::vector<char> &cubin) {
-        rt::BackwardKernel kernel(cubin, spec, c, target.copyBytes);
+      [&](const TileConfig &, const KernelImage &image) {
+        rt::BackwardKernel kernel(image, spec, target.copyBytes);
         return timeBackwardLaunches(kernel, p, args, kTuneRepeats).first;
       },
       target, gpu, cache, progress);

@@ -23,9 +23,10 @@
 
 namespace flashjit::engine {
 
-/// A cubin and what ptxas said about it.
+/// A cubin with its kernels' recorded launches, and what ptxas said about
+/// it.
 struct CubinBuild {
-  std::vector<char> cubin;
+  KernelImage image;
   int registers = -1, spillBytes = 0;
   rt::CacheStatus cache = rt::CacheStatus::Miss;
   double prepareMs = 0; ///< flashjit's own time: cache lookup or compile

@@ -302,12 +302,12 @@ TEST(Autotuner, PicksTheFastestWithAnInjectedTimingSource) {
       throw RuntimeError(ErrorCode::InvalidArgument, "does not compile");
     regs = 200 + int(c.blockN / 32);
     spill = 0;
-    return std::vector<char>(size_t(c.blockN), 'x');
+    return KernelImage{std::vector<char>(size_t(c.blockN), 'x'), {}};
   };
   // Bc = 64 is the fastest; the cubin handed to the timer is its own.
   std::map<int64_t, double> times = {{32, 2.0}, {64, 1.25}, {128, 1.5}};
-  TimeFn timeFn = [&](const TileConfig &c, const std::vector<char> &cubin) {
-    EXPECT_EQ(int64_t(cubin.size()), c.blockN);
+  TimeFn timeFn = [&](const TileConfig &c, const KernelImage &image) {
+    EXPECT_EQ(int64_t(image.cubin.size()), c.blockN);
     return times.at(c.blockN);
   };
   std::vector<size_t> progress;
@@ -333,7 +333,7 @@ TEST(Autotuner, PicksTheFastestWithAnInjectedTimingSource) {
   EXPECT_NE(table.find("failed: does not compile"), std::string::npos);
 
   // Nothing runs: a named error.
-  TimeFn failing = [](const TileConfig &, const std::vector<char> &) -> double {
+  TimeFn failing = [](const TileConfig &, const KernelImage &) -> double {
     throw RuntimeError(ErrorCode::DriverError, "launch failed");
   };
   EXPECT_THROW(autotune(cands, compile, failing), RuntimeError);

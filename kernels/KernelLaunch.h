@@ -1,0 +1,126 @@
+//===- KernelLaunch.h - The launch resources a kernel was compiled for -*- C++ -*-===//
+//
+/// \file
+/// What the GPU lowering records on every kernel it creates, and the
+/// launcher reads back instead of deriving it again:
+///
+///   gpu.func @attention(...) kernel attributes {
+///       attn.shared_bytes = 49152 : i64,
+///       attn.grid = {heads = "heads", rows = 128 : i64,
+///                    sequence = "seq_q", z = 1 : i64},
+///       known_block_size = array<i32: 128, 1, 1>}
+///
+/// The grid of a problem follows from it: x = ceil(sequence / rows) (the
+/// queries or the keys), y = batch * heads (all query heads, or the KV
+/// heads: heads / gqa), z as recorded (column splits).
+///
+/// The compiler reads these into KernelLaunch values (compileForGpu), the
+/// cubin cache stores them beside the cubin (formatKernelLaunches), and the
+/// launchers take them with the cubin. Plain C++, shared by compiler and
+/// runtime.
+//
+//===----------------------------------------------------------------------===//
+#ifndef FLASHJIT_KERNELS_KERNELLAUNCH_H
+#define FLASHJIT_KERNELS_KERNELLAUNCH_H
+
+#include "kernels/AttentionSpec.h"
+#include "kernels/GpuGeometry.h"
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace flashjit {
+
+/// One kernel's launch resources, as its gpu.func records them.
+struct KernelLaunch {
+  std::string name;        ///< the kernel function's symbol
+  int64_t threads = 0;     ///< threads per block (known_block_size x)
+  int64_t sharedBytes = 0; ///< dynamic shared memory per block
+  int64_t rows = 0;        ///< sequence rows per program along grid.x
+  bool overKeys = false;   ///< grid.x over the keys (else the queries)
+  bool kvHeads = false;    ///< grid.y over the KV heads (else all heads)
+  int64_t programsZ = 1;   ///< programs along grid.z
+
+  /// The grid for \p p (with \p gqa query heads per KV head).
+  std::array<int64_t, 3> grid(const Problem &p, int64_t gqa) const {
+    int64_t seq = overKeys ? p.seqLenKV : p.seqLenQ;
+    int64_t heads = kvHeads ? p.heads / gqa : p.heads;
+    return {ceilDiv(seq, rows), p.batch * heads, programsZ};
+  }
+
+  /// Whether the values could have come from a lowering (positive sizes).
+  bool valid() const {
+    return !name.empty() && threads > 0 && threads <= 1024 &&
+           sharedBytes >= 0 && rows > 0 && programsZ > 0;
+  }
+
+  bool operator==(const KernelLaunch &o) const {
+    return name == o.name && threads == o.threads &&
+           sharedBytes == o.sharedBytes && rows == o.rows &&
+           overKeys == o.overKeys && kvHeads == o.kvHeads &&
+           programsZ == o.programsZ;
+  }
+};
+
+/// A cubin and the launch resources of its kernels, as compiled.
+struct KernelImage {
+  std::vector<char> cubin;
+  std::vector<KernelLaunch> kernels;
+};
+
+/// One line per kernel: "NAME threads shared rows keys|queries kv|all z".
+inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
+  std::string out;
+  for (const KernelLaunch &k : ks) {
+    char line[320];
+    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld\n",
+                  k.name.c_str(), (long long)k.threads,
+                  (long long)k.sharedBytes, (long long)k.rows,
+                  k.overKeys ? "keys" : "queries", k.kvHeads ? "kv" : "all",
+                  (long long)k.programsZ);
+    out += line;
+  }
+  return out;
+}
+
+/// The inverse of formatKernelLaunches; nullopt for any malformed line.
+inline std::optional<std::vector<KernelLaunch>>
+parseKernelLaunches(const std::string &text) {
+  std::vector<KernelLaunch> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    KernelLaunch k;
+    std::string over, heads, rest;
+    if (!(fields >> k.name >> k.threads >> k.sharedBytes >> k.rows >> over >>
+          heads >> k.programsZ) ||
+        (fields >> rest) || (over != "keys" && over != "queries") ||
+        (heads != "kv" && heads != "all"))
+      return std::nullopt;
+    k.overKeys = over == "keys";
+    k.kvHeads = heads == "kv";
+    if (!k.valid())
+      return std::nullopt;
+    out.push_back(k);
+  }
+  return out;
+}
+
+/// The kernel named \p name in \p ks, or null.
+inline const KernelLaunch *findKernelLaunch(const std::vector<KernelLaunch> &ks,
+                                            const std::string &name) {
+  for (const KernelLaunch &k : ks)
+    if (k.name == name)
+      return &k;
+  return nullptr;
+}
+
+} // namespace flashjit
+
+#endif // FLASHJIT_KERNELS_KERNELLAUNCH_H

@@ -1,0 +1,183 @@
+//===- KernelLaunchTests.cpp - Recorded launch resources, on the CPU ------===//
+//
+/// \file
+/// The launch resources the GPU lowering records on every kernel
+/// (kernels/KernelLaunch.h) are what the launchers use: compileForGpu reads
+/// them for every kernel of the forward and the backward, their grids are
+/// the ones the tiling's program ids cover, the cubin cache keeps them
+/// beside the cubin (an entry of an older format, or with a damaged record,
+/// is rebuilt), and a launcher refuses an image that does not record its
+/// kernel.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Compiler.h"
+#include "kernels/KernelABI.h"
+#include "runtime/AttentionLauncher.h"
+#include "runtime/Error.h"
+#include "tools/engine/KernelProvider.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+using namespace flashjit;
+
+namespace {
+
+AttentionSpec spec(Direction direction, int64_t d, MaskKind mask, int64_t gqa,
+                   bool deterministic = false) {
+  AttentionSpec s;
+  s.direction = direction;
+  s.headDimQK = s.headDimV = d;
+  s.mask = mask;
+  s.gqaGroup = gqa;
+  s.deterministic = deterministic;
+  return s;
+}
+
+/// A problem whose sequence lengths are no multiple of any tile.
+Problem oddProblem() {
+  Problem p;
+  p.batch = 3;
+  p.heads = 4;
+  p.seqLenQ = 301;
+  p.seqLenKV = 517;
+  return p;
+}
+
+TEST(KernelLaunch, FormatAndParseRoundTrip) {
+  std::vector<KernelLaunch> ks(2);
+  ks[0] = {"attention", 256, 133120, 128, true, true, 2};
+  ks[1] = {"attention_dq", 128, 0, 64, false, false, 1};
+  auto parsed = parseKernelLaunches(formatKernelLaunches(ks));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(*parsed, ks);
+  // Malformed records are refused, never half read.
+  for (const char *bad :
+       {"attention 256 0 128 keys kv\n", "attention 256 0 128 rows kv 1\n",
+        "attention 256 0 128 keys some 1\n", "attention 0 0 128 keys kv 1\n",
+        "attention 256 -1 128 keys kv 1\n", "attention 256 0 0 keys kv 1\n",
+        "attention 256 0 128 keys kv 1 extra\n", "attention 2048 0 1 keys kv 1\n"})
+    EXPECT_FALSE(parseKernelLaunches(bad).has_value()) << bad;
+}
+
+/// The forward's record (read by compileForGpu, which also makes the
+/// PTX): the launcher's threads and shared memory, and a grid of
+/// ceil(Nq / Br) x B * H x the V column chunks (two past 256).
+TEST(KernelLaunch, ForwardRecordsItsGrid) {
+  GpuTarget target;
+  target.arch = "sm_90a";
+  Problem p = oddProblem();
+  for (int64_t d : {64, 320}) {
+    AttentionSpec s = spec(Direction::Forward, d, MaskKind::Causal, 2);
+    TileConfig config = defaultGpuConfig(s);
+    GpuCompilation c = compileForGpu(s, config, target);
+    ASSERT_EQ(c.kernels.size(), 1u);
+    const KernelLaunch &k = c.kernels[0];
+    GpuGeometry geo = gpuGeometry(s, config);
+    EXPECT_EQ(k.name, kKernelName);
+    EXPECT_EQ(k.threads, geo.threads);
+    EXPECT_EQ(k.sharedBytes, geo.sharedBytes);
+    EXPECT_EQ(k.grid(p, s.gqaGroup), geo.grid(p, config)) << "d = " << d;
+    EXPECT_EQ(k.programsZ, d > 256 ? 2 : 1);
+  }
+}
+
+/// The backward's three records, for both dQ modes: the preprocess and
+/// dq_convert over the query rows of every head, the dK/dV kernel over the
+/// keys of every KV head (and, at d = 320, its column splits over grid.z),
+/// the dQ pass over the query rows; threads and grids are the launcher's
+/// formula's, shared memory at most the formula's.
+TEST(KernelLaunch, BackwardRecordsItsGrids) {
+  Problem p = oddProblem();
+  for (const char *arch : {"sm_80", "sm_90a"})
+    for (bool deterministic : {false, true})
+      for (int64_t d : {64, 320}) {
+        if (d == 320 && std::string(arch) == "sm_80")
+          continue; // the column splits are the same on both targets
+        AttentionSpec s =
+            spec(Direction::Backward, d, MaskKind::None, 2, deterministic);
+        TileConfig config = defaultGpuBackwardConfig(s);
+        GpuTarget target;
+        target.arch = arch;
+        GpuCompilation c;
+        c.kernels = gpuKernelLaunches(s, config, target);
+        GpuBackwardGeometry geo = gpuBackwardGeometry(s, config);
+        std::string where = std::string(arch) + " d=" + std::to_string(d) +
+                            (deterministic ? " deterministic" : " atomic");
+        ASSERT_EQ(c.kernels.size(), 3u) << where;
+        const KernelLaunch *pre = findKernelLaunch(
+            c.kernels, std::string(kKernelName) + flashjit::abi::bwd::kPreprocessSuffix);
+        const KernelLaunch *main = findKernelLaunch(c.kernels, kKernelName);
+        const KernelLaunch *dq = findKernelLaunch(
+            c.kernels, std::string(kKernelName) + flashjit::abi::bwd::kDqSuffix);
+        ASSERT_TRUE(pre && main && dq) << where;
+        EXPECT_EQ(pre->grid(p, 2), geo.preprocessGrid(p)) << where;
+        EXPECT_EQ(pre->threads, GpuBackwardGeometry::kPreprocessThreads);
+        EXPECT_EQ(main->grid(p, 2), geo.kvGrid(p, config, 2)) << where;
+        if (d == 320)
+          EXPECT_GT(main->programsZ, 1) << where << ": no column split";
+        EXPECT_EQ(main->threads, geo.threads) << where;
+        EXPECT_LE(main->sharedBytes, geo.kvSmem.total) << where;
+        EXPECT_GT(main->sharedBytes, 0) << where;
+        EXPECT_EQ(dq->grid(p, 2), geo.dqGrid(p)) << where;
+        EXPECT_EQ(dq->threads, geo.dqThreads()) << where;
+        EXPECT_LE(dq->sharedBytes, geo.dqSharedBytes()) << where;
+      }
+}
+
+/// A launcher takes only an image that records its kernel.
+TEST(KernelLaunch, MissingRecordIsANamedError) {
+  KernelImage image;
+  image.kernels.push_back({"attention_dq", 128, 0, 64, false, false, 1});
+  EXPECT_EQ(rt::recordedLaunch(image, "attention_dq").rows, 64);
+  try {
+    rt::recordedLaunch(image, "attention");
+    FAIL() << "no error";
+  } catch (const rt::RuntimeError &e) {
+    EXPECT_EQ(e.code(), rt::ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'attention'"), std::string::npos)
+        << e.what();
+  }
+}
+
+/// The cubin cache stores the records with the cubin; an entry of the
+/// format before them, or with a damaged record, is rebuilt with them.
+TEST(KernelLaunch, CubinCacheKeepsTheRecords) {
+  std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("flashjit-launch-test-" + std::to_string(std::random_device{}())))
+          .string();
+  rt::DiskCache cache(dir);
+  AttentionSpec s = spec(Direction::Backward, 64, MaskKind::None, 1);
+  TileConfig config = defaultGpuBackwardConfig(s);
+  GpuTarget target;
+  target.arch = "sm_80";
+  engine::CubinBuild first = engine::buildCubin(s, config, target, cache);
+  EXPECT_EQ(first.cache, rt::CacheStatus::Miss);
+  ASSERT_EQ(first.image.kernels.size(), 3u);
+  engine::CubinBuild again = engine::buildCubin(s, config, target, cache);
+  EXPECT_EQ(again.cache, rt::CacheStatus::Hit);
+  EXPECT_EQ(again.image.kernels, first.image.kernels);
+  EXPECT_EQ(again.image.cubin, first.image.cubin);
+
+  rt::CacheKey key = engine::cubinKey(s, config, target);
+  std::string old = "registers=255 spill=0\n";
+  std::string damaged = "registers=255 spill=0 kernels=3\n" +
+                        formatKernelLaunches(first.image.kernels);
+  damaged.replace(damaged.find(" keys "), 6, " rows ");
+  for (const std::string &head : {old, damaged}) {
+    std::vector<char> payload(head.begin(), head.end());
+    payload.insert(payload.end(), first.image.cubin.begin(),
+                   first.image.cubin.end());
+    ASSERT_TRUE(cache.store("cubin", key, payload));
+    engine::CubinBuild rebuilt = engine::buildCubin(s, config, target, cache);
+    EXPECT_EQ(rebuilt.cache, rt::CacheStatus::Rebuilt) << head;
+    EXPECT_EQ(rebuilt.image.kernels, first.image.kernels) << head;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+} // namespace
