@@ -3,6 +3,7 @@
 #include "compiler/Pipelines/Pipelines.h"
 
 #include "compiler/Conversion/Passes.h"
+#include "compiler/Target/Passes.h"
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
 #include "dialects/Tile/IR/TileDialect.h"
@@ -104,6 +105,19 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
+void buildPtxLoweringPipeline(OpPassManager &pm,
+                              const FlashjitPtxPipelineOptions &options) {
+  GpuPipelineConfig gpu;
+  gpu.copyBytes = options.copyBytes;
+  gpu.vectorAtomics = options.vectorAtomics;
+  gpu.wgmma = options.wgmma;
+  buildGpuLoweringPipeline(pm, options.warps, gpu);
+  target::GpuModuleToPtxOptions ptx;
+  ptx.chip = options.chip;
+  ptx.ptxVersion = options.ptxVersion;
+  pm.addPass(target::createGpuModuleToPtx(ptx));
+}
+
 /// The registered pipelines' options, as the C++ builders take them.
 static TileConfig toConfig(const FlashjitPipelineOptions &options) {
   TileConfig config;
@@ -116,6 +130,7 @@ static TileConfig toConfig(const FlashjitPipelineOptions &options) {
 void registerFlashjitPasses() {
   attn::registerAttnPasses();
   conversion::registerConversionPasses();
+  target::registerTargetPasses();
   auto gpuConfig = [](const FlashjitPipelineOptions &options) {
     GpuPipelineConfig gpu;
     gpu.copyBytes = options.copyBytes;
@@ -135,6 +150,11 @@ void registerFlashjitPasses() {
       [=](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         buildGpuLoweringPipeline(pm, options.warps, gpuConfig(options));
       });
+  PassPipelineRegistration<FlashjitPtxPipelineOptions>(
+      "flashjit-tile-to-ptx-pipeline",
+      "tile IR -> gpu.binary holding the kernels' PTX (as flashjit compile "
+      "--emit ptx)",
+      buildPtxLoweringPipeline);
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tiling-pipeline",
       "attn -> tiled FlashAttention-2 IR (the tile dialect + scf/arith/math)",

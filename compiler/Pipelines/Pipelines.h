@@ -46,6 +46,38 @@ struct FlashjitPipelineOptions
                      llvm::cl::init(false)};
 };
 
+/// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
+/// FlashjitPipelineOptions; the tiling is the IR's) and the PTX target's
+/// (flashjit-gpu-module-to-ptx's). `flashjit compile --target sm_90a` with
+/// no CUDA driver corresponds to chip=sm_90a wgmma=true, ptx-version 0.
+struct FlashjitPtxPipelineOptions
+    : public mlir::PassPipelineOptions<FlashjitPtxPipelineOptions> {
+  Option<int64_t> warps{*this, "warps",
+                        llvm::cl::desc("warps per thread block"),
+                        llvm::cl::init(4)};
+  Option<int64_t> copyBytes{*this, "copy-bytes",
+                            llvm::cl::desc("global->shared copy width in "
+                                           "bytes"),
+                            llvm::cl::init(16)};
+  Option<bool> vectorAtomics{
+      *this, "vector-atomics",
+      llvm::cl::desc("f32 pairs by red.global.add.v2.f32 (sm_90, "
+                     "ptx-version >= 81)"),
+      llvm::cl::init(false)};
+  Option<bool> wgmma{*this, "wgmma",
+                     llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
+                                    "MMAs where its shape allows (sm_90a)"),
+                     llvm::cl::init(false)};
+  Option<std::string> chip{*this, "chip",
+                           llvm::cl::desc("the GPU architecture (sm_80, "
+                                          "sm_90a, ...)"),
+                           llvm::cl::init("sm_90a")};
+  Option<int64_t> ptxVersion{
+      *this, "ptx-version",
+      llvm::cl::desc("PTX ISA version times ten; 0: the chip's lowest"),
+      llvm::cl::init(0)};
+};
+
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
 /// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup).
 void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
@@ -80,10 +112,16 @@ void buildGpuLoweringPipeline(mlir::OpPassManager &pm, int64_t warps,
                               const GpuPipelineConfig &gpu,
                               bool stopAtGpu = false);
 
+/// tile IR -> a gpu.binary holding the PTX: buildGpuLoweringPipeline, then
+/// flashjit-gpu-module-to-ptx (compiler/Target/Passes.td), whose PTX is
+/// `flashjit compile --input ... --emit ptx`'s for the same options.
+void buildPtxLoweringPipeline(mlir::OpPassManager &pm,
+                              const FlashjitPtxPipelineOptions &options);
+
 /// Registers "flashjit-tiling-pipeline", "flashjit-cpu-pipeline",
 /// "flashjit-tile-to-cpu-pipeline", "flashjit-gpu-pipeline",
-/// "flashjit-tile-to-gpu-pipeline" and every
-/// flashjit pass with the global pass registry (for flashjit-opt).
+/// "flashjit-tile-to-gpu-pipeline", "flashjit-tile-to-ptx-pipeline" and
+/// every flashjit pass with the global pass registry (for flashjit-opt).
 void registerFlashjitPasses();
 
 /// Every dialect and interface the pipelines need.

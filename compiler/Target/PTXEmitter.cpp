@@ -232,10 +232,10 @@ struct OptimizedModule {
   std::unique_ptr<llvm::Module> module;
 };
 
-OptimizedModule translateAndOptimize(ModuleOp module, const PtxOptions &opts) {
+OptimizedModule translateAndOptimize(gpu::GPUModuleOp gpuModule,
+                                     const PtxOptions &opts) {
   checkTarget(opts);
-  gpu::GPUModuleOp gpuModule = findGpuModule(module);
-  MLIRContext &ctx = *module.getContext();
+  MLIRContext &ctx = *gpuModule.getContext();
   ensureTranslations(ctx);
 
   OptimizedModule result;
@@ -298,6 +298,13 @@ OptimizedModule translateAndOptimize(ModuleOp module, const PtxOptions &opts) {
   mpm.run(llvmModule, mam);
   result.diagnostics->throwIfAny("LLVM optimisation failed");
   return result;
+}
+
+/// \p module's only gpu.module, once \p opts is known to be valid (the
+/// target is checked first).
+gpu::GPUModuleOp checkedGpuModule(ModuleOp module, const PtxOptions &opts) {
+  checkTarget(opts);
+  return findGpuModule(module);
 }
 
 } // namespace
@@ -379,7 +386,8 @@ void checkTarget(const PtxOptions &opts) {
 }
 
 std::string gpuModuleToLLVMIR(ModuleOp module, const PtxOptions &opts) {
-  OptimizedModule optimized = translateAndOptimize(module, opts);
+  OptimizedModule optimized =
+      translateAndOptimize(checkedGpuModule(module, opts), opts);
   std::string text;
   llvm::raw_string_ostream os(text);
   optimized.module->print(os, nullptr);
@@ -387,7 +395,11 @@ std::string gpuModuleToLLVMIR(ModuleOp module, const PtxOptions &opts) {
 }
 
 std::string gpuModuleToPtx(ModuleOp module, const PtxOptions &opts) {
-  OptimizedModule optimized = translateAndOptimize(module, opts);
+  return gpuModuleToPtx(checkedGpuModule(module, opts), opts);
+}
+
+std::string gpuModuleToPtx(gpu::GPUModuleOp gpuModule, const PtxOptions &opts) {
+  OptimizedModule optimized = translateAndOptimize(gpuModule, opts);
   std::string ptx = emitPtx(*optimized.module, *optimized.targetMachine);
   optimized.diagnostics->throwIfAny("PTX code generation failed");
   return ptx;

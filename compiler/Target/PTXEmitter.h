@@ -32,6 +32,9 @@
 
 namespace mlir {
 class ModuleOp;
+namespace gpu {
+class GPUModuleOp;
+} // namespace gpu
 } // namespace mlir
 
 namespace flashjit {
@@ -84,6 +87,11 @@ std::string gpuModuleToLLVMIR(mlir::ModuleOp module, const PtxOptions &opts);
 
 /// As gpuModuleToLLVMIR(), then runs the NVPTX backend and returns the PTX.
 std::string gpuModuleToPtx(mlir::ModuleOp module, const PtxOptions &opts);
+
+/// As gpuModuleToPtx(ModuleOp), for \p gpuModule itself (one of several in
+/// a module: flashjit-gpu-module-to-ptx, compiler/Target/Passes.td).
+std::string gpuModuleToPtx(mlir::gpu::GPUModuleOp gpuModule,
+                           const PtxOptions &opts);
 
 } // namespace flashjit
 

@@ -5,6 +5,8 @@
 ///   flashjit-opt in.mlir --flashjit-tile-attention="block-m=64 block-n=32"
 ///   flashjit-opt in.mlir --pass-pipeline='builtin.module(
 ///       flashjit-cpu-pipeline{block-m=64 block-n=64})'
+///   flashjit-opt tile.mlir --pass-pipeline='builtin.module(
+///       flashjit-tile-to-ptx-pipeline{warps=4 chip=sm_90a})'  // gpu.binary
 //
 //===----------------------------------------------------------------------===//
 
