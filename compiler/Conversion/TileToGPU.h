@@ -87,6 +87,13 @@ struct KernelPlacement {
   /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
   /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
   bool wgmma = false;
+  /// A warp-level ordering point (GpuBuilder::warpSync) before each
+  /// mma.sync product whose lhs is a register tile of this iteration (the
+  /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
+  /// V^T) stay after it, so that ptxas interleaves P's exponentials with
+  /// S's MMAs instead of issuing S's and dP's MMAs first and the
+  /// exponentials after them.
+  bool orderRegisterProducts = false;
 };
 
 /// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
