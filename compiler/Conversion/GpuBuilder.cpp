@@ -167,6 +167,10 @@ void GpuBuilder::copyAsync(Value dst, Value src, Value srcBytes,
   }
 }
 
+void GpuBuilder::warpSync() {
+  intrinsic("llvm.nvvm.bar.warp.sync", {}, {c32(-1)});
+}
+
 void GpuBuilder::commitGroup() {
   intrinsic("llvm.nvvm.cp.async.commit.group", {}, {});
 }

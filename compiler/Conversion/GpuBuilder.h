@@ -96,6 +96,10 @@ public:
   Value threadIdX();
   Value blockId(mlir::gpu::Dimension dim);
   void barrier() { mlir::gpu::BarrierOp::create(b); }
+  /// bar.warp.sync over all 32 lanes: free where the warp is converged (a
+  /// NOP in SASS), and an ordering point that the PTX assembler moves no
+  /// shared-memory access across.
+  void warpSync();
 
   /// Emits \p body inside `scf.if %cond` (no results).
   template <typename Fn> void ifThen(Value cond, Fn &&body) {

@@ -92,6 +92,13 @@ struct KernelPlacement {
   /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
   /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
   bool wgmma = false;
+  /// A warp-level ordering point (GpuBuilder::warpSync) before each
+  /// mma.sync product whose lhs is a register tile of this iteration (the
+  /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
+  /// V^T) stay after it, so that ptxas interleaves P's exponentials with
+  /// S's MMAs instead of issuing S's and dP's MMAs first and the
+  /// exponentials after them.
+  bool orderRegisterProducts = false;
 };
 
 /// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
@@ -128,11 +135,12 @@ struct ReductionTarget {
   bool checkCols = false; ///< columns past the tile exist
 };
 
-/// dst[(row0 + q), col + e] += v_e (e = 0, 1) of \p r where row q exists
-/// (and the column, with checkCols): one vector reduction or two,
-/// predicated, not branched (TileToGPUAtomics.cpp).
+/// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
+/// q exists (and the column, with checkCols): one vector reduction or two,
+/// predicated, not branched (TileToGPUAtomics.cpp). The constant part of
+/// the column becomes the reduction's immediate offset.
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
-                Value col, Value v0, Value v1);
+                Value col, int64_t colConst, Value v0, Value v1);
 
 /// The scalar math flashjit lowers itself, without libdevice: NVVM's
 /// approximations for the transcendental functions (ex2, lg2, tanh: as
@@ -212,15 +220,20 @@ private:
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).
   LogicalResult lowerScalarLoad(Operation *op, mlir::IRMapping &mapping);
-  /// Issues the cp.async copies of shared load \p op, its operands evaluated
-  /// with the enclosing loop's induction variable replaced by \p iv (null:
-  /// as mapped now), and commits them as one group.
+  /// Issues the cp.async copies of the shared loads \p ops (of one block),
+  /// their operands evaluated with the enclosing loop's induction variable
+  /// replaced by \p iv (null: as mapped now), and commits them as one group.
   /// \p dstShift (i32, optional) moves the destination: the other stage of
   /// a double-buffered slot. Without \p commit the caller commits.
-  LogicalResult issueCopy(tile::LoadOp op, Value iv, Value dstShift = Value(),
-                          bool commit = true);
-  /// The cp.async copies of a SharedVector slot, 4 bytes per element.
-  void copyVector(tile::LoadOp op, mlir::IRMapping &local, Value dstShift);
+  LogicalResult issueCopy(llvm::ArrayRef<tile::LoadOp> ops, Value iv,
+                          Value dstShift = Value(), bool commit = true);
+  /// Whether SharedVector load \p next can be copied with \p first, \p k
+  /// loads after it: the same rows of the same buffer, the slot k slots on.
+  bool copiesWith(tile::LoadOp first, tile::LoadOp next, int64_t k);
+  /// The cp.async copies of SharedVector slots (\p ops: copiesWith the
+  /// first), 4 bytes per element, spread over the threads as one vector.
+  void copyVectors(llvm::ArrayRef<tile::LoadOp> ops, mlir::IRMapping &local,
+                   Value dstShift);
   /// The byte offset of \p v's slot in the stage being computed (i32).
   Value slotOffset(Value v);
 

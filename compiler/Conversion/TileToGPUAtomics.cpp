@@ -34,19 +34,27 @@ static bool knownEven(Value v) {
   return false;
 }
 
-void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
-                       Value col, Value v0, Value v1) {
+void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
+                            Value q, Value col, int64_t colConst, Value v0,
+                            Value v1) {
   Value row = g.add(r.row0, q);
   Value rowOk = g.cmp(CmpIPredicate::slt, row, r.bound);
   Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
+  // The column's constant part as the pointer's own offset (the
+  // reduction's immediate): the sign extension of col + colConst would not
+  // fold where col comes from the loops' opaque thread index.
+  Value at =
+      LLVM::GEPOp::create(g.b, g.ptrGen, g.f32, r.base,
+                          ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col))});
   for (int64_t e = 0; e < 2; e += r.pairs ? 2 : 1) {
-    Value c = e ? g.add(col, g.c32(e)) : col;
     Value ok = r.checkCols
-                   ? g.andI(rowOk, g.cmp(CmpIPredicate::slt, c, g.c32(r.cols)))
+                   ? g.andI(rowOk, g.cmp(CmpIPredicate::slt,
+                                         g.add(col, g.c32(colConst + e)),
+                                         g.c32(r.cols)))
                    : rowOk;
-    Value ptr = LLVM::GEPOp::create(g.b, g.ptrGen, g.f32, r.base,
-                                    ArrayRef<LLVM::GEPArg>{
-                                        g.add(rowAt, g.ext64(c))});
+    Value ptr = LLVM::GEPOp::create(
+        g.b, g.ptrGen, g.f32, at,
+        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(colConst + e)});
     if (r.pairs)
       g.reduceAdd2(ok, ptr, v0, v1);
     else
@@ -84,28 +92,66 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
 ///
 ///   st.shared.b32 [slot + swizzle(warp row + mi * 16 + 8 h + grp, ni * 8)
 ///       + 4 tig], cvt.rn.bf16x2(ds[mi, ni, 2 h], ds[mi, ni, 2 h + 1])
+///
+/// The thread's rows are all grp modulo 8 (the warp's first row is a
+/// multiple of 16). Where the warp's first column is a multiple of 64 too,
+/// n-tile ni sits in chunk 16 ((ni % 8) ^ grp) of its group of 8 chunks:
+/// the lane's offset L of chunk 0 holds grp in bits 4..6 alone (rows and
+/// groups are multiples of 128 bytes apart, 4 tig < 16), so every store is
+/// at L ^ 16 (ni % 8) plus an immediate. Inside the loop that is L (one
+/// register across it, from the kernel's thread indices) and seven XORs,
+/// rather than a swizzle per store.
 void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
   const SharedSlot &slot = staging[v];
-  const int64_t nt = nTiles(tileType(v));
+  RankedTensorType ty = tileType(v);
+  const int64_t nt = nTiles(ty), rows = ty.getDimSize(0);
+  auto store = [&](int64_t mi, int64_t h, int64_t ni, Value ptr) {
+    const Value *r = &f.regs[(mi * nt + ni) * 4 + 2 * h];
+    LLVM::StoreOp::create(b, g.pack2(r[0], r[1]), ptr);
+  };
+  staged = true;
+  if (place.colParts == 1 || warpCols(ty) % 64 == 0) {
+    // Blocked rows are 128 bytes apart, their 64-column blocks blockBytes;
+    // plain rows rowChunks * 16 bytes (a multiple of 128), a group of 8
+    // chunks 128.
+    const int64_t pitch = place.wgmma ? 128 : slot.rowChunks * 16;
+    const int64_t group = place.wgmma ? blockBytes(rows) : 128;
+    Value col0 = colStart(ty);
+    Value colBytes = place.wgmma ? g.mul(g.divU(col0, g.c32(64)), g.c32(group))
+                                 : g.mul(col0, g.c32(2));
+    Value lane =
+        g.add(g.add(g.mul(g.add(warpRow0, grp), g.c32(pitch)), colBytes),
+              g.add(g.mul(grp, g.c32(16)), g.mul(tig, g.c32(4))));
+    if (copyTid)
+      lane = g.opaque(lane);
+    // The constant part is the pointer's own offset: the store's immediate.
+    SmallVector<Value> lanePtrs;
+    for (int64_t j = 0; j < 8; ++j)
+      lanePtrs.push_back(
+          g.sharedBytePtr(smem, j ? g.xorI(lane, g.c32(16 * j)) : lane));
+    for (int64_t mi = 0; mi < mt; ++mi)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t ni = 0; ni < nt; ++ni)
+          store(mi, h, ni,
+                g.sharedBytePtr(lanePtrs[ni % 8],
+                                g.c32(slot.offset + (mi * 16 + 8 * h) * pitch +
+                                      ni / 8 * group)));
+    return;
+  }
   LaneIndices li = laneIndices();
-  Value grp = li.grp, tig = li.tig, warpRow0 = li.warpRow0;
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {
-      Value row = g.add(warpRow0, g.add(g.c32(mi * 16 + 8 * h), grp));
+      Value row = g.add(li.warpRow0, g.add(g.c32(mi * 16 + 8 * h), li.grp));
       for (int64_t ni = 0; ni < nt; ++ni) {
-        const int64_t rows = tileType(v).getDimSize(0);
-        Value col = g.add(colStart(tileType(v)), g.c32(ni * 8));
+        Value col = g.add(colStart(ty), g.c32(ni * 8));
         Value chunkAt = place.wgmma
                             ? g.swizzledBlocked(row, col, blockBytes(rows))
                             : g.swizzled(row, col, slot.rowChunks);
-        Value at = g.add(g.c32(slot.offset),
-                         g.add(chunkAt, g.mul(tig, g.c32(4))));
-        const Value *r = &f.regs[(mi * nt + ni) * 4 + 2 * h];
-        LLVM::StoreOp::create(b, g.pack2(r[0], r[1]),
-                              g.sharedBytePtr(smem, at));
+        Value at =
+            g.add(g.c32(slot.offset), g.add(chunkAt, g.mul(li.tig, g.c32(4))));
+        store(mi, h, ni, g.sharedBytePtr(smem, at));
       }
     }
-  staged = true;
 }
 
 /// `tile.atomic_add (tile.dot %lhs, %rhs {transpose_lhs})` with %lhs a
@@ -195,8 +241,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
           q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
         for (int64_t n = 0; n < nt2; ++n) {
           const gpu::Acc &v = acc[mi * nt2 + n];
-          reducePair(g, red, q,
-                     g.add(warpCol0, g.c32(colConst[n / 2] + 8 * (n % 2))),
+          reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),
                      v[2 * h], v[2 * h + 1]);
         }
       }

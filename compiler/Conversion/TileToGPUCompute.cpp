@@ -31,6 +31,8 @@ using namespace flashjit::conversion;
 ///     -> P's f32 registers packed to bf16 pairs (its rounding point: the
 ///        accumulator layout is the A layout of the next MMA, two n-tiles
 ///        per k-step), V ([k][n]) by ldmatrix.trans, accumulating into %a
+///        (in the dK/dV kernel after bar.warp.sync, an ordering point for
+///        ptxas: KernelPlacement::orderRegisterProducts)
 ///   %dv = tile.dot %pth, %do acc %a        // 2-D warp grid: each warp
 ///     -> holds part of %pth's k-columns, so A comes back from its staging
 ///        slot by ldmatrix, B by ldmatrix.trans at the warp's column part
@@ -127,6 +129,8 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     const Fragment &p = frags[lhs];
     if (!p.pendingRound)
       return fail(op, "a register lhs must be a tile rounded by arith.truncf");
+    if (place.orderRegisterProducts)
+      g.warpSync();
     RankedTensorType lTy = tileType(lhs);
     int64_t nt = nTiles(lTy);
     std::vector<gpu::Acc> lhsTiles(mt * nt);

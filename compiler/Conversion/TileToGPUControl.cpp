@@ -203,11 +203,7 @@ TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
   Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
   Value step = scalar(op.getStep());
   auto issueAll = [&](Value iv, Value shift) {
-    LogicalResult r = success();
-    for (tile::LoadOp l : loads)
-      if (succeeded(r))
-        r = issueCopy(l, iv, shift, /*commit=*/false);
-    return r;
+    return issueCopy(loads, iv, shift, /*commit=*/false);
   };
   g.barrier(); // every warp is done with both stages
   LogicalResult r = success();

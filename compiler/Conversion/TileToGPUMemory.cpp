@@ -44,23 +44,26 @@ LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
   return issueCopy(op, Value());
 }
 
-LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv,
-                                            Value dstShift, bool commit) {
-  // Another iteration's copy evaluates the load's operands again, in a
-  // mapping of its own; this iteration's uses the walk's.
+LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
+                                            Value iv, Value dstShift,
+                                            bool commit) {
+  // Another iteration's copies evaluate the loads' operands again, in a
+  // mapping of their own; this iteration's use the walk's.
   IRMapping another;
   IRMapping &local = iv ? another : map;
   if (iv) {
     another = map;
-    auto loop = cast<scf::ForOp>(op->getParentOp());
+    auto loop = cast<scf::ForOp>(ops.front()->getParentOp());
     local.map(loop.getInductionVar(), iv);
-    // The scalar ops of the loop body that the load's operands depend on.
+    // The scalar ops of the loop body that the loads' operands depend on.
     llvm::SetVector<Operation *> slice;
-    SmallVector<Value> work(op->getOperands());
+    SmallVector<Value> work;
+    for (tile::LoadOp op : ops)
+      work.append(op->getOperands().begin(), op->getOperands().end());
     while (!work.empty()) {
       Value v = work.pop_back_val();
       Operation *def = v.getDefiningOp();
-      if (!def || def->getBlock() != op->getBlock() || slice.contains(def))
+      if (!def || def->getBlock() != loop.getBody() || slice.contains(def))
         continue;
       slice.insert(def);
       work.append(def->getOperands().begin(), def->getOperands().end());
@@ -76,13 +79,20 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv,
       } else if (def->getNumRegions() == 0) {
         b.clone(*def, local);
       } else {
-        return fail(op, "its address depends on an op with regions");
+        return fail(ops.front(), "its address depends on an op with regions");
       }
     }
   }
-  if (homes.lookup(op.getResult()) == TileHome::SharedVector) {
-    copyVector(op, local, dstShift);
-  } else {
+  for (size_t i = 0; i < ops.size();) {
+    tile::LoadOp op = ops[i];
+    if (homes.lookup(op.getResult()) == TileHome::SharedVector) {
+      size_t next = i + 1;
+      while (next < ops.size() && copiesWith(op, ops[next], next - i))
+        ++next;
+      copyVectors(ops.slice(i, next - i), local, dstShift);
+      i = next;
+      continue;
+    }
     const SharedSlot &slot = slots[op.getResult()];
     RankedTensorType ty = op.getType();
     Value colBase = slot.splitCols ? splitStart : g.c32(0);
@@ -101,6 +111,7 @@ LogicalResult TileKernelLowering::issueCopy(tile::LoadOp op, Value iv,
                         ty.getDimSize(0), ty.getDimSize(1), colBase,
                         slot.padCols, slot.rowChunks, dst,
                         blockBytes(ty.getDimSize(0))});
+    ++i;
   }
   if (commit)
     g.commitGroup();
@@ -140,33 +151,60 @@ LogicalResult TileKernelLowering::lowerRowValues(tile::LoadOp op) {
   return success();
 }
 
-/// A rank-1 f32 tile into its SharedVector slot: element i by a 4-byte
-/// cp.async from base[offset + row0 + i], zero-filled (src-size 0) where
-/// row0 + i >= rows. Before:
+bool TileKernelLowering::copiesWith(tile::LoadOp first, tile::LoadOp next,
+                                    int64_t k) {
+  const int64_t bytes = first.getType().getDimSize(0) * 4;
+  return homes.lookup(next.getResult()) == TileHome::SharedVector &&
+         next.getType() == first.getType() && bytes % 16 == 0 &&
+         next.getBase() == first.getBase() &&
+         next.getRow0() == first.getRow0() &&
+         next.getRows() == first.getRows() &&
+         slots[next.getResult()].offset ==
+             slots[first.getResult()].offset + k * bytes;
+}
+
+/// Rank-1 f32 tiles into their SharedVector slots: element e of tile k by
+/// a 4-byte cp.async from base[offset_k + row0 + e], zero-filled (src-size
+/// 0) where row0 + e >= rows. Tiles that read the same rows into adjacent
+/// slots (copiesWith) are one vector of their elements in slot order, so
+/// that every thread copies one element where the threads cover them.
+/// Before:
 ///
-///   %nl = tile.load %Delta[%off] rows %m0 of %nq
-///       : memref<?xf32> -> tensor<64xf32>
+///   %nl = tile.load %Delta[%offl] rows %m0 of %nq
+///       : memref<?xf32> -> tensor<128xf32>
+///   %dl = tile.load %Delta[%offd] rows %m0 of %nq
+///       : memref<?xf32> -> tensor<128xf32>
 ///
-/// After, per thread (256 threads: one pass, threads 0..63):
+/// After, per thread (256 threads: one pass, element tid % 128 of tile
+/// tid / 128):
 ///
-///   %ok = m0 + tid < nq
-///   cp.async.ca.shared.global [slot + 4 tid], [Delta + off + (ok ? m0 +
-///       tid : 0)], 4, (ok ? 4 : 0)
-void TileKernelLowering::copyVector(tile::LoadOp op, IRMapping &local,
-                                    Value dstShift) {
-  const int64_t n = op.getType().getDimSize(0);
+///   %ok = m0 + tid % 128 < nq
+///   cp.async.ca.shared.global [slot + 4 tid], [Delta + (tid < 128 ? offl
+///       : offd) + (ok ? m0 + tid % 128 : 0)], 4, (ok ? 4 : 0)
+void TileKernelLowering::copyVectors(ArrayRef<tile::LoadOp> ops,
+                                     IRMapping &local, Value dstShift) {
+  tile::LoadOp first = ops.front();
+  const int64_t n = first.getType().getDimSize(0);
+  const int64_t total = n * int64_t(ops.size());
   Value t = copyTid ? copyTid : tid;
-  Value offset = toI64(local.lookup(op.getOffset()));
-  Value row0 = toI32(local.lookup(op.getRow0()));
-  Value rows = toI32(local.lookup(op.getRows()));
-  Value base = local.lookup(op.getBase());
-  Value dst0 = g.c32(slots[op.getResult()].offset);
+  SmallVector<Value> offsets;
+  for (tile::LoadOp op : ops)
+    offsets.push_back(toI64(local.lookup(op.getOffset())));
+  Value row0 = toI32(local.lookup(first.getRow0()));
+  Value rows = toI32(local.lookup(first.getRows()));
+  Value base = local.lookup(first.getBase());
+  Value dst0 = g.c32(slots[first.getResult()].offset);
   if (dstShift)
     dst0 = g.add(dst0, dstShift);
-  for (int64_t pass = 0; pass < n; pass += place.threads) {
+  for (int64_t pass = 0; pass < total; pass += place.threads) {
     auto body = [&] {
       Value i = g.add(t, g.c32(pass));
-      Value r = g.add(row0, i);
+      Value e = ops.size() > 1 ? g.remU(i, g.c32(n)) : i;
+      Value offset = offsets.front();
+      for (size_t k = 1; k < ops.size(); ++k)
+        offset = g.select(g.cmp(CmpIPredicate::uge, i, g.c32(k * n)),
+                          offsets[k], offset);
+      Value r = g.add(row0, e);
       Value ok = g.cmp(CmpIPredicate::slt, r, rows);
       Value at = g.add(offset, g.ext64(g.select(ok, r, g.c32(0))));
       Value src = g.toGlobal(LLVM::GEPOp::create(
@@ -174,10 +212,10 @@ void TileKernelLowering::copyVector(tile::LoadOp op, IRMapping &local,
       Value dst = g.sharedBytePtr(smem, g.add(dst0, g.mul(i, g.c32(4))));
       g.copyAsync(dst, src, g.select(ok, g.c32(4), g.c32(0)), 4);
     };
-    if (pass + place.threads <= n)
+    if (pass + place.threads <= total)
       body();
     else
-      g.ifThen(g.cmp(CmpIPredicate::ult, t, g.c32(n - pass)), body);
+      g.ifThen(g.cmp(CmpIPredicate::ult, t, g.c32(total - pass)), body);
   }
 }
 

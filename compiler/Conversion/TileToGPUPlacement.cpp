@@ -126,6 +126,9 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     p.mt = 1;
   else
     p.colParts = geo.kvQuerySplit;
+  // One program for dK and dV on mma.sync, P and dS in registers (the
+  // 2-D grid stages them behind a barrier anyway).
+  p.orderRegisterProducts = !p.wgmma && p.colParts == 1 && geo.kvCombined;
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }

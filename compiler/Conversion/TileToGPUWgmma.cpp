@@ -229,7 +229,7 @@ LogicalResult TileKernelLowering::lowerWgmmaTransposed(
   Value q0 = g.add(g.mul(g.remU(warp, g.c32(4)), g.c32(16)), grp);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t j = 0; j < n / 8; ++j)
-      reducePair(g, red, g.add(q0, g.c32(8 * h)), g.add(col0, g.c32(8 * j)),
+      reducePair(g, red, g.add(q0, g.c32(8 * h)), col0, 8 * j,
                  f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]);
   return success();
 }
