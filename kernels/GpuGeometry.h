@@ -118,11 +118,37 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
 /// The default GPU tiling for a head dim (before tuning): the fastest
 /// spill-free config measured on the H200 (bench/NOTES.md, sweep) per range
 /// of max(head_dim_qk, head_dim_v). Two 16-row MMA tiles per warp where the
-/// registers allow, so that each K/V fragment feeds two MMAs.
-inline TileConfig defaultGpuConfig(const AttentionSpec &spec) {
+/// registers allow, so that each K/V fragment feeds two MMAs. With
+/// \p warpgroupMma (the target runs the products on warpgroup MMAs where
+/// the tiles allow: sm_90a) and head dims up to 256, the fastest spill-free
+/// warpgroup tiling measured on the H200 instead (bench/NOTES.md, T6): one
+/// 16-row tile per warp, a warpgroup per 64 rows.
+inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
+                                   bool warpgroupMma = false) {
   struct Row {
     int64_t maxD, blockM, blockN, warps;
   };
+  if (warpgroupMma) {
+    static const Row plain[] = {
+        {64, 64, 128, 4}, {128, 192, 128, 12}, {256, 128, 128, 8}};
+    static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
+    bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
+    int64_t d = std::max(spec.headDimQK, spec.headDimV);
+    for (const Row &r : isPlain ? std::vector<Row>(std::begin(plain),
+                                                   std::end(plain))
+                                : std::vector<Row>(std::begin(masked),
+                                                   std::end(masked)))
+      if (d <= r.maxD) {
+        if (spec.blockSparse && (spec.sparseBlock % r.blockM != 0 ||
+                                 spec.sparseBlock % r.blockN != 0))
+          break; // the generic choice divides the sparse block
+        TileConfig c;
+        c.blockM = r.blockM;
+        c.blockN = r.blockN;
+        c.warps = r.warps;
+        return c;
+      }
+  }
   // Masks and block-sparse layouts keep a few more values live.
   static const Row plain[] = {{32, 128, 128, 4}, {88, 128, 64, 4},
                               {112, 128, 32, 4}, {128, 128, 64, 4},

@@ -38,12 +38,16 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
       return false;
     return true;
   };
-  TileConfig heuristic = defaultGpuConfig(spec);
+  TileConfig heuristic = defaultGpuConfig(spec, limits.warpgroupMma);
   if (fits(heuristic))
     out.push_back(heuristic);
-  for (int64_t bm : {64, 128, 256})
+  // 192 x Bc with 12 warps: three warpgroups, each on its 64 rows
+  // (warpgroup MMAs on sm_90a).
+  for (int64_t bm : {64, 128, 192, 256})
     for (int64_t bn : {32, 64, 128})
-      for (int64_t warps : {4, 8}) {
+      for (int64_t warps : {4, 8, 12}) {
+        if ((bm == 192) != (warps == 12))
+          continue;
         TileConfig c;
         c.blockM = bm;
         c.blockN = bn;

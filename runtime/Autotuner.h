@@ -25,13 +25,18 @@ struct TuneLimits {
   int64_t maxSharedBytes = 227 * 1024; ///< opt-in shared memory per block
   int64_t maxThreadsPerBlock = 1024;
   int64_t registersPerBlock = 65536;
+  /// The target runs the forward's products on warpgroup MMAs where the
+  /// tiles allow (sm_90a): the heuristic candidate is then the warpgroup
+  /// default (defaultGpuConfig).
+  bool warpgroupMma = false;
 };
 
 /// Candidate configs for \p spec within \p limits, pruned by rule: Br a
 /// multiple of 16 * warps with at most two 16-row MMA tiles per warp;
 /// accumulators (O and S) that fit the 255-register file with room to
 /// spare; shared memory and threads within the limits; Br and Bc dividing
-/// the sparse block. Always contains defaultGpuConfig(spec) when that fits.
+/// the sparse block. Always contains defaultGpuConfig(spec,
+/// limits.warpgroupMma) when that fits; 192 rows only with 12 warps.
 std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits);
 

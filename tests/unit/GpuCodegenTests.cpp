@@ -80,11 +80,23 @@ protected:
   }
 };
 
+/// The default tiling of each target (the warpgroup one on sm_90a, which
+/// the lowering must then place on wgmma) assembles within the shared
+/// memory and, up to dv = 256 on sm_90a, without spills.
 TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
   const GpuCase &c = GetParam();
   AttentionSpec spec = c.spec(Direction::Forward);
-  TileConfig config = defaultGpuConfig(spec);
   for (const char *arch : {"sm_80", "sm_90a"}) {
+    GpuTarget target;
+    target.arch = arch;
+    TileConfig config = defaultGpuConfig(spec, usesWgmma(target));
+    if (usesWgmma(target) && std::max(c.dqk, c.dv) <= 256 &&
+        !spec.blockSparse) {
+      EXPECT_TRUE(gpuGeometry(spec, config).wgmmaShape) << config.toJson();
+      EXPECT_NE(compileToPtx(spec, config, target).find("wgmma.mma_async"),
+                std::string::npos)
+          << config.toJson();
+    }
     rt::CubinResult cubin = assemble(spec, config, arch);
     rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog);
     EXPECT_GT(use.registers, 0) << cubin.infoLog;

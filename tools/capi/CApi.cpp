@@ -139,16 +139,19 @@ void requireHandle(const flashjit_handle *h) {
 //===----------------------------------------------------------------------===//
 
 /// THE config choice of the C API (and so of the Python binding): the
-/// default GPU tiling for the head dims, as the CLI uses (the backward's for
+/// default GPU tiling for the head dims and the device (the warpgroup
+/// tilings on sm_90a), as the CLI's run and bench use (the backward's for
 /// a Direction::Backward spec). \p gpu is the device the kernel runs on,
 /// nullptr for the CPU execution mode. The autotuner replaces this function.
 TileConfig chooseConfig(const AttentionSpec &spec, const Problem &problem,
                         const rt::DeviceInfo *gpu) {
   (void)problem;
-  (void)gpu;
   if (spec.direction == Direction::Backward)
     return defaultGpuBackwardConfig(spec);
-  TileConfig c = defaultGpuConfig(spec);
+  GpuTarget target;
+  if (gpu)
+    target.arch = gpu->targetArch();
+  TileConfig c = defaultGpuConfig(spec, gpu && usesWgmma(target));
   c.warps = std::min(c.warps, std::max<int64_t>(1, c.blockM / 16));
   return c;
 }

@@ -245,7 +245,7 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       o, session, spec, target,
       useFlags && o.configFromFlags ? std::optional<TileConfig>(o.config)
                                     : std::nullopt,
-      defaultGpuConfig(spec),
+      defaultGpuConfig(spec, usesWgmma(target)),
       [&](const TileConfig &c) {
         return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin);
       },

@@ -173,6 +173,9 @@ rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu) {
   limits.maxSharedBytes = gpu.maxSharedPerBlockOptin;
   limits.maxThreadsPerBlock = gpu.maxThreadsPerBlock;
   limits.registersPerBlock = gpu.regsPerBlock;
+  GpuTarget target;
+  target.arch = gpu.targetArch();
+  limits.warpgroupMma = usesWgmma(target);
   return limits;
 }
 
