@@ -140,6 +140,11 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
       fail("its kernel functions describe different attentions");
     specJson = spec.toJson();
     info.spec = spec;
+    // The kernel's Br x Bc are the forward's or the dK/dV kernel's: the
+    // separate dQ pass has tiles of its own (dqPassTiles), and the row
+    // kernels carry the main kernel's.
+    if (attr.getRole() != "forward" && attr.getRole() != "main")
+      return;
     TileConfig tiling;
     tiling.blockM = attr.getBlockM();
     tiling.blockN = attr.getBlockN();
