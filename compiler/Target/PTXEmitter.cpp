@@ -17,6 +17,7 @@
 
 #include "llvm/ADT/SmallString.h"
 #include "llvm/ADT/StringExtras.h"
+#include "llvm/IR/InlineAsm.h"
 #include "llvm/IR/DiagnosticInfo.h"
 #include "llvm/IR/DiagnosticPrinter.h"
 #include "llvm/IR/LLVMContext.h"
@@ -196,6 +197,56 @@ void checkIntrinsics(const llvm::Module &module, const std::string &arch) {
   }
 }
 
+/// Instructions flashjit's lowerings write as inline PTX, which no
+/// instruction selector checks: the architecture and PTX ISA each needs
+/// (a module lowered for another target, e.g. flashjit-opt with wgmma=true
+/// and chip=sm_80, is a named error, not PTX that ptxas rejects).
+struct AsmRequirement {
+  const char *text;
+  int minSm;
+  bool archSpecific; ///< exactly sm_<minSm>a
+  int minPtx;        ///< PTX ISA version times ten
+};
+constexpr AsmRequirement kAsmRequirements[] = {
+    {"wgmma.", 90, true, 80},
+    {"fence.proxy.async", 90, false, 80},
+    {"red.global.add.v2.f32", 90, false, 81},
+};
+
+/// Throws CompileError if \p module's inline PTX needs more than \p opts.
+void checkInlineAsm(const llvm::Module &module, const PtxOptions &opts) {
+  auto [sm, suffix] = parseArch(opts.arch);
+  for (const llvm::Function &fn : module)
+    for (const llvm::BasicBlock &block : fn)
+      for (const llvm::Instruction &inst : block) {
+        auto *call = llvm::dyn_cast<llvm::CallBase>(&inst);
+        auto *asmOp =
+            call ? llvm::dyn_cast<llvm::InlineAsm>(call->getCalledOperand())
+                 : nullptr;
+        if (!asmOp)
+          continue;
+        llvm::StringRef text = asmOp->getAsmString();
+        for (const AsmRequirement &req : kAsmRequirements) {
+          if (!text.contains(req.text))
+            continue;
+          bool ok = (req.archSpecific ? sm == req.minSm && suffix == "a"
+                                      : sm >= req.minSm) &&
+                    opts.ptxVersion >= req.minPtx;
+          if (!ok)
+            throw CompileError(
+                (llvm::Twine("the kernel uses ") + req.text + " (inline PTX), "
+                 "which needs sm_" + llvm::Twine(req.minSm) +
+                 (req.archSpecific ? "a" : "") + " and PTX ISA " +
+                 llvm::Twine(req.minPtx / 10) + "." +
+                 llvm::Twine(req.minPtx % 10) + " (target: " + opts.arch +
+                 ", PTX ISA " + llvm::Twine(opts.ptxVersion / 10) + "." +
+                 llvm::Twine(opts.ptxVersion % 10) +
+                 "): lower it for that target")
+                    .str());
+        }
+      }
+}
+
 /// Registers the LLVM IR translation of each dialect the GPU path uses on
 /// \p ctx unless the context's registry already provided it.
 void ensureTranslations(MLIRContext &ctx) {
@@ -275,6 +326,7 @@ OptimizedModule translateAndOptimize(gpu::GPUModuleOp gpuModule,
     throw CompileError("invalid LLVM IR from the gpu.module: " +
                        verifierErrors);
   checkIntrinsics(llvmModule, opts.arch);
+  checkInlineAsm(llvmModule, opts);
 
   llvm::LoopAnalysisManager lam;
   llvm::FunctionAnalysisManager fam;
