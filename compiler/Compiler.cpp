@@ -88,6 +88,29 @@ static AttentionSpec specFromOp(OpT op, Direction direction,
       op.getSparseBlockAttr().getInt(), deterministic);
 }
 
+/// The named variant ("softcap:C") that \p op's score_mod region is, ""
+/// without a region; throws CompileError for a region that is no named
+/// variant (the CPU reference knows only those for now).
+static std::string namedScoreMod(attn::FlashFwdOp op) {
+  if (!op.hasScoreMod())
+    return "";
+  // softcap: %x = divf %score, C; %t = tanh %x; yield mulf %t, C.
+  Block &body = op.getScoreMod().front();
+  auto yield = cast<attn::YieldOp>(body.getTerminator());
+  auto mul = yield.getValue().getDefiningOp<arith::MulFOp>();
+  auto tanh = mul ? mul.getLhs().getDefiningOp<math::TanhOp>() : nullptr;
+  auto div = tanh ? tanh.getOperand().getDefiningOp<arith::DivFOp>() : nullptr;
+  auto cap = mul ? mul.getRhs().getDefiningOp<arith::ConstantOp>() : nullptr;
+  auto capValue = cap ? dyn_cast<FloatAttr>(cap.getValue()) : nullptr;
+  if (!div || !capValue || div.getLhs() != body.getArgument(0) ||
+      div.getRhs() != cap.getResult() ||
+      std::distance(body.begin(), body.end()) != 5)
+    throw CompileError("the score_mod region is not a named variant "
+                       "(softcap:C = C * tanh(score / C)); other regions are "
+                       "not supported yet");
+  return fmt::format("softcap:{}", capValue.getValueAsDouble());
+}
+
 /// The kernel names the runtime looks up for \p direction.
 static bool isKernelName(StringRef name, Direction direction) {
   std::string base = kKernelName;
@@ -118,6 +141,7 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (auto fwd = dyn_cast<attn::FlashFwdOp>(op)) {
       expectName(fwd.getSymName(), Direction::Forward);
       info.spec = specFromOp(fwd, Direction::Forward, false);
+      info.spec.scoreMod = namedScoreMod(fwd);
       ++described;
     } else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op)) {
       expectName(bwd.getSymName(), Direction::Backward);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fmt/format.h>
 #include <optional>
 #include <vector>
@@ -44,6 +46,39 @@ void AttentionSpec::validate() const {
   checkRange("gqa", gqaGroup, 1, 1 << 16);
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
+  if (!scoreMod.empty()) {
+    softcapOf(scoreMod);
+    if (direction == Direction::Backward)
+      throw SpecError(fmt::format("score modifier '{}': the backward of a "
+                                  "score modifier is not derived yet",
+                                  scoreMod));
+  }
+}
+
+double softcapOf(const std::string &scoreMod) {
+  const std::string prefix = "softcap:";
+  auto bad = [&] {
+    return SpecError(fmt::format(
+        "score modifier '{}': expected softcap:C with a finite C > 0 (the "
+        "named variants: softcap)",
+        scoreMod));
+  };
+  if (scoreMod.rfind(prefix, 0) != 0 || scoreMod.size() == prefix.size())
+    throw bad();
+  std::string text = scoreMod.substr(prefix.size());
+  char *end = nullptr;
+  double cap = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(cap) || !(cap > 0) ||
+      !std::isfinite(float(cap)) || float(cap) == 0.0f)
+    throw bad();
+  return cap;
+}
+
+double applyScoreMod(const AttentionSpec &spec, double score) {
+  if (spec.scoreMod.empty())
+    return score;
+  double cap = double(float(softcapOf(spec.scoreMod)));
+  return cap * std::tanh(score / cap);
 }
 
 std::string AttentionSpec::name() const {
@@ -55,6 +90,11 @@ std::string AttentionSpec::name() const {
     s += fmt::format("_bs{}", sparseBlock);
   if (direction == Direction::Backward && deterministic)
     s += "_det";
+  if (!scoreMod.empty()) {
+    std::string mod = scoreMod;
+    std::replace(mod.begin(), mod.end(), ':', '_');
+    s += "_" + mod;
+  }
   return s;
 }
 
@@ -62,13 +102,15 @@ std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}{}}}",
+      "\"sparse_block\":{}{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
       blockSparse ? "true" : "false", sparseBlock,
       direction == Direction::Backward
           ? fmt::format(",\"deterministic\":{}", deterministic)
-          : std::string());
+          : std::string(),
+      scoreMod.empty() ? std::string()
+                       : fmt::format(",\"score_mod\":\"{}\"", scoreMod));
 }
 
 void TileConfig::validate(const AttentionSpec &spec) const {
@@ -216,18 +258,36 @@ std::string Problem::toJson(const AttentionSpec &spec) const {
                      effectiveScale(spec), side(left), side(right));
 }
 
+/// The score_mod region of \p spec's named modifier (after the attribute
+/// dictionary), "" for none.
+static std::string scoreModRegionText(const AttentionSpec &spec) {
+  if (spec.scoreMod.empty())
+    return "";
+  // C * tanh(score / C), C printed exactly as an f32 (hex float).
+  float cap = float(softcapOf(spec.scoreMod));
+  uint32_t bits;
+  std::memcpy(&bits, &cap, sizeof bits);
+  return fmt::format(
+      " score_mod {{\n  ^bb0(%s: f32, %b: index, %h: index, %i: index, "
+      "%j: index):\n    %c = arith.constant 0x{:08X} : f32\n"
+      "    %x = arith.divf %s, %c : f32\n    %t = math.tanh %x : f32\n"
+      "    %y = arith.mulf %t, %c : f32\n    attn.yield %y : f32\n  }}",
+      bits);
+}
+
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
   // The backward's `deterministic` only when set (false is its default).
   const bool backward = spec.direction == Direction::Backward;
   return fmt::format(
       "module {{\n  attn.{} @{} {{element_type = {}, gqa = {} : i64, "
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
-      "sparse_block = {} : i64{}}}\n}}\n",
+      "sparse_block = {} : i64{}}}{}\n}}\n",
       backward ? "flash_bwd" : "flash_fwd", name,
       spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup, spec.headDimQK,
       spec.headDimV, toString(spec.mask),
       spec.blockSparse ? spec.sparseBlock : 0,
-      backward && spec.deterministic ? ", deterministic = true" : "");
+      backward && spec.deterministic ? ", deterministic = true" : "",
+      scoreModRegionText(spec));
 }
 
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p) {

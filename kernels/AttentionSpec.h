@@ -71,6 +71,10 @@ struct AttentionSpec {
   /// blocks, bit-identical run to run, instead of atomic adds into an f32
   /// workspace from the dK/dV loop (faster: two fewer matmuls).
   bool deterministic = false;
+  /// A named score modifier (the description's score_mod region), "" for
+  /// none: "softcap:C" is C * tanh(score / C), C > 0, applied to the scaled
+  /// score before the mask and the softmax. Forward only for now.
+  std::string scoreMod;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;
@@ -135,6 +139,14 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// The attn-dialect module that describes \p spec (the first stage of the
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
+
+/// The cap C of a "softcap:C" score modifier; throws SpecError naming the
+/// text when \p scoreMod is not a named variant with a finite C > 0.
+double softcapOf(const std::string &scoreMod);
+
+/// \p score (the scaled q.k) after \p spec's score modifier (itself when
+/// there is none), in float64: the reference's side of the modifier.
+double applyScoreMod(const AttentionSpec &spec, double score);
 
 /// How the backward accumulates dQ. SeparatePass (spec.deterministic): a
 /// second pass over Q blocks recomputes P and dS and sums dQ in registers:

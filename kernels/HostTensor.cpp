@@ -402,7 +402,7 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
       double acc = 0;
       for (int64_t c = 0; c < dqk; ++c)
         acc += qrow[c] * kf[j * dqk + c];
-      s[j] = acc * scale;
+      s[j] = applyScoreMod(spec, acc * scale);
       m = std::max(m, s[j]);
     }
     if (m == -std::numeric_limits<double>::infinity())

@@ -70,6 +70,24 @@ TEST(Engine, DqModesKeysDiffer) {
             engine::cubinKey(fwdFlagged, c, target).hash());
 }
 
+/// A score modifier changes the kernel: the cubin and tuning keys differ
+/// with and without it, and between two caps.
+TEST(Engine, ScoreModKeysDiffer) {
+  AttentionSpec plain = spec(Direction::Forward), capped = plain,
+                other = plain;
+  capped.scoreMod = "softcap:20";
+  other.scoreMod = "softcap:30";
+  Problem p;
+  TileConfig c;
+  GpuTarget target;
+  EXPECT_NE(engine::cubinKey(plain, c, target).hash(),
+            engine::cubinKey(capped, c, target).hash());
+  EXPECT_NE(engine::cubinKey(capped, c, target).hash(),
+            engine::cubinKey(other, c, target).hash());
+  EXPECT_NE(engine::tuningKey(plain, p, fakeGpu()).hash(),
+            engine::tuningKey(capped, p, fakeGpu()).hash());
+}
+
 TEST(Engine, TunedConfigsAreStoredPerDirection) {
   std::string dir =
       (std::filesystem::temp_directory_path() /

@@ -123,7 +123,9 @@ std::string helpText(const std::string &command) {
          "                       `compile` emits any stage of it\n"
          "  --deterministic      with --backward: dQ by a separate pass over\n"
          "                       Q blocks, bit-identical run to run (default:\n"
-         "                       atomic adds into an f32 workspace, faster)\n"
+         "                       atomic adds into an f32 workspace, faster)\n"         "  --score-mod softcap:C  score modifier, applied to the scaled\n"
+         "                       score s before the mask and the softmax:\n"
+         "                       C * tanh(s / C), C > 0 (forward only)\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head)\n"
@@ -282,6 +284,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          warpsGiven = true; // a tiling flag: the config comes from flags
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
+      {"--score-mod", [&](auto &v) { o.spec.scoreMod = v; }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--seed",
@@ -305,7 +308,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   // The flags that describe the kernel: with --input the file does.
   static const std::set<std::string> kSpecFlags = {
       "--head-dim", "--head-dim-v", "--dtype",         "--gqa",
-      "--causal",   "--backward",   "--deterministic", "--sparse-block"};
+      "--causal",   "--backward",   "--deterministic", "--sparse-block",
+      "--score-mod"};
   std::vector<std::string> specFlagsSeen, runFlagsSeen;
   const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {

@@ -128,7 +128,55 @@ template <typename OpT> static LogicalResult verifyKernelDescription(OpT op) {
   return success();
 }
 
-LogicalResult FlashFwdOp::verify() { return verifyKernelDescription(*this); }
+/// The names of a score modifier's block arguments, in order.
+static constexpr const char *kScoreModArgs[] = {"score", "batch", "head",
+                                                "q_idx", "kv_idx"};
+
+/// The checks of a score_mod region: one block of (score: f32, batch,
+/// head, q_idx, kv_idx: index), arith and math ops on scalars only, ending
+/// in attn.yield of an f32.
+static LogicalResult verifyScoreMod(FlashFwdOp op) {
+  Region &region = op.getScoreMod();
+  if (!region.hasOneBlock())
+    return op.emitOpError() << "score_mod must have one block, got "
+                            << region.getBlocks().size();
+  Block &body = region.front();
+  auto signature = [&] {
+    return op.emitOpError()
+           << "score_mod must take (score: f32, batch: index, head: index, "
+              "q_idx: index, kv_idx: index)";
+  };
+  if (body.getNumArguments() != std::size(kScoreModArgs))
+    return signature() << ", got " << body.getNumArguments() << " arguments";
+  Builder b(op.getContext());
+  for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
+    Type want = i == 0 ? Type(b.getF32Type()) : Type(b.getIndexType());
+    if (arg.getType() != want)
+      return signature() << ", got " << arg.getType() << " for "
+                         << kScoreModArgs[i];
+  }
+  if (body.empty() || !isa<YieldOp>(body.back()))
+    return op.emitOpError() << "score_mod must end in attn.yield";
+  for (Operation &inner : body.without_terminator()) {
+    StringRef ns = inner.getDialect() ? inner.getDialect()->getNamespace() : "";
+    if ((ns != "arith" && ns != "math") || inner.getNumRegions() != 0)
+      return op.emitOpError()
+             << "score_mod may hold only arith and math ops, got '"
+             << inner.getName() << "'";
+    for (Type t : inner.getResultTypes())
+      if (!t.isIntOrIndexOrFloat())
+        return op.emitOpError()
+               << "score_mod computes on scalars only, got " << t << " from '"
+               << inner.getName() << "'";
+  }
+  return success();
+}
+
+LogicalResult FlashFwdOp::verify() {
+  if (failed(verifyKernelDescription(*this)))
+    return failure();
+  return hasScoreMod() ? verifyScoreMod(*this) : success();
+}
 LogicalResult FlashBwdOp::verify() { return verifyKernelDescription(*this); }
 
 #define GET_OP_CLASSES

@@ -14,6 +14,7 @@ include "mlir/IR/AttrTypeBase.td"
 include "mlir/IR/OpBase.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/IR/BuiltinAttributes.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
 
 def Attn_Dialect : Dialect {
   let name = "attn";
@@ -29,6 +30,9 @@ def Attn_Dialect : Dialect {
   }];
   let useDefaultAttributePrinterParser = 1;
   let hasOperationAttrVerify = 1;
+  // A score modifier's body is arith / math ops.
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::math::MathDialect"];
 }
 
 /// A boolean parameter printed and parsed as `true` / `false`.
@@ -106,7 +110,8 @@ class Attn_KernelDescriptionOp<string mnemonic, dag extraArgs = (ins),
   let hasVerifier = 1;
 }
 
-def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd"> {
+def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
+    [IsolatedFromAbove]> {
   let summary = "A FlashAttention forward kernel, described";
   let description = [{
     Declares the forward attention kernel `@sym_name`:
@@ -125,7 +130,37 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd"> {
         head_dim_qk = 96 : i64, head_dim_v = 96 : i64, mask = "causal",
         sparse_block = 0 : i64}
     ```
+
+    The optional `score_mod` region rewrites each score before the mask
+    and the softmax, as FlexAttention's score_mod does: it takes the scaled
+    score `scale * q.k` (f32) and the element's batch, head, query index and
+    key index (index), holds only arith and math ops, and yields the new
+    score with `attn.yield`. Softcapping at 20 (`--score-mod softcap:20`):
+
+    ```mlir
+    attn.flash_fwd @attention {element_type = bf16, ...} score_mod {
+    ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+      %c = arith.constant 2.000000e+01 : f32
+      %x = arith.divf %s, %c : f32
+      %t = math.tanh %x : f32
+      %y = arith.mulf %t, %c : f32
+      attn.yield %y : f32
+    }
+    ```
   }];
+  let regions = (region AnyRegion:$score_mod);
+  let assemblyFormat = "$sym_name attr-dict (`score_mod` $score_mod^)?";
+  let extraClassDeclaration = [{
+    /// Whether the description carries a score modifier.
+    bool hasScoreMod() { return !getScoreMod().empty(); }
+  }];
+}
+
+def Attn_YieldOp : Attn_Op<"yield",
+    [Pure, Terminator, HasParent<"FlashFwdOp">]> {
+  let summary = "The modified score of a score_mod region";
+  let arguments = (ins F32:$value);
+  let assemblyFormat = "$value attr-dict `:` type($value)";
 }
 
 def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",

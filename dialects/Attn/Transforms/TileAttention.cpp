@@ -39,11 +39,17 @@
 /// P = exp2(s * c - m) is one FMA per score. Blocks that lie outside the
 /// band or past Nkv (a BCSR layout can list them) are fully masked, so they
 /// add nothing.
+///
+/// With a score_mod region the scores are scaled first and the region is
+/// inlined on the tile (ScoreMod.cpp), before the mask: S' = mod(scale *
+/// Q K^T); the row max and P = exp2(S' * log2(e) - m) then use log2(e) in
+/// place of scale_log2e, so m and lse are those of the modified scores.
 //
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
+#include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "kernels/KernelABI.h"
 
@@ -101,6 +107,9 @@ private:
 
   // Scalars of the program, set up in setUpProgram() and loopBounds().
   Value nq, nkv, scaleLog2, m0, bIdx, hIdx;
+  /// The factor of the row max and of P's exponent: scale_log2e, or
+  /// log2(e) when a score_mod has already scaled the scores.
+  Value expFactor, scale;
   Value qBase, kBase, vBase, oBase, lseBase;
   Value offset, winL, winR, jLo, jHi, fullLo, fullHi;
   Value tLo, tHi;
@@ -166,6 +175,10 @@ void TiledForwardBuilder::setUpProgram() {
   nq = indexArg(abi::SeqQ);
   nkv = indexArg(abi::SeqKV);
   scaleLog2 = arg(abi::NumBuffers + abi::NumIndexArgs);
+  expFactor = op.hasScoreMod() ? cF32(1.0 / std::log(2.0)) : scaleLog2;
+  // scale = scale_log2e * ln 2: the kernel's one scale argument.
+  if (op.hasScoreMod())
+    scale = fmul(scaleLog2, cF32(std::log(2.0)));
   Value pidM = arg(abi::NumBuffers + abi::NumIndexArgs + 1);
   Value pidBH = arg(abi::NumBuffers + abi::NumIndexArgs + 2);
   Value heads = indexArg(abi::Heads);
@@ -233,6 +246,11 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   Value v = loadTile(tile({bc, dv}, elemTy), arg(abi::V), vBase, n0, nkv,
                      indexArg(abi::VStrideN));
   Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
+  if (op.hasScoreMod()) {
+    s = fmul(s, splat(scale, tile({br, bc}, f32)));
+    s = flashjit::attn::detail::inlineScoreMod(b, b.getLoc(), op.getScoreMod(),
+                                               s);
+  }
 
   // Only blocks that cross Nkv or the band's edge pay for the mask.
   Value n1 = add(n0, cIdx(bc - 1));
@@ -245,13 +263,13 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
   Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
-  Value mBlock = fmul(reduce("max", s, 1), splat(scaleLog2, rowTy));
+  Value mBlock = fmul(reduce("max", s, 1), splat(expFactor, rowTy));
   Value mNew = maxF(m, mBlock);
   Value mUse = select(cmpF(CmpFPredicate::OEQ, mNew, negInf),
                       constTile(0.0, rowTy), mNew);
   Value alpha = exp2(fsub(m, mUse));
   Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
-  Value p = exp2(math::FmaOp::create(b, s, splat(scaleLog2, sTy), negM));
+  Value p = exp2(math::FmaOp::create(b, s, splat(expFactor, sTy), negM));
   Value lNew = fadd(fmul(l, alpha), reduce("sum", p, 1));
   Tensor oTy = tile({br, dv}, f32);
   Value oScaled = fmul(o, broadcast(alpha, oTy, 1));
@@ -300,6 +318,15 @@ struct TileAttentionPass
   using TileAttentionBase::TileAttentionBase;
 
   void runOnOperation() override {
+    WalkResult checked = getOperation().walk([](FlashFwdOp op) {
+      if (op.hasScoreMod() &&
+          failed(flashjit::attn::detail::checkScoreModTileable(
+              op, op.getScoreMod())))
+        return WalkResult::interrupt();
+      return WalkResult::advance();
+    });
+    if (checked.wasInterrupted())
+      return signalPassFailure();
     if (failed(
             flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
                 getOperation(), blockM, blockN)))
