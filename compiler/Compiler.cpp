@@ -341,10 +341,10 @@ static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
     auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;
     return a ? a.getValue() : StringRef();
   };
-  k.overKeys = str("sequence") == "seq_kv";
-  k.kvHeads = str("heads") == "kv_heads";
-  bool named = (k.overKeys || str("sequence") == "seq_q") &&
-               (k.kvHeads || str("heads") == "heads");
+  k.overKeys = str("sequence") == kGridKeys;
+  k.kvHeads = str("heads") == kGridKvHeads;
+  bool named = (k.overKeys || str("sequence") == kGridQueries) &&
+               (k.kvHeads || str("heads") == kGridAllHeads);
   if (!named || !k.valid() || !fn->hasAttr("attn.shared_bytes"))
     throw CompileError("kernel '" + k.name +
                        "' does not record its launch resources "
@@ -371,14 +371,26 @@ static std::vector<KernelLaunch> readKernelLaunches(ModuleOp module) {
   return out;
 }
 
+/// Checks the request, then lowers to the GPU module in \p ctx (in NVVM,
+/// or with \p stopAtGpu at the gpu.func stage); \p ptx gets the PTX
+/// options of the target.
+static OwningOpRef<ModuleOp>
+checkedGpuModule(MLIRContext &ctx, const AttentionSpec &spec,
+                 const TileConfig &config, const GpuTarget &target,
+                 const KernelSource &source, bool stopAtGpu, PtxOptions &ptx) {
+  spec.validate();
+  config.validate(spec);
+  ptx = checkGpuRequest(spec, config, target);
+  return lowerToGpu(ctx, spec, config, target, stopAtGpu, source);
+}
+
 GpuCompilation compileForGpu(const AttentionSpec &spec,
                              const TileConfig &config, const GpuTarget &target,
                              const KernelSource &source) {
-  spec.validate();
-  config.validate(spec);
-  PtxOptions ptx = checkGpuRequest(spec, config, target);
   auto ctx = createContext();
-  auto module = lowerToGpu(*ctx, spec, config, target, false, source);
+  PtxOptions ptx;
+  auto module =
+      checkedGpuModule(*ctx, spec, config, target, source, false, ptx);
   GpuCompilation out;
   out.kernels = readKernelLaunches(*module);
   out.ptx = gpuModuleToPtx(*module, ptx);
@@ -389,12 +401,10 @@ std::vector<KernelLaunch> gpuKernelLaunches(const AttentionSpec &spec,
                                             const TileConfig &config,
                                             const GpuTarget &target,
                                             const KernelSource &source) {
-  spec.validate();
-  config.validate(spec);
-  checkGpuRequest(spec, config, target);
   auto ctx = createContext();
-  return readKernelLaunches(
-      *lowerToGpu(*ctx, spec, config, target, /*stopAtGpu=*/true, source));
+  PtxOptions ptx;
+  return readKernelLaunches(*checkedGpuModule(*ctx, spec, config, target,
+                                              source, /*stopAtGpu=*/true, ptx));
 }
 
 std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -128,28 +129,35 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
   struct Row {
     int64_t maxD, blockM, blockN, warps;
   };
+  // Masks and block-sparse layouts keep a few more values live.
+  const bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
+  const int64_t d = std::max(spec.headDimQK, spec.headDimV);
+  // The tiling of the first row of \p plain or \p masked (by isPlain)
+  // that covers d, if any.
+  auto lookUp = [&](auto &plain, auto &masked) -> std::optional<TileConfig> {
+    auto pick = [&](auto &rows) -> std::optional<TileConfig> {
+      for (const Row &r : rows)
+        if (d <= r.maxD) {
+          TileConfig c;
+          c.blockM = r.blockM;
+          c.blockN = r.blockN;
+          c.warps = r.warps;
+          return c;
+        }
+      return std::nullopt;
+    };
+    return isPlain ? pick(plain) : pick(masked);
+  };
   if (warpgroupMma) {
     static const Row plain[] = {
         {64, 64, 128, 4}, {128, 192, 128, 12}, {256, 128, 128, 8}};
     static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
-    bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
-    int64_t d = std::max(spec.headDimQK, spec.headDimV);
-    for (const Row &r : isPlain ? std::vector<Row>(std::begin(plain),
-                                                   std::end(plain))
-                                : std::vector<Row>(std::begin(masked),
-                                                   std::end(masked)))
-      if (d <= r.maxD) {
-        if (spec.blockSparse && (spec.sparseBlock % r.blockM != 0 ||
-                                 spec.sparseBlock % r.blockN != 0))
-          break; // the generic choice divides the sparse block
-        TileConfig c;
-        c.blockM = r.blockM;
-        c.blockN = r.blockN;
-        c.warps = r.warps;
-        return c;
-      }
+    std::optional<TileConfig> c = lookUp(plain, masked);
+    // Else (or unless Br and Bc divide the sparse block) the generic one.
+    if (c && (!spec.blockSparse || (spec.sparseBlock % c->blockM == 0 &&
+                                    spec.sparseBlock % c->blockN == 0)))
+      return *c;
   }
-  // Masks and block-sparse layouts keep a few more values live.
   static const Row plain[] = {{32, 128, 128, 4}, {88, 128, 64, 4},
                               {112, 128, 32, 4}, {128, 128, 64, 4},
                               {256, 64, 64, 4},  {512, 64, 32, 4}};
@@ -158,18 +166,7 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
                                {128, 128, 32, 4},
                                {256, 64, 64, 4},
                                {512, 64, 32, 4}};
-  bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
-  int64_t d = std::max(spec.headDimQK, spec.headDimV);
-  TileConfig c;
-  const Row *rows = isPlain ? plain : masked;
-  size_t count = isPlain ? std::size(plain) : std::size(masked);
-  for (const Row &r : std::vector<Row>(rows, rows + count))
-    if (d <= r.maxD) {
-      c.blockM = r.blockM;
-      c.blockN = r.blockN;
-      c.warps = r.warps;
-      break;
-    }
+  TileConfig c = lookUp(plain, masked).value_or(TileConfig());
   if (spec.blockSparse) {
     // Br and Bc must divide the sparse block; fewer warps where Br shrinks.
     while (spec.sparseBlock % c.blockM != 0 && c.blockM > 16) {

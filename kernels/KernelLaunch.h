@@ -36,6 +36,12 @@
 
 namespace flashjit {
 
+/// The names `attn.grid` gives its sequences and heads (and `compile
+/// --emit cubin` prints).
+inline constexpr const char *kGridQueries = "seq_q", *kGridKeys = "seq_kv",
+                            *kGridAllHeads = "heads",
+                            *kGridKvHeads = "kv_heads";
+
 /// One kernel's launch resources, as its gpu.func records them.
 struct KernelLaunch {
   std::string name;        ///< the kernel function's symbol
@@ -51,6 +57,14 @@ struct KernelLaunch {
     int64_t seq = overKeys ? p.seqLenKV : p.seqLenQ;
     int64_t heads = kvHeads ? p.heads / gqa : p.heads;
     return {ceilDiv(seq, rows), p.batch * heads, programsZ};
+  }
+
+  /// The grid as a formula: "ceil(seq_q / 128) x batch * heads x 1".
+  std::string describeGrid() const {
+    return "ceil(" + std::string(overKeys ? kGridKeys : kGridQueries) +
+           " / " + std::to_string(rows) + ") x batch * " +
+           (kvHeads ? kGridKvHeads : kGridAllHeads) + " x " +
+           std::to_string(programsZ);
   }
 
   /// Whether the values could have come from a lowering (positive sizes).

@@ -25,6 +25,7 @@
 #include "compiler/Conversion/Passes.h"
 #include "dialects/Tile/IR/TileDialect.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelLaunch.h"
 
 #include "mlir/IR/BuiltinOps.h"
 
@@ -112,10 +113,11 @@ conversion::createKernelFunc(ImplicitLocOpBuilder &b,
 DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
                                    bool kvHeads, int64_t programsZ) {
   return b.getDictionaryAttr(
-      {b.getNamedAttr("heads", b.getStringAttr(kvHeads ? "kv_heads" : "heads")),
+      {b.getNamedAttr("heads",
+                      b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
        b.getNamedAttr("rows", b.getI64IntegerAttr(rows)),
        b.getNamedAttr("sequence",
-                      b.getStringAttr(overKeys ? "seq_kv" : "seq_q")),
+                      b.getStringAttr(overKeys ? kGridKeys : kGridQueries)),
        b.getNamedAttr("z", b.getI64IntegerAttr(programsZ))});
 }
 

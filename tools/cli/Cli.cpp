@@ -124,9 +124,7 @@ int runCompile(const CliOptions &o) {
     // lowering recorded (kernels/KernelLaunch.h).
     std::string kernels, lines;
     for (const KernelLaunch &k : b.image.kernels) {
-      std::string grid = fmt::format(
-          "ceil({} / {}) x batch * {} x {}", k.overKeys ? "seq_kv" : "seq_q",
-          k.rows, k.kvHeads ? "kv_heads" : "heads", k.programsZ);
+      std::string grid = k.describeGrid();
       kernels += fmt::format(
           "{}{{\"name\":\"{}\",\"threads\":{},\"shared_bytes\":{},"
           "\"grid\":\"{}\"}}",
