@@ -153,13 +153,18 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
     tq, tk, tv, to = p.structs
     tq.data, tk.data, tv.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
     to.data = o.data_ptr()
-    index = p.index
+    _on_device(p.index, _launch_forward, p, lse, scale, wl, wr, bm)
+    return o, lse
+
+
+def _on_device(index, launch, *args):
+    """launch(*args, index) with CUDA device index current (switched only
+    when it is not, as the common call is on the current device)."""
     if _current_device() != index:
         with torch.cuda.device(index):
-            _launch_forward(p, lse, scale, wl, wr, bm, index)
+            launch(*args, index)
     else:
-        _launch_forward(p, lse, scale, wl, wr, bm, index)
-    return o, lse
+        launch(*args, index)
 
 
 def _launch_forward(p, lse, scale, wl, wr, bm, index):
@@ -197,12 +202,7 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
                              device=p.device)
     for t, x in zip(p.structs, (q, k, v, o, d_o, dq, dk, dv)):
         t.data = x.data_ptr()
-    index = p.index
-    if _current_device() != index:
-        with torch.cuda.device(index):
-            _launch_backward(p, lse, scale, wl, wr, bm, index)
-    else:
-        _launch_backward(p, lse, scale, wl, wr, bm, index)
+    _on_device(p.index, _launch_backward, p, lse, scale, wl, wr, bm)
     return dq, dk, dv
 
 
