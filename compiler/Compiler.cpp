@@ -287,7 +287,8 @@ static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const GpuTarget &target) {
   std::string problem = spec.direction == Direction::Backward
                             ? gpuBackwardConfigProblem(spec, config, 227 * 1024)
-                            : gpuConfigProblem(spec, config, 227 * 1024);
+                            : gpuConfigProblem(spec, config, 227 * 1024,
+                                               usesKvRing(target));
   if (!problem.empty())
     throw SpecError(problem);
   if (target.copyBytes != 2 && target.copyBytes != 4 && target.copyBytes != 8 &&
@@ -312,6 +313,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.copyBytes = target.copyBytes;
   gpu.vectorAtomics = usesVectorAtomics(target);
   gpu.wgmma = usesWgmma(target);
+  gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -415,9 +417,16 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
 std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
-      "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={}}})",
+      "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
+      "kv-ring-stages={}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
-      usesVectorAtomics(target), usesWgmma(target));
+      usesVectorAtomics(target), usesWgmma(target),
+      usesKvRing(target) ? config.stages : 0);
+}
+
+bool usesKvRing(const GpuTarget &target) {
+  const char *env = std::getenv("FLASHJIT_KV_RING");
+  return usesWgmma(target) && env && std::string(env) == "1";
 }
 
 bool usesWgmma(const GpuTarget &target) {

@@ -128,6 +128,11 @@ bool usesVectorAtomics(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
 bool usesWgmma(const GpuTarget &target);
+/// Whether \p target's forward on warpgroup MMAs takes its K/V blocks
+/// through the ring that a producer warpgroup fills (TileToGPURing.cpp;
+/// config.stages deep where GpuGeometry::wgmmaShape holds): opt-in with
+/// FLASHJIT_KV_RING=1 until the ring is measured on the H200.
+bool usesKvRing(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

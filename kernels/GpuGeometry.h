@@ -46,6 +46,18 @@ struct GpuGeometry {
   /// tile per warp), Bc and both head dims at most 256 (a product's N), no
   /// O-column split. The tiles then use the blocked 128B-swizzle layout.
   bool wgmmaShape;
+  /// The K/V ring of the warpgroup-MMA forward (where the target takes it:
+  /// usesKvRing, and config.stages >= 2): a producer warpgroup (the block's last
+  /// kRingProducerThreads threads) copies K and V of each KV block into
+  /// one of `ringStages` stages, each `stageBytes` long after Q (K at
+  /// kOffset, V at vOffset of stage 0), and the consumers' warpgroups
+  /// compute on the stage that the mbarriers at `barrierOffset` say has
+  /// landed (per stage: K full, V full, K empty, V empty; 8 bytes each).
+  /// 0 stages: no ring (the loop's own copies: stages = 1, or mma.sync).
+  int64_t ringStages = 0;
+  int64_t stageBytes = 0, barrierOffset = 0;
+  static constexpr int64_t kRingProducerThreads = 128;
+  static constexpr int64_t kRingBarriersPerStage = 4;
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
@@ -56,8 +68,12 @@ struct GpuGeometry {
 /// Derives the geometry; rows of Q, K, V in shared memory are padded to a
 /// multiple of 8 chunks of 16 bytes so that the XOR swizzle (chunk ^ row % 8)
 /// stays inside the row.
+///
+/// \p kvRing: the target runs the products on warpgroup MMAs (sm_90a) where
+/// wgmmaShape holds and takes their K/V ring (usesKvRing); config.stages >=
+/// 2 then gives the ring.
 inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
-                               const TileConfig &config) {
+                               const TileConfig &config, bool kvRing = false) {
   GpuGeometry g;
   g.threads = 32 * config.warps;
   g.mTiles = config.blockM / (16 * config.warps);
@@ -73,6 +89,18 @@ inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
   g.kOffset = config.blockM * g.qkRowChunks * 16;
   g.vOffset = g.kOffset + config.blockN * g.qkRowChunks * 16;
   g.sharedBytes = g.vOffset + config.blockN * g.vRowChunks * 16;
+  if (kvRing && g.wgmmaShape && config.stages >= 2) {
+    // Every tile starts on a 1024-byte boundary (the 128B swizzle's).
+    g.kOffset = roundUp(g.kOffset, 1024);
+    g.vOffset = roundUp(g.kOffset + config.blockN * g.qkRowChunks * 16, 1024);
+    g.ringStages = config.stages;
+    g.stageBytes = roundUp(g.vOffset + config.blockN * g.vRowChunks * 16, 1024) -
+                   g.kOffset;
+    g.barrierOffset = g.kOffset + g.ringStages * g.stageBytes;
+    g.sharedBytes =
+        g.barrierOffset + g.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
+    g.threads += GpuGeometry::kRingProducerThreads;
+  }
   return g;
 }
 
@@ -98,9 +126,13 @@ inline std::string sharedMemoryProblem(const char *what, int64_t need,
 
 /// Why \p config cannot run on the GPU for \p spec ("" if it can), given the
 /// device's opt-in shared memory per block.
+/// \p kvRing as for gpuGeometry: the warpgroup-MMA forward with the ring
+/// takes 1 to 4 stages (1: the loop's own copies, no producer warpgroup),
+/// every other forward 2.
 inline std::string gpuConfigProblem(const AttentionSpec &spec,
                                     const TileConfig &config,
-                                    int64_t maxSharedBytes) {
+                                    int64_t maxSharedBytes,
+                                    bool kvRing = false) {
   if (std::string p = warpMultipleProblem("block_m", config.blockM,
                                           config.warps, " on the GPU");
       !p.empty())
@@ -108,12 +140,29 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
   if (config.blockN % 16 != 0)
     return "block_n (" + std::to_string(config.blockN) +
            ") must be a multiple of 16 on the GPU";
-  if (config.stages != 2)
+  const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
+  if (kvRing && geo.wgmmaShape) {
+    if (config.stages < 1 || config.stages > 4)
+      return "stages (" + std::to_string(config.stages) +
+             ") must be 1 to 4 on warpgroup MMAs: the depth of the K/V ring "
+             "that a producer warpgroup fills (1: no ring, the loop's own "
+             "copies)";
+    if (geo.ringStages) {
+      std::string what =
+          "Q and a K/V ring of " + std::to_string(geo.ringStages) + " stages";
+      std::string p =
+          sharedMemoryProblem(what.c_str(), geo.sharedBytes, maxSharedBytes);
+      return p.empty() ? p
+                       : p + " (fewer stages, a smaller block_n, or stages 1: "
+                             "no ring)";
+    }
+  } else if (config.stages != 2) {
     return "stages (" + std::to_string(config.stages) +
            ") must be 2 on the GPU: K of the next block loads during P V and "
-           "V during S (deeper pipelines are not implemented yet)";
-  return sharedMemoryProblem("the tiles", gpuGeometry(spec, config).sharedBytes,
-                             maxSharedBytes);
+           "V during S (other depths: the K/V ring on warpgroup MMAs, sm_90a "
+           "with FLASHJIT_KV_RING=1, block_m = 16 * warps, a multiple of 64)";
+  }
+  return sharedMemoryProblem("the tiles", geo.sharedBytes, maxSharedBytes);
 }
 
 /// The default GPU tiling for a head dim (before tuning): the fastest
@@ -123,11 +172,15 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
 /// \p warpgroupMma (the target runs the products on warpgroup MMAs where
 /// the tiles allow: sm_90a) and head dims up to 256, the fastest spill-free
 /// warpgroup tiling measured on the H200 instead (bench/NOTES.md, T6): one
-/// 16-row tile per warp, a warpgroup per 64 rows.
+/// 16-row tile per warp, a warpgroup per 64 rows. With \p kvRing as well
+/// (usesKvRing), tilings whose Q and K/V ring of 2 stages fit without
+/// spills (ptxas, 168 registers at 384 threads); not yet measured on the
+/// H200.
 inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
-                                   bool warpgroupMma = false) {
+                                   bool warpgroupMma = false,
+                                   bool kvRing = false) {
   struct Row {
-    int64_t maxD, blockM, blockN, warps;
+    int64_t maxD, blockM, blockN, warps, stages = 2;
   };
   // Masks and block-sparse layouts keep a few more values live.
   const bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
@@ -142,6 +195,7 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
           c.blockM = r.blockM;
           c.blockN = r.blockN;
           c.warps = r.warps;
+          c.stages = r.stages;
           return c;
         }
       return std::nullopt;
@@ -152,7 +206,12 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     static const Row plain[] = {
         {64, 64, 128, 4}, {128, 192, 128, 12}, {256, 128, 128, 8}};
     static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
-    std::optional<TileConfig> c = lookUp(plain, masked);
+    static const Row ringPlain[] = {
+        {128, 128, 128, 8, 2}, {256, 128, 128, 8, 1}};
+    static const Row ringMasked[] = {{128, 128, 64, 8, 2},
+                                     {256, 128, 64, 8, 1}};
+    std::optional<TileConfig> c =
+        kvRing ? lookUp(ringPlain, ringMasked) : lookUp(plain, masked);
     // Else (or unless Br and Bc divide the sparse block) the generic one.
     if (c && (!spec.blockSparse || (spec.sparseBlock % c->blockM == 0 &&
                                     spec.sparseBlock % c->blockN == 0)))

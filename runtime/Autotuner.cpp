@@ -25,11 +25,13 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits) {
   std::vector<TileConfig> out;
   auto fits = [&](const TileConfig &c) {
-    if (!gpuConfigProblem(spec, c, limits.maxSharedBytes).empty())
+    if (!gpuConfigProblem(spec, c, limits.maxSharedBytes, limits.kvRing)
+             .empty())
       return false;
     if (gpuGeometry(spec, c).mTiles > 2)
       return false;
-    if (32 * c.warps > limits.maxThreadsPerBlock)
+    if (gpuGeometry(spec, c, limits.kvRing).threads >
+        limits.maxThreadsPerBlock)
       return false;
     if (accumulatorRegisters(spec, c) > 200)
       return false;
@@ -38,7 +40,8 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
       return false;
     return true;
   };
-  TileConfig heuristic = defaultGpuConfig(spec, limits.warpgroupMma);
+  TileConfig heuristic =
+      defaultGpuConfig(spec, limits.warpgroupMma, limits.kvRing);
   if (fits(heuristic))
     out.push_back(heuristic);
   // 192 x Bc with 12 warps: three warpgroups, each on its 64 rows
@@ -60,6 +63,16 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
         if (!dup && fits(c))
           out.push_back(c);
       }
+  // The warpgroup-MMA forward's K/V ring: the first candidate also with
+  // one more stage and with none (the loop's own copies).
+  if (limits.kvRing && !out.empty() &&
+      gpuGeometry(spec, out.front(), true).ringStages)
+    for (int64_t stages : {out.front().stages + 1, int64_t(1)}) {
+      TileConfig c = out.front();
+      c.stages = stages;
+      if (fits(c))
+        out.push_back(c);
+    }
   return out;
 }
 

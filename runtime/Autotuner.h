@@ -29,6 +29,9 @@ struct TuneLimits {
   /// tiles allow (sm_90a): the heuristic candidate is then the warpgroup
   /// default (defaultGpuConfig).
   bool warpgroupMma = false;
+  /// ... and takes their K/V ring (usesKvRing): the first candidate is
+  /// also tried with one more stage and with none.
+  bool kvRing = false;
 };
 
 /// Candidate configs for \p spec within \p limits, pruned by rule: Br a
@@ -36,7 +39,8 @@ struct TuneLimits {
 /// accumulators (O and S) that fit the 255-register file with room to
 /// spare; shared memory and threads within the limits; Br and Bc dividing
 /// the sparse block. Always contains defaultGpuConfig(spec,
-/// limits.warpgroupMma) when that fits; 192 rows only with 12 warps.
+/// limits.warpgroupMma, limits.kvRing) when that fits; 192 rows only with
+/// 12 warps.
 std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits);
 

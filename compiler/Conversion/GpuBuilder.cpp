@@ -96,6 +96,47 @@ void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {
                 {arith::ExtUIOp::create(b, i32, pred), addr, v0, v1});
 }
 
+void GpuBuilder::barrier() {
+  if (!barrierThreads) {
+    mlir::gpu::BarrierOp::create(b);
+    return;
+  }
+  sideEffectAsm(*this, "bar.sync 1, " + std::to_string(barrierThreads) + ";",
+                "~{memory}", {});
+}
+
+/// The 32-bit address of shared pointer \p bar, an asm operand ("r").
+static Value sharedAddress(GpuBuilder &g, Value bar) {
+  return LLVM::PtrToIntOp::create(g.b, g.i32, bar);
+}
+
+void GpuBuilder::mbarrierInit(Value bar, int64_t count) {
+  sideEffectAsm(*this, "mbarrier.init.shared::cta.b64 [$0], $1;",
+                "r,r,~{memory}", {sharedAddress(*this, bar), c32(count)});
+}
+
+void GpuBuilder::mbarrierArrive(Value bar) {
+  sideEffectAsm(*this,
+                "{ .reg .b64 state; "
+                "mbarrier.arrive.shared::cta.b64 state, [$0]; }",
+                "r,~{memory}", {sharedAddress(*this, bar)});
+}
+
+void GpuBuilder::mbarrierArriveOnCopies(Value bar) {
+  sideEffectAsm(*this, "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];",
+                "r,~{memory}", {sharedAddress(*this, bar)});
+}
+
+void GpuBuilder::mbarrierWait(Value bar, Value parity) {
+  // Braces scope the labels: the asm may be inlined many times.
+  sideEffectAsm(*this,
+                "{ .reg .pred done; "
+                "flashjit_wait: "
+                "mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
+                "@!done bra flashjit_wait; }",
+                "r,r,~{memory}", {sharedAddress(*this, bar), parity});
+}
+
 Value GpuBuilder::threadIdX() {
   Value t = mlir::gpu::ThreadIdOp::create(b, mlir::gpu::Dimension::x);
   return arith::IndexCastUIOp::create(b, i32, t);

@@ -95,11 +95,28 @@ public:
   // Threads and blocks (i32).
   Value threadIdX();
   Value blockId(mlir::gpu::Dimension dim);
-  void barrier() { mlir::gpu::BarrierOp::create(b); }
+  /// The threads that barrier() synchronises: 0 for the whole block
+  /// (bar.sync 0), else the first barrierThreads of it on named barrier 1
+  /// (the consumers of a kernel with a producer warpgroup).
+  int64_t barrierThreads = 0;
+  void barrier();
   /// bar.warp.sync over all 32 lanes: free where the warp is converged (a
   /// NOP in SASS), and an ordering point that the PTX assembler moves no
   /// shared-memory access across.
   void warpSync();
+
+  // mbarriers (sm_90 for the waits), each 8 bytes at shared pointer \p bar.
+  /// mbarrier.init with \p count arrivals per phase.
+  void mbarrierInit(Value bar, int64_t count);
+  /// One arrival of this thread (release: its reads and writes before it
+  /// happen before the phase completes).
+  void mbarrierArrive(Value bar);
+  /// cp.async.mbarrier.arrive.noinc: one arrival when this thread's
+  /// cp.async copies issued so far have landed (init counts it).
+  void mbarrierArriveOnCopies(Value bar);
+  /// Waits (acquire) until the phase of parity \p parity (i32: 0 or 1) has
+  /// completed: mbarrier.try_wait.parity in a loop.
+  void mbarrierWait(Value bar, Value parity);
 
   /// Emits \p body inside `scf.if %cond` (no results).
   template <typename Fn> void ifThen(Value cond, Fn &&body) {

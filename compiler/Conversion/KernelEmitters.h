@@ -24,11 +24,13 @@ constexpr int64_t kMaxSharedBytes = 232448;
 
 /// Lowers a tiled forward function, written in the tile dialect, into a
 /// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault);
-/// its products on warpgroup MMAs where \p wgmma and the shape allow.
+/// its products on warpgroup MMAs where \p wgmma and the shape allow, and
+/// then its K/V blocks through a ring of \p ringStages stages filled by a
+/// producer warpgroup (GpuGeometry::ringStages; 0 or 1: no ring).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes,
-                                    bool wgmma);
+                                    bool wgmma, int64_t ringStages);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
@@ -53,11 +55,12 @@ AttentionSpec specFromAttr(attn::KernelAttr attr);
 /// Checks the GPU lowering's options against the function's tiling before
 /// any code is made (a named error on \p fn): warps in [1, 16], copy-bytes
 /// 2, 4, 8 or 16, tiles that fit the warps, the shared memory (227 KB, the
-/// most any target gives a block) and the registers.
+/// most any target gives a block) and the registers; the stages as
+/// gpuConfigProblem takes them with \p kvRing.
 mlir::LogicalResult checkGpuOptions(mlir::func::FuncOp fn,
                                     const AttentionSpec &spec,
                                     const TileConfig &config,
-                                    int64_t copyBytes);
+                                    int64_t copyBytes, bool kvRing);
 
 /// Appends a `gpu.func` kernel named as \p tiled, taking \p argTys, with a
 /// known block size of \p threads, the dynamic shared memory it needs

@@ -69,7 +69,7 @@ AttentionSpec conversion::specFromAttr(attn::KernelAttr attr) {
 LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                                           const AttentionSpec &spec,
                                           const TileConfig &config,
-                                          int64_t copyBytes) {
+                                          int64_t copyBytes, bool kvRing) {
   if (config.warps < 1 || config.warps > 16)
     return fn.emitError() << "warps must be in [1, 16], got " << config.warps;
   if (copyBytes != 2 && copyBytes != 4 && copyBytes != 8 && copyBytes != 16)
@@ -77,10 +77,11 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                           << copyBytes;
   if (spec.direction == Direction::Backward)
     return success(); // checked per role (TileToGPUPlacement.cpp)
-  if (std::string p = gpuConfigProblem(spec, config, conversion::kMaxSharedBytes);
+  if (std::string p = gpuConfigProblem(spec, config,
+                                      conversion::kMaxSharedBytes, kvRing);
       !p.empty())
     return fn.emitError() << p;
-  GpuGeometry geo = gpuGeometry(spec, config);
+  GpuGeometry geo = gpuGeometry(spec, config, kvRing);
   int64_t accumulators = geo.mTiles * (config.blockN / 8 + geo.dvChunk / 8) * 4;
   if (accumulators > 255)
     return fn.emitError() << "the tiles need " << accumulators
@@ -166,7 +167,7 @@ struct LowerTiledToGPUPass
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
-                                             wgmma)))
+                                             wgmma, kvRingStages)))
         return signalPassFailure();
       fn.erase();
     }
@@ -178,7 +179,7 @@ struct LowerTiledToGPUPass
       config.warps = warps;
       if (failed(tile::verifyWritesOutput(fn)) ||
           failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
-                                             config, copyBytes)))
+                                             config, copyBytes, false)))
         return signalPassFailure();
       LogicalResult lowered = conversion::lowerTileBackwardKernel(
           fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma);

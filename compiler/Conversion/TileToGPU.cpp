@@ -137,6 +137,9 @@ LogicalResult TileKernelLowering::assignHomes() {
             readers, std::distance(load->getUsers().begin(),
                                    load->getUsers().end()));
       }
+      if (place.ringStages)
+        return failed(assignRing(loop)) ? WalkResult::interrupt()
+                                        : WalkResult::advance();
       if (first >= 0 && (vectors || readers > 1)) {
         int64_t stage = alignSlot(sharedBytes) - first;
         doubleBuffered[loop] = stage;
@@ -333,7 +336,7 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   }
   if (wg)
     settle(/*wait=*/true);
-  if (outermost && branch < 0)
+  if (outermost && branch < 0 && !inRoleBranch)
     mlir::gpu::ReturnOp::create(b);
   return success();
 }
@@ -504,7 +507,8 @@ mlir::gpu::GPUFuncOp conversion::createPlacedKernel(
   int64_t programsZ = 0;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
-  return createKernelFunc(b, gpuModule, fn, argTys, place.threads, sharedBytes,
+  return createKernelFunc(b, gpuModule, fn, argTys,
+                          place.threads + place.producerThreads, sharedBytes,
                           gridAttr(b, place.gridRows, place.gridOverKeys,
                                    place.gridKvHeads,
                                    std::max<int64_t>(programsZ, 1)));
@@ -582,6 +586,13 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (!place.splits.empty()) {
     activeSplit = &place.splits[0];
     splitStart = g.mul(chunk, g.c32(activeSplit->chunk));
+  }
+  if (place.ringStages) {
+    if (!ringLoop)
+      return fn.emitError() << "the K/V ring needs a loop with shared loads";
+    if (failed(lowerRingRoles(body)))
+      return failure();
+    return checkPostconditions(kernel);
   }
   if (failed(lowerBlock(body)))
     return failure();

@@ -92,6 +92,10 @@ struct KernelPlacement {
   /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
   /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
   bool wgmma = false;
+  /// The forward's K/V ring (TileToGPURing.cpp; GpuGeometry::ringStages):
+  /// its stages (0: none) and the producer warpgroup's threads, the block's
+  /// last ones after the `threads` consumers that every tile is placed on.
+  int64_t ringStages = 0, producerThreads = 0;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
@@ -284,6 +288,26 @@ private:
     return place.wgmma ? roundUp(offset, 1024) : offset;
   }
 
+  // The K/V ring of a kernel with a producer warpgroup (TileToGPURing.cpp).
+  /// Takes \p loop (with shared loads) as the ring's: its stages after the
+  /// slots, then the barriers.
+  LogicalResult assignRing(mlir::scf::ForOp loop);
+  /// The two roles: barrier set-up, then the producer's copies and the
+  /// consumers' lowering of \p body.
+  LogicalResult lowerRingRoles(mlir::Block &body);
+  LogicalResult lowerProducer(mlir::Block &body);
+  LogicalResult lowerRingFor(mlir::scf::ForOp op);
+  /// The stage (i32) of \p op's iteration \p iv, and its phase parity.
+  std::pair<Value, Value> ringPosition(mlir::scf::ForOp op, Value iv);
+  /// The shared pointer of ring load \p load's full (or empty) barrier of
+  /// \p stage (i32).
+  Value ringBarrier(int64_t load, bool empty, Value stage);
+  /// Before product \p op: waits for the stages it reads first.
+  void waitForRing(tile::DotOp op);
+  /// After the products \p done were waited for: gives back the stages
+  /// that they read last.
+  void releaseRing(llvm::ArrayRef<Value> done);
+
   // Control flow (TileToGPUControl.cpp).
   LogicalResult lowerFor(mlir::scf::ForOp op);
   /// The double-buffered pipeline of \p op's shared loads (\p loads):
@@ -386,8 +410,20 @@ private:
   bool pendingCopies = false;
   /// The loop being lowered: its new induction variable, bound and step.
   Value loopIv, loopUb, loopStep;
-  /// The thread index the copies use (an opaque copy inside loops).
+  /// The thread index the copies use (an opaque copy inside loops), and
+  /// how many threads copy (0: the placement's).
   Value copyTid;
+  int64_t copyThreads = 0;
+  /// The K/V ring: its loop, the bytes of a stage, the barriers' offset;
+  /// the products that wait for ring loads (by index) and the results
+  /// that give them back; the iteration's stage and parity (i32).
+  mlir::scf::ForOp ringLoop;
+  int64_t ringStageBytes = 0, ringBarriers = 0;
+  llvm::DenseMap<Operation *, llvm::SmallVector<int64_t, 2>> ringWaits;
+  llvm::DenseMap<Value, llvm::SmallVector<int64_t, 2>> ringReleases;
+  Value ringStage, ringParity;
+  /// Lowering one role's branch of the kernel: no gpu.return of its own.
+  bool inRoleBranch = false;
 
   // Thread geometry (i32) and the ldmatrix lane bases of each slot.
   Value smem, tid, lane, grp, tig, warpRow0, chunk;

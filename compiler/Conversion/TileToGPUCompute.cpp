@@ -40,6 +40,8 @@ using namespace flashjit::conversion;
 /// Before the first dot of a pipeline stage: cp.async.wait_all and a
 /// barrier, then the copies whose slots this frees (lowerFor).
 LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
+  if (ringLoop)
+    waitForRing(op);
   auto it = beforeDot.find(op);
   if (it != beforeDot.end() || pendingCopies) {
     g.waitAll();

@@ -125,6 +125,8 @@ SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
 /// (i > 1) or L_n(t) (i = 1); L_1(lo) before the loop. A single shared load
 /// is copied in place, after a barrier.
 LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
+  if (op == ringLoop)
+    return lowerRingFor(op);
   Block *body = op.getBody();
   SmallVector<tile::LoadOp> loads;
   DenseMap<Operation *, Operation *> firstDot;

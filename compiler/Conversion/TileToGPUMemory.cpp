@@ -105,8 +105,8 @@ LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
       dst = g.add(dst, dstShift);
     gpu::copyTileAsync(
         g,
-        gpu::TileCopier{smem, copyTid ? copyTid : tid, place.threads,
-                        copyBytes},
+        gpu::TileCopier{smem, copyTid ? copyTid : tid,
+                        copyThreads ? copyThreads : place.threads, copyBytes},
         gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
                         ty.getDimSize(0), ty.getDimSize(1), colBase,
                         slot.padCols, slot.rowChunks, dst,

@@ -36,10 +36,11 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 /// and grid.z split of V's columns; the products on warpgroup MMAs where
 /// \p wgmma (sm_90a) and the shape allow them (one warpgroup per 64 rows).
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
-                                        const TileConfig &config, bool wgmma) {
-  GpuGeometry geo = gpuGeometry(spec, config);
+                                        const TileConfig &config, bool wgmma,
+                                        bool kvRing) {
+  GpuGeometry geo = gpuGeometry(spec, config, wgmma && kvRing);
   KernelPlacement p;
-  p.threads = geo.threads;
+  p.threads = 32 * config.warps;
   p.regRows = config.blockM;
   p.gridRows = config.blockM;
   p.mt = geo.mTiles;
@@ -51,6 +52,9 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
   p.numF32Args = 1;
   p.reversePidM = spec.mask == MaskKind::Causal;
   p.wgmma = wgmma && geo.wgmmaShape;
+  p.ringStages = geo.ringStages;
+  if (p.ringStages)
+    p.producerThreads = GpuGeometry::kRingProducerThreads;
   return p;
 }
 
@@ -58,15 +62,18 @@ LogicalResult
 flashjit::conversion::lowerTileKernel(func::FuncOp fn,
                                       mlir::gpu::GPUModuleOp gpuModule,
                                       int64_t warps, int64_t copyBytes,
-                                      bool wgmma) {
+                                      bool wgmma, int64_t ringStages) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
-  if (failed(checkGpuOptions(fn, spec, config, copyBytes)))
+  const bool kvRing = wgmma && ringStages >= 2;
+  if (kvRing)
+    config.stages = ringStages;
+  if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes,
-                            forwardPlacement(spec, config, wgmma))
+                            forwardPlacement(spec, config, wgmma, kvRing))
       .run(gpuModule);
 }
 

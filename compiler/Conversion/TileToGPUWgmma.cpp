@@ -54,6 +54,7 @@ void TileKernelLowering::settle(bool wait) {
     SmallVector<Value> pinned = wg->pin(f.regs);
     f.regs.assign(pinned.begin(), pinned.end());
   }
+  releaseRing(inFlight);
   inFlight.clear();
 }
 

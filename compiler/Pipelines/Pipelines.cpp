@@ -92,6 +92,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.copyBytes = gpu.copyBytes;
   lower.vectorAtomics = gpu.vectorAtomics;
   lower.wgmma = gpu.wgmma;
+  lower.kvRingStages = gpu.kvRingStages;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -111,6 +112,7 @@ void buildPtxLoweringPipeline(OpPassManager &pm,
   gpu.copyBytes = options.copyBytes;
   gpu.vectorAtomics = options.vectorAtomics;
   gpu.wgmma = options.wgmma;
+  gpu.kvRingStages = options.kvRingStages;
   buildGpuLoweringPipeline(pm, options.warps, gpu);
   target::GpuModuleToPtxOptions ptx;
   ptx.chip = options.chip;
@@ -136,6 +138,7 @@ void registerFlashjitPasses() {
     gpu.copyBytes = options.copyBytes;
     gpu.vectorAtomics = options.vectorAtomics;
     gpu.wgmma = options.wgmma;
+    gpu.kvRingStages = options.kvRingStages;
     return gpu;
   };
   PassPipelineRegistration<FlashjitPipelineOptions>(

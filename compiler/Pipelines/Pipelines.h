@@ -44,6 +44,11 @@ struct FlashjitPipelineOptions
                      llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
                                     "MMAs where its shape allows (sm_90a)"),
                      llvm::cl::init(false)};
+  Option<int64_t> kvRingStages{
+      *this, "kv-ring-stages",
+      llvm::cl::desc("the warpgroup-MMA forward's K/V ring: its stages (2 to "
+                     "4; 0 or 1: no ring)"),
+      llvm::cl::init(0)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
@@ -68,6 +73,11 @@ struct FlashjitPtxPipelineOptions
                      llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
                                     "MMAs where its shape allows (sm_90a)"),
                      llvm::cl::init(false)};
+  Option<int64_t> kvRingStages{
+      *this, "kv-ring-stages",
+      llvm::cl::desc("the warpgroup-MMA forward's K/V ring: its stages (2 to "
+                     "4; 0 or 1: no ring)"),
+      llvm::cl::init(0)};
   Option<std::string> chip{*this, "chip",
                            llvm::cl::desc("the GPU architecture (sm_80, "
                                           "sm_90a, ...)"),
@@ -96,6 +106,8 @@ struct GpuPipelineConfig {
   int64_t copyBytes = 16;     ///< global -> shared copy width (alignment)
   bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
   bool wgmma = false;         ///< warpgroup MMAs (sm_90a)
+  /// The warpgroup-MMA forward's K/V ring stages (0 or 1: no ring).
+  int64_t kvRingStages = 0;
 };
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),

@@ -37,11 +37,11 @@ protected:
 
 /// Runs \p args (a fresh layout seed for a block-sparse one) and checks the
 /// result against the float64 reference; returns the JSON line.
-std::string runAndCheck(std::string args) {
+std::string runAndCheck(std::string args, const std::string &env = "") {
   // Random layouts get a fresh seed each run (reported on failure).
   if (args.find("--block-sparse") != std::string::npos)
     args += " --seed " + std::to_string(std::random_device{}() % 100000);
-  auto r = runFlashjit("run --device cuda --json " + args);
+  auto r = runFlashjit("run --device cuda --json " + args, env);
   SCOPED_TRACE("flashjit run --device cuda --json " + args + "\n" + r.out);
   EXPECT_EQ(r.exitCode, 0);
   EXPECT_NE(r.out.find("\"ok\":true"), std::string::npos);
@@ -65,6 +65,24 @@ TEST_P(ForwardWgmmaGpu, MatchesFloat64Reference) {
   EXPECT_NE(out.find(hopper ? "\"mma\":\"wgmma\"" : "\"mma\":\"mma.sync\""),
             std::string::npos)
       << GetParam() << "\n" << out;
+  EXPECT_NE(out.find("\"kv_ring\":0"), std::string::npos) << out;
+}
+
+/// The same tilings with the K/V ring (FLASHJIT_KV_RING=1): on sm_90a a
+/// producer warpgroup fills --stages S (default 2) stages, none with
+/// --stages 1; elsewhere no ring.
+class ForwardKvRingGpu : public ForwardGpu {};
+
+TEST_P(ForwardKvRingGpu, MatchesFloat64Reference) {
+  const std::string args = GetParam();
+  std::string out = runAndCheck(args, "FLASHJIT_KV_RING=1");
+  const bool hopper = out.find("\"arch\":\"sm_90a\"") != std::string::npos;
+  std::string stages = "2";
+  if (size_t at = args.find("--stages "); at != std::string::npos)
+    stages = args.substr(at + 9, 1);
+  const std::string ring = hopper && stages != "1" ? stages : "0";
+  EXPECT_NE(out.find("\"kv_ring\":" + ring), std::string::npos)
+      << args << "\n" << out;
 }
 
 // clang-format off
@@ -79,6 +97,27 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardWgmmaGpu, ::testing::Values(
   "--head-dim 1 --block-m 64 --block-n 32 --warps 4 --seq-len 17",
   "--head-dim 128 --block-m 192 --block-n 128 --warps 12 --causal --seq-len 700 --seq-len-kv 1500",
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384"
+));
+// clang-format on
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Tilings, ForwardKvRingGpu, ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 2 --seq-len 1000",
+  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --causal --seq-len 999",
+  "--head-dim 96 --dtype fp16 --block-m 128 --block-n 64 --warps 8 --window 100,20 --seq-len 1025",
+  "--head-dim 128 --block-m 64 --block-n 128 --warps 4 --gqa 2 --heads 4 --seq-len 300 --seq-len-kv 700",
+  "--head-dim 40 --head-dim-v 72 --block-m 128 --block-n 64 --warps 8 --seq-len 100 --seq-len-kv 333",
+  "--head-dim 256 --block-m 64 --block-n 64 --warps 4 --causal --seq-len 500",
+  "--head-dim 1 --block-m 64 --block-n 32 --warps 4 --seq-len 17",
+  "--head-dim 128 --block-m 128 --block-n 64 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384",
+  "--head-dim 128 --seq-len 4096 --batch 2 --heads 4",
+  "--head-dim 64 --causal --seq-len 1 --seq-len-kv 4000",
+  // The ring's depth: none, 3 and 4 stages (several passes over the ring).
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 1000",
+  "--head-dim 64 --block-m 64 --block-n 64 --warps 4 --stages 3 --causal --seq-len 1000 --seq-len-kv 1200",
+  "--head-dim 128 --block-m 128 --block-n 64 --warps 8 --stages 4 --gqa 4 --heads 8 --seq-len 2000",
+  "--head-dim 256 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 600",
+  "--head-dim 96 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.3 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000"
 ));
 // clang-format on
 

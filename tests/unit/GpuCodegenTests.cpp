@@ -93,6 +93,7 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
     if (usesWgmma(target) && std::max(c.dqk, c.dv) <= 256 &&
         !spec.blockSparse) {
       EXPECT_TRUE(gpuGeometry(spec, config).wgmmaShape) << config.toJson();
+
       EXPECT_NE(compileToPtx(spec, config, target).find("wgmma.mma_async"),
                 std::string::npos)
           << config.toJson();
@@ -118,7 +119,8 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   AttentionSpec spec = c.spec(Direction::Forward);
   GpuTarget target;
   target.arch = "sm_90a";
-  for (TileConfig config : {defaultGpuConfig(spec), tile(64, 32, 4)}) {
+  for (TileConfig config : {defaultGpuConfig(spec), tile(64, 32, 4),
+                            defaultGpuConfig(spec, true)}) {
     if (spec.blockSparse && (spec.sparseBlock % config.blockM != 0 ||
                              spec.sparseBlock % config.blockN != 0))
       continue;
@@ -132,6 +134,58 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
                        std::to_string(geo.threads) + ", 1, 1>"),
               std::string::npos)
         << config.toJson();
+  }
+}
+
+/// Sets FLASHJIT_KV_RING=1 for its lifetime (the K/V ring is opt-in).
+struct KvRingOn {
+  KvRingOn() { setenv("FLASHJIT_KV_RING", "1", 1); }
+  ~KvRingOn() { unsetenv("FLASHJIT_KV_RING"); }
+};
+
+/// With the K/V ring (FLASHJIT_KV_RING=1, sm_90a), the forward records the
+/// launcher's resources (Q, the stages and their barriers; the consumers
+/// and the producer warpgroup) for the ring's default tiling, 3 stages and
+/// none; its barriers are there exactly when the geometry has a ring; and
+/// the ring's default tiling assembles without spills up to d = 256.
+TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
+  const GpuCase &c = GetParam();
+  AttentionSpec spec = c.spec(Direction::Forward);
+  KvRingOn ring;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  ASSERT_TRUE(usesKvRing(target));
+  TileConfig ring3 = tile(64, 64, 4), none = tile(128, 64, 8);
+  ring3.stages = 3;
+  none.stages = 1;
+  const TileConfig ringDefault = defaultGpuConfig(spec, true, true);
+  for (const TileConfig &config : {ringDefault, ring3, none}) {
+    if (spec.blockSparse && (spec.sparseBlock % config.blockM != 0 ||
+                             spec.sparseBlock % config.blockN != 0))
+      continue;
+    if (!gpuConfigProblem(spec, config, 227 * 1024, true).empty())
+      continue;
+    std::string gpu = emitStage(spec, config, Stage::Gpu, target);
+    GpuGeometry geo = gpuGeometry(spec, config, true);
+    EXPECT_EQ(geo.ringStages,
+              geo.wgmmaShape && config.stages > 1 ? config.stages : 0)
+        << config.toJson();
+    EXPECT_NE(gpu.find("attn.shared_bytes = " +
+                       std::to_string(geo.sharedBytes) + " : i64"),
+              std::string::npos)
+        << config.toJson() << " does not record " << geo.sharedBytes;
+    EXPECT_NE(gpu.find("known_block_size = array<i32: " +
+                       std::to_string(geo.threads) + ", 1, 1>"),
+              std::string::npos)
+        << config.toJson();
+    EXPECT_EQ(gpu.find("mbarrier.try_wait.parity") != std::string::npos,
+              geo.ringStages > 0)
+        << config.toJson();
+  }
+  if (std::max(c.dqk, c.dv) <= 256) {
+    rt::ResourceUsage use = rt::parseResourceUsage(
+        assemble(spec, ringDefault, "sm_90a").infoLog);
+    EXPECT_EQ(use.spills(), 0) << ringDefault.toJson() << " spills";
   }
 }
 

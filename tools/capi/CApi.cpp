@@ -151,7 +151,8 @@ TileConfig chooseConfig(const AttentionSpec &spec, const Problem &problem,
   GpuTarget target;
   if (gpu)
     target.arch = gpu->targetArch();
-  TileConfig c = defaultGpuConfig(spec, gpu && usesWgmma(target));
+  TileConfig c = defaultGpuConfig(spec, gpu && usesWgmma(target),
+                                  gpu && usesKvRing(target));
   c.warps = std::min(c.warps, std::max<int64_t>(1, c.blockM / 16));
   return c;
 }
@@ -697,7 +698,8 @@ TileConfig chooseGpuConfig(flashjit_handle *h, const AttentionSpec &spec,
   std::string problem =
       spec.direction == Direction::Backward
           ? gpuBackwardConfigProblem(spec, config, info.maxSharedPerBlockOptin)
-          : gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin);
+          : gpuConfigProblem(spec, config, info.maxSharedPerBlockOptin,
+                             usesKvRing(target));
   if (!problem.empty())
     invalid(problem);
   return config;

@@ -211,10 +211,11 @@ int runRun(const CliOptions &o) {
     // on sm_90a, where the tiles have the shape).
     GpuTarget target;
     target.arch = gpu.arch;
-    const bool wgmma =
-        usesWgmma(target) && gpuGeometry(spec, config).wgmmaShape;
+    const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
+    const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
     gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
-                fmt::format(",\"mma\":\"{}\"", wgmma ? "wgmma" : "mma.sync");
+                fmt::format(",\"mma\":\"{}\",\"kv_ring\":{}",
+                            wgmma ? "wgmma" : "mma.sync", geo.ringStages);
   }
   if (o.json) {
     fmt::print(

@@ -144,7 +144,11 @@ std::string helpText(const std::string &command) {
          "                       128 at d <= 64 without a mask), 64 x 64 with\n"
          "                       4 up to 256, 32 x 32 with 2 past it;\n"
          "                       --deterministic: 64 x 64 with 4 warps (128 x\n"
-         "                       64 at d <= 64 without a mask) up to 256)\n";
+         "                       64 at d <= 64 without a mask) up to 256)\n"
+         "                       --stages: 2 (K and V of one block in\n"
+         "                       flight); with FLASHJIT_KV_RING=1 on sm_90a,\n"
+         "                       the K/V ring's depth for warpgroup tilings\n"
+         "                       (2..4; 1: no ring)\n";
 }
 
 const std::vector<std::string> &runOnlyOptions() {

@@ -245,9 +245,10 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       o, session, spec, target,
       useFlags && o.configFromFlags ? std::optional<TileConfig>(o.config)
                                     : std::nullopt,
-      defaultGpuConfig(spec, usesWgmma(target)),
+      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)),
       [&](const TileConfig &c) {
-        return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin);
+        return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin,
+                                usesKvRing(target));
       },
       tuneFn);
   auto t0 = std::chrono::steady_clock::now();

@@ -176,6 +176,7 @@ rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu) {
   GpuTarget target;
   target.arch = gpu.targetArch();
   limits.warpgroupMma = usesWgmma(target);
+  limits.kvRing = usesKvRing(target);
   return limits;
 }
 

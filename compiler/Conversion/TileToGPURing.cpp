@@ -1,0 +1,237 @@
+//===- TileToGPURing.cpp - The forward's K/V ring and its producer --------===//
+//
+/// \file
+/// Warp specialisation of the forward on warpgroup MMAs (KernelPlacement::
+/// ringStages, GpuGeometry's ring): the block's last warpgroup only copies,
+/// every other one only computes, and they meet at mbarriers. The tile IR
+/// is the same; this decides when and by whom its loads run. Before:
+///
+///   %q = tile.load %Q[...] ...
+///   %r:3 = scf.for %t = %lo to %hi step %c1 iter_args(...) {
+///     %k = tile.load %K[...] rows %n0 ...   // read by S = Q K^T
+///     %v = tile.load %V[...] rows %n0 ...   // read by O += P V
+///     ...
+///   }
+///   tile.store ...
+///
+/// After (stage s = t % S of S stages, its parity p = (t / S) & 1; per
+/// stage the barriers full K, full V, empty K, empty V):
+///
+///   thread 0: mbarrier.init full (128: the producer's threads), empty
+///       (the consumers' threads); bar.sync 0
+///   scf.if (warp >= consumer warps) {           // the producer warpgroup
+///     scf.for %t = %lo to %hi {
+///       mbarrier.wait empty K[s], p ^ 1; cp.async K(t) -> stage s;
+///       cp.async.mbarrier.arrive.noinc full K[s]
+///       (the same for V)
+///     }
+///     cp.async.wait_all
+///   } else {                                    // the consumers
+///     cp.async Q; wait_all; bar.sync 1, consumers
+///     scf.for %t = %lo to %hi iter_args(<registers>) {
+///       mbarrier.wait full K[s], p; fence.proxy.async
+///       S = Q K^T (wgmma); wait_group 0; mbarrier.arrive empty K[s]
+///       ... softmax ...
+///       mbarrier.wait full V[s], p; fence.proxy.async
+///       O += P V (wgmma); wait_group 0; mbarrier.arrive empty V[s]
+///     }
+///     tile.store ...
+///   }
+///
+/// The producer runs S blocks ahead at most: the copies of block t + S wait
+/// until every consumer is done with block t's stage.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+
+/// The ring's shared loads of \p loop, in program order: its tile.loads
+/// that live in shared slots.
+static SmallVector<tile::LoadOp>
+ringLoadsOf(scf::ForOp loop, const DenseMap<Value, TileHome> &homes) {
+  SmallVector<tile::LoadOp> loads;
+  for (Operation &op : loop.getBody()->without_terminator())
+    if (auto load = dyn_cast<tile::LoadOp>(&op);
+        load && homes.lookup(load.getResult()) == TileHome::Shared)
+      loads.push_back(load);
+  return loads;
+}
+
+Value TileKernelLowering::ringBarrier(int64_t load, bool empty, Value stage) {
+  // Per stage: full K, full V, empty K, empty V.
+  Value slot = g.add(g.mul(stage, g.c32(GpuGeometry::kRingBarriersPerStage)),
+                     g.c32((empty ? 2 : 0) + load));
+  return g.sharedBytePtr(smem, g.add(g.c32(ringBarriers),
+                                     g.mul(slot, g.c32(8))));
+}
+
+LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
+  SmallVector<tile::LoadOp> loads = ringLoadsOf(loop, homes);
+  if (loads.empty())
+    return success();
+  if (ringLoop)
+    return fail(loop, "the K/V ring serves one loop of the kernel");
+  if (loop->getParentOp() != fn.getOperation() || loads.size() != 2)
+    return fail(loop, "the K/V ring takes a loop of the function's body "
+                      "with two shared loads (K and V)");
+  ringLoop = loop;
+  const int64_t first = slots[loads.front().getResult()].offset;
+  ringStageBytes = alignSlot(sharedBytes) - first;
+  ringBarriers = first + place.ringStages * ringStageBytes;
+  sharedBytes = ringBarriers +
+                place.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
+  return success();
+}
+
+LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
+  const int64_t consumers = place.threads, producers = place.producerThreads;
+  g.ifThen(g.cmp(arith::CmpIPredicate::eq, tid, g.c32(0)), [&] {
+    for (int64_t s = 0; s < place.ringStages; ++s)
+      for (int64_t l = 0; l < 2; ++l) {
+        g.mbarrierInit(ringBarrier(l, false, g.c32(s)), producers);
+        g.mbarrierInit(ringBarrier(l, true, g.c32(s)), consumers);
+      }
+  });
+  g.barrier(); // the barriers are initialised before anyone uses them
+  auto roles = scf::IfOp::create(
+      b, g.cmp(arith::CmpIPredicate::uge, tid, g.c32(consumers)),
+      /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(roles.thenBlock()->getTerminator());
+    if (failed(lowerProducer(body)))
+      return failure();
+  }
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(roles.elseBlock()->getTerminator());
+    g.barrierThreads = consumers;
+    inRoleBranch = true;
+    LogicalResult r = lowerBlock(body);
+    inRoleBranch = false;
+    g.barrierThreads = 0;
+    if (failed(r))
+      return failure();
+  }
+  mlir::gpu::ReturnOp::create(b);
+  return success();
+}
+
+/// The producer's program: the function body's scalar ops (the loop's
+/// bounds and the loads' addresses depend on them), then the ring loop's
+/// copies; every tile op is the consumers'.
+LogicalResult TileKernelLowering::lowerProducer(Block &body) {
+  SmallVector<tile::LoadOp> loads = ringLoadsOf(ringLoop, homes);
+  for (Operation &op : body.without_terminator()) {
+    if (&op == ringLoop.getOperation())
+      break;
+    bool tiles =
+        llvm::any_of(op.getOperandTypes(),
+                     [](Type t) { return isa<RankedTensorType>(t); }) ||
+        llvm::any_of(op.getResultTypes(),
+                     [](Type t) { return isa<RankedTensorType>(t); });
+    if (tiles || op.getNumRegions() || isa<tile::StoreOp>(op))
+      continue;
+    if (failed(lowerOp(&op)))
+      return failure();
+  }
+  Value lb = scalar(ringLoop.getLowerBound());
+  Value ub = scalar(ringLoop.getUpperBound());
+  Value step = scalar(ringLoop.getStep());
+  auto loop = scf::ForOp::create(b, lb, ub, step);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(loop.getBody()->getTerminator());
+  Value outerTid = copyTid;
+  copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
+  copyThreads = place.producerThreads;
+  auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar());
+  Value shift = g.mul(stage, g.c32(ringStageBytes));
+  for (auto [i, load] : llvm::enumerate(loads)) {
+    // A fresh barrier's phase of parity 1 counts as completed: the first
+    // pass over the stages does not wait.
+    g.mbarrierWait(ringBarrier(i, /*empty=*/true, stage),
+                   g.xorI(parity, g.c32(1)));
+    if (failed(issueCopy({load}, loop.getInductionVar(), shift,
+                         /*commit=*/false)))
+      return failure();
+    g.mbarrierArriveOnCopies(ringBarrier(i, /*empty=*/false, stage));
+  }
+  copyThreads = 0;
+  copyTid = outerTid;
+  b.setInsertionPointAfter(loop);
+  g.waitAll();
+  pendingCopies = false;
+  return success();
+}
+
+std::pair<Value, Value> TileKernelLowering::ringPosition(scf::ForOp op,
+                                                         Value iv) {
+  Value k = arith::SubIOp::create(b, iv, scalar(op.getLowerBound()));
+  if (getConstantIntValue(op.getStep()) != 1)
+    k = arith::DivUIOp::create(b, k, scalar(op.getStep()));
+  Value k32 = toI32(k);
+  Value stages = g.c32(place.ringStages);
+  return {g.remU(k32, stages), g.andI(g.divU(k32, stages), g.c32(1))};
+}
+
+/// The consumers' loop: each shared load's first product waits for its
+/// stage to be full; the product that reads it last, once waited for,
+/// gives the stage back (settle).
+LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
+  if (pendingCopies) { // Q, copied by every consumer, has landed
+    g.waitAll();
+    wg->fenceProxyAsync();
+    g.barrier();
+    pendingCopies = false;
+  }
+  SmallVector<tile::LoadOp> loads = ringLoadsOf(op, homes);
+  Block *body = op.getBody();
+  ringWaits.clear();
+  ringReleases.clear();
+  for (auto [i, load] : llvm::enumerate(loads)) {
+    pipelined.insert(load);
+    Operation *first = nullptr, *last = nullptr;
+    for (Operation *user : load.getResult().getUsers()) {
+      Operation *inBody = body->findAncestorOpInBlock(*user);
+      if (!inBody || !isa<tile::DotOp>(inBody))
+        return fail(load, "a ring tile must be read by tile.dot ops of the "
+                          "loop body itself");
+      if (!first || inBody->isBeforeInBlock(first))
+        first = inBody;
+      if (!last || last->isBeforeInBlock(inBody))
+        last = inBody;
+    }
+    ringWaits[first].push_back(i);
+    ringReleases[cast<tile::DotOp>(last).getResult()].push_back(i);
+  }
+  return lowerLoopBody(op, [&]() -> LogicalResult {
+    std::tie(ringStage, ringParity) = ringPosition(op, loopIv);
+    Value here = g.mul(ringStage, g.c32(ringStageBytes));
+    for (tile::LoadOp l : loads)
+      stageShift[l.getResult()] = here;
+    return success();
+  });
+}
+
+void TileKernelLowering::waitForRing(tile::DotOp op) {
+  auto it = ringWaits.find(op);
+  if (it == ringWaits.end())
+    return;
+  for (int64_t i : it->second)
+    g.mbarrierWait(ringBarrier(i, /*empty=*/false, ringStage), ringParity);
+  wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
+}
+
+void TileKernelLowering::releaseRing(ArrayRef<Value> done) {
+  for (Value v : done)
+    if (auto it = ringReleases.find(v); it != ringReleases.end())
+      for (int64_t i : it->second)
+        g.mbarrierArrive(ringBarrier(i, /*empty=*/true, ringStage));
+}
