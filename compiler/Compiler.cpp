@@ -88,27 +88,22 @@ static AttentionSpec specFromOp(OpT op, Direction direction,
       op.getSparseBlockAttr().getInt(), deterministic);
 }
 
-/// The named variant ("softcap:C") that \p op's score_mod region is, ""
-/// without a region; throws CompileError for a region that is no named
-/// variant (the CPU reference knows only those for now).
+/// Thrown for a score_mod region that is no named variant.
+static CompileError notANamedScoreMod() {
+  return CompileError("the score_mod region is not a named variant "
+                      "(softcap:C = C * tanh(score / C), alibi:H = score + "
+                      "2^(-8 (h + 1) / H) * (kv_idx - q_idx)); other regions "
+                      "are not supported yet");
+}
+
+/// The named variant ("softcap:C", "alibi:H") that \p op's score_mod
+/// region is, "" without a region; throws CompileError for a region that is
+/// no named variant (the CPU reference knows only those for now).
 static std::string namedScoreMod(attn::FlashFwdOp op) {
-  if (!op.hasScoreMod())
-    return "";
-  // softcap: %x = divf %score, C; %t = tanh %x; yield mulf %t, C.
-  Block &body = op.getScoreMod().front();
-  auto yield = cast<attn::YieldOp>(body.getTerminator());
-  auto mul = yield.getValue().getDefiningOp<arith::MulFOp>();
-  auto tanh = mul ? mul.getLhs().getDefiningOp<math::TanhOp>() : nullptr;
-  auto div = tanh ? tanh.getOperand().getDefiningOp<arith::DivFOp>() : nullptr;
-  auto cap = mul ? mul.getRhs().getDefiningOp<arith::ConstantOp>() : nullptr;
-  auto capValue = cap ? dyn_cast<FloatAttr>(cap.getValue()) : nullptr;
-  if (!div || !capValue || div.getLhs() != body.getArgument(0) ||
-      div.getRhs() != cap.getResult() ||
-      std::distance(body.begin(), body.end()) != 5)
-    throw CompileError("the score_mod region is not a named variant "
-                       "(softcap:C = C * tanh(score / C)); other regions are "
-                       "not supported yet");
-  return fmt::format("softcap:{}", capValue.getValueAsDouble());
+  std::optional<std::string> named = op.namedScoreMod();
+  if (!named)
+    throw notANamedScoreMod();
+  return *named;
 }
 
 /// The kernel names the runtime looks up for \p direction.
@@ -159,6 +154,9 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (!attr)
       return;
     AttentionSpec spec = conversion::specFromAttr(attr);
+    if (attr.getScoreMod() == "custom")
+      throw notANamedScoreMod();
+    spec.scoreMod = attr.getScoreMod().str();
     expectName(fn.getName(), spec.direction);
     if (specJson && *specJson != spec.toJson())
       fail("its kernel functions describe different attentions");

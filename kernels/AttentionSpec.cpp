@@ -3,6 +3,7 @@
 #include "kernels/AttentionSpec.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -47,7 +48,7 @@ void AttentionSpec::validate() const {
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
   if (!scoreMod.empty()) {
-    softcapOf(scoreMod);
+    ScoreMod::parse(scoreMod);
     if (direction == Direction::Backward)
       throw SpecError(fmt::format("score modifier '{}': the backward of a "
                                   "score modifier is not derived yet",
@@ -55,30 +56,90 @@ void AttentionSpec::validate() const {
   }
 }
 
-double softcapOf(const std::string &scoreMod) {
-  const std::string prefix = "softcap:";
-  auto bad = [&] {
-    return SpecError(fmt::format(
-        "score modifier '{}': expected softcap:C with a finite C > 0 (the "
-        "named variants: softcap)",
-        scoreMod));
-  };
-  if (scoreMod.rfind(prefix, 0) != 0 || scoreMod.size() == prefix.size())
-    throw bad();
-  std::string text = scoreMod.substr(prefix.size());
-  char *end = nullptr;
-  double cap = std::strtod(text.c_str(), &end);
-  if (*end != '\0' || !std::isfinite(cap) || !(cap > 0) ||
-      !std::isfinite(float(cap)) || float(cap) == 0.0f)
-    throw bad();
-  return cap;
+/// The spelling of \p kind in AttentionSpec::scoreMod.
+static const char *kindName(ScoreMod::Kind kind) {
+  return kind == ScoreMod::Kind::Softcap ? "softcap" : "alibi";
 }
 
-double applyScoreMod(const AttentionSpec &spec, double score) {
-  if (spec.scoreMod.empty())
+/// The largest H of alibi:H: Problem's largest head count.
+constexpr int64_t kMaxAlibiHeads = int64_t(1) << 20;
+
+/// The modifier of \p kind with \p argument; a SpecError quoting \p text
+/// when \p argument (nullopt: none, or no number) is not one of the kind's.
+static ScoreMod checkedScoreMod(ScoreMod::Kind kind,
+                                std::optional<double> argument,
+                                const std::string &text) {
+  ScoreMod mod;
+  mod.kind = kind;
+  const double v = argument.value_or(0);
+  if (kind == ScoreMod::Kind::Softcap) {
+    if (!std::isfinite(v) || !(v > 0) || !std::isfinite(float(v)) ||
+        float(v) == 0.0f)
+      throw SpecError(fmt::format("score modifier '{}': expected softcap:C "
+                                  "with a finite C > 0",
+                                  text));
+    mod.cap = double(float(v));
+    return mod;
+  }
+  if (!(v >= 1 && v <= double(kMaxAlibiHeads)) || v != std::floor(v))
+    throw SpecError(fmt::format("score modifier '{}': expected alibi:H with "
+                                "the head count H an integer in [1, {}]",
+                                text, kMaxAlibiHeads));
+  mod.heads = int64_t(v);
+  return mod;
+}
+
+ScoreMod ScoreMod::parse(const std::string &text) {
+  if (text.empty())
+    return ScoreMod();
+  for (Kind kind : kNamedKinds) {
+    const std::string name = kindName(kind), prefix = name + ":";
+    if (text != name && text.rfind(prefix, 0) != 0)
+      continue;
+    std::string arg = text.substr(std::min(text.size(), prefix.size()));
+    // A number and nothing after it; alibi's H in decimal digits only.
+    char *end = nullptr;
+    double value = std::strtod(arg.c_str(), &end);
+    bool isNumber = !arg.empty() && *end == '\0' &&
+                    (kind != Kind::Alibi ||
+                     arg.find_first_not_of("0123456789") == std::string::npos);
+    return checkedScoreMod(
+        kind, isNumber ? std::optional<double>(value) : std::nullopt, text);
+  }
+  throw SpecError(fmt::format("score modifier '{}': unknown; the named "
+                              "variants are softcap:C and alibi:H",
+                              text));
+}
+
+ScoreMod ScoreMod::of(Kind kind, double argument) {
+  return checkedScoreMod(kind, argument,
+                         fmt::format("{}:{}", kindName(kind), argument));
+}
+
+std::string ScoreMod::name() const {
+  switch (kind) {
+  case Kind::None:
+    return "";
+  case Kind::Softcap:
+    return fmt::format("softcap:{}", float(cap)); // shortest exact f32 text
+  case Kind::Alibi:
+    return fmt::format("alibi:{}", heads);
+  }
+  return "";
+}
+
+double ScoreMod::apply(double score, int64_t head, int64_t qIdx,
+                       int64_t kvIdx) const {
+  switch (kind) {
+  case Kind::None:
     return score;
-  double cap = double(float(softcapOf(spec.scoreMod)));
-  return cap * std::tanh(score / cap);
+  case Kind::Softcap:
+    return cap * std::tanh(score / cap);
+  case Kind::Alibi:
+    return score + std::exp2(-8.0 * double(head + 1) / double(heads)) *
+                       double(kvIdx - qIdx);
+  }
+  return score;
 }
 
 std::string AttentionSpec::name() const {
@@ -143,6 +204,12 @@ void Problem::validate(const AttentionSpec &spec) const {
     throw SpecError(
         fmt::format("heads ({}) must be a multiple of the gqa group size ({})",
                     heads, spec.gqaGroup));
+  if (ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+      mod.kind == ScoreMod::Kind::Alibi && heads != mod.heads)
+    throw SpecError(fmt::format(
+        "heads ({}) must be the H of score modifier '{}' ({}): its slopes "
+        "2^(-8 (h + 1) / H) are those of H query heads",
+        heads, spec.scoreMod, mod.heads));
   if (windowLeft < 0 || windowRight < 0)
     throw SpecError(fmt::format("window must be non-negative, got {},{}",
                                 windowLeft, windowRight));
@@ -258,21 +325,58 @@ std::string Problem::toJson(const AttentionSpec &spec) const {
                      effectiveScale(spec), side(left), side(right));
 }
 
-/// The score_mod region of \p spec's named modifier (after the attribute
-/// dictionary), "" for none.
-static std::string scoreModRegionText(const AttentionSpec &spec) {
-  if (spec.scoreMod.empty())
-    return "";
-  // C * tanh(score / C), C printed exactly as an f32 (hex float).
-  float cap = float(softcapOf(spec.scoreMod));
+/// The exact text of \p v as an f32 constant (a hex float).
+static std::string f32Text(double v) {
+  float f = float(v);
   uint32_t bits;
-  std::memcpy(&bits, &cap, sizeof bits);
+  std::memcpy(&bits, &f, sizeof bits);
+  return fmt::format("0x{:08X}", bits);
+}
+
+// One builder per named variant: the body of its score_mod region on
+// (%s: score, %b: batch, %h: head, %i: q_idx, %j: kv_idx). Each body
+// begins with its argument as an f32 constant, where the reader of a
+// description (FlashFwdOp::namedScoreMod) finds it again.
+
+/// softcap:C: C * tanh(s / C).
+static std::string softcapBody(const ScoreMod &mod) {
+  return fmt::format("    %c = arith.constant {} : f32\n"
+                     "    %x = arith.divf %s, %c : f32\n"
+                     "    %t = math.tanh %x : f32\n"
+                     "    %y = arith.mulf %t, %c : f32\n",
+                     f32Text(mod.cap));
+}
+
+/// alibi:H: s + 2^((h + 1) * (-8 / H)) * (j - i), in f32 (the index
+/// arithmetic in i32 on tiles).
+static std::string alibiBody(const ScoreMod &mod) {
+  return fmt::format("    %H = arith.constant {} : f32\n"
+                     "    %n8 = arith.constant -8.000000e+00 : f32\n"
+                     "    %k = arith.divf %n8, %H : f32\n"
+                     "    %one = arith.constant 1 : index\n"
+                     "    %h1 = arith.addi %h, %one : index\n"
+                     "    %hi = arith.index_cast %h1 : index to i32\n"
+                     "    %hf = arith.sitofp %hi : i32 to f32\n"
+                     "    %e = arith.mulf %hf, %k : f32\n"
+                     "    %slope = math.exp2 %e : f32\n"
+                     "    %d = arith.subi %j, %i : index\n"
+                     "    %di = arith.index_cast %d : index to i32\n"
+                     "    %df = arith.sitofp %di : i32 to f32\n"
+                     "    %bias = arith.mulf %slope, %df : f32\n"
+                     "    %y = arith.addf %s, %bias : f32\n",
+                     f32Text(double(mod.heads)));
+}
+
+/// The score_mod region of \p spec's named modifier (after the attribute
+/// dictionary), "" for none. Its result is %y.
+static std::string scoreModRegionText(const AttentionSpec &spec) {
+  ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+  if (mod.kind == ScoreMod::Kind::None)
+    return "";
   return fmt::format(
       " score_mod {{\n  ^bb0(%s: f32, %b: index, %h: index, %i: index, "
-      "%j: index):\n    %c = arith.constant 0x{:08X} : f32\n"
-      "    %x = arith.divf %s, %c : f32\n    %t = math.tanh %x : f32\n"
-      "    %y = arith.mulf %t, %c : f32\n    attn.yield %y : f32\n  }}",
-      bits);
+      "%j: index):\n{}    attn.yield %y : f32\n  }}",
+      mod.kind == ScoreMod::Kind::Softcap ? softcapBody(mod) : alibiBody(mod));
 }
 
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {

@@ -72,8 +72,8 @@ struct AttentionSpec {
   /// workspace from the dK/dV loop (faster: two fewer matmuls).
   bool deterministic = false;
   /// A named score modifier (the description's score_mod region), "" for
-  /// none: "softcap:C" is C * tanh(score / C), C > 0, applied to the scaled
-  /// score before the mask and the softmax. Forward only for now.
+  /// none: "softcap:C" or "alibi:H" (ScoreMod), applied to the scaled score
+  /// before the mask and the softmax. Forward only for now.
   std::string scoreMod;
 
   /// Throws SpecError naming the bad field and value.
@@ -140,13 +140,42 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 
-/// The cap C of a "softcap:C" score modifier; throws SpecError naming the
-/// text when \p scoreMod is not a named variant with a finite C > 0.
-double softcapOf(const std::string &scoreMod);
+/// A named score modifier (AttentionSpec::scoreMod), parsed. With s the
+/// scaled score scale * q.k of query i and key j (absolute 0-based
+/// positions in Q and K) in query head h:
+///
+///   softcap:C  C * tanh(s / C); C > 0, finite as an f32.
+///   alibi:H    s + slope_h * (j - i), slope_h = 2^(-8 (h + 1) / H): the
+///              ALiBi slopes of H heads (H the problem's query heads, an
+///              integer in [1, 2^20]). j - i is FlexAttention's relative
+///              position; where Nq != Nkv it differs from the bottom-right
+///              aligned j - i - (Nkv - Nq) by a constant per head, which
+///              leaves O unchanged and makes lse larger by
+///              slope_h * (Nkv - Nq).
+struct ScoreMod {
+  enum class Kind { None, Softcap, Alibi };
+  /// Every named kind.
+  static constexpr Kind kNamedKinds[] = {Kind::Softcap, Kind::Alibi};
+  Kind kind = Kind::None;
+  /// softcap's C, rounded to f32 as the kernel's constant is.
+  double cap = 0;
+  /// alibi's H.
+  int64_t heads = 0;
 
-/// \p score (the scaled q.k) after \p spec's score modifier (itself when
-/// there is none), in float64: the reference's side of the modifier.
-double applyScoreMod(const AttentionSpec &spec, double score);
+  /// \p text parsed ("" is Kind::None); throws SpecError naming the text
+  /// for an unknown name or a bad argument.
+  static ScoreMod parse(const std::string &text);
+  /// The modifier of \p kind (not None) with \p argument (softcap's C,
+  /// alibi's H); throws SpecError when it is no argument of that kind.
+  static ScoreMod of(Kind kind, double argument);
+  /// The canonical text: parse(name()) is this modifier, and every text
+  /// parsed to it has this name ("softcap:20.0" is "softcap:20"); "" for
+  /// none.
+  std::string name() const;
+  /// \p score of query \p qIdx and key \p kvIdx in query head \p head,
+  /// modified, in float64: the reference's side of the modifier.
+  double apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx) const;
+};
 
 /// How the backward accumulates dQ. SeparatePass (spec.deterministic): a
 /// second pass over Q blocks recomputes P and dS and sums dQ in registers:

@@ -1,12 +1,13 @@
 //===- ForwardGpuTests.cpp - The forward kernel on the GPU vs float64 -----===//
 //
 /// \file
-/// Runs `flashjit run --device cuda --json` over the CPU suite's matrix and
-/// larger shapes. The CLI does what a kernel test must: fresh random inputs,
-/// NaN-poisoned outputs, one checked launch against a float64 reference
-/// (sampled rows for large problems). Keeping LLVM inside libflashjit.so and
-/// driving it through the binary keeps this test tiny (the GPU machine gets
-/// one copy of LLVM). Skipped, and shown as skipped, without a driver.
+/// Runs `flashjit run --device cuda --json` over the CPU suite's matrix,
+/// larger shapes and the score modifiers. The CLI does what a kernel test
+/// must: fresh random inputs, NaN-poisoned outputs, one checked launch
+/// against a float64 reference (sampled rows for large problems). Keeping
+/// LLVM inside libflashjit.so and driving it through the binary keeps this
+/// test tiny (the GPU machine gets one copy of LLVM). Skipped, and shown as
+/// skipped, without a driver.
 //
 //===----------------------------------------------------------------------===//
 
@@ -97,6 +98,37 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardWgmmaGpu, ::testing::Values(
   "--head-dim 1 --block-m 64 --block-n 32 --warps 4 --seq-len 17",
   "--head-dim 128 --block-m 192 --block-n 128 --warps 12 --causal --seq-len 700 --seq-len-kv 1500",
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384"
+));
+// clang-format on
+
+// Score modifiers (issue 14): the region inlined in the tile IR runs on
+// the GPU as on the CPU, and the float64 reference applies the same
+// modifier. On sm_90a, the default tiling at d = 128 (192 x 128, 12 warps;
+// masked 64 x 128, 4 warps) and an explicit one must take wgmma.
+// Softcaps small against the scores (--scale 2 or 4) so that they change
+// the softmax; ALiBi's H is the heads (--heads defaults to it).
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(ScoreMods, ForwardWgmmaGpu, ::testing::Values(
+  "--head-dim 128 --score-mod softcap:5 --scale 2 --batch 2 --heads 2 --seq-len 1000",
+  "--head-dim 128 --score-mod alibi:4 --batch 2 --seq-len 1000 --seq-len-kv 1100",
+  "--head-dim 128 --score-mod softcap:3 --scale 4 --causal --heads 2 --seq-len 777",
+  "--head-dim 128 --score-mod alibi:8 --gqa 2 --causal --seq-len 999 --seq-len-kv 1200",
+  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --score-mod alibi:2 --window 100,20 --seq-len 1025"
+));
+// clang-format on
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(ScoreMods, ForwardGpu, ::testing::Values(
+  "--head-dim 64 --score-mod softcap:2 --scale 4 --seq-len 1000",
+  "--head-dim 96 --dtype fp16 --score-mod softcap:5 --scale 2 --window 100,20 --seq-len 1025",
+  "--head-dim 64 --score-mod alibi:4 --seq-len 17 --seq-len-kv 1000",
+  "--head-dim 80 --dtype fp16 --score-mod alibi:8 --gqa 4 --causal --seq-len 300 --seq-len-kv 130",
+  "--head-dim 32 --score-mod alibi:1 --window 64,64 --seq-len 300",
+  "--head-dim 64 --score-mod alibi:2 --causal --block-sparse 0.5 --sparse-block 128 --seq-len 512",
+  "--head-dim 128 --block-m 64 --block-n 32 --warps 4 --score-mod alibi:2 --causal --seq-len 777",
+  // Large: N = 16K, sampled rows are checked.
+  "--head-dim 128 --score-mod alibi:16 --causal --batch 2 --seq-len 16384",
+  "--head-dim 128 --score-mod softcap:10 --scale 1 --batch 2 --heads 16 --seq-len 16384"
 ));
 // clang-format on
 

@@ -123,12 +123,18 @@ std::string helpText(const std::string &command) {
          "                       `compile` emits any stage of it\n"
          "  --deterministic      with --backward: dQ by a separate pass over\n"
          "                       Q blocks, bit-identical run to run (default:\n"
-         "                       atomic adds into an f32 workspace, faster)\n"         "  --score-mod softcap:C  score modifier, applied to the scaled\n"
-         "                       score s before the mask and the softmax:\n"
-         "                       C * tanh(s / C), C > 0 (forward only)\n"
+         "                       atomic adds into an f32 workspace, faster)\n"
+         "  --score-mod MOD      score modifier, applied to the scaled\n"
+         "                       score s of query i and key j in query head\n"
+         "                       h before the mask and the softmax (forward\n"
+         "                       only):\n"
+         "                       softcap:C  C * tanh(s / C), C > 0\n"
+         "                       alibi:H    s + 2^(-8 (h + 1) / H) * (j - i),\n"
+         "                                  H = --heads, in [1, 2^20]\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
-         "                       H = the gqa group size: one KV head)\n"
+         "                       H = the gqa group size: one KV head, or\n"
+         "                       alibi:H's H)\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
          "  --block-m BR --block-n BC --warps W --stages S (default on the "
@@ -288,7 +294,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          warpsGiven = true; // a tiling flag: the config comes from flags
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
-      {"--score-mod", [&](auto &v) { o.spec.scoreMod = v; }},
+      {"--score-mod",
+       [&](auto &v) { o.spec.scoreMod = ScoreMod::parse(v).name(); }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--seed",
@@ -405,8 +412,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   }
   if (!seqKVGiven)
     o.problem.seqLenKV = o.problem.seqLenQ;
-  if (!headsGiven)
-    o.problem.heads = o.spec.gqaGroup; // one KV head by default
+  if (!headsGiven) {
+    // One KV head by default; alibi:H's H heads (its slopes are theirs).
+    ScoreMod mod = ScoreMod::parse(o.spec.scoreMod);
+    o.problem.heads =
+        mod.kind == ScoreMod::Kind::Alibi ? mod.heads : o.spec.gqaGroup;
+  }
   if (window) {
     if (o.spec.mask == MaskKind::Causal)
       throw SpecError("--causal and --window are exclusive (causal is "

@@ -16,6 +16,9 @@
 #include "mlir/IR/SymbolTable.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
+#include <optional>
+#include <string>
+
 #include "dialects/Attn/IR/AttnDialect.h.inc"
 
 #define GET_ATTRDEF_CLASSES

@@ -1,10 +1,13 @@
 //===- AttnOps.cpp - The attn dialect's ops and verifiers -----------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "kernels/AttentionSpec.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
+#include "mlir/Parser/Parser.h"
 
 #include "llvm/ADT/TypeSwitch.h"
 
@@ -33,12 +36,35 @@ static bool isKnownRole(StringRef role) {
          role == "dq" || role == "dq_convert";
 }
 
+/// KernelAttr's `score_mod`: "" (none), "custom" or a named variant, and
+/// only on the forward.
+static LogicalResult
+verifyKernelScoreMod(function_ref<InFlightDiagnostic()> emitError,
+                     StringRef role, StringRef scoreMod) {
+  if (scoreMod.empty())
+    return success();
+  if (role != "forward")
+    return emitError() << "#attn.kernel: score_mod is the forward's, got \""
+                       << scoreMod << "\" for role \"" << role << "\"";
+  if (scoreMod == "custom")
+    return success();
+  try {
+    flashjit::ScoreMod::parse(scoreMod.str());
+  } catch (const flashjit::SpecError &e) {
+    return emitError() << "#attn.kernel: score_mod must be \"custom\" or a "
+                          "named variant: "
+                       << e.what();
+  }
+  return success();
+}
+
 LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  StringRef role, int64_t headDimQk,
                                  int64_t headDimV, Type elementType,
                                  StringRef mask, int64_t gqa,
                                  int64_t sparseBlock, int64_t blockM,
-                                 int64_t blockN, bool deterministic) {
+                                 int64_t blockN, bool deterministic,
+                                 StringRef scoreMod) {
   if (!isKnownRole(role))
     return emitError() << "#attn.kernel: role must be \"forward\", "
                           "\"preprocess\", \"main\", \"dq\" or "
@@ -77,7 +103,7 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (role == "dq_convert" && deterministic)
     return emitError() << "#attn.kernel: role \"dq_convert\" (atomic dQ) "
                           "needs deterministic = false";
-  return success();
+  return verifyKernelScoreMod(emitError, role, scoreMod);
 }
 
 LogicalResult AttnDialect::verifyOperationAttribute(Operation *op,
@@ -170,6 +196,35 @@ static LogicalResult verifyScoreMod(FlashFwdOp op) {
                << inner.getName() << "'";
   }
   return success();
+}
+
+std::optional<std::string> FlashFwdOp::namedScoreMod() {
+  if (!hasScoreMod())
+    return "";
+  // Every variant's builder puts its argument first, as an f32 constant:
+  // try each kind with it, and compare with the region that one builds.
+  Block &body = getScoreMod().front();
+  auto first = dyn_cast<arith::ConstantOp>(body.front());
+  auto arg = first ? dyn_cast<FloatAttr>(first.getValue()) : nullptr;
+  if (!arg || !arg.getType().isF32())
+    return std::nullopt;
+  for (flashjit::ScoreMod::Kind kind : flashjit::ScoreMod::kNamedKinds) {
+    flashjit::AttentionSpec spec;
+    try {
+      spec.scoreMod =
+          flashjit::ScoreMod::of(kind, arg.getValueAsDouble()).name();
+    } catch (const flashjit::SpecError &) {
+      continue; // not an argument of this kind
+    }
+    OwningOpRef<ModuleOp> built = parseSourceString<ModuleOp>(
+        flashjit::attnModuleText(spec, "named"), getContext());
+    auto fwd = built ? *built->getOps<FlashFwdOp>().begin() : FlashFwdOp();
+    if (fwd && OperationEquivalence::isRegionEquivalentTo(
+                   &fwd.getScoreMod(), &getScoreMod(),
+                   OperationEquivalence::IgnoreLocations))
+      return spec.scoreMod;
+  }
+  return std::nullopt;
 }
 
 LogicalResult FlashFwdOp::verify() {

@@ -58,14 +58,21 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     or one of the backward's "preprocess", "main" (dK, dV of one KV block),
     "dq" (the deterministic dQ pass) or "dq_convert" (atomic dQ's
     conversion). The other fields are the description's (attn.flash_fwd /
-    attn.flash_bwd) and the tile sizes Br x Bc. The verifier checks every
-    field, so a later stage never meets a head dim of 0 or an unknown mask.
+    attn.flash_bwd) and the tile sizes Br x Bc. `score_mod` (forward only,
+    absent when the description has no score_mod region) names the
+    modifier the function has inlined: the named variant its region is
+    ("softcap:20", "alibi:8"; FlashFwdOp::namedScoreMod), or "custom" for
+    a region that is none of them, so that a reader of the tiled function
+    (`flashjit run --input`) checks it against the reference of the same
+    modifier. The verifier checks every field, so a later stage never meets
+    a head dim of 0 or an unknown mask.
 
     ```mlir
     func.func @attention(...) attributes {attn.kernel = #attn.kernel<
         role = "forward", head_dim_qk = 64, head_dim_v = 64,
         element_type = bf16, mask = "causal", gqa = 1, sparse_block = 0,
-        block_m = 64, block_n = 64, deterministic = false>}
+        block_m = 64, block_n = 64, deterministic = false,
+        score_mod = "alibi:8">}
     ```
   }];
   let parameters = (ins
@@ -78,7 +85,9 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     "int64_t":$sparse_block,
     "int64_t":$block_m,
     "int64_t":$block_n,
-    Attn_BoolParameter:$deterministic
+    Attn_BoolParameter:$deterministic,
+    StringRefParameter<"the inlined score modifier, \"\" for none",
+                       [{""}]>:$score_mod
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
@@ -135,7 +144,11 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
     and the softmax, as FlexAttention's score_mod does: it takes the scaled
     score `scale * q.k` (f32) and the element's batch, head, query index and
     key index (index), holds only arith and math ops, and yields the new
-    score with `attn.yield`. Softcapping at 20 (`--score-mod softcap:20`):
+    score with `attn.yield`. The tiling runs it on whole score tiles, its
+    index values as i32 tiles. The named variants (`--score-mod softcap:C`,
+    `alibi:H`; kernels/AttentionSpec.h, ScoreMod) are regions that
+    attnModuleText builds; `namedScoreMod` recognises them. Softcapping at
+    20 (`--score-mod softcap:20`):
 
     ```mlir
     attn.flash_fwd @attention {element_type = bf16, ...} score_mod {
@@ -153,6 +166,12 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
   let extraClassDeclaration = [{
     /// Whether the description carries a score modifier.
     bool hasScoreMod() { return !getScoreMod().empty(); }
+    /// The named variant (AttentionSpec::scoreMod, e.g. "alibi:8") that
+    /// the score_mod region is: "" without a region, std::nullopt for a
+    /// region that is none of them. A region is a named variant when it is
+    /// the region that variant's builder (attnModuleText) makes, up to
+    /// value names and locations.
+    std::optional<std::string> namedScoreMod();
   }];
 }
 

@@ -14,17 +14,29 @@
 namespace flashjit::attn::detail {
 
 /// Succeeds when the verified score_mod \p region of \p op can run on
-/// tiles; otherwise a named error on \p op: the region uses an argument
-/// other than the score (not supported yet) or an op that is not
-/// elementwise.
+/// tiles; otherwise a named error on \p op: an op that is not elementwise,
+/// or an index constant that the tiles' i32 cannot hold.
 mlir::LogicalResult checkScoreModTileable(mlir::Operation *op,
                                           mlir::Region &region);
 
+/// The index arguments of a score_mod region as i32 tiles of the score
+/// tile's shape: each element's batch, query head, and absolute query and
+/// key positions. Null for an argument the region does not use.
+struct ScoreModIndices {
+  mlir::Value batch, head, qIdx, kvIdx;
+};
+
+/// Whether \p region uses its index argument \p i (1 = batch, 2 = head,
+/// 3 = q_idx, 4 = kv_idx): the tiling builds only the tiles it uses.
+bool scoreModUses(mlir::Region &region, unsigned i);
+
 /// The score_mod \p region (checked by checkScoreModTileable) applied
 /// elementwise to the f32 tile \p scores (the scaled scores), built at
-/// \p b's insertion point: its result tile.
+/// \p b's insertion point: its result tile. Index values become i32 tiles
+/// (\p indices for the arguments).
 mlir::Value inlineScoreMod(mlir::OpBuilder &b, mlir::Location loc,
-                           mlir::Region &region, mlir::Value scores);
+                           mlir::Region &region, mlir::Value scores,
+                           const ScoreModIndices &indices);
 
 } // namespace flashjit::attn::detail
 

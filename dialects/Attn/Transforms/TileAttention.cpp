@@ -42,8 +42,11 @@
 ///
 /// With a score_mod region the scores are scaled first and the region is
 /// inlined on the tile (ScoreMod.cpp), before the mask: S' = mod(scale *
-/// Q K^T); the row max and P = exp2(S' * log2(e) - m) then use log2(e) in
-/// place of scale_log2e, so m and lse are those of the modified scores.
+/// Q K^T, b, h, i, j) with the query and key positions i = m0 + r and
+/// j = n0 + c built as the mask builds its columns (indexTile); the row max
+/// and P = exp2(S' * log2(e) - m) then use log2(e) in place of
+/// scale_log2e, so m and lse are those of the modified scores.
+/// `attn.kernel` names the modifier (score_mod = "alibi:8").
 //
 //===----------------------------------------------------------------------===//
 
@@ -96,6 +99,7 @@ private:
   void loopBounds();
   Value blockStart(Value t);
   SmallVector<Value> step(Value t, Value o, Value m, Value l);
+  Value modifyScores(Value s, Value n0);
   Value maskScores(Value s, Value n0);
   void writeOutput(Value o, Value m, Value l);
 
@@ -139,10 +143,12 @@ func::FuncOp TiledForwardBuilder::build() {
 
   func = func::FuncOp::create(b, op.getSymName(),
                               FunctionType::get(ctx, argTys, {}));
+  // The modifier by name, so that a reader of this stage checks it.
+  std::string scoreMod = op.namedScoreMod().value_or("custom");
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, "forward", dqk, dv, elemTy, op.getMask(),
                                 op.getGqa(), sparseBlock, br, bc,
-                                /*deterministic=*/false));
+                                /*deterministic=*/false, scoreMod));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
   b.setInsertionPointToStart(func.addEntryBlock());
 
@@ -246,11 +252,8 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   Value v = loadTile(tile({bc, dv}, elemTy), arg(abi::V), vBase, n0, nkv,
                      indexArg(abi::VStrideN));
   Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
-  if (op.hasScoreMod()) {
-    s = fmul(s, splat(scale, tile({br, bc}, f32)));
-    s = flashjit::attn::detail::inlineScoreMod(b, b.getLoc(), op.getScoreMod(),
-                                               s);
-  }
+  if (op.hasScoreMod())
+    s = modifyScores(fmul(s, splat(scale, tile({br, bc}, f32))), n0);
 
   // Only blocks that cross Nkv or the band's edge pay for the mask.
   Value n1 = add(n0, cIdx(bc - 1));
@@ -277,15 +280,34 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   return {oNew, mNew, lNew};
 }
 
+/// The score_mod region on the scaled scores \p s of keys [n0, n0 + Bc):
+/// element (r, c) is query m0 + r and key n0 + c of (batch, query head)
+/// (bIdx, hIdx). Builds only the index tiles the region uses.
+Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
+  using flashjit::attn::detail::scoreModUses;
+  Region &region = op.getScoreMod();
+  Tensor iTy = tile({br, bc}, b.getI32Type());
+  flashjit::attn::detail::ScoreModIndices indices;
+  if (scoreModUses(region, 1))
+    indices.batch = splat(toI32(bIdx), iTy);
+  if (scoreModUses(region, 2))
+    indices.head = splat(toI32(hIdx), iTy);
+  if (scoreModUses(region, 3))
+    indices.qIdx = indexTile(iTy, 0, m0);
+  if (scoreModUses(region, 4))
+    indices.kvIdx = indexTile(iTy, 1, n0);
+  return flashjit::attn::detail::inlineScoreMod(b, b.getLoc(), region, s,
+                                                indices);
+}
+
 /// -inf where key n0 + c is past Nkv or outside row m0 + r's band.
 Value TiledForwardBuilder::maskScores(Value s, Value n0) {
   Type i32 = b.getI32Type();
   Tensor sTy = tile({br, bc}, i32), rowTy = tile({br}, i32);
-  Value cols = arith::AddIOp::create(b, iota(sTy, 1), splat(toI32(n0), sTy));
+  Value cols = indexTile(sTy, 1, n0); // kv_idx of each element
   Value ok = cmpI(CmpIPredicate::slt, cols, splat(toI32(nkv), sTy));
   if (hasBand) {
-    Value diag = arith::AddIOp::create(b, iota(rowTy, 0),
-                                       splat(toI32(add(m0, offset)), rowTy));
+    Value diag = indexTile(rowTy, 0, add(m0, offset));
     Value lo = arith::SubIOp::create(b, diag, splat(toI32(winL), rowTy));
     Value hi = arith::AddIOp::create(b, diag, splat(toI32(winR), rowTy));
     ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));

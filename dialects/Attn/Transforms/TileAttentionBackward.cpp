@@ -112,7 +112,7 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
                                 sparseBlock, blockM, blockN,
-                                op.getDeterministic()));
+                                op.getDeterministic(), /*score_mod=*/""));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
   b.setInsertionPointToStart(func.addEntryBlock());

@@ -6,10 +6,12 @@
 // scale_log2e.
 // CHECK-LABEL: func.func @softcap(
 // CHECK-SAME: %[[SL2E:arg[0-9]+]]: f32, %{{.*}}: index, %{{.*}}: index)
+// CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "softcap:20">
 // CHECK: %[[LOG2E:.*]] = arith.constant 1.44269{{.*}} : f32
 // CHECK: %[[SCALE:.*]] = arith.mulf %[[SL2E]], %{{.*}} : f32
 // CHECK: scf.for
 // CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
+// CHECK-NOT: tile.iota
 // CHECK: %[[SPL:.*]] = tile.splat %[[SCALE]] : f32 -> tensor<64x32xf32>
 // CHECK: %[[SS:.*]] = arith.mulf %[[S]], %[[SPL]] : tensor<64x32xf32>
 // CHECK: %[[C:.*]] = arith.constant dense<2.000000e+01> : tensor<64x32xf32>
@@ -80,11 +82,111 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 
 // -----
 
-// expected-error @+2 {{score_mod uses q_idx/kv_idx/batch/head: not supported yet}}
+// ALiBi with 4 heads (--score-mod alibi:4), causal, GQA 2: the index
+// arguments become i32 tiles of the score tile's shape, built as the mask
+// builds its columns: head = splat of the query head (pid_bh % heads, not
+// the KV head), q_idx = m0 + iota dim 0, kv_idx = n0 + iota dim 1. An index
+// constant is an i32 splat, index_cast to i32 is no op on the tiles, and the
+// region runs before the mask's select.
+// CHECK-LABEL: func.func @alibi(
+// CHECK-SAME: %{{.*}}: f32, %[[PIDM:arg[0-9]+]]: index, %[[PIDBH:arg[0-9]+]]: index)
+// CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "alibi:4">
+// CHECK: %[[HQ:.*]] = arith.remui %[[PIDBH]], %{{.*}} : index
+// CHECK: %[[M0:.*]] = arith.muli %[[PIDM]], %{{.*}} : index
+// CHECK: scf.for %[[T:.*]] = %{{.*}} to
+// CHECK: %[[N0:.*]] = arith.muli %[[T]], %{{.*}} : index
+// CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
+// CHECK: %[[SS:.*]] = arith.mulf %[[S]], %{{.*}} : tensor<64x32xf32>
+// CHECK: %[[HI:.*]] = arith.index_cast %[[HQ]] : index to i32
+// CHECK: %[[HT:.*]] = tile.splat %[[HI]] : i32 -> tensor<64x32xi32>
+// CHECK: %[[M0I:.*]] = arith.index_cast %[[M0]] : index to i32
+// CHECK: %[[M0T:.*]] = tile.splat %[[M0I]] : i32 -> tensor<64x32xi32>
+// CHECK: %[[ROWS:.*]] = tile.iota dim 0 : tensor<64x32xi32>
+// CHECK: %[[QI:.*]] = arith.addi %[[ROWS]], %[[M0T]] : tensor<64x32xi32>
+// CHECK: %[[N0I:.*]] = arith.index_cast %[[N0]] : index to i32
+// CHECK: %[[N0T:.*]] = tile.splat %[[N0I]] : i32 -> tensor<64x32xi32>
+// CHECK: %[[COLS:.*]] = tile.iota dim 1 : tensor<64x32xi32>
+// CHECK: %[[KI:.*]] = arith.addi %[[COLS]], %[[N0T]] : tensor<64x32xi32>
+// CHECK: %[[HC:.*]] = arith.constant dense<4.000000e+00> : tensor<64x32xf32>
+// CHECK: %[[N8:.*]] = arith.constant dense<-8.000000e+00> : tensor<64x32xf32>
+// CHECK: %[[K:.*]] = arith.divf %[[N8]], %[[HC]] : tensor<64x32xf32>
+// CHECK: %[[ONE:.*]] = arith.constant dense<1> : tensor<64x32xi32>
+// CHECK: %[[H1:.*]] = arith.addi %[[HT]], %[[ONE]] : tensor<64x32xi32>
+// CHECK-NOT: index_cast
+// CHECK: %[[HF:.*]] = arith.sitofp %[[H1]] : tensor<64x32xi32> to tensor<64x32xf32>
+// CHECK: %[[E:.*]] = arith.mulf %[[HF]], %[[K]] : tensor<64x32xf32>
+// CHECK: %[[SLOPE:.*]] = math.exp2 %[[E]] : tensor<64x32xf32>
+// CHECK: %[[D:.*]] = arith.subi %[[KI]], %[[QI]] : tensor<64x32xi32>
+// CHECK-NOT: index_cast
+// CHECK: %[[DF:.*]] = arith.sitofp %[[D]] : tensor<64x32xi32> to tensor<64x32xf32>
+// CHECK: %[[BIAS:.*]] = arith.mulf %[[SLOPE]], %[[DF]] : tensor<64x32xf32>
+// CHECK: %[[Y:.*]] = arith.addf %[[SS]], %[[BIAS]] : tensor<64x32xf32>
+// CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
+// CHECK: tile.iota dim 1 : tensor<64x32xi32>
+// CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+// CHECK: return
+module {
+attn.flash_fwd @alibi {element_type = bf16, gqa = 2 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "causal", sparse_block = 0 : i64} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %H = arith.constant 4.000000e+00 : f32
+  %n8 = arith.constant -8.000000e+00 : f32
+  %k = arith.divf %n8, %H : f32
+  %one = arith.constant 1 : index
+  %h1 = arith.addi %h, %one : index
+  %hi = arith.index_cast %h1 : index to i32
+  %hf = arith.sitofp %hi : i32 to f32
+  %e = arith.mulf %hf, %k : f32
+  %slope = math.exp2 %e : f32
+  %d = arith.subi %j, %i : index
+  %di = arith.index_cast %d : index to i32
+  %df = arith.sitofp %di : i32 to f32
+  %bias = arith.mulf %slope, %df : f32
+  %y = arith.addf %s, %bias : f32
+  attn.yield %y : f32
+}
+}
+
+// -----
+
+// A region that is no named variant (#attn.kernel says "custom"), on the
+// batch index: the batch is a splat of pid_bh / heads, an index_cast to i64
+// sign-extends the i32 tile, and no position tile is built (q_idx, kv_idx
+// unused; no band).
+// CHECK-LABEL: func.func @custom(
+// CHECK-SAME: %{{.*}}: f32, %{{.*}}: index, %[[PIDBH:arg[0-9]+]]: index)
+// CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "custom">
+// CHECK: %[[B:.*]] = arith.divui %[[PIDBH]], %{{.*}} : index
+// CHECK: %[[SS:.*]] = arith.mulf %{{.*}}, %{{.*}} : tensor<64x32xf32>
+// CHECK-NOT: tile.iota dim 0
+// CHECK: %[[BI:.*]] = arith.index_cast %[[B]] : index to i32
+// CHECK: %[[BT:.*]] = tile.splat %[[BI]] : i32 -> tensor<64x32xi32>
+// CHECK: %[[C3:.*]] = arith.constant dense<3> : tensor<64x32xi32>
+// CHECK: %[[X:.*]] = arith.muli %[[BT]], %[[C3]] : tensor<64x32xi32>
+// CHECK: %[[XL:.*]] = arith.extsi %[[X]] : tensor<64x32xi32> to tensor<64x32xi64>
+// CHECK: %[[XF:.*]] = arith.sitofp %[[XL]] : tensor<64x32xi64> to tensor<64x32xf32>
+// CHECK: %[[Y:.*]] = arith.addf %[[SS]], %[[XF]] : tensor<64x32xf32>
+// CHECK-NOT: tile.iota dim 0
+// CHECK: return
+module {
+attn.flash_fwd @custom {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %c3 = arith.constant 3 : index
+  %x = arith.muli %b, %c3 : index
+  %xl = arith.index_cast %x : index to i64
+  %xf = arith.sitofp %xl : i64 to f32
+  %y = arith.addf %s, %xf : f32
+  attn.yield %y : f32
+}
+}
+
+// -----
+
+// expected-error @+2 {{score_mod: the index constant 4294967296 does not fit in i32 (index values are i32 on tiles)}}
 module {
 attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} score_mod {
 ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
-  %d = arith.subi %i, %j : index
+  %c = arith.constant 4294967296 : index
+  %d = arith.addi %i, %c : index
   %di = arith.index_cast %d : index to i32
   %df = arith.sitofp %di : i32 to f32
   %y = arith.addf %s, %df : f32

@@ -100,8 +100,9 @@ func.func @attention() attributes {attn.kernel = "hello"} {
 
 // -----
 
-// A missing field (head_dim_qk) is a parse error, never a default.
-// expected-error @+1 {{expected ','}}
+// A missing field (head_dim_qk) is a parse error, never a default (only
+// score_mod may be left out: none).
+// expected-error @+1 {{struct is missing required parameter: head_dim_qk}}
 func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
   return
 }
@@ -110,5 +111,26 @@ func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", 
 
 // expected-error @+1 {{role "dq" (the separate dQ pass) needs deterministic = true}}
 func.func @attention() attributes {attn.kernel = #attn.kernel<role = "dq", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false>} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: score_mod must be "custom" or a named variant: score modifier 'alibi:0': expected alibi:H with the head count H an integer in [1, 1048576]}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "alibi:0">} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: score_mod must be "custom" or a named variant: score modifier 'relpos:2': unknown; the named variants are softcap:C and alibi:H}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "relpos:2">} {
+  return
+}
+
+// -----
+
+// expected-error @+1 {{#attn.kernel: score_mod is the forward's, got "softcap:20" for role "main"}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "main", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "softcap:20">} {
   return
 }
