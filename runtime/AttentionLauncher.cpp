@@ -52,8 +52,8 @@ void launchRecorded(CUfunction function, const KernelLaunch &launch,
   if (grid[1] > 65535)
     throw SpecError(
         fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
-  rt::launch(function, Dim3{unsigned(grid[0]), unsigned(grid[1]),
-                            unsigned(grid[2])},
+  rt::launch(function,
+             Dim3{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])},
              Dim3{unsigned(launch.threads), 1, 1}, unsigned(launch.sharedBytes),
              stream, params);
 }
@@ -65,11 +65,14 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
   function = module.function("attention");
 }
 
-void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
-                           CUstream stream) const {
+PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
+                                 const ForwardArgs &a)
+    : function(kernel.cuFunction()), copy(kernel.copyBytes()),
+      sparse(kernel.attentionSpec().blockSparse) {
+  const AttentionSpec &spec = kernel.attentionSpec();
   p.validate(spec);
   checkDeviceTensors({&a.q, &a.k, &a.v, &a.o}, copy, chooseCopyBytes(a));
-  if (spec.blockSparse && (!a.counts || !a.indices))
+  if (sparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
 
   abi::TensorStrides strides;
@@ -79,24 +82,50 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
   strides.o = a.o.strides;
   strides.counts = a.countStrides;
   strides.indices = a.indexStrides;
-  auto idx = abi::indexArgs(spec, p, strides);
-  float scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
+  index = abi::indexArgs(spec, p, strides);
+  scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
 
-  CUdeviceptr bufs[abi::NumBuffers] = {a.q.ptr, a.k.ptr,  a.v.ptr,  a.o.ptr,
-                                       a.lse,   a.counts, a.indices};
+  const KernelLaunch &launch = kernel.recorded();
+  std::array<int64_t, 3> grid = launch.grid(p, spec.gqaGroup);
+  if (grid[1] > 65535)
+    throw SpecError(
+        fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
+  gridDim = Dim3{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
+  blockDim = Dim3{unsigned(launch.threads), 1, 1};
+  shared = unsigned(launch.sharedBytes);
+  if (!function || !gridDim.x || !gridDim.z || !blockDim.x)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       "PreparedForward: an empty launch");
+  allowSharedBytes(function, shared);
+}
+
+void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
+  CUdeviceptr bufs[abi::NumBuffers] = {b.q,   b.k,      b.v,      b.o,
+                                       b.lse, b.counts, b.indices};
   // Dense kernels never read the layout; give them a valid pointer anyway.
-  for (CUdeviceptr &b : bufs)
-    if (!b)
-      b = a.q.ptr;
+  if (!sparse)
+    bufs[abi::Counts] = bufs[abi::Indices] = b.q;
   void *params[abi::NumBuffers + abi::NumIndexArgs + 1];
   int n = 0;
-  for (CUdeviceptr &b : bufs)
-    params[n++] = &b;
-  for (int64_t &v : idx)
-    params[n++] = &v;
+  for (CUdeviceptr &ptr : bufs)
+    params[n++] = &ptr;
+  for (int64_t &value : index)
+    params[n++] = &value;
   params[n++] = &scaleLog2;
+  launchKernel(function, gridDim, blockDim, shared, stream, params);
+}
 
-  launchRecorded(function, launchOf, p, spec.gqaGroup, stream, params);
+void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
+                           CUstream stream) const {
+  PreparedForward prepared(*this, p, a);
+  CudaDriver::get().ensureContext();
+  ForwardBuffers b{a.q.ptr, a.k.ptr,  a.v.ptr,  a.o.ptr,
+                   a.lse,   a.counts, a.indices};
+  // As ever: a null buffer (a dense kernel's layout) points at q.
+  for (CUdeviceptr *ptr : {&b.lse, &b.counts, &b.indices})
+    if (!*ptr)
+      *ptr = b.q;
+  prepared.launch(b, stream);
 }
 
 } // namespace flashjit::rt

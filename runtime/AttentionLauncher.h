@@ -13,6 +13,7 @@
 
 #include "kernels/AttentionSpec.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
 #include "kernels/KernelLaunch.h"
 #include "runtime/CudaDriver.h"
 
@@ -58,6 +59,54 @@ int64_t chooseCopyBytes(const ForwardArgs &args);
 void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
                         int64_t compiledCopy, int64_t allowedCopy);
 
+class ForwardKernel;
+
+/// The buffers of one forward call: what changes from call to call of a
+/// PreparedForward.
+struct ForwardBuffers {
+  CUdeviceptr q = 0, k = 0, v = 0, o = 0, lse = 0;
+  CUdeviceptr counts = 0, indices = 0; ///< block-sparse only
+};
+
+/// A forward launch of one kernel for one problem, strides and layout
+/// shape, prepared once: the checks, the grid, the index arguments, scale
+/// * log2(e) and the function's shared memory attribute. launch() only
+/// fills in the buffers and calls cuLaunchKernel: no allocation, no
+/// string, no lookup, no synchronization (capturable into a CUDA graph).
+/// Read-only after construction, so threads may share one.
+class PreparedForward {
+public:
+  /// Checks \p p and \p shape (its strides, layout strides and copy width;
+  /// its pointers only for the copy width) as ForwardKernel::launch does,
+  /// and raises the function's shared memory limit. Throws SpecError or
+  /// RuntimeError. \p kernel must outlive this object.
+  PreparedForward(const ForwardKernel &kernel, const Problem &p,
+                  const ForwardArgs &shape);
+
+  /// Launches on \p stream in the current context (the kernel's). The
+  /// caller checks the buffers (non-null, aligned to copyBytes()).
+  void launch(const ForwardBuffers &buffers, CUstream stream) const;
+
+  /// The copy width the kernel was compiled for: q, k and v must be
+  /// aligned to it.
+  int64_t copyBytes() const { return copy; }
+  bool blockSparse() const { return sparse; }
+  Dim3 grid() const { return gridDim; }
+  Dim3 block() const { return blockDim; }
+  unsigned sharedBytes() const { return shared; }
+
+private:
+  CUfunction function = nullptr;
+  Dim3 gridDim, blockDim;
+  unsigned shared = 0;
+  int64_t copy = 0;
+  bool sparse = false;
+  /// Mutable only because cuLaunchKernel takes void **; never written
+  /// after construction.
+  mutable std::array<int64_t, abi::NumIndexArgs> index{};
+  mutable float scaleLog2 = 0;
+};
+
 /// A loaded forward kernel.
 class ForwardKernel {
 public:
@@ -74,6 +123,8 @@ public:
   /// The recorded launch of the kernel.
   const KernelLaunch &recorded() const { return launchOf; }
   int64_t copyBytes() const { return copy; }
+  CUfunction cuFunction() const { return function; }
+  const AttentionSpec &attentionSpec() const { return spec; }
 
 private:
   Module module;

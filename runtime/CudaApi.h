@@ -39,6 +39,8 @@
   X(cuDevicePrimaryCtxRelease)                                                 \
   X(cuCtxGetCurrent)                                                           \
   X(cuCtxSetCurrent)                                                           \
+  X(cuCtxPushCurrent)                                                          \
+  X(cuCtxPopCurrent)                                                           \
   X(cuCtxGetDevice)                                                            \
   X(cuCtxSynchronize)                                                          \
   X(cuModuleLoadData)                                                          \

@@ -260,6 +260,37 @@ void launch(CUfunction function, Dim3 grid, Dim3 block, unsigned sharedBytes,
             CUstream stream, void **params,
             CudaDriver &driver = CudaDriver::get());
 
+/// Raises \p function's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to
+/// \p sharedBytes when that exceeds the 48 KiB default (nothing otherwise);
+/// errors name the limits. The attribute stays set on the function, so a
+/// launch prepared once may then use launchKernel() alone.
+void allowSharedBytes(CUfunction function, unsigned sharedBytes,
+                      CudaDriver &driver = CudaDriver::get());
+
+/// cuLaunchKernel and nothing else (the per-call path of a prepared
+/// launch): no argument checks, no context, no attribute. The caller has
+/// checked the dimensions, made the function's context current and called
+/// allowSharedBytes(). Errors name the launch configuration.
+void launchKernel(CUfunction function, Dim3 grid, Dim3 block,
+                  unsigned sharedBytes, CUstream stream, void **params,
+                  CudaDriver &driver = CudaDriver::get());
+
+/// Makes \p context the calling thread's current context for the object's
+/// lifetime: nothing if it already is (one cuCtxGetCurrent), else
+/// cuCtxPushCurrent now and cuCtxPopCurrent in the destructor, so the
+/// caller's current context is left as it was.
+class ScopedContext {
+public:
+  explicit ScopedContext(CUcontext context,
+                         CudaDriver &driver = CudaDriver::get());
+  ~ScopedContext();
+  ScopedContext(const ScopedContext &) = delete;
+  ScopedContext &operator=(const ScopedContext &) = delete;
+
+private:
+  CudaDriver *driver_ = nullptr; ///< set when the constructor pushed
+};
+
 /// Copies \p bytes from device memory \p src to \p host in stream order
 /// (cuMemcpyDtoHAsync on \p stream): the copy starts after the work queued
 /// on \p stream before it. To pageable host memory it returns when the copy

@@ -199,56 +199,89 @@ CUfunction Module::function(const std::string &name) const {
 /// The shared memory every kernel may use without opting in.
 static constexpr unsigned kDefaultSharedLimit = 48 * 1024;
 
+void flashjit::rt::allowSharedBytes(CUfunction function, unsigned sharedBytes,
+                                    CudaDriver &driver) {
+  if (sharedBytes <= kDefaultSharedLimit)
+    return;
+  const DriverApi &cu = driver.api();
+  CUresult result = cu.cuFuncSetAttribute(
+      function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+      static_cast<int>(sharedBytes));
+  if (result == CUDA_SUCCESS)
+    return;
+  // Say what the limits are: the usual cause is a tile config too big.
+  int staticShared = 0, optin = 0;
+  CUdevice device = 0;
+  cu.cuFuncGetAttribute(&staticShared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                        function);
+  if (cu.cuCtxGetDevice(&device) == CUDA_SUCCESS)
+    cu.cuDeviceGetAttribute(
+        &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device);
+  throw RuntimeError(
+      ErrorCode::DriverError,
+      fmt::format("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={}) "
+                  "failed: {} ({}); the kernel has {} bytes of static "
+                  "shared memory and the device allows {} per block",
+                  sharedBytes, driver.errorName(result),
+                  driver.errorString(result), staticShared, optin),
+      result);
+}
+
+void flashjit::rt::launchKernel(CUfunction function, Dim3 grid, Dim3 block,
+                                unsigned sharedBytes, CUstream stream,
+                                void **params, CudaDriver &driver) {
+  CUresult result = driver.api().cuLaunchKernel(
+      function, grid.x, grid.y, grid.z, block.x, block.y, block.z, sharedBytes,
+      stream, params, nullptr);
+  if (result != CUDA_SUCCESS)
+    throw RuntimeError(
+        ErrorCode::DriverError,
+        fmt::format("cuLaunchKernel(grid=({},{},{}) block=({},{},{}) "
+                    "sharedBytes={}) failed: {} ({})",
+                    grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                    sharedBytes, driver.errorName(result),
+                    driver.errorString(result)),
+        result);
+}
+
 void flashjit::rt::launch(CUfunction function, Dim3 grid, Dim3 block,
                           unsigned sharedBytes, CUstream stream, void **params,
                           CudaDriver &driver) {
-  auto config = [&] {
-    return fmt::format("grid=({},{},{}) block=({},{},{}) sharedBytes={}",
-                       grid.x, grid.y, grid.z, block.x, block.y, block.z,
-                       sharedBytes);
-  };
   if (!function)
     throw RuntimeError(ErrorCode::InvalidArgument, "launch: null CUfunction");
   if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z)
-    throw RuntimeError(ErrorCode::InvalidArgument,
-                       fmt::format("launch: empty {}", config()));
-  const DriverApi &cu = driver.api();
+    throw RuntimeError(
+        ErrorCode::InvalidArgument,
+        fmt::format("launch: empty grid=({},{},{}) block=({},{},{}) "
+                    "sharedBytes={}",
+                    grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                    sharedBytes));
+  driver.api(); // NoDriver before anything else
   driver.ensureContext();
+  allowSharedBytes(function, sharedBytes, driver);
+  launchKernel(function, grid, block, sharedBytes, stream, params, driver);
+}
 
-  if (sharedBytes > kDefaultSharedLimit) {
-    CUresult result = cu.cuFuncSetAttribute(
-        function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        static_cast<int>(sharedBytes));
-    if (result != CUDA_SUCCESS) {
-      // Say what the limits are: the usual cause is a tile config too big.
-      int staticShared = 0, optin = 0;
-      CUdevice device = 0;
-      cu.cuFuncGetAttribute(&staticShared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-                            function);
-      if (cu.cuCtxGetDevice(&device) == CUDA_SUCCESS)
-        cu.cuDeviceGetAttribute(
-            &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            device);
-      throw RuntimeError(
-          ErrorCode::DriverError,
-          fmt::format("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={}) "
-                      "failed: {} ({}); the kernel has {} bytes of static "
-                      "shared memory and the device allows {} per block",
-                      sharedBytes, driver.errorName(result),
-                      driver.errorString(result), staticShared, optin),
-          result);
-    }
-  }
+//===----------------------------------------------------------------------===//
+// ScopedContext
+//===----------------------------------------------------------------------===//
 
-  CUresult result =
-      cu.cuLaunchKernel(function, grid.x, grid.y, grid.z, block.x, block.y,
-                        block.z, sharedBytes, stream, params, nullptr);
-  if (result != CUDA_SUCCESS)
-    throw RuntimeError(ErrorCode::DriverError,
-                       fmt::format("cuLaunchKernel({}) failed: {} ({})",
-                                   config(), driver.errorName(result),
-                                   driver.errorString(result)),
-                       result);
+flashjit::rt::ScopedContext::ScopedContext(CUcontext context,
+                                           CudaDriver &driver) {
+  const DriverApi &cu = driver.api();
+  CUcontext current = nullptr;
+  driver.check(cu.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current == context)
+    return;
+  driver.check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent");
+  driver_ = &driver;
+}
+
+flashjit::rt::ScopedContext::~ScopedContext() {
+  if (!driver_)
+    return;
+  CUcontext popped = nullptr;
+  driver_->api().cuCtxPopCurrent(&popped); // nothing to do if it fails
 }
 
 //===----------------------------------------------------------------------===//

@@ -158,6 +158,14 @@ def _is_torch(x):
 # attention()
 # ---------------------------------------------------------------------------
 
+# The eager torch CUDA forward's short path (flashjit._torch_impl's
+# fast_forward: a cached plan, one foreign call), set when that module is
+# first imported (by the first call with torch tensors); None until then.
+# It returns None for every call it does not take (autograd, tracing,
+# masks other than causal, CPU tensors, ...), which then go the general way.
+_torch_forward = None
+
+
 
 def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
               return_lse=False, deterministic=False):
@@ -187,6 +195,11 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     over each GQA group; no double backward); numpy arrays (float16, or
     float32 via bf16) run on the CPU (their backward: attention_backward).
     """
+    fast = _torch_forward
+    if fast is not None and window is None and block_mask is None:
+        out = fast(q, k, v, causal, scale)
+        if out is not None:
+            return out if return_lse else out[0]
     mask, wl, wr = _mask_and_window(causal, window)
     scale = _scale(scale)
     bm = _block(block_mask)

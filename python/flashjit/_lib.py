@@ -215,6 +215,16 @@ def _declare(lib):
              P(ctypes.c_void_p), P(ctypes.c_size_t)],
         ),
         "flashjit_free": (None, [ctypes.c_void_p]),
+        "flashjit_plan_create": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_void_p, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+             P(Layout), ctypes.c_void_p, P(ctypes.c_void_p)],
+        ),
+        # The per-call function: nine pointer-sized arguments, no struct
+        # (ctypes converts an int argument faster than a struct field).
+        "flashjit_plan_forward": (ctypes.c_int, [ctypes.c_void_p] * 9),
+        "flashjit_plan_destroy": (None, [ctypes.c_void_p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -2,16 +2,25 @@
 API on torch's current stream, torch CPU tensors through the CPU execution
 mode (numpy). Imported on first use with torch tensors (it imports torch).
 
-The CUDA path is the per-call hot path. Everything that depends only on
-the inputs' shapes, strides, dtype, device and the mask kind (the checks,
-the flashjit_spec, the flashjit_tensor structs and their ctypes.byref
-arguments, the output shapes, the backward's workspace size) is computed
-once per such key and cached in a _Plan; a call then allocates its outputs
-(torch's caching allocator), writes four data pointers into the cached
-structs, reads the raw current stream and calls the C function.
+The CUDA forward is the per-call hot path. Everything that depends only on
+the inputs' shapes, strides, dtypes, devices, the alignment class of their
+pointers, the mask, scale and window (the checks, the spec, the chosen
+tiling, the loaded kernel, its grid and scalar arguments) is done once per
+such key by flashjit_plan_create and kept in a _ForwardPlan (the C plan and
+the output shapes). A call then builds the key (a tuple of torch's own
+shape / stride / dtype values), allocates o and lse (torch's caching
+allocator) and makes ONE foreign call, flashjit_plan_forward, with seven
+pointers and the raw current stream: no ctypes struct, no context switch in
+Python (the C side makes the plan's context current if it is not), no
+synchronization. fast_forward is that path for flashjit.attention's eager
+calls (flashjit/__init__.py calls it first).
+
+The backward keeps its own per-key _Plan of ctypes structs (the C API has
+no backward plan; its kernels dominate its cost).
 """
 
 import ctypes
+import sys
 
 import torch
 
@@ -22,6 +31,13 @@ _raw_stream = torch._C._cuda_getCurrentRawStream
 _current_device = torch._C._cuda_getDevice
 _MAX_PLANS = 4096
 _by = ctypes.byref
+# Looked up once: each is a module global read per call.
+_Tensor = torch.Tensor
+_empty = torch.empty
+_f32 = torch.float32
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_plan_forward = None  # flashjit_plan_forward, once the library is loaded
 
 
 def check_inputs(q, k, v, fn="attention"):
@@ -119,41 +135,135 @@ def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn):
     return p
 
 
-def _forward_plan(key, q, k, v, mask, bm):
-    check_inputs(q, k, v)
-    B, H, Nq, _ = q.shape
+class _ForwardPlan:
+    """A flashjit_plan (its address) and the outputs' shapes of one key."""
+
+    __slots__ = ("ptr", "o_shape", "lse_shape", "dtype", "device", "index")
+
+    def __init__(self):
+        self.ptr = None
+
+    def __del__(self):
+        try:
+            if self.ptr:
+                _lib.lib().flashjit_plan_destroy(self.ptr)
+                self.ptr = None
+        except Exception:  # interpreter shutdown: the module may be gone
+            pass
+
+
+def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout):
+    """(o, lse, plan) of a call whose key has no plan: checks the inputs,
+    allocates the call's outputs, makes the C plan (which may compile, or
+    tune on these very tensors) and caches it under key, unless the stream
+    is being captured into a CUDA graph (whose plan gets the heuristic
+    tiling: the next call outside the capture makes the lasting one)."""
+    if q.device.type != "cuda":
+        check_inputs(q, k, v)  # names a mix of devices first
+        raise ValueError(
+            f"flashjit.attention: forward_cuda needs CUDA tensors, got "
+            f"{q.device}")
+    dtype, gqa = check_inputs(q, k, v)
+    B, H, Nq, D = q.shape
     Dv = v.shape[3]
-    o_shape = (B, H, Nq, Dv)
-    o_strides = (H * Nq * Dv, Nq * Dv, Dv, 1)
-    p = _base_plan(q, k, v, mask, bm, False, ("q", "k", "v", "o"),
-                   ((q.shape, q.stride()), (k.shape, k.stride()),
-                    (v.shape, v.stride()), (o_shape, o_strides)), "attention")
-    p.o_shape, p.lse_shape = o_shape, (B, H, Nq)
-    if len(_fwd_plans) >= _MAX_PLANS:
-        _fwd_plans.clear()
-    _fwd_plans[key] = p
-    return p
+    p = _ForwardPlan()
+    p.o_shape, p.lse_shape = (B, H, Nq, Dv), (B, H, Nq)
+    p.dtype, p.device = q.dtype, q.device
+    p.index = q.device.index if q.device.index is not None else 0
+    o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
+    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa,
+                          bm.block_size if bm is not None else 0)
+    structs = [c_tensor(n, t.shape, t.stride()) for n, t in
+               (("q", q), ("k", k), ("v", v), ("o", o))]
+    for t, x in zip(structs, (q, k, v, o)):
+        t.data = x.data_ptr()
+    made = ctypes.c_void_p()
+    global _plan_forward
+    _plan_forward = _lib.lib().flashjit_plan_forward
+
+    def create(index):
+        _lib.check(_lib.lib().flashjit_plan_create(
+            cuda_handle(index), _by(spec), *(_by(t) for t in structs),
+            lse.data_ptr(), scale, wl, wr,
+            _by(layout) if layout is not None else None, _raw_stream(index),
+            _by(made)))
+        p.ptr = made.value
+        return torch.cuda.is_current_stream_capturing()
+
+    if not _on_device(p.index, create):
+        if len(_fwd_plans) >= _MAX_PLANS:
+            _fwd_plans.clear()
+        _fwd_plans[key] = p
+    return o, lse, p
 
 
 def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
-    """(o, lse) of torch CUDA tensors on torch's current stream."""
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, mask,
-           bm.block_size if bm is not None else 0)
+    """(o, lse) of torch CUDA tensors on torch's current stream of their
+    device: one flashjit_plan_forward call on a cached plan."""
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if bm is None:
+        layout = counts = indices = None
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+               q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15)
+    else:
+        layout, keep = bm._device_layout(q.device)
+        counts, indices = layout.counts, layout.indices
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+               q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
+               bm.block_size, layout.batch, layout.heads, layout.q_blocks,
+               layout.kv_blocks)
     p = _fwd_plans.get(key)
     if p is None:
-        if q.device.type != "cuda":
-            check_inputs(q, k, v)  # names a mix of devices first
-            raise ValueError(
-                f"flashjit.attention: forward_cuda needs CUDA tensors, got "
-                f"{q.device}")
-        p = _forward_plan(key, q, k, v, mask, bm)
-    o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
-    lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
-    tq, tk, tv, to = p.structs
-    tq.data, tk.data, tv.data = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    to.data = o.data_ptr()
-    _on_device(p.index, _launch_forward, p, lse, scale, wl, wr, bm)
+        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
+                                      layout)
+    else:
+        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
+        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+    status = _plan_forward(p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(),
+                           counts, indices, _raw_stream(p.index))
+    if status:
+        _lib.check(status)
+    return o, lse
+
+
+def fast_forward(q, k, v, causal, scale):
+    """flashjit.attention's eager CUDA forward without a mask object:
+    (o, lse), or None when the call needs the general path (not three plain
+    torch CUDA tensors, autograd recording, torch.compile tracing, a scale
+    that is not None or a float > 0)."""
+    if (type(q) is not _Tensor or type(k) is not _Tensor
+            or type(v) is not _Tensor or not q.is_cuda):
+        return None
+    if _grad_enabled() and (q.requires_grad or k.requires_grad
+                            or v.requires_grad):
+        return None
+    if _is_compiling():
+        return None
+    if scale is None:
+        scale = 0.0
+    elif type(scale) is not float or not scale > 0:
+        return None
+    # forward_cuda's dense path, inlined (one Python call less); the key
+    # must be forward_cuda's, so that both find the same plan.
+    mask = 1 if causal else 0
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+           v.get_device(), mask, scale, -1, -1, (qp | kp | vp) & 15)
+    p = _fwd_plans.get(key)
+    if p is None:
+        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, -1, -1, None,
+                                      None)
+    else:
+        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
+        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+    status = _plan_forward(p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(),
+                           None, None, _raw_stream(p.index))
+    if status:
+        _lib.check(status)
     return o, lse
 
 
@@ -162,20 +272,8 @@ def _on_device(index, launch, *args):
     when it is not, as the common call is on the current device)."""
     if _current_device() != index:
         with torch.cuda.device(index):
-            launch(*args, index)
-    else:
-        launch(*args, index)
-
-
-def _launch_forward(p, lse, scale, wl, wr, bm, index):
-    layout_ref, keep = _layout_ref(bm, p.device)
-    r = p.refs
-    status = _lib.lib().flashjit_forward(
-        cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3],
-        lse.data_ptr(), scale, wl, wr, layout_ref, _raw_stream(index))
-    del keep
-    if status:
-        _lib.check(status)
+            return launch(*args, index)
+    return launch(*args, index)
 
 
 def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
@@ -288,3 +386,7 @@ def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     # Laid out as torch.empty_like(q / k / v), as on CUDA and in the fake.
     return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
                  for t, g in zip((q, k, v), grads))
+
+
+# flashjit.attention tries fast_forward first from now on.
+sys.modules[__package__]._torch_forward = fast_forward

@@ -568,3 +568,4 @@ def test_readme_torch_example_runs():
     assert blocks
     for b in blocks:
         exec(compile(b, "README.md", "exec"), {})
+

@@ -13,6 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "CApiTestUtil.h"
 #include "flashjit.h"
 
 #include "kernels/GpuGeometry.h"
@@ -30,50 +31,9 @@
 extern "C" int flashjit_c_smoke(char *why, size_t whyLen);
 
 using namespace flashjit;
+using namespace flashjit::capitest;
 
 namespace {
-
-/// One handle per test.
-struct Handle {
-  flashjit_handle *h = nullptr;
-  explicit Handle(int device = FLASHJIT_DEVICE_CPU) {
-    flashjit_status s = flashjit_create(&h, device);
-    EXPECT_EQ(s, FLASHJIT_OK) << flashjit_last_error(nullptr);
-  }
-  ~Handle() { flashjit_destroy(h); }
-  operator flashjit_handle *() const { return h; }
-};
-
-flashjit_spec toC(const AttentionSpec &s) {
-  flashjit_spec c;
-  flashjit_spec_init(&c);
-  c.head_dim_qk = s.headDimQK;
-  c.head_dim_v = s.headDimV;
-  c.dtype = s.dtype == DType::BF16 ? FLASHJIT_DTYPE_BF16 : FLASHJIT_DTYPE_FP16;
-  c.mask = s.mask == MaskKind::None     ? FLASHJIT_MASK_NONE
-           : s.mask == MaskKind::Causal ? FLASHJIT_MASK_CAUSAL
-                                        : FLASHJIT_MASK_SLIDING_WINDOW;
-  c.gqa = s.gqaGroup;
-  c.block_sparse = s.blockSparse ? 1 : 0;
-  c.sparse_block = s.sparseBlock;
-  c.deterministic = s.deterministic ? 1 : 0;
-  return c;
-}
-
-flashjit_tensor toC(HalfTensor &t) {
-  flashjit_tensor c;
-  c.data = t.buffer->data() + t.offset;
-  for (int i = 0; i < 4; ++i) {
-    c.shape[i] = t.shape[i];
-    c.strides[i] = t.strides[i];
-  }
-  return c;
-}
-
-flashjit_layout toC(const BlockSparseLayout &l) {
-  return {l.counts.data(), l.indices.data(), l.batch,
-          l.heads,         l.qBlocks,        l.kvBlocks};
-}
 
 struct Case {
   AttentionSpec spec;
@@ -136,56 +96,6 @@ Case makeCase(int64_t dqk, int64_t dv, DType dtype, MaskKind mask, int64_t gqa,
   return c;
 }
 
-/// A valid fp16 problem's tensors, for the error tests.
-struct SmallProblem {
-  AttentionSpec specCpp;
-  Problem p;
-  AttentionData d;
-  flashjit_spec spec;
-  flashjit_tensor q, k, v, o;
-  SmallProblem() {
-    specCpp.headDimQK = specCpp.headDimV = 32;
-    specCpp.dtype = DType::FP16;
-    specCpp.gqaGroup = 2;
-    p.batch = 2;
-    p.heads = 4;
-    p.seqLenQ = 20;
-    p.seqLenKV = 33;
-    std::mt19937_64 rng(7);
-    d = makeRandomInputs(specCpp, p, QKVLayout::Separate, rng);
-    spec = toC(specCpp);
-    q = toC(d.q);
-    k = toC(d.k);
-    v = toC(d.v);
-    o = toC(d.o);
-  }
-  flashjit_status run(flashjit_handle *h, const flashjit_layout *l = nullptr,
-                      int64_t wl = -1, int64_t wr = -1) {
-    return flashjit_forward(h, &spec, &q, &k, &v, &o, d.lse.data(), 0.0, wl, wr,
-                            l, nullptr);
-  }
-  /// The backward of the forward run() made, for \p g's dO, into \p g.
-  flashjit_status backward(flashjit_handle *h, AttentionGrads &g,
-                           const flashjit_layout *l = nullptr,
-                           void *workspace = nullptr,
-                           size_t workspaceBytes = 0) {
-    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
-                    dv = toC(g.dv);
-    return flashjit_backward(h, &spec, &q, &k, &v, &o, &dO, d.lse.data(), &dq,
-                             &dk, &dv, 0.0, -1, -1, l, workspace,
-                             workspaceBytes, nullptr);
-  }
-  /// flashjit_backward_workspace_size for this problem.
-  size_t workspaceBytes(flashjit_handle *h) {
-    size_t bytes = 0;
-    EXPECT_EQ(flashjit_backward_workspace_size(h, &spec, p.batch, p.heads,
-                                               p.seqLenQ, p.seqLenKV, &bytes),
-              FLASHJIT_OK)
-        << flashjit_last_error(nullptr);
-    return bytes;
-  }
-};
-
 /// dQ, dK, dV of \p sp against float64 (\p layout: its block-sparse one).
 void expectGradsMatch(const SmallProblem &sp, const AttentionGrads &g,
                       const BlockSparseLayout *layout = nullptr) {
@@ -196,8 +106,6 @@ void expectGradsMatch(const SmallProblem &sp, const AttentionGrads &g,
       << "dq " << err.dqRelErr << " dk " << err.dkRelErr << " dv "
       << err.dvRelErr;
 }
-
-std::string lastError() { return flashjit_last_error(nullptr); }
 
 } // namespace
 

@@ -20,6 +20,10 @@
  *                    stream);
  *   flashjit_destroy(h);
  *
+ * A forward run many times on one shape can be prepared once
+ * (flashjit_plan_create) and then run on new pointers with one cheap call
+ * (flashjit_plan_forward): see "Prepared forward calls" below.
+ *
  * CUDA: flashjit never creates a context. It uses the calling thread's
  * current context (e.g. the one PyTorch made current); if there is none, it
  * retains the primary context of the handle's device (flashjit_set_cuda_device,
@@ -51,10 +55,14 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 3
+#define FLASHJIT_C_API_VERSION 4
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
+
+/** An opaque prepared forward call (flashjit_plan_create). Since version
+ *  4. */
+typedef struct flashjit_plan flashjit_plan;
 
 /* ---------------------------------------------------------------------- */
 /* Status and errors                                                       */
@@ -290,6 +298,69 @@ FLASHJIT_API flashjit_status flashjit_backward(
 FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes);
+
+/* ---------------------------------------------------------------------- */
+/* Prepared forward calls (since version 4)                                */
+/* ---------------------------------------------------------------------- */
+
+/// Prepares the forward call flashjit_forward(handle, spec, q, k, v, o, lse,
+/// scale, window_left, window_right, layout, cuda_stream) would make, once:
+/// the spec and the tensors' shapes and strides are checked (the same named
+/// errors), the tiling is chosen, the kernel compiled or taken from the
+/// handle's or the disk cache and loaded, and on CUDA the launch is laid out
+/// (grid, block, shared memory, every scalar argument). On success *plan
+/// is a plan for any number of flashjit_plan_forward calls of that shape;
+/// on failure *plan is NULL.
+///
+/// What the plan keeps: the spec, q's, k's, v's and o's shapes and strides,
+/// scale, window_left, window_right, the layout's dimensions (batch, heads,
+/// q_blocks, kv_blocks), and on CUDA the current context and the copy width
+/// that q's, k's and v's data pointers and strides allow (16 bytes for
+/// 16-byte aligned pointers and strides that are multiples of 8). The data
+/// pointers given here are used for that width and, like flashjit_forward's
+/// first call of a (spec, problem class, GPU), for tuning: creating a plan
+/// may run the candidate kernels on them, writing o and lse (never q, k, v
+/// or the layout). It launches nothing else: run the call itself with
+/// flashjit_plan_forward. A stream being captured into a CUDA graph gets
+/// the heuristic tiling (no tuning, no synchronization).
+///
+/// A plan holds its kernel: it stays valid after flashjit_destroy(handle),
+/// and on CUDA it should be destroyed while its context is alive.
+FLASHJIT_API flashjit_status flashjit_plan_create(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_layout *layout, void *cuda_stream, flashjit_plan **plan);
+
+/// Runs a plan's forward on new data: q, k, v, o and lse are data pointers
+/// of tensors shaped and strided as the plan's (o and lse written, as by
+/// flashjit_forward); block_counts and block_indices, a block-sparse plan's
+/// layout arrays (of its dimensions), NULL for a dense plan; cuda_stream a
+/// CUstream (NULL: the legacy default stream), ignored on the CPU.
+///
+/// Checked per call: no pointer is NULL (lse may be NULL on the CPU), q, k
+/// and v are aligned to the plan's copy width (else
+/// FLASHJIT_ERROR_INVALID_ARGUMENT: make a plan for such pointers), the
+/// layout pointers are given iff the plan is block-sparse (the CPU checks
+/// their contents as flashjit_forward does; CUDA does not read them on the
+/// host). Shapes and strides are the caller's promise: the call does not
+/// see them.
+///
+/// CUDA: the launch runs in the plan's context (pushed for the call and
+/// popped after when another is current) on cuda_stream: one
+/// cuCtxGetCurrent and one cuLaunchKernel, no allocation, no
+/// synchronization, no lock; capturable into a CUDA graph. A plan may be
+/// used by several threads at once.
+FLASHJIT_API flashjit_status
+flashjit_plan_forward(const flashjit_plan *plan, const void *q, const void *k,
+                      const void *v, void *o, float *lse,
+                      const int32_t *block_counts,
+                      const int32_t *block_indices, void *cuda_stream);
+
+/// Frees a plan (NULL is fine); on CUDA, unloads its kernel's module if no
+/// handle holds it any more.
+FLASHJIT_API void flashjit_plan_destroy(flashjit_plan *plan);
 
 /* ---------------------------------------------------------------------- */
 /* Inspecting                                                              */

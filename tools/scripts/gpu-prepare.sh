@@ -6,6 +6,7 @@
 #   .carry/bin/flashjit                 CLI (RUNPATH $ORIGIN/../lib)
 #   .carry/lib/libflashjit.so           stripped (or .so.gz, see below)
 #   .carry/bin/flashjit-*-gpu-tests     GoogleTest binaries under the size cap
+#   .carry/bin/flashjit-plan-bench      the C API plan call's micro-benchmark
 #   .carry/anchors/anchor_bench.py      the shared peer benchmark
 #   .carry/MANIFEST.txt                 what is in here, what was left out
 #
@@ -54,6 +55,12 @@ if ! readelf -d .carry/bin/flashjit | grep -q 'ORIGIN/../lib'; then
 fi
 
 left_out=()
+# The C API plan call's micro-benchmark (tests/bench/overhead.py runs it).
+if [[ -f build/bin/flashjit-plan-bench ]]; then
+  strip --strip-unneeded -o .carry/bin/flashjit-plan-bench build/bin/flashjit-plan-bench
+else
+  left_out+=("flashjit-plan-bench (not built)")
+fi
 shopt -s nullglob
 tests=(build/bin/flashjit-*-gpu-tests)
 shopt -u nullglob

@@ -7,7 +7,8 @@
 #      graph), test_torch_gpu.py (the binding on torch CUDA tensors: the
 #      per-call path changed), test_hf_gpu.py (transformers backend)
 #      -> $OUT/python-extra.log, $OUT/python-extra.xml
-#   2. tests/bench/overhead.py -> $OUT/overhead.json, overhead.log
+#   2. tests/bench/overhead.py (with .carry/bin/flashjit-plan-bench, the C++
+#      plan call) -> $OUT/overhead.json, overhead.log
 # Printed last: a summary table (per test file: passed / failed / skipped;
 # the per-call times). Exit 1 if a test failed or the overhead is above
 # its 10 us target.
@@ -38,14 +39,18 @@ say "pytest: torch ops, torch GPU binding, transformers"
 timeout -k 10 270 python3 -m pytest -q -rfEs -p no:cacheprovider \
   --junitxml="$OUT/python-extra.xml" -s \
   python/tests/test_torch_ops.py python/tests/test_torch_gpu.py \
+  python/tests/test_torch_plans_gpu.py \
   python/tests/test_hf_gpu.py >"$OUT/python-extra.log" 2>&1
 py_rc=$?
 tail -25 "$OUT/python-extra.log"
 ((py_rc == 124)) && say "WARNING: pytest hit its 270 s limit"
 
 say "overhead benchmark"
-timeout -k 5 90 python3 tests/bench/overhead.py --json "$OUT/overhead.json" \
-  >"$OUT/overhead.log" 2>&1
+# The C++ plan benchmark rows too, when gpu-prepare.sh carried it.
+plan_bench=$CARRY/bin/flashjit-plan-bench
+[[ -x $plan_bench ]] || plan_bench=""
+timeout -k 5 150 python3 tests/bench/overhead.py --json "$OUT/overhead.json" \
+  --plan-bench "$plan_bench" >"$OUT/overhead.log" 2>&1
 oh_rc=$?
 cat "$OUT/overhead.log"
 

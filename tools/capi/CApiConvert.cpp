@@ -1,0 +1,334 @@
+//===- CApiConvert.cpp - The C API's description, converted and checked ---===//
+//
+/// \file
+/// The C description (flashjit_spec, flashjit_tensor, flashjit_layout) as
+/// the C++ one (AttentionSpec, Problem, BlockSparseLayout), with a named
+/// error for every bad field; the tiling choice; the backward's workspace
+/// layout. No device is touched here.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CApiInternal.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace flashjit::capi {
+
+flashjit_status fail(const char *fn, flashjit_status s,
+                     const std::string &what) {
+  try {
+    lastError = fmt::format("{}: {}", fn, what);
+  } catch (...) {
+    lastError.clear();
+  }
+  return s;
+}
+
+[[noreturn]] void invalid(const std::string &message) {
+  throw SpecError(message);
+}
+
+void requireHandle(const flashjit_handle *h) {
+  if (!h)
+    invalid("handle is NULL");
+}
+
+//===----------------------------------------------------------------------===//
+// The tiling choice
+//===----------------------------------------------------------------------===//
+
+/// THE config choice of the C API (and so of the Python binding): the
+/// default GPU tiling for the head dims and the device (the warpgroup
+/// tilings on sm_90a), as the CLI's run and bench use (the backward's for
+/// a Direction::Backward spec). \p gpu is the device the kernel runs on,
+/// nullptr for the CPU execution mode. The autotuner replaces this function.
+TileConfig chooseConfig(const AttentionSpec &spec, const Problem &problem,
+                        const rt::DeviceInfo *gpu) {
+  (void)problem;
+  if (spec.direction == Direction::Backward)
+    return defaultGpuBackwardConfig(spec);
+  GpuTarget target;
+  if (gpu)
+    target.arch = gpu->targetArch();
+  TileConfig c = defaultGpuConfig(spec, gpu && usesWgmma(target),
+                                  gpu && usesKvRing(target));
+  c.warps = std::min(c.warps, std::max<int64_t>(1, c.blockM / 16));
+  return c;
+}
+
+//===----------------------------------------------------------------------===//
+// Converting the C description
+//===----------------------------------------------------------------------===//
+
+AttentionSpec toSpec(const flashjit_spec *s) {
+  if (!s)
+    invalid("spec is NULL");
+  AttentionSpec spec;
+  spec.headDimQK = s->head_dim_qk;
+  spec.headDimV = s->head_dim_v;
+  if (s->dtype != FLASHJIT_DTYPE_BF16 && s->dtype != FLASHJIT_DTYPE_FP16)
+    invalid(fmt::format("spec.dtype must be FLASHJIT_DTYPE_BF16 (0) or "
+                        "FLASHJIT_DTYPE_FP16 (1), got {}",
+                        s->dtype));
+  spec.dtype = s->dtype == FLASHJIT_DTYPE_BF16 ? DType::BF16 : DType::FP16;
+  switch (s->mask) {
+  case FLASHJIT_MASK_NONE:
+    spec.mask = MaskKind::None;
+    break;
+  case FLASHJIT_MASK_CAUSAL:
+    spec.mask = MaskKind::Causal;
+    break;
+  case FLASHJIT_MASK_SLIDING_WINDOW:
+    spec.mask = MaskKind::SlidingWindow;
+    break;
+  default:
+    invalid(fmt::format("spec.mask must be 0 (none), 1 (causal) or 2 "
+                        "(sliding window), got {}",
+                        s->mask));
+  }
+  spec.gqaGroup = s->gqa;
+  spec.blockSparse = s->block_sparse != 0;
+  spec.sparseBlock = s->sparse_block;
+  if (s->direction != FLASHJIT_DIRECTION_FORWARD &&
+      s->direction != FLASHJIT_DIRECTION_BACKWARD)
+    invalid(fmt::format("spec.direction must be FLASHJIT_DIRECTION_FORWARD "
+                        "(0) or FLASHJIT_DIRECTION_BACKWARD (1), got {}",
+                        s->direction));
+  spec.direction = s->direction == FLASHJIT_DIRECTION_BACKWARD
+                       ? Direction::Backward
+                       : Direction::Forward;
+  if (s->deterministic != 0 && s->deterministic != 1)
+    invalid(fmt::format("spec.deterministic must be 0 (atomic dQ) or 1 (dQ "
+                        "by a separate pass), got {}",
+                        s->deterministic));
+  spec.deterministic = s->deterministic == 1;
+  if (s->reserved != 0)
+    invalid(fmt::format("spec.reserved must be 0 (flashjit_spec_init sets "
+                        "it), got {}",
+                        s->reserved));
+  try {
+    spec.validate();
+  } catch (const SpecError &e) {
+    invalid(std::string("spec.") + e.what());
+  }
+  return spec;
+}
+
+static const char *shapeName(int i) {
+  static const char *names[] = {"batch", "heads", "seq_len", "head_dim"};
+  return names[i];
+}
+
+void checkTensor(const flashjit_tensor *t, const char *what) {
+  if (!t)
+    invalid(fmt::format("{} is NULL", what));
+  if (!t->data)
+    invalid(fmt::format("{}.data is NULL", what));
+  for (int i = 0; i < 4; ++i) {
+    if (t->shape[i] < 1)
+      invalid(fmt::format("{}.shape[{}] ({}) must be >= 1, got {}", what, i,
+                          shapeName(i), t->shape[i]));
+    if (t->strides[i] < 0)
+      invalid(fmt::format("{}.strides[{}] must be >= 0, got {}", what, i,
+                          t->strides[i]));
+  }
+  if (t->strides[3] != 1)
+    invalid(fmt::format(
+        "{}.strides[3]: the innermost (head-dim) stride must be 1, got {}",
+        what, t->strides[3]));
+  checkTensorReach(what, t->shape, t->strides);
+}
+
+static void checkDim(const flashjit_tensor *t, const char *what, int dim,
+                     int64_t want, const char *wantWhat) {
+  if (t->shape[dim] != want)
+    invalid(fmt::format("{}.shape[{}] ({}) is {}, {} is {}", what, dim,
+                        shapeName(dim), t->shape[dim], wantWhat, want));
+}
+
+/// Checks the four tensors against the spec and each other and returns the
+/// problem they describe.
+Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
+                  const flashjit_tensor *k, const flashjit_tensor *v,
+                  const flashjit_tensor *o, double scale, int64_t windowLeft,
+                  int64_t windowRight) {
+  checkTensor(q, "q");
+  checkTensor(k, "k");
+  checkTensor(v, "v");
+  checkTensor(o, "o");
+  checkDim(q, "q", 3, spec.headDimQK, "spec.head_dim_qk");
+  checkDim(k, "k", 3, spec.headDimQK, "spec.head_dim_qk");
+  checkDim(v, "v", 3, spec.headDimV, "spec.head_dim_v");
+  checkDim(o, "o", 3, spec.headDimV, "spec.head_dim_v");
+  checkDim(k, "k", 0, q->shape[0], "q's");
+  checkDim(v, "v", 0, q->shape[0], "q's");
+  checkDim(o, "o", 0, q->shape[0], "q's");
+  checkDim(o, "o", 1, q->shape[1], "q's");
+  checkDim(o, "o", 2, q->shape[2], "q's");
+  checkDim(v, "v", 1, k->shape[1], "k's");
+  checkDim(v, "v", 2, k->shape[2], "k's");
+  if (q->shape[1] != k->shape[1] * spec.gqaGroup)
+    invalid(fmt::format("q has {} heads and k has {}: q's heads must be "
+                        "spec.gqa ({}) times k's",
+                        q->shape[1], k->shape[1], spec.gqaGroup));
+  Problem p;
+  p.batch = q->shape[0];
+  p.heads = q->shape[1];
+  p.seqLenQ = q->shape[2];
+  p.seqLenKV = k->shape[2];
+  p.scale = scale;
+  if (spec.mask == MaskKind::SlidingWindow) {
+    auto side = [](const char *name, int64_t w) {
+      if (w == -1)
+        return kUnboundedWindow;
+      if (w < 0)
+        invalid(
+            fmt::format("{} must be >= 0 or -1 (unbounded), got {}", name, w));
+      return std::min(w, kUnboundedWindow);
+    };
+    p.windowLeft = side("window_left", windowLeft);
+    p.windowRight = side("window_right", windowRight);
+  } else if (windowLeft != -1 || windowRight != -1) {
+    invalid(fmt::format("window_left/window_right ({}, {}) apply only to "
+                        "FLASHJIT_MASK_SLIDING_WINDOW; pass -1, -1",
+                        windowLeft, windowRight));
+  }
+  p.validate(spec);
+  checkProblemSize(spec, p); // before any copy or allocation
+  return p;
+}
+
+/// Checks the layout's presence and dimensions (not its contents).
+void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
+                      const flashjit_layout *layout) {
+  if (spec.blockSparse && !layout)
+    invalid("layout is NULL, but spec.block_sparse is set");
+  if (!spec.blockSparse && layout)
+    invalid("a layout is given, but spec.block_sparse is 0");
+  if (!layout)
+    return;
+  if (!layout->counts || !layout->indices)
+    invalid("layout.counts and layout.indices must not be NULL");
+  if (layout->batch != 1 && layout->batch != p.batch)
+    invalid(fmt::format("layout.batch must be 1 or {}, got {}", p.batch,
+                        layout->batch));
+  if (layout->heads != 1 && layout->heads != p.heads)
+    invalid(fmt::format("layout.heads must be 1 or {}, got {}", p.heads,
+                        layout->heads));
+  int64_t needQ = ceilDiv(p.seqLenQ, spec.sparseBlock);
+  int64_t needKV = ceilDiv(p.seqLenKV, spec.sparseBlock);
+  if (layout->q_blocks != needQ || layout->kv_blocks != needKV)
+    invalid(fmt::format("layout: {}x{} blocks given, the problem needs {}x{} "
+                        "(q_blocks x kv_blocks) blocks of {}",
+                        layout->q_blocks, layout->kv_blocks, needQ, needKV,
+                        spec.sparseBlock));
+  int64_t cells = 0;
+  if (__builtin_mul_overflow(layout->batch * layout->heads,
+                             layout->q_blocks * layout->kv_blocks, &cells) ||
+      cells > kMaxTensorElements)
+    invalid(fmt::format("layout: indices of batch * heads * q_blocks * "
+                        "kv_blocks = {} * {} * {} * {} entries exceed 2^40",
+                        layout->batch, layout->heads, layout->q_blocks,
+                        layout->kv_blocks));
+}
+
+BlockSparseLayout layoutShape(const flashjit_layout &l) {
+  BlockSparseLayout b;
+  b.batch = l.batch;
+  b.heads = l.heads;
+  b.qBlocks = l.q_blocks;
+  b.kvBlocks = l.kv_blocks;
+  return b;
+}
+
+/// The problem of a size query (no tensors): \p spec at these sizes.
+Problem sizedProblem(const AttentionSpec &spec, int64_t batch, int64_t heads,
+                     int64_t seqLenQ, int64_t seqLenKV) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.seqLenQ = seqLenQ;
+  p.seqLenKV = seqLenKV;
+  p.validate(spec);
+  return p;
+}
+
+std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
+                      int64_t copyBytes, const std::string &arch,
+                      const void *context) {
+  return fmt::format("{}|{}x{}w{}s{}|copy{}|{}|ctx{}", spec.name(), c.blockM,
+                     c.blockN, c.warps, c.stages, copyBytes, arch, context);
+}
+
+//===----------------------------------------------------------------------===//
+// The backward's workspace
+//===----------------------------------------------------------------------===//
+
+[[noreturn]] static void workspaceTooLarge() {
+  invalid("the backward's workspace for this problem would exceed 2^63 bytes");
+}
+
+/// The product of \p factors (bytes), or workspaceTooLarge().
+static size_t checkedBytes(std::initializer_list<int64_t> factors) {
+  int64_t bytes = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(bytes, f, &bytes))
+      workspaceTooLarge();
+  return size_t(bytes);
+}
+
+WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p) {
+  // backwardWorkspaceBytes() multiplies in int64: at most two statistics
+  // and a dQ accumulator of head_dim_qk floats per row.
+  checkedBytes({p.batch, p.heads, p.seqLenQ, 4 * (2 + spec.headDimQK)});
+  WorkspaceLayout w;
+  w.total = size_t(backwardWorkspaceBytes(spec, p));
+  if (spec.blockSparse) {
+    int64_t qBlocks = ceilDiv(p.seqLenQ, spec.sparseBlock);
+    int64_t kvBlocks = ceilDiv(p.seqLenKV, spec.sparseBlock);
+    size_t counts = checkedBytes({p.batch, p.heads, kvBlocks, 4});
+    size_t indices = checkedBytes({p.batch, p.heads, kvBlocks, qBlocks, 4});
+    auto add = [](size_t a, size_t b) {
+      size_t sum;
+      if (__builtin_add_overflow(a, b, &sum) || sum > size_t(INT64_MAX))
+        workspaceTooLarge();
+      return sum;
+    };
+    auto align = [&](size_t x) { return add(x, 255) / 256 * 256; };
+    w.kvCounts = align(w.total);
+    w.kvIndices = align(add(w.kvCounts, counts));
+    w.total = add(w.kvIndices, indices);
+  }
+  return w;
+}
+
+/// Checks a caller's workspace (NULL and 0: the library's) against \p w.
+void checkWorkspace(const void *workspace, size_t bytes,
+                    const WorkspaceLayout &w) {
+  if (!workspace) {
+    if (bytes != 0)
+      invalid(fmt::format("workspace is NULL but workspace_bytes is {}: pass "
+                          "NULL and 0 to use the library's workspace",
+                          bytes));
+    return;
+  }
+  if (bytes < w.total)
+    invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
+                        "backward needs (flashjit_backward_workspace_size)",
+                        bytes, w.total));
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
+    invalid(fmt::format("workspace ({}) must be 16-byte aligned", workspace));
+}
+
+/// \p t must have \p like's shape (the gradient of a tensor is shaped as it).
+void checkSameShape(const flashjit_tensor *t, const char *what,
+                    const flashjit_tensor &like, const char *likeName) {
+  checkTensor(t, what);
+  for (int i = 0; i < 4; ++i)
+    if (t->shape[i] != like.shape[i])
+      invalid(fmt::format("{} must be shaped as {}: dim {} is {}, expected {}",
+                          what, likeName, i, t->shape[i], like.shape[i]));
+}
+
+} // namespace flashjit::capi

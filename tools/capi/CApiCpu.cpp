@@ -1,0 +1,154 @@
+//===- CApiCpu.cpp - The C API's CPU execution mode -----------------------===//
+//
+/// \file
+/// A CPU handle's forward and backward: the caller's strided host tensors
+/// are copied into packed buffers, run by the kernels MLIR's JIT compiled
+/// (cached in the handle per spec and tiling) and scattered back.
+//
+//===----------------------------------------------------------------------===//
+
+#include "CApiInternal.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace flashjit::capi {
+
+//===----------------------------------------------------------------------===//
+// CPU
+//===----------------------------------------------------------------------===//
+
+/// A packed host copy of a caller's strided tensor (the CPU execution mode
+/// runs on HalfTensor buffers it owns).
+static HalfTensor packedCopy(const flashjit_tensor &t) {
+  HalfTensor h =
+      HalfTensor::packed({t.shape[0], t.shape[1], t.shape[2], t.shape[3]});
+  const auto *src = static_cast<const uint16_t *>(t.data);
+  uint16_t *dst = h.buffer->data();
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t hh = 0; hh < t.shape[1]; ++hh)
+      for (int64_t n = 0; n < t.shape[2]; ++n) {
+        std::memcpy(
+            dst, src + b * t.strides[0] + hh * t.strides[1] + n * t.strides[2],
+            size_t(t.shape[3]) * 2);
+        dst += t.shape[3];
+      }
+  return h;
+}
+
+static void scatterBack(const HalfTensor &h, const flashjit_tensor &t) {
+  auto *dst = static_cast<uint16_t *>(t.data);
+  const uint16_t *src = h.buffer->data();
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t hh = 0; hh < t.shape[1]; ++hh)
+      for (int64_t n = 0; n < t.shape[2]; ++n) {
+        std::memcpy(dst + b * t.strides[0] + hh * t.strides[1] +
+                        n * t.strides[2],
+                    src, size_t(t.shape[3]) * 2);
+        src += t.shape[3];
+      }
+}
+
+std::shared_ptr<CpuKernel> cpuKernel(flashjit_handle *h,
+                                     const AttentionSpec &spec,
+                                     const TileConfig &config) {
+  std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
+  std::lock_guard<std::mutex> lock(h->mutex);
+  auto it = h->cpuKernels.find(key);
+  if (it != h->cpuKernels.end())
+    return it->second;
+  std::shared_ptr<CpuKernel> k = CpuKernel::compile(spec, config);
+  h->cpuKernels.emplace(key, k);
+  return k;
+}
+
+/// A CPU call's layout: host memory.
+std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
+                                              const Problem &p,
+                                              int64_t sparseBlock) {
+  return hostLayout(layout, p, sparseBlock,
+                    [](int32_t *dst, const int32_t *src, size_t n) {
+                      std::copy(src, src + n, dst);
+                    });
+}
+
+void runCpuForward(const CpuKernel &kernel, const Problem &p,
+                   const flashjit_tensor &q, const flashjit_tensor &k,
+                   const flashjit_tensor &v, const flashjit_tensor &o,
+                   float *lse, const BlockSparseLayout *bcsr) {
+  AttentionData d;
+  d.q = packedCopy(q);
+  d.k = packedCopy(k);
+  d.v = packedCopy(v);
+  d.o = HalfTensor::packed({o.shape[0], o.shape[1], o.shape[2], o.shape[3]});
+  d.lse.assign(size_t(p.batch * p.heads * p.seqLenQ), 0.0f);
+  kernel.run(p, d, bcsr);
+  scatterBack(d.o, o);
+  if (lse)
+    std::memcpy(lse, d.lse.data(), d.lse.size() * sizeof(float));
+}
+
+void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
+                const flashjit_tensor &q, const flashjit_tensor &k,
+                const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
+                const flashjit_layout *layout) {
+  std::unique_ptr<BlockSparseLayout> bcsr =
+      hostLayout(layout, p, spec.sparseBlock);
+  std::shared_ptr<CpuKernel> kernel =
+      cpuKernel(h, spec, chooseConfig(spec, p, nullptr));
+  runCpuForward(*kernel, p, q, k, v, o, lse, bcsr.get());
+}
+
+/// The backward on the CPU: dq, dk, dv from q, k, v, the forward's o and
+/// lse, and d_o (dQ in the spec's mode; the kernel's own workspace).
+void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
+                 const Problem &p, const flashjit_tensor &q,
+                 const flashjit_tensor &k, const flashjit_tensor &v,
+                 const flashjit_tensor &o, const flashjit_tensor &dO,
+                 const float *lse, const flashjit_tensor &dq,
+                 const flashjit_tensor &dk, const flashjit_tensor &dv,
+                 const flashjit_layout *layout) {
+  std::unique_ptr<BlockSparseLayout> bcsr =
+      hostLayout(layout, p, forwardSpec.sparseBlock);
+  AttentionSpec spec = forwardSpec;
+  spec.direction = Direction::Backward;
+  TileConfig config = chooseConfig(spec, p, nullptr);
+  std::shared_ptr<CpuBackwardKernel> kernel;
+  {
+    std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
+    std::lock_guard<std::mutex> lock(h->mutex);
+    auto it = h->cpuBwdKernels.find(key);
+    if (it == h->cpuBwdKernels.end())
+      it = h->cpuBwdKernels
+               .emplace(key, CpuBackwardKernel::compile(spec, config))
+               .first;
+    kernel = it->second;
+  }
+  AttentionData fwd;
+  fwd.q = packedCopy(q);
+  fwd.k = packedCopy(k);
+  fwd.v = packedCopy(v);
+  fwd.o = packedCopy(o);
+  fwd.lse.assign(lse, lse + p.batch * p.heads * p.seqLenQ);
+  // A NaN (or +inf) lse is no forward's output; the kernel would read it as
+  // a row that sees no key and give that row a zero dQ. Refused instead.
+  for (size_t i = 0; i < fwd.lse.size(); ++i)
+    if (std::isnan(fwd.lse[i]) || fwd.lse[i] == INFINITY) {
+      int64_t row = int64_t(i) % p.seqLenQ, bh = int64_t(i) / p.seqLenQ;
+      invalid(fmt::format("lse[{}, {}, {}] is {}: the forward's lse is "
+                          "finite, or -inf for a row that sees no key",
+                          bh / p.heads, bh % p.heads, row, fwd.lse[i]));
+    }
+  AttentionGrads g;
+  g.dO = packedCopy(dO);
+  g.dq = HalfTensor::packed({q.shape[0], q.shape[1], q.shape[2], q.shape[3]});
+  g.dk = HalfTensor::packed({k.shape[0], k.shape[1], k.shape[2], k.shape[3]});
+  g.dv = HalfTensor::packed({v.shape[0], v.shape[1], v.shape[2], v.shape[3]});
+  kernel->run(p, fwd, g, bcsr.get());
+  scatterBack(g.dq, dq);
+  scatterBack(g.dk, dk);
+  scatterBack(g.dv, dv);
+}
+
+} // namespace flashjit::capi
