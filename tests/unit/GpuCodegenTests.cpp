@@ -110,6 +110,19 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
   }
 }
 
+/// Whether the gpu stage \p gpu records \p geo's shared memory and threads.
+void expectRecords(const std::string &gpu, const GpuGeometry &geo,
+                   const TileConfig &config) {
+  EXPECT_NE(gpu.find("attn.shared_bytes = " + std::to_string(geo.sharedBytes) +
+                     " : i64"),
+            std::string::npos)
+      << config.toJson() << " does not record " << geo.sharedBytes;
+  EXPECT_NE(gpu.find("known_block_size = array<i32: " +
+                     std::to_string(geo.threads) + ", 1, 1>"),
+            std::string::npos)
+      << config.toJson();
+}
+
 /// The forward kernel's recorded resources (attn.shared_bytes, the block
 /// size) are what the launcher provides (kernels/GpuGeometry.h): the tile
 /// lowering's slots must fit the launcher's formula, for every case of the
@@ -126,14 +139,7 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
       continue;
     std::string gpu = emitStage(spec, config, Stage::Gpu, target);
     GpuGeometry geo = gpuGeometry(spec, config);
-    EXPECT_NE(gpu.find("attn.shared_bytes = " +
-                       std::to_string(geo.sharedBytes) + " : i64"),
-              std::string::npos)
-        << config.toJson() << " does not record " << geo.sharedBytes;
-    EXPECT_NE(gpu.find("known_block_size = array<i32: " +
-                       std::to_string(geo.threads) + ", 1, 1>"),
-              std::string::npos)
-        << config.toJson();
+    expectRecords(gpu, geo, config);
   }
 }
 
@@ -170,14 +176,7 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
     EXPECT_EQ(geo.ringStages,
               geo.wgmmaShape && config.stages > 1 ? config.stages : 0)
         << config.toJson();
-    EXPECT_NE(gpu.find("attn.shared_bytes = " +
-                       std::to_string(geo.sharedBytes) + " : i64"),
-              std::string::npos)
-        << config.toJson() << " does not record " << geo.sharedBytes;
-    EXPECT_NE(gpu.find("known_block_size = array<i32: " +
-                       std::to_string(geo.threads) + ", 1, 1>"),
-              std::string::npos)
-        << config.toJson();
+    expectRecords(gpu, geo, config);
     EXPECT_EQ(gpu.find("mbarrier.try_wait.parity") != std::string::npos,
               geo.ringStages > 0)
         << config.toJson();
