@@ -197,7 +197,7 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     """
     fast = _torch_forward
     if fast is not None and window is None and block_mask is None:
-        out = fast(q, k, v, causal, scale)
+        out = fast(q, k, v, causal, scale, return_lse)
         if out is not None:
             return out if return_lse else out[0]
     mask, wl, wr = _mask_and_window(causal, window)

@@ -136,12 +136,16 @@ def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn):
 
 
 class _ForwardPlan:
-    """A flashjit_plan (its address) and the outputs' shapes of one key."""
+    """A flashjit_plan (its address) and the outputs' shapes of one key;
+    lse_scratch: where calls that do not return lse let the kernel write it
+    (never read: concurrent calls may overwrite each other's values)."""
 
-    __slots__ = ("ptr", "o_shape", "lse_shape", "dtype", "device", "index")
+    __slots__ = ("ptr", "o_shape", "lse_shape", "dtype", "device", "index",
+                 "lse_scratch")
 
     def __init__(self):
         self.ptr = None
+        self.lse_scratch = None
 
     def __del__(self):
         try:
@@ -229,11 +233,12 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
     return o, lse
 
 
-def fast_forward(q, k, v, causal, scale):
+def fast_forward(q, k, v, causal, scale, need_lse=True):
     """flashjit.attention's eager CUDA forward without a mask object:
     (o, lse), or None when the call needs the general path (not three plain
     torch CUDA tensors, autograd recording, torch.compile tracing, a scale
-    that is not None or a float > 0)."""
+    that is not None or a float > 0). Without need_lse, lse is the plan's
+    scratch (one allocation less per call; the caller drops it)."""
     if (type(q) is not _Tensor or type(k) is not _Tensor
             or type(v) is not _Tensor or not q.is_cuda):
         return None
@@ -259,7 +264,12 @@ def fast_forward(q, k, v, causal, scale):
                                       None)
     else:
         o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
-        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+        lse = None if need_lse else p.lse_scratch
+        if lse is None:
+            lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+            # Kept outside a capture only: a graph's pool is its own.
+            if not need_lse and not torch.cuda.is_current_stream_capturing():
+                p.lse_scratch = lse
     status = _plan_forward(p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(),
                            None, None, _raw_stream(p.index))
     if status:

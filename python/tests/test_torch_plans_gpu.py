@@ -37,6 +37,27 @@ def test_plan_is_made_once_per_shape_and_serves_new_data():
 
 
 @cuda
+def test_calls_without_lse_share_a_scratch_and_calls_with_it_get_their_own():
+    q, k, v = randn(1, 2, 64, 32), randn(1, 2, 64, 32), randn(1, 2, 64, 32)
+    check(q, k, v)  # makes the plan
+    o_ref, lse_ref = flashjit.attention(q, k, v, return_lse=True)
+    for _ in range(2):  # without lse: the plan's scratch, same O bits
+        o = flashjit.attention(q, k, v)
+        torch.testing.assert_close(o, o_ref, rtol=0, atol=0)
+    (plan,) = [p for key, p in _plans().items()
+               if key[0] == q.shape and key[6] == q.dtype and key[12] == 0
+               and key[13] == 0.0]
+    assert plan.lse_scratch is not None
+    o1, lse1 = flashjit.attention(q, k, v, return_lse=True)
+    o2, lse2 = flashjit.attention(q, k, v, return_lse=True)
+    assert lse1.data_ptr() != lse2.data_ptr()
+    assert plan.lse_scratch.data_ptr() not in (lse1.data_ptr(),
+                                               lse2.data_ptr())
+    torch.testing.assert_close(lse1, lse_ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse2, lse_ref, rtol=0, atol=0)
+
+
+@cuda
 def test_eager_call_and_op_share_the_plan():
     import flashjit.ops  # noqa: F401
 
