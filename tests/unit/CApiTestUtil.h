@@ -1,9 +1,9 @@
 //===- CApiTestUtil.h - Helpers of the C API's tests ------------*- C++ -*-===//
 //
 /// \file
-/// What CApiTests.cpp and CApiPlanTests.cpp share: a handle per test, the
-/// C views of the C++ spec, tensors and layouts of flashjit_kernels, and a
-/// small valid problem for the error tests.
+/// What CApiTests.cpp, CApiErrorTests.cpp and CApiPlanTests.cpp share: a
+/// handle per test, the C views of the C++ spec, tensors and layouts of
+/// flashjit_kernels, and a small valid problem for the error tests.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TESTS_UNIT_CAPITESTUTIL_H

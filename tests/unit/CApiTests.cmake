@@ -3,9 +3,11 @@
 # the inputs and the float64 reference come from the static flashjit_kernels
 # library (its copy inside the .so is hidden, so the two never meet).
 # CApiSmoke.c is plain C: it proves the header compiles as C.
+# CApiErrorTests.cpp: the errors and their messages (CApiTests.cpp has main).
 # CApiPlanTests.cpp: the prepared forward calls (flashjit_plan_*).
 add_executable(flashjit-capi-tests
   ${CMAKE_CURRENT_LIST_DIR}/CApiTests.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/CApiErrorTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiPlanTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiSmoke.c)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/CApiSmoke.c PROPERTIES
