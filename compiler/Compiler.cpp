@@ -99,7 +99,7 @@ static CompileError notANamedScoreMod() {
 /// The named variant ("softcap:C", "alibi:H") that \p op's score_mod
 /// region is, "" without a region; throws CompileError for a region that is
 /// no named variant (the CPU reference knows only those for now).
-static std::string namedScoreMod(attn::FlashFwdOp op) {
+template <typename OpT> static std::string namedScoreMod(OpT op) {
   std::optional<std::string> named = op.namedScoreMod();
   if (!named)
     throw notANamedScoreMod();
@@ -141,6 +141,7 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     } else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op)) {
       expectName(bwd.getSymName(), Direction::Backward);
       info.spec = specFromOp(bwd, Direction::Backward, bwd.getDeterministic());
+      info.spec.scoreMod = namedScoreMod(bwd);
       ++described;
     }
   });

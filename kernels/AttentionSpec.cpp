@@ -47,13 +47,8 @@ void AttentionSpec::validate() const {
   checkRange("gqa", gqaGroup, 1, 1 << 16);
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
-  if (!scoreMod.empty()) {
+  if (!scoreMod.empty())
     ScoreMod::parse(scoreMod);
-    if (direction == Direction::Backward)
-      throw SpecError(fmt::format("score modifier '{}': the backward of a "
-                                  "score modifier is not derived yet",
-                                  scoreMod));
-  }
 }
 
 /// The spelling of \p kind in AttentionSpec::scoreMod.
@@ -140,6 +135,13 @@ double ScoreMod::apply(double score, int64_t head, int64_t qIdx,
                        double(kvIdx - qIdx);
   }
   return score;
+}
+
+double ScoreMod::derivative(double score) const {
+  if (kind != Kind::Softcap)
+    return 1.0; // none and alibi add a constant to the score
+  double t = std::tanh(score / cap);
+  return 1.0 - t * t;
 }
 
 std::string AttentionSpec::name() const {

@@ -175,6 +175,9 @@ struct ScoreMod {
   /// \p score of query \p qIdx and key \p kvIdx in query head \p head,
   /// modified, in float64: the reference's side of the modifier.
   double apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx) const;
+  /// d apply / d score at \p score, in float64 (derived by hand: the
+  /// reference of the compiler's derivative).
+  double derivative(double score) const;
 };
 
 /// How the backward accumulates dQ. SeparatePass (spec.deterministic): a

@@ -30,12 +30,14 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
   const double negInf = -std::numeric_limits<double>::infinity();
+  const ScoreMod mod = ScoreMod::parse(spec.scoreMod);
   auto [left, right] = effectiveWindow(spec, p);
   BackwardReference r;
   r.dq.assign(size_t(p.batch * H * Nq * dqk), 0.0);
   r.dk.assign(size_t(p.batch * Hkv * Nkv * dqk), 0.0);
   r.dv.assign(size_t(p.batch * Hkv * Nkv * dv), 0.0);
-  std::vector<double> kf, vf, qrow(dqk), dorow(dv), s(Nkv), dp(Nkv);
+  std::vector<double> kf, vf, qrow(dqk), dorow(dv), s(Nkv), dp(Nkv),
+      dmod(Nkv);
   auto widen = [&](uint16_t x) { return double(halfToFloat(spec.dtype, x)); };
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < H; ++h) {
@@ -65,7 +67,8 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
           double acc = 0;
           for (int64_t c = 0; c < dqk; ++c)
             acc += qrow[c] * kf[j * dqk + c];
-          s[j] = acc * scale;
+          s[j] = mod.apply(acc * scale, h, i, j);
+          dmod[j] = mod.derivative(acc * scale);
           m = std::max(m, s[j]);
         }
         if (m == negInf)
@@ -92,7 +95,8 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
         for (int64_t j = 0; j < Nkv; ++j) {
           if (s[j] == negInf)
             continue;
-          double pj = s[j], ds = pj * (dp[j] - delta);
+          // dS is the gradient of the scaled score, before the modifier.
+          double pj = s[j], ds = pj * (dp[j] - delta) * dmod[j];
           for (int64_t c = 0; c < dqk; ++c) {
             dq[c] += scale * ds * kf[j * dqk + c];
             dkHead[j * dqk + c] += scale * ds * qrow[c];
@@ -206,6 +210,7 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV, G = spec.gqaGroup;
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
+  const ScoreMod mod = ScoreMod::parse(spec.scoreMod);
   auto [left, right] = effectiveWindow(spec, p);
   SampledBackwardReference r;
   r.rows = std::move(rows);
@@ -217,12 +222,15 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
   // (\p dq) or to dK_j and dV_j (\p dk, \p dvOut): the terms of
   // referenceBackward with P = exp(S - lse).
   auto accumulate = [&](const QueryHead &qh, const double *kj, const double *vj,
-                        int64_t i, double *dq, double *dk, double *dvOut) {
+                        int64_t h, int64_t i, int64_t j, double *dq, double *dk,
+                        double *dvOut) {
     if (!std::isfinite(qh.lse[i]))
       return; // the row sees no key: no gradient flows through it
     const double *qi = &qh.q[size_t(i * dqk)], *doi = &qh.dO[size_t(i * dv)];
-    double pij = std::exp(scale * dot(qi, kj, dqk) - double(qh.lse[i]));
-    double ds = pij * (dot(doi, vj, dv) - qh.delta[size_t(i)]);
+    const double sc = scale * dot(qi, kj, dqk);
+    double pij = std::exp(mod.apply(sc, h, i, j) - double(qh.lse[i]));
+    double ds =
+        pij * (dot(doi, vj, dv) - qh.delta[size_t(i)]) * mod.derivative(sc);
     for (int64_t c = 0; c < dqk; ++c) {
       if (dq)
         dq[c] += scale * ds * kj[c];
@@ -244,7 +252,7 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
       int64_t i = r.rows[ri] % Nq;
       for (int64_t j = 0; j < Nkv; ++j)
         if (isVisible(spec, p, layout, left, right, b, h, i, j))
-          accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], i,
+          accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], h, i, j,
                      &r.dq[ri * size_t(dqk)], nullptr, nullptr);
     }
   }
@@ -259,8 +267,8 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
         int64_t j = r.keys[ki] % Nkv;
         for (int64_t i = 0; i < Nq; ++i)
           if (isVisible(spec, p, layout, left, right, b, h, i, j))
-            accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], i,
-                       nullptr, &r.dk[ki * size_t(dqk)],
+            accumulate(qh, &kf[size_t(j * dqk)], &vf[size_t(j * dv)], h, i,
+                       j, nullptr, &r.dk[ki * size_t(dqk)],
                        &r.dv[ki * size_t(dv)]);
       }
     }

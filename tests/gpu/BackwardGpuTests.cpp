@@ -105,6 +105,12 @@ const GpuCase kCases[] = {
   {"large_d128_n4096_bh8", "--head-dim 128 --batch 2 --heads 4 --seq-len 4096"},
   {"large_det_d128_causal_n4096_bh8", "--deterministic --head-dim 128 --causal --batch 2 --heads 4 --seq-len 4096"},
   {"large_d64_causal_gqa2_n4096_bh8", "--head-dim 64 --causal --gqa 2 --heads 8 --seq-len 4096"},
+  // Score modifiers: P from the modified scores, dS through the derivative
+  // the tiling derives (wgmma dK/dV kernel, the mma.sync dQ pass, GQA).
+  {"mod_softcap5_d128_causal", "--head-dim 128 --score-mod softcap:5 --causal --heads 2 --seq-len 700"},
+  {"mod_det_softcap2_d64_gqa2", "--deterministic --head-dim 64 --score-mod softcap:2 --gqa 2 --heads 4 --seq-len 300 --seq-len-kv 420"},
+  {"mod_alibi8_d128_gqa4_window", "--head-dim 128 --score-mod alibi:8 --gqa 4 --heads 8 --window 100,20 --seq-len 500"},
+  {"mod_det_alibi4_d96_fp16", "--deterministic --head-dim 96 --dtype fp16 --score-mod alibi:4 --heads 4 --seq-len 257"},
 };
 // clang-format on
 

@@ -37,6 +37,8 @@ struct Case {
   LayoutKind layout = LayoutKind::Dense;
   int64_t sparseBlock = 128;
   QKVLayout qkv = QKVLayout::Separate;
+  /// AttentionSpec::scoreMod ("" for none).
+  const char *scoreMod = "";
 };
 
 inline std::ostream &operator<<(std::ostream &os, const Case &c) {

@@ -64,6 +64,7 @@ BackwardRun prepare(const Case &c, uint64_t seed) {
   s.spec.gqaGroup = c.gqa;
   s.spec.blockSparse = c.layout != LayoutKind::Dense;
   s.spec.sparseBlock = c.sparseBlock;
+  s.spec.scoreMod = c.scoreMod;
   s.config.blockM = c.br;
   s.config.blockN = c.bc;
   s.problem.batch = c.batch;
@@ -145,14 +146,35 @@ const Case kCases[] = {
 };
 // clang-format on
 
+/// A test's name: the case's and its dQ mode.
+std::string
+caseAndMode(const ::testing::TestParamInfo<std::tuple<Case, bool>> &info) {
+  return std::string(std::get<0>(info.param).name) +
+         (std::get<1>(info.param) ? "_deterministic" : "_atomic");
+}
+
+// The score modifiers: P recomputed from the modified scores, dS carried
+// back through the derivative the tiling derives from the region (softcap:
+// 1 - tanh^2; ALiBi: 1, its bias read from the index tiles, transposed in
+// the dK/dV loop); a softcap test fails without the derivative.
+// clang-format off
+const Case kScoreModCases[] = {
+  {"d64_softcap5_causal_gqa2", 64, 64, BF, CAUSAL, 2, 64, 64, 1, 4, 200, 230, 0, 0, LayoutKind::Dense, 128, QKVLayout::Separate, "softcap:5"},
+  {"d32_fp16_softcap2_window_nq_gt_nkv", 32, 32, FP, WIN, 1, 32, 32, 1, 2, 150, 100, 20, 10, LayoutKind::Dense, 128, QKVLayout::Separate, "softcap:2"},
+  {"d96_alibi4_causal_nq_lt_nkv", 96, 96, BF, CAUSAL, 1, 64, 32, 1, 4, 130, 170, 0, 0, LayoutKind::Dense, 128, QKVLayout::Separate, "alibi:4"},
+  {"d64_alibi8_gqa4_sparse", 64, 64, BF, NONE, 4, 64, 64, 1, 8, 256, 256, 0, 0, LayoutKind::Random, 64, QKVLayout::Separate, "alibi:8"},
+};
+// clang-format on
+
+INSTANTIATE_TEST_SUITE_P(ScoreMods, CpuBackward,
+                         ::testing::Combine(::testing::ValuesIn(kScoreModCases),
+                                            ::testing::Bool()),
+                         caseAndMode);
+
 INSTANTIATE_TEST_SUITE_P(Matrix, CpuBackward,
                          ::testing::Combine(::testing::ValuesIn(kCases),
                                             ::testing::Bool()),
-                         [](const auto &info) {
-                           return std::string(std::get<0>(info.param).name) +
-                                  (std::get<1>(info.param) ? "_deterministic"
-                                                           : "_atomic");
-                         });
+                         caseAndMode);
 
 Case smallCase() {
   return {"small", 32, 32, BF, CAUSAL, 2, 16, 16, 1, 4, 70, 70};

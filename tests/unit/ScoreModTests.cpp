@@ -7,8 +7,8 @@
 /// softcap (C * tanh(scale * q.k / C)) and ALiBi (scale * q.k + slope_h *
 /// (kv_idx - q_idx), which reads the tile's index arguments). Also: the
 /// check fails for a kernel without the modifier, both stages read back
-/// keep the modifier, and the spec refuses a bad modifier or one with the
-/// backward.
+/// keep the modifier, the spec refuses a bad modifier, and the backward's
+/// description carries the region (CpuBackwardTests runs its gradients).
 //
 //===----------------------------------------------------------------------===//
 
@@ -233,7 +233,7 @@ TEST(ScoreModStages, EditedRegionIsNoNamedVariant) {
   }
 }
 
-TEST(ScoreModSpec, BadModifiersAndBackwardAreNamedErrors) {
+TEST(ScoreModSpec, BadModifiersAreNamedErrorsAndTheBackwardCarriesThem) {
   AttentionSpec spec;
   for (const char *bad :
        {"softcap", "softcap:", "softcap:0", "softcap:-3", "softcap:inf",
@@ -256,13 +256,13 @@ TEST(ScoreModSpec, BadModifiersAndBackwardAreNamedErrors) {
   EXPECT_NE(spec.toJson().find("\"score_mod\":\"softcap:30\""),
             std::string::npos);
   EXPECT_NE(attnModuleText(spec, "k").find("math.tanh"), std::string::npos);
+  // The backward carries the same region (its derivative: the tiling's).
   spec.direction = Direction::Backward;
-  try {
-    spec.validate();
-    ADD_FAILURE() << "the backward of a score modifier was accepted";
-  } catch (const SpecError &e) {
-    EXPECT_NE(std::string(e.what()).find("not derived yet"), std::string::npos);
-  }
+  EXPECT_NO_THROW(spec.validate());
+  std::string bwd = attnModuleText(spec, "k");
+  EXPECT_NE(bwd.find("attn.flash_bwd @k"), std::string::npos) << bwd;
+  EXPECT_NE(bwd.find("score_mod {"), std::string::npos) << bwd;
+  EXPECT_NE(bwd.find("math.tanh"), std::string::npos) << bwd;
 }
 
 } // namespace

@@ -36,16 +36,13 @@ static bool isKnownRole(StringRef role) {
          role == "dq" || role == "dq_convert";
 }
 
-/// KernelAttr's `score_mod`: "" (none), "custom" or a named variant, and
-/// only on the forward.
+/// KernelAttr's `score_mod`: "" (none), "custom" or a named variant (the
+/// backward's functions carry their description's too).
 static LogicalResult
 verifyKernelScoreMod(function_ref<InFlightDiagnostic()> emitError,
-                     StringRef role, StringRef scoreMod) {
+                     StringRef scoreMod) {
   if (scoreMod.empty())
     return success();
-  if (role != "forward")
-    return emitError() << "#attn.kernel: score_mod is the forward's, got \""
-                       << scoreMod << "\" for role \"" << role << "\"";
   if (scoreMod == "custom")
     return success();
   try {
@@ -103,7 +100,7 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (role == "dq_convert" && deterministic)
     return emitError() << "#attn.kernel: role \"dq_convert\" (atomic dQ) "
                           "needs deterministic = false";
-  return verifyKernelScoreMod(emitError, role, scoreMod);
+  return verifyKernelScoreMod(emitError, scoreMod);
 }
 
 LogicalResult AttnDialect::verifyOperationAttribute(Operation *op,
@@ -161,20 +158,19 @@ static constexpr const char *kScoreModArgs[] = {"score", "batch", "head",
 /// The checks of a score_mod region: one block of (score: f32, batch,
 /// head, q_idx, kv_idx: index), arith and math ops on scalars only, ending
 /// in attn.yield of an f32.
-static LogicalResult verifyScoreMod(FlashFwdOp op) {
-  Region &region = op.getScoreMod();
+static LogicalResult verifyScoreMod(Operation *op, Region &region) {
   if (!region.hasOneBlock())
-    return op.emitOpError() << "score_mod must have one block, got "
+    return op->emitOpError() << "score_mod must have one block, got "
                             << region.getBlocks().size();
   Block &body = region.front();
   auto signature = [&] {
-    return op.emitOpError()
+    return op->emitOpError()
            << "score_mod must take (score: f32, batch: index, head: index, "
               "q_idx: index, kv_idx: index)";
   };
   if (body.getNumArguments() != std::size(kScoreModArgs))
     return signature() << ", got " << body.getNumArguments() << " arguments";
-  Builder b(op.getContext());
+  Builder b(op->getContext());
   for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
     Type want = i == 0 ? Type(b.getF32Type()) : Type(b.getIndexType());
     if (arg.getType() != want)
@@ -182,28 +178,30 @@ static LogicalResult verifyScoreMod(FlashFwdOp op) {
                          << kScoreModArgs[i];
   }
   if (body.empty() || !isa<YieldOp>(body.back()))
-    return op.emitOpError() << "score_mod must end in attn.yield";
+    return op->emitOpError() << "score_mod must end in attn.yield";
   for (Operation &inner : body.without_terminator()) {
     StringRef ns = inner.getDialect() ? inner.getDialect()->getNamespace() : "";
     if ((ns != "arith" && ns != "math") || inner.getNumRegions() != 0)
-      return op.emitOpError()
+      return op->emitOpError()
              << "score_mod may hold only arith and math ops, got '"
              << inner.getName() << "'";
     for (Type t : inner.getResultTypes())
       if (!t.isIntOrIndexOrFloat())
-        return op.emitOpError()
+        return op->emitOpError()
                << "score_mod computes on scalars only, got " << t << " from '"
                << inner.getName() << "'";
   }
   return success();
 }
 
-std::optional<std::string> FlashFwdOp::namedScoreMod() {
-  if (!hasScoreMod())
+/// The named variant that \p region is (FlashFwdOp::namedScoreMod).
+static std::optional<std::string> namedScoreModOf(MLIRContext *ctx,
+                                                  Region &region) {
+  if (region.empty())
     return "";
   // Every variant's builder puts its argument first, as an f32 constant:
   // try each kind with it, and compare with the region that one builds.
-  Block &body = getScoreMod().front();
+  Block &body = region.front();
   auto first = dyn_cast<arith::ConstantOp>(body.front());
   auto arg = first ? dyn_cast<FloatAttr>(first.getValue()) : nullptr;
   if (!arg || !arg.getType().isF32())
@@ -217,22 +215,33 @@ std::optional<std::string> FlashFwdOp::namedScoreMod() {
       continue; // not an argument of this kind
     }
     OwningOpRef<ModuleOp> built = parseSourceString<ModuleOp>(
-        flashjit::attnModuleText(spec, "named"), getContext());
+        flashjit::attnModuleText(spec, "named"), ctx);
     auto fwd = built ? *built->getOps<FlashFwdOp>().begin() : FlashFwdOp();
     if (fwd && OperationEquivalence::isRegionEquivalentTo(
-                   &fwd.getScoreMod(), &getScoreMod(),
+                   &fwd.getScoreMod(), &region,
                    OperationEquivalence::IgnoreLocations))
       return spec.scoreMod;
   }
   return std::nullopt;
 }
 
+std::optional<std::string> FlashFwdOp::namedScoreMod() {
+  return namedScoreModOf(getContext(), getScoreMod());
+}
+std::optional<std::string> FlashBwdOp::namedScoreMod() {
+  return namedScoreModOf(getContext(), getScoreMod());
+}
+
 LogicalResult FlashFwdOp::verify() {
   if (failed(verifyKernelDescription(*this)))
     return failure();
-  return hasScoreMod() ? verifyScoreMod(*this) : success();
+  return hasScoreMod() ? verifyScoreMod(*this, getScoreMod()) : success();
 }
-LogicalResult FlashBwdOp::verify() { return verifyKernelDescription(*this); }
+LogicalResult FlashBwdOp::verify() {
+  if (failed(verifyKernelDescription(*this)))
+    return failure();
+  return hasScoreMod() ? verifyScoreMod(*this, getScoreMod()) : success();
+}
 
 #define GET_OP_CLASSES
 #include "dialects/Attn/IR/AttnOps.cpp.inc"

@@ -176,14 +176,15 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
 }
 
 def Attn_YieldOp : Attn_Op<"yield",
-    [Pure, Terminator, HasParent<"FlashFwdOp">]> {
+    [Pure, Terminator, ParentOneOf<["FlashFwdOp", "FlashBwdOp"]>]> {
   let summary = "The modified score of a score_mod region";
   let arguments = (ins F32:$value);
   let assemblyFormat = "$value attr-dict `:` type($value)";
 }
 
 def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
-    (ins DefaultValuedAttr<BoolAttr, "false">:$deterministic)> {
+    (ins DefaultValuedAttr<BoolAttr, "false">:$deterministic),
+    [IsolatedFromAbove]> {
   let summary = "A FlashAttention backward kernel, described";
   let description = [{
     Declares the backward pass `@sym_name` of the attention that the
@@ -206,6 +207,20 @@ def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
         head_dim_qk = 96 : i64, head_dim_v = 96 : i64, mask = "causal",
         sparse_block = 0 : i64, deterministic = true}
     ```
+
+    The optional `score_mod` region is the forward's (the same checks):
+    P is recomputed from the modified scores, and the tiling derives
+    d(score')/d(score) from the region's ops (forward-mode, ScoreMod.cpp)
+    to carry dS back to the scaled score: dS = P * (dO V^T - D) *
+    d(score')/d(score).
+  }];
+  let regions = (region AnyRegion:$score_mod);
+  let assemblyFormat = "$sym_name attr-dict (`score_mod` $score_mod^)?";
+  let extraClassDeclaration = [{
+    /// Whether the description carries a score modifier.
+    bool hasScoreMod() { return !getScoreMod().empty(); }
+    /// As FlashFwdOp::namedScoreMod.
+    std::optional<std::string> namedScoreMod();
   }];
 }
 

@@ -23,6 +23,11 @@
 ///   %d = arith.subi %J, %I : tensor<64x64xi32>
 ///   %df = arith.sitofp %d : tensor<64x64xi32> to tensor<64x64xf32>
 ///   %S2 = arith.addf %S, %df : tensor<64x64xf32>
+///
+/// For the backward, inlineScoreModWithDerivative also builds d S2 / d S
+/// beside each op, by the chain rule (softcap's C tanh(s / C): (1 - t^2),
+/// t = tanh(s / C), times the 1 / C of the division and the C of the
+/// product), which carries dS back to the scaled score.
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,6 +36,7 @@
 #include "dialects/Attn/IR/AttnDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -81,8 +87,12 @@ static Value castInteger(OpBuilder &b, Location loc, Value v,
   return arith::ExtSIOp::create(b, loc, to, v);
 }
 
-Value inlineScoreMod(OpBuilder &b, Location loc, Region &region, Value scores,
-                     const ScoreModIndices &indices) {
+/// inlineScoreMod's clone of \p region on tiles; \p each sees every op it
+/// cloned (but constants and index casts) with its tiled clone, in order.
+static FailureOr<Value>
+cloneOnTiles(OpBuilder &b, Location loc, Region &region, Value scores,
+             const ScoreModIndices &indices,
+             function_ref<LogicalResult(Operation &, Operation *)> each) {
   Block &body = region.front();
   auto shape = cast<RankedTensorType>(scores.getType()).getShape();
   Type i32 = b.getI32Type();
@@ -123,8 +133,157 @@ Value inlineScoreMod(OpBuilder &b, Location loc, Region &region, Value scores,
     state.addAttributes(op.getAttrs());
     Operation *tiled = b.create(state);
     map.map(op.getResults(), tiled->getResults());
+    if (each && failed(each(op, tiled)))
+      return failure();
   }
   return map.lookup(cast<YieldOp>(body.getTerminator()).getValue());
+}
+
+Value inlineScoreMod(OpBuilder &b, Location loc, Region &region, Value scores,
+                     const ScoreModIndices &indices) {
+  return *cloneOnTiles(b, loc, region, scores, indices, nullptr);
+}
+
+/// The ops whose derivative Tangents::derive builds (and comparisons,
+/// whose i1 result carries none).
+static bool isDifferentiable(Operation *op) {
+  return isa<arith::AddFOp, arith::SubFOp, arith::NegFOp, arith::MulFOp,
+             arith::DivFOp, math::FmaOp, math::TanhOp, math::ExpOp,
+             math::Exp2Op, math::LogOp, math::Log2Op, math::SqrtOp,
+             math::AbsFOp, arith::MaximumFOp, arith::MaxNumFOp,
+             arith::MinimumFOp, arith::MinNumFOp, arith::SelectOp,
+             arith::CmpFOp>(op);
+}
+
+LogicalResult checkScoreModDifferentiable(Operation *op, Region &region) {
+  Block &body = region.front();
+  DenseSet<Value> onScore = {body.getArgument(0)};
+  for (Operation &inner : body.without_terminator()) {
+    if (llvm::none_of(inner.getOperands(),
+                      [&](Value v) { return onScore.contains(v); }))
+      continue;
+    if (!isDifferentiable(&inner))
+      return op->emitOpError()
+             << "score_mod: the backward cannot differentiate '"
+             << inner.getName() << "' with respect to the score (it "
+             << "differentiates arith's add, sub, neg, mul, div, min, max, "
+                "select and math's fma, tanh, exp, exp2, log, log2, sqrt, "
+                "absf)";
+    onScore.insert(inner.getResults().begin(), inner.getResults().end());
+  }
+  return success();
+}
+
+namespace {
+/// Forward-mode differentiation of a score_mod on tiles: the tangent
+/// d v / d score of each f32 value v of the region (null: 0, a value that
+/// does not depend on the score).
+struct Tangents {
+  OpBuilder &b;
+  Location loc;
+  DenseMap<Value, Value> of;
+
+  Value get(Value v) const { return of.lookup(v); }
+  Value zeroLike(Value v) {
+    auto ty = cast<RankedTensorType>(v.getType());
+    return arith::ConstantOp::create(
+        b, loc, ty, DenseElementsAttr::get(ty, b.getF32FloatAttr(0)));
+  }
+  Value constLike(Value v, double c) {
+    auto ty = cast<RankedTensorType>(v.getType());
+    return arith::ConstantOp::create(
+        b, loc, ty, DenseElementsAttr::get(ty, b.getF32FloatAttr(c)));
+  }
+  Value mul(Value x, Value y) { return arith::MulFOp::create(b, loc, x, y); }
+  Value div(Value x, Value y) { return arith::DivFOp::create(b, loc, x, y); }
+  Value sub(Value x, Value y) { return arith::SubFOp::create(b, loc, x, y); }
+  Value neg(Value x) { return arith::NegFOp::create(b, loc, x); }
+  /// x + y with null as 0.
+  Value add(Value x, Value y) {
+    if (!x || !y)
+      return x ? x : y;
+    return arith::AddFOp::create(b, loc, x, y);
+  }
+  /// select(c, x, y) with null as 0 (null when both are).
+  Value select(Value c, Value x, Value y, Value like) {
+    if (!x && !y)
+      return Value();
+    return arith::SelectOp::create(b, loc, c, x ? x : zeroLike(like),
+                                   y ? y : zeroLike(like));
+  }
+  Value cmp(arith::CmpFPredicate p, Value x, Value y) {
+    return arith::CmpFOp::create(b, loc, p, x, y);
+  }
+
+  /// The tangent of \p tiled's result from its operands' (\p op: the
+  /// region's op it clones, for the error).
+  LogicalResult derive(Operation &op, Operation *tiled) {
+    SmallVector<Value> x(tiled->getOperands()), dx;
+    for (Value v : x)
+      dx.push_back(get(v));
+    if (llvm::none_of(dx, [](Value v) { return bool(v); }))
+      return success(); // constant in the score
+    Value y = tiled->getResult(0), dy;
+    using P = arith::CmpFPredicate;
+    if (isa<arith::AddFOp>(tiled))
+      dy = add(dx[0], dx[1]);
+    else if (isa<arith::SubFOp>(tiled))
+      dy = add(dx[0], dx[1] ? neg(dx[1]) : Value());
+    else if (isa<arith::NegFOp>(tiled))
+      dy = neg(dx[0]);
+    else if (isa<arith::MulFOp>(tiled))
+      dy = add(dx[0] ? mul(dx[0], x[1]) : Value(),
+               dx[1] ? mul(x[0], dx[1]) : Value());
+    else if (isa<arith::DivFOp>(tiled)) // (dx0 - y dx1) / x1
+      dy = div(add(dx[0], dx[1] ? neg(mul(y, dx[1])) : Value()), x[1]);
+    else if (isa<math::FmaOp>(tiled))
+      dy = add(add(dx[0] ? mul(dx[0], x[1]) : Value(),
+                   dx[1] ? mul(x[0], dx[1]) : Value()),
+               dx[2]);
+    else if (isa<math::TanhOp>(tiled))
+      dy = mul(sub(constLike(y, 1.0), mul(y, y)), dx[0]);
+    else if (isa<math::ExpOp>(tiled))
+      dy = mul(y, dx[0]);
+    else if (isa<math::Exp2Op>(tiled))
+      dy = mul(mul(y, constLike(y, std::log(2.0))), dx[0]);
+    else if (isa<math::LogOp>(tiled))
+      dy = div(dx[0], x[0]);
+    else if (isa<math::Log2Op>(tiled))
+      dy = div(dx[0], mul(x[0], constLike(y, std::log(2.0))));
+    else if (isa<math::SqrtOp>(tiled))
+      dy = div(dx[0], mul(y, constLike(y, 2.0)));
+    else if (isa<math::AbsFOp>(tiled))
+      dy = select(cmp(P::OLT, x[0], zeroLike(y)), neg(dx[0]), dx[0], y);
+    else if (isa<arith::MaximumFOp, arith::MaxNumFOp>(tiled))
+      dy = select(cmp(P::OGE, x[0], x[1]), dx[0], dx[1], y);
+    else if (isa<arith::MinimumFOp, arith::MinNumFOp>(tiled))
+      dy = select(cmp(P::OLE, x[0], x[1]), dx[0], dx[1], y);
+    else if (isa<arith::SelectOp>(tiled))
+      dy = select(x[0], dx[1], dx[2], y);
+    else if (isa<arith::CmpFOp>(tiled))
+      return success(); // i1: no tangent
+    else // checkScoreModDifferentiable refuses it first
+      return tiled->emitOpError()
+             << "in a score_mod: the backward cannot differentiate '"
+             << op.getName() << "' with respect to the score";
+    of[y] = dy;
+    return success();
+  }
+};
+} // namespace
+
+FailureOr<std::pair<Value, Value>>
+inlineScoreModWithDerivative(OpBuilder &b, Location loc, Region &region,
+                             Value scores, const ScoreModIndices &indices) {
+  Tangents t{b, loc, {}};
+  t.of[scores] = t.constLike(scores, 1.0);
+  FailureOr<Value> y = cloneOnTiles(
+      b, loc, region, scores, indices,
+      [&](Operation &op, Operation *tiled) { return t.derive(op, tiled); });
+  if (failed(y))
+    return failure();
+  Value dy = t.get(*y);
+  return std::make_pair(*y, dy ? dy : t.zeroLike(*y));
 }
 
 } // namespace flashjit::attn::detail

@@ -38,6 +38,22 @@ mlir::Value inlineScoreMod(mlir::OpBuilder &b, mlir::Location loc,
                            mlir::Region &region, mlir::Value scores,
                            const ScoreModIndices &indices);
 
+/// Succeeds when the backward can differentiate \p region (of \p op) with
+/// respect to the score: every op that depends on it is one that
+/// inlineScoreModWithDerivative derives; else a named error on \p op.
+mlir::LogicalResult checkScoreModDifferentiable(mlir::Operation *op,
+                                                mlir::Region &region);
+
+/// inlineScoreMod, and the derivative of its result with respect to the
+/// score, elementwise (forward mode over the region's ops: arith's add,
+/// sub, neg, mul, div, min, max, select, math's fma, tanh, exp, exp2, log,
+/// log2, sqrt, absf; index values carry none). A named error on the op the
+/// backward cannot differentiate.
+mlir::FailureOr<std::pair<mlir::Value, mlir::Value>>
+inlineScoreModWithDerivative(mlir::OpBuilder &b, mlir::Location loc,
+                             mlir::Region &region, mlir::Value scores,
+                             const ScoreModIndices &indices);
+
 } // namespace flashjit::attn::detail
 
 #endif // FLASHJIT_DIALECTS_ATTN_TRANSFORMS_SCOREMOD_H

@@ -60,6 +60,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/Transforms/Passes.h"
+#include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TiledBackward.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -112,7 +113,8 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
                                 sparseBlock, blockM, blockN,
-                                op.getDeterministic(), /*score_mod=*/""));
+                                op.getDeterministic(),
+                                op.namedScoreMod().value_or("custom")));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
   b.setInsertionPointToStart(func.addEntryBlock());
@@ -225,6 +227,11 @@ struct TileAttentionBackwardPass
     // checks block-m and block-n (the default).
     const bool ownDqTiling = dqM || dqN;
     WalkResult walk = module.walk([&](FlashBwdOp op) {
+      using namespace flashjit::attn::detail;
+      if (op.hasScoreMod() &&
+          (failed(checkScoreModTileable(op, op.getScoreMod())) ||
+           failed(checkScoreModDifferentiable(op, op.getScoreMod()))))
+        return WalkResult::interrupt();
       int64_t sb = op.getSparseBlock();
       if (!ownDqTiling || !op.getDeterministic() || sb == 0 ||
           (sb % dqBr == 0 && sb % dqBc == 0))

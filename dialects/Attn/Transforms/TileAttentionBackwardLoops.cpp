@@ -12,11 +12,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TiledBackward.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+#include <cmath>
 #include <tuple>
 
 using namespace mlir;
@@ -124,13 +126,15 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
       loadTile(rowTy, buf(bwd::Delta), add(bhn, stat), first, nq, Value());
   Value dl = loadTile(rowTy, buf(bwd::Delta), stat, first, nq, Value());
 
-  Value st = dot(kTile, q, Value(), false, /*transposeRhs=*/true);
-  Value pt =
-      exp2(fma(st, splat(scaleLog2, sTy), broadcast(nl, sTy, /*dim=*/0)));
+  Value st = dot(kTile, q, Value(), false, /*transposeRhs=*/true), dmod;
+  Value pt = exp2(exponent(st, broadcast(nl, sTy, /*dim=*/0), first, n0,
+                           /*keysOnRows=*/true, bI, hI, dmod));
   Value pth = truncTile(maskMain(pt, first), elemTy);
   Value dvNew = dot(pth, dO, dvAcc, false, false);
   Value dpt = dot(vTile, dO, Value(), false, /*transposeRhs=*/true);
   Value ds = fmul(extTile(pth), fsub(dpt, broadcast(dl, sTy, /*dim=*/0)));
+  if (dmod)
+    ds = fmul(ds, dmod);
   Value dsh = truncTile(ds, elemTy);
   Value dkNew = dot(dsh, q, dk, false, false);
   if (atomicDq) {
@@ -139,6 +143,45 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
                               nq, cIdx(dqk));
   }
   return {dkNew, dvNew};
+}
+
+/// Without a modifier: fma(raw, splat(scale_log2e), negLse), \p dmod null.
+/// With one (ScoreMod.cpp), P is recomputed from the modified scores as
+/// the forward made them, and dS later takes their derivative:
+///
+///   %sc = arith.mulf %raw, splat(%scale)
+///   %m, %dm = <score_mod on %sc, and d %m / d %sc>
+///   %e = math.fma %m, splat(log2(e)), %negLse
+Value TiledBackwardBuilder::exponent(Value raw, Value negLse, Value q0,
+                                     Value kv0, bool keysOnRows, Value bI,
+                                     Value hI, Value &dmod) {
+  auto ty = cast<Tensor>(raw.getType());
+  if (!op.hasScoreMod())
+    return fma(raw, splat(scaleLog2, ty), negLse);
+  auto [mod, d] = modifyScores(raw, q0, kv0, keysOnRows, bI, hI);
+  dmod = d;
+  return fma(mod, constTile(1.0 / std::log(2.0), ty), negLse);
+}
+
+std::pair<Value, Value>
+TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
+                                   bool keysOnRows, Value bI, Value hI) {
+  using namespace flashjit::attn::detail;
+  auto ty = cast<Tensor>(raw.getType());
+  Region &region = op.getScoreMod();
+  Tensor iTy = tile(ty.getShape(), b.getI32Type());
+  ScoreModIndices indices;
+  if (scoreModUses(region, 1))
+    indices.batch = splat(toI32(bI), iTy);
+  if (scoreModUses(region, 2))
+    indices.head = splat(toI32(hI), iTy);
+  if (scoreModUses(region, 3))
+    indices.qIdx = indexTile(iTy, keysOnRows ? 1 : 0, q0);
+  if (scoreModUses(region, 4))
+    indices.kvIdx = indexTile(iTy, keysOnRows ? 0 : 1, kv0);
+  // The pass checked the region (checkScoreModDifferentiable).
+  return *inlineScoreModWithDerivative(b, b.getLoc(), region,
+                                       fmul(raw, splat(scale, ty)), indices);
 }
 
 /// P^T with 0 where key n0 + r does not see query first + c: outside the
@@ -227,7 +270,7 @@ void TiledBackwardBuilder::buildDq() {
       forCarrying(tLo, tHi, ValueRange{zero}, [&](Value t, ValueRange carried) {
         Value first =
             sparseBlock == 0 ? mulC(t, dqBc) : listedBlockStart(list, t);
-        return SmallVector<Value>{dqStep(first, bI, hkI, carried[0])};
+        return SmallVector<Value>{dqStep(first, bI, hI, hkI, carried[0])};
       });
   storeRows(dq[0], scale, bwd::DQ, bwd::DQStrideB, bI, hI, m0, nq);
   func::ReturnOp::create(b);
@@ -245,16 +288,19 @@ void TiledBackwardBuilder::buildDq() {
 ///   %dsh = arith.truncf (arith.mulf (arith.extf %ph),
 ///                                   (%dp - bcast(%dl) dim 1))
 ///   %dq2 = tile.dot %dsh, %k acc %dq
-Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hkI, Value dq) {
+Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hI, Value hkI,
+                                   Value dq) {
   Tensor sTy = tile({dqBr, dqBc}, f32);
   Value k = loadRows(bwd::K, bwd::KStrideB, bI, hkI, dqBc, dqk, first, nkv);
   Value v = loadRows(bwd::V, bwd::VStrideB, bI, hkI, dqBc, dv, first, nkv);
-  Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
-  Value p =
-      exp2(fma(s, splat(scaleLog2, sTy), broadcast(negLse, sTy, /*dim=*/1)));
+  Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true), dmod;
+  Value p = exp2(exponent(s, broadcast(negLse, sTy, /*dim=*/1), m0, first,
+                          /*keysOnRows=*/false, bI, hI, dmod));
   Value ph = truncTile(maskDq(p, first), elemTy);
   Value dp = dot(doTile, v, Value(), false, /*transposeRhs=*/true);
   Value ds = fmul(extTile(ph), fsub(dp, broadcast(delta, sTy, /*dim=*/1)));
+  if (dmod)
+    ds = fmul(ds, dmod);
   return dot(truncTile(ds, elemTy), k, dq, false, false);
 }
 

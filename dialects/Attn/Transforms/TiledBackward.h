@@ -102,8 +102,18 @@ private:
   llvm::SmallVector<Value> mainStep(Value first, Value bI, Value hI, Value dk,
                                     Value dvAcc);
   Value maskMain(Value pt, Value first);
+  /// With a score_mod: the modified scores of the product tile \p raw
+  /// (scaled first) and their derivative with respect to the scaled
+  /// score; its positions start at query \p q0 and key \p kv0, keys on
+  /// the rows (S^T) or the columns; \p hI: the query head.
+  std::pair<Value, Value> modifyScores(Value raw, Value q0, Value kv0,
+                                       bool keysOnRows, Value bI, Value hI);
+  /// P's exponent: raw * scale * log2(e) + negLse (its broadcast), or
+  /// mod(raw * scale) * log2(e) + negLse with its derivative in \p dmod.
+  Value exponent(Value raw, Value negLse, Value q0, Value kv0, bool keysOnRows,
+                 Value bI, Value hI, Value &dmod);
   void buildDq();
-  Value dqStep(Value first, Value bI, Value hkI, Value dq);
+  Value dqStep(Value first, Value bI, Value hI, Value hkI, Value dq);
   Value maskDq(Value p, Value first);
 
   FlashBwdOp op;

@@ -196,7 +196,7 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 
 // -----
 
-// expected-error @+4 {{'attn.yield' op expects parent op 'attn.flash_fwd'}}
+// expected-error @+4 {{'attn.yield' op expects parent op to be one of 'attn.flash_fwd, attn.flash_bwd'}}
 module {
 func.func @f(%x: f32) -> f32 {
   "scf.execute_region"() ({

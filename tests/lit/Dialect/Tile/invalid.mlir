@@ -130,7 +130,8 @@ func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", 
 
 // -----
 
-// expected-error @+1 {{#attn.kernel: score_mod is the forward's, got "softcap:20" for role "main"}}
-func.func @attention() attributes {attn.kernel = #attn.kernel<role = "main", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "softcap:20">} {
+// The backward's functions carry their description's modifier, checked alike.
+// expected-error @+1 {{#attn.kernel: score_mod must be "custom" or a named variant: score modifier 'softcap:0': expected softcap:C with a finite C > 0}}
+func.func @attention() attributes {attn.kernel = #attn.kernel<role = "main", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "softcap:0">} {
   return
 }
