@@ -429,10 +429,7 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
   }
   if (isa<memref::LoadOp>(op))
     return lowerScalarLoad(op, map);
-  bool touchesTiles =
-      llvm::any_of(op->getOperands(), [&](Value v) { return isTile(v); }) ||
-      llvm::any_of(op->getResults(), [&](Value v) { return isTile(v); });
-  if (!touchesTiles) {
+  if (!touchesTiles(op)) {
     if (op->getNumRegions() ||
         op->getDialect() ==
             g.b.getContext()->getLoadedDialect<tile::TileDialect>())

@@ -242,6 +242,9 @@ private:
   Value slotOffset(Value v);
 
   // Compute (TileToGPUCompute.cpp).
+  /// Waits for every cp.async copy in flight, then (wgmma) the proxy
+  /// fence and a barrier: the copied slots are every thread's to read.
+  void waitForCopies();
   LogicalResult lowerDot(tile::DotOp op);
   /// A product with a transposed register lhs, reduced into a global
   /// accumulator (TileToGPUAtomics.cpp).
@@ -330,6 +333,11 @@ private:
   // Helpers.
   bool isTile(Value v) const {
     return mlir::isa<mlir::RankedTensorType>(v.getType());
+  }
+  /// Whether \p op reads or makes a tile.
+  bool touchesTiles(Operation *op) const {
+    return llvm::any_of(op->getOperands(), [&](Value v) { return isTile(v); }) ||
+           llvm::any_of(op->getResults(), [&](Value v) { return isTile(v); });
   }
   mlir::RankedTensorType tileType(Value v) const {
     return mlir::cast<mlir::RankedTensorType>(v.getType());

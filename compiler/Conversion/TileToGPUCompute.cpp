@@ -20,6 +20,14 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
 
+void TileKernelLowering::waitForCopies() {
+  g.waitAll();
+  if (wg)
+    wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
+  g.barrier();
+  pendingCopies = false;
+}
+
 /// Products on the tensor cores (mma.sync; warpgroup MMAs in
 /// TileToGPUWgmma.cpp, a transposed lhs in TileToGPUAtomics.cpp). Three
 /// placements are lowered here:
@@ -43,13 +51,8 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   if (ringLoop)
     waitForRing(op);
   auto it = beforeDot.find(op);
-  if (it != beforeDot.end() || pendingCopies) {
-    g.waitAll();
-    if (wg)
-      wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
-    g.barrier();
-    pendingCopies = false;
-  }
+  if (it != beforeDot.end() || pendingCopies)
+    waitForCopies();
   if (it != beforeDot.end())
     for (auto [load, ahead] : it->second.issue) {
       if (!ahead) {

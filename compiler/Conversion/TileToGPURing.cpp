@@ -132,12 +132,7 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   for (Operation &op : body.without_terminator()) {
     if (&op == ringLoop.getOperation())
       break;
-    bool tiles =
-        llvm::any_of(op.getOperandTypes(),
-                     [](Type t) { return isa<RankedTensorType>(t); }) ||
-        llvm::any_of(op.getResultTypes(),
-                     [](Type t) { return isa<RankedTensorType>(t); });
-    if (tiles || op.getNumRegions() || isa<tile::StoreOp>(op))
+    if (touchesTiles(&op) || op.getNumRegions())
       continue;
     if (failed(lowerOp(&op)))
       return failure();
@@ -185,12 +180,8 @@ std::pair<Value, Value> TileKernelLowering::ringPosition(scf::ForOp op,
 /// stage to be full; the product that reads it last, once waited for,
 /// gives the stage back (settle).
 LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
-  if (pendingCopies) { // Q, copied by every consumer, has landed
-    g.waitAll();
-    wg->fenceProxyAsync();
-    g.barrier();
-    pendingCopies = false;
-  }
+  if (pendingCopies) // Q, copied by every consumer, has landed
+    waitForCopies();
   SmallVector<tile::LoadOp> loads = ringLoadsOf(op, homes);
   Block *body = op.getBody();
   ringWaits.clear();

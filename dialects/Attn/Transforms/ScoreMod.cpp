@@ -184,11 +184,7 @@ struct Tangents {
   DenseMap<Value, Value> of;
 
   Value get(Value v) const { return of.lookup(v); }
-  Value zeroLike(Value v) {
-    auto ty = cast<RankedTensorType>(v.getType());
-    return arith::ConstantOp::create(
-        b, loc, ty, DenseElementsAttr::get(ty, b.getF32FloatAttr(0)));
-  }
+  Value zeroLike(Value v) { return constLike(v, 0.0); }
   Value constLike(Value v, double c) {
     auto ty = cast<RankedTensorType>(v.getType());
     return arith::ConstantOp::create(
