@@ -207,9 +207,7 @@ TEST(CApiErrors, BackwardRefusesALayoutThatListsABlockTwice) {
   sp.spec.sparse_block = 16;
   sp.specCpp.blockSparse = true;
   sp.specCpp.sparseBlock = 16;
-  BlockSparseLayout l = BlockSparseLayout::fromDense(1, 1, 2, 3,
-                                                     {1, 1, 0, //
-                                                      0, 1, 1});
+  BlockSparseLayout l = twoByThreeLayout();
   flashjit_layout cl = toC(l);
   ASSERT_EQ(sp.run(h, &cl), FLASHJIT_OK) << lastError();
   l.indices[1] = l.indices[0]; // Q block 0 lists KV block 0 twice
@@ -302,9 +300,7 @@ TEST(CApiErrors, ForwardRefusesALayoutThatListsABlockTwice) {
   SmallProblem sp;
   sp.spec.block_sparse = 1;
   sp.spec.sparse_block = 16;
-  BlockSparseLayout l = BlockSparseLayout::fromDense(1, 1, 2, 3,
-                                                     {1, 1, 0, //
-                                                      0, 1, 1});
+  BlockSparseLayout l = twoByThreeLayout();
   l.indices[1] = l.indices[0]; // Q block 0 lists KV block 0 twice
   flashjit_layout cl = toC(l);
   EXPECT_EQ(sp.run(h, &cl), FLASHJIT_ERROR_INVALID_ARGUMENT);

@@ -272,9 +272,7 @@ TEST(CApiPlanErrors, BlockSparseChecksTheLayoutPerCall) {
   SmallProblem sp;
   sp.spec.block_sparse = 1;
   sp.spec.sparse_block = 16;
-  BlockSparseLayout l = BlockSparseLayout::fromDense(1, 1, 2, 3,
-                                                     {1, 1, 0, //
-                                                      0, 1, 1});
+  BlockSparseLayout l = twoByThreeLayout();
   flashjit_layout cl = toC(l);
   flashjit_plan *plan = nullptr;
   ASSERT_EQ(flashjit_plan_create(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,

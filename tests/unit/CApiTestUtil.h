@@ -57,6 +57,14 @@ inline flashjit_tensor toC(HalfTensor &t) {
   return c;
 }
 
+/// The 2 x 3 block layout of the sparse tests (one batch and head): Q block
+/// 0 sees KV blocks 0 and 1, Q block 1 sees blocks 1 and 2.
+inline BlockSparseLayout twoByThreeLayout() {
+  return BlockSparseLayout::fromDense(1, 1, 2, 3,
+                                      {1, 1, 0, //
+                                       0, 1, 1});
+}
+
 inline flashjit_layout toC(const BlockSparseLayout &l) {
   return {l.counts.data(), l.indices.data(), l.batch,
           l.heads,         l.qBlocks,        l.kvBlocks};
