@@ -284,10 +284,10 @@ std::string cpuPipelineText(const TileConfig &config) {
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,
                                   const GpuTarget &target) {
-  std::string problem = spec.direction == Direction::Backward
-                            ? gpuBackwardConfigProblem(spec, config, 227 * 1024)
-                            : gpuConfigProblem(spec, config, 227 * 1024,
-                                               usesKvRing(target));
+  std::string problem =
+      spec.direction == Direction::Backward
+          ? gpuBackwardConfigProblem(spec, config, 227 * 1024)
+          : gpuConfigProblem(spec, config, 227 * 1024, usesKvRing(target));
   if (!problem.empty())
     throw SpecError(problem);
   if (target.copyBytes != 2 && target.copyBytes != 4 && target.copyBytes != 8 &&
@@ -313,6 +313,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.vectorAtomics = usesVectorAtomics(target);
   gpu.wgmma = usesWgmma(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
+  gpu.pingPong = pingPongMode(target);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -417,15 +418,25 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={}}})",
+      "kv-ring-stages={} ping-pong={}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
-      usesKvRing(target) ? config.stages : 0);
+      usesKvRing(target) ? config.stages : 0, pingPongMode(target));
+}
+
+int64_t pingPongMode(const GpuTarget &target) {
+  if (!usesKvRing(target))
+    return 0;
+  const char *env = std::getenv("FLASHJIT_PING_PONG");
+  const std::string v = env ? env : "";
+  return v == "0" ? 0 : v == "2" ? 2 : 1;
 }
 
 bool usesKvRing(const GpuTarget &target) {
+  // FLASHJIT_KV_RING=0 keeps every forward's own copies (for comparisons);
+  // the pipeline text, part of the cache key, records the choice.
   const char *env = std::getenv("FLASHJIT_KV_RING");
-  return usesWgmma(target) && env && std::string(env) == "1";
+  return usesWgmma(target) && !(env && std::string(env) == "0");
 }
 
 bool usesWgmma(const GpuTarget &target) {

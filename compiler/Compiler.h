@@ -130,9 +130,14 @@ bool usesVectorAtomics(const GpuTarget &target);
 bool usesWgmma(const GpuTarget &target);
 /// Whether \p target's forward on warpgroup MMAs takes its K/V blocks
 /// through the ring that a producer warpgroup fills (TileToGPURing.cpp;
-/// config.stages deep where GpuGeometry::wgmmaShape holds): opt-in with
-/// FLASHJIT_KV_RING=1 until the ring is measured on the H200.
+/// config.stages deep for tilings of GpuGeometry::kRingConsumerWarps where
+/// GpuGeometry::wgmmaShape holds): on sm_90a unless FLASHJIT_KV_RING=0.
 bool usesKvRing(const GpuTarget &target);
+/// With the K/V ring, how its consumer warpgroups take turns at the tensor
+/// cores (the `ping-pong` pass option): 1 (their S = Q K^T batches) unless
+/// FLASHJIT_PING_PONG says 0 (no order) or 2 (every batch of MMAs in the
+/// ring loop); 0 without the ring.
+int64_t pingPongMode(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

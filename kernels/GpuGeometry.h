@@ -47,8 +47,8 @@ struct GpuGeometry {
   /// O-column split. The tiles then use the blocked 128B-swizzle layout.
   bool wgmmaShape;
   /// The K/V ring of the warpgroup-MMA forward (where the target takes it:
-  /// usesKvRing, and config.stages >= 2): a producer warpgroup (the block's last
-  /// kRingProducerThreads threads) copies K and V of each KV block into
+  /// usesKvRing, and config.stages >= 2): a producer warpgroup (the block's
+  /// last kRingProducerThreads threads) copies K and V of each KV block into
   /// one of `ringStages` stages, each `stageBytes` long after Q (K at
   /// kOffset, V at vOffset of stage 0), and the consumers' warpgroups
   /// compute on the stage that the mbarriers at `barrierOffset` say has
@@ -57,7 +57,20 @@ struct GpuGeometry {
   int64_t ringStages = 0;
   int64_t stageBytes = 0, barrierOffset = 0;
   static constexpr int64_t kRingProducerThreads = 128;
+  /// The ring takes tilings of two consumer warpgroups (8 warps, Br = 128):
+  /// measured on the H200 (bench/NOTES.md, T10), one consumer warpgroup has
+  /// no other to overlap with (0.65x the same tiling without the ring) and
+  /// three spill at the 128 registers that 512 threads leave.
+  static constexpr int64_t kRingConsumerWarps = 8;
+  /// ... and head dims up to 128: past it the consumers' O and S spill at
+  /// the 168 registers that 384 threads leave (d = 256: 0.6x without).
+  static constexpr int64_t kRingMaxHeadDim = 128;
   static constexpr int64_t kRingBarriersPerStage = 4;
+  /// The ring's consumer warpgroups (0 without a ring); two or more take
+  /// turns at the tensor cores (the GPU lowering's `ping-pong` option).
+  int64_t ringConsumerGroups() const {
+    return ringStages ? (threads - kRingProducerThreads) / 128 : 0;
+  }
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
@@ -65,13 +78,23 @@ struct GpuGeometry {
   }
 };
 
+/// Whether \p config would take the K/V ring for \p spec on a target with
+/// it (\p kvRing; the geometry's wgmmaShape and stages >= 2 aside): 8 warps
+/// and head dims up to 128 (GpuGeometry::kRingConsumerWarps).
+inline bool takesKvRing(const AttentionSpec &spec, const TileConfig &config,
+                        bool kvRing) {
+  return kvRing && config.warps == GpuGeometry::kRingConsumerWarps &&
+         std::max(spec.headDimQK, spec.headDimV) <=
+             GpuGeometry::kRingMaxHeadDim;
+}
+
 /// Derives the geometry; rows of Q, K, V in shared memory are padded to a
 /// multiple of 8 chunks of 16 bytes so that the XOR swizzle (chunk ^ row % 8)
 /// stays inside the row.
 ///
 /// \p kvRing: the target runs the products on warpgroup MMAs (sm_90a) where
 /// wgmmaShape holds and takes their K/V ring (usesKvRing); config.stages >=
-/// 2 then gives the ring.
+/// 2 with kRingConsumerWarps warps then gives the ring.
 inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
                                const TileConfig &config, bool kvRing = false) {
   GpuGeometry g;
@@ -83,19 +106,21 @@ inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
   g.dvChunk = roundUp(ceilDiv(g.dvPad, g.dvChunks), 16);
   g.qkRowChunks = roundUp(g.dqkPad / 8, 8);
   g.vRowChunks = roundUp(g.dvChunk / 8, 8);
-  g.wgmmaShape = config.blockM % 64 == 0 && config.warps * 16 == config.blockM &&
-                 config.blockN <= 256 && g.dqkPad <= 256 && g.dvChunks == 1;
+  g.wgmmaShape = config.blockM % 64 == 0 &&
+                 config.warps * 16 == config.blockM && config.blockN <= 256 &&
+                 g.dqkPad <= 256 && g.dvChunks == 1;
   g.qOffset = 0;
   g.kOffset = config.blockM * g.qkRowChunks * 16;
   g.vOffset = g.kOffset + config.blockN * g.qkRowChunks * 16;
   g.sharedBytes = g.vOffset + config.blockN * g.vRowChunks * 16;
-  if (kvRing && g.wgmmaShape && config.stages >= 2) {
+  if (takesKvRing(spec, config, kvRing) && g.wgmmaShape && config.stages >= 2) {
     // Every tile starts on a 1024-byte boundary (the 128B swizzle's).
     g.kOffset = roundUp(g.kOffset, 1024);
     g.vOffset = roundUp(g.kOffset + config.blockN * g.qkRowChunks * 16, 1024);
     g.ringStages = config.stages;
-    g.stageBytes = roundUp(g.vOffset + config.blockN * g.vRowChunks * 16, 1024) -
-                   g.kOffset;
+    g.stageBytes =
+        roundUp(g.vOffset + config.blockN * g.vRowChunks * 16, 1024) -
+        g.kOffset;
     g.barrierOffset = g.kOffset + g.ringStages * g.stageBytes;
     g.sharedBytes =
         g.barrierOffset + g.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
@@ -126,9 +151,10 @@ inline std::string sharedMemoryProblem(const char *what, int64_t need,
 
 /// Why \p config cannot run on the GPU for \p spec ("" if it can), given the
 /// device's opt-in shared memory per block.
-/// \p kvRing as for gpuGeometry: the warpgroup-MMA forward with the ring
-/// takes 1 to 4 stages (1: the loop's own copies, no producer warpgroup),
-/// every other forward 2.
+/// \p kvRing as for gpuGeometry: a warpgroup-MMA forward that takes the ring
+/// (takesKvRing) takes 1 to 4 stages (1: the loop's own copies, no
+/// producer warpgroup), every other forward 2 (or 1 with \p kvRing: the
+/// same copies).
 inline std::string gpuConfigProblem(const AttentionSpec &spec,
                                     const TileConfig &config,
                                     int64_t maxSharedBytes,
@@ -141,7 +167,7 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
     return "block_n (" + std::to_string(config.blockN) +
            ") must be a multiple of 16 on the GPU";
   const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
-  if (kvRing && geo.wgmmaShape) {
+  if (geo.wgmmaShape && takesKvRing(spec, config, kvRing)) {
     if (config.stages < 1 || config.stages > 4)
       return "stages (" + std::to_string(config.stages) +
              ") must be 1 to 4 on warpgroup MMAs: the depth of the K/V ring "
@@ -156,11 +182,14 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
                        : p + " (fewer stages, a smaller block_n, or stages 1: "
                              "no ring)";
     }
-  } else if (config.stages != 2) {
-    return "stages (" + std::to_string(config.stages) +
-           ") must be 2 on the GPU: K of the next block loads during P V and "
-           "V during S (other depths: the K/V ring on warpgroup MMAs, sm_90a "
-           "with FLASHJIT_KV_RING=1, block_m = 16 * warps, a multiple of 64)";
+  } else if (config.stages != 2 && !(kvRing && config.stages == 1)) {
+    // On a target with the ring, stages 1 (no ring) is as valid for the
+    // tilings that never take it.
+    return "stages (" + std::to_string(config.stages) + ") must be 2" +
+           (kvRing ? " (or 1: no ring)" : "") +
+           " on the GPU: K of the next block loads during P V and V during S "
+           "(other depths: the K/V ring on warpgroup MMAs, sm_90a, 8 warps, "
+           "block_m 128, head dims up to 128)";
   }
   return sharedMemoryProblem("the tiles", geo.sharedBytes, maxSharedBytes);
 }
@@ -173,9 +202,8 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
 /// the tiles allow: sm_90a) and head dims up to 256, the fastest spill-free
 /// warpgroup tiling measured on the H200 instead (bench/NOTES.md, T6): one
 /// 16-row tile per warp, a warpgroup per 64 rows. With \p kvRing as well
-/// (usesKvRing), tilings whose Q and K/V ring of 2 stages fit without
-/// spills (ptxas, 168 registers at 384 threads); not yet measured on the
-/// H200.
+/// (usesKvRing), the same but for d in 97..128 unmasked: 128x128 on 8 warps
+/// and a ring of 2 stages (bench/NOTES.md, T10).
 inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
                                    bool warpgroupMma = false,
                                    bool kvRing = false) {
@@ -206,10 +234,13 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     static const Row plain[] = {
         {64, 64, 128, 4}, {128, 192, 128, 12}, {256, 128, 128, 8}};
     static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
-    static const Row ringPlain[] = {
-        {128, 128, 128, 8, 2}, {256, 128, 128, 8, 1}};
-    static const Row ringMasked[] = {{128, 128, 64, 8, 2},
-                                     {256, 128, 64, 8, 1}};
+    // With the ring: it where it is faster (d in 97..128 unmasked, T10),
+    // else the tilings above (past d = 128 none takes the ring).
+    static const Row ringPlain[] = {{64, 64, 128, 4},
+                                    {96, 192, 128, 12},
+                                    {128, 128, 128, 8, 2},
+                                    {256, 128, 128, 8}};
+    static const Row ringMasked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
     std::optional<TileConfig> c =
         kvRing ? lookUp(ringPlain, ringMasked) : lookUp(plain, masked);
     // Else (or unless Br and Bc divide the sparse block) the generic one.
@@ -392,7 +423,8 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
   splitColumns(g.dqkPad, 256, g.dkChunk, g.dkChunks);
   splitColumns(g.dvPad, 256, g.dvChunk, g.dvChunks);
   splitColumns(g.dqkPad, 256, g.dqChunk, g.dqChunks);
-  DqPassTiles dqTiles = dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, config);
+  DqPassTiles dqTiles = dqPassTiles(
+      spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, config);
   g.rowTiles = dqTiles.rows / (16 * config.warps);
   g.dqRows = dqTiles.rows;
   g.dqKeys = dqTiles.keys;

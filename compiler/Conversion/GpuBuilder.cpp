@@ -105,6 +105,16 @@ void GpuBuilder::barrier() {
                 "~{memory}", {});
 }
 
+void GpuBuilder::namedBarrierSync(Value id, int64_t threads) {
+  sideEffectAsm(*this, "bar.sync $0, " + std::to_string(threads) + ";",
+                "r,~{memory}", {id});
+}
+
+void GpuBuilder::namedBarrierArrive(Value id, int64_t threads) {
+  sideEffectAsm(*this, "bar.arrive $0, " + std::to_string(threads) + ";",
+                "r,~{memory}", {id});
+}
+
 /// The 32-bit address of shared pointer \p bar, an asm operand ("r").
 static Value sharedAddress(GpuBuilder &g, Value bar) {
   return LLVM::PtrToIntOp::create(g.b, g.i32, bar);

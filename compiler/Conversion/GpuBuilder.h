@@ -100,6 +100,11 @@ public:
   /// (the consumers of a kernel with a producer warpgroup).
   int64_t barrierThreads = 0;
   void barrier();
+  /// bar.sync (waits for \p threads arrivals, this warp's included) and
+  /// bar.arrive (adds this warp's, does not wait) on named barrier \p id
+  /// (i32, 0-15): a turn passed between warpgroups.
+  void namedBarrierSync(Value id, int64_t threads);
+  void namedBarrierArrive(Value id, int64_t threads);
   /// bar.warp.sync over all 32 lanes: free where the warp is converged (a
   /// NOP in SASS), and an ordering point that the PTX assembler moves no
   /// shared-memory access across.

@@ -26,11 +26,14 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault);
 /// its products on warpgroup MMAs where \p wgmma and the shape allow, and
 /// then its K/V blocks through a ring of \p ringStages stages filled by a
-/// producer warpgroup (GpuGeometry::ringStages; 0 or 1: no ring).
+/// producer warpgroup (GpuGeometry::ringStages; 0 or 1: no ring), its
+/// consumer warpgroups taking turns at the tensor cores by \p pingPong
+/// (KernelPlacement::pingPong).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes,
-                                    bool wgmma, int64_t ringStages);
+                                    bool wgmma, int64_t ringStages,
+                                    int64_t pingPong = 0);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
@@ -59,8 +62,8 @@ AttentionSpec specFromAttr(attn::KernelAttr attr);
 /// gpuConfigProblem takes them with \p kvRing.
 mlir::LogicalResult checkGpuOptions(mlir::func::FuncOp fn,
                                     const AttentionSpec &spec,
-                                    const TileConfig &config,
-                                    int64_t copyBytes, bool kvRing);
+                                    const TileConfig &config, int64_t copyBytes,
+                                    bool kvRing);
 
 /// Appends a `gpu.func` kernel named as \p tiled, taking \p argTys, with a
 /// known block size of \p threads, the dynamic shared memory it needs

@@ -77,8 +77,8 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
                           << copyBytes;
   if (spec.direction == Direction::Backward)
     return success(); // checked per role (TileToGPUPlacement.cpp)
-  if (std::string p = gpuConfigProblem(spec, config,
-                                      conversion::kMaxSharedBytes, kvRing);
+  if (std::string p =
+          gpuConfigProblem(spec, config, conversion::kMaxSharedBytes, kvRing);
       !p.empty())
     return fn.emitError() << p;
   GpuGeometry geo = gpuGeometry(spec, config, kvRing);
@@ -90,12 +90,10 @@ LogicalResult conversion::checkGpuOptions(func::FuncOp fn,
   return success();
 }
 
-mlir::gpu::GPUFuncOp
-conversion::createKernelFunc(ImplicitLocOpBuilder &b,
-                             mlir::gpu::GPUModuleOp gpuModule,
-                             func::FuncOp tiled, TypeRange argTys,
-                             int64_t threads, int64_t sharedBytes,
-                             DictionaryAttr grid) {
+mlir::gpu::GPUFuncOp conversion::createKernelFunc(
+    ImplicitLocOpBuilder &b, mlir::gpu::GPUModuleOp gpuModule,
+    func::FuncOp tiled, TypeRange argTys, int64_t threads, int64_t sharedBytes,
+    DictionaryAttr grid) {
   MLIRContext *ctx = b.getContext();
   b.setInsertionPointToEnd(gpuModule.getBody());
   auto kernel = mlir::gpu::GPUFuncOp::create(
@@ -112,7 +110,7 @@ conversion::createKernelFunc(ImplicitLocOpBuilder &b,
 }
 
 DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
-                                   bool kvHeads, int64_t programsZ) {
+                                    bool kvHeads, int64_t programsZ) {
   return b.getDictionaryAttr(
       {b.getNamedAttr("heads",
                       b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
@@ -167,7 +165,7 @@ struct LowerTiledToGPUPass
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
-                                             wgmma, kvRingStages)))
+                                             wgmma, kvRingStages, pingPong)))
         return signalPassFailure();
       fn.erase();
     }

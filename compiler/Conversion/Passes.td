@@ -38,6 +38,10 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "the forward on warpgroup MMAs: the stages of the K/V ring that a "
            "producer warpgroup fills (2 to 4; 0 or 1: no ring, the loop's "
            "own copies)">,
+    Option<"pingPong", "ping-pong", "int64_t", "0",
+           "the K/V ring's consumer warpgroups take turns at the tensor "
+           "cores (named barriers): 0 no order, 1 their S = Q K^T batches, "
+           "2 every batch of the ring loop">,
   ];
 }
 

@@ -96,6 +96,17 @@ struct KernelPlacement {
   /// its stages (0: none) and the producer warpgroup's threads, the block's
   /// last ones after the `threads` consumers that every tile is placed on.
   int64_t ringStages = 0, producerThreads = 0;
+  /// With the ring and two or more consumer warpgroups: they take turns at
+  /// the tensor cores, so that one's softmax runs under another's MMAs
+  /// (TileToGPURing.cpp, "ping-pong"). 0: no order; 1: the batches of the
+  /// loop's first product (S = Q K^T); 2: every batch of the ring loop.
+  int64_t pingPong = 0;
+  /// Row reductions fold a thread's registers by a pairwise tree instead of
+  /// a chain (lowerReduce): taken with the ring, whose consumers have no
+  /// block barrier to hide a chain's latency behind (T10: +8% at d = 128;
+  /// -2 to -5% measured on the kernels without the ring, which keep the
+  /// chain).
+  bool treeReductions = false;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
@@ -275,7 +286,9 @@ private:
   /// Whether \p op reads a product still in flight.
   bool readsInFlight(Operation *op);
   /// Bytes between a blocked tile's 64-column blocks (0: not blocked).
-  int64_t blockBytes(int64_t rows) const { return place.wgmma ? rows * 128 : 0; }
+  int64_t blockBytes(int64_t rows) const {
+    return place.wgmma ? rows * 128 : 0;
+  }
   /// The warp and lane, the lane's (grp, tig), the warp's column part and
   /// first row, from the loop's opaque
   /// thread index inside a loop: addresses made from them are recomputed
@@ -310,6 +323,12 @@ private:
   /// After the products \p done were waited for: gives back the stages
   /// that they read last.
   void releaseRing(llvm::ArrayRef<Value> done);
+  /// Whether the batch that \p first opens takes its turn (pingPong).
+  bool takesTurn(tile::DotOp first);
+  /// bar.sync on this warpgroup's turn barrier (before a batch), or
+  /// bar.arrive on the next warpgroup's (after its commit).
+  void waitTurn();
+  void passTurn();
 
   // Control flow (TileToGPUControl.cpp).
   LogicalResult lowerFor(mlir::scf::ForOp op);
@@ -336,7 +355,8 @@ private:
   }
   /// Whether \p op reads or makes a tile.
   bool touchesTiles(Operation *op) const {
-    return llvm::any_of(op->getOperands(), [&](Value v) { return isTile(v); }) ||
+    return llvm::any_of(op->getOperands(),
+                        [&](Value v) { return isTile(v); }) ||
            llvm::any_of(op->getResults(), [&](Value v) { return isTile(v); });
   }
   mlir::RankedTensorType tileType(Value v) const {
@@ -430,6 +450,8 @@ private:
   llvm::DenseMap<Operation *, llvm::SmallVector<int64_t, 2>> ringWaits;
   llvm::DenseMap<Value, llvm::SmallVector<int64_t, 2>> ringReleases;
   Value ringStage, ringParity;
+  /// The open batch took its turn: its commit passes the turn on.
+  bool batchTookTurn = false;
   /// Lowering one role's branch of the kernel: no gpu.return of its own.
   bool inRoleBranch = false;
 

@@ -106,9 +106,9 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     auto inLoop = [&](gpu::FragmentAddresses f) {
       return loopIv ? f.inLoop(g) : f;
     };
-    gpu::FragmentAddresses a = inLoop(gpu::fragmentAddresses(
-        g, gpu::FragmentPattern::A, lane, warpRow0, g.c32(ls.offset),
-        ls.rowChunks));
+    gpu::FragmentAddresses a = inLoop(
+        gpu::fragmentAddresses(g, gpu::FragmentPattern::A, lane, warpRow0,
+                               g.c32(ls.offset), ls.rowChunks));
     // An offset of whole groups of 8 chunks moves the base; else the lane
     // chunk takes it.
     const int64_t partChunks = warpCols(resTy) / 8;
@@ -116,10 +116,9 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     Value base = g.add(slotOffset(rhs), g.mul(chunkStart(resTy), g.c32(2)));
     gpu::FragmentAddresses bT = inLoop(
         partChunks % 8 == 0
-            ? gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
-                                     g.c32(0),
-                                     g.add(base, g.mul(part, g.c32(16))),
-                                     rs.rowChunks)
+            ? gpu::fragmentAddresses(
+                  g, gpu::FragmentPattern::BTrans, lane, g.c32(0),
+                  g.add(base, g.mul(part, g.c32(16))), rs.rowChunks)
             : gpu::fragmentAddresses(g, gpu::FragmentPattern::BTrans, lane,
                                      g.c32(0), base, rs.rowChunks, part));
     if (Value c = op.getAcc())
@@ -127,8 +126,7 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
     else
       out.regs.assign(regCount(resTy), g.cf(0.0));
     gpu::mmaAccumulateShared(g, smem, out.regs, a, bT, mt,
-                             tileType(lhs).getDimSize(1) / 16,
-                             warpCols(resTy));
+                             tileType(lhs).getDimSize(1) / 16, warpCols(resTy));
   } else if (homes.lookup(lhs) == TileHome::Registers &&
              !op.getTransposeRhs()) {
     const Fragment &p = frags[lhs];
@@ -159,15 +157,42 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   return success();
 }
 
+/// combine(...combine(combine(init, v_0), v_1)..., v_n-1).
+template <typename Combine>
+static Value foldChain(ArrayRef<Value> values, Combine combine, Value init) {
+  for (Value v : values)
+    init = combine(init, v);
+  return init;
+}
+
+/// \p values (at least one) combined pairwise, level by level: depth
+/// ceil(log2 n) instead of n.
+template <typename Combine>
+static Value foldTree(ArrayRef<Value> values, Combine combine) {
+  SmallVector<Value> level(values.begin(), values.end());
+  while (level.size() > 1) {
+    SmallVector<Value> next;
+    for (size_t i = 0; i + 1 < level.size(); i += 2)
+      next.push_back(combine(level[i], level[i + 1]));
+    if (level.size() % 2)
+      next.push_back(level.back());
+    level = std::move(next);
+  }
+  return level.front();
+}
+
 /// Row reductions: each thread folds its registers of a row, then the 4
 /// lanes of the row combine by shuffles (a running sum's lanes combine
 /// after its loop instead: lowerFor). Before:
 ///
 ///   %mx = tile.reduce "max" %s dim 1 : tensor<64x32xf32> -> tensor<64xf32>
 ///
-/// After, per row register (mi, half):
+/// After, per row register (mi, half), with r_0 .. r_7 the thread's
+/// registers of the row (s[mi, ni, 2 half + e]):
 ///
-///   %a = maxnum(-inf, s[mi, 0, 2 half], s[mi, 0, 2 half + 1], s[mi, 1, ..])
+///   %a = maxnum(-inf, r_0, r_1, ..., r_7)  // a chain, or with
+///       KernelPlacement::treeReductions a pairwise tree (depth 3):
+///   %a = maxnum(maxnum(maxnum(r_0, r_1), maxnum(r_2, r_3)), ...), -inf)
 ///   %b = maxnum(%a, shfl.bfly(%a, 1)) ; %mx = maxnum(%b, shfl.bfly(%b, 2))
 LogicalResult TileKernelLowering::lowerReduce(tile::ReduceOp op) {
   if (op.getDim() != 1)
@@ -179,16 +204,21 @@ LogicalResult TileKernelLowering::lowerReduce(tile::ReduceOp op) {
   auto combine = [&](Value x, Value y) {
     return isMax ? g.fmax(x, y) : g.fadd(x, y);
   };
+  const Value identity =
+      isMax ? g.cf(-std::numeric_limits<double>::infinity()) : g.cf(0.0);
   const Fragment &in = frags[op.getValue()];
   const int64_t nt = nTiles(ty);
   Fragment out;
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {
-      Value acc =
-          isMax ? g.cf(-std::numeric_limits<double>::infinity()) : g.cf(0.0);
+      SmallVector<Value> regs;
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e)
-          acc = combine(acc, in.regs[(mi * nt + ni) * 4 + 2 * h + e]);
+          regs.push_back(in.regs[(mi * nt + ni) * 4 + 2 * h + e]);
+      Value acc = place.treeReductions ? foldTree(regs, combine)
+                                       : foldChain(regs, combine, identity);
+      if (isMax && place.treeReductions)
+        acc = combine(acc, identity);
       if (!deferredSums.contains(op)) {
         acc = combine(acc, g.shuffleXor(acc, 1));
         acc = combine(acc, g.shuffleXor(acc, 2));
@@ -310,8 +340,8 @@ LogicalResult TileKernelLowering::lowerRounding(Operation *op) {
   Fragment out;
   for (size_t i = 0; i + 1 < f.regs.size(); i += 2) {
     // The pairs a warpgroup MMA read are taken as it pinned them.
-    auto [lo, hi] = g.unpack2(f.packed.empty() ? g.pack2(f.regs[i], f.regs[i + 1])
-                                               : f.packed[i / 2]);
+    auto [lo, hi] = g.unpack2(
+        f.packed.empty() ? g.pack2(f.regs[i], f.regs[i + 1]) : f.packed[i / 2]);
     out.regs.append({lo, hi});
   }
   frags[res] = std::move(out);

@@ -53,16 +53,16 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
   p.reversePidM = spec.mask == MaskKind::Causal;
   p.wgmma = wgmma && geo.wgmmaShape;
   p.ringStages = geo.ringStages;
-  if (p.ringStages)
+  if (p.ringStages) {
     p.producerThreads = GpuGeometry::kRingProducerThreads;
+    p.treeReductions = true;
+  }
   return p;
 }
 
-LogicalResult
-flashjit::conversion::lowerTileKernel(func::FuncOp fn,
-                                      mlir::gpu::GPUModuleOp gpuModule,
-                                      int64_t warps, int64_t copyBytes,
-                                      bool wgmma, int64_t ringStages) {
+LogicalResult flashjit::conversion::lowerTileKernel(
+    func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
+    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -72,8 +72,10 @@ flashjit::conversion::lowerTileKernel(func::FuncOp fn,
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(b, fn, spec, config, copyBytes,
-                            forwardPlacement(spec, config, wgmma, kvRing))
+  KernelPlacement place = forwardPlacement(spec, config, wgmma, kvRing);
+  if (place.ringStages && place.threads >= 256)
+    place.pingPong = pingPong;
+  return TileKernelLowering(b, fn, spec, config, copyBytes, place)
       .run(gpuModule);
 }
 
@@ -115,8 +117,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
                                "multiple of 16 * warps = "
                             << 16 * warps;
     ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-    return TileKernelLowering(b, fn, spec, config, copyBytes, p)
-        .run(gpuModule);
+    return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
   }
   p.regRows = config.blockN;
   p.gridRows = config.blockN;

@@ -40,6 +40,17 @@
 ///
 /// The producer runs S blocks ahead at most: the copies of block t + S wait
 /// until every consumer is done with block t's stage.
+///
+/// Ping-pong (KernelPlacement::pingPong, W >= 2 consumer warpgroups): the
+/// warpgroups take turns at the tensor cores, so that while one runs its
+/// softmax the next one's MMAs have the tensor cores to themselves. Each
+/// batch of MMAs in the ring loop (or only S = Q K^T's) becomes
+///
+///   bar.sync 2 + w, 256; wgmma.fence; wgmma ...; commit;
+///   bar.arrive 2 + (w + 1) % W, 256
+///
+/// with `bar.arrive 2, 256` by warpgroup W - 1 before the loop (the first
+/// turn) and `bar.sync 2, 256` by warpgroup 0 after it (the last one).
 //
 //===----------------------------------------------------------------------===//
 
@@ -51,6 +62,10 @@
 using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
+
+/// Named barriers: 0 the block, 1 the consumers (GpuBuilder::barrier), then
+/// one per consumer warpgroup for its turn at the tensor cores.
+static constexpr int64_t kFirstTurnBarrier = 2;
 
 /// The ring's shared loads of \p loop, in program order: its tile.loads
 /// that live in shared slots.
@@ -68,8 +83,8 @@ Value TileKernelLowering::ringBarrier(int64_t load, bool empty, Value stage) {
   // Per stage: full K, full V, empty K, empty V.
   Value slot = g.add(g.mul(stage, g.c32(GpuGeometry::kRingBarriersPerStage)),
                      g.c32((empty ? 2 : 0) + load));
-  return g.sharedBytePtr(smem, g.add(g.c32(ringBarriers),
-                                     g.mul(slot, g.c32(8))));
+  return g.sharedBytePtr(smem,
+                         g.add(g.c32(ringBarriers), g.mul(slot, g.c32(8))));
 }
 
 LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
@@ -85,8 +100,8 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
   const int64_t first = slots[loads.front().getResult()].offset;
   ringStageBytes = alignSlot(sharedBytes) - first;
   ringBarriers = first + place.ringStages * ringStageBytes;
-  sharedBytes = ringBarriers +
-                place.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
+  sharedBytes =
+      ringBarriers + place.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
   return success();
 }
 
@@ -202,13 +217,45 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
     ringWaits[first].push_back(i);
     ringReleases[cast<tile::DotOp>(last).getResult()].push_back(i);
   }
-  return lowerLoopBody(op, [&]() -> LogicalResult {
+  // The turns (pingPong): the last warpgroup hands the first one its first
+  // turn, and the first one takes the last one's final hand-over after the
+  // loop, so that every bar.sync meets exactly one bar.arrive.
+  const int64_t groups = place.threads / 128;
+  if (place.pingPong)
+    g.ifThen(g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(groups - 1)),
+             [&] { g.namedBarrierArrive(g.c32(kFirstTurnBarrier), 256); });
+  LogicalResult r = lowerLoopBody(op, [&]() -> LogicalResult {
     std::tie(ringStage, ringParity) = ringPosition(op, loopIv);
     Value here = g.mul(ringStage, g.c32(ringStageBytes));
     for (tile::LoadOp l : loads)
       stageShift[l.getResult()] = here;
     return success();
   });
+  if (place.pingPong)
+    g.ifThen(g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(0)),
+             [&] { g.namedBarrierSync(g.c32(kFirstTurnBarrier), 256); });
+  return r;
+}
+
+bool TileKernelLowering::takesTurn(tile::DotOp first) {
+  if (!place.pingPong || !inRoleBranch || !ringLoop ||
+      first->getParentOp() != ringLoop.getOperation())
+    return false;
+  if (place.pingPong == 2)
+    return true;
+  for (Operation &op : ringLoop.getBody()->without_terminator())
+    if (auto dot = dyn_cast<tile::DotOp>(&op))
+      return dot == first;
+  return false;
+}
+
+void TileKernelLowering::waitTurn() {
+  g.namedBarrierSync(g.add(wgIdx, g.c32(kFirstTurnBarrier)), 256);
+}
+
+void TileKernelLowering::passTurn() {
+  Value next = g.remU(g.add(wgIdx, g.c32(1)), g.c32(place.threads / 128));
+  g.namedBarrierArrive(g.add(next, g.c32(kFirstTurnBarrier)), 256);
 }
 
 void TileKernelLowering::waitForRing(tile::DotOp op) {

@@ -45,6 +45,9 @@ void TileKernelLowering::settle(bool wait) {
   if (batchOpen) {
     wg->commit();
     batchOpen = false;
+    if (batchTookTurn)
+      passTurn();
+    batchTookTurn = false;
   }
   if (!wait || inFlight.empty())
     return;
@@ -60,7 +63,8 @@ void TileKernelLowering::settle(bool wait) {
 
 /// The A registers of rounded tile \p f (the warp's 16 rows, mt = 1): four
 /// b32 per 16 columns, as m16n8k16 takes them.
-static SmallVector<Value> packA(flashjit::gpu::GpuBuilder &g, const Fragment &f) {
+static SmallVector<Value> packA(flashjit::gpu::GpuBuilder &g,
+                                const Fragment &f) {
   SmallVector<Value> a;
   for (size_t i = 0; i + 7 < f.regs.size(); i += 8)
     for (size_t j = 0; j < 8; j += 2)
@@ -69,11 +73,14 @@ static SmallVector<Value> packA(flashjit::gpu::GpuBuilder &g, const Fragment &f)
 }
 
 void TileKernelLowering::openBatch(tile::DotOp first) {
+  if (takesTurn(first)) {
+    waitTurn();
+    batchTookTurn = true;
+  }
   SmallVector<tile::DotOp> run;
   for (Operation *op = first; op; op = op->getNextNode()) {
     auto dot = dyn_cast<tile::DotOp>(op);
-    if (!dot || dot.getTransposeLhs() ||
-        llvm::any_of(run, [&](tile::DotOp d) {
+    if (!dot || dot.getTransposeLhs() || llvm::any_of(run, [&](tile::DotOp d) {
           return llvm::is_contained(dot->getOperands(), d.getResult());
         }))
       break;
@@ -95,8 +102,7 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
       spans.push_back({dot.getResult(), size_t(n)});
     }
     Value lhs = dot.getLhs();
-    if (homes.lookup(lhs) == TileHome::Registers &&
-        frags[lhs].packed.empty() &&
+    if (homes.lookup(lhs) == TileHome::Registers && frags[lhs].packed.empty() &&
         packing.insert(lhs.getAsOpaquePointer()).second) {
       SmallVector<Value> a = packA(g, frags[lhs]);
       live.append(a);
@@ -137,8 +143,8 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
   if (homes.lookup(rhs) != TileHome::Shared)
     return fail(op, "the rhs of a warpgroup MMA must be a shared tile");
   const int64_t rhsRows = tileType(rhs).getDimSize(0);
-  SmallVector<Value> d = op.getAcc() ? frags[op.getAcc()].regs
-                                     : pinnedInit.lookup(op);
+  SmallVector<Value> d =
+      op.getAcc() ? frags[op.getAcc()].regs : pinnedInit.lookup(op);
   if (homes.lookup(lhs) == TileHome::Shared && op.getTransposeRhs()) {
     const int64_t lhsRows = tileType(lhs).getDimSize(0);
     if (rhsRows % 8 != 0 || rhsRows > 256)
@@ -147,12 +153,12 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
     Value bTile = slotOffset(rhs);
     for (int64_t ks = 0; ks < slots[lhs].padCols / 16; ++ks) {
       const int64_t inRow = (ks % 4) * 32;
-      Value a = wg->descriptor(
-          g.add(aTile, g.c32((ks / 4) * lhsRows * 128 + inRow)), Major::K,
-          lhsRows * 128);
-      Value bd = wg->descriptor(
-          g.add(bTile, g.c32((ks / 4) * rhsRows * 128 + inRow)), Major::K,
-          rhsRows * 128);
+      Value a =
+          wg->descriptor(g.add(aTile, g.c32((ks / 4) * lhsRows * 128 + inRow)),
+                         Major::K, lhsRows * 128);
+      Value bd =
+          wg->descriptor(g.add(bTile, g.c32((ks / 4) * rhsRows * 128 + inRow)),
+                         Major::K, rhsRows * 128);
       d = wg->mma(rhsRows, d, a, {}, bd, false, false);
     }
   } else if (homes.lookup(lhs) == TileHome::Registers &&
@@ -188,8 +194,9 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
 /// barrier; pinned zeros; fence; wgmma.m64n<N>k16 per 16 keys; commit;
 /// wait_group 0 (and the earlier batch); red.global.add(.v2) of the
 /// thread's registers, warp w % 4 holding rows 16 (w % 4) ...
-LogicalResult TileKernelLowering::lowerWgmmaTransposed(
-    tile::DotOp op, tile::AtomicAddOp atomic) {
+LogicalResult
+TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
+                                         tile::AtomicAddOp atomic) {
   Value lhs = op.getLhs(), rhs = op.getRhs();
   const int64_t keys = tileType(lhs).getDimSize(0);
   const int64_t cols = roundUp(op.getType().getDimSize(1), 16);
@@ -206,14 +213,14 @@ LogicalResult TileKernelLowering::lowerWgmmaTransposed(
   g.barrier();
   SmallVector<Value> d = wg->pin(SmallVector<Value>(n / 2, g.cf(0.0)));
   wg->fence();
-  Value kTile = g.add(slotOffset(rhs),
-                      byCols ? g.mul(wgIdx, g.c32(n / 64 * keys * 128))
-                             : g.c32(0));
+  Value kTile =
+      g.add(slotOffset(rhs),
+            byCols ? g.mul(wgIdx, g.c32(n / 64 * keys * 128)) : g.c32(0));
   Value keyBytes = byCols ? g.c32(0) : g.mul(wgIdx, g.c32(groupKeys * 128));
   for (int64_t ks = 0; ks < groupKeys / 16; ++ks) {
     Value rows = g.add(keyBytes, g.c32(ks * 16 * 128));
-    Value a = wg->descriptor(g.add(g.c32(staging[lhs].offset), rows),
-                             Major::MN, keys * 128);
+    Value a = wg->descriptor(g.add(g.c32(staging[lhs].offset), rows), Major::MN,
+                             keys * 128);
     Value bd = wg->descriptor(g.add(kTile, rows), Major::MN, keys * 128);
     d = wg->mma(n, d, a, {}, bd, true, true);
   }
@@ -225,8 +232,8 @@ LogicalResult TileKernelLowering::lowerWgmmaTransposed(
   ReductionTarget red = reductionOf(atomic);
   const Fragment &f = frags[op.getResult()];
   Value warp = g.divU(tid, g.c32(32));
-  Value col0 = g.add(byCols ? g.mul(wgIdx, g.c32(n)) : g.c32(0),
-                     g.mul(tig, g.c32(2)));
+  Value col0 =
+      g.add(byCols ? g.mul(wgIdx, g.c32(n)) : g.c32(0), g.mul(tig, g.c32(2)));
   Value q0 = g.add(g.mul(g.remU(warp, g.c32(4)), g.c32(16)), grp);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t j = 0; j < n / 8; ++j)

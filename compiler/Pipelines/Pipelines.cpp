@@ -93,6 +93,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.vectorAtomics = gpu.vectorAtomics;
   lower.wgmma = gpu.wgmma;
   lower.kvRingStages = gpu.kvRingStages;
+  lower.pingPong = gpu.pingPong;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -113,6 +114,7 @@ void buildPtxLoweringPipeline(OpPassManager &pm,
   gpu.vectorAtomics = options.vectorAtomics;
   gpu.wgmma = options.wgmma;
   gpu.kvRingStages = options.kvRingStages;
+  gpu.pingPong = options.pingPong;
   buildGpuLoweringPipeline(pm, options.warps, gpu);
   target::GpuModuleToPtxOptions ptx;
   ptx.chip = options.chip;
@@ -139,6 +141,7 @@ void registerFlashjitPasses() {
     gpu.vectorAtomics = options.vectorAtomics;
     gpu.wgmma = options.wgmma;
     gpu.kvRingStages = options.kvRingStages;
+    gpu.pingPong = options.pingPong;
     return gpu;
   };
   PassPipelineRegistration<FlashjitPipelineOptions>(

@@ -49,6 +49,11 @@ struct FlashjitPipelineOptions
       llvm::cl::desc("the warpgroup-MMA forward's K/V ring: its stages (2 to "
                      "4; 0 or 1: no ring)"),
       llvm::cl::init(0)};
+  Option<int64_t> pingPong{
+      *this, "ping-pong",
+      llvm::cl::desc("the K/V ring's consumer warpgroups take turns at the "
+                     "tensor cores: 0 no order, 1 S = Q K^T, 2 every batch"),
+      llvm::cl::init(0)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
@@ -77,6 +82,11 @@ struct FlashjitPtxPipelineOptions
       *this, "kv-ring-stages",
       llvm::cl::desc("the warpgroup-MMA forward's K/V ring: its stages (2 to "
                      "4; 0 or 1: no ring)"),
+      llvm::cl::init(0)};
+  Option<int64_t> pingPong{
+      *this, "ping-pong",
+      llvm::cl::desc("the K/V ring's consumer warpgroups take turns at the "
+                     "tensor cores: 0 no order, 1 S = Q K^T, 2 every batch"),
       llvm::cl::init(0)};
   Option<std::string> chip{*this, "chip",
                            llvm::cl::desc("the GPU architecture (sm_80, "
@@ -108,6 +118,9 @@ struct GpuPipelineConfig {
   bool wgmma = false;         ///< warpgroup MMAs (sm_90a)
   /// The warpgroup-MMA forward's K/V ring stages (0 or 1: no ring).
   int64_t kvRingStages = 0;
+  /// The ring's consumer warpgroups in turn at the tensor cores (0: no
+  /// order; 1: their S = Q K^T batches; 2: every batch of the loop).
+  int64_t pingPong = 0;
 };
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),

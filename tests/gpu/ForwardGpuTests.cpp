@@ -57,21 +57,24 @@ TEST_P(ForwardGpu, MatchesFloat64Reference) { runAndCheck(GetParam()); }
 
 /// The tilings Hopper runs on warpgroup MMAs (one warpgroup per 64 rows of
 /// Q: warps = Br / 16), across head dims, masks, GQA, block-sparse and
-/// Nq != Nkv; on sm_90a they must take wgmma, elsewhere mma.sync.
+/// Nq != Nkv, without the K/V ring (FLASHJIT_KV_RING=0); on sm_90a they
+/// must take wgmma, elsewhere mma.sync.
 class ForwardWgmmaGpu : public ForwardGpu {};
 
 TEST_P(ForwardWgmmaGpu, MatchesFloat64Reference) {
-  std::string out = runAndCheck(GetParam());
+  std::string out = runAndCheck(GetParam(), "FLASHJIT_KV_RING=0");
   const bool hopper = out.find("\"arch\":\"sm_90a\"") != std::string::npos;
   EXPECT_NE(out.find(hopper ? "\"mma\":\"wgmma\"" : "\"mma\":\"mma.sync\""),
             std::string::npos)
-      << GetParam() << "\n" << out;
+      << GetParam() << "\n"
+      << out;
   EXPECT_NE(out.find("\"kv_ring\":0"), std::string::npos) << out;
 }
 
-/// The same tilings with the K/V ring (FLASHJIT_KV_RING=1): on sm_90a a
-/// producer warpgroup fills --stages S (default 2) stages, none with
-/// --stages 1; elsewhere no ring.
+/// The same tilings with the K/V ring (the default on sm_90a; the test sets
+/// FLASHJIT_KV_RING=1 all the same): on sm_90a a producer warpgroup fills
+/// --stages S (default 2) stages for the tilings of 8 warps, none with
+/// --stages 1 or other warps; elsewhere no ring.
 class ForwardKvRingGpu : public ForwardGpu {};
 
 TEST_P(ForwardKvRingGpu, MatchesFloat64Reference) {
@@ -81,9 +84,13 @@ TEST_P(ForwardKvRingGpu, MatchesFloat64Reference) {
   std::string stages = "2";
   if (size_t at = args.find("--stages "); at != std::string::npos)
     stages = args.substr(at + 9, 1);
-  const std::string ring = hopper && stages != "1" ? stages : "0";
-  EXPECT_NE(out.find("\"kv_ring\":" + ring), std::string::npos)
-      << args << "\n" << out;
+  bool takesRing = args.find("--warps 8") != std::string::npos;
+  if (args.find("--warps") == std::string::npos) // the default tiling: the
+    takesRing = args.find("--head-dim 128 ") != std::string::npos && // ring
+                args.find("--causal") == std::string::npos; // at d 97..128
+  const std::string ring = hopper && stages != "1" && takesRing ? stages : "0";
+  EXPECT_NE(out.find("\"kv_ring\":" + ring), std::string::npos) << args << "\n"
+                                                                << out;
 }
 
 // clang-format off
@@ -146,11 +153,49 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardKvRingGpu, ::testing::Values(
   "--head-dim 64 --causal --seq-len 1 --seq-len-kv 4000",
   // The ring's depth: none, 3 and 4 stages (several passes over the ring).
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 1000",
-  "--head-dim 64 --block-m 64 --block-n 64 --warps 4 --stages 3 --causal --seq-len 1000 --seq-len-kv 1200",
+  "--head-dim 64 --block-m 128 --block-n 64 --warps 8 --stages 3 --causal --seq-len 1000 --seq-len-kv 1200",
   "--head-dim 128 --block-m 128 --block-n 64 --warps 8 --stages 4 --gqa 4 --heads 8 --seq-len 2000",
   "--head-dim 256 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 600",
   "--head-dim 96 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.3 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000"
 ));
+// clang-format on
+
+/// The ring's consumer warpgroups in turn (FLASHJIT_PING_PONG, the
+/// `ping-pong` option): each mode on tilings with two consumer warpgroups,
+/// masks, GQA, Nq != Nkv, several passes over 3 stages and a loop of no
+/// iterations; `run --json` must report the mode on sm_90a (0 elsewhere,
+/// and with one consumer warpgroup).
+class ForwardPingPongGpu
+    : public ::testing::TestWithParam<std::tuple<int, const char *>> {
+protected:
+  void SetUp() override {
+    if (!flashjit::rt::CudaDriver::get().available())
+      GTEST_SKIP() << "skipped: no CUDA driver";
+  }
+};
+
+TEST_P(ForwardPingPongGpu, MatchesFloat64Reference) {
+  const auto [mode, args] = GetParam();
+  std::string out = runAndCheck(args, "FLASHJIT_KV_RING=1 FLASHJIT_PING_PONG=" +
+                                          std::to_string(mode));
+  const bool hopper = out.find("\"arch\":\"sm_90a\"") != std::string::npos;
+  const bool twoGroups =
+      std::string(args).find("--warps 4") == std::string::npos;
+  const int expected = hopper && twoGroups ? mode : 0;
+  EXPECT_NE(out.find("\"ping_pong\":" + std::to_string(expected)),
+            std::string::npos)
+      << args << "\n"
+      << out;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Modes, ForwardPingPongGpu, ::testing::Combine(
+  ::testing::Values(0, 1, 2), ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 2 --seq-len 1000",
+  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --causal --seq-len 999 --seq-len-kv 1500",
+  "--head-dim 96 --block-m 128 --block-n 64 --warps 8 --stages 3 --window 100,20 --gqa 2 --heads 4 --seq-len 2000",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --seq-len 1 --seq-len-kv 4000",
+  "--head-dim 128 --block-m 64 --block-n 128 --warps 4 --seq-len 300")));
 // clang-format on
 
 // clang-format off

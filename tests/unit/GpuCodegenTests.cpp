@@ -89,7 +89,8 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
   for (const char *arch : {"sm_80", "sm_90a"}) {
     GpuTarget target;
     target.arch = arch;
-    TileConfig config = defaultGpuConfig(spec, usesWgmma(target));
+    TileConfig config =
+        defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target));
     if (usesWgmma(target) && std::max(c.dqk, c.dv) <= 256 &&
         !spec.blockSparse) {
       EXPECT_TRUE(gpuGeometry(spec, config).wgmmaShape) << config.toJson();
@@ -151,8 +152,10 @@ struct KvRingOn {
 
 /// With the K/V ring (FLASHJIT_KV_RING=1, sm_90a), the forward records the
 /// launcher's resources (Q, the stages and their barriers; the consumers
-/// and the producer warpgroup) for the ring's default tiling, 3 stages and
-/// none; its barriers are there exactly when the geometry has a ring; and
+/// and the producer warpgroup) for the ring's default tiling, 3 stages,
+/// none, and one warpgroup (no ring: the ring takes 8 warps and head dims
+/// up to 128); its barriers
+/// are there exactly when the geometry has a ring; and
 /// the ring's default tiling assembles without spills up to d = 256.
 TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
   const GpuCase &c = GetParam();
@@ -161,11 +164,12 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
   GpuTarget target;
   target.arch = "sm_90a";
   ASSERT_TRUE(usesKvRing(target));
-  TileConfig ring3 = tile(64, 64, 4), none = tile(128, 64, 8);
+  TileConfig ring3 = tile(128, 64, 8), none = tile(128, 64, 8),
+             oneGroup = tile(64, 64, 4);
   ring3.stages = 3;
   none.stages = 1;
   const TileConfig ringDefault = defaultGpuConfig(spec, true, true);
-  for (const TileConfig &config : {ringDefault, ring3, none}) {
+  for (const TileConfig &config : {ringDefault, ring3, none, oneGroup}) {
     if (spec.blockSparse && (spec.sparseBlock % config.blockM != 0 ||
                              spec.sparseBlock % config.blockN != 0))
       continue;
@@ -173,8 +177,10 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
       continue;
     std::string gpu = emitStage(spec, config, Stage::Gpu, target);
     GpuGeometry geo = gpuGeometry(spec, config, true);
+    const bool ringShape =
+        geo.wgmmaShape && config.warps == 8 && std::max(c.dqk, c.dv) <= 128;
     EXPECT_EQ(geo.ringStages,
-              geo.wgmmaShape && config.stages > 1 ? config.stages : 0)
+              ringShape && config.stages > 1 ? config.stages : 0)
         << config.toJson();
     expectRecords(gpu, geo, config);
     EXPECT_EQ(gpu.find("mbarrier.try_wait.parity") != std::string::npos,
@@ -182,8 +188,8 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
         << config.toJson();
   }
   if (std::max(c.dqk, c.dv) <= 256) {
-    rt::ResourceUsage use = rt::parseResourceUsage(
-        assemble(spec, ringDefault, "sm_90a").infoLog);
+    rt::ResourceUsage use =
+        rt::parseResourceUsage(assemble(spec, ringDefault, "sm_90a").infoLog);
     EXPECT_EQ(use.spills(), 0) << ringDefault.toJson() << " spills";
   }
 }
@@ -191,8 +197,8 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
 /// The backward kernels' recorded resources fit what the launcher provides
 /// (gpuBackwardGeometry): the shared memory a kernel records is at most the
 /// launcher's (equal, but for the shapes warpgroup MMAs can take, where the
-/// launcher's formula pads and counts a P^T tile), the block size is the launcher's;
-/// for both dQ modes, on sm_90a and sm_80.
+/// launcher's formula pads and counts a P^T tile), the block size is the
+/// launcher's; for both dQ modes, on sm_90a and sm_80.
 TEST_P(GpuCodegen, RecordedBackwardResourcesMatchTheLauncher) {
   const GpuCase &c = GetParam();
   for (bool deterministic : {false, true})
@@ -351,7 +357,8 @@ TEST(GpuCodegenConfigs, ScoreModsAssemble) {
         spec.scoreMod = mod;
         GpuTarget target;
         target.arch = arch;
-        TileConfig config = defaultGpuConfig(spec, usesWgmma(target));
+        TileConfig config =
+            defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target));
         SCOPED_TRACE(spec.name() + " " + config.toJson() + " " + arch);
         std::string ptx = compileToPtx(spec, config, target);
         EXPECT_EQ(ptx.find("wgmma.mma_async") != std::string::npos,

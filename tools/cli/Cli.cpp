@@ -12,8 +12,8 @@
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/CudaDriver.h"
-#include "runtime/NvJitLink.h"
 #include "runtime/Error.h"
+#include "runtime/NvJitLink.h"
 #include "tools/cli/BackwardCommand.h"
 #include "tools/cli/CliOptions.h"
 #include "tools/cli/GpuCommands.h"
@@ -213,9 +213,11 @@ int runRun(const CliOptions &o) {
     target.arch = gpu.arch;
     const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
-    gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
-                fmt::format(",\"mma\":\"{}\",\"kv_ring\":{}",
-                            wgmma ? "wgmma" : "mma.sync", geo.ringStages);
+    gpuFields =
+        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
+        fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{}",
+                    wgmma ? "wgmma" : "mma.sync", geo.ringStages,
+                    geo.ringConsumerGroups() >= 2 ? pingPongMode(target) : 0);
   }
   if (o.json) {
     fmt::print(

@@ -143,9 +143,9 @@ std::string helpText(const std::string &command) {
          "                       tuned config if `flashjit tune` stored one\n"
          "                       for this GPU and problem class, else by\n"
          "                       head dim and GPU, e.g. 128 x 64 with 4\n"
-        "                       warps (on sm_90a the warpgroup tiles, e.g.\n"
-        "                       192 x 128 with 12 warps at d = 128;\n"
-        "                       `compile` shows the first unless given);\n"
+         "                       warps (on sm_90a the warpgroup tiles, e.g.\n"
+         "                       192 x 128 with 12 warps at d = 128;\n"
+         "                       `compile` shows the first unless given);\n"
          "                       --backward: `tune --backward`'s config, else\n"
          "                       64 x 128 with 8 warps up to d = 128 (128 x\n"
          "                       128 at d <= 64 without a mask), 64 x 64 with\n"
@@ -153,16 +153,16 @@ std::string helpText(const std::string &command) {
          "                       --deterministic: 64 x 64 with 4 warps (128 x\n"
          "                       64 at d <= 64 without a mask) up to 256)\n"
          "                       --stages: 2 (K and V of one block in\n"
-         "                       flight); with FLASHJIT_KV_RING=1 on sm_90a,\n"
-         "                       the K/V ring's depth for warpgroup tilings\n"
-         "                       (2..4; 1: no ring)\n";
+         "                       flight); on sm_90a the K/V ring's depth\n"
+         "                       for tilings of 8 warps up to d = 128 (2..4;\n"
+         "                       1: no ring; FLASHJIT_KV_RING=0: none)\n";
 }
 
 const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
-      "--batch",   "--heads", "--seq-len", "--seq-len-kv", "--scale",
-      "--device",  "--repeats", "--seed",  "--tune",       "--dump-io",
-      "--packed-qkv"};
+      "--batch", "--heads",   "--seq-len",   "--seq-len-kv",
+      "--scale", "--device",  "--repeats",   "--seed",
+      "--tune",  "--dump-io", "--packed-qkv"};
   return options;
 }
 
@@ -319,9 +319,9 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   // The flags that describe the kernel: with --input the file does.
   static const std::set<std::string> kSpecFlags = {
-      "--head-dim", "--head-dim-v", "--dtype",         "--gqa",
-      "--causal",   "--backward",   "--deterministic", "--sparse-block",
-      "--score-mod"};
+      "--head-dim",      "--head-dim-v",   "--dtype",
+      "--gqa",           "--causal",       "--backward",
+      "--deterministic", "--sparse-block", "--score-mod"};
   std::vector<std::string> specFlagsSeen, runFlagsSeen;
   const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs THERE (the GPU machine), from the repo root, after
 # tools/scripts/gpu-prepare.sh assembled .carry/ here: the K/V ring's
-# (FLASHJIT_KV_RING=1, README "The K/V ring") first H200 run. Device call:
+# (README "The K/V ring"; FLASHJIT_KV_RING=1) H200 run (T10a). Device call:
 #   carry [".carry"], command: bash tools/scripts/gpu-ring.sh
 # Steps, each bounded by its own timeout (about 7 minutes in all):
 #   1. the forward GPU tests (ForwardKvRingGpu sets FLASHJIT_KV_RING=1
