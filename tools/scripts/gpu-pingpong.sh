@@ -11,17 +11,7 @@
 #      the fastest tiling without the ring, one line each
 set -u
 cd "$(dirname "$0")/../.." || exit 2
-C=$PWD/.carry
-: "${OUT:=$PWD/out}"; mkdir -p "$OUT"
-[[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
-chmod +x $C/bin/*
-export LD_LIBRARY_PATH=$C/lib FLASHJIT_LIBRARY=$C/lib/libflashjit.so FLASHJIT_AUTOTUNE=0 PYTHONUNBUFFERED=1
-export FLASHJIT_CACHE_DIR=$(mktemp -d)
-if ! ldconfig -p 2>/dev/null | grep -q 'libnvJitLink\.so\.13' && [[ ! -e /usr/local/cuda/lib64/libnvJitLink.so.13 ]]; then
-  sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
-  export FLASHJIT_NVJITLINK=$(find /usr/local/cuda*/lib64 $sp -name 'libnvJitLink.so.13*' 2>/dev/null | sort | head -1)
-fi
-FJ=$C/bin/flashjit
+source tools/scripts/gpu-env.sh
 echo "== forward GPU tests (+${SECONDS}s)"
 timeout 200 $C/bin/flashjit-forward-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/fwd-tests.log 2>&1; echo "exit $?" >> $OUT/fwd-tests.log
 grep -E "FAILED|PASSED|tests ran|exit" $OUT/fwd-tests.log | head -30
