@@ -66,11 +66,6 @@ struct GpuGeometry {
   /// the 168 registers that 384 threads leave (d = 256: 0.6x without).
   static constexpr int64_t kRingMaxHeadDim = 128;
   static constexpr int64_t kRingBarriersPerStage = 4;
-  /// The ring's consumer warpgroups (0 without a ring); two or more take
-  /// turns at the tensor cores (the GPU lowering's `ping-pong` option).
-  int64_t ringConsumerGroups() const {
-    return ringStages ? (threads - kRingProducerThreads) / 128 : 0;
-  }
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {

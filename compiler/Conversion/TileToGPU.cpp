@@ -133,9 +133,9 @@ LogicalResult TileKernelLowering::assignHomes() {
         if (first < 0)
           first = slots[load.getResult()].offset;
         vectors |= homes[load.getResult()] == TileHome::SharedVector;
-        readers = std::max<int64_t>(
-            readers, std::distance(load->getUsers().begin(),
-                                   load->getUsers().end()));
+        readers =
+            std::max<int64_t>(readers, std::distance(load->getUsers().begin(),
+                                                     load->getUsers().end()));
       }
       if (place.ringStages)
         return failed(assignRing(loop)) ? WalkResult::interrupt()
@@ -227,8 +227,8 @@ LogicalResult TileKernelLowering::assignHomes() {
     Value lhs = dot.getLhs();
     // With column parts, a register lhs is staged too (each warp holds part
     // of its k-columns).
-    const bool partial = place.colParts > 1 &&
-                         homes.lookup(lhs) == TileHome::Registers;
+    const bool partial =
+        place.colParts > 1 && homes.lookup(lhs) == TileHome::Registers;
     if (!dot.getTransposeLhs() && !partial)
       return WalkResult::advance();
     if (partial && !dot.getTransposeLhs()) {
@@ -266,10 +266,9 @@ TileKernelLowering::LaneIndices TileKernelLowering::laneIndicesOf(Value t) {
   li.grp = g.divU(li.lane, g.c32(4));
   li.tig = g.remU(li.lane, g.c32(4));
   li.colPart = g.remU(li.warp, g.c32(place.colParts));
-  li.warpRow0 = g.mul(place.colParts > 1
-                          ? g.divU(li.warp, g.c32(place.colParts))
-                          : li.warp,
-                      g.c32(mt * 16));
+  li.warpRow0 = g.mul(
+      place.colParts > 1 ? g.divU(li.warp, g.c32(place.colParts)) : li.warp,
+      g.c32(mt * 16));
   return li;
 }
 
@@ -347,8 +346,8 @@ bool TileKernelLowering::otherBranchOutput(Operation *op) {
   if (isa<tile::AtomicAddOp>(op))
     return branch == 1; // dQ belongs to the dK programs
   auto store = dyn_cast<tile::StoreOp>(op);
-  return store && store.getBase() == fn.getArgument(branch ? abi::bwd::DK
-                                                           : abi::bwd::DV);
+  return store && store.getBase() ==
+                      fn.getArgument(branch ? abi::bwd::DK : abi::bwd::DV);
 }
 
 void TileKernelLowering::markLive() {
@@ -391,9 +390,8 @@ void TileKernelLowering::markLive() {
 /// Hands \p op to its family's lowering; scalar ops are cloned as they are.
 LogicalResult TileKernelLowering::lowerOp(Operation *op) {
   if (branch >= 0 && op->getNumRegions() == 0 && op->getNumResults() > 0 &&
-      llvm::all_of(op->getResults(), [&](Value v) {
-        return isTile(v) && !live.contains(v);
-      })) {
+      llvm::all_of(op->getResults(),
+                   [&](Value v) { return isTile(v) && !live.contains(v); })) {
     // Not needed by this branch's outputs: zeros, which the loops that
     // carry them fold away.
     for (Value v : op->getResults())
@@ -483,7 +481,7 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
                           << fn.getNumArguments();
   Builder b(fn.getContext());
   for (int i = 0; i < pidArg + 2; ++i) {
-    Type want = i < firstIndex ? Type()
+    Type want = i < firstIndex                ? Type()
                 : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
                                               : Type(b.getF32Type());
     Type got = fn.getArgument(i).getType();
@@ -494,10 +492,11 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
   return success();
 }
 
-mlir::gpu::GPUFuncOp conversion::createPlacedKernel(
-    ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
-    mlir::gpu::GPUModuleOp gpuModule, func::FuncOp fn,
-    const KernelPlacement &place, int64_t sharedBytes) {
+mlir::gpu::GPUFuncOp
+conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                               mlir::gpu::GPUModuleOp gpuModule,
+                               func::FuncOp fn, const KernelPlacement &place,
+                               int64_t sharedBytes) {
   SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
   argTys.append(place.numIndexArgs, g.i64);
   argTys.append(place.numF32Args, g.f32);
@@ -511,8 +510,8 @@ mlir::gpu::GPUFuncOp conversion::createPlacedKernel(
                                    std::max<int64_t>(programsZ, 1)));
 }
 
-void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b,
-                                    gpu::GpuBuilder &g, func::FuncOp fn,
+void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                                    func::FuncOp fn,
                                     mlir::gpu::GPUFuncOp kernel,
                                     const KernelPlacement &place,
                                     IRMapping &map) {
@@ -522,9 +521,8 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b,
   for (int i = 0; i < firstIndex; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
   for (int i = firstIndex; i < firstF32; ++i)
-    map.map(fn.getArgument(i),
-            arith::IndexCastOp::create(b, b.getIndexType(),
-                                       kernel.getArgument(i)));
+    map.map(fn.getArgument(i), arith::IndexCastOp::create(
+                                   b, b.getIndexType(), kernel.getArgument(i)));
   for (int i = firstF32; i < pidArg; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
@@ -560,14 +558,15 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
     // The dK/dV kernel's programs: grid.z < dK's chunks take a chunk of dK
     // (and dQ), the others one of dV; each branch lowers the whole body,
     // and what does not reach its outputs is dead code.
-    const KernelPlacement::ColumnSplit &k = place.splits[0], &v = place.splits[1];
+    const KernelPlacement::ColumnSplit &k = place.splits[0],
+                                       &v = place.splits[1];
     auto ifOp = scf::IfOp::create(
         b, g.cmp(arith::CmpIPredicate::ult, chunk, g.c32(k.chunks)),
         /*withElseRegion=*/true);
     for (int which = 0; which < 2; ++which) {
       OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPoint((which ? ifOp.elseBlock() : ifOp.thenBlock())
-                              ->getTerminator());
+      b.setInsertionPoint(
+          (which ? ifOp.elseBlock() : ifOp.thenBlock())->getTerminator());
       branch = which;
       activeSplit = &place.splits[which];
       splitStart = which ? g.mul(g.sub(chunk, g.c32(k.chunks)), g.c32(v.chunk))

@@ -96,10 +96,13 @@ struct KernelPlacement {
   /// its stages (0: none) and the producer warpgroup's threads, the block's
   /// last ones after the `threads` consumers that every tile is placed on.
   int64_t ringStages = 0, producerThreads = 0;
-  /// With the ring and two or more consumer warpgroups: they take turns at
-  /// the tensor cores, so that one's softmax runs under another's MMAs
-  /// (TileToGPURing.cpp, "ping-pong"). 0: no order; 1: the batches of the
-  /// loop's first product (S = Q K^T); 2: every batch of the ring loop.
+  /// The warpgroups of the `threads` that every tile is placed on.
+  int64_t warpgroups() const { return threads / 128; }
+  /// With the ring (two consumer warpgroups: GpuGeometry::
+  /// kRingConsumerWarps): they take turns at the tensor cores, so that one's
+  /// softmax runs under the other's MMAs (TileToGPURing.cpp, "ping-pong").
+  /// 0: no order; 1: the batches of the loop's first product (S = Q K^T);
+  /// 2: every batch of the ring loop.
   int64_t pingPong = 0;
   /// Row reductions fold a thread's registers by a pairwise tree instead of
   /// a chain (lowerReduce): taken with the ring, whose consumers have no

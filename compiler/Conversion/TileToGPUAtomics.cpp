@@ -75,7 +75,8 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
             knownEven(atomic.getStride());
   // Columns past the tile exist where the 64-column groups or the chunks
   // overhang it.
-  const KernelPlacement::ColumnSplit *s = splitsCols(ty) ? activeSplit : nullptr;
+  const KernelPlacement::ColumnSplit *s =
+      splitsCols(ty) ? activeSplit : nullptr;
   r.checkCols = r.cols % 64 != 0 || (s && s->chunk * s->chunks != r.cols);
   return r;
 }
@@ -218,10 +219,10 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   ReductionTarget red = reductionOf(atomic);
   LaneIndices li = laneIndices();
   Value grp = li.grp, tig = li.tig;
-  Value warpCol0 =
-      g.add(g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
-            g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
-                  g.mul(tig, g.c32(2))));
+  Value warpCol0 = g.add(
+      g.add(chunkStart(resTy), g.mul(g.divU(warp, g.c32(w.cols)), g.c32(64))),
+      g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
+            g.mul(tig, g.c32(2))));
 
   auto slab = [&](ArrayRef<int64_t> rounds) {
     SmallVector<int64_t> chunks, colConst;
@@ -230,8 +231,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         chunks.push_back(8 * r * w.groups + 2 * jj);
         colConst.push_back(64 * r * w.groups + 16 * jj);
       }
-    const int64_t mtQ = rows / rowSplit / 16,
-                  nt2 = int64_t(chunks.size()) * 2;
+    const int64_t mtQ = rows / rowSplit / 16, nt2 = int64_t(chunks.size()) * 2;
     std::vector<gpu::Acc> acc =
         gpu::mmaProductTransposed(g, smem, aT, bT, mtQ, chunks, keys / 16);
     for (int64_t mi = 0; mi < mtQ; ++mi)

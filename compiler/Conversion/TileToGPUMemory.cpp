@@ -138,13 +138,14 @@ LogicalResult TileKernelLowering::lowerRowValues(tile::LoadOp op) {
   Fragment out;
   for (int64_t mi = 0; mi < mt; ++mi)
     for (int64_t h = 0; h < 2; ++h) {
-      Value r = g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
+      Value r =
+          g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
       Value ok = g.cmp(CmpIPredicate::slt, r, rows);
       Value at = g.add(offset, g.ext64(g.select(ok, r, g.c32(0))));
-      Value v = LLVM::LoadOp::create(
-          b, g.f32,
-          LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
-                              ArrayRef<LLVM::GEPArg>{at}));
+      Value v =
+          LLVM::LoadOp::create(b, g.f32,
+                               LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                                                   ArrayRef<LLVM::GEPArg>{at}));
       out.regs.push_back(g.select(ok, v, g.cf(0.0)));
     }
   frags[op.getResult()] = std::move(out);
@@ -207,8 +208,8 @@ void TileKernelLowering::copyVectors(ArrayRef<tile::LoadOp> ops,
       Value r = g.add(row0, e);
       Value ok = g.cmp(CmpIPredicate::slt, r, rows);
       Value at = g.add(offset, g.ext64(g.select(ok, r, g.c32(0))));
-      Value src = g.toGlobal(LLVM::GEPOp::create(
-          b, g.ptrGen, g.f32, base, ArrayRef<LLVM::GEPArg>{at}));
+      Value src = g.toGlobal(LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                                                 ArrayRef<LLVM::GEPArg>{at}));
       Value dst = g.sharedBytePtr(smem, g.add(dst0, g.mul(i, g.c32(4))));
       g.copyAsync(dst, src, g.select(ok, g.c32(4), g.c32(0)), 4);
     };

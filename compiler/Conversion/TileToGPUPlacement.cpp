@@ -34,10 +34,11 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
 /// and grid.z split of V's columns; the products on warpgroup MMAs where
-/// \p wgmma (sm_90a) and the shape allow them (one warpgroup per 64 rows).
+/// \p wgmma (sm_90a) and the shape allow them (one warpgroup per 64 rows);
+/// with the K/V ring, its consumers' turns by \p pingPong.
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
                                         const TileConfig &config, bool wgmma,
-                                        bool kvRing) {
+                                        bool kvRing, int64_t pingPong) {
   GpuGeometry geo = gpuGeometry(spec, config, wgmma && kvRing);
   KernelPlacement p;
   p.threads = 32 * config.warps;
@@ -56,6 +57,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
   if (p.ringStages) {
     p.producerThreads = GpuGeometry::kRingProducerThreads;
     p.treeReductions = true;
+    p.pingPong = pingPong;
   }
   return p;
 }
@@ -72,10 +74,9 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  KernelPlacement place = forwardPlacement(spec, config, wgmma, kvRing);
-  if (place.ringStages && place.threads >= 256)
-    place.pingPong = pingPong;
-  return TileKernelLowering(b, fn, spec, config, copyBytes, place)
+  return TileKernelLowering(
+             b, fn, spec, config, copyBytes,
+             forwardPlacement(spec, config, wgmma, kvRing, pingPong))
       .run(gpuModule);
 }
 

@@ -220,10 +220,10 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
   // The turns (pingPong): the last warpgroup hands the first one its first
   // turn, and the first one takes the last one's final hand-over after the
   // loop, so that every bar.sync meets exactly one bar.arrive.
-  const int64_t groups = place.threads / 128;
   if (place.pingPong)
-    g.ifThen(g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(groups - 1)),
-             [&] { g.namedBarrierArrive(g.c32(kFirstTurnBarrier), 256); });
+    g.ifThen(
+        g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(place.warpgroups() - 1)),
+        [&] { g.namedBarrierArrive(g.c32(kFirstTurnBarrier), 256); });
   LogicalResult r = lowerLoopBody(op, [&]() -> LogicalResult {
     std::tie(ringStage, ringParity) = ringPosition(op, loopIv);
     Value here = g.mul(ringStage, g.c32(ringStageBytes));
@@ -254,7 +254,7 @@ void TileKernelLowering::waitTurn() {
 }
 
 void TileKernelLowering::passTurn() {
-  Value next = g.remU(g.add(wgIdx, g.c32(1)), g.c32(place.threads / 128));
+  Value next = g.remU(g.add(wgIdx, g.c32(1)), g.c32(place.warpgroups()));
   g.namedBarrierArrive(g.add(next, g.c32(kFirstTurnBarrier)), 256);
 }
 

@@ -11,10 +11,9 @@
 ///
 ///   func.func @attention_preprocess(...) {attn.kernel = #attn.kernel<role =
 ///       "preprocess", ...>} {
-///     %o = tile.load %O[%ob] rows %r0 of %nq stride %so : ... tensor<64x96xbf16>
-///     %do = tile.load %DO[...] ...
-///     %d = tile.reduce "sum" (extf %do * extf %o) dim 1
-///     tile.store %d, %Delta[%sb] rows %r0 of %nq
+///     %o = tile.load %O[%ob] rows %r0 of %nq stride %so : ...
+///     tensor<64x96xbf16> %do = tile.load %DO[...] ... %d = tile.reduce "sum"
+///     (extf %do * extf %o) dim 1 tile.store %d, %Delta[%sb] rows %r0 of %nq
 ///     ...
 ///   }
 ///
@@ -64,7 +63,7 @@ public:
   RowKernelLowering(ImplicitLocOpBuilder &b, func::FuncOp fn,
                     const AttentionSpec &spec, const KernelPlacement &place)
       : b(b), g(b, spec.dtype == DType::BF16 ? flashjit::gpu::Elem::BF16
-                                               : flashjit::gpu::Elem::F16),
+                                             : flashjit::gpu::Elem::F16),
         fn(fn), place(place) {}
 
   LogicalResult run(mlir::gpu::GPUModuleOp gpuModule);
@@ -101,8 +100,8 @@ private:
   flashjit::gpu::GpuBuilder g;
   func::FuncOp fn;
   KernelPlacement place;
-  int64_t rows = 0;           ///< R: every tile's dim 0
-  Value rowStart, rowBound;   ///< the accesses' common row0 and rows
+  int64_t rows = 0;         ///< R: every tile's dim 0
+  Value rowStart, rowBound; ///< the accesses' common row0 and rows
   IRMapping map;
   DenseMap<Value, RowRegs> regs;
   Value lane, row; ///< i32: the lane, and the tile row of this iteration
@@ -235,8 +234,7 @@ LogicalResult RowKernelLowering::lowerReduce(tile::ReduceOp op) {
   if (op.getDim() != 1)
     return fail(op, "a row kernel reduces along its rows only");
   bool isMax = op.getKind() == "max";
-  Value identity =
-      g.cf(isMax ? -std::numeric_limits<double>::infinity() : 0.0);
+  Value identity = g.cf(isMax ? -std::numeric_limits<double>::infinity() : 0.0);
   const RowRegs &in = regs[op.getValue()];
   const int64_t n = cols(op.getValue());
   Value acc = identity;
@@ -361,11 +359,11 @@ LogicalResult RowKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     row = g.add(g.mul(loop.getInductionVar(), g.c32(warps)), warp);
-    Value r = g.add(
-        arith::IndexCastOp::create(b, g.i32, map.lookup(rowStart)), row);
-    Value exists = g.cmp(
-        CmpIPredicate::slt, r,
-        arith::IndexCastOp::create(b, g.i32, map.lookup(rowBound)));
+    Value r =
+        g.add(arith::IndexCastOp::create(b, g.i32, map.lookup(rowStart)), row);
+    Value exists =
+        g.cmp(CmpIPredicate::slt, r,
+              arith::IndexCastOp::create(b, g.i32, map.lookup(rowBound)));
     LogicalResult lowered = success();
     g.ifThen(exists, [&] {
       for (Operation &op : body.without_terminator())

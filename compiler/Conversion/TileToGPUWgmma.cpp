@@ -202,7 +202,7 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   const int64_t cols = roundUp(op.getType().getDimSize(1), 16);
   if (op.getType().getDimSize(0) != 64)
     return fail(op, "a transposed warpgroup product has 64 rows");
-  const int64_t groups = place.threads / 128;
+  const int64_t groups = place.warpgroups();
   const bool byCols = (cols / groups) % 64 == 0;
   const int64_t n = byCols ? cols / groups : cols;
   const int64_t groupKeys = byCols ? keys : keys / groups;

@@ -109,13 +109,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
 
 void buildPtxLoweringPipeline(OpPassManager &pm,
                               const FlashjitPtxPipelineOptions &options) {
-  GpuPipelineConfig gpu;
-  gpu.copyBytes = options.copyBytes;
-  gpu.vectorAtomics = options.vectorAtomics;
-  gpu.wgmma = options.wgmma;
-  gpu.kvRingStages = options.kvRingStages;
-  gpu.pingPong = options.pingPong;
-  buildGpuLoweringPipeline(pm, options.warps, gpu);
+  buildGpuLoweringPipeline(pm, options.warps, options.gpuConfig());
   target::GpuModuleToPtxOptions ptx;
   ptx.chip = options.chip;
   ptx.ptxVersion = options.ptxVersion;
@@ -135,26 +129,17 @@ void registerFlashjitPasses() {
   attn::registerAttnPasses();
   conversion::registerConversionPasses();
   target::registerTargetPasses();
-  auto gpuConfig = [](const FlashjitPipelineOptions &options) {
-    GpuPipelineConfig gpu;
-    gpu.copyBytes = options.copyBytes;
-    gpu.vectorAtomics = options.vectorAtomics;
-    gpu.wgmma = options.wgmma;
-    gpu.kvRingStages = options.kvRingStages;
-    gpu.pingPong = options.pingPong;
-    return gpu;
-  };
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-gpu-pipeline",
       "attn -> gpu.module in LLVM + NVVM (tensor-core kernel)",
-      [=](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildGpuPipeline(pm, toConfig(options), gpuConfig(options));
+      [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
+        buildGpuPipeline(pm, toConfig(options), options.gpuConfig());
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tile-to-gpu-pipeline",
       "tile IR -> gpu.module in LLVM + NVVM (block-m, block-n: the IR's)",
-      [=](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildGpuLoweringPipeline(pm, options.warps, gpuConfig(options));
+      [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
+        buildGpuLoweringPipeline(pm, options.warps, options.gpuConfig());
       });
   PassPipelineRegistration<FlashjitPtxPipelineOptions>(
       "flashjit-tile-to-ptx-pipeline",

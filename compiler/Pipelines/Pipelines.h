@@ -19,15 +19,25 @@ class DialectRegistry;
 
 namespace flashjit {
 
-/// Tuning knobs of a pipeline (pipeline options, never global flags).
-struct FlashjitPipelineOptions
-    : public mlir::PassPipelineOptions<FlashjitPipelineOptions> {
-  Option<int64_t> blockM{*this, "block-m",
-                         llvm::cl::desc("Br: query rows per program"),
-                         llvm::cl::init(64)};
-  Option<int64_t> blockN{*this, "block-n",
-                         llvm::cl::desc("Bc: keys per KV-loop iteration"),
-                         llvm::cl::init(64)};
+/// GPU-only knobs of the GPU pipeline.
+struct GpuPipelineConfig {
+  int64_t copyBytes = 16;     ///< global -> shared copy width (alignment)
+  bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
+  bool wgmma = false;         ///< warpgroup MMAs (sm_90a)
+  /// The warpgroup-MMA forward's K/V ring stages (0 or 1: no ring).
+  int64_t kvRingStages = 0;
+  /// The ring's consumer warpgroups in turn at the tensor cores (0: no
+  /// order; 1: their S = Q K^T batches; 2: every batch of the loop).
+  int64_t pingPong = 0;
+};
+
+/// The GPU lowering's options, one set for every registered pipeline that
+/// runs it (\p Derived: that pipeline's options), and gpuConfig(), the same
+/// knobs as the C++ builders take them.
+template <typename Derived>
+struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
+  template <typename T> using Option = mlir::detail::PassOptions::Option<T>;
+
   Option<int64_t> warps{*this, "warps",
                         llvm::cl::desc("warps per thread block (GPU)"),
                         llvm::cl::init(4)};
@@ -41,8 +51,9 @@ struct FlashjitPipelineOptions
                      "ISA 8.1)"),
       llvm::cl::init(false)};
   Option<bool> wgmma{*this, "wgmma",
-                     llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
-                                    "MMAs where its shape allows (sm_90a)"),
+                     llvm::cl::desc("the products on warpgroup MMAs where the "
+                                    "shape allows (sm_90a): the forward's and "
+                                    "the backward's dK/dV kernel's"),
                      llvm::cl::init(false)};
   Option<int64_t> kvRingStages{
       *this, "kv-ring-stages",
@@ -54,6 +65,28 @@ struct FlashjitPipelineOptions
       llvm::cl::desc("the K/V ring's consumer warpgroups take turns at the "
                      "tensor cores: 0 no order, 1 S = Q K^T, 2 every batch"),
       llvm::cl::init(0)};
+
+  GpuPipelineConfig gpuConfig() const {
+    GpuPipelineConfig gpu;
+    gpu.copyBytes = copyBytes;
+    gpu.vectorAtomics = vectorAtomics;
+    gpu.wgmma = wgmma;
+    gpu.kvRingStages = kvRingStages;
+    gpu.pingPong = pingPong;
+    return gpu;
+  }
+};
+
+/// Tuning knobs of a pipeline (pipeline options, never global flags): the
+/// tiling's and the GPU lowering's.
+struct FlashjitPipelineOptions
+    : public GpuLoweringOptions<FlashjitPipelineOptions> {
+  Option<int64_t> blockM{*this, "block-m",
+                         llvm::cl::desc("Br: query rows per program"),
+                         llvm::cl::init(64)};
+  Option<int64_t> blockN{*this, "block-n",
+                         llvm::cl::desc("Bc: keys per KV-loop iteration"),
+                         llvm::cl::init(64)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
@@ -61,33 +94,7 @@ struct FlashjitPipelineOptions
 /// (flashjit-gpu-module-to-ptx's). `flashjit compile --target sm_90a` with
 /// no CUDA driver corresponds to chip=sm_90a wgmma=true, ptx-version 0.
 struct FlashjitPtxPipelineOptions
-    : public mlir::PassPipelineOptions<FlashjitPtxPipelineOptions> {
-  Option<int64_t> warps{*this, "warps",
-                        llvm::cl::desc("warps per thread block"),
-                        llvm::cl::init(4)};
-  Option<int64_t> copyBytes{*this, "copy-bytes",
-                            llvm::cl::desc("global->shared copy width in "
-                                           "bytes"),
-                            llvm::cl::init(16)};
-  Option<bool> vectorAtomics{
-      *this, "vector-atomics",
-      llvm::cl::desc("f32 pairs by red.global.add.v2.f32 (sm_90, "
-                     "ptx-version >= 81)"),
-      llvm::cl::init(false)};
-  Option<bool> wgmma{*this, "wgmma",
-                     llvm::cl::desc("the backward's dK/dV kernel on warpgroup "
-                                    "MMAs where its shape allows (sm_90a)"),
-                     llvm::cl::init(false)};
-  Option<int64_t> kvRingStages{
-      *this, "kv-ring-stages",
-      llvm::cl::desc("the warpgroup-MMA forward's K/V ring: its stages (2 to "
-                     "4; 0 or 1: no ring)"),
-      llvm::cl::init(0)};
-  Option<int64_t> pingPong{
-      *this, "ping-pong",
-      llvm::cl::desc("the K/V ring's consumer warpgroups take turns at the "
-                     "tensor cores: 0 no order, 1 S = Q K^T, 2 every batch"),
-      llvm::cl::init(0)};
+    : public GpuLoweringOptions<FlashjitPtxPipelineOptions> {
   Option<std::string> chip{*this, "chip",
                            llvm::cl::desc("the GPU architecture (sm_80, "
                                           "sm_90a, ...)"),
@@ -110,18 +117,6 @@ void buildCpuLoweringPipeline(mlir::OpPassManager &pm);
 /// attn -> LLVM dialect for the host: the CPU execution mode (the tiling
 /// pipeline, then buildCpuLoweringPipeline).
 void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
-
-/// GPU-only knobs of the GPU pipeline.
-struct GpuPipelineConfig {
-  int64_t copyBytes = 16;     ///< global -> shared copy width (alignment)
-  bool vectorAtomics = false; ///< red.global.add.v2.f32 (sm_90, PTX 8.1)
-  bool wgmma = false;         ///< warpgroup MMAs (sm_90a)
-  /// The warpgroup-MMA forward's K/V ring stages (0 or 1: no ring).
-  int64_t kvRingStages = 0;
-  /// The ring's consumer warpgroups in turn at the tensor cores (0: no
-  /// order; 1: their S = Q K^T batches; 2: every batch of the loop).
-  int64_t pingPong = 0;
-};
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),
 /// ready for translation to LLVM IR and PTX: the tiling pipeline, then
