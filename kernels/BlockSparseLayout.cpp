@@ -18,12 +18,10 @@
 
 namespace flashjit {
 
-BlockSparseLayout
-BlockSparseLayout::fromDense(int64_t batch, int64_t heads, int64_t qBlocks,
-                             int64_t kvBlocks,
-                             const std::vector<uint8_t> &dense) {
-  if (int64_t(dense.size()) != batch * heads * qBlocks * kvBlocks)
-    throw SpecError("layout: dense block matrix has the wrong size");
+/// A layout of the given shape that lists no block: every count and index
+/// 0, with room for every KV block of every Q block.
+static BlockSparseLayout emptyLayout(int64_t batch, int64_t heads,
+                                     int64_t qBlocks, int64_t kvBlocks) {
   BlockSparseLayout l;
   l.batch = batch;
   l.heads = heads;
@@ -31,6 +29,16 @@ BlockSparseLayout::fromDense(int64_t batch, int64_t heads, int64_t qBlocks,
   l.kvBlocks = kvBlocks;
   l.counts.assign(size_t(batch * heads * qBlocks), 0);
   l.indices.assign(size_t(batch * heads * qBlocks * kvBlocks), 0);
+  return l;
+}
+
+BlockSparseLayout
+BlockSparseLayout::fromDense(int64_t batch, int64_t heads, int64_t qBlocks,
+                             int64_t kvBlocks,
+                             const std::vector<uint8_t> &dense) {
+  if (int64_t(dense.size()) != batch * heads * qBlocks * kvBlocks)
+    throw SpecError("layout: dense block matrix has the wrong size");
+  BlockSparseLayout l = emptyLayout(batch, heads, qBlocks, kvBlocks);
   for (int64_t row = 0; row < batch * heads * qBlocks; ++row) {
     int32_t n = 0;
     for (int64_t kb = 0; kb < kvBlocks; ++kb)
@@ -211,13 +219,7 @@ double BlockSparseLayout::density() const {
 }
 
 BlockSparseLayout BlockSparseLayout::transposed() const {
-  BlockSparseLayout t;
-  t.batch = batch;
-  t.heads = heads;
-  t.qBlocks = kvBlocks;
-  t.kvBlocks = qBlocks;
-  t.counts.assign(size_t(batch * heads * kvBlocks), 0);
-  t.indices.assign(size_t(batch * heads * kvBlocks * qBlocks), 0);
+  BlockSparseLayout t = emptyLayout(batch, heads, kvBlocks, qBlocks);
   auto cs = countStrides();
   auto is = indexStrides();
   for (int64_t b = 0; b < batch; ++b)
