@@ -166,11 +166,14 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     // The kernel's Br x Bc are the forward's or the dK/dV kernel's: the
     // separate dQ pass has tiles of its own (dqPassTiles), and the row
     // kernels carry the main kernel's.
-    if (attr.getRole() != "forward" && attr.getRole() != "main")
+    if (attr.getRole() != "forward" && attr.getRole() != "main" &&
+        attr.getRole() != "forward_split")
       return;
     TileConfig tiling;
     tiling.blockM = attr.getBlockM();
     tiling.blockN = attr.getBlockN();
+    if (attr.getRole() == "forward_split")
+      tiling.splits = TileConfig::kAutoSplits;
     info.tiling = tiling;
   });
   if (!specJson)
@@ -235,6 +238,11 @@ static OwningOpRef<ModuleOp> loadModule(MLIRContext &ctx,
         fmt::format("{} is tiled {} x {}; it cannot be compiled as {} x {}",
                     source.name, info.tiling->blockM, info.tiling->blockN,
                     config.blockM, config.blockN));
+  if (tiled && (info.tiling->splits != 0) != (config.splits != 0))
+    throw CompileError(
+        fmt::format("{} is {}a split-KV forward; compile it {} --kv-splits",
+                    source.name, info.tiling->splits ? "" : "not ",
+                    info.tiling->splits ? "with" : "without"));
   return module;
 }
 
@@ -274,10 +282,16 @@ void runPipeline(ModuleOp module,
     throw CompileError("pipeline failed: " + diags.str());
 }
 
+/// " kv-split=true" for a split-KV tiling, else nothing (so that the
+/// other pipelines' texts, and cache keys, stay as they were).
+static std::string splitOption(const TileConfig &config) {
+  return config.splits ? " kv-split=true" : "";
+}
+
 std::string cpuPipelineText(const TileConfig &config) {
   return fmt::format("builtin.module(flashjit-cpu-pipeline{{block-m={} "
-                     "block-n={}}})",
-                     config.blockM, config.blockN);
+                     "block-n={}{}}})",
+                     config.blockM, config.blockN, splitOption(config));
 }
 
 /// Checks that \p config and \p target can make a GPU kernel for \p spec.
@@ -339,6 +353,7 @@ static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
   auto grid = fn->getAttrOfType<DictionaryAttr>("attn.grid");
   k.rows = intAttr(grid, "rows");
   k.programsZ = intAttr(grid, "z");
+  k.kvSplit = grid && grid.get("split");
   auto str = [&](StringRef key) {
     auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;
     return a ? a.getValue() : StringRef();
@@ -418,10 +433,11 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}}})",
+      "kv-ring-stages={} ping-pong={}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
-      usesKvRing(target) ? config.stages : 0, pingPongMode(target));
+      usesKvRing(target) ? config.stages : 0, pingPongMode(target),
+      splitOption(config));
 }
 
 int64_t pingPongMode(const GpuTarget &target) {

@@ -181,6 +181,13 @@ void TileConfig::validate(const AttentionSpec &spec) const {
   checkRange("block_n", blockN, 1, 256);
   checkRange("warps", warps, 1, 16);
   checkRange("stages", stages, 1, 8);
+  if (splits < kAutoSplits || splits > kMaxSplits)
+    throw SpecError(fmt::format(
+        "splits (split-KV) must be 0 (one pass), 1..{} or auto, got {}",
+        kMaxSplits, splits));
+  if (splits && spec.direction == Direction::Backward)
+    throw SpecError("splits (split-KV) is a forward tiling; the backward "
+                    "takes none");
   if (spec.blockSparse) {
     if (spec.sparseBlock % blockM != 0)
       throw SpecError(fmt::format("block_m ({}) must divide sparse_block ({})",
@@ -192,9 +199,14 @@ void TileConfig::validate(const AttentionSpec &spec) const {
 }
 
 std::string TileConfig::toJson() const {
+  // "splits" only for a split-KV tiling ("auto": chosen at launch).
+  std::string split = splits == 0 ? ""
+                      : splits == kAutoSplits
+                          ? ",\"splits\":\"auto\""
+                          : fmt::format(",\"splits\":{}", splits);
   return fmt::format(
-      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}}}", blockM,
-      blockN, warps, stages);
+      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}{}}}", blockM,
+      blockN, warps, stages, split);
 }
 
 void Problem::validate(const AttentionSpec &spec) const {

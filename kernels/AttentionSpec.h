@@ -90,6 +90,13 @@ struct TileConfig {
   int64_t blockN = 64; ///< Bc: key rows per KV-loop iteration.
   int64_t warps = 4;
   int64_t stages = 2;
+  /// Split-KV (FlashDecoding, kernels/KernelABI.h abi::split): 0 the
+  /// one-pass forward; else the split partial and its combine, launched
+  /// with this many splits (kAutoSplits: chosen at launch from the SM
+  /// count and the problem, chooseKvSplits). Forward only.
+  int64_t splits = 0;
+  static constexpr int64_t kAutoSplits = -1;
+  static constexpr int64_t kMaxSplits = 256;
 
   /// Throws SpecError if the config cannot serve \p spec.
   void validate(const AttentionSpec &spec) const;

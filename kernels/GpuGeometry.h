@@ -161,6 +161,10 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
   if (config.blockN % 16 != 0)
     return "block_n (" + std::to_string(config.blockN) +
            ") must be a multiple of 16 on the GPU";
+  if (config.splits && spec.headDimV > 256)
+    return "split-KV (--kv-splits) takes head_dim_v up to 256 on the GPU "
+           "(grid.z holds the splits), got " +
+           std::to_string(spec.headDimV);
   const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
   if (geo.wgmmaShape && takesKvRing(spec, config, kvRing)) {
     if (config.stages < 1 || config.stages > 4)
@@ -261,6 +265,35 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     while (spec.sparseBlock % c.blockN != 0 && c.blockN > 16)
       c.blockN /= 2;
   }
+  return c;
+}
+
+/// The split-KV tiling for decode and short queries on the GPU, or none:
+/// when the Nq * gqa query rows of a KV head (GQA-packed, abi::split::
+/// packsGqa; else Nq) fit one tile of at most 64 rows and there are at
+/// least 1024 keys, the one-pass grid cannot fill the device (one program
+/// per row block and head), so the keys are split instead: one 16-row
+/// tile per warp (16 rows: one warp; else 64 rows on 4 warps), 128 keys
+/// per step up to d = 64, 64 up to 128, 32 past it (spill-free on sm_90a
+/// with one warp), the split count chosen at launch.
+/// None past d = 256 (grid.z holds the splits) or where Br and Bc do not
+/// divide the sparse block.
+inline std::optional<TileConfig> decodeGpuConfig(const AttentionSpec &spec,
+                                                 const Problem &p) {
+  const int64_t d = std::max(spec.headDimQK, spec.headDimV);
+  const int64_t rows =
+      p.seqLenQ * (abi::split::packsGqa(spec) ? spec.gqaGroup : 1);
+  if (spec.direction != Direction::Forward || rows > 64 || p.seqLenKV < 1024 ||
+      spec.headDimV > 256)
+    return std::nullopt;
+  TileConfig c;
+  c.blockM = rows <= 16 ? 16 : 64;
+  c.warps = c.blockM / 16;
+  c.blockN = d <= 64 ? 128 : d <= 128 ? 64 : 32;
+  c.splits = TileConfig::kAutoSplits;
+  if (spec.blockSparse &&
+      (spec.sparseBlock % c.blockM != 0 || spec.sparseBlock % c.blockN != 0))
+    return std::nullopt;
   return c;
 }
 

@@ -22,6 +22,7 @@
 
 #include "kernels/AttentionSpec.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -103,6 +104,68 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
   idx[IndicesStrideM] = s.indices[2];
   return idx;
 }
+
+/// The split-KV forward (FlashDecoding): two functions, `@f` (role
+/// "forward_split") and `@f_combine` (role "combine"), over one argument
+/// list, the forward's with two workspaces and the split count added:
+///
+///   buffers:  q, k, v, o, lse, counts, indices (as the forward's), then
+///             o_part (f32 [S, B, H, Nq, dv], packed) and lse_part (f32
+///             [S, B, H, Nq])
+///   indices:  the forward's IndexArg values, then kv_splits (S >= 1)
+///   f32:      scale * log2(e)
+///   indices:  pid_m, pid_bh, pid_split
+///
+///   @f          pid_split = s in [0, S): the s-th of S equal runs of the
+///               KV blocks that its rows see (some may be empty); writes
+///               o_part[s] (O of those keys, normalised by their own l; 0
+///               where none) and lse_part[s] (their lse; -inf where none).
+///               With gqa > 1 and no block-sparse layout the query heads
+///               of a KV head share its K/V tiles (GQA packing): pid_bh =
+///               b * (H / gqa) + hk, pid_m a block of Br of the Nq * gqa
+///               rows, row p being query p / gqa of head hk * gqa + p %
+///               gqa; else pid_bh = b * H + h and pid_m a Q block.
+///   @f_combine  pid_m = block of bwd::kRowBlockRows rows, pid_bh = b * H
+///               + h, pid_split = 0: o and lse of its rows from the S
+///               partials, each weighted by exp(lse_s - lse).
+/// Run @f on a grid.z of S, then @f_combine.
+namespace split {
+enum Buffer : int { OPart = abi::NumBuffers, LsePart, NumBuffers };
+/// The index argument after the forward's: the run's split count.
+constexpr int KvSplits = abi::NumIndexArgs;
+constexpr int NumIndexArgs = abi::NumIndexArgs + 1;
+inline constexpr const char *kCombineSuffix = "_combine";
+inline const char *bufferName(int i) {
+  return i == OPart ? "o_part" : i == LsePart ? "lse_part" : abi::bufferName(i);
+}
+/// Whether the split partial of \p spec packs GQA (its rows span the
+/// query heads of one KV head): gqa > 1 and no block-sparse layout, whose
+/// lists are per query head.
+inline bool packsGqa(const AttentionSpec &spec) {
+  return spec.gqaGroup > 1 && !spec.blockSparse;
+}
+/// The partial's grid (x, y) for \p p with Br = \p blockM: blocks of the
+/// Nq * gqa packed rows over batch * KV heads, or Q blocks over batch *
+/// heads.
+inline std::array<int64_t, 2> splitGrid(const AttentionSpec &spec,
+                                        const Problem &p, int64_t blockM) {
+  const int64_t g = packsGqa(spec) ? spec.gqaGroup : 1;
+  return {(p.seqLenQ * g + blockM - 1) / blockM, p.batch * (p.heads / g)};
+}
+/// The split count for \p programs partial programs of \p kvBlocks KV
+/// blocks each (their most) on \p processors SMs (host threads on the
+/// CPU): enough programs for four per processor, each at least one block,
+/// at most TileConfig::kMaxSplits; 1 when the grid fills the device. (H200,
+/// decode B 16, 32 / 4 heads, Nkv 32K, one-warp programs: 2.4 programs per
+/// SM reached 90% of the copy bandwidth, 3.9 100%; bench/NOTES.md, T11.)
+inline int64_t chooseKvSplits(int64_t programs, int64_t kvBlocks,
+                              int64_t processors) {
+  const int64_t want =
+      (4 * processors + programs - 1) / std::max<int64_t>(programs, 1);
+  return std::max<int64_t>(1,
+                           std::min({want, kvBlocks, TileConfig::kMaxSplits}));
+}
+} // namespace split
 
 /// The backward kernels' argument list, shared by its three functions:
 ///

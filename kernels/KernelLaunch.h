@@ -51,20 +51,29 @@ struct KernelLaunch {
   bool overKeys = false;   ///< grid.x over the keys (else the queries)
   bool kvHeads = false;    ///< grid.y over the KV heads (else all heads)
   int64_t programsZ = 1;   ///< programs along grid.z
+  /// Split-KV (kernels/KernelABI.h abi::split): grid.z is the launch's
+  /// split count, not programsZ (`split` in attn.grid).
+  bool kvSplit = false;
 
-  /// The grid for \p p (with \p gqa query heads per KV head).
-  std::array<int64_t, 3> grid(const Problem &p, int64_t gqa) const {
+  /// The grid for \p p (with \p gqa query heads per KV head; a grid over
+  /// the queries and the KV heads is GQA-packed: its rows are the Nq * gqa
+  /// queries of the group's heads), \p splits along z for a split kernel.
+  std::array<int64_t, 3> grid(const Problem &p, int64_t gqa,
+                              int64_t splits = 1) const {
     int64_t seq = overKeys ? p.seqLenKV : p.seqLenQ;
+    if (!overKeys && kvHeads)
+      seq *= gqa;
     int64_t heads = kvHeads ? p.heads / gqa : p.heads;
-    return {ceilDiv(seq, rows), p.batch * heads, programsZ};
+    return {ceilDiv(seq, rows), p.batch * heads, kvSplit ? splits : programsZ};
   }
 
   /// The grid as a formula: "ceil(seq_q / 128) x batch * heads x 1".
   std::string describeGrid() const {
     return "ceil(" + std::string(overKeys ? kGridKeys : kGridQueries) +
-           " / " + std::to_string(rows) + ") x batch * " +
+           (!overKeys && kvHeads ? " * gqa" : "") + " / " +
+           std::to_string(rows) + ") x batch * " +
            (kvHeads ? kGridKvHeads : kGridAllHeads) + " x " +
-           std::to_string(programsZ);
+           (kvSplit ? std::string("splits") : std::to_string(programsZ));
   }
 
   /// Whether the values could have come from a lowering (positive sizes).
@@ -77,7 +86,7 @@ struct KernelLaunch {
     return name == o.name && threads == o.threads &&
            sharedBytes == o.sharedBytes && rows == o.rows &&
            overKeys == o.overKeys && kvHeads == o.kvHeads &&
-           programsZ == o.programsZ;
+           programsZ == o.programsZ && kvSplit == o.kvSplit;
   }
 };
 
@@ -87,16 +96,17 @@ struct KernelImage {
   std::vector<KernelLaunch> kernels;
 };
 
-/// One line per kernel: "NAME threads shared rows keys|queries kv|all z".
+/// One line per kernel: "NAME threads shared rows keys|queries kv|all z",
+/// then " split" for a split-KV kernel.
 inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
   std::string out;
   for (const KernelLaunch &k : ks) {
     char line[320];
-    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld\n",
+    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld%s\n",
                   k.name.c_str(), (long long)k.threads,
                   (long long)k.sharedBytes, (long long)k.rows,
                   k.overKeys ? "keys" : "queries", k.kvHeads ? "kv" : "all",
-                  (long long)k.programsZ);
+                  (long long)k.programsZ, k.kvSplit ? " split" : "");
     out += line;
   }
   return out;
@@ -114,8 +124,15 @@ parseKernelLaunches(const std::string &text) {
     std::string over, heads, rest;
     if (!(fields >> k.name >> k.threads >> k.sharedBytes >> k.rows >> over >>
           heads >> k.programsZ) ||
-        (fields >> rest) || (over != "keys" && over != "queries") ||
+        (over != "keys" && over != "queries") ||
         (heads != "kv" && heads != "all"))
+      return std::nullopt;
+    if (fields >> rest) {
+      if (rest != "split")
+        return std::nullopt;
+      k.kvSplit = true;
+    }
+    if (fields >> rest)
       return std::nullopt;
     k.overKeys = over == "keys";
     k.kvHeads = heads == "kv";

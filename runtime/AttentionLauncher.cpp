@@ -59,10 +59,40 @@ void launchRecorded(CUfunction function, const KernelLaunch &launch,
 }
 
 ForwardKernel::ForwardKernel(const KernelImage &image,
-                             const AttentionSpec &spec, int64_t copyBytes)
+                             const AttentionSpec &spec, int64_t copyBytes,
+                             const TileConfig &config)
     : module(image.cubin), spec(spec),
-      launchOf(recordedLaunch(image, "attention")), copy(copyBytes) {
+      launchOf(recordedLaunch(image, "attention")), copy(copyBytes),
+      config(config) {
   function = module.function("attention");
+  const std::string combineName =
+      std::string("attention") + abi::split::kCombineSuffix;
+  if (launchOf.kvSplit) {
+    combineOf = recordedLaunch(image, combineName);
+    combine = module.function(combineName);
+    CudaDriver &driver = CudaDriver::get();
+    smCount = queryDevice(driver.currentDevice(), driver).smCount;
+  }
+}
+
+int64_t ForwardKernel::splitsFor(const Problem &p) const {
+  if (!combine)
+    return 0;
+  if (config.splits > 0)
+    return config.splits;
+  std::array<int64_t, 3> grid = launchOf.grid(p, spec.gqaGroup);
+  const int64_t bc = std::max<int64_t>(1, config.blockN);
+  return abi::split::chooseKvSplits(grid[0] * grid[1], ceilDiv(p.seqLenKV, bc),
+                                    std::max(1, smCount));
+}
+
+std::shared_ptr<DeviceBuffer>
+ForwardKernel::workspace(std::size_t bytes) const {
+  std::lock_guard<std::mutex> lock(workspaceMutex);
+  if (!shared || shared->size() < bytes)
+    shared = std::make_shared<DeviceBuffer>(
+        std::max<std::size_t>(bytes, std::size_t(1) << 20));
+  return shared;
 }
 
 PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
@@ -82,15 +112,33 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
   strides.o = a.o.strides;
   strides.counts = a.countStrides;
   strides.indices = a.indexStrides;
-  index = abi::indexArgs(spec, p, strides);
+  auto forwardIndex = abi::indexArgs(spec, p, strides);
+  std::copy(forwardIndex.begin(), forwardIndex.end(), index.begin());
   scaleLog2 = float(p.effectiveScale(spec) / std::log(2.0));
 
   const KernelLaunch &launch = kernel.recorded();
-  std::array<int64_t, 3> grid = launch.grid(p, spec.gqaGroup);
+  splitCount = kernel.splitsFor(p);
+  std::array<int64_t, 3> grid =
+      launch.grid(p, spec.gqaGroup, std::max<int64_t>(splitCount, 1));
   if (grid[1] > 65535)
     throw SpecError(
         fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
   gridDim = Dim3{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
+  if (splitCount) {
+    // o_part (f32 [S, B, H, Nq, dv]) then lse_part (f32 [S, B, H, Nq]).
+    index[abi::split::KvSplits] = splitCount;
+    const std::size_t rows =
+        std::size_t(splitCount * p.batch * p.heads * p.seqLenQ);
+    const std::size_t oBytes = rows * std::size_t(spec.headDimV) * 4;
+    workspace = kernel.workspace(oBytes + rows * 4);
+    oPart = workspace->ptr();
+    lsePart = oPart + oBytes;
+    combine = kernel.combineFunction();
+    const KernelLaunch &c = kernel.combineLaunch();
+    std::array<int64_t, 3> cg = c.grid(p, spec.gqaGroup);
+    combineGrid = Dim3{unsigned(cg[0]), unsigned(cg[1]), unsigned(cg[2])};
+    combineBlock = Dim3{unsigned(c.threads), 1, 1};
+  }
   blockDim = Dim3{unsigned(launch.threads), 1, 1};
   shared = unsigned(launch.sharedBytes);
   if (!function || !gridDim.x || !gridDim.z || !blockDim.x)
@@ -105,14 +153,22 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   // Dense kernels never read the layout; give them a valid pointer anyway.
   if (!sparse)
     bufs[abi::Counts] = bufs[abi::Indices] = b.q;
-  void *params[abi::NumBuffers + abi::NumIndexArgs + 1];
+  void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1];
   int n = 0;
   for (CUdeviceptr &ptr : bufs)
     params[n++] = &ptr;
-  for (int64_t &value : index)
-    params[n++] = &value;
+  if (splitCount) {
+    params[n++] = &oPart;
+    params[n++] = &lsePart;
+  }
+  const int indexCount =
+      splitCount ? abi::split::NumIndexArgs : abi::NumIndexArgs;
+  for (int i = 0; i < indexCount; ++i)
+    params[n++] = &index[i];
   params[n++] = &scaleLog2;
   launchKernel(function, gridDim, blockDim, shared, stream, params);
+  if (splitCount) // the merge of the partials, in stream order
+    launchKernel(combine, combineGrid, combineBlock, 0, stream, params);
 }
 
 void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,

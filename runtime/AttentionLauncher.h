@@ -19,6 +19,8 @@
 
 #include <array>
 #include <initializer_list>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 namespace flashjit::rt {
@@ -73,7 +75,11 @@ struct ForwardBuffers {
 /// * log2(e) and the function's shared memory attribute. launch() only
 /// fills in the buffers and calls cuLaunchKernel: no allocation, no
 /// string, no lookup, no synchronization (capturable into a CUDA graph).
-/// Read-only after construction, so threads may share one.
+/// Read-only after construction, so threads may share one. A split-KV
+/// kernel (kernels/KernelABI.h abi::split) launches its partial on a
+/// grid.z of splits() and then its combine, through the kernel's workspace
+/// (ForwardKernel::workspace, taken here): launches of one kernel that
+/// overlap in time (other streams) must not use split kernels.
 class PreparedForward {
 public:
   /// Checks \p p and \p shape (its strides, layout strides and copy width;
@@ -91,6 +97,8 @@ public:
   /// aligned to it.
   int64_t copyBytes() const { return copy; }
   bool blockSparse() const { return sparse; }
+  /// The split count of a split-KV kernel's launches; 0 for one pass.
+  int64_t splits() const { return splitCount; }
   Dim3 grid() const { return gridDim; }
   Dim3 block() const { return blockDim; }
   unsigned sharedBytes() const { return shared; }
@@ -102,18 +110,26 @@ private:
   int64_t copy = 0;
   bool sparse = false;
   /// Mutable only because cuLaunchKernel takes void **; never written
-  /// after construction.
-  mutable std::array<int64_t, abi::NumIndexArgs> index{};
+  /// after construction. The split ABI's kv_splits is the last.
+  mutable std::array<int64_t, abi::split::NumIndexArgs> index{};
   mutable float scaleLog2 = 0;
+  /// Split-KV: the combine and its grid, the workspaces (o_part, lse_part).
+  int64_t splitCount = 0;
+  CUfunction combine = nullptr;
+  Dim3 combineGrid, combineBlock;
+  std::shared_ptr<DeviceBuffer> workspace;
+  mutable CUdeviceptr oPart = 0, lsePart = 0;
 };
 
 /// A loaded forward kernel.
 class ForwardKernel {
 public:
   /// Loads \p image; throws RuntimeError (also when it does not record
-  /// the forward kernel's launch).
+  /// the forward kernel's launch). A split-KV image (it records
+  /// "attention_combine") launches \p config's splits, or (0, auto) as
+  /// many as chooseKvSplits gives for the device's SMs and \p config's Bc.
   ForwardKernel(const KernelImage &image, const AttentionSpec &spec,
-                int64_t copyBytes);
+                int64_t copyBytes, const TileConfig &config = {});
 
   /// Launches on \p stream (nullptr: the legacy default stream). Throws
   /// SpecError for bad arguments, RuntimeError for driver errors.
@@ -125,13 +141,26 @@ public:
   int64_t copyBytes() const { return copy; }
   CUfunction cuFunction() const { return function; }
   const AttentionSpec &attentionSpec() const { return spec; }
+  /// Split-KV: the combine function and its launch (null when one pass).
+  CUfunction combineFunction() const { return combine; }
+  const KernelLaunch &combineLaunch() const { return combineOf; }
+  /// The split count for \p p: the config's, or chooseKvSplits' (0 for a
+  /// one-pass kernel).
+  int64_t splitsFor(const Problem &p) const;
+  /// A device workspace of at least \p bytes, shared by this kernel's
+  /// prepared launches (a larger one replaces it; holders keep theirs).
+  std::shared_ptr<DeviceBuffer> workspace(std::size_t bytes) const;
 
 private:
   Module module;
-  CUfunction function = nullptr;
+  CUfunction function = nullptr, combine = nullptr;
   AttentionSpec spec;
-  KernelLaunch launchOf;
+  KernelLaunch launchOf, combineOf;
   int64_t copy;
+  TileConfig config;
+  int smCount = 0;
+  mutable std::mutex workspaceMutex;
+  mutable std::shared_ptr<DeviceBuffer> shared;
 };
 
 } // namespace flashjit::rt

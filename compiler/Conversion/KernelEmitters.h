@@ -78,9 +78,11 @@ mlir::gpu::GPUFuncOp createKernelFunc(mlir::ImplicitLocOpBuilder &b,
 
 /// The `attn.grid` record: pid_m over \p rows rows of the keys
 /// (\p overKeys) or the queries, pid_bh over the KV heads (\p kvHeads) or
-/// all heads, \p programsZ programs along grid.z.
+/// all heads, \p programsZ programs along grid.z (or, \p kvSplit, the
+/// launch's split count: a unit `split`).
 mlir::DictionaryAttr gridAttr(mlir::Builder &b, int64_t rows, bool overKeys,
-                              bool kvHeads, int64_t programsZ);
+                              bool kvHeads, int64_t programsZ,
+                              bool kvSplit = false);
 
 /// The base of the dynamic shared memory (`@flashjit_smem`).
 mlir::Value sharedMemoryBase(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g);

@@ -110,14 +110,18 @@ mlir::gpu::GPUFuncOp conversion::createKernelFunc(
 }
 
 DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
-                                    bool kvHeads, int64_t programsZ) {
-  return b.getDictionaryAttr(
-      {b.getNamedAttr("heads",
-                      b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
-       b.getNamedAttr("rows", b.getI64IntegerAttr(rows)),
-       b.getNamedAttr("sequence",
-                      b.getStringAttr(overKeys ? kGridKeys : kGridQueries)),
-       b.getNamedAttr("z", b.getI64IntegerAttr(programsZ))});
+                                    bool kvHeads, int64_t programsZ,
+                                    bool kvSplit) {
+  SmallVector<NamedAttribute> fields = {
+      b.getNamedAttr("heads",
+                     b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
+      b.getNamedAttr("rows", b.getI64IntegerAttr(rows)),
+      b.getNamedAttr("sequence",
+                     b.getStringAttr(overKeys ? kGridKeys : kGridQueries)),
+      b.getNamedAttr("z", b.getI64IntegerAttr(programsZ))};
+  if (kvSplit) // grid.z: the launch's split count (kernels/KernelLaunch.h)
+    fields.push_back(b.getNamedAttr("split", b.getUnitAttr()));
+  return b.getDictionaryAttr(fields);
 }
 
 Value conversion::sharedMemoryBase(ImplicitLocOpBuilder &b,

@@ -178,7 +178,9 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
   // when every pass covers whole rows, so that a thread's column, its
   // zero-fill size and its swizzled offset are fixed across passes (few live
   // registers: the rest are immediates).
-  const bool regular = threads % perRow == 0 && (threads / perRow) % 8 == 0;
+  // (Grouped rows are not evenly spaced: each copy finds its own row.)
+  const bool regular =
+      threads % perRow == 0 && (threads / perRow) % 8 == 0 && !src.groupSize;
   const int64_t rowsPerPass = regular ? threads / perRow : 0;
   auto columnTerms = [&](Value col, Value &srcBytes, Value &useCol) {
     Value gCol = g.add(src.colBase, col);
@@ -197,6 +199,11 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
                  inChunk);
   };
   auto rowElem = [&](Value row) {
+    if (src.groupSize)
+      return g.add(
+          src.rowBase,
+          g.add(g.mul(g.ext64(g.divU(row, src.groupSize)), src.rowStride),
+                g.mul(g.ext64(g.remU(row, src.groupSize)), src.groupStride)));
     return g.add(src.rowBase, g.mul(g.ext64(row), src.rowStride));
   };
   // Regular case: one global pointer per thread and tile, advanced by

@@ -125,6 +125,9 @@ struct TileSource {
   /// 7). Else the blocked layout of wgmma (Wgmma.h): 64-column blocks
   /// blockBytes apart, rows of 128 bytes within a block.
   int64_t blockBytes = 0;
+  /// A row group (tile.load's `group %G stride %gs`; null: none): row p is
+  /// row p / G of head p % G, heads groupStride elements apart (i32, i64).
+  Value groupSize = {}, groupStride = {};
 };
 
 /// Issues the cp.async copies of \p src into swizzled shared memory. Rows at

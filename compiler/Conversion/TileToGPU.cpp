@@ -288,7 +288,8 @@ void TileKernelLowering::setUpThreads() {
   tig = li.tig;
   colPart = li.colPart;
   warpRow0 = li.warpRow0;
-  chunk = g.blockId(mlir::gpu::Dimension::z);
+  // grid.z: the O-column chunk, or (split-KV) the split, which has none.
+  chunk = place.gridSplits ? g.c32(0) : g.blockId(mlir::gpu::Dimension::z);
   if (place.wgmma) {
     wg.emplace(g, smem);
     wgIdx = g.divU(warp, g.c32(4));
@@ -475,12 +476,13 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
   const int firstIndex = place.numBuffers;
   const int firstF32 = firstIndex + place.numIndexArgs;
   const int pidArg = firstF32 + place.numF32Args;
-  if (fn.getNumArguments() != unsigned(pidArg + 2))
-    return fn.emitError() << "this kernel takes " << pidArg + 2
+  const int pids = place.kvSplit ? 3 : 2;
+  if (fn.getNumArguments() != unsigned(pidArg + pids))
+    return fn.emitError() << "this kernel takes " << pidArg + pids
                           << " arguments (kernels/KernelABI.h), got "
                           << fn.getNumArguments();
   Builder b(fn.getContext());
-  for (int i = 0; i < pidArg + 2; ++i) {
+  for (int i = 0; i < pidArg + pids; ++i) {
     Type want = i < firstIndex                ? Type()
                 : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
                                               : Type(b.getF32Type());
@@ -503,11 +505,11 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   int64_t programsZ = 0;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
-  return createKernelFunc(b, gpuModule, fn, argTys,
-                          place.threads + place.producerThreads, sharedBytes,
-                          gridAttr(b, place.gridRows, place.gridOverKeys,
-                                   place.gridKvHeads,
-                                   std::max<int64_t>(programsZ, 1)));
+  return createKernelFunc(
+      b, gpuModule, fn, argTys, place.threads + place.producerThreads,
+      sharedBytes,
+      gridAttr(b, place.gridRows, place.gridOverKeys, place.gridKvHeads,
+               std::max<int64_t>(programsZ, 1), place.gridSplits));
 }
 
 void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
@@ -538,6 +540,10 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidM));
   map.map(fn.getArgument(pidArg + 1),
           arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
+  if (place.kvSplit)
+    map.map(fn.getArgument(pidArg + 2),
+            arith::IndexCastUIOp::create(b, b.getIndexType(),
+                                         g.blockId(mlir::gpu::Dimension::z)));
 }
 
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {

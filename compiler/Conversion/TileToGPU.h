@@ -80,6 +80,10 @@ struct KernelPlacement {
   llvm::SmallVector<ColumnSplit, 2> splits;
   /// The ABI's argument groups (kernels/KernelABI.h), before pid_m, pid_bh.
   int numBuffers = 0, numIndexArgs = 0, numF32Args = 0;
+  /// Split-KV (abi::split): a third pid, pid_split = grid.z; and for the
+  /// partial (not the combine, whose grid.z is 1) a grid.z whose size the
+  /// launcher chooses (recorded as the grid's `split`).
+  bool kvSplit = false, gridSplits = false;
   /// Causal: the grid's last Q blocks (the heaviest) start first.
   bool reversePidM = false;
   /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).

@@ -86,6 +86,8 @@ LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
   for (size_t i = 0; i < ops.size();) {
     tile::LoadOp op = ops[i];
     if (homes.lookup(op.getResult()) == TileHome::SharedVector) {
+      if (op.getGroup())
+        return fail(op, "vector copies of grouped rows are not implemented");
       size_t next = i + 1;
       while (next < ops.size() && copiesWith(op, ops[next], next - i))
         ++next;
@@ -103,14 +105,27 @@ LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
     Value dst = g.c32(slot.offset);
     if (dstShift)
       dst = g.add(dst, dstShift);
+    gpu::TileSource src{local.lookup(op.getBase()),
+                        offset,
+                        stride,
+                        row0,
+                        rows,
+                        ty.getDimSize(0),
+                        ty.getDimSize(1),
+                        colBase,
+                        slot.padCols,
+                        slot.rowChunks,
+                        dst,
+                        blockBytes(ty.getDimSize(0))};
+    if (op.getGroup()) {
+      src.groupSize = toI32(local.lookup(op.getGroup()));
+      src.groupStride = toI64(local.lookup(op.getGroupStride()));
+    }
     gpu::copyTileAsync(
         g,
         gpu::TileCopier{smem, copyTid ? copyTid : tid,
                         copyThreads ? copyThreads : place.threads, copyBytes},
-        gpu::TileSource{local.lookup(op.getBase()), offset, stride, row0, rows,
-                        ty.getDimSize(0), ty.getDimSize(1), colBase,
-                        slot.padCols, slot.rowChunks, dst,
-                        blockBytes(ty.getDimSize(0))});
+        src);
     ++i;
   }
   if (commit)
@@ -131,6 +146,8 @@ LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
 LogicalResult TileKernelLowering::lowerRowValues(tile::LoadOp op) {
   if (op.getType().getRank() != 1)
     return fail(op, "register loads of 2-D tiles are not implemented yet");
+  if (op.getGroup())
+    return fail(op, "register loads of grouped rows are not implemented");
   Value base = scalar(op.getBase());
   Value offset = toI64(scalar(op.getOffset()));
   Value row0 = toI32(scalar(op.getRow0()));
@@ -262,6 +279,18 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   Value offset = toI64(scalar(op.getOffset()));
   Value row0 = toI32(scalar(op.getRow0()));
   Value rows = toI32(scalar(op.getRows()));
+  // Element offset of row \p row (i32) for a row stride \p stride (i64):
+  // row / G and row % G of a row group (TileOps.td).
+  Value group = op.getGroup() ? toI32(scalar(op.getGroup())) : Value();
+  Value groupStride =
+      op.getGroup() ? toI64(scalar(op.getGroupStride())) : Value();
+  auto rowOffset = [&](Value row, Value stride) {
+    if (!group)
+      return stride ? g.mul(g.ext64(row), stride) : g.ext64(row);
+    Value seq = g.ext64(g.divU(row, group));
+    return g.add(stride ? g.mul(seq, stride) : seq,
+                 g.mul(g.ext64(g.remU(row, group)), groupStride));
+  };
   auto store = [&](Value value, Value index64) {
     if (half) {
       LLVM::StoreOp::create(b, g.toElementBits(value),
@@ -281,7 +310,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
             g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
         Value ok = g.andI(writer, g.cmp(CmpIPredicate::slt, row, rows));
         g.ifThen(ok, [&] {
-          store(f.regs[2 * mi + h], g.add(offset, g.ext64(row)));
+          store(f.regs[2 * mi + h], g.add(offset, rowOffset(row, Value())));
         });
       }
     return success();
@@ -295,7 +324,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
       Value row =
           g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
       Value rowOk = g.cmp(CmpIPredicate::slt, row, rows);
-      Value rowAt = g.add(offset, g.mul(g.ext64(row), stride));
+      Value rowAt = g.add(offset, rowOffset(row, stride));
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
           Value col =

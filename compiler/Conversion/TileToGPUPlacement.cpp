@@ -11,7 +11,9 @@
 ///     Br = 64 and atomic dQ, the 2-D warp grid of two column parts); dK and
 ///     dV split over grid.z when both do not fit one program;
 ///   - "dq" (the separate dQ pass): its own tiles (dqPassTiles);
-///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp).
+///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp);
+///   - "forward_split": as "forward", over the split ABI with pid_split on
+///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -68,16 +70,37 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
+  if (attr.getRole() == "combine") {
+    // The split-KV merge: a row kernel over the split ABI.
+    KernelPlacement p;
+    p.numBuffers = abi::split::NumBuffers;
+    p.numIndexArgs = abi::split::NumIndexArgs;
+    p.numF32Args = 1;
+    p.kvSplit = true;
+    p.threads = GpuBackwardGeometry::kPreprocessThreads;
+    p.gridRows = abi::bwd::kRowBlockRows;
+    return lowerRowKernel(fn, gpuModule, spec, p);
+  }
   const bool kvRing = wgmma && ringStages >= 2;
   if (kvRing)
     config.stages = ringStages;
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
+  KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong);
+  if (attr.getRole() == "forward_split") {
+    // The split partial: the split ABI, pid_split on grid.z (so no
+    // column split there), GQA-packed rows over the KV heads.
+    if (!p.splits.empty())
+      return fn.emitError() << "split-KV takes head_dim_v up to 256 on the "
+                               "GPU (grid.z holds the splits), got "
+                            << spec.headDimV;
+    p.numBuffers = abi::split::NumBuffers;
+    p.numIndexArgs = abi::split::NumIndexArgs;
+    p.kvSplit = p.gridSplits = true;
+    p.gridKvHeads = abi::split::packsGqa(spec);
+  }
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
-  return TileKernelLowering(
-             b, fn, spec, config, copyBytes,
-             forwardPlacement(spec, config, wgmma, kvRing, pingPong))
-      .run(gpuModule);
+  return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }
 
 LogicalResult flashjit::conversion::lowerTileBackwardKernel(

@@ -75,6 +75,11 @@ private:
   LogicalResult lowerStore(tile::StoreOp op);
   LogicalResult lowerReduce(tile::ReduceOp op);
   LogicalResult lowerElementwise(Operation *op);
+  LogicalResult lowerFor(scf::ForOp loop);
+  /// A row's registers of tile \p v as a loop carries them: every column
+  /// register (a splat's one value repeated), so that the count is the
+  /// type's.
+  SmallVector<Value> carried(Value v);
   InFlightDiagnostic fail(Operation *op, StringRef what) {
     return op->emitOpError() << "cannot be lowered to the GPU: " << what;
   }
@@ -116,9 +121,9 @@ LogicalResult RowKernelLowering::analyse() {
     if (op == fn.getOperation())
       return WalkResult::advance();
     if (isa<tile::DotOp, tile::AtomicAddOp, tile::IotaOp>(op) ||
-        op->getNumRegions() > 0)
-      return fail(op, "a row kernel has no product, index tile, loop or "
-                      "branch");
+        (op->getNumRegions() > 0 && !isa<scf::ForOp>(op)))
+      return fail(op, "a row kernel has no product, index tile or branch "
+                      "(loops are scf.for)");
     for (Value v : op->getResults())
       if (auto ty = dyn_cast<RankedTensorType>(v.getType())) {
         if (rows == 0)
@@ -130,9 +135,13 @@ LogicalResult RowKernelLowering::analyse() {
     if (auto l = dyn_cast<tile::LoadOp>(op)) {
       r0 = l.getRow0();
       n = l.getRows();
+      if (l.getGroup())
+        return fail(op, "a row kernel reads no grouped rows");
     } else if (auto s = dyn_cast<tile::StoreOp>(op)) {
       r0 = s.getRow0();
       n = s.getRows();
+      if (s.getGroup())
+        return fail(op, "a row kernel writes no grouped rows");
     } else {
       return WalkResult::advance();
     }
@@ -282,7 +291,72 @@ LogicalResult RowKernelLowering::lowerElementwise(Operation *op) {
   return success();
 }
 
+SmallVector<Value> RowKernelLowering::carried(Value v) {
+  if (!isTile(v))
+    return {map.lookup(v)};
+  const int64_t n = cols(v);
+  SmallVector<Value> out;
+  for (int64_t j = 0; j < std::max<int64_t>(1, ceilDiv(n, 32)); ++j)
+    out.push_back(regs[v].at(j));
+  return out;
+}
+
+/// A loop (the split-KV merge's over the splits): the same loop on the
+/// row's registers, every tile iter_arg as the lane's column registers.
+/// Before:
+///
+///   %r:2 = scf.for %s = %c0 to %n step %c1
+///       iter_args(%acc = %zeros, %m = %neginf) -> (tensor<64x128xf32>,
+///       tensor<64xf32>) { ... }
+///
+/// After (per row of the warp): `scf.for %s = %c0 to %n step %c1
+/// iter_args(%a0, %a1, %a2, %a3, %m0) -> (f32, f32, f32, f32, f32)`,
+/// columns lane + 32 j of %acc and the row's %m.
+LogicalResult RowKernelLowering::lowerFor(scf::ForOp loop) {
+  SmallVector<Value> inits;
+  SmallVector<int64_t> sizes;
+  for (Value v : loop.getInitArgs()) {
+    if (isTile(v) && regs[v].pendingRound)
+      return fail(loop, "a loop carries no rounded tile");
+    SmallVector<Value> r = carried(v);
+    sizes.push_back(r.size());
+    inits.append(r);
+  }
+  auto lowered = scf::ForOp::create(b, map.lookup(loop.getLowerBound()),
+                                    map.lookup(loop.getUpperBound()),
+                                    map.lookup(loop.getStep()), inits);
+  // Maps values[first, first + sizes[i]) to the i-th of \p to.
+  auto bind = [&](ValueRange to, ValueRange values) {
+    size_t first = 0;
+    for (auto [i, v] : llvm::enumerate(to)) {
+      ValueRange part = values.slice(first, sizes[i]);
+      first += sizes[i];
+      if (isTile(v))
+        regs[v].regs.assign(part.begin(), part.end());
+      else
+        map.map(v, part.front());
+    }
+  };
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(lowered.getBody());
+    map.map(loop.getInductionVar(), lowered.getInductionVar());
+    bind(loop.getRegionIterArgs(), lowered.getRegionIterArgs());
+    for (Operation &op : loop.getBody()->without_terminator())
+      if (failed(lowerOp(&op)))
+        return failure();
+    SmallVector<Value> yielded;
+    for (Value v : loop.getBody()->getTerminator()->getOperands())
+      yielded.append(carried(v));
+    scf::YieldOp::create(b, yielded);
+  }
+  bind(loop.getResults(), lowered.getResults());
+  return success();
+}
+
 LogicalResult RowKernelLowering::lowerOp(Operation *op) {
+  if (auto loop = dyn_cast<scf::ForOp>(op))
+    return lowerFor(loop);
   if (auto l = dyn_cast<tile::LoadOp>(op))
     return lowerLoad(l);
   if (auto s = dyn_cast<tile::StoreOp>(op))

@@ -245,14 +245,14 @@ LogicalResult TileLowering::lowerOp(Operation *op) {
           .Case([&](tile::LoadOp o) { return lowerLoad(b, o), success(); })
           .Case([&](tile::StoreOp o) {
             lowerStore(b, o, o.getValue(), o.getBase(), o.getOffset(),
-                       o.getRow0(), o.getRows(), o.getStride(),
-                       /*atomic=*/false);
+                       o.getRow0(), o.getRows(), o.getStride(), o.getGroup(),
+                       o.getGroupStride(), /*atomic=*/false);
             return success();
           })
           .Case([&](tile::AtomicAddOp o) {
             lowerStore(b, o, o.getValue(), o.getBase(), o.getOffset(),
-                       o.getRow0(), o.getRows(), o.getStride(),
-                       /*atomic=*/true);
+                       o.getRow0(), o.getRows(), o.getStride(), Value(),
+                       Value(), /*atomic=*/true);
             return success();
           })
           .Case([&](tile::DotOp o) { return lowerDot(b, o), success(); })

@@ -24,11 +24,19 @@ using namespace flashjit::conversion::tiles;
 /// element: offset + (row0 + r) * stride (rank 1: offset + row0 + r).
 static std::pair<Value, Value> globalRow(OpBuilder &b, Location loc, Value r,
                                          Value offset, Value row0, Value rows,
-                                         Value stride) {
+                                         Value stride, Value group,
+                                         Value groupStride) {
   Value row = arith::AddIOp::create(b, loc, row0, r);
   Value present =
       arith::CmpIOp::create(b, loc, arith::CmpIPredicate::slt, row, rows);
-  Value first = stride ? arith::MulIOp::create(b, loc, row, stride) : row;
+  // A row group: row p is row p / G of head p % G (TileOps.td).
+  Value seqRow = group ? arith::DivUIOp::create(b, loc, row, group) : row;
+  Value first = stride ? arith::MulIOp::create(b, loc, seqRow, stride) : seqRow;
+  if (group)
+    first = arith::AddIOp::create(
+        b, loc, first,
+        arith::MulIOp::create(
+            b, loc, arith::RemUIOp::create(b, loc, row, group), groupStride));
   return {present, arith::AddIOp::create(b, loc, offset, first)};
 }
 
@@ -60,7 +68,7 @@ void TileLowering::lowerLoad(OpBuilder &b, tile::LoadOp op) {
       [&](OpBuilder &b, Location loc, ValueRange r) {
         auto [present, first] =
             globalRow(b, loc, r[0], op.getOffset(), op.getRow0(), op.getRows(),
-                      op.getStride());
+                      op.getStride(), op.getGroup(), op.getGroupStride());
         // Writes each column of row r: from memory, or zeros.
         auto fillRow = [&](bool fromMemory) {
           return [&, fromMemory](OpBuilder &b, Location loc) {
@@ -111,14 +119,15 @@ void TileLowering::lowerLoad(OpBuilder &b, tile::LoadOp op) {
 /// (tile.store: memref.store in place of the atomic_rmw.)
 void TileLowering::lowerStore(OpBuilder &b, Operation *op, Value value,
                               Value base, Value offset, Value row0, Value rows,
-                              Value stride, bool atomic) {
+                              Value stride, Value group, Value groupStride,
+                              bool atomic) {
   auto type = cast<RankedTensorType>(value.getType());
   ArrayRef<int64_t> cols = type.getShape().drop_front();
   forEachIndex(
       b, op->getLoc(), type.getDimSize(0),
       [&](OpBuilder &b, Location loc, ValueRange r) {
-        auto [present, first] =
-            globalRow(b, loc, r[0], offset, row0, rows, stride);
+        auto [present, first] = globalRow(b, loc, r[0], offset, row0, rows,
+                                          stride, group, groupStride);
         scf::IfOp::create(b, loc, present, [&](OpBuilder &b, Location loc) {
           auto write = [&](OpBuilder &b, Location loc, ValueRange c) {
             SmallVector<Value> at{r[0]};

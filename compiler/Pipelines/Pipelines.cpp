@@ -45,6 +45,7 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   attn::TileAttentionOptions tile;
   tile.blockM = config.blockM;
   tile.blockN = config.blockN;
+  tile.kvSplit = config.splits != 0;
   pm.addPass(attn::createTileAttention(tile));
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
@@ -122,6 +123,8 @@ static TileConfig toConfig(const FlashjitPipelineOptions &options) {
   config.blockM = options.blockM;
   config.blockN = options.blockN;
   config.warps = options.warps;
+  if (options.kvSplit)
+    config.splits = TileConfig::kAutoSplits;
   return config;
 }
 

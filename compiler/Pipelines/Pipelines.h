@@ -87,6 +87,12 @@ struct FlashjitPipelineOptions
   Option<int64_t> blockN{*this, "block-n",
                          llvm::cl::desc("Bc: keys per KV-loop iteration"),
                          llvm::cl::init(64)};
+  Option<bool> kvSplit{
+      *this, "kv-split",
+      llvm::cl::desc("the split-KV forward: a partial per run of KV blocks "
+                     "and their lse merge (flashjit-tile-attention's "
+                     "kv-split)"),
+      llvm::cl::init(false)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as

@@ -149,11 +149,12 @@ PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {
 
 /// Runs \p entry for every (pid_m, pid_bh) in [0, gridM) x [0, gridBH) on
 /// host threads. The argument list is: the buffers, the index arguments, the
-/// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h).
+/// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h); with \p gridZ > 0
+/// also pid_split, every one of [0, gridZ) (abi::split).
 void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
              const std::vector<int64_t> &idx, const std::vector<float> &f32s,
-             int64_t gridM, int64_t gridBH) {
-  const int64_t programs = gridM * gridBH;
+             int64_t gridM, int64_t gridBH, int64_t gridZ = 0) {
+  const int64_t programs = gridM * gridBH * std::max<int64_t>(gridZ, 1);
   std::atomic<int64_t> next{0};
   auto worker = [&] {
     // Each thread owns its argument storage: the packed calling convention
@@ -161,7 +162,7 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     std::vector<MemRef1D> myBufs = bufs;
     std::vector<int64_t> myIdx = idx;
     std::vector<float> myF32s = f32s;
-    int64_t pidM = 0, pidBH = 0;
+    int64_t pidM = 0, pidBH = 0, pidZ = 0;
     std::vector<void *> args;
     for (MemRef1D &m : myBufs)
       args.insert(args.end(),
@@ -171,9 +172,12 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     for (float &v : myF32s)
       args.push_back(&v);
     args.insert(args.end(), {&pidM, &pidBH});
+    if (gridZ > 0)
+      args.push_back(&pidZ);
     for (int64_t t; (t = next.fetch_add(1)) < programs;) {
       pidM = t % gridM;
-      pidBH = t / gridM;
+      pidBH = (t / gridM) % gridBH;
+      pidZ = t / (gridM * gridBH);
       entry(args.data());
     }
   };
@@ -211,6 +215,7 @@ struct CpuKernel::Impl {
   std::unique_ptr<MLIRContext> ctx;
   std::unique_ptr<ExecutionEngine> engine;
   PackedEntry entry = nullptr;
+  PackedEntry combine = nullptr; ///< split-KV only
 };
 
 CpuKernel::CpuKernel(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
@@ -232,6 +237,9 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
   impl->ctx = createContext();
   impl->engine = jitCompile(*impl->ctx, spec, config, source);
   impl->entry = lookupEntry(*impl->engine, kKernelName);
+  if (config.splits)
+    impl->combine = lookupEntry(*impl->engine, std::string(kKernelName) +
+                                                   abi::split::kCombineSuffix);
   return std::unique_ptr<CpuKernel>(new CpuKernel(std::move(impl)));
 }
 
@@ -272,9 +280,33 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
                                 counts,
                                 indices};
 
-  const int64_t qBlocks =
-      (p.seqLenQ + impl->config.blockM - 1) / impl->config.blockM;
-  runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
+  const TileConfig &config = impl->config;
+  if (!config.splits) {
+    const int64_t qBlocks = (p.seqLenQ + config.blockM - 1) / config.blockM;
+    runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
+    return;
+  }
+  // Split-KV: the partial on a grid.z of S (the config's, or
+  // chooseKvSplits' for the host's threads) into workspaces of its own,
+  // then the combine (kernels/KernelABI.h, abi::split).
+  auto [gridM, gridBH] = abi::split::splitGrid(spec, p, config.blockM);
+  const int64_t kvBlocks = (p.seqLenKV + config.blockN - 1) / config.blockN;
+  const int64_t splits =
+      config.splits > 0
+          ? config.splits
+          : abi::split::chooseKvSplits(
+                gridM * gridBH, kvBlocks,
+                std::max<int64_t>(1, std::thread::hardware_concurrency()));
+  const int64_t rows = splits * p.batch * p.heads * p.seqLenQ;
+  std::vector<float> oPart(static_cast<size_t>(rows * spec.headDimV));
+  std::vector<float> lsePart(static_cast<size_t>(rows));
+  bufs.push_back(describe(oPart.data(), int64_t(oPart.size())));
+  bufs.push_back(describe(lsePart.data(), int64_t(lsePart.size())));
+  idx.push_back(splits);
+  runGrid(impl->entry, bufs, idx, {scaleLog2}, gridM, gridBH, splits);
+  runGrid(impl->combine, bufs, idx, {scaleLog2},
+          (p.seqLenQ + abi::bwd::kRowBlockRows - 1) / abi::bwd::kRowBlockRows,
+          p.batch * p.heads, 1);
 }
 
 //===----------------------------------------------------------------------===//

@@ -226,4 +226,41 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
 ));
 // clang-format on
 
+/// The split-KV forward (decode and short queries): the partial over runs
+/// of the keys, GQA-packed where gqa > 1 and dense, and the lse merge; the
+/// run must report the split count it launched (its --kv-splits, or the
+/// launch's choice for auto and for the decode default).
+class SplitKvGpu : public ForwardGpu {};
+
+TEST_P(SplitKvGpu, MatchesFloat64Reference) {
+  const std::string args = GetParam();
+  std::string out = runAndCheck(args);
+  double splits = jsonNumber(out, "kv_splits");
+  if (size_t at = args.find("--kv-splits ");
+      at != std::string::npos && args[at + 12] != 'a')
+    EXPECT_EQ(splits, std::stod(args.substr(at + 12))) << out;
+  else
+    EXPECT_GE(splits, 2) << "auto: more than one split for these shapes\n"
+                         << out;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Shapes, SplitKvGpu, ::testing::Values(
+  // The decode default (no tiling flags): 16 rows on one warp, auto splits.
+  "--head-dim 128 --gqa 8 --batch 2 --heads 32 --seq-len 1 --seq-len-kv 32768",
+  "--head-dim 64 --gqa 4 --causal --heads 8 --seq-len 1 --seq-len-kv 5000",
+  "--head-dim 256 --gqa 2 --heads 4 --seq-len 3 --seq-len-kv 3000",
+  "--head-dim 128 --gqa 8 --heads 16 --seq-len 8 --seq-len-kv 4096 --causal",
+  "--head-dim 128 --seq-len 1 --seq-len-kv 131072",
+  // Flags: 4 warps (warpgroup MMAs on sm_90a), empty runs, windows, fp16,
+  // dqk != dv, block-sparse (no packing), score modifiers on packed rows.
+  "--head-dim 128 --gqa 8 --heads 8 --seq-len 8 --seq-len-kv 2000 --block-m 64 --block-n 64 --warps 4 --kv-splits 6",
+  "--head-dim 96 --head-dim-v 40 --dtype fp16 --gqa 3 --heads 6 --seq-len 3 --seq-len-kv 300 --block-m 16 --block-n 32 --warps 1 --kv-splits 50",
+  "--head-dim 64 --gqa 4 --heads 8 --window 100,3 --seq-len 7 --seq-len-kv 900 --block-m 16 --block-n 32 --warps 1 --kv-splits 4",
+  "--head-dim 64 --gqa 2 --heads 4 --causal --block-sparse 0.5 --seq-len 200 --seq-len-kv 1024 --block-m 64 --block-n 64 --warps 4 --kv-splits 3",
+  "--head-dim 64 --gqa 2 --heads 4 --score-mod alibi:4 --causal --seq-len 9 --seq-len-kv 1024 --block-m 16 --block-n 64 --warps 1 --kv-splits 3",
+  "--head-dim 64 --heads 2 --gqa 2 --window 0,0 --seq-len 20 --seq-len-kv 10 --block-m 16 --block-n 16 --warps 1 --kv-splits 5",
+  "--head-dim 128 --gqa 8 --heads 8 --seq-len 1 --seq-len-kv 20000 --kv-splits auto --block-m 16 --block-n 64 --warps 1"));
+// clang-format on
+
 } // namespace

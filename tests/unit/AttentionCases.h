@@ -39,6 +39,8 @@ struct Case {
   QKVLayout qkv = QKVLayout::Separate;
   /// AttentionSpec::scoreMod ("" for none).
   const char *scoreMod = "";
+  /// TileConfig::splits (split-KV; 0 one pass, -1 auto).
+  int64_t splits = 0;
 };
 
 inline std::ostream &operator<<(std::ostream &os, const Case &c) {

@@ -33,9 +33,11 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
   spec.gqaGroup = c.gqa;
   spec.blockSparse = c.layout != LayoutKind::Dense;
   spec.sparseBlock = c.sparseBlock;
+  spec.scoreMod = c.scoreMod;
   TileConfig config;
   config.blockM = c.br;
   config.blockN = c.bc;
+  config.splits = c.splits;
   Problem p;
   p.batch = c.batch;
   p.heads = c.heads;

@@ -51,6 +51,7 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
   std::vector<KernelLaunch> ks(2);
   ks[0] = {"attention", 256, 133120, 128, true, true, 2};
   ks[1] = {"attention_dq", 128, 0, 64, false, false, 1};
+  ks.push_back({"attention", 32, 9216, 16, false, true, 1, /*kvSplit=*/true});
   auto parsed = parseKernelLaunches(formatKernelLaunches(ks));
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(*parsed, ks);
@@ -59,7 +60,9 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
        {"attention 256 0 128 keys kv\n", "attention 256 0 128 rows kv 1\n",
         "attention 256 0 128 keys some 1\n", "attention 0 0 128 keys kv 1\n",
         "attention 256 -1 128 keys kv 1\n", "attention 256 0 0 keys kv 1\n",
-        "attention 256 0 128 keys kv 1 extra\n", "attention 2048 0 1 keys kv 1\n"})
+        "attention 256 0 128 keys kv 1 extra\n",
+        "attention 2048 0 1 keys kv 1\n",
+        "attention 256 0 128 keys kv 1 split extra\n"})
     EXPECT_FALSE(parseKernelLaunches(bad).has_value()) << bad;
 }
 
@@ -83,6 +86,39 @@ TEST(KernelLaunch, ForwardRecordsItsGrid) {
     EXPECT_EQ(k.grid(p, s.gqaGroup), geo.grid(p, config)) << "d = " << d;
     EXPECT_EQ(k.programsZ, d > 256 ? 2 : 1);
   }
+}
+
+/// A split-KV forward records two kernels: the partial over the packed
+/// rows (Nq * gqa) of the KV heads with grid.z the launch's split count,
+/// and the combine, a row kernel over the query rows of every head.
+TEST(KernelLaunch, SplitForwardRecordsItsGrids) {
+  GpuTarget target;
+  target.arch = "sm_90a";
+  Problem p = oddProblem();
+  AttentionSpec s = spec(Direction::Forward, 128, MaskKind::Causal, 2);
+  TileConfig config;
+  config.blockM = 16;
+  config.blockN = 64;
+  config.warps = 1;
+  config.splits = TileConfig::kAutoSplits;
+  GpuCompilation c = compileForGpu(s, config, target);
+  ASSERT_EQ(c.kernels.size(), 2u);
+  const KernelLaunch *part = findKernelLaunch(c.kernels, kKernelName);
+  const KernelLaunch *merge =
+      findKernelLaunch(c.kernels, std::string(kKernelName) +
+                                      flashjit::abi::split::kCombineSuffix);
+  ASSERT_TRUE(part && merge);
+  EXPECT_TRUE(part->kvSplit);
+  auto g = part->grid(p, s.gqaGroup, 7);
+  auto want = flashjit::abi::split::splitGrid(s, p, config.blockM);
+  EXPECT_EQ(g[0], want[0]);
+  EXPECT_EQ(g[1], want[1]);
+  EXPECT_EQ(g[2], 7);
+  EXPECT_EQ(part->threads, 32);
+  auto m = merge->grid(p, s.gqaGroup, 7);
+  EXPECT_EQ(m[0], ceilDiv(p.seqLenQ, flashjit::abi::bwd::kRowBlockRows));
+  EXPECT_EQ(m[1], p.batch * p.heads);
+  EXPECT_EQ(m[2], 1);
 }
 
 /// The backward's three records, for both dQ modes: the preprocess and

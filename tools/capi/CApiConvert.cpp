@@ -42,12 +42,15 @@ void requireHandle(const flashjit_handle *h) {
 /// default GPU tiling for the head dims and the device (the warpgroup
 /// tilings on sm_90a), as the CLI's run and bench use (the backward's for
 /// a Direction::Backward spec). \p gpu is the device the kernel runs on,
-/// nullptr for the CPU execution mode. The autotuner replaces this function.
+/// nullptr for the CPU execution mode. Decode and short queries take the
+/// split-KV tiling (decodeGpuConfig) on both. The autotuner replaces this
+/// function.
 TileConfig chooseConfig(const AttentionSpec &spec, const Problem &problem,
                         const rt::DeviceInfo *gpu) {
-  (void)problem;
   if (spec.direction == Direction::Backward)
     return defaultGpuBackwardConfig(spec);
+  if (std::optional<TileConfig> decode = decodeGpuConfig(spec, problem))
+    return *decode;
   GpuTarget target;
   if (gpu)
     target.arch = gpu->targetArch();

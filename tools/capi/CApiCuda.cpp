@@ -143,7 +143,11 @@ gpuKernel(flashjit_handle *h,
     return it->second;
   rt::DiskCache cache;
   engine::CubinBuild b = engine::buildCubin(spec, config, target, cache);
-  auto kernel = std::make_shared<Kernel>(b.image, spec, target.copyBytes);
+  std::shared_ptr<Kernel> kernel;
+  if constexpr (std::is_same_v<Kernel, rt::ForwardKernel>)
+    kernel = std::make_shared<Kernel>(b.image, spec, target.copyBytes, config);
+  else
+    kernel = std::make_shared<Kernel>(b.image, spec, target.copyBytes);
   kernels.emplace(key, kernel);
   return kernel;
 }

@@ -213,10 +213,12 @@ int runRun(const CliOptions &o) {
     target.arch = gpu.arch;
     const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
-    gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
-                fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{}",
-                            wgmma ? "wgmma" : "mma.sync", geo.ringStages,
-                            geo.ringStages ? pingPongMode(target) : 0);
+    gpuFields =
+        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
+        fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
+                    "\"kv_splits\":{}",
+                    wgmma ? "wgmma" : "mma.sync", geo.ringStages,
+                    geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits);
   }
   if (o.json) {
     fmt::print(

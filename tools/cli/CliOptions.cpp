@@ -155,7 +155,15 @@ std::string helpText(const std::string &command) {
          "                       --stages: 2 (K and V of one block in\n"
          "                       flight); on sm_90a the K/V ring's depth\n"
          "                       for tilings of 8 warps up to d = 128 (2..4;\n"
-         "                       1: no ring; FLASHJIT_KV_RING=0: none)\n";
+         "                       1: no ring; FLASHJIT_KV_RING=0: none)\n"
+         "  --kv-splits S|auto   split-KV (FlashDecoding): S partials per\n"
+         "                       row block over runs of the keys, then\n"
+         "                       their lse merge; the query heads of a KV\n"
+         "                       head share its tiles (gqa > 1, dense).\n"
+         "                       auto: S from the SM count and the problem\n"
+         "                       at launch. Default 0 (one pass), except on\n"
+         "                       the GPU for decode: Nq * gqa <= 64 query\n"
+         "                       rows per KV head and Nkv >= 1024\n";
 }
 
 const std::vector<std::string> &runOnlyOptions() {
@@ -293,6 +301,16 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
        [&](auto &v) {
          o.config.stages = parseInt("--stages", v);
          warpsGiven = true; // a tiling flag: the config comes from flags
+       }},
+      {"--kv-splits",
+       [&](auto &v) {
+         o.config.splits =
+             v == "auto" ? TileConfig::kAutoSplits : parseInt("--kv-splits", v);
+         if (o.config.splits == TileConfig::kAutoSplits && v != "auto")
+           throw SpecError(
+               fmt::format("--kv-splits: expected auto, 0 or 1..{}, got {}",
+                           TileConfig::kMaxSplits, v));
+         warpsGiven = true;
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
       {"--score-mod",

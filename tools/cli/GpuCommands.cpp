@@ -245,15 +245,17 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       o, session, spec, target,
       useFlags && o.configFromFlags ? std::optional<TileConfig>(o.config)
                                     : std::nullopt,
-      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)),
+      decodeGpuConfig(spec, p).value_or(
+          defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target))),
       [&](const TileConfig &c) {
         return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin,
                                 usesKvRing(target));
       },
       tuneFn);
   auto t0 = std::chrono::steady_clock::now();
-  rt::ForwardKernel kernel(r.build.image, spec, r.copyBytes);
+  rt::ForwardKernel kernel(r.build.image, spec, r.copyBytes, r.config);
   r.moduleLoadMs = msSince(t0);
+  r.kvSplits = kernel.splitsFor(p);
 
   // The checked launch: on poisoned outputs.
   dev.poison(data);

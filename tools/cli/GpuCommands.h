@@ -95,6 +95,7 @@ struct GpuRunResult {
   std::string arch;
   TileConfig config;
   std::string configSource; ///< "flags", "tuned" or "heuristic"
+  int64_t kvSplits = 0;     ///< split-KV: the launches' split count (else 0)
   CubinBuild build;
   std::string tuneTable; ///< when `--tune` or `flashjit tune` tuned
   std::string tuneJson;  ///< the same, as a JSON array

@@ -225,8 +225,8 @@ rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &p,
                     "tuneBackwardOnDevice");
   return tuneAndStore(
       spec, p, rt::tuningCandidates(spec, tuneLimits(gpu)),
-      [&](const TileConfig &, const KernelImage &image) {
-        rt::ForwardKernel kernel(image, spec, target.copyBytes);
+      [&](const TileConfig &config, const KernelImage &image) {
+        rt::ForwardKernel kernel(image, spec, target.copyBytes, config);
         return timeLaunches(kernel, p, args, kTuneRepeats).first;
       },
       target, gpu, cache, progress);

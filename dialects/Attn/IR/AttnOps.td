@@ -55,7 +55,8 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     The contract between the tiling passes and every later stage, on each
     function they make (`attn.kernel = #attn.kernel<...>`). `role` says
     which program the function is: "forward" (one Q block of the forward),
-    or one of the backward's "preprocess", "main" (dK, dV of one KV block),
+    "forward_split" and "combine" (the split-KV forward's partial and its
+    lse merge, kernels/KernelABI.h), or one of the backward's "preprocess", "main" (dK, dV of one KV block),
     "dq" (the deterministic dQ pass) or "dq_convert" (atomic dQ's
     conversion). The other fields are the description's (attn.flash_fwd /
     attn.flash_bwd) and the tile sizes Br x Bc. `score_mod` (forward only,
@@ -93,7 +94,10 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
     /// Whether the function belongs to the backward pass.
-    bool isBackward() const { return getRole() != "forward"; }
+    bool isBackward() const {
+      return getRole() != "forward" && getRole() != "forward_split" &&
+             getRole() != "combine";
+    }
   }];
 }
 

@@ -29,6 +29,11 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
            "Br: query rows per program">,
     Option<"blockN", "block-n", "int64_t", "64",
            "Bc: key rows per iteration of the KV loop">,
+    Option<"kvSplit", "kv-split", "bool", "false",
+           "split-KV (FlashDecoding): @f writes the partials of one of "
+           "kv_splits runs of the KV blocks (GQA-packed when gqa > 1 and "
+           "dense), @f_combine merges them by their lse "
+           "(kernels/KernelABI.h, abi::split)">,
   ];
 }
 

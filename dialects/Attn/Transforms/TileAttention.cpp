@@ -84,16 +84,24 @@ using flashjit::attn::detail::kWindowClamp;
 /// Builds the tiled function for one attn.flash_fwd op.
 class TiledForwardBuilder : flashjit::attn::detail::TileIRBuilderBase {
 public:
-  TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc)
+  /// \p split: the split-KV partial (role "forward_split"), followed by
+  /// its combine function (TileAttentionSplit.cpp).
+  TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split)
       : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
-        hasBand(op.getMask() != "none"), elemTy(op.getElementType()) {}
+        hasBand(op.getMask() != "none"), split(split),
+        pack(split && op.getGqa() > 1 && sparseBlock == 0),
+        numBufs(split ? abi::split::NumBuffers : abi::NumBuffers),
+        numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
+        elemTy(op.getElementType()) {}
 
   func::FuncOp build();
 
 private:
   Value arg(int i) { return func.getArgument(i); }
-  Value indexArg(abi::IndexArg i) { return arg(abi::NumBuffers + i); }
+  Value indexArg(int i) { return arg(numBufs + i); }
+  /// Row p's query position (p / gqa when GQA-packed) of an i32 index tile.
+  Value queryOf(Value rows);
 
   void setUpProgram();
   void loopBounds();
@@ -106,15 +114,23 @@ private:
   FlashFwdOp op;
   const int64_t br, bc, dqk, dv, sparseBlock;
   const bool hasBand;
+  /// Split-KV; and GQA packing (split, gqa > 1, dense): the group's query
+  /// heads are the rows of one tile (kernels/KernelABI.h, abi::split).
+  const bool split, pack;
+  const int numBufs, numIdx;
   Type elemTy;
   func::FuncOp func;
 
   // Scalars of the program, set up in setUpProgram() and loopBounds().
   Value nq, nkv, scaleLog2, m0, bIdx, hIdx;
+  /// The rows of the program's row space (Nq, or Nq * gqa packed), the
+  /// packed group (an index constant; null unpacked), the split and the
+  /// split count (split only).
+  Value nRows, group, sIdx, nSplits;
   /// The factor of the row max and of P's exponent: scale_log2e, or
   /// log2(e) when a score_mod has already scaled the scores.
   Value expFactor, scale;
-  Value qBase, kBase, vBase, oBase, lseBase;
+  Value qBase, kBase, vBase, oBase, lseBase, oPartBase, lsePartBase;
   Value offset, winL, winR, jLo, jHi, fullLo, fullHi;
   Value tLo, tHi;
   BlockList list;
@@ -130,31 +146,40 @@ func::FuncOp TiledForwardBuilder::build() {
   auto i32BufTy = MemRefType::get({ShapedType::kDynamic}, b.getI32Type());
   SmallVector<Type> argTys = {bufTy,    bufTy,    bufTy,   bufTy,
                               f32BufTy, i32BufTy, i32BufTy};
+  if (split)
+    argTys.append({f32BufTy, f32BufTy});
   SmallVector<Attribute> argNames;
-  for (int i = 0; i < abi::NumBuffers; ++i)
-    argNames.push_back(b.getStringAttr(abi::bufferName(i)));
-  for (int i = 0; i < abi::NumIndexArgs; ++i) {
+  for (int i = 0; i < numBufs; ++i)
+    argNames.push_back(b.getStringAttr(abi::split::bufferName(i)));
+  for (int i = 0; i < numIdx; ++i) {
     argTys.push_back(idxTy);
-    argNames.push_back(b.getStringAttr(abi::indexArgName(i)));
+    argNames.push_back(b.getStringAttr(
+        i < abi::NumIndexArgs ? abi::indexArgName(i) : "kv_splits"));
   }
   argTys.append({f32, idxTy, idxTy});
   for (const char *n : {"scale_log2e", "pid_m", "pid_bh"})
     argNames.push_back(b.getStringAttr(n));
+  if (split) {
+    argTys.push_back(idxTy);
+    argNames.push_back(b.getStringAttr("pid_split"));
+  }
 
   func = func::FuncOp::create(b, op.getSymName(),
                               FunctionType::get(ctx, argTys, {}));
   // The modifier by name, so that a reader of this stage checks it.
   std::string scoreMod = op.namedScoreMod().value_or("custom");
   func->setAttr("attn.kernel",
-                KernelAttr::get(ctx, "forward", dqk, dv, elemTy, op.getMask(),
-                                op.getGqa(), sparseBlock, br, bc,
+                KernelAttr::get(ctx, split ? "forward_split" : "forward", dqk,
+                                dv, elemTy, op.getMask(), op.getGqa(),
+                                sparseBlock, br, bc,
                                 /*deterministic=*/false, scoreMod));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
   b.setInsertionPointToStart(func.addEntryBlock());
 
   setUpProgram();
-  qTile = loadTile(tile({br, dqk}, elemTy), arg(abi::Q), qBase, m0, nq,
-                   indexArg(abi::QStrideN));
+  qTile = loadTile(tile({br, dqk}, elemTy), arg(abi::Q), qBase, m0, nRows,
+                   indexArg(abi::QStrideN), group,
+                   group ? indexArg(abi::QStrideH) : Value());
   loopBounds();
 
   Tensor oTy = tile({br, dv}, f32), rowTy = tile({br}, f32);
@@ -172,6 +197,10 @@ func::FuncOp TiledForwardBuilder::build() {
   }
   writeOutput(loop.getResult(0), loop.getResult(1), loop.getResult(2));
   func::ReturnOp::create(b);
+  if (split) {
+    b.setInsertionPointAfter(func);
+    flashjit::attn::detail::buildSplitCombine(b, op, func);
+  }
   return func;
 }
 
@@ -180,17 +209,29 @@ func::FuncOp TiledForwardBuilder::build() {
 void TiledForwardBuilder::setUpProgram() {
   nq = indexArg(abi::SeqQ);
   nkv = indexArg(abi::SeqKV);
-  scaleLog2 = arg(abi::NumBuffers + abi::NumIndexArgs);
+  scaleLog2 = arg(numBufs + numIdx);
   expFactor = op.hasScoreMod() ? cF32(1.0 / std::log(2.0)) : scaleLog2;
   // scale = scale_log2e * ln 2: the kernel's one scale argument.
   if (op.hasScoreMod())
     scale = fmul(scaleLog2, cF32(std::log(2.0)));
-  Value pidM = arg(abi::NumBuffers + abi::NumIndexArgs + 1);
-  Value pidBH = arg(abi::NumBuffers + abi::NumIndexArgs + 2);
+  Value pidM = arg(numBufs + numIdx + 1);
+  Value pidBH = arg(numBufs + numIdx + 2);
   Value heads = indexArg(abi::Heads);
-  bIdx = arith::DivUIOp::create(b, pidBH, heads);
-  hIdx = arith::RemUIOp::create(b, pidBH, heads);
-  Value hkIdx = arith::DivUIOp::create(b, hIdx, cIdx(op.getGqa()));
+  Value hkIdx;
+  nRows = nq;
+  if (pack) {
+    // pid_bh = b * (H / gqa) + hk; hIdx is the group's first query head.
+    Value kvHeads = arith::DivUIOp::create(b, heads, cIdx(op.getGqa()));
+    bIdx = arith::DivUIOp::create(b, pidBH, kvHeads);
+    hkIdx = arith::RemUIOp::create(b, pidBH, kvHeads);
+    hIdx = mulC(hkIdx, op.getGqa());
+    group = cIdx(op.getGqa());
+    nRows = mulC(nq, op.getGqa());
+  } else {
+    bIdx = arith::DivUIOp::create(b, pidBH, heads);
+    hIdx = arith::RemUIOp::create(b, pidBH, heads);
+    hkIdx = arith::DivUIOp::create(b, hIdx, cIdx(op.getGqa()));
+  }
   m0 = mulC(pidM, br);
   auto base = [&](abi::IndexArg sb, abi::IndexArg sh, Value head) {
     return add(mul(bIdx, indexArg(sb)), mul(head, indexArg(sh)));
@@ -199,21 +240,34 @@ void TiledForwardBuilder::setUpProgram() {
   kBase = base(abi::KStrideB, abi::KStrideH, hkIdx);
   vBase = base(abi::VStrideB, abi::VStrideH, hkIdx);
   oBase = base(abi::OStrideB, abi::OStrideH, hIdx);
-  lseBase = mul(pidBH, nq);
+  Value bh = pack ? add(mul(bIdx, heads), hIdx) : pidBH;
+  lseBase = mul(bh, nq);
+  if (split) {
+    // Split s's slab of the workspaces: [s, b, h, 0, 0].
+    sIdx = arg(numBufs + numIdx + 3);
+    nSplits = indexArg(abi::split::KvSplits);
+    Value slab = add(mul(sIdx, mul(indexArg(abi::Batch), heads)), bh);
+    lsePartBase = mul(slab, nq);
+    oPartBase = mulC(lsePartBase, dv);
+  }
 
   // The band of visible keys (bottom-right aligned): row i sees
   // [i + off - L, i + off + R], off = Nkv - Nq. [jLo, jHi] covers the rows
   // of this block; keys in [fullLo, fullHi] are visible from all of them.
   offset = sub(nkv, nq);
-  Value rowsValid = minI(cIdx(br), sub(nq, m0));
+  Value rowsValid = minI(cIdx(br), sub(nRows, m0));
   Value lastRow = add(m0, sub(rowsValid, cIdx(1)));
+  // The first and last query positions of the block's rows.
+  Value firstQ = pack ? arith::DivUIOp::create(b, m0, group).getResult() : m0;
+  Value lastQ =
+      pack ? arith::DivUIOp::create(b, lastRow, group).getResult() : lastRow;
   if (hasBand) {
     winL = minI(indexArg(abi::WindowLeft), cIdx(kWindowClamp));
     winR = minI(indexArg(abi::WindowRight), cIdx(kWindowClamp));
-    jLo = maxI(cIdx(0), sub(add(m0, offset), winL));
-    jHi = minI(sub(nkv, cIdx(1)), add(add(lastRow, offset), winR));
-    fullLo = sub(add(lastRow, offset), winL);
-    fullHi = add(add(m0, offset), winR);
+    jLo = maxI(cIdx(0), sub(add(firstQ, offset), winL));
+    jHi = minI(sub(nkv, cIdx(1)), add(add(lastQ, offset), winR));
+    fullLo = sub(add(lastQ, offset), winL);
+    fullHi = add(add(firstQ, offset), winR);
   } else {
     jLo = cIdx(0);
     jHi = sub(nkv, cIdx(1));
@@ -222,18 +276,35 @@ void TiledForwardBuilder::setUpProgram() {
 
 /// The KV loop's iterations [tLo, tHi): the blocks of Bc keys that meet
 /// [jLo, jHi], or every Bc-block of the sparse blocks the layout lists.
+///
+/// Split-KV: the s-th of S runs of ceil((tHi - tLo) / S) of them (empty
+/// past the end).
 void TiledForwardBuilder::loopBounds() {
   if (sparseBlock == 0) {
     std::tie(tLo, tHi) = blocksMeeting(jLo, jHi, bc);
-    return;
+  } else {
+    list =
+        blockList(arg(abi::Counts), arg(abi::Indices),
+                  {indexArg(abi::CountsStrideB), indexArg(abi::CountsStrideH),
+                   indexArg(abi::IndicesStrideB), indexArg(abi::IndicesStrideH),
+                   indexArg(abi::IndicesStrideM)},
+                  bIdx, hIdx, m0, sparseBlock, bc, tHi);
+    tLo = cIdx(0);
   }
-  list =
-      blockList(arg(abi::Counts), arg(abi::Indices),
-                {indexArg(abi::CountsStrideB), indexArg(abi::CountsStrideH),
-                 indexArg(abi::IndicesStrideB), indexArg(abi::IndicesStrideH),
-                 indexArg(abi::IndicesStrideM)},
-                bIdx, hIdx, m0, sparseBlock, bc, tHi);
-  tLo = cIdx(0);
+  if (!split)
+    return;
+  Value n = sub(tHi, tLo);
+  Value run = arith::DivUIOp::create(b, add(n, sub(nSplits, cIdx(1))), nSplits);
+  Value first = add(tLo, mul(sIdx, run));
+  tLo = minI(first, tHi);
+  tHi = minI(tHi, add(first, run));
+}
+
+Value TiledForwardBuilder::queryOf(Value rows) {
+  if (!pack)
+    return rows;
+  auto ty = cast<Tensor>(rows.getType());
+  return arith::DivUIOp::create(b, rows, splat(toI32(group), ty));
 }
 
 /// First key of iteration \p t.
@@ -290,10 +361,16 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
   flashjit::attn::detail::ScoreModIndices indices;
   if (scoreModUses(region, 1))
     indices.batch = splat(toI32(bIdx), iTy);
-  if (scoreModUses(region, 2))
+  if (scoreModUses(region, 2)) {
     indices.head = splat(toI32(hIdx), iTy);
+    if (pack) // head hIdx + p % gqa of row p
+      indices.head = arith::AddIOp::create(
+          b, indices.head,
+          arith::RemUIOp::create(b, indexTile(iTy, 0, m0),
+                                 splat(toI32(group), iTy)));
+  }
   if (scoreModUses(region, 3))
-    indices.qIdx = indexTile(iTy, 0, m0);
+    indices.qIdx = queryOf(indexTile(iTy, 0, m0));
   if (scoreModUses(region, 4))
     indices.kvIdx = indexTile(iTy, 1, n0);
   return flashjit::attn::detail::inlineScoreMod(b, b.getLoc(), region, s,
@@ -307,7 +384,10 @@ Value TiledForwardBuilder::maskScores(Value s, Value n0) {
   Value cols = indexTile(sTy, 1, n0); // kv_idx of each element
   Value ok = cmpI(CmpIPredicate::slt, cols, splat(toI32(nkv), sTy));
   if (hasBand) {
-    Value diag = indexTile(rowTy, 0, add(m0, offset));
+    Value diag =
+        pack ? arith::AddIOp::create(b, queryOf(indexTile(rowTy, 0, m0)),
+                                     splat(toI32(offset), rowTy))
+             : indexTile(rowTy, 0, add(m0, offset));
     Value lo = arith::SubIOp::create(b, diag, splat(toI32(winL), rowTy));
     Value hi = arith::AddIOp::create(b, diag, splat(toI32(winR), rowTy));
     ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));
@@ -319,19 +399,30 @@ Value TiledForwardBuilder::maskScores(Value s, Value n0) {
 }
 
 /// O = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key (l = 0)
-/// gets O = 0 and lse = -inf.
+/// gets O = 0 and lse = -inf. Split-KV: both in f32 into the split's slab
+/// of o_part and lse_part, for the combine function to merge.
 void TiledForwardBuilder::writeOutput(Value o, Value m, Value l) {
   Tensor rowTy = tile({br}, f32), oTy = tile({br, dv}, f32);
   Value zero = constTile(0.0, rowTy);
   Value empty = cmpF(CmpFPredicate::OEQ, l, zero);
   Value inv =
       select(empty, zero, arith::DivFOp::create(b, constTile(1.0, rowTy), l));
-  Value out = truncTile(fmul(o, broadcast(inv, oTy, 1)), elemTy);
-  storeTile(out, arg(abi::O), oBase, m0, nq, indexArg(abi::OStrideN));
+  Value out = fmul(o, broadcast(inv, oTy, 1));
+  // Packed rows: heads nq * dv (nq) elements apart in o_part (lse_part).
+  if (split)
+    storeTile(out, arg(abi::split::OPart), oPartBase, m0, nRows, cIdx(dv),
+              group, group ? mulC(nq, dv) : Value());
+  else
+    storeTile(truncTile(out, elemTy), arg(abi::O), oBase, m0, nq,
+              indexArg(abi::OStrideN));
   Value lse = fmul(fadd(m, log2(l)), constTile(std::log(2.0), rowTy));
   lse = select(empty,
                constTile(-std::numeric_limits<double>::infinity(), rowTy), lse);
-  storeTile(lse, arg(abi::Lse), lseBase, m0, nq, Value());
+  if (split)
+    storeTile(lse, arg(abi::split::LsePart), lsePartBase, m0, nRows, Value(),
+              group, group ? nq : Value());
+  else
+    storeTile(lse, arg(abi::Lse), lseBase, m0, nq, Value());
 }
 
 namespace {
@@ -351,7 +442,7 @@ struct TileAttentionPass
       return signalPassFailure();
     if (failed(
             flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
-                getOperation(), blockM, blockN)))
+                getOperation(), blockM, blockN, bool(kvSplit))))
       signalPassFailure();
   }
 };

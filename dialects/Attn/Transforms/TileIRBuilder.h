@@ -12,8 +12,11 @@
 #ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEIRBUILDER_H
 #define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEIRBUILDER_H
 
+#include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/TiledBuilder.h"
 #include "dialects/Tile/IR/TileDialect.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/IR/BuiltinTypes.h"
@@ -68,13 +71,19 @@ protected:
   }
   /// Rows [row0, row0 + shape[0]) of a strided tensor (rows past \p rows
   /// read as 0). \p stride is null for a rank-1 tile.
+  /// With \p group (an index) row p is row p / group of head p % group,
+  /// heads \p groupStride elements apart (TileOps.td).
   Value loadTile(Tensor ty, Value buf, Value offset, Value row0, Value rows,
-                 Value stride) {
-    return tile::LoadOp::create(b, ty, buf, offset, row0, rows, stride);
+                 Value stride, Value group = Value(),
+                 Value groupStride = Value()) {
+    return tile::LoadOp::create(b, ty, buf, offset, row0, rows, stride, group,
+                                groupStride);
   }
   void storeTile(Value v, Value buf, Value offset, Value row0, Value rows,
-                 Value stride) {
-    tile::StoreOp::create(b, v, buf, offset, row0, rows, stride);
+                 Value stride, Value group = Value(),
+                 Value groupStride = Value()) {
+    tile::StoreOp::create(b, v, buf, offset, row0, rows, stride, group,
+                          groupStride);
   }
   Value truncTile(Value v, mlir::Type elem) {
     auto ty = mlir::cast<Tensor>(v.getType());
@@ -190,6 +199,12 @@ protected:
     return ifOp.getResult(0);
   }
 };
+
+/// Builds `@f_combine`, the lse merge of the split-KV partial function
+/// \p partial (role "forward_split") of \p op, at \p at
+/// (TileAttentionSplit.cpp).
+void buildSplitCombine(mlir::OpBuilder &at, FlashFwdOp op,
+                       mlir::func::FuncOp partial);
 
 } // namespace flashjit::attn::detail
 

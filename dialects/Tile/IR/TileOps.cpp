@@ -43,12 +43,24 @@ static LogicalResult verifyGlobalAccess(Operation *op, RankedTensorType tile,
   return success();
 }
 
+/// `group %G stride %gs` comes whole (the format parses it so; a builder
+/// may not).
+static LogicalResult verifyGroup(Operation *op, Value group, Value stride) {
+  if (bool(group) != bool(stride))
+    return op->emitOpError() << "a row group needs both its size and stride";
+  return success();
+}
+
 LogicalResult LoadOp::verify() {
+  if (failed(verifyGroup(*this, getGroup(), getGroupStride())))
+    return failure();
   return verifyGlobalAccess(*this, getType(), getBase().getType(),
                             bool(getStride()));
 }
 
 LogicalResult StoreOp::verify() {
+  if (failed(verifyGroup(*this, getGroup(), getGroupStride())))
+    return failure();
   return verifyGlobalAccess(*this, getValue().getType(), getBase().getType(),
                             bool(getStride()));
 }

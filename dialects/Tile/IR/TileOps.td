@@ -83,13 +83,16 @@ def Tile_Buffer : MemRefRankOf<[BF16, F16, F32, I32], [1]>;
 
 /// The addressing every global access shares: element (r, c) of the tile is
 /// base[offset + (row0 + r) * stride + c] (rank 1: base[offset + row0 + r]),
-/// present iff row0 + r < rows.
+/// present iff row0 + r < rows. Loads and stores may also take `group %G
+/// stride %gs`: row p = row0 + r is then row p / G of head p % G, at
+/// base[offset + (p / G) * stride + (p % G) * gs + c] (rank 1: stride 1):
+/// the rows of G heads interleaved in one tile (GQA packing).
 class Tile_GlobalAccessOp<string mnemonic, list<Trait> traits = []>
     : Tile_Op<mnemonic, traits> {
   let hasVerifier = 1;
 }
 
-def Tile_LoadOp : Tile_GlobalAccessOp<"load"> {
+def Tile_LoadOp : Tile_GlobalAccessOp<"load", [AttrSizedOperandSegments]> {
   let summary = "Loads a tile of a strided global tensor, rows predicated";
   let description = [{
     Element (r, c) of the result is `base[offset + (row0 + r) * stride + c]`
@@ -105,15 +108,17 @@ def Tile_LoadOp : Tile_GlobalAccessOp<"load"> {
     ```
   }];
   let arguments = (ins Arg<Tile_Buffer, "", [MemRead]>:$base, Index:$offset,
-                   Index:$row0, Index:$rows, Optional<Index>:$stride);
+                   Index:$row0, Index:$rows, Optional<Index>:$stride,
+                   Optional<Index>:$group, Optional<Index>:$group_stride);
   let results = (outs Tile_Tile:$result);
   let assemblyFormat = [{
     $base `[` $offset `]` `rows` $row0 `of` $rows (`stride` $stride^)?
+    (`group` $group^ `stride` $group_stride)?
     attr-dict `:` type($base) `->` type($result)
   }];
 }
 
-def Tile_StoreOp : Tile_GlobalAccessOp<"store"> {
+def Tile_StoreOp : Tile_GlobalAccessOp<"store", [AttrSizedOperandSegments]> {
   let summary = "Stores a tile into a strided global tensor, rows predicated";
   let description = [{
     Writes element (r, c) of `value` to `base[offset + (row0 + r) * stride
@@ -128,10 +133,12 @@ def Tile_StoreOp : Tile_GlobalAccessOp<"store"> {
   }];
   let arguments = (ins Tile_Tile:$value, Arg<Tile_Buffer, "", [MemWrite]>:$base,
                    Index:$offset, Index:$row0, Index:$rows,
-                   Optional<Index>:$stride);
+                   Optional<Index>:$stride, Optional<Index>:$group,
+                   Optional<Index>:$group_stride);
   let assemblyFormat = [{
     $value `,` $base `[` $offset `]` `rows` $row0 `of` $rows
-    (`stride` $stride^)? attr-dict `:` type($value) `,` type($base)
+    (`stride` $stride^)? (`group` $group^ `stride` $group_stride)?
+    attr-dict `:` type($value) `,` type($base)
   }];
 }
 

@@ -1,0 +1,39 @@
+// RUN: flashjit-opt %s --flashjit-tile-attention="block-m=16 block-n=64 kv-split=true" --canonicalize --cse | FileCheck %s
+// RUN: flashjit-opt %s --flashjit-tile-attention="block-m=16 block-n=64 kv-split=true" | flashjit-opt --flashjit-tile-to-cpu-pipeline | FileCheck %s --check-prefix=CPU
+
+// The split-KV forward of a GQA decode (8 query heads per KV head): the
+// partial, whose 16 rows are the group's query heads (the Q load and the
+// partials' stores take `group %c8`), walks its run of the KV blocks
+// (ceil(blocks / kv_splits) of them, run pid_split) and writes f32 partials
+// into o_part (%arg7) and lse_part (%arg8); the combine merges the
+// kv_splits partials of 64 rows (bwd::kRowBlockRows) into O and lse.
+// CHECK-LABEL: func.func @decode(
+// CHECK-SAME: %arg7: memref<?xf32>, %arg8: memref<?xf32>
+// CHECK-SAME: %arg32: index, %arg33: f32, %arg34: index, %arg35: index, %arg36: index)
+// CHECK-SAME: attn.arg_names = [{{.*}}"o_part", "lse_part"{{.*}}"kv_splits", "scale_log2e", "pid_m", "pid_bh", "pid_split"]
+// CHECK-SAME: attn.kernel = #attn.kernel<role = "forward_split", head_dim_qk = 128, head_dim_v = 128, element_type = bf16, mask = "causal", gqa = 8, sparse_block = 0, block_m = 16, block_n = 64, deterministic = false>
+// CHECK: tile.load %arg0[{{.*}}] rows {{.*}} stride %arg15 group %c8 stride %arg14 : memref<?xbf16> -> tensor<16x128xbf16>
+// CHECK: arith.divui {{.*}}, %arg32 : index
+// CHECK: scf.for {{.*}} -> (tensor<16x128xf32>, tensor<16xf32>, tensor<16xf32>)
+// CHECK: arith.divui {{.*}} : tensor<16xi32>
+// CHECK: tile.store {{.*}}, %arg7[{{.*}}] rows {{.*}} stride %c128 group %c8 stride {{.*}} : tensor<16x128xf32>, memref<?xf32>
+// CHECK: tile.store {{.*}}, %arg8[{{.*}}] rows {{.*}} group %c8 stride %arg11 : tensor<16xf32>, memref<?xf32>
+// CHECK-LABEL: func.func @decode_combine(
+// CHECK-SAME: attn.kernel = #attn.kernel<role = "combine"
+// CHECK: scf.for %{{.*}} = %c0 to %arg32 step %c1 {{.*}} -> (tensor<64x128xf32>, tensor<64xf32>, tensor<64xf32>)
+// CHECK: tile.load %arg8[{{.*}} -> tensor<64xf32>
+// CHECK: tile.load %arg7[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x128xf32>
+// CHECK: math.exp2
+// CHECK: scf.yield
+// CHECK: tile.store {{.*}}, %arg3[{{.*}} : tensor<64x128xbf16>, memref<?xbf16>
+// CHECK: tile.store {{.*}}, %arg4[{{.*}} : tensor<64xf32>, memref<?xf32>
+
+// The CPU lowering addresses a grouped row p at (p / 8) * stride + (p % 8)
+// * group stride.
+// CPU-LABEL: llvm.func @decode(
+// CPU: llvm.udiv
+// CPU: llvm.urem
+// CPU-LABEL: llvm.func @decode_combine(
+module {
+attn.flash_fwd @decode {element_type = bf16, gqa = 8 : i64, head_dim_qk = 128 : i64, head_dim_v = 128 : i64, mask = "causal", sparse_block = 0 : i64}
+}
