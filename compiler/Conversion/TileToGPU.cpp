@@ -535,15 +535,13 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
         b, g.i32, mlir::gpu::GridDimOp::create(b, mlir::gpu::Dimension::x));
     pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
   }
-  Value pidBH = g.blockId(mlir::gpu::Dimension::y);
-  map.map(fn.getArgument(pidArg),
-          arith::IndexCastUIOp::create(b, b.getIndexType(), pidM));
-  map.map(fn.getArgument(pidArg + 1),
-          arith::IndexCastUIOp::create(b, b.getIndexType(), pidBH));
+  // pid_m, pid_bh = grid.y and (split-KV) pid_split = grid.z.
+  SmallVector<Value, 3> pids = {pidM, g.blockId(mlir::gpu::Dimension::y)};
   if (place.kvSplit)
-    map.map(fn.getArgument(pidArg + 2),
-            arith::IndexCastUIOp::create(b, b.getIndexType(),
-                                         g.blockId(mlir::gpu::Dimension::z)));
+    pids.push_back(g.blockId(mlir::gpu::Dimension::z));
+  for (auto [i, pid] : llvm::enumerate(pids))
+    map.map(fn.getArgument(pidArg + i),
+            arith::IndexCastUIOp::create(b, b.getIndexType(), pid));
 }
 
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {

@@ -112,6 +112,23 @@ def test_forward(dtype, shape, causal):
     check(q, k, v, causal=causal)
 
 
+@pytest.mark.parametrize("shape", [
+    # B, H, Hkv, Nq, Nkv, d: decode and short queries take the split-KV
+    # forward with GQA packing (decodeGpuConfig: Nq * gqa <= 64, Nkv >= 1024)
+    (2, 8, 2, 1, 1500, 64),
+    (1, 6, 2, 5, 1100, 40),
+    (1, 2, 2, 1, 2000, 32),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_split_kv(shape, causal):
+    B, H, Hkv, Nq, Nkv, d = shape
+    rng = np.random.default_rng()
+    q = randn(rng, (B, H, Nq, d), np.float16)
+    k = randn(rng, (B, Hkv, Nkv, d), np.float16)
+    v = randn(rng, (B, Hkv, Nkv, d), np.float16)
+    check(q, k, v, causal=causal)
+
+
 @pytest.mark.parametrize("window", [(9, 3), (0, 0), (None, 5), (4, None)])
 def test_window(window):
     rng = np.random.default_rng(3)

@@ -113,6 +113,40 @@ TEST(Engine, TunedConfigsAreStoredPerDirection) {
   std::filesystem::remove_all(dir);
 }
 
+/// A tuned split-KV tiling comes back with its splits (auto or a count);
+/// a record with anything else after the stages is refused (tuned again).
+TEST(Engine, TunedSplitConfigsKeepTheirSplits) {
+  std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("flashjit-engine-test-" + std::to_string(std::random_device{}())))
+          .string();
+  rt::DiskCache cache(dir);
+  AttentionSpec fwd = spec(Direction::Forward);
+  Problem p;
+  auto roundTrip = [&](const std::string &text) {
+    EXPECT_TRUE(cache.store("tuning", engine::tuningKey(fwd, p, fakeGpu()),
+                            std::vector<char>(text.begin(), text.end())));
+    return engine::loadTunedConfig(fwd, p, fakeGpu(), cache);
+  };
+  TileConfig tuned;
+  tuned.blockM = 16;
+  tuned.warps = 1;
+  for (int64_t splits : {TileConfig::kAutoSplits, int64_t(7), int64_t(0)}) {
+    tuned.splits = splits;
+    auto loaded = roundTrip(tuned.toJson());
+    ASSERT_TRUE(loaded.has_value()) << tuned.toJson();
+    EXPECT_EQ(loaded->splits, splits);
+    EXPECT_EQ(loaded->blockM, 16);
+  }
+  EXPECT_FALSE(roundTrip("{\"block_m\":16,\"block_n\":64,\"warps\":1,"
+                         "\"stages\":2,\"splits\":\"many\"}")
+                   .has_value());
+  EXPECT_FALSE(roundTrip("{\"block_m\":16,\"block_n\":64,\"warps\":1,"
+                         "\"stages\":2")
+                   .has_value());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Engine, EachTunerRefusesTheOtherDirection) {
   rt::DiskCache cache(
       (std::filesystem::temp_directory_path() / "flashjit-engine-test-unused")

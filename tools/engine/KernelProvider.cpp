@@ -127,12 +127,25 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
     return std::nullopt;
   TileConfig tuned;
   std::string text(payload->begin(), payload->end());
+  int end = 0;
   if (std::sscanf(text.c_str(),
                   "{\"block_m\":%ld,\"block_n\":%ld,\"warps\":%ld,"
-                  "\"stages\":%ld}",
-                  &tuned.blockM, &tuned.blockN, &tuned.warps,
-                  &tuned.stages) != 4)
+                  "\"stages\":%ld%n",
+                  &tuned.blockM, &tuned.blockN, &tuned.warps, &tuned.stages,
+                  &end) != 4)
     return std::nullopt;
+  // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson).
+  const std::string rest = text.substr(size_t(end));
+  long splits = 0;
+  int used = 0;
+  if (rest == ",\"splits\":\"auto\"}")
+    tuned.splits = TileConfig::kAutoSplits;
+  else if (std::sscanf(rest.c_str(), ",\"splits\":%ld}%n", &splits, &used) ==
+               1 &&
+           size_t(used) == rest.size() && splits > 0)
+    tuned.splits = splits;
+  else if (rest != "}")
+    return std::nullopt; // a corrupt entry: tuned again
   return tuned;
 }
 
@@ -223,8 +236,20 @@ rt::TuneResult tuneOnDevice(const AttentionSpec &spec, const Problem &p,
   if (spec.direction != Direction::Forward)
     throw SpecError("tuneOnDevice: a backward spec is tuned by "
                     "tuneBackwardOnDevice");
+  std::vector<TileConfig> candidates =
+      rt::tuningCandidates(spec, tuneLimits(gpu));
+  if (std::optional<TileConfig> decode = decodeGpuConfig(spec, p)) {
+    // Decode and short queries: the split-KV tilings first (splits chosen
+    // at launch), one warp on 16 rows and 4 on 64 (bench/NOTES.md, T11).
+    TileConfig wide = *decode;
+    wide.blockM = 64;
+    wide.warps = 4;
+    candidates.insert(candidates.begin(), *decode);
+    if (wide.blockM != decode->blockM)
+      candidates.insert(candidates.begin() + 1, wide);
+  }
   return tuneAndStore(
-      spec, p, rt::tuningCandidates(spec, tuneLimits(gpu)),
+      spec, p, candidates,
       [&](const TileConfig &config, const KernelImage &image) {
         rt::ForwardKernel kernel(image, spec, target.copyBytes, config);
         return timeLaunches(kernel, p, args, kTuneRepeats).first;
