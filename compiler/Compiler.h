@@ -149,8 +149,11 @@ public:
                                             const KernelSource &source = {});
   ~CpuKernel();
 
-  /// Runs every program of the grid (ceil(Nq / Br) x B*H) on host threads.
-  /// \p layout is required iff the spec is block-sparse.
+  /// Runs every program of the grid (ceil(Nq / Br) x B*H) on host threads;
+  /// a split-KV config (TileConfig::splits) runs the partial over its
+  /// splits (the config's, or chooseKvSplits' for the host's threads) and
+  /// then the combine (kernels/KernelABI.h, abi::split). \p layout is
+  /// required iff the spec is block-sparse.
   void run(const Problem &problem, AttentionData &data,
            const BlockSparseLayout *layout) const;
 

@@ -11,8 +11,10 @@
 ///       known_block_size = array<i32: 128, 1, 1>}
 ///
 /// The grid of a problem follows from it: x = ceil(sequence / rows) (the
-/// queries or the keys), y = batch * heads (all query heads, or the KV
-/// heads: heads / gqa), z as recorded (column splits).
+/// queries or the keys; the queries times gqa for a GQA-packed split-KV
+/// partial, over the KV heads), y = batch * heads (all query heads, or the
+/// KV heads: heads / gqa), z as recorded (column splits), or the launch's
+/// split count where the record says `split` (abi::split).
 ///
 /// The compiler reads these into KernelLaunch values (compileForGpu), the
 /// cubin cache stores them beside the cubin (formatKernelLaunches), and the
