@@ -165,6 +165,19 @@ inline int64_t chooseKvSplits(int64_t programs, int64_t kvBlocks,
   return std::max<int64_t>(1,
                            std::min({want, kvBlocks, TileConfig::kMaxSplits}));
 }
+/// The split count of a launch of the split tiling \p config for \p p:
+/// its splits when given, else chooseKvSplits over splitGrid's programs
+/// (Br = config.blockM) and the Bc blocks of Nkv, on \p processors (the
+/// SMs; the CPU mode: host threads).
+inline int64_t launchSplits(const AttentionSpec &spec, const Problem &p,
+                            const TileConfig &config, int64_t processors) {
+  if (config.splits > 0)
+    return config.splits;
+  auto [x, y] = splitGrid(spec, p, config.blockM);
+  const int64_t bc = std::max<int64_t>(1, config.blockN);
+  return chooseKvSplits(x * y, (p.seqLenKV + bc - 1) / bc,
+                        std::max<int64_t>(1, processors));
+}
 } // namespace split
 
 /// The backward kernels' argument list, shared by its three functions:

@@ -65,9 +65,11 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
       launchOf(recordedLaunch(image, "attention")), copy(copyBytes),
       config(config) {
   function = module.function("attention");
-  const std::string combineName =
-      std::string("attention") + abi::split::kCombineSuffix;
   if (launchOf.kvSplit) {
+    const std::string combineName =
+        std::string("attention") + abi::split::kCombineSuffix;
+    // The recorded rows are the kernel's Br, whatever the caller's config.
+    this->config.blockM = launchOf.rows;
     combineOf = recordedLaunch(image, combineName);
     combine = module.function(combineName);
     CudaDriver &driver = CudaDriver::get();
@@ -76,14 +78,7 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
 }
 
 int64_t ForwardKernel::splitsFor(const Problem &p) const {
-  if (!combine)
-    return 0;
-  if (config.splits > 0)
-    return config.splits;
-  std::array<int64_t, 3> grid = launchOf.grid(p, spec.gqaGroup);
-  const int64_t bc = std::max<int64_t>(1, config.blockN);
-  return abi::split::chooseKvSplits(grid[0] * grid[1], ceilDiv(p.seqLenKV, bc),
-                                    std::max(1, smCount));
+  return combine ? abi::split::launchSplits(spec, p, config, smCount) : 0;
 }
 
 std::shared_ptr<DeviceBuffer>

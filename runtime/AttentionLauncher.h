@@ -144,8 +144,8 @@ public:
   /// Split-KV: the combine function and its launch (null when one pass).
   CUfunction combineFunction() const { return combine; }
   const KernelLaunch &combineLaunch() const { return combineOf; }
-  /// The split count for \p p: the config's, or chooseKvSplits' (0 for a
-  /// one-pass kernel).
+  /// The split count for \p p: abi::split::launchSplits on the device's
+  /// SMs (0 for a one-pass kernel).
   int64_t splitsFor(const Problem &p) const;
   /// A device workspace of at least \p bytes, shared by this kernel's
   /// prepared launches (a larger one replaces it; holders keep theirs).

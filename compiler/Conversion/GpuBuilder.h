@@ -65,6 +65,16 @@ public:
   }
   Value ext64(Value x) { return mlir::arith::ExtSIOp::create(b, i64, x); }
   Value trunc32(Value x) { return mlir::arith::TruncIOp::create(b, i32, x); }
+  /// The element offset (i64) of tile row \p row (i32) of a global access:
+  /// row * stride (\p stride i64; null: 1), or with a row group (tile
+  /// dialect's `group %G stride %gs`; \p group i32, \p groupStride i64)
+  /// (row / G) * stride + (row % G) * gs.
+  Value rowOffset(Value row, Value stride, Value group = Value(),
+                  Value groupStride = Value()) {
+    Value seq = ext64(group ? divU(row, group) : row);
+    Value at = stride ? mul(seq, stride) : seq;
+    return group ? add(at, mul(ext64(remU(row, group)), groupStride)) : at;
+  }
   /// Clamps an i64 to [-2^30, 2^30] and truncates it to i32.
   Value clampTo32(Value x);
 

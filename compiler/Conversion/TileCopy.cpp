@@ -199,12 +199,8 @@ void copyTileAsync(GpuBuilder &g, const TileCopier &who,
                  inChunk);
   };
   auto rowElem = [&](Value row) {
-    if (src.groupSize)
-      return g.add(
-          src.rowBase,
-          g.add(g.mul(g.ext64(g.divU(row, src.groupSize)), src.rowStride),
-                g.mul(g.ext64(g.remU(row, src.groupSize)), src.groupStride)));
-    return g.add(src.rowBase, g.mul(g.ext64(row), src.rowStride));
+    return g.add(src.rowBase, g.rowOffset(row, src.rowStride, src.groupSize,
+                                          src.groupStride));
   };
   // Regular case: one global pointer per thread and tile, advanced by
   // rowsPerPass rows per pass (a 64-bit add); rows past nRows copy zero

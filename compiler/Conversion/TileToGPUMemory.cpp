@@ -279,18 +279,10 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   Value offset = toI64(scalar(op.getOffset()));
   Value row0 = toI32(scalar(op.getRow0()));
   Value rows = toI32(scalar(op.getRows()));
-  // Element offset of row \p row (i32) for a row stride \p stride (i64):
-  // row / G and row % G of a row group (TileOps.td).
+  // A row group's size and stride (TileOps.td), for GpuBuilder::rowOffset.
   Value group = op.getGroup() ? toI32(scalar(op.getGroup())) : Value();
   Value groupStride =
       op.getGroup() ? toI64(scalar(op.getGroupStride())) : Value();
-  auto rowOffset = [&](Value row, Value stride) {
-    if (!group)
-      return stride ? g.mul(g.ext64(row), stride) : g.ext64(row);
-    Value seq = g.ext64(g.divU(row, group));
-    return g.add(stride ? g.mul(seq, stride) : seq,
-                 g.mul(g.ext64(g.remU(row, group)), groupStride));
-  };
   auto store = [&](Value value, Value index64) {
     if (half) {
       LLVM::StoreOp::create(b, g.toElementBits(value),
@@ -310,7 +302,8 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
             g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
         Value ok = g.andI(writer, g.cmp(CmpIPredicate::slt, row, rows));
         g.ifThen(ok, [&] {
-          store(f.regs[2 * mi + h], g.add(offset, rowOffset(row, Value())));
+          store(f.regs[2 * mi + h],
+                g.add(offset, g.rowOffset(row, Value(), group, groupStride)));
         });
       }
     return success();
@@ -324,7 +317,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
       Value row =
           g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
       Value rowOk = g.cmp(CmpIPredicate::slt, row, rows);
-      Value rowAt = g.add(offset, rowOffset(row, stride));
+      Value rowAt = g.add(offset, g.rowOffset(row, stride, group, groupStride));
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
           Value col =

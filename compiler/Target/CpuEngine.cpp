@@ -286,17 +286,12 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
     runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
     return;
   }
-  // Split-KV: the partial on a grid.z of S (the config's, or
-  // chooseKvSplits' for the host's threads) into workspaces of its own,
-  // then the combine (kernels/KernelABI.h, abi::split).
+  // Split-KV: the partial on a grid.z of S (launchSplits: the config's,
+  // or chooseKvSplits' for the host's threads) into workspaces of its
+  // own, then the combine (kernels/KernelABI.h, abi::split).
   auto [gridM, gridBH] = abi::split::splitGrid(spec, p, config.blockM);
-  const int64_t kvBlocks = (p.seqLenKV + config.blockN - 1) / config.blockN;
-  const int64_t splits =
-      config.splits > 0
-          ? config.splits
-          : abi::split::chooseKvSplits(
-                gridM * gridBH, kvBlocks,
-                std::max<int64_t>(1, std::thread::hardware_concurrency()));
+  const int64_t splits = abi::split::launchSplits(
+      spec, p, config, std::thread::hardware_concurrency());
   const int64_t rows = splits * p.batch * p.heads * p.seqLenQ;
   std::vector<float> oPart(static_cast<size_t>(rows * spec.headDimV));
   std::vector<float> lsePart(static_cast<size_t>(rows));
