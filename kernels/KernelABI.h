@@ -141,8 +141,11 @@ inline const char *bufferName(int i) {
 /// Whether the split partial of \p spec packs GQA (its rows span the
 /// query heads of one KV head): gqa > 1 and no block-sparse layout, whose
 /// lists are per query head.
+inline bool packsGqa(int64_t gqa, bool blockSparse) {
+  return gqa > 1 && !blockSparse;
+}
 inline bool packsGqa(const AttentionSpec &spec) {
-  return spec.gqaGroup > 1 && !spec.blockSparse;
+  return packsGqa(spec.gqaGroup, spec.blockSparse);
 }
 /// The partial's grid (x, y) for \p p with Br = \p blockM: blocks of the
 /// Nq * gqa packed rows over batch * KV heads, or Q blocks over batch *

@@ -90,7 +90,7 @@ public:
       : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
         hasBand(op.getMask() != "none"), split(split),
-        pack(split && op.getGqa() > 1 && sparseBlock == 0),
+        pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
         numBufs(split ? abi::split::NumBuffers : abi::NumBuffers),
         numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
         elemTy(op.getElementType()) {}
