@@ -282,10 +282,12 @@ void runPipeline(ModuleOp module,
     throw CompileError("pipeline failed: " + diags.str());
 }
 
-/// " kv-split=true" for a split-KV tiling, else nothing (so that the
-/// other pipelines' texts, and cache keys, stay as they were).
+/// " kv-split=true" for a split-KV tiling and " overlap-softmax=true" for
+/// the pipelined loop, else nothing (so that the other pipelines' texts,
+/// and cache keys, stay as they were).
 static std::string splitOption(const TileConfig &config) {
-  return config.splits ? " kv-split=true" : "";
+  return std::string(config.splits ? " kv-split=true" : "") +
+         (config.overlapSoftmax ? " overlap-softmax=true" : "");
 }
 
 std::string cpuPipelineText(const TileConfig &config) {

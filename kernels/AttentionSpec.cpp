@@ -188,6 +188,9 @@ void TileConfig::validate(const AttentionSpec &spec) const {
   if (splits && spec.direction == Direction::Backward)
     throw SpecError("splits (split-KV) is a forward tiling; the backward "
                     "takes none");
+  if (overlapSoftmax && spec.direction == Direction::Backward)
+    throw SpecError("overlap_softmax is a forward tiling; the backward "
+                    "takes none");
   if (spec.blockSparse) {
     if (spec.sparseBlock % blockM != 0)
       throw SpecError(fmt::format("block_m ({}) must divide sparse_block ({})",
@@ -204,9 +207,11 @@ std::string TileConfig::toJson() const {
                       : splits == kAutoSplits
                           ? ",\"splits\":\"auto\""
                           : fmt::format(",\"splits\":{}", splits);
+  // "overlap_softmax" only when set, so that other configs read as before.
   return fmt::format(
-      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}{}}}", blockM,
-      blockN, warps, stages, split);
+      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}{}{}}}",
+      blockM, blockN, warps, stages, split,
+      overlapSoftmax ? ",\"overlap_softmax\":true" : "");
 }
 
 void Problem::validate(const AttentionSpec &spec) const {

@@ -95,6 +95,10 @@ struct TileConfig {
   /// with this many splits (kAutoSplits: chosen at launch from the SM
   /// count and the problem, chooseKvSplits). Forward only.
   int64_t splits = 0;
+  /// The software-pipelined KV loop (flashjit-tile-attention's
+  /// overlap-softmax): S = Q K^T of block t + 1 is issued before the
+  /// softmax of block t. Forward only.
+  bool overlapSoftmax = false;
   static constexpr int64_t kAutoSplits = -1;
   static constexpr int64_t kMaxSplits = 256;
 

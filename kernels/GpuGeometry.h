@@ -166,6 +166,11 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
            "(grid.z holds the splits), got " +
            std::to_string(spec.headDimV);
   const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
+  if (config.overlapSoftmax && !geo.ringStages)
+    return "overlap-softmax needs the K/V ring on the GPU (sm_90a, 8 warps, "
+           "block_m 128, head dims up to 128, stages 2 to 4): the softmax "
+           "overlaps an asynchronous warpgroup MMA whose K the producer "
+           "warpgroup copies";
   if (geo.wgmmaShape && takesKvRing(spec, config, kvRing)) {
     if (config.stages < 1 || config.stages > 4)
       return "stages (" + std::to_string(config.stages) +
@@ -208,6 +213,7 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
                                    bool kvRing = false) {
   struct Row {
     int64_t maxD, blockM, blockN, warps, stages = 2;
+    bool overlapSoftmax = false;
   };
   // Masks and block-sparse layouts keep a few more values live.
   const bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
@@ -223,6 +229,7 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
           c.blockN = r.blockN;
           c.warps = r.warps;
           c.stages = r.stages;
+          c.overlapSoftmax = r.overlapSoftmax;
           return c;
         }
       return std::nullopt;
@@ -234,14 +241,26 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
         {64, 64, 128, 4}, {128, 192, 128, 12}, {256, 128, 128, 8}};
     static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
     // With the ring: it where it is faster (d in 97..128 unmasked, T10),
-    // else the tilings above (past d = 128 none takes the ring).
+    // with the overlapped loop where that is (d in 113..128, plain and
+    // masked, T12; below, padded to 112, its consumers spill), else the
+    // tilings above (past d = 128 none takes the ring).
     static const Row ringPlain[] = {{64, 64, 128, 4},
                                     {96, 192, 128, 12},
-                                    {128, 128, 128, 8, 2},
+                                    {112, 128, 128, 8, 2},
+                                    {128, 128, 128, 8, 2, true},
                                     {256, 128, 128, 8}};
-    static const Row ringMasked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
+    static const Row ringMasked[] = {
+        {112, 64, 128, 4}, {128, 128, 128, 8, 2, true}, {256, 128, 64, 8}};
+    // A score modifier keeps T10's: its values spill the overlapped loop
+    // (ALiBi, causal: 96 bytes).
+    static const Row modPlain[] = {{64, 64, 128, 4},
+                                   {96, 192, 128, 12},
+                                   {128, 128, 128, 8, 2},
+                                   {256, 128, 128, 8}};
     std::optional<TileConfig> c =
-        kvRing ? lookUp(ringPlain, ringMasked) : lookUp(plain, masked);
+        !kvRing                 ? lookUp(plain, masked)
+        : spec.scoreMod.empty() ? lookUp(ringPlain, ringMasked)
+                                : lookUp(modPlain, masked);
     // Else (or unless Br and Bc divide the sparse block) the generic one.
     if (c && (!spec.blockSparse || (spec.sparseBlock % c->blockM == 0 &&
                                     spec.sparseBlock % c->blockN == 0)))

@@ -241,10 +241,17 @@ public:
   bool loaded() const { return module_ != nullptr; }
   /// Unloads now (errors during unload are ignored).
   void unload();
+  /// Kernel \p name's registers per thread and local memory per thread
+  /// (spills and stack), as the loaded function reports them.
+  std::pair<int, int> resources(const std::string &name) const;
+  /// A PTX image's JIT info log (verbose: ptxas's resource report); empty
+  /// for a binary image.
+  const std::string &jitInfoLog() const { return jitInfoLog_; }
 
 private:
   CudaDriver *driver_ = nullptr;
   CUmodule module_ = nullptr;
+  std::string jitInfoLog_;
 };
 
 /// Grid or block dimensions.

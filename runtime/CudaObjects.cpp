@@ -143,12 +143,22 @@ Module::Module(const void *image, std::size_t bytes, CudaDriver &driver)
     data = ptx.c_str();
   }
 
-  // Ask for the JIT error log: for PTX it says which line is wrong.
+  // Ask for the JIT error log (for PTX it says which line is wrong) and
+  // the verbose info log (ptxas's resource report).
   char errorLog[8192] = {};
-  CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER,
-                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-  void *values[] = {errorLog, reinterpret_cast<void *>(sizeof(errorLog) - 1)};
-  CUresult result = cu.cuModuleLoadDataEx(&module_, data, 2, options, values);
+  std::vector<char> infoLog(16384, '\0');
+  CUjit_option options[] = {
+      CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+      CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+      CU_JIT_LOG_VERBOSE};
+  void *values[] = {errorLog, reinterpret_cast<void *>(sizeof(errorLog) - 1),
+                    infoLog.data(),
+                    reinterpret_cast<void *>(infoLog.size() - 1),
+                    reinterpret_cast<void *>(std::size_t(1))};
+  CUresult result = cu.cuModuleLoadDataEx(&module_, data, ptx.empty() ? 2 : 5,
+                                          options, values);
+  if (!ptx.empty())
+    jitInfoLog_ = infoLog.data();
   if (result != CUDA_SUCCESS) {
     module_ = nullptr;
     std::string message =
@@ -163,13 +173,15 @@ Module::Module(const void *image, std::size_t bytes, CudaDriver &driver)
 Module::~Module() { unload(); }
 
 Module::Module(Module &&other) noexcept
-    : driver_(other.driver_), module_(std::exchange(other.module_, nullptr)) {}
+    : driver_(other.driver_), module_(std::exchange(other.module_, nullptr)),
+      jitInfoLog_(std::move(other.jitInfoLog_)) {}
 
 Module &Module::operator=(Module &&other) noexcept {
   if (this != &other) {
     unload();
     driver_ = other.driver_;
     module_ = std::exchange(other.module_, nullptr);
+    jitInfoLog_ = std::move(other.jitInfoLog_);
   }
   return *this;
 }
@@ -190,6 +202,15 @@ CUfunction Module::function(const std::string &name) const {
       driver_->api().cuModuleGetFunction(&function, module_, name.c_str()),
       fmt::format("cuModuleGetFunction({})", name).c_str());
   return function;
+}
+
+std::pair<int, int> Module::resources(const std::string &name) const {
+  CUfunction f = function(name);
+  int regs = 0, local = 0;
+  driver_->api().cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f);
+  driver_->api().cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                                    f);
+  return {regs, local};
 }
 
 //===----------------------------------------------------------------------===//

@@ -115,6 +115,13 @@ void GpuBuilder::namedBarrierArrive(Value id, int64_t threads) {
                 "r,~{memory}", {id});
 }
 
+void GpuBuilder::setMaxRegisters(int64_t count, bool increase) {
+  sideEffectAsm(*this,
+                std::string("setmaxnreg.") + (increase ? "inc" : "dec") +
+                    ".sync.aligned.u32 " + std::to_string(count) + ";",
+                "~{memory}", {});
+}
+
 /// The 32-bit address of shared pointer \p bar, an asm operand ("r").
 static Value sharedAddress(GpuBuilder &g, Value bar) {
   return LLVM::PtrToIntOp::create(g.b, g.i32, bar);

@@ -115,6 +115,10 @@ public:
   /// (i32, 0-15): a turn passed between warpgroups.
   void namedBarrierSync(Value id, int64_t threads);
   void namedBarrierArrive(Value id, int64_t threads);
+  /// setmaxnreg.{inc,dec}.sync.aligned.u32 \p count: this warpgroup's
+  /// registers per thread from here on (sm_90a; the kernel's .maxntid and
+  /// .minnctapersm fix the count at entry, which ptxas allocates around).
+  void setMaxRegisters(int64_t count, bool increase);
   /// bar.warp.sync over all 32 lanes: free where the warp is converged (a
   /// NOP in SASS), and an ordering point that the PTX assembler moves no
   /// shared-memory access across.

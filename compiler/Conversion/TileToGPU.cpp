@@ -121,6 +121,12 @@ LogicalResult TileKernelLowering::assignHomes() {
     sharedBytes += roundUp(bytes, 16);
     slots[v] = slot;
   };
+  if (place.ringStages)
+    for (Operation &op : fn.getBody().front())
+      if (auto loop = dyn_cast<scf::ForOp>(&op))
+        for (Operation &inner : loop.getBody()->without_terminator())
+          if (auto load = dyn_cast<tile::LoadOp>(&inner))
+            loopBases.insert(load.getBase());
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
     if (auto loop = dyn_cast<scf::ForOp>(op)) {
       // Post-order: the loop's own loads have the latest slots.
@@ -185,6 +191,10 @@ LogicalResult TileKernelLowering::assignHomes() {
       if (ty.getRank() != 2 || ty.getElementType() != g.halfTy)
         return fail(op, "a shared tile must be 2-D in the element type, got ")
                << ty;
+      if (isRingPrologueLoad(load)) {
+        homes[v] = TileHome::Shared; // its stream's slot (assignRing)
+        continue;
+      }
       // Columns that become the product's columns (P V's V) follow the
       // product's split over grid.z; contracted columns are copied whole.
       auto isColumns = [](OpOperand &use) {
@@ -325,20 +335,44 @@ void TileKernelLowering::setUpThreads() {
 LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   const bool outermost = isa<func::ReturnOp>(block.getTerminator());
   for (Operation &op : block.without_terminator()) {
+    bool light = false;
     if (wg) {
       // Warpgroup MMAs: a batch ends at the first op outside it; an op
-      // that reads a product in flight (or holds regions) waits for it.
+      // that reads a product in flight (or holds regions) waits for it,
+      // but for a branch of arithmetic that does not read it.
+      light = leavesInFlight(&op);
       if (!batchRun.contains(&op))
-        settle(/*wait=*/readsInFlight(&op) || op.getNumRegions() > 0);
+        settle(/*wait=*/readsInFlight(&op) ||
+               (op.getNumRegions() > 0 && !light));
     }
-    if (failed(lowerOp(&op)))
+    bool outerLight = inLightBranch;
+    inLightBranch = inLightBranch || light;
+    LogicalResult r = lowerOp(&op);
+    inLightBranch = outerLight;
+    if (failed(r))
       return failure();
   }
   if (wg)
-    settle(/*wait=*/true);
+    settle(/*wait=*/!inLightBranch);
   if (outermost && branch < 0 && !inRoleBranch)
     mlir::gpu::ReturnOp::create(b);
   return success();
+}
+
+/// The K/V ring's consumers (the overlapped loop's S of the next block in
+/// flight) keep their products in flight across an scf.if of arithmetic
+/// alone (the mask) that does not read them.
+bool TileKernelLowering::leavesInFlight(Operation *op) {
+  if (!place.ringStages || !isa<scf::IfOp>(op) || inFlight.empty() ||
+      readsInFlight(op))
+    return false;
+  WalkResult walk = op->walk([](Operation *inner) {
+    return isa<tile::DotOp, tile::LoadOp, tile::StoreOp, tile::AtomicAddOp,
+               scf::ForOp>(inner)
+               ? WalkResult::interrupt()
+               : WalkResult::advance();
+  });
+  return !walk.wasInterrupted();
 }
 
 bool TileKernelLowering::otherBranchOutput(Operation *op) {
@@ -590,6 +624,10 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (place.ringStages) {
     if (!ringLoop)
       return fn.emitError() << "the K/V ring needs a loop with shared loads";
+    // setmaxnreg (lowerRingRoles) needs the count at entry fixed: with the
+    // block size, one block per SM (.minnctapersm 1), else ptxas ignores it.
+    if (!ringPrologue.empty())
+      kernel->setAttr("nvvm.minctasm", b.getI32IntegerAttr(1));
     if (failed(lowerRingRoles(body)))
       return failure();
     return checkPostconditions(kernel);

@@ -292,6 +292,8 @@ private:
   void settle(bool wait);
   /// Whether \p op reads a product still in flight.
   bool readsInFlight(Operation *op);
+  /// Whether branch \p op is lowered with the products in flight left so.
+  bool leavesInFlight(Operation *op);
   /// Bytes between a blocked tile's 64-column blocks (0: not blocked).
   int64_t blockBytes(int64_t rows) const {
     return place.wgmma ? rows * 128 : 0;
@@ -320,8 +322,24 @@ private:
   LogicalResult lowerRingRoles(mlir::Block &body);
   LogicalResult lowerProducer(mlir::Block &body);
   LogicalResult lowerRingFor(mlir::scf::ForOp op);
-  /// The stage (i32) of \p op's iteration \p iv, and its phase parity.
-  std::pair<Value, Value> ringPosition(mlir::scf::ForOp op, Value iv);
+  /// The stage (i32) of \p op's iteration \p iv, and its phase parity,
+  /// for a stream with \p lead loads before the loop.
+  std::pair<Value, Value> ringPosition(mlir::scf::ForOp op, Value iv,
+                                       int64_t lead);
+  /// The stage and parity of a stream's load at \p position (i32 or a
+  /// constant).
+  std::pair<Value, Value> positionOf(Value position);
+  std::pair<Value, Value> positionOf(int64_t position);
+  /// The producer's copy of ring load \p load of \p stream (iteration \p iv,
+  /// null outside the loop) into \p stage: waits for it to be empty, then
+  /// copies and arrives on its full barrier.
+  LogicalResult produce(tile::LoadOp load, int64_t stream, Value iv,
+                        Value stage, Value parity);
+  /// The function-level loads of the ring's streams before its loop
+  /// (ringPrologue): no slots of their own (they alias their stream's).
+  bool isRingPrologueLoad(tile::LoadOp load) const;
+  /// \p load's first and last reading dots in its block.
+  std::pair<Operation *, tile::DotOp> firstAndLastDot(tile::LoadOp load);
   /// The shared pointer of ring load \p load's full (or empty) barrier of
   /// \p stage (i32).
   Value ringBarrier(int64_t load, bool empty, Value stage);
@@ -450,15 +468,33 @@ private:
   Value copyTid;
   int64_t copyThreads = 0;
   /// The K/V ring: its loop, the bytes of a stage, the barriers' offset;
-  /// the products that wait for ring loads (by index) and the results
-  /// that give them back; the iteration's stage and parity (i32).
+  /// the products that wait for ring loads and the results that give them
+  /// back, each use a load's stream (its barriers' index: the loop's load
+  /// order) at a stage with its phase parity (i32).
   mlir::scf::ForOp ringLoop;
   int64_t ringStageBytes = 0, ringBarriers = 0;
-  llvm::DenseMap<Operation *, llvm::SmallVector<int64_t, 2>> ringWaits;
-  llvm::DenseMap<Value, llvm::SmallVector<int64_t, 2>> ringReleases;
-  Value ringStage, ringParity;
+  struct RingUse {
+    int64_t stream;
+    Value stage, parity;
+  };
+  llvm::DenseMap<Operation *, llvm::SmallVector<RingUse, 2>> ringWaits;
+  llvm::DenseMap<Value, llvm::SmallVector<RingUse, 2>> ringReleases;
+  /// The bases read by the function's top-level loops (the ring's candidate
+  /// streams), the loads of those streams before the ring loop, in order,
+  /// with their stream and position (the overlapped loop's first K:
+  /// stream 0, position 0), and per stream how many such loads lead the
+  /// loop's.
+  llvm::DenseSet<Value> loopBases;
+  struct RingLead {
+    tile::LoadOp load;
+    int64_t stream, position;
+  };
+  llvm::SmallVector<RingLead, 1> ringPrologue;
+  llvm::SmallVector<int64_t, 2> ringLead;
   /// The open batch took its turn: its commit passes the turn on.
   bool batchTookTurn = false;
+  /// Lowering a branch that leaves the products in flight (leavesInFlight).
+  bool inLightBranch = false;
   /// Lowering one role's branch of the kernel: no gpu.return of its own.
   bool inRoleBranch = false;
 

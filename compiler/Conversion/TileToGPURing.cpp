@@ -67,6 +67,12 @@ using namespace flashjit::conversion;
 /// one per consumer warpgroup for its turn at the tensor cores.
 static constexpr int64_t kFirstTurnBarrier = 2;
 
+/// setmaxnreg's counts with the overlapped loop: 40 for the producer
+/// warpgroup's copies, 232 for each of the two consumer warpgroups
+/// (40 * 128 + 2 * 232 * 128 = 64,512 of the SM's 65,536).
+static constexpr int64_t kProducerRegisters = 40;
+static constexpr int64_t kConsumerRegisters = 232;
+
 /// The ring's shared loads of \p loop, in program order: its tile.loads
 /// that live in shared slots.
 static SmallVector<tile::LoadOp>
@@ -97,6 +103,23 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
     return fail(loop, "the K/V ring takes a loop of the function's body "
                       "with two shared loads (K and V)");
   ringLoop = loop;
+  ringLead.assign(loads.size(), 0);
+  for (Operation &op : fn.getBody().front()) {
+    auto load = dyn_cast<tile::LoadOp>(&op);
+    if (!load || !isRingPrologueLoad(load))
+      continue;
+    auto same = llvm::find_if(loads, [&](tile::LoadOp l) {
+      return l.getBase() == load.getBase() &&
+             l.getResult().getType() == load.getResult().getType();
+    });
+    if (same == loads.end() || !load->isBeforeInBlock(loop))
+      return fail(load, "a shared load of a K/V ring stream outside the "
+                        "ring loop must come before it, in its stream's "
+                        "tile type");
+    const int64_t stream = same - loads.begin();
+    slots[load.getResult()] = slots[same->getResult()];
+    ringPrologue.push_back({load, stream, ringLead[stream]++});
+  }
   const int64_t first = slots[loads.front().getResult()].offset;
   ringStageBytes = alignSlot(sharedBytes) - first;
   ringBarriers = first + place.ringStages * ringStageBytes;
@@ -118,15 +141,33 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
   auto roles = scf::IfOp::create(
       b, g.cmp(arith::CmpIPredicate::uge, tid, g.c32(consumers)),
       /*withElseRegion=*/true);
+  // The overlapped loop keeps two S tiles live: its consumers take the
+  // registers that the producer does not need.
+  const bool moveRegisters = !ringPrologue.empty();
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(roles.thenBlock()->getTerminator());
+    if (moveRegisters)
+      g.setMaxRegisters(kProducerRegisters, /*increase=*/false);
     if (failed(lowerProducer(body)))
       return failure();
   }
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(roles.elseBlock()->getTerminator());
+    if (moveRegisters)
+      g.setMaxRegisters(kConsumerRegisters, /*increase=*/true);
+    // The loads before the loop wait at their first product, as the loop's.
+    for (RingLead r : ringPrologue) {
+      pipelined.insert(r.load);
+      auto [stage, parity] = positionOf(r.position);
+      stageShift[r.load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
+      auto [first, last] = firstAndLastDot(r.load);
+      if (!first)
+        return fail(r.load, "a ring tile must be read by tile.dot ops");
+      ringWaits[first].push_back({r.stream, stage, parity});
+      ringReleases[last.getResult()].push_back({r.stream, stage, parity});
+    }
     g.barrierThreads = consumers;
     inRoleBranch = true;
     LogicalResult r = lowerBlock(body);
@@ -152,26 +193,27 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
     if (failed(lowerOp(&op)))
       return failure();
   }
+  copyThreads = place.producerThreads;
+  Value outerTid = copyTid;
+  copyTid = g.sub(tid, g.c32(place.threads));
+  // The loads that lead the loop, each into its position's stage.
+  for (const RingLead &r : ringPrologue) {
+    auto [stage, parity] = positionOf(r.position);
+    if (failed(produce(r.load, r.stream, Value(), stage, parity)))
+      return failure();
+  }
   Value lb = scalar(ringLoop.getLowerBound());
   Value ub = scalar(ringLoop.getUpperBound());
   Value step = scalar(ringLoop.getStep());
   auto loop = scf::ForOp::create(b, lb, ub, step);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(loop.getBody()->getTerminator());
-  Value outerTid = copyTid;
   copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
-  copyThreads = place.producerThreads;
-  auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar());
-  Value shift = g.mul(stage, g.c32(ringStageBytes));
   for (auto [i, load] : llvm::enumerate(loads)) {
-    // A fresh barrier's phase of parity 1 counts as completed: the first
-    // pass over the stages does not wait.
-    g.mbarrierWait(ringBarrier(i, /*empty=*/true, stage),
-                   g.xorI(parity, g.c32(1)));
-    if (failed(issueCopy({load}, loop.getInductionVar(), shift,
-                         /*commit=*/false)))
+    auto [stage, parity] =
+        ringPosition(ringLoop, loop.getInductionVar(), ringLead[i]);
+    if (failed(produce(load, i, loop.getInductionVar(), stage, parity)))
       return failure();
-    g.mbarrierArriveOnCopies(ringBarrier(i, /*empty=*/false, stage));
   }
   copyThreads = 0;
   copyTid = outerTid;
@@ -181,14 +223,62 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   return success();
 }
 
-std::pair<Value, Value> TileKernelLowering::ringPosition(scf::ForOp op,
-                                                         Value iv) {
+/// Copies ring load \p load (of \p stream, at iteration \p iv of the loop;
+/// null before it) into \p stage once its readers gave it back.
+LogicalResult TileKernelLowering::produce(tile::LoadOp load, int64_t stream,
+                                          Value iv, Value stage, Value parity) {
+  Value shift = g.mul(stage, g.c32(ringStageBytes));
+  // A fresh barrier's phase of parity 1 counts as completed: the first
+  // pass over the stages does not wait.
+  g.mbarrierWait(ringBarrier(stream, /*empty=*/true, stage),
+                 g.xorI(parity, g.c32(1)));
+  if (failed(issueCopy({load}, iv, shift, /*commit=*/false)))
+    return failure();
+  g.mbarrierArriveOnCopies(ringBarrier(stream, /*empty=*/false, stage));
+  return success();
+}
+
+std::pair<Value, Value> TileKernelLowering::positionOf(Value position) {
+  Value stages = g.c32(place.ringStages);
+  return {g.remU(position, stages), g.andI(g.divU(position, stages), g.c32(1))};
+}
+
+std::pair<Value, Value> TileKernelLowering::positionOf(int64_t position) {
+  return {g.c32(position % place.ringStages),
+          g.c32((position / place.ringStages) & 1)};
+}
+
+std::pair<Value, Value>
+TileKernelLowering::ringPosition(scf::ForOp op, Value iv, int64_t lead) {
   Value k = arith::SubIOp::create(b, iv, scalar(op.getLowerBound()));
   if (getConstantIntValue(op.getStep()) != 1)
     k = arith::DivUIOp::create(b, k, scalar(op.getStep()));
-  Value k32 = toI32(k);
-  Value stages = g.c32(place.ringStages);
-  return {g.remU(k32, stages), g.andI(g.divU(k32, stages), g.c32(1))};
+  Value position = toI32(k);
+  if (lead)
+    position = g.add(position, g.c32(lead));
+  return positionOf(position);
+}
+
+bool TileKernelLowering::isRingPrologueLoad(tile::LoadOp load) const {
+  return place.ringStages &&
+         load->getParentOp() == const_cast<mlir::func::FuncOp &>(fn) &&
+         loopBases.contains(load.getBase());
+}
+
+std::pair<Operation *, tile::DotOp>
+TileKernelLowering::firstAndLastDot(tile::LoadOp load) {
+  Block *block = load->getBlock();
+  Operation *first = nullptr, *last = nullptr;
+  for (Operation *user : load.getResult().getUsers()) {
+    Operation *inBlock = block->findAncestorOpInBlock(*user);
+    if (!inBlock || !isa<tile::DotOp>(inBlock))
+      return {nullptr, nullptr};
+    if (!first || inBlock->isBeforeInBlock(first))
+      first = inBlock;
+    if (!last || last->isBeforeInBlock(inBlock))
+      last = inBlock;
+  }
+  return {first, dyn_cast_or_null<tile::DotOp>(last)};
 }
 
 /// The consumers' loop: each shared load's first product waits for its
@@ -198,24 +288,13 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
   if (pendingCopies) // Q, copied by every consumer, has landed
     waitForCopies();
   SmallVector<tile::LoadOp> loads = ringLoadsOf(op, homes);
-  Block *body = op.getBody();
-  ringWaits.clear();
-  ringReleases.clear();
-  for (auto [i, load] : llvm::enumerate(loads)) {
+  SmallVector<std::pair<Operation *, tile::DotOp>> readers;
+  for (tile::LoadOp load : loads) {
     pipelined.insert(load);
-    Operation *first = nullptr, *last = nullptr;
-    for (Operation *user : load.getResult().getUsers()) {
-      Operation *inBody = body->findAncestorOpInBlock(*user);
-      if (!inBody || !isa<tile::DotOp>(inBody))
-        return fail(load, "a ring tile must be read by tile.dot ops of the "
-                          "loop body itself");
-      if (!first || inBody->isBeforeInBlock(first))
-        first = inBody;
-      if (!last || last->isBeforeInBlock(inBody))
-        last = inBody;
-    }
-    ringWaits[first].push_back(i);
-    ringReleases[cast<tile::DotOp>(last).getResult()].push_back(i);
+    readers.push_back(firstAndLastDot(load));
+    if (!readers.back().first)
+      return fail(load, "a ring tile must be read by tile.dot ops of the "
+                        "loop body itself");
   }
   // The turns (pingPong): the last warpgroup hands the first one its first
   // turn, and the first one takes the last one's final hand-over after the
@@ -225,10 +304,13 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
         g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(place.warpgroups() - 1)),
         [&] { g.namedBarrierArrive(g.c32(kFirstTurnBarrier), 256); });
   LogicalResult r = lowerLoopBody(op, [&]() -> LogicalResult {
-    std::tie(ringStage, ringParity) = ringPosition(op, loopIv);
-    Value here = g.mul(ringStage, g.c32(ringStageBytes));
-    for (tile::LoadOp l : loads)
-      stageShift[l.getResult()] = here;
+    for (auto [i, l] : llvm::enumerate(loads)) {
+      auto [stage, parity] = ringPosition(op, loopIv, ringLead[i]);
+      stageShift[l.getResult()] = g.mul(stage, g.c32(ringStageBytes));
+      auto [first, last] = readers[i];
+      ringWaits[first].push_back({int64_t(i), stage, parity});
+      ringReleases[last.getResult()].push_back({int64_t(i), stage, parity});
+    }
     return success();
   });
   if (place.pingPong)
@@ -262,14 +344,17 @@ void TileKernelLowering::waitForRing(tile::DotOp op) {
   auto it = ringWaits.find(op);
   if (it == ringWaits.end())
     return;
-  for (int64_t i : it->second)
-    g.mbarrierWait(ringBarrier(i, /*empty=*/false, ringStage), ringParity);
+  for (const RingUse &u : it->second)
+    g.mbarrierWait(ringBarrier(u.stream, /*empty=*/false, u.stage), u.parity);
+  ringWaits.erase(it);
   wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
 }
 
 void TileKernelLowering::releaseRing(ArrayRef<Value> done) {
   for (Value v : done)
-    if (auto it = ringReleases.find(v); it != ringReleases.end())
-      for (int64_t i : it->second)
-        g.mbarrierArrive(ringBarrier(i, /*empty=*/true, ringStage));
+    if (auto it = ringReleases.find(v); it != ringReleases.end()) {
+      for (const RingUse &u : it->second)
+        g.mbarrierArrive(ringBarrier(u.stream, /*empty=*/true, u.stage));
+      ringReleases.erase(it);
+    }
 }

@@ -46,6 +46,7 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   tile.blockM = config.blockM;
   tile.blockN = config.blockN;
   tile.kvSplit = config.splits != 0;
+  tile.overlapSoftmax = config.overlapSoftmax;
   pm.addPass(attn::createTileAttention(tile));
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
@@ -125,6 +126,7 @@ static TileConfig toConfig(const FlashjitPipelineOptions &options) {
   config.warps = options.warps;
   if (options.kvSplit)
     config.splits = TileConfig::kAutoSplits;
+  config.overlapSoftmax = options.overlapSoftmax;
   return config;
 }
 

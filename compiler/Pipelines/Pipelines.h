@@ -93,6 +93,12 @@ struct FlashjitPipelineOptions
                      "and their lse merge (flashjit-tile-attention's "
                      "kv-split)"),
       llvm::cl::init(false)};
+  Option<bool> overlapSoftmax{
+      *this, "overlap-softmax",
+      llvm::cl::desc("the software-pipelined KV loop: S = Q K^T of block "
+                     "t + 1 before the softmax of block t "
+                     "(flashjit-tile-attention's overlap-softmax)"),
+      llvm::cl::init(false)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as

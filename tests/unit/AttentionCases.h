@@ -41,6 +41,8 @@ struct Case {
   const char *scoreMod = "";
   /// TileConfig::splits (split-KV; 0 one pass, -1 auto).
   int64_t splits = 0;
+  /// TileConfig::overlapSoftmax (the software-pipelined KV loop).
+  bool overlap = false;
 };
 
 inline std::ostream &operator<<(std::ostream &os, const Case &c) {

@@ -38,6 +38,7 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
   config.blockM = c.br;
   config.blockN = c.bc;
   config.splits = c.splits;
+  config.overlapSoftmax = c.overlap;
   Problem p;
   p.batch = c.batch;
   p.heads = c.heads;

@@ -113,8 +113,8 @@ int runCompile(const CliOptions &o) {
     if (o.outputPath.empty())
       throw SpecError("--emit cubin writes a binary: give -o FILE");
     rt::DiskCache cache;
-    CubinBuild b =
-        engine::buildCubin(o.spec, o.config, target, cache, o.source);
+    CubinBuild b = engine::buildCubin(o.spec, o.config, target, cache, o.source,
+                                      engine::Assembler::Cubin);
     std::ofstream out(o.outputPath, std::ios::binary);
     out.write(b.image.cubin.data(), std::streamsize(b.image.cubin.size()));
     out.close();

@@ -144,7 +144,8 @@ std::string helpText(const std::string &command) {
          "                       for this GPU and problem class, else by\n"
          "                       head dim and GPU, e.g. 128 x 64 with 4\n"
          "                       warps (on sm_90a the warpgroup tiles, e.g.\n"
-         "                       192 x 128 with 12 warps at d = 128;\n"
+         "                       128 x 128 with 8 warps, the K/V ring and\n"
+         "                       --overlap-softmax at d = 128;\n"
          "                       `compile` shows the first unless given);\n"
          "                       --backward: `tune --backward`'s config, else\n"
          "                       64 x 128 with 8 warps up to d = 128 (128 x\n"
@@ -163,7 +164,11 @@ std::string helpText(const std::string &command) {
          "                       auto: S from the SM count and the problem\n"
          "                       at launch. Default 0 (one pass), except on\n"
          "                       the GPU for decode: Nq * gqa <= 64 query\n"
-         "                       rows per KV head and Nkv >= 1024\n";
+         "                       rows per KV head and Nkv >= 1024\n"
+         "  --overlap-softmax    the software-pipelined KV loop: S = Q K^T of\n"
+         "                       block t + 1 is issued before the softmax of\n"
+         "                       block t (forward; on sm_90a the K/V ring's\n"
+         "                       consumers take 232 registers)\n";
 }
 
 const std::vector<std::string> &runOnlyOptions() {
@@ -330,6 +335,11 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},
+      {"--overlap-softmax",
+       [&] {
+         o.config.overlapSoftmax = true;
+         warpsGiven = true; // a tiling flag: the config comes from flags
+       }},
       {"--help", [&] { o.help = true; }},
       {"-h", [&] { o.help = true; }},
       {"--version", [&] { o.version = true; }},

@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fmt/format.h>
 
 namespace flashjit::engine {
 
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, const KernelSource &source) {
+                      const GpuTarget &target, const KernelSource &source,
+                      Assembler assembler) {
   rt::CacheKey key;
   key.add("version", FLASHJIT_VERSION)
       .add("codegen", kCodegenRevision)
@@ -31,7 +33,16 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
       .add("nvjitlink", rt::nvJitLinkVersionString());
   if (!source.empty())
     key.add("source", source.text);
+  // Where the driver's JIT is taken (buildCubin) the entry holds PTX.
+  if (assembler == Assembler::Best && usesWgmma(target) &&
+      rt::CudaDriver::get().available())
+    key.add("assembler", "driver jit where whole-program");
   return key;
+}
+
+bool wholeProgramWanted(const std::string &ptx) {
+  return ptx.find("wgmma.mma_async") != std::string::npos ||
+         ptx.find("setmaxnreg") != std::string::npos;
 }
 
 namespace {
@@ -94,9 +105,14 @@ rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
 
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, rt::DiskCache &cache,
-                      const KernelSource &source) {
+                      const KernelSource &source, Assembler assembler) {
   auto t0 = std::chrono::steady_clock::now();
-  rt::CacheKey key = cubinKey(spec, config, target, source);
+  // FLASHJIT_ASSEMBLER=nvjitlink: nvJitLink's cubins throughout (the A/B
+  // of T12, or a driver whose JIT misbehaves).
+  const char *env = std::getenv("FLASHJIT_ASSEMBLER");
+  if (env && std::string(env) == "nvjitlink")
+    assembler = Assembler::Cubin;
+  rt::CacheKey key = cubinKey(spec, config, target, source, assembler);
   CubinBuild b;
   if (auto payload = cache.load("cubin", key, b.cache)) {
     if (unpackCubin(*payload, b)) {
@@ -106,12 +122,33 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     b.cache = rt::CacheStatus::Rebuilt;
   }
   GpuCompilation compiled = compileForGpu(spec, config, target, source);
-  rt::CubinResult r = rt::ptxToCubin(compiled.ptx, target.arch);
+  int localBytes = 0; // the functions' attributes, without ptxas's report
+  rt::CubinResult r;
+  if (assembler == Assembler::Best && wholeProgramWanted(compiled.ptx) &&
+      rt::CudaDriver::get().available()) {
+    // Compiled now by the driver (so that its report is known, and errors
+    // show here); the image is the PTX, compiled again (or from the
+    // driver's compute cache) where it is loaded.
+    rt::Module module(compiled.ptx);
+    r.cubin.assign(compiled.ptx.begin(), compiled.ptx.end());
+    r.infoLog = module.jitInfoLog();
+    // The driver's compute cache answers without ptxas's report: then the
+    // loaded functions' own attributes (local memory: the spills' upper
+    // bound).
+    if (rt::parseResourceUsage(r.infoLog).registers < 0)
+      for (const KernelLaunch &k : compiled.kernels) {
+        auto [regs, local] = module.resources(k.name);
+        r.infoLog += fmt::format("ptxas info    : Used {} registers\n", regs);
+        localBytes = std::max(localBytes, local);
+      }
+  } else {
+    r = rt::ptxToCubin(compiled.ptx, target.arch);
+  }
   rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
   b.image.cubin = std::move(r.cubin);
   b.image.kernels = std::move(compiled.kernels);
   b.registers = use.registers;
-  b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes;
+  b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes + localBytes;
   cache.store("cubin", key, packCubin(b));
   b.prepareMs = msSince(t0);
   return b;
@@ -134,8 +171,16 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
                   &tuned.blockM, &tuned.blockN, &tuned.warps, &tuned.stages,
                   &end) != 4)
     return std::nullopt;
-  // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson).
-  const std::string rest = text.substr(size_t(end));
+  // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson), and
+  // the pipelined loop's ",\"overlap_softmax\":true" last.
+  std::string rest = text.substr(size_t(end));
+  const std::string overlap = ",\"overlap_softmax\":true}";
+  if (rest.size() >= overlap.size() &&
+      rest.compare(rest.size() - overlap.size(), overlap.size(), overlap) ==
+          0) {
+    tuned.overlapSoftmax = true;
+    rest = rest.substr(0, rest.size() - overlap.size()) + "}";
+  }
   long splits = 0;
   int used = 0;
   if (rest == ",\"splits\":\"auto\"}")

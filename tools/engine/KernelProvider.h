@@ -32,19 +32,37 @@ struct CubinBuild {
   double prepareMs = 0; ///< flashjit's own time: cache lookup or compile
 };
 
-/// The cubin for (spec, config, target), compiled from \p source when given
-/// (an IR file: KernelSource): from the on-disk cache, else compiled (PTX ->
-/// nvJitLink) and stored. Thread-safe.
+/// How the PTX becomes a loadable image.
+enum class Assembler {
+  /// The driver's JIT where wholeProgramWanted() and a driver is there
+  /// (the image is then the PTX, which the driver compiles on load), else
+  /// nvJitLink.
+  Best,
+  Cubin, ///< always an ELF cubin by nvJitLink (`compile --emit cubin`)
+};
+
+/// Whether \p ptx loses speed as a separately compiled unit, which is how
+/// nvJitLink compiles PTX: ptxas then serialises warpgroup MMAs (C7509:
+/// "wgmma.mma_async instructions are serialized due to the presence of
+/// Extern calls") and ignores setmaxnreg (C7504), as measured on the H200
+/// (bench/NOTES.md, T12). The driver's JIT compiles a module as a whole.
+bool wholeProgramWanted(const std::string &ptx);
+
+/// The kernel image for (spec, config, target), compiled from \p source
+/// when given (an IR file: KernelSource): from the on-disk cache, else
+/// compiled (PTX -> \p assembler) and stored. Thread-safe.
 CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, rt::DiskCache &cache,
-                      const KernelSource &source = {});
+                      const KernelSource &source = {},
+                      Assembler assembler = Assembler::Best);
 
 /// The cubin cache key: everything that changes the bytes (flashjit's
 /// version and code generator, the pipeline, the spec with its direction,
 /// the config, the copy width, arch, PTX ISA, nvJitLink's version, and the
 /// source IR's text when the kernel comes from a file).
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
-                      const GpuTarget &target, const KernelSource &source = {});
+                      const GpuTarget &target, const KernelSource &source = {},
+                      Assembler assembler = Assembler::Best);
 
 /// The cache key of tuning results: spec (with its direction: forward and
 /// backward are tuned apart), problem class, GPU identity.

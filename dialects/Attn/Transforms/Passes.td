@@ -34,6 +34,11 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
            "kv_splits runs of the KV blocks (GQA-packed when gqa > 1 and "
            "dense), @f_combine merges them by their lse "
            "(kernels/KernelABI.h, abi::split)">,
+    Option<"overlapSoftmax", "overlap-softmax", "bool", "false",
+           "software-pipelined KV loop: iteration t issues S = Q K^T of "
+           "block t + 1 before the softmax of block t, which then runs "
+           "while the tensor cores compute it (the first block's S before "
+           "the loop)">,
   ];
 }
 

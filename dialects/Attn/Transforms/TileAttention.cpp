@@ -86,10 +86,12 @@ class TiledForwardBuilder : flashjit::attn::detail::TileIRBuilderBase {
 public:
   /// \p split: the split-KV partial (role "forward_split"), followed by
   /// its combine function (TileAttentionSplit.cpp).
-  TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split)
+  /// \p overlap: the software-pipelined KV loop (buildOverlappedLoop).
+  TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split,
+                      bool overlap)
       : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
-        hasBand(op.getMask() != "none"), split(split),
+        hasBand(op.getMask() != "none"), split(split), overlap(overlap),
         pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
         numBufs(split ? abi::split::NumBuffers : abi::NumBuffers),
         numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
@@ -106,7 +108,14 @@ private:
   void setUpProgram();
   void loopBounds();
   Value blockStart(Value t);
+  Value loadK(Value n0);
+  Value loadV(Value n0);
+  Value scores(Value k);
   SmallVector<Value> step(Value t, Value o, Value m, Value l);
+  SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
+                            Value l);
+  scf::ForOp buildLoop(ArrayRef<Value> init);
+  scf::ForOp buildOverlappedLoop(ArrayRef<Value> init);
   Value modifyScores(Value s, Value n0);
   Value maskScores(Value s, Value n0);
   void writeOutput(Value o, Value m, Value l);
@@ -116,7 +125,7 @@ private:
   const bool hasBand;
   /// Split-KV; and GQA packing (split, gqa > 1, dense): the group's query
   /// heads are the rows of one tile (kernels/KernelABI.h, abi::split).
-  const bool split, pack;
+  const bool split, overlap, pack;
   const int numBufs, numIdx;
   Type elemTy;
   func::FuncOp func;
@@ -187,14 +196,7 @@ func::FuncOp TiledForwardBuilder::build() {
       constTile(0.0, oTy),
       constTile(-std::numeric_limits<double>::infinity(), rowTy),
       constTile(0.0, rowTy)};
-  auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), init);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(loop.getBody());
-    auto carried = loop.getRegionIterArgs();
-    scf::YieldOp::create(
-        b, step(loop.getInductionVar(), carried[0], carried[1], carried[2]));
-  }
+  scf::ForOp loop = overlap ? buildOverlappedLoop(init) : buildLoop(init);
   writeOutput(loop.getResult(0), loop.getResult(1), loop.getResult(2));
   func::ReturnOp::create(b);
   if (split) {
@@ -307,6 +309,71 @@ Value TiledForwardBuilder::queryOf(Value rows) {
   return arith::DivUIOp::create(b, rows, splat(toI32(group), ty));
 }
 
+/// The KV loop over [tLo, tHi) carrying (O, m, l), one step() each.
+scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
+  auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), init);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  auto carried = loop.getRegionIterArgs();
+  scf::YieldOp::create(
+      b, step(loop.getInductionVar(), carried[0], carried[1], carried[2]));
+  return loop;
+}
+
+/// The software-pipelined KV loop (`overlap-softmax`): S of the first
+/// block before the loop, and iteration t computes S of block t + 1 before
+/// the softmax and P V of block t, carrying it as a fourth value:
+///
+///   %s0 = tile.dot %q, tile.load %K[block tLo, or 0 if the loop is empty]
+///   %r:4 = scf.for %t = %tLo to %tHi iter_args(%o, %m, %l, %s = %s0) {
+///     %kn = tile.load %K[block min(t + 1, tHi - 1)]
+///     %v = tile.load %V[block t]
+///     %sn = tile.dot %q, %kn {transpose_rhs}   // in flight during ...
+///     ... the softmax of %s and %o2 = P V, as step() ...
+///     scf.yield %o2, %m2, %l2, %sn
+///   }
+///
+/// The last iteration's %sn repeats the last block and is dropped. The
+/// arithmetic of each block is step()'s, in the same order, so the result
+/// is the plain loop's bit for bit.
+scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
+  Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
+  Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
+  SmallVector<Value> carried(init);
+  carried.push_back(scores(loadK(first)));
+  auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), carried);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  Value t = loop.getInductionVar();
+  auto args = loop.getRegionIterArgs();
+  Value n0 = blockStart(t);
+  Value next = minI(add(t, cIdx(1)), sub(tHi, cIdx(1)));
+  Value kNext = loadK(blockStart(next));
+  Value v = loadV(n0);
+  Value sNext = scores(kNext);
+  SmallVector<Value> results =
+      update(args[3], n0, v, args[0], args[1], args[2]);
+  results.push_back(sNext);
+  scf::YieldOp::create(b, results);
+  return loop;
+}
+
+/// The K (V) tile of keys [n0, n0 + Bc).
+Value TiledForwardBuilder::loadK(Value n0) {
+  return loadTile(tile({bc, dqk}, elemTy), arg(abi::K), kBase, n0, nkv,
+                  indexArg(abi::KStrideN));
+}
+
+Value TiledForwardBuilder::loadV(Value n0) {
+  return loadTile(tile({bc, dv}, elemTy), arg(abi::V), vBase, n0, nkv,
+                  indexArg(abi::VStrideN));
+}
+
+/// The raw scores Q K^T of K tile \p k (f32).
+Value TiledForwardBuilder::scores(Value k) {
+  return dot(qTile, k, Value(), false, /*transposeRhs=*/true);
+}
+
 /// First key of iteration \p t.
 Value TiledForwardBuilder::blockStart(Value t) {
   return sparseBlock == 0 ? mulC(t, bc) : listedBlockStart(list, t);
@@ -318,11 +385,16 @@ Value TiledForwardBuilder::blockStart(Value t) {
 SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
                                              Value l) {
   Value n0 = blockStart(t);
-  Value k = loadTile(tile({bc, dqk}, elemTy), arg(abi::K), kBase, n0, nkv,
-                     indexArg(abi::KStrideN));
-  Value v = loadTile(tile({bc, dv}, elemTy), arg(abi::V), vBase, n0, nkv,
-                     indexArg(abi::VStrideN));
-  Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true);
+  Value k = loadK(n0);
+  Value v = loadV(n0);
+  return update(scores(k), n0, v, o, m, l);
+}
+
+/// The online-softmax update by raw scores \p s of keys [n0, n0 + Bc) and
+/// their V tile \p v: the score modifier, the mask, the new row max and
+/// sum, and O += P V.
+SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
+                                               Value o, Value m, Value l) {
   if (op.hasScoreMod())
     s = modifyScores(fmul(s, splat(scale, tile({br, bc}, f32))), n0);
 
@@ -442,7 +514,8 @@ struct TileAttentionPass
       return signalPassFailure();
     if (failed(
             flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
-                getOperation(), blockM, blockN, bool(kvSplit))))
+                getOperation(), blockM, blockN, bool(kvSplit),
+                bool(overlapSoftmax))))
       signalPassFailure();
   }
 };

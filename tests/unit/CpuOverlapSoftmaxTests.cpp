@@ -1,0 +1,107 @@
+//===- CpuOverlapSoftmaxTests.cpp - The pipelined KV loop vs float64 ------===//
+//
+/// \file
+/// The software-pipelined forward (TileConfig::overlapSoftmax: S of block
+/// t + 1 issued before the softmax of block t, the first block's S before
+/// the loop) run by the CPU execution mode, the program the sm_90a K/V
+/// ring's consumers run, against the float64 reference on fresh inputs
+/// with poisoned outputs (ForwardCheck.h). The cases cover one block and
+/// many, rows that see no key (an empty loop: the first block's S is made
+/// and dropped), block-sparse lists with an empty row (the first listed
+/// block is never read), masks whose band starts past block 0, score
+/// modifiers that read the key index, GQA, fp16, dqk != dv, Nq != Nkv and
+/// the split-KV partial; and that the program is the plain loop's, op for
+/// op, but for the carried S.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Compiler.h"
+#include "tests/unit/ForwardCheck.h"
+
+#include <gtest/gtest.h>
+
+using namespace flashjit;
+
+namespace {
+
+using namespace flashjit::test;
+
+class CpuOverlapSoftmax : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CpuOverlapSoftmax, MatchesFloat64Reference) {
+  expectForwardMatchesReference(GetParam(), freshSeed());
+}
+
+constexpr auto DENSE = LayoutKind::Dense;
+constexpr auto SEP = QKVLayout::Separate;
+
+// clang-format off
+const Case kOverlapCases[] = {
+  // name          dqk  dv  dt  mask   g  Br  Bc  B  H   Nq    Nkv  L  R  layout  sb  qkv  mod  S  overlap
+  {"d128_br128_bc128_n1000", 128, 128, BF, NONE, 1, 128, 128, 1, 2, 1000, 1000, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"d64_causal_nq_lt_nkv", 64, 64, BF, CAUSAL, 1, 64, 32, 2, 2, 100, 700, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"d96_causal_nq_gt_nkv_empty_rows", 96, 96, FP, CAUSAL, 1, 64, 64, 1, 2, 300, 130, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"d64_window_band_past_block0", 64, 64, BF, WIN, 1, 32, 32, 1, 1, 500, 500, 40, 10, DENSE, 128, SEP, "", 0, true},
+  {"window_rows_without_keys", 64, 64, BF, WIN, 2, 16, 16, 1, 2, 20, 10, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"one_block", 32, 32, BF, NONE, 1, 64, 64, 1, 1, 50, 40, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"d80_dv48_fp16_gqa4", 80, 48, FP, NONE, 4, 32, 64, 2, 8, 128, 300, 0, 0, DENSE, 128, SEP, "", 0, true},
+  {"sparse_random_causal", 128, 128, BF, CAUSAL, 1, 64, 64, 2, 2, 520, 520, 0, 0, LayoutKind::Random, 128, SEP, "", 0, true},
+  {"sparse_emptyrow", 64, 64, BF, NONE, 1, 32, 32, 1, 2, 256, 256, 0, 0, LayoutKind::EmptyRow, 64, SEP, "", 0, true},
+  {"softcap", 64, 64, BF, CAUSAL, 1, 64, 64, 1, 2, 300, 300, 0, 0, DENSE, 128, SEP, "softcap:5", 0, true},
+  {"alibi_gqa2", 64, 64, BF, NONE, 2, 32, 64, 1, 4, 200, 333, 0, 0, DENSE, 128, SEP, "alibi:4", 0, true},
+  {"split_kv_decode_gqa8", 128, 128, BF, NONE, 8, 16, 64, 2, 16, 1, 1500, 0, 0, DENSE, 128, SEP, "", 5, true},
+};
+// clang-format on
+
+INSTANTIATE_TEST_SUITE_P(Cases, CpuOverlapSoftmax,
+                         ::testing::ValuesIn(kOverlapCases),
+                         [](const auto &info) {
+                           return std::string(info.param.name);
+                         });
+
+/// The tiled text of the default forward at d = 64 with and without the
+/// overlap.
+std::string tiled(bool overlap) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 64;
+  spec.mask = MaskKind::Causal;
+  TileConfig config;
+  config.overlapSoftmax = overlap;
+  return emitStage(spec, config, Stage::Tile);
+}
+
+/// The same ops but one more S = Q K^T (the first block's, before the
+/// loop) and one more carried tile.
+TEST(OverlapSoftmax, TheLoopCarriesTheNextScores) {
+  const std::string plain = tiled(false), overlapped = tiled(true);
+  auto count = [](const std::string &text, const std::string &what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos;
+         at = text.find(what, at + 1))
+      ++n;
+    return n;
+  };
+  EXPECT_EQ(count(plain, "tile.dot"), 2u);
+  EXPECT_EQ(count(overlapped, "tile.dot"), 3u);
+  EXPECT_EQ(count(overlapped, "tile.load"), count(plain, "tile.load") + 1);
+  EXPECT_EQ(count(overlapped, "math.exp2"), count(plain, "math.exp2"));
+  EXPECT_NE(overlapped.find("-> (tensor<64x64xf32>, tensor<64xf32>, "
+                            "tensor<64xf32>, tensor<64x64xf32>)"),
+            std::string::npos)
+      << overlapped;
+}
+
+/// Forward only: the backward has no such loop.
+TEST(OverlapSoftmax, BackwardRefusesIt) {
+  AttentionSpec spec;
+  spec.direction = Direction::Backward;
+  TileConfig config;
+  config.overlapSoftmax = true;
+  EXPECT_THROW(config.validate(spec), SpecError);
+  EXPECT_NE(config.toJson().find("\"overlap_softmax\":true"),
+            std::string::npos);
+  config.overlapSoftmax = false;
+  EXPECT_EQ(config.toJson().find("overlap"), std::string::npos);
+}
+
+} // namespace
