@@ -236,14 +236,7 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
 /// with empty rows, score modifiers, GQA, fp16, dqk != dv, Nq != Nkv and
 /// several passes over 3 and 4 stages. `run --json` must report the ring
 /// and the config's overlap on sm_90a (elsewhere the tiling is refused).
-class ForwardOverlapGpu
-    : public ::testing::TestWithParam<std::tuple<int, const char *>> {
-protected:
-  void SetUp() override {
-    if (!flashjit::rt::CudaDriver::get().available())
-      GTEST_SKIP() << "skipped: no CUDA driver";
-  }
-};
+class ForwardOverlapGpu : public ForwardPingPongGpu {};
 
 TEST_P(ForwardOverlapGpu, MatchesFloat64Reference) {
   const auto [mode, args] = GetParam();
