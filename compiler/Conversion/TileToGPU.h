@@ -337,7 +337,7 @@ private:
                         Value stage, Value parity);
   /// The function-level loads of the ring's streams before its loop
   /// (ringPrologue): no slots of their own (they alias their stream's).
-  bool isRingPrologueLoad(tile::LoadOp load) const;
+  bool isRingPrologueLoad(tile::LoadOp load);
   /// \p load's first and last reading dots in its block.
   std::pair<Operation *, tile::DotOp> firstAndLastDot(tile::LoadOp load);
   /// The shared pointer of ring load \p load's full (or empty) barrier of

@@ -259,9 +259,8 @@ TileKernelLowering::ringPosition(scf::ForOp op, Value iv, int64_t lead) {
   return positionOf(position);
 }
 
-bool TileKernelLowering::isRingPrologueLoad(tile::LoadOp load) const {
-  return place.ringStages &&
-         load->getParentOp() == const_cast<mlir::func::FuncOp &>(fn) &&
+bool TileKernelLowering::isRingPrologueLoad(tile::LoadOp load) {
+  return place.ringStages && load->getParentOp() == fn.getOperation() &&
          loopBases.contains(load.getBase());
 }
 
