@@ -285,7 +285,7 @@ void runPipeline(ModuleOp module,
 /// " kv-split=true" for a split-KV tiling and " overlap-softmax=true" for
 /// the pipelined loop, else nothing (so that the other pipelines' texts,
 /// and cache keys, stay as they were).
-static std::string splitOption(const TileConfig &config) {
+static std::string tilingOptions(const TileConfig &config) {
   return std::string(config.splits ? " kv-split=true" : "") +
          (config.overlapSoftmax ? " overlap-softmax=true" : "");
 }
@@ -293,7 +293,7 @@ static std::string splitOption(const TileConfig &config) {
 std::string cpuPipelineText(const TileConfig &config) {
   return fmt::format("builtin.module(flashjit-cpu-pipeline{{block-m={} "
                      "block-n={}{}}})",
-                     config.blockM, config.blockN, splitOption(config));
+                     config.blockM, config.blockN, tilingOptions(config));
 }
 
 /// Checks that \p config and \p target can make a GPU kernel for \p spec.
@@ -439,7 +439,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
-      splitOption(config));
+      tilingOptions(config));
 }
 
 int64_t pingPongMode(const GpuTarget &target) {

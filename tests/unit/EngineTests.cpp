@@ -131,13 +131,16 @@ TEST(Engine, TunedSplitConfigsKeepTheirSplits) {
   TileConfig tuned;
   tuned.blockM = 16;
   tuned.warps = 1;
-  for (int64_t splits : {TileConfig::kAutoSplits, int64_t(7), int64_t(0)}) {
-    tuned.splits = splits;
-    auto loaded = roundTrip(tuned.toJson());
-    ASSERT_TRUE(loaded.has_value()) << tuned.toJson();
-    EXPECT_EQ(loaded->splits, splits);
-    EXPECT_EQ(loaded->blockM, 16);
-  }
+  for (int64_t splits : {TileConfig::kAutoSplits, int64_t(7), int64_t(0)})
+    for (bool overlap : {false, true}) { // and the overlapped loop's flag
+      tuned.splits = splits;
+      tuned.overlapSoftmax = overlap;
+      auto loaded = roundTrip(tuned.toJson());
+      ASSERT_TRUE(loaded.has_value()) << tuned.toJson();
+      EXPECT_EQ(loaded->splits, splits);
+      EXPECT_EQ(loaded->overlapSoftmax, overlap);
+      EXPECT_EQ(loaded->blockM, 16);
+    }
   EXPECT_FALSE(roundTrip("{\"block_m\":16,\"block_n\":64,\"warps\":1,"
                          "\"stages\":2,\"splits\":\"many\"}")
                    .has_value());

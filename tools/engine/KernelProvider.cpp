@@ -122,8 +122,8 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     b.cache = rt::CacheStatus::Rebuilt;
   }
   GpuCompilation compiled = compileForGpu(spec, config, target, source);
-  int localBytes = 0; // the functions' attributes, without ptxas's report
   rt::CubinResult r;
+  std::optional<rt::ResourceUsage> fromFunctions;
   if (assembler == Assembler::Best && wholeProgramWanted(compiled.ptx) &&
       rt::CudaDriver::get().available()) {
     // Compiled now by the driver (so that its report is known, and errors
@@ -133,22 +133,26 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     r.cubin.assign(compiled.ptx.begin(), compiled.ptx.end());
     r.infoLog = module.jitInfoLog();
     // The driver's compute cache answers without ptxas's report: then the
-    // loaded functions' own attributes (local memory: the spills' upper
-    // bound).
-    if (rt::parseResourceUsage(r.infoLog).registers < 0)
+    // loaded functions' own attributes (local memory, counted as stores:
+    // the spills' upper bound).
+    if (rt::parseResourceUsage(r.infoLog).registers < 0) {
+      fromFunctions.emplace();
       for (const KernelLaunch &k : compiled.kernels) {
         auto [regs, local] = module.resources(k.name);
-        r.infoLog += fmt::format("ptxas info    : Used {} registers\n", regs);
-        localBytes = std::max(localBytes, local);
+        fromFunctions->registers = std::max(fromFunctions->registers, regs);
+        fromFunctions->spillStoresBytes =
+            std::max(fromFunctions->spillStoresBytes, local);
       }
+    }
   } else {
     r = rt::ptxToCubin(compiled.ptx, target.arch);
   }
-  rt::ResourceUsage use = rt::parseResourceUsage(r.infoLog);
+  rt::ResourceUsage use =
+      fromFunctions ? *fromFunctions : rt::parseResourceUsage(r.infoLog);
   b.image.cubin = std::move(r.cubin);
   b.image.kernels = std::move(compiled.kernels);
   b.registers = use.registers;
-  b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes + localBytes;
+  b.spillBytes = use.spillStoresBytes + use.spillLoadsBytes;
   cache.store("cubin", key, packCubin(b));
   b.prepareMs = msSince(t0);
   return b;
