@@ -57,14 +57,18 @@ struct GpuGeometry {
   int64_t ringStages = 0;
   int64_t stageBytes = 0, barrierOffset = 0;
   static constexpr int64_t kRingProducerThreads = 128;
-  /// The ring takes tilings of two consumer warpgroups (8 warps, Br = 128):
-  /// measured on the H200 (bench/NOTES.md, T10), one consumer warpgroup has
-  /// no other to overlap with (0.65x the same tiling without the ring) and
-  /// three spill at the 128 registers that 512 threads leave.
+  /// The ring takes tilings of two or three consumer warpgroups (8 or 12
+  /// warps, Br = 128 or 192): measured on the H200 (bench/NOTES.md, T10),
+  /// one consumer warpgroup has no other to overlap with (0.65x the same
+  /// tiling without the ring). Three spill at the 128 registers that 512
+  /// threads leave unless the lowering moves registers to them (setmaxnreg,
+  /// which it does for three).
   static constexpr int64_t kRingConsumerWarps = 8;
-  /// ... and head dims up to 128: past it the consumers' O and S spill at
-  /// the 168 registers that 384 threads leave (d = 256: 0.6x without).
-  static constexpr int64_t kRingMaxHeadDim = 128;
+  static constexpr int64_t kRingMaxConsumerWarps = 12;
+  /// ... and head dims up to 256 (a warpgroup MMA's N): past 128 the
+  /// consumers take registers from the producer (setmaxnreg), without
+  /// which O and S spill at the 168 registers that 384 threads leave.
+  static constexpr int64_t kRingMaxHeadDim = 256;
   static constexpr int64_t kRingBarriersPerStage = 4;
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
@@ -74,11 +78,13 @@ struct GpuGeometry {
 };
 
 /// Whether \p config would take the K/V ring for \p spec on a target with
-/// it (\p kvRing; the geometry's wgmmaShape and stages >= 2 aside): 8 warps
-/// and head dims up to 128 (GpuGeometry::kRingConsumerWarps).
+/// it (\p kvRing; the geometry's wgmmaShape and stages >= 2 aside): 8 or
+/// 12 warps and head dims up to 256 (GpuGeometry::kRingConsumerWarps).
 inline bool takesKvRing(const AttentionSpec &spec, const TileConfig &config,
                         bool kvRing) {
-  return kvRing && config.warps == GpuGeometry::kRingConsumerWarps &&
+  return kvRing &&
+         (config.warps == GpuGeometry::kRingConsumerWarps ||
+          config.warps == GpuGeometry::kRingMaxConsumerWarps) &&
          std::max(spec.headDimQK, spec.headDimV) <=
              GpuGeometry::kRingMaxHeadDim;
 }
@@ -167,8 +173,9 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
            std::to_string(spec.headDimV);
   const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
   if (config.overlapSoftmax && !geo.ringStages)
-    return "overlap-softmax needs the K/V ring on the GPU (sm_90a, 8 warps, "
-           "block_m 128, head dims up to 128, stages 2 to 4): the softmax "
+    return "overlap-softmax needs the K/V ring on the GPU (sm_90a, 8 or 12 "
+           "warps, block_m 16 * warps, head dims up to 256, stages 2 to 4): "
+           "the softmax "
            "overlaps an asynchronous warpgroup MMA whose K the producer "
            "warpgroup copies";
   if (geo.wgmmaShape && takesKvRing(spec, config, kvRing)) {
@@ -192,8 +199,8 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
     return "stages (" + std::to_string(config.stages) + ") must be 2" +
            (kvRing ? " (or 1: no ring)" : "") +
            " on the GPU: K of the next block loads during P V and V during S "
-           "(other depths: the K/V ring on warpgroup MMAs, sm_90a, 8 warps, "
-           "block_m 128, head dims up to 128)";
+           "(other depths: the K/V ring on warpgroup MMAs, sm_90a, 8 or 12 "
+           "warps, block_m 16 * warps, head dims up to 256)";
   }
   return sharedMemoryProblem("the tiles", geo.sharedBytes, maxSharedBytes);
 }
@@ -206,8 +213,8 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
 /// the tiles allow: sm_90a) and head dims up to 256, the fastest spill-free
 /// warpgroup tiling measured on the H200 instead (bench/NOTES.md, T6): one
 /// 16-row tile per warp, a warpgroup per 64 rows. With \p kvRing as well
-/// (usesKvRing), the same but for d in 97..128 unmasked: 128x128 on 8 warps
-/// and a ring of 2 stages (bench/NOTES.md, T10).
+/// (usesKvRing), the same but where a K/V ring measured faster
+/// (bench/NOTES.md, T10, T12, T13; the tables below say where).
 inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
                                    bool warpgroupMma = false,
                                    bool kvRing = false) {
@@ -242,25 +249,30 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     static const Row masked[] = {{128, 64, 128, 4}, {256, 128, 64, 8}};
     // With the ring: it where it is faster (d in 97..128 unmasked, T10),
     // with the overlapped loop where that is (d in 113..128, plain and
-    // masked, T12; below, padded to 112, its consumers spill), else the
-    // tilings above (past d = 128 none takes the ring).
-    static const Row ringPlain[] = {{64, 64, 128, 4},
-                                    {96, 192, 128, 12},
+    // masked, T12; below, padded to 112, its consumers spill), the ring
+    // at 128 x 64 for masks past d = 128 (T13: d = 256 causal 493 -> 542
+    // TFLOP/s; unmasked it loses, 512 -> 502), three consumer warpgroups
+    // for d in 49..64 unmasked (T13: d = 64 406 -> 453; at d = 48 their
+    // producer spills 40 bytes), else the tilings above.
+    static const Row ringPlain[] = {{48, 64, 128, 4},
+                                    {64, 192, 128, 12, 2},
+                                    {96, 192, 128, 12, 1},
                                     {112, 128, 128, 8, 2},
                                     {128, 128, 128, 8, 2, true},
-                                    {256, 128, 128, 8}};
+                                    {256, 128, 128, 8, 1}};
     static const Row ringMasked[] = {
-        {112, 64, 128, 4}, {128, 128, 128, 8, 2, true}, {256, 128, 64, 8}};
+        {112, 64, 128, 4}, {128, 128, 128, 8, 2, true}, {256, 128, 64, 8, 2}};
     // A score modifier keeps T10's: its values spill the overlapped loop
     // (ALiBi, causal: 96 bytes).
     static const Row modPlain[] = {{64, 64, 128, 4},
-                                   {96, 192, 128, 12},
+                                   {96, 192, 128, 12, 1},
                                    {128, 128, 128, 8, 2},
-                                   {256, 128, 128, 8}};
-    std::optional<TileConfig> c =
-        !kvRing                 ? lookUp(plain, masked)
-        : spec.scoreMod.empty() ? lookUp(ringPlain, ringMasked)
-                                : lookUp(modPlain, masked);
+                                   {256, 128, 128, 8, 1}};
+    static const Row modMasked[] = {{128, 64, 128, 4}, {256, 128, 64, 8, 1}};
+    std::optional<TileConfig> c = !kvRing ? lookUp(plain, masked)
+                                  : spec.scoreMod.empty()
+                                      ? lookUp(ringPlain, ringMasked)
+                                      : lookUp(modPlain, modMasked);
     // Else (or unless Br and Bc divide the sparse block) the generic one.
     if (c && (!spec.blockSparse || (spec.sparseBlock % c->blockM == 0 &&
                                     spec.sparseBlock % c->blockN == 0)))

@@ -626,7 +626,7 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
       return fn.emitError() << "the K/V ring needs a loop with shared loads";
     // setmaxnreg (lowerRingRoles) needs the count at entry fixed: with the
     // block size, one block per SM (.minnctapersm 1), else ptxas ignores it.
-    if (!ringPrologue.empty())
+    if (ringMovesRegisters)
       kernel->setAttr("nvvm.minctasm", b.getI32IntegerAttr(1));
     if (failed(lowerRingRoles(body)))
       return failure();

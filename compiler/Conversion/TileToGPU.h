@@ -102,7 +102,7 @@ struct KernelPlacement {
   int64_t ringStages = 0, producerThreads = 0;
   /// The warpgroups of the `threads` that every tile is placed on.
   int64_t warpgroups() const { return threads / 128; }
-  /// With the ring (two consumer warpgroups: GpuGeometry::
+  /// With the ring (two or three consumer warpgroups: GpuGeometry::
   /// kRingConsumerWarps): they take turns at the tensor cores, so that one's
   /// softmax runs under the other's MMAs (TileToGPURing.cpp, "ping-pong").
   /// 0: no order; 1: the batches of the loop's first product (S = Q K^T);
@@ -491,6 +491,9 @@ private:
   };
   llvm::SmallVector<RingLead, 1> ringPrologue;
   llvm::SmallVector<int64_t, 2> ringLead;
+  /// The ring's consumers take the registers the producer does not need
+  /// (setmaxnreg; consumersNeedRegisters in TileToGPURing.cpp).
+  bool ringMovesRegisters = false;
   /// The open batch took its turn: its commit passes the turn on.
   bool batchTookTurn = false;
   /// Lowering a branch that leaves the products in flight (leavesInFlight).

@@ -67,11 +67,40 @@ using namespace flashjit::conversion;
 /// one per consumer warpgroup for its turn at the tensor cores.
 static constexpr int64_t kFirstTurnBarrier = 2;
 
-/// setmaxnreg's counts with the overlapped loop: 40 for the producer
-/// warpgroup's copies, 232 for each of the two consumer warpgroups
-/// (40 * 128 + 2 * 232 * 128 = 64,512 of the SM's 65,536).
-static constexpr int64_t kProducerRegisters = 40;
-static constexpr int64_t kConsumerRegisters = 232;
+/// setmaxnreg's counts (producer, each consumer warpgroup) where the
+/// consumers need more registers than the block size leaves them (168 for
+/// 384 threads, 128 for 512), each split using 64,512 of the SM's 65,536
+/// (producer + consumers, times 128). Measured by ptxas on the ring
+/// (bench/NOTES.md, T13): with two consumer warpgroups, the overlapped
+/// loop's, two S tiles live, spill below 232 while its producer fits 40;
+/// the plain loop's producer spills at 40 at d = 256 (140 bytes at
+/// 128 x 64) while its consumers fit 216. Three consumer warpgroups (Br
+/// 192, d <= 128) take 160 each and leave the producer 24.
+static std::pair<int64_t, int64_t> registerSplit(int64_t consumerGroups,
+                                                 bool overlapped) {
+  if (consumerGroups == 3)
+    return {24, 160};
+  return overlapped ? std::pair<int64_t, int64_t>{40, 232}
+                    : std::pair<int64_t, int64_t>{64, 216};
+}
+/// A ring tile wider than this many columns (a head dim past 128) gives
+/// the consumers an O accumulator of more than 64 registers a thread.
+static constexpr int64_t kNarrowRingColumns = 128;
+
+/// Whether the ring's consumers need more registers than the block size
+/// leaves them, so that the producer gives them its own (setmaxnreg): the
+/// overlapped loop (\p overlapped) keeps two S tiles live, a tile of
+/// \p loads wider than kNarrowRingColumns a wide O, and three consumer
+/// warpgroups (\p consumerGroups) have 128 registers a thread without.
+static bool consumersNeedRegisters(ArrayRef<tile::LoadOp> loads,
+                                   bool overlapped, int64_t consumerGroups) {
+  return overlapped || consumerGroups > 2 ||
+         llvm::any_of(loads, [](tile::LoadOp load) {
+           return cast<RankedTensorType>(load.getResult().getType())
+                      .getShape()
+                      .back() > kNarrowRingColumns;
+         });
+}
 
 /// The ring's shared loads of \p loop, in program order: its tile.loads
 /// that live in shared slots.
@@ -120,6 +149,8 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
     slots[load.getResult()] = slots[same->getResult()];
     ringPrologue.push_back({load, stream, ringLead[stream]++});
   }
+  ringMovesRegisters =
+      consumersNeedRegisters(loads, !ringPrologue.empty(), place.warpgroups());
   const int64_t first = slots[loads.front().getResult()].offset;
   ringStageBytes = alignSlot(sharedBytes) - first;
   ringBarriers = first + place.ringStages * ringStageBytes;
@@ -141,22 +172,21 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
   auto roles = scf::IfOp::create(
       b, g.cmp(arith::CmpIPredicate::uge, tid, g.c32(consumers)),
       /*withElseRegion=*/true);
-  // The overlapped loop keeps two S tiles live: its consumers take the
-  // registers that the producer does not need.
-  const bool moveRegisters = !ringPrologue.empty();
+  const auto [producerRegs, consumerRegs] =
+      registerSplit(place.warpgroups(), !ringPrologue.empty());
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(roles.thenBlock()->getTerminator());
-    if (moveRegisters)
-      g.setMaxRegisters(kProducerRegisters, /*increase=*/false);
+    if (ringMovesRegisters)
+      g.setMaxRegisters(producerRegs, /*increase=*/false);
     if (failed(lowerProducer(body)))
       return failure();
   }
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(roles.elseBlock()->getTerminator());
-    if (moveRegisters)
-      g.setMaxRegisters(kConsumerRegisters, /*increase=*/true);
+    if (ringMovesRegisters)
+      g.setMaxRegisters(consumerRegs, /*increase=*/true);
     // The loads before the loop wait at their first product, as the loop's.
     for (RingLead r : ringPrologue) {
       pipelined.insert(r.load);

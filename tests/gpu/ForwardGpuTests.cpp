@@ -158,7 +158,12 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardKvRingGpu, ::testing::Values(
   "--head-dim 64 --block-m 128 --block-n 64 --warps 8 --stages 3 --causal --seq-len 1000 --seq-len-kv 1200",
   "--head-dim 128 --block-m 128 --block-n 64 --warps 8 --stages 4 --gqa 4 --heads 8 --seq-len 2000",
   "--head-dim 256 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 600",
-  "--head-dim 96 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.3 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000"
+  "--head-dim 96 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.3 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000",
+  // Past d = 128 (the consumers take 216 registers, the producer 64).
+  "--head-dim 256 --block-m 128 --block-n 64 --warps 8 --causal --batch 2 --heads 2 --seq-len 1000 --seq-len-kv 1100",
+  "--head-dim 192 --head-dim-v 256 --block-m 128 --block-n 32 --warps 8 --stages 4 --gqa 2 --heads 4 --seq-len 700",
+  "--head-dim 200 --dtype fp16 --block-m 128 --block-n 48 --warps 8 --stages 3 --window 100,20 --seq-len 1025",
+  "--head-dim 256 --block-m 128 --block-n 64 --warps 8 --block-sparse 0.5 --sparse-block 128 --seq-len 2000"
 ));
 // clang-format on
 
@@ -259,7 +264,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, ForwardOverlapGpu, ::testing::Combine(
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.4 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000",
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --score-mod softcap:5 --scale 2 --seq-len 1000",
   "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --score-mod alibi:4 --causal --seq-len 700",
-  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384")));
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 16 --seq-len 16384",
+  "--head-dim 256 --block-m 128 --block-n 64 --warps 8 --causal --gqa 2 --heads 2 --seq-len 999 --seq-len-kv 1300")));
 // clang-format on
 
 /// The split-KV forward (decode and short queries): the partial over runs

@@ -145,7 +145,8 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
         defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target));
     if (usesWgmma(target) && std::max(c.dqk, c.dv) <= 256 &&
         !spec.blockSparse) {
-      EXPECT_TRUE(gpuGeometry(spec, config).wgmmaShape) << config.toJson();
+      EXPECT_TRUE(gpuGeometry(spec, config, usesKvRing(target)).wgmmaShape)
+          << config.toJson();
 
       EXPECT_NE(compileToPtx(spec, config, target).find("wgmma.mma_async"),
                 std::string::npos)
@@ -154,7 +155,8 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
     rt::CubinResult cubin = assemble(spec, config, arch);
     rt::ResourceUsage use = rt::parseResourceUsage(cubin.infoLog);
     EXPECT_GT(use.registers, 0) << cubin.infoLog;
-    int64_t shared = gpuGeometry(spec, config).sharedBytes + use.sharedBytes;
+    int64_t shared = gpuGeometry(spec, config, usesKvRing(target)).sharedBytes +
+                     use.sharedBytes;
     EXPECT_LE(shared, 227 * 1024) << arch;
     if (c.dv <= 256 && std::string(arch) == "sm_90a")
       EXPECT_EQ(use.spills(), 0)
@@ -179,7 +181,8 @@ void expectRecords(const std::string &gpu, const GpuGeometry &geo,
 /// The forward kernel's recorded resources (attn.shared_bytes, the block
 /// size) are what the launcher provides (kernels/GpuGeometry.h): the tile
 /// lowering's slots must fit the launcher's formula, for every case of the
-/// matrix at its default tiling and at a second one.
+/// matrix at its default tiling and at a second one, on sm_90a with the
+/// K/V ring where the tiling takes it (usesKvRing, as the launcher).
 TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   const GpuCase &c = GetParam();
   AttentionSpec spec = c.spec(Direction::Forward);
@@ -191,7 +194,7 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
                              spec.sparseBlock % config.blockN != 0))
       continue;
     std::string gpu = emitStage(spec, config, Stage::Gpu, target);
-    GpuGeometry geo = gpuGeometry(spec, config);
+    GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     expectRecords(gpu, geo, config);
   }
 }
@@ -205,10 +208,10 @@ struct KvRingOn {
 /// With the K/V ring (FLASHJIT_KV_RING=1, sm_90a), the forward records the
 /// launcher's resources (Q, the stages and their barriers; the consumers
 /// and the producer warpgroup) for the ring's default tiling, 3 stages,
-/// none, and one warpgroup (no ring: the ring takes 8 warps and head dims
-/// up to 128); its barriers
-/// are there exactly when the geometry has a ring; and
-/// the ring's default tiling assembles without spills up to d = 256.
+/// none, and one warpgroup (no ring: the ring takes 8 or 12 warps and
+/// head dims up to 256, takesKvRing); its barriers are there exactly when
+/// the geometry has a ring; and the ring's default tiling assembles without
+/// spills up to d = 256.
 TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
   const GpuCase &c = GetParam();
   AttentionSpec spec = c.spec(Direction::Forward);
@@ -229,8 +232,7 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
       continue;
     std::string gpu = emitStage(spec, config, Stage::Gpu, target);
     GpuGeometry geo = gpuGeometry(spec, config, true);
-    const bool ringShape =
-        geo.wgmmaShape && config.warps == 8 && std::max(c.dqk, c.dv) <= 128;
+    const bool ringShape = geo.wgmmaShape && takesKvRing(spec, config, true);
     EXPECT_EQ(geo.ringStages,
               ringShape && config.stages > 1 ? config.stages : 0)
         << config.toJson();

@@ -1,8 +1,9 @@
 # Sourced THERE (the GPU machine) by the single-purpose device scripts
-# (gpu-ring.sh, gpu-pingpong.sh) from the repo root: C (the carried
-# .carry/), OUT, FJ, the unpacked libflashjit.so, a fresh cache directory,
-# no autotuning, and nvJitLink from the CUDA toolkit or a pip wheel where
-# the loader does not find it.
+# (gpu-ring.sh, gpu-pingpong.sh, gpu-overlap.sh, gpu-wide-ring.sh) from the
+# repo root: C (the carried .carry/), OUT, FJ, the unpacked libflashjit.so,
+# a fresh cache directory, no autotuning, and nvJitLink from the CUDA
+# toolkit or a pip wheel where the loader does not find it; and the helpers
+# step, forward_tests, sanitize, bench_one and median below.
 C=$PWD/.carry
 : "${OUT:=$PWD/out}"; mkdir -p "$OUT"
 [[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
@@ -14,3 +15,40 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnvJitLink\.so\.13' && [[ ! -e /usr/lo
   export FLASHJIT_NVJITLINK=$(find /usr/local/cuda*/lib64 $sp -name 'libnvJitLink.so.13*' 2>/dev/null | sort | head -1)
 fi
 FJ=$C/bin/flashjit
+
+# sanitize "TOOL ..." "RUN ARGS" ...: each compute-sanitizer tool on
+# `flashjit run ARGS --device cuda` for each ARGS, one line each.
+sanitize() {
+  local tools=$1 tool a; shift
+  local cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  for tool in $tools; do
+    for a in "$@"; do
+      timeout 90 $cs --tool $tool --error-exitcode 9 $FJ run $a --device cuda > $OUT/san.log 2>&1
+      echo "$tool [$a]: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|-> ok|error' $OUT/san.log | head -2 | tr '\n' ' ')"
+    done
+  done
+}
+# bench_one D n|c FLAGS...: "TFLOP/s registers spill_bytes" of one
+# `flashjit bench` at N = 16K, B = 1, H = 2048 / D ("fail - -" if none).
+bench_one() {
+  local d=$1 m=$2; shift 2
+  local mask=""; [[ $m == c ]] && mask=--causal
+  timeout 60 $FJ bench --head-dim $d $mask --seq-len 16384 --batch 1 --heads $((2048 / d)) "$@" --json 2>/dev/null | tail -1 |
+    python3 -c 'import json,sys
+try:
+  j=json.loads(sys.stdin.read()); print("%.1f %s %s" % (j["tflops"], j.get("registers"), j.get("spill_bytes")))
+except Exception: print("fail - -")'
+}
+# median VALUE...: the median of the values that are not "fail".
+median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
+# step NAME: whether NAME is one of the comma-separated $STEPS.
+step() { [[ ,$STEPS, == *,$1,* ]]; }
+# forward_tests SECONDS FILTER: the forward GPU tests of FILTER ->
+# $OUT/tests.log, their summary lines printed.
+forward_tests() {
+  echo "== forward GPU tests (+${SECONDS}s)"
+  timeout $1 $C/bin/flashjit-forward-gpu-tests --gtest_brief=1 --gtest_color=no \
+    --gtest_filter="$2" > $OUT/tests.log 2>&1
+  echo "exit $?" >> $OUT/tests.log
+  grep -E "FAILED|PASSED|tests ran|exit" $OUT/tests.log | head -30
+}

@@ -9,7 +9,7 @@
 #             (FLASHJIT_GTEST_FILTER overrides) -> $OUT/tests.log
 #   sanitize  memcheck, racecheck, synccheck on two overlapped kernels
 #   ab        FLASHJIT_AB_ROUNDS (3) interleaved rounds, N = 16K, B = 1,
-#             H = 2048 / d (FLASHJIT_AB_CASES "D n|c" ...): the default
+#             H = 2048 / d (FLASHJIT_AB_CASES "D n|c;..."): the default
 #             tiling through nvJitLink and through the driver's JIT, the ring
 #             tiling with and without --overlap-softmax; TFLOP/s medians,
 #             [registers spill bytes] of the last round
@@ -18,55 +18,34 @@ set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
 STEPS=${FLASHJIT_OVERLAP_STEPS:-tests,sanitize,ab}
-step() { [[ ,$STEPS, == *,$1,* ]]; }
-if step tests; then
-  echo "== forward GPU tests (+${SECONDS}s)"
-  timeout 300 $C/bin/flashjit-forward-gpu-tests --gtest_brief=1 --gtest_color=no \
-    --gtest_filter="${FLASHJIT_GTEST_FILTER:-*Overlap*:*KvRing*:*PingPong*}" > $OUT/tests.log 2>&1
-  echo "exit $?" >> $OUT/tests.log
-  grep -E "FAILED|PASSED|tests ran|exit" $OUT/tests.log | head -30
-fi
+step tests && forward_tests 300 "${FLASHJIT_GTEST_FILTER:-*Overlap*:*KvRing*:*PingPong*}"
 if step sanitize; then
   echo "== sanitizers on the overlapped loop (+${SECONDS}s)"
-  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-  for tool in memcheck racecheck synccheck; do
-    for a in "--head-dim 64 --block-m 128 --block-n 64 --warps 8 --stages 3 --causal --gqa 2 --heads 2 --seq-len 300 --seq-len-kv 700" \
-             "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.5 --sparse-block 128 --seq-len 600"; do
-      timeout 90 $CS --tool $tool --error-exitcode 9 $FJ run $a --overlap-softmax --device cuda > $OUT/san.log 2>&1
-      echo "$tool [$a]: exit $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|-> ok|error' $OUT/san.log | head -2 | tr '\n' ' ')"
-    done
-  done
+  sanitize "memcheck racecheck synccheck" \
+    "--head-dim 64 --block-m 128 --block-n 64 --warps 8 --stages 3 --causal --gqa 2 --heads 2 --seq-len 300 --seq-len-kv 700 --overlap-softmax" \
+    "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.5 --sparse-block 128 --seq-len 600 --overlap-softmax"
 fi
 if step ab; then
   echo "== A/B, N = 16K, B = 1, H = 2048 / d (+${SECONDS}s)"
   rounds=${FLASHJIT_AB_ROUNDS:-3}
-  one() { # d mask flags... -> "tflops regs spills"
-    local d=$1 m=$2; shift 2
-    local mask=""; [[ $m == c ]] && mask=--causal
-    timeout 60 $FJ bench --head-dim $d $mask --seq-len 16384 --batch 1 --heads $((2048 / d)) "$@" --json 2>/dev/null | tail -1 |
-      python3 -c 'import json,sys
-try:
-  j=json.loads(sys.stdin.read()); print("%.1f %s %s" % (j["tflops"], j.get("registers"), j.get("spill_bytes")))
-except Exception: print("fail - -")'
-  }
-  med() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
   ring="--block-m 128 --block-n 128 --warps 8 --stages 2"
   # Per case: the default tiling assembled by nvJitLink (separate
   # compilation) and by the driver's JIT (whole program, the default), and
   # on the ring tiling (d <= 128) without and with --overlap-softmax.
-  for c in ${FLASHJIT_AB_CASES:-"128 n" "128 c" "64 n" "64 c" "96 n" "256 n"}; do
+  IFS=';' read -ra cases <<< "${FLASHJIT_AB_CASES:-128 n;128 c;64 n;64 c;96 n;256 n}"
+  for c in "${cases[@]}"; do
     set -- $c
     L=(); D=(); P=(); O=(); l=; dd=; p=; o=
     for ((r = 0; r < rounds; r++)); do
-      l=$(FLASHJIT_ASSEMBLER=nvjitlink one $1 $2); L+=(${l%% *})
-      dd=$(one $1 $2); D+=(${dd%% *})
+      l=$(FLASHJIT_ASSEMBLER=nvjitlink bench_one $1 $2); L+=(${l%% *})
+      dd=$(bench_one $1 $2); D+=(${dd%% *})
       if (($1 <= 128)); then
-        p=$(one $1 $2 $ring); P+=(${p%% *})
-        o=$(one $1 $2 $ring --overlap-softmax); O+=(${o%% *})
+        p=$(bench_one $1 $2 $ring); P+=(${p%% *})
+        o=$(bench_one $1 $2 $ring --overlap-softmax); O+=(${o%% *})
       fi
     done
-    echo "d$1 $2: default nvjitlink $(med "${L[@]}") [${l#* }] driver $(med "${D[@]}") [${dd#* }]" \
-         "| ring $(med "${P[@]}") [${p#* }] overlap $(med "${O[@]}") [${o#* }]"
+    echo "d$1 $2: default nvjitlink $(median "${L[@]}") [${l#* }] driver $(median "${D[@]}") [${dd#* }]" \
+         "| ring $(median "${P[@]}") [${p#* }] overlap $(median "${O[@]}") [${o#* }]"
   done
 fi
 if step peers; then
