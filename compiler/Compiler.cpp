@@ -330,6 +330,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.wgmma = usesWgmma(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target);
+  gpu.persistent = usesPersistentKernel(target);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -356,6 +357,7 @@ static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
   k.rows = intAttr(grid, "rows");
   k.programsZ = intAttr(grid, "z");
   k.kvSplit = grid && grid.get("split");
+  k.persistent = grid && grid.get("persistent");
   auto str = [&](StringRef key) {
     auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;
     return a ? a.getValue() : StringRef();
@@ -435,11 +437,19 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
+      usesPersistentKernel(target) ? " persistent=true" : "",
       tilingOptions(config));
+}
+
+bool usesPersistentKernel(const GpuTarget &target) {
+  // Opt-in while it is measured (FLASHJIT_PERSISTENT=1); the pipeline text,
+  // part of the cache key, records it.
+  const char *env = std::getenv("FLASHJIT_PERSISTENT");
+  return usesKvRing(target) && env && std::string(env) == "1";
 }
 
 int64_t pingPongMode(const GpuTarget &target) {

@@ -138,6 +138,10 @@ bool usesKvRing(const GpuTarget &target);
 /// FLASHJIT_PING_PONG says 0 (no order) or 2 (every batch of MMAs in the
 /// ring loop); 0 without the ring.
 int64_t pingPongMode(const GpuTarget &target);
+/// Whether the K/V ring's forward is a persistent kernel (the `persistent`
+/// pass option: a grid of the device's SMs loops over the tiles):
+/// FLASHJIT_PERSISTENT=1 with the ring; off otherwise.
+bool usesPersistentKernel(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -1,4 +1,5 @@
-//===- KernelLaunch.h - The launch resources a kernel was compiled for -*- C++ -*-===//
+//===- KernelLaunch.h - The launch resources a kernel was compiled for -*- C++
+//-*-===//
 //
 /// \file
 /// What the GPU lowering records on every kernel it creates, and the
@@ -14,7 +15,10 @@
 /// queries or the keys; the queries times gqa for a GQA-packed split-KV
 /// partial, over the KV heads), y = batch * heads (all query heads, or the
 /// KV heads: heads / gqa), z as recorded (column splits), or the launch's
-/// split count where the record says `split` (abi::split).
+/// split count where the record says `split` (abi::split). A `persistent`
+/// kernel (the K/V ring's forward with the `persistent` option) loops over
+/// those x * y tiles itself: its grid is (min(tiles, the launch's
+/// programs), 1, z).
 ///
 /// The compiler reads these into KernelLaunch values (compileForGpu), the
 /// cubin cache stores them beside the cubin (formatKernelLaunches), and the
@@ -56,17 +60,28 @@ struct KernelLaunch {
   /// Split-KV (kernels/KernelABI.h abi::split): grid.z is the launch's
   /// split count, not programsZ (`split` in attn.grid).
   bool kvSplit = false;
+  /// A persistent kernel: grid.x is the launch's program count (the
+  /// device's SMs), grid.y 1; each program loops over the tiles.
+  bool persistent = false;
 
   /// The grid for \p p (with \p gqa query heads per KV head; a grid over
   /// the queries and the KV heads is GQA-packed: its rows are the Nq * gqa
-  /// queries of the group's heads), \p splits along z for a split kernel.
-  std::array<int64_t, 3> grid(const Problem &p, int64_t gqa,
-                              int64_t splits = 1) const {
+  /// queries of the group's heads), \p splits along z for a split kernel;
+  /// a persistent kernel's x is at most \p programs (its tiles, x * y,
+  /// when 0).
+  std::array<int64_t, 3> grid(const Problem &p, int64_t gqa, int64_t splits = 1,
+                              int64_t programs = 0) const {
     int64_t seq = overKeys ? p.seqLenKV : p.seqLenQ;
     if (!overKeys && kvHeads)
       seq *= gqa;
     int64_t heads = kvHeads ? p.heads / gqa : p.heads;
-    return {ceilDiv(seq, rows), p.batch * heads, kvSplit ? splits : programsZ};
+    std::array<int64_t, 3> g = {ceilDiv(seq, rows), p.batch * heads,
+                                kvSplit ? splits : programsZ};
+    if (persistent) {
+      const int64_t tiles = g[0] * g[1];
+      g = {programs > 0 ? std::min(tiles, programs) : tiles, 1, g[2]};
+    }
+    return g;
   }
 
   /// The grid as a formula: "ceil(seq_q / 128) x batch * heads x 1".
@@ -75,7 +90,9 @@ struct KernelLaunch {
            (!overKeys && kvHeads ? " * gqa" : "") + " / " +
            std::to_string(rows) + ") x batch * " +
            (kvHeads ? kGridKvHeads : kGridAllHeads) + " x " +
-           (kvSplit ? std::string("splits") : std::to_string(programsZ));
+           (kvSplit ? std::string("splits") : std::to_string(programsZ)) +
+           (persistent ? " tiles, looped over by min(tiles, SMs) programs"
+                       : "");
   }
 
   /// Whether the values could have come from a lowering (positive sizes).
@@ -88,7 +105,8 @@ struct KernelLaunch {
     return name == o.name && threads == o.threads &&
            sharedBytes == o.sharedBytes && rows == o.rows &&
            overKeys == o.overKeys && kvHeads == o.kvHeads &&
-           programsZ == o.programsZ && kvSplit == o.kvSplit;
+           programsZ == o.programsZ && kvSplit == o.kvSplit &&
+           persistent == o.persistent;
   }
 };
 
@@ -99,16 +117,18 @@ struct KernelImage {
 };
 
 /// One line per kernel: "NAME threads shared rows keys|queries kv|all z",
-/// then " split" for a split-KV kernel.
+/// then " split" for a split-KV kernel and " persistent" for a persistent
+/// one.
 inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
   std::string out;
   for (const KernelLaunch &k : ks) {
     char line[320];
-    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld%s\n",
+    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld%s%s\n",
                   k.name.c_str(), (long long)k.threads,
                   (long long)k.sharedBytes, (long long)k.rows,
                   k.overKeys ? "keys" : "queries", k.kvHeads ? "kv" : "all",
-                  (long long)k.programsZ, k.kvSplit ? " split" : "");
+                  (long long)k.programsZ, k.kvSplit ? " split" : "",
+                  k.persistent ? " persistent" : "");
     out += line;
   }
   return out;
@@ -129,13 +149,15 @@ parseKernelLaunches(const std::string &text) {
         (over != "keys" && over != "queries") ||
         (heads != "kv" && heads != "all"))
       return std::nullopt;
-    if (fields >> rest) {
-      if (rest != "split")
+    // Then " split" and " persistent", each at most once, in that order.
+    while (fields >> rest) {
+      if (rest == "split" && !k.kvSplit && !k.persistent)
+        k.kvSplit = true;
+      else if (rest == "persistent" && !k.persistent)
+        k.persistent = true;
+      else
         return std::nullopt;
-      k.kvSplit = true;
     }
-    if (fields >> rest)
-      return std::nullopt;
     k.overKeys = over == "keys";
     k.kvHeads = heads == "kv";
     if (!k.valid())

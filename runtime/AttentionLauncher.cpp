@@ -72,6 +72,8 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
     this->config.blockM = launchOf.rows;
     combineOf = recordedLaunch(image, combineName);
     combine = module.function(combineName);
+  }
+  if (launchOf.kvSplit || launchOf.persistent) {
     CudaDriver &driver = CudaDriver::get();
     smCount = queryDevice(driver.currentDevice(), driver).smCount;
   }
@@ -113,8 +115,10 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
 
   const KernelLaunch &launch = kernel.recorded();
   splitCount = kernel.splitsFor(p);
+  // A persistent kernel: one program per SM (its ring takes the SM).
   std::array<int64_t, 3> grid =
-      launch.grid(p, spec.gqaGroup, std::max<int64_t>(splitCount, 1));
+      launch.grid(p, spec.gqaGroup, std::max<int64_t>(splitCount, 1),
+                  kernel.persistentPrograms());
   if (grid[1] > 65535)
     throw SpecError(
         fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));

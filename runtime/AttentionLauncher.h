@@ -147,6 +147,11 @@ public:
   /// The split count for \p p: abi::split::launchSplits on the device's
   /// SMs (0 for a one-pass kernel).
   int64_t splitsFor(const Problem &p) const;
+  /// A persistent kernel's programs (KernelLaunch::persistent): the
+  /// device's SMs; 0 for any other.
+  int64_t persistentPrograms() const {
+    return launchOf.persistent ? smCount : 0;
+  }
   /// A device workspace of at least \p bytes, shared by this kernel's
   /// prepared launches (a larger one replaces it; holders keep theirs).
   std::shared_ptr<DeviceBuffer> workspace(std::size_t bytes) const;

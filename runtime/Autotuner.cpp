@@ -64,15 +64,23 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
           out.push_back(c);
       }
   // The warpgroup-MMA forward's K/V ring: the first candidate also with
-  // one more stage and with none (the loop's own copies).
+  // one more stage, with none (the loop's own copies) and with the
+  // overlapped loop switched (on where it is off, and off where on).
   if (limits.kvRing && !out.empty() &&
-      gpuGeometry(spec, out.front(), true).ringStages)
-    for (int64_t stages : {out.front().stages + 1, int64_t(1)}) {
-      TileConfig c = out.front();
+      gpuGeometry(spec, out.front(), true).ringStages) {
+    const TileConfig first = out.front();
+    for (int64_t stages : {first.stages + 1, int64_t(1)}) {
+      TileConfig c = first;
       c.stages = stages;
+      c.overlapSoftmax = c.overlapSoftmax && stages > 1;
       if (fits(c))
         out.push_back(c);
     }
+    TileConfig c = first;
+    c.overlapSoftmax = !c.overlapSoftmax;
+    if (fits(c))
+      out.push_back(c);
+  }
   return out;
 }
 

@@ -39,8 +39,10 @@ struct TuneLimits {
 /// accumulators (O and S) that fit the 255-register file with room to
 /// spare; shared memory and threads within the limits; Br and Bc dividing
 /// the sparse block. Always contains defaultGpuConfig(spec,
-/// limits.warpgroupMma, limits.kvRing) when that fits; 192 rows only with
-/// 12 warps.
+/// limits.warpgroupMma, limits.kvRing) when that fits, first; 192 rows only
+/// with 12 warps. With the K/V ring, where that first one takes it, also
+/// the first with one more stage, with none and with the overlapped loop
+/// switched.
 std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits);
 

@@ -28,12 +28,14 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// then its K/V blocks through a ring of \p ringStages stages filled by a
 /// producer warpgroup (GpuGeometry::ringStages; 0 or 1: no ring), its
 /// consumer warpgroups taking turns at the tensor cores by \p pingPong
-/// (KernelPlacement::pingPong).
+/// (KernelPlacement::pingPong); with the ring and \p persistent, as a
+/// persistent kernel (KernelPlacement::persistent).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes,
                                     bool wgmma, int64_t ringStages,
-                                    int64_t pingPong = 0);
+                                    int64_t pingPong = 0,
+                                    bool persistent = false);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
@@ -79,10 +81,11 @@ mlir::gpu::GPUFuncOp createKernelFunc(mlir::ImplicitLocOpBuilder &b,
 /// The `attn.grid` record: pid_m over \p rows rows of the keys
 /// (\p overKeys) or the queries, pid_bh over the KV heads (\p kvHeads) or
 /// all heads, \p programsZ programs along grid.z (or, \p kvSplit, the
-/// launch's split count: a unit `split`).
+/// launch's split count: a unit `split`); \p persistent: grid.x is the
+/// launch's program count and grid.y 1 (a unit `persistent`).
 mlir::DictionaryAttr gridAttr(mlir::Builder &b, int64_t rows, bool overKeys,
                               bool kvHeads, int64_t programsZ,
-                              bool kvSplit = false);
+                              bool kvSplit = false, bool persistent = false);
 
 /// The base of the dynamic shared memory (`@flashjit_smem`).
 mlir::Value sharedMemoryBase(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g);

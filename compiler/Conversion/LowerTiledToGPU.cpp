@@ -111,7 +111,7 @@ mlir::gpu::GPUFuncOp conversion::createKernelFunc(
 
 DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
                                     bool kvHeads, int64_t programsZ,
-                                    bool kvSplit) {
+                                    bool kvSplit, bool persistent) {
   SmallVector<NamedAttribute> fields = {
       b.getNamedAttr("heads",
                      b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
@@ -121,6 +121,8 @@ DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
       b.getNamedAttr("z", b.getI64IntegerAttr(programsZ))};
   if (kvSplit) // grid.z: the launch's split count (kernels/KernelLaunch.h)
     fields.push_back(b.getNamedAttr("split", b.getUnitAttr()));
+  if (persistent) // grid.x: the launch's programs (kernels/KernelLaunch.h)
+    fields.push_back(b.getNamedAttr("persistent", b.getUnitAttr()));
   return b.getDictionaryAttr(fields);
 }
 
@@ -169,7 +171,8 @@ struct LowerTiledToGPUPass
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
-                                             wgmma, kvRingStages, pingPong)))
+                                             wgmma, kvRingStages, pingPong,
+                                             persistent)))
         return signalPassFailure();
       fn.erase();
     }

@@ -42,6 +42,11 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "the K/V ring's consumer warpgroups take turns at the tensor "
            "cores (named barriers): 0 no order, 1 their S = Q K^T batches, "
            "2 every batch of the ring loop">,
+    Option<"persistent", "persistent", "bool", "false",
+           "the K/V ring's forward as a persistent kernel: grid.x as many "
+           "programs as the launch gives (the device's SMs), each looping "
+           "over the (Q block, batch * head) tiles, its ring running on "
+           "from one tile to the next">,
   ];
 }
 

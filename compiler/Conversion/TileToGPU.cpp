@@ -539,11 +539,12 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   int64_t programsZ = 0;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
-  return createKernelFunc(
-      b, gpuModule, fn, argTys, place.threads + place.producerThreads,
-      sharedBytes,
-      gridAttr(b, place.gridRows, place.gridOverKeys, place.gridKvHeads,
-               std::max<int64_t>(programsZ, 1), place.gridSplits));
+  return createKernelFunc(b, gpuModule, fn, argTys,
+                          place.threads + place.producerThreads, sharedBytes,
+                          gridAttr(b, place.gridRows, place.gridOverKeys,
+                                   place.gridKvHeads,
+                                   std::max<int64_t>(programsZ, 1),
+                                   place.gridSplits, place.persistent));
 }
 
 void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
@@ -561,6 +562,9 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                                    b, b.getIndexType(), kernel.getArgument(i)));
   for (int i = firstF32; i < pidArg; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
+  // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
+  if (place.persistent)
+    return;
   Value pidM = g.blockId(mlir::gpu::Dimension::x);
   if (place.reversePidM) {
     // Heaviest Q blocks (the last rows see the most keys) start first, so

@@ -114,6 +114,14 @@ struct KernelPlacement {
   /// -2 to -5% measured on the kernels without the ring, which keep the
   /// chain).
   bool treeReductions = false;
+  /// With the ring: a persistent kernel (TileToGPUPersistent.cpp). grid.x
+  /// is the launch's (the device's SMs; recorded as the grid's
+  /// `persistent`) and grid.y 1; each program loops over the tiles
+  /// w = blockIdx.x, + gridDim.x, ... of ceil(seq_q / Br) * batch * heads
+  /// (forEachTile gives each its pid_m and pid_bh; with reversePidM the
+  /// heaviest Q blocks of all heads first), its ring's positions running
+  /// on across tiles.
+  bool persistent = false;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
@@ -323,9 +331,16 @@ private:
   LogicalResult lowerProducer(mlir::Block &body);
   LogicalResult lowerRingFor(mlir::scf::ForOp op);
   /// The stage (i32) of \p op's iteration \p iv, and its phase parity,
-  /// for a stream with \p lead loads before the loop.
+  /// for ring stream \p stream (ringLead of its loads before the loop).
   std::pair<Value, Value> ringPosition(mlir::scf::ForOp op, Value iv,
-                                       int64_t lead);
+                                       int64_t stream);
+  /// \p offset (i32) from the first position of \p stream in this tile
+  /// (ringBase; 0 but in a persistent kernel).
+  Value streamPosition(int64_t stream, Value offset);
+  struct RingLead;
+  /// The stage and parity of ring prologue load \p r (its position in its
+  /// stream from the tile's ringBase).
+  std::pair<Value, Value> leadPosition(const RingLead &r);
   /// The stage and parity of a stream's load at \p position (i32 or a
   /// constant).
   std::pair<Value, Value> positionOf(Value position);
@@ -335,6 +350,12 @@ private:
   /// copies and arrives on its full barrier.
   LogicalResult produce(tile::LoadOp load, int64_t stream, Value iv,
                         Value stage, Value parity);
+
+  // The persistent kernel (TileToGPUPersistent.cpp).
+  /// Runs \p lowerTile (one role's lowering of the body) once; in a
+  /// persistent kernel inside the loop over the tiles, whose pid_m and
+  /// pid_bh it maps, carrying ringBase from one tile to the next.
+  LogicalResult forEachTile(llvm::function_ref<LogicalResult()> lowerTile);
   /// The function-level loads of the ring's streams before its loop
   /// (ringPrologue): no slots of their own (they alias their stream's).
   bool isRingPrologueLoad(tile::LoadOp load);
@@ -491,6 +512,10 @@ private:
   };
   llvm::SmallVector<RingLead, 1> ringPrologue;
   llvm::SmallVector<int64_t, 2> ringLead;
+  /// Per stream, its first ring position in the tile being lowered (i32;
+  /// empty: 0, one tile per program). A persistent kernel's tiles go on
+  /// from the positions the last one left.
+  llvm::SmallVector<Value, 2> ringBase;
   /// The ring's consumers take the registers the producer does not need
   /// (setmaxnreg; consumersNeedRegisters in TileToGPURing.cpp).
   bool ringMovesRegisters = false;

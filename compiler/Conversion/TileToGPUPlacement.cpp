@@ -40,7 +40,8 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 /// with the K/V ring, its consumers' turns by \p pingPong.
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
                                         const TileConfig &config, bool wgmma,
-                                        bool kvRing, int64_t pingPong) {
+                                        bool kvRing, int64_t pingPong,
+                                        bool persistent) {
   GpuGeometry geo = gpuGeometry(spec, config, wgmma && kvRing);
   KernelPlacement p;
   p.threads = 32 * config.warps;
@@ -60,13 +61,15 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.producerThreads = GpuGeometry::kRingProducerThreads;
     p.treeReductions = true;
     p.pingPong = pingPong;
+    p.persistent = persistent;
   }
   return p;
 }
 
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong) {
+    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong,
+    bool persistent) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -86,7 +89,8 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     config.stages = ringStages;
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
-  KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong);
+  KernelPlacement p =
+      forwardPlacement(spec, config, wgmma, kvRing, pingPong, persistent);
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.
@@ -98,6 +102,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.numIndexArgs = abi::split::NumIndexArgs;
     p.kvSplit = p.gridSplits = true;
     p.gridKvHeads = abi::split::packsGqa(spec);
+    p.persistent = false; // its grid.z is the splits'; one pass each
   }
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);

@@ -39,7 +39,9 @@
 ///   }
 ///
 /// The producer runs S blocks ahead at most: the copies of block t + S wait
-/// until every consumer is done with block t's stage.
+/// until every consumer is done with block t's stage. In a persistent
+/// kernel each role's program runs inside the loop over the tiles, its
+/// positions going on from tile to tile (TileToGPUPersistent.cpp).
 ///
 /// Ping-pong (KernelPlacement::pingPong, W >= 2 consumer warpgroups): the
 /// warpgroups take turns at the tensor cores, so that while one runs its
@@ -91,10 +93,13 @@ static constexpr int64_t kNarrowRingColumns = 128;
 /// leaves them, so that the producer gives them its own (setmaxnreg): the
 /// overlapped loop (\p overlapped) keeps two S tiles live, a tile of
 /// \p loads wider than kNarrowRingColumns a wide O, and three consumer
-/// warpgroups (\p consumerGroups) have 128 registers a thread without.
+/// warpgroups (\p consumerGroups) have 128 registers a thread without; a
+/// \p persistent kernel's tile loop keeps more values live (T14: d = 128,
+/// 128 x 128, plain and causal, 0 spills at 216, 28-88 bytes at 168).
 static bool consumersNeedRegisters(ArrayRef<tile::LoadOp> loads,
-                                   bool overlapped, int64_t consumerGroups) {
-  return overlapped || consumerGroups > 2 ||
+                                   bool overlapped, int64_t consumerGroups,
+                                   bool persistent) {
+  return overlapped || consumerGroups > 2 || persistent ||
          llvm::any_of(loads, [](tile::LoadOp load) {
            return cast<RankedTensorType>(load.getResult().getType())
                       .getShape()
@@ -149,8 +154,8 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
     slots[load.getResult()] = slots[same->getResult()];
     ringPrologue.push_back({load, stream, ringLead[stream]++});
   }
-  ringMovesRegisters =
-      consumersNeedRegisters(loads, !ringPrologue.empty(), place.warpgroups());
+  ringMovesRegisters = consumersNeedRegisters(
+      loads, !ringPrologue.empty(), place.warpgroups(), place.persistent);
   const int64_t first = slots[loads.front().getResult()].offset;
   ringStageBytes = alignSlot(sharedBytes) - first;
   ringBarriers = first + place.ringStages * ringStageBytes;
@@ -179,7 +184,7 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
     b.setInsertionPoint(roles.thenBlock()->getTerminator());
     if (ringMovesRegisters)
       g.setMaxRegisters(producerRegs, /*increase=*/false);
-    if (failed(lowerProducer(body)))
+    if (failed(forEachTile([&] { return lowerProducer(body); })))
       return failure();
   }
   {
@@ -187,20 +192,27 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
     b.setInsertionPoint(roles.elseBlock()->getTerminator());
     if (ringMovesRegisters)
       g.setMaxRegisters(consumerRegs, /*increase=*/true);
-    // The loads before the loop wait at their first product, as the loop's.
-    for (RingLead r : ringPrologue) {
-      pipelined.insert(r.load);
-      auto [stage, parity] = positionOf(r.position);
-      stageShift[r.load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
-      auto [first, last] = firstAndLastDot(r.load);
-      if (!first)
-        return fail(r.load, "a ring tile must be read by tile.dot ops");
-      ringWaits[first].push_back({r.stream, stage, parity});
-      ringReleases[last.getResult()].push_back({r.stream, stage, parity});
-    }
     g.barrierThreads = consumers;
     inRoleBranch = true;
-    LogicalResult r = lowerBlock(body);
+    LogicalResult r = forEachTile([&]() -> LogicalResult {
+      // A persistent kernel's next tile writes Q's slot: every consumer is
+      // done with the last one's.
+      if (place.persistent)
+        g.barrier();
+      // The loads before the loop wait at their first product, as the
+      // loop's.
+      for (RingLead r : ringPrologue) {
+        pipelined.insert(r.load);
+        auto [stage, parity] = leadPosition(r);
+        stageShift[r.load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
+        auto [first, last] = firstAndLastDot(r.load);
+        if (!first)
+          return fail(r.load, "a ring tile must be read by tile.dot ops");
+        ringWaits[first].push_back({r.stream, stage, parity});
+        ringReleases[last.getResult()].push_back({r.stream, stage, parity});
+      }
+      return lowerBlock(body);
+    });
     inRoleBranch = false;
     g.barrierThreads = 0;
     if (failed(r))
@@ -228,7 +240,7 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   copyTid = g.sub(tid, g.c32(place.threads));
   // The loads that lead the loop, each into its position's stage.
   for (const RingLead &r : ringPrologue) {
-    auto [stage, parity] = positionOf(r.position);
+    auto [stage, parity] = leadPosition(r);
     if (failed(produce(r.load, r.stream, Value(), stage, parity)))
       return failure();
   }
@@ -240,8 +252,7 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   b.setInsertionPoint(loop.getBody()->getTerminator());
   copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
   for (auto [i, load] : llvm::enumerate(loads)) {
-    auto [stage, parity] =
-        ringPosition(ringLoop, loop.getInductionVar(), ringLead[i]);
+    auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar(), i);
     if (failed(produce(load, i, loop.getInductionVar(), stage, parity)))
       return failure();
   }
@@ -279,14 +290,24 @@ std::pair<Value, Value> TileKernelLowering::positionOf(int64_t position) {
 }
 
 std::pair<Value, Value>
-TileKernelLowering::ringPosition(scf::ForOp op, Value iv, int64_t lead) {
+TileKernelLowering::ringPosition(scf::ForOp op, Value iv, int64_t stream) {
   Value k = arith::SubIOp::create(b, iv, scalar(op.getLowerBound()));
   if (getConstantIntValue(op.getStep()) != 1)
     k = arith::DivUIOp::create(b, k, scalar(op.getStep()));
   Value position = toI32(k);
-  if (lead)
+  if (int64_t lead = ringLead[stream])
     position = g.add(position, g.c32(lead));
-  return positionOf(position);
+  return positionOf(streamPosition(stream, position));
+}
+
+Value TileKernelLowering::streamPosition(int64_t stream, Value offset) {
+  return ringBase.empty() ? offset : g.add(ringBase[stream], offset);
+}
+
+std::pair<Value, Value> TileKernelLowering::leadPosition(const RingLead &r) {
+  return ringBase.empty()
+             ? positionOf(r.position)
+             : positionOf(streamPosition(r.stream, g.c32(r.position)));
 }
 
 bool TileKernelLowering::isRingPrologueLoad(tile::LoadOp load) {
@@ -334,7 +355,7 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
         [&] { g.namedBarrierArrive(g.c32(kFirstTurnBarrier), 256); });
   LogicalResult r = lowerLoopBody(op, [&]() -> LogicalResult {
     for (auto [i, l] : llvm::enumerate(loads)) {
-      auto [stage, parity] = ringPosition(op, loopIv, ringLead[i]);
+      auto [stage, parity] = ringPosition(op, loopIv, i);
       stageShift[l.getResult()] = g.mul(stage, g.c32(ringStageBytes));
       auto [first, last] = readers[i];
       ringWaits[first].push_back({int64_t(i), stage, parity});

@@ -96,6 +96,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.wgmma = gpu.wgmma;
   lower.kvRingStages = gpu.kvRingStages;
   lower.pingPong = gpu.pingPong;
+  lower.persistent = gpu.persistent;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());

@@ -29,6 +29,9 @@ struct GpuPipelineConfig {
   /// The ring's consumer warpgroups in turn at the tensor cores (0: no
   /// order; 1: their S = Q K^T batches; 2: every batch of the loop).
   int64_t pingPong = 0;
+  /// The ring's forward as a persistent kernel (tiles looped over by a
+  /// grid of the device's SMs).
+  bool persistent = false;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -65,6 +68,11 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
       llvm::cl::desc("the K/V ring's consumer warpgroups take turns at the "
                      "tensor cores: 0 no order, 1 S = Q K^T, 2 every batch"),
       llvm::cl::init(0)};
+  Option<bool> persistent{
+      *this, "persistent",
+      llvm::cl::desc("the K/V ring's forward as a persistent kernel: a grid "
+                     "of the device's SMs loops over the tiles"),
+      llvm::cl::init(false)};
 
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;
@@ -73,6 +81,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.wgmma = wgmma;
     gpu.kvRingStages = kvRingStages;
     gpu.pingPong = pingPong;
+    gpu.persistent = persistent;
     return gpu;
   }
 };

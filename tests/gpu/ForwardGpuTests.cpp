@@ -233,6 +233,48 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
 ));
 // clang-format on
 
+/// The persistent kernel (FLASHJIT_PERSISTENT=1): a grid of the SMs loops
+/// over the tiles, the ring's positions going on from tile to tile, with
+/// more tiles than SMs (several per program, the ring's phases carried
+/// over) and fewer, masks (the causal order), GQA, Nq != Nkv, rows that
+/// see no key, block-sparse, score modifiers, the overlapped loop, three
+/// consumer warpgroups, past d = 128 and 1, 3, 4 stages; `run --json`
+/// must report it exactly where the ring is (sm_90a).
+class ForwardPersistentGpu : public ForwardGpu {};
+
+TEST_P(ForwardPersistentGpu, MatchesFloat64Reference) {
+  const std::string args = GetParam();
+  std::string out = runAndCheck(args, "FLASHJIT_PERSISTENT=1");
+  const bool ring = out.find("\"kv_ring\":0") == std::string::npos;
+  EXPECT_NE(
+      out.find(std::string("\"persistent\":") + (ring ? "true" : "false")),
+      std::string::npos)
+      << args << "\n"
+      << out;
+  const bool hopper = out.find("\"arch\":\"sm_90a\"") != std::string::npos;
+  if (hopper && args.find("--stages 1") == std::string::npos)
+    EXPECT_TRUE(ring) << args << "\n" << out;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 4 --heads 40 --seq-len 1000",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 30 --seq-len 3000 --seq-len-kv 3100",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --batch 3 --heads 50 --seq-len 1100",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --causal --gqa 4 --heads 64 --seq-len 900 --seq-len-kv 700",
+  "--head-dim 64 --block-m 192 --block-n 128 --warps 12 --batch 2 --heads 70 --seq-len 2000",
+  "--head-dim 96 --dtype fp16 --block-m 128 --block-n 64 --warps 8 --stages 3 --window 100,20 --gqa 2 --heads 80 --seq-len 1025",
+  "--head-dim 256 --block-m 128 --block-n 64 --warps 8 --causal --heads 60 --seq-len 1500",
+  "--head-dim 192 --head-dim-v 128 --block-m 128 --block-n 32 --warps 8 --stages 4 --heads 40 --seq-len 777 --seq-len-kv 1300",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.3 --sparse-block 128 --causal --batch 2 --heads 40 --seq-len 2048",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --heads 200 --seq-len 100 --seq-len-kv 50",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --score-mod softcap:20 --heads 40 --seq-len 1000",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --seq-len 300",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --heads 30 --seq-len 1000",
+  "--head-dim 128 --causal --batch 2 --heads 16 --seq-len 16384"
+));
+// clang-format on
+
 /// The software-pipelined KV loop (--overlap-softmax) on the K/V ring: the
 /// next block's S in flight under the softmax, the first block's K copied
 /// by the producer before its loop, the consumers on 232 registers; in

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -52,6 +53,8 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
   ks[0] = {"attention", 256, 133120, 128, true, true, 2};
   ks[1] = {"attention_dq", 128, 0, 64, false, false, 1};
   ks.push_back({"attention", 32, 9216, 16, false, true, 1, /*kvSplit=*/true});
+  ks.push_back({"attention", 384, 163904, 128, false, false, 1,
+                /*kvSplit=*/false, /*persistent=*/true});
   auto parsed = parseKernelLaunches(formatKernelLaunches(ks));
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(*parsed, ks);
@@ -62,7 +65,9 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
         "attention 256 -1 128 keys kv 1\n", "attention 256 0 0 keys kv 1\n",
         "attention 256 0 128 keys kv 1 extra\n",
         "attention 2048 0 1 keys kv 1\n",
-        "attention 256 0 128 keys kv 1 split extra\n"})
+        "attention 256 0 128 keys kv 1 split extra\n",
+        "attention 256 0 128 keys kv 1 persistent persistent\n",
+        "attention 256 0 128 keys kv 1 persistent split\n"})
     EXPECT_FALSE(parseKernelLaunches(bad).has_value()) << bad;
 }
 
@@ -86,6 +91,47 @@ TEST(KernelLaunch, ForwardRecordsItsGrid) {
     EXPECT_EQ(k.grid(p, s.gqaGroup), geo.grid(p, config)) << "d = " << d;
     EXPECT_EQ(k.programsZ, d > 256 ? 2 : 1);
   }
+}
+
+/// With FLASHJIT_PERSISTENT=1 the ring's forward records a persistent
+/// grid: at most the launch's programs along x (all the tiles, Q blocks x
+/// B * H, when fewer), 1 along y, the column chunks along z; the same
+/// threads and shared memory as without, and a loop over the tiles in its
+/// kernel (the grid's size read). Without the ring it is not persistent.
+TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
+  GpuTarget target;
+  target.arch = "sm_90a";
+  Problem p = oddProblem(); // 3 Q blocks of 128 x 12 heads: 36 tiles
+  AttentionSpec s = spec(Direction::Forward, 128, MaskKind::Causal, 2);
+  TileConfig config;
+  config.blockM = config.blockN = 128;
+  config.warps = 8;
+  setenv("FLASHJIT_PERSISTENT", "1", 1);
+  GpuCompilation c = compileForGpu(s, config, target);
+  const std::string gpu = emitStage(s, config, Stage::Gpu, target);
+  TileConfig noRing = config;
+  noRing.stages = 1;
+  GpuCompilation plain = compileForGpu(s, noRing, target);
+  unsetenv("FLASHJIT_PERSISTENT");
+  GpuCompilation once = compileForGpu(s, config, target);
+  const std::string onceGpu = emitStage(s, config, Stage::Gpu, target);
+  ASSERT_EQ(c.kernels.size(), 1u);
+  ASSERT_EQ(once.kernels.size(), 1u);
+  const KernelLaunch &k = c.kernels[0];
+  EXPECT_TRUE(k.persistent);
+  EXPECT_FALSE(once.kernels[0].persistent);
+  EXPECT_FALSE(plain.kernels[0].persistent);
+  EXPECT_EQ(k.threads, once.kernels[0].threads);
+  EXPECT_EQ(k.sharedBytes, once.kernels[0].sharedBytes);
+  const auto tiles = once.kernels[0].grid(p, s.gqaGroup);
+  EXPECT_EQ(tiles[0] * tiles[1], 36);
+  EXPECT_EQ(k.grid(p, s.gqaGroup, 1, 132), (std::array<int64_t, 3>{36, 1, 1}));
+  EXPECT_EQ(k.grid(p, s.gqaGroup, 1, 10), (std::array<int64_t, 3>{10, 1, 1}));
+  // The tile loop: the grid's programs are its step.
+  EXPECT_NE(gpu.find("persistent"), std::string::npos);
+  EXPECT_NE(gpu.find("step %grid_dim_x"), std::string::npos);
+  EXPECT_EQ(onceGpu.find("persistent"), std::string::npos);
+  EXPECT_EQ(onceGpu.find("step %grid_dim_x"), std::string::npos);
 }
 
 /// A split-KV forward records two kernels: the partial over the packed

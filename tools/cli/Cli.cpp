@@ -216,9 +216,13 @@ int runRun(const CliOptions &o) {
     gpuFields =
         gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
         fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
-                    "\"kv_splits\":{}",
+                    "\"kv_splits\":{},\"persistent\":{}",
                     wgmma ? "wgmma" : "mma.sync", geo.ringStages,
-                    geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits);
+                    geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits,
+                    geo.ringStages && !gpu.kvSplits &&
+                            usesPersistentKernel(target)
+                        ? "true"
+                        : "false");
   }
   if (o.json) {
     fmt::print(

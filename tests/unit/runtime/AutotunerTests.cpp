@@ -69,6 +69,47 @@ TEST(Autotuner, CandidatesIncludeTheHeuristicAndRespectSparseBlocks) {
   EXPECT_TRUE(tuningCandidates(specWith(512), limits).empty());
 }
 
+/// With the K/V ring (sm_90a), the first candidate is the ring default and
+/// comes back with one more stage, with none (no ring, so without the
+/// overlapped loop, which needs it) and with the overlapped loop switched;
+/// every candidate is a valid tiling for the ring target.
+TEST(Autotuner, RingCandidatesVaryTheFirstOne) {
+  TuneLimits limits;
+  limits.warpgroupMma = limits.kvRing = true;
+  for (int64_t d : {64, 128, 256})
+    for (MaskKind mask : {MaskKind::None, MaskKind::Causal}) {
+      AttentionSpec spec = specWith(d);
+      spec.mask = mask;
+      const TileConfig first = defaultGpuConfig(spec, true, true);
+      std::vector<TileConfig> cands = tuningCandidates(spec, limits);
+      ASSERT_FALSE(cands.empty());
+      EXPECT_EQ(cands.front().toJson(), first.toJson());
+      for (const TileConfig &c : cands)
+        EXPECT_EQ(gpuConfigProblem(spec, c, limits.maxSharedBytes, true), "")
+            << c.toJson();
+      auto has = [&](int64_t stages, bool overlap) {
+        return std::any_of(
+            cands.begin(), cands.end(), [&](const TileConfig &c) {
+              return c.blockM == first.blockM && c.blockN == first.blockN &&
+                     c.warps == first.warps && c.stages == stages &&
+                     c.overlapSoftmax == overlap;
+            });
+      };
+      SCOPED_TRACE(spec.name() + " " + first.toJson());
+      if (!gpuGeometry(spec, first, true).ringStages)
+        continue;
+      // One more stage where its shared memory fits (d = 256 at 128 x 64:
+      // Q and three stages take 256 KiB).
+      TileConfig deeper = first;
+      ++deeper.stages;
+      EXPECT_EQ(
+          has(deeper.stages, first.overlapSoftmax),
+          gpuConfigProblem(spec, deeper, limits.maxSharedBytes, true).empty());
+      EXPECT_TRUE(has(1, false));
+      EXPECT_TRUE(has(first.stages, !first.overlapSoftmax));
+    }
+}
+
 AttentionSpec backwardSpec(int64_t dqk, int64_t dv, bool sparse = false,
                            int64_t block = 128) {
   AttentionSpec s = specWith(dqk, sparse, block);
