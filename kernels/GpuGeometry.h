@@ -172,12 +172,12 @@ inline std::string gpuConfigProblem(const AttentionSpec &spec,
            "(grid.z holds the splits), got " +
            std::to_string(spec.headDimV);
   const GpuGeometry geo = gpuGeometry(spec, config, kvRing);
-  if (config.overlapSoftmax && !geo.ringStages)
-    return "overlap-softmax needs the K/V ring on the GPU (sm_90a, 8 or 12 "
-           "warps, block_m 16 * warps, head dims up to 256, stages 2 to 4): "
-           "the softmax "
-           "overlaps an asynchronous warpgroup MMA whose K the producer "
-           "warpgroup copies";
+  if (config.overlapSoftmax &&
+      (!geo.ringStages || config.warps != GpuGeometry::kRingConsumerWarps))
+    return "overlap-softmax needs the K/V ring on the GPU with two consumer "
+           "warpgroups (sm_90a, 8 warps, block_m 128, head dims up to 256, "
+           "stages 2 to 4): the softmax overlaps an asynchronous warpgroup "
+           "MMA whose K the producer warpgroup copies";
   if (geo.wgmmaShape && takesKvRing(spec, config, kvRing)) {
     if (config.stages < 1 || config.stages > 4)
       return "stages (" + std::to_string(config.stages) +

@@ -76,9 +76,10 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
       if (fits(c))
         out.push_back(c);
     }
+    // The overlapped loop is tested on two consumer warpgroups only.
     TileConfig c = first;
     c.overlapSoftmax = !c.overlapSoftmax;
-    if (fits(c))
+    if (c.warps == GpuGeometry::kRingConsumerWarps && fits(c))
       out.push_back(c);
   }
   return out;

@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuGeometry.h"
 #include "tests/unit/ForwardCheck.h"
 
 #include <gtest/gtest.h>
@@ -102,6 +103,36 @@ TEST(OverlapSoftmax, BackwardRefusesIt) {
             std::string::npos);
   config.overlapSoftmax = false;
   EXPECT_EQ(config.toJson().find("overlap"), std::string::npos);
+}
+
+/// On the GPU it needs the K/V ring with two consumer warpgroups: 128 x
+/// 128 on 8 warps (2 stages) passes; 12 warps (three consumer warpgroups,
+/// a ring), 4 warps and no ring (stages 1, or a target without it) are
+/// named errors.
+TEST(OverlapSoftmax, GpuNeedsTheRingOnTwoConsumerWarpgroups) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 64;
+  TileConfig config;
+  config.blockM = config.blockN = 128;
+  config.warps = 8;
+  config.stages = 2;
+  config.overlapSoftmax = true;
+  EXPECT_EQ(gpuConfigProblem(spec, config, 227 * 1024, true), "");
+  EXPECT_NE(gpuConfigProblem(spec, config, 227 * 1024, false), "");
+  TileConfig three = config;
+  three.blockM = 192;
+  three.warps = 12;
+  ASSERT_GT(gpuGeometry(spec, three, true).ringStages, 0);
+  EXPECT_NE(gpuConfigProblem(spec, three, 227 * 1024, true)
+                .find("two consumer warpgroups"),
+            std::string::npos);
+  TileConfig one = config;
+  one.blockM = 64;
+  one.warps = 4;
+  EXPECT_NE(gpuConfigProblem(spec, one, 227 * 1024, true), "");
+  TileConfig noRing = config;
+  noRing.stages = 1;
+  EXPECT_NE(gpuConfigProblem(spec, noRing, 227 * 1024, true), "");
 }
 
 } // namespace
