@@ -541,6 +541,18 @@ private:
     std::optional<gpu::FragmentAddresses> a, b, bTrans;
   };
   llvm::MapVector<Value, SlotFrags> slotFrags;
+  /// The state a lowered loop's body makes loop-variant: the slots' lane
+  /// bases and the copies' thread index.
+  struct LoopLanes {
+    llvm::MapVector<Value, SlotFrags> slotFrags;
+    Value copyTid;
+  };
+  /// Inside a loop being lowered: loop-variant copies of the lane bases and
+  /// an opaque copy of the thread index, so that addresses are recomputed
+  /// (one add each) rather than hoisted into registers live across the
+  /// loop. Returns the outer state for leaveLoop.
+  LoopLanes enterLoop();
+  void leaveLoop(LoopLanes outer);
 };
 
 } // namespace flashjit::conversion

@@ -124,6 +124,21 @@ SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
 /// dots D_1 .. D_n: before D_i, wait and barrier, then L_{i-1}(t + 1)
 /// (i > 1) or L_n(t) (i = 1); L_1(lo) before the loop. A single shared load
 /// is copied in place, after a barrier.
+TileKernelLowering::LoopLanes TileKernelLowering::enterLoop() {
+  LoopLanes outer{slotFrags, copyTid};
+  for (auto &[v, f] : slotFrags)
+    for (auto *a : {&f.a, &f.b, &f.bTrans})
+      if (*a)
+        *a = (*a)->inLoop(g);
+  copyTid = g.opaque(tid);
+  return outer;
+}
+
+void TileKernelLowering::leaveLoop(LoopLanes outer) {
+  slotFrags = std::move(outer.slotFrags);
+  copyTid = outer.copyTid;
+}
+
 LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
   if (op == ringLoop)
     return lowerRingFor(op);
@@ -262,16 +277,8 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
     b.setInsertionPointToStart(loop.getBody());
     map.map(op.getInductionVar(), loop.getInductionVar());
     assignFlat(op.getRegionIterArgs(), loop.getRegionIterArgs());
-    // Loop-variant copies of the lane bases: addresses are recomputed (one
-    // add each) rather than hoisted into registers live across the loop.
-    llvm::MapVector<Value, SlotFrags> outer = slotFrags;
-    for (auto &[v, f] : slotFrags)
-      for (auto *a : {&f.a, &f.b, &f.bTrans})
-        if (*a)
-          *a = (*a)->inLoop(g);
+    LoopLanes outer = enterLoop();
     DenseMap<Value, Value> outerShift = stageShift;
-    Value outerTid = copyTid;
-    copyTid = g.opaque(tid);
     Value outerIv = loopIv, outerUb = loopUb, outerStep = loopStep;
     loopIv = loop.getInductionVar();
     loopUb = ub;
@@ -287,9 +294,8 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
         return fail(op, "a loop cannot carry a rounded tile");
     scf::YieldOp::create(b, flatten(yield.getOperands()));
 
-    slotFrags = std::move(outer);
+    leaveLoop(std::move(outer));
     stageShift = std::move(outerShift);
-    copyTid = outerTid;
     loopIv = outerIv;
     loopUb = outerUb;
     loopStep = outerStep;

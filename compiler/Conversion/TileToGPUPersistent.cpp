@@ -54,8 +54,8 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   const int64_t rows = place.gridRows;
   Value blocks = g.divU(g.add(indexArg(abi::SeqQ), g.c32(rows - 1)),
                         g.c32(rows));
-  Value tiles =
-      g.mul(blocks, g.mul(indexArg(abi::Batch), indexArg(abi::Heads)));
+  Value heads = g.mul(indexArg(abi::Batch), indexArg(abi::Heads));
+  Value tiles = g.mul(blocks, heads);
   auto toIndex = [&](Value v) {
     return arith::IndexCastUIOp::create(b, b.getIndexType(), v);
   };
@@ -80,7 +80,6 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   Value w = toI32(loop.getInductionVar());
   Value pidM, pidBH;
   if (place.reversePidM) {
-    Value heads = g.mul(indexArg(abi::Batch), indexArg(abi::Heads));
     pidM = g.sub(g.sub(blocks, g.c32(1)), g.divU(w, heads));
     pidBH = g.remU(w, heads);
   } else {
@@ -91,31 +90,10 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   map.map(fn.getArgument(pidArg), toIndex(pidM));
   map.map(fn.getArgument(pidArg + 1), toIndex(pidBH));
 
-  // Loop-variant thread indices and lane bases (as every lowered loop's,
-  // lowerFor): LLVM would otherwise hoist each tile's addresses out of the
-  // tile loop into registers live across it.
-  Value outerTid = copyTid;
-  copyTid = g.opaque(tid);
-  LaneIndices outerLanes{Value(), lane, grp, tig, colPart, warpRow0};
-  LaneIndices li = laneIndicesOf(copyTid);
-  lane = li.lane;
-  grp = li.grp;
-  tig = li.tig;
-  colPart = li.colPart;
-  warpRow0 = li.warpRow0;
-  llvm::MapVector<Value, SlotFrags> outerFrags = slotFrags;
-  for (auto &[v, f] : slotFrags)
-    for (auto *a : {&f.a, &f.b, &f.bTrans})
-      if (*a)
-        *a = (*a)->inLoop(g);
+  // Loop-variant lane bases and thread index, as every lowered loop's.
+  LoopLanes outer = enterLoop();
   LogicalResult lowered = lowerTile();
-  slotFrags = std::move(outerFrags);
-  copyTid = outerTid;
-  lane = outerLanes.lane;
-  grp = outerLanes.grp;
-  tig = outerLanes.tig;
-  colPart = outerLanes.colPart;
-  warpRow0 = outerLanes.warpRow0;
+  leaveLoop(std::move(outer));
   if (failed(lowered))
     return failure();
 
