@@ -331,6 +331,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target);
   gpu.persistent = usesPersistentKernel(target);
+  gpu.tma = usesTensorMaps(target);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -340,6 +341,55 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
 static int64_t intAttr(DictionaryAttr dict, StringRef name) {
   auto a = dict ? dyn_cast_or_null<IntegerAttr>(dict.get(name)) : nullptr;
   return a ? a.getInt() : -1;
+}
+
+/// The index of \p name among \p count names of \p nameOf, or -1.
+template <typename NameOf>
+static int abiIndex(Attribute name, int count, NameOf nameOf) {
+  auto str = dyn_cast_or_null<StringAttr>(name);
+  for (int i = 0; str && i < count; ++i)
+    if (str.getValue() == nameOf(i))
+      return i;
+  return -1;
+}
+
+/// The tensor maps recorded as \p fn's attn.tensor_maps (KernelLaunch.h),
+/// in the ABI's indices; throws CompileError for a malformed record.
+static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
+  std::vector<TensorMapRecord> out;
+  auto maps = fn->getAttrOfType<ArrayAttr>("attn.tensor_maps");
+  if (!maps)
+    return out;
+  for (Attribute a : maps) {
+    auto dict = dyn_cast<DictionaryAttr>(a);
+    TensorMapRecord m;
+    auto index = [&](StringRef key) {
+      return abiIndex(dict ? dict.get(key) : Attribute(), abi::NumIndexArgs,
+                      abi::indexArgName);
+    };
+    m.buffer = abiIndex(dict ? dict.get("tensor") : Attribute(),
+                        abi::NumBuffers, abi::bufferName);
+    m.rows = index("rows");
+    m.rowStride = index("row_stride");
+    m.cols = intAttr(dict, "cols");
+    auto outer =
+        dict ? dyn_cast_or_null<ArrayAttr>(dict.get("outer")) : nullptr;
+    auto box =
+        dict ? dyn_cast_or_null<DenseI64ArrayAttr>(dict.get("box")) : nullptr;
+    if (outer)
+      for (Attribute o : outer)
+        m.outer.push_back(abiIndex(o, abi::NumIndexArgs, abi::indexArgName));
+    if (box && box.size() == 2) {
+      m.boxCols = box[0];
+      m.boxRows = box[1];
+    }
+    if (!outer || !m.valid(abi::NumBuffers, abi::NumIndexArgs))
+      throw CompileError("malformed attn.tensor_maps entry (tensor, rows, "
+                         "row_stride, outer: the ABI's names; cols; box = "
+                         "[cols, rows])");
+    out.push_back(m);
+  }
+  return out;
 }
 
 /// The launch resources that the GPU lowering recorded on \p fn (a
@@ -358,6 +408,7 @@ static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
   k.programsZ = intAttr(grid, "z");
   k.kvSplit = grid && grid.get("split");
   k.persistent = grid && grid.get("persistent");
+  k.tensorMaps = readTensorMaps(fn);
   auto str = [&](StringRef key) {
     auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;
     return a ? a.getValue() : StringRef();
@@ -437,12 +488,12 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
       usesPersistentKernel(target) ? " persistent=true" : "",
-      tilingOptions(config));
+      usesTensorMaps(target) ? " tma=true" : "", tilingOptions(config));
 }
 
 bool usesPersistentKernel(const GpuTarget &target) {
@@ -450,6 +501,14 @@ bool usesPersistentKernel(const GpuTarget &target) {
   // part of the cache key, records it.
   const char *env = std::getenv("FLASHJIT_PERSISTENT");
   return usesKvRing(target) && env && std::string(env) == "1";
+}
+
+bool usesTensorMaps(const GpuTarget &target) {
+  // Tensor maps want 16-byte aligned addresses and strides: the 16-byte
+  // copies' (the launcher picks the copy width from the tensors).
+  const char *env = std::getenv("FLASHJIT_TMA");
+  return usesKvRing(target) && target.copyBytes == 16 &&
+         !(env && std::string(env) == "0");
 }
 
 int64_t pingPongMode(const GpuTarget &target) {

@@ -142,6 +142,11 @@ int64_t pingPongMode(const GpuTarget &target);
 /// pass option: a grid of the device's SMs loops over the tiles):
 /// FLASHJIT_PERSISTENT=1 with the ring; off otherwise.
 bool usesPersistentKernel(const GpuTarget &target);
+/// Whether the K/V ring's producer copies K and V by the tensor memory
+/// accelerator (the `tma` pass option; tensor maps that the launcher
+/// encodes from the kernel's attn.tensor_maps): with the ring and 16-byte
+/// copies unless FLASHJIT_TMA=0.
+bool usesTensorMaps(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

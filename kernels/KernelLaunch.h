@@ -20,6 +20,14 @@
 /// those x * y tiles itself: its grid is (min(tiles, the launch's
 /// programs), 1, z).
 ///
+/// A kernel whose K/V ring copies by the tensor memory accelerator also
+/// records the tensor maps it takes after the ABI's arguments, in order
+/// (TensorMapRecord below):
+///
+///   attn.tensor_maps = [{tensor = "k", rows = "seq_kv", row_stride = "k_sn",
+///                        outer = ["k_sb", "k_sh"], cols = 128,
+///                        box = [64, 64]}, ...]
+///
 /// The compiler reads these into KernelLaunch values (compileForGpu), the
 /// cubin cache stores them beside the cubin (formatKernelLaunches), and the
 /// launchers take them with the cubin. Plain C++, shared by compiler and
@@ -31,6 +39,7 @@
 
 #include "kernels/AttentionSpec.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelABI.h"
 
 #include <array>
 #include <cstdint>
@@ -48,6 +57,37 @@ inline constexpr const char *kGridQueries = "seq_q", *kGridKeys = "seq_kv",
                             *kGridAllHeads = "heads",
                             *kGridKvHeads = "kv_heads";
 
+/// A tensor map a kernel takes as a `__grid_constant__` parameter after the
+/// ABI's arguments: the launcher encodes it (cuTensorMapEncodeTiled) over
+/// buffer `buffer` (abi::Buffer). Its dimensions, innermost first: `cols`
+/// elements, then the index argument `rows` (abi::IndexArg) of rows
+/// `rowStride` (an index argument: a stride in elements) apart, then one
+/// per `outer` stride argument, of extent batch * heads (a bound of any
+/// index a kernel computes from the program ids); a box of boxCols x
+/// boxRows elements, 128-byte swizzle, zeros past the bounds.
+struct TensorMapRecord {
+  int buffer = 0, rows = 0, rowStride = 0;
+  std::vector<int> outer;
+  int64_t cols = 0, boxRows = 0, boxCols = 0;
+
+  bool operator==(const TensorMapRecord &o) const {
+    return buffer == o.buffer && rows == o.rows && rowStride == o.rowStride &&
+           outer == o.outer && cols == o.cols && boxRows == o.boxRows &&
+           boxCols == o.boxCols;
+  }
+  /// Whether its fields name the forward ABI's arguments and a box that a
+  /// tensor map can have (at most 256 per dimension, 5 dimensions).
+  bool valid(int numBuffers, int numIndexArgs) const {
+    auto index = [&](int i) { return i >= 0 && i < numIndexArgs; };
+    bool ok = buffer >= 0 && buffer < numBuffers && index(rows) &&
+              index(rowStride) && outer.size() <= 3 && cols > 0 &&
+              boxRows > 0 && boxRows <= 256 && boxCols > 0 && boxCols <= 256;
+    for (int o : outer)
+      ok &= index(o);
+    return ok;
+  }
+};
+
 /// One kernel's launch resources, as its gpu.func records them.
 struct KernelLaunch {
   std::string name;        ///< the kernel function's symbol
@@ -63,6 +103,8 @@ struct KernelLaunch {
   /// A persistent kernel: grid.x is the launch's program count (the
   /// device's SMs), grid.y 1; each program loops over the tiles.
   bool persistent = false;
+  /// The tensor maps it takes after the ABI's arguments, in order.
+  std::vector<TensorMapRecord> tensorMaps;
 
   /// The grid for \p p (with \p gqa query heads per KV head; a grid over
   /// the queries and the KV heads is GQA-packed: its rows are the Nq * gqa
@@ -95,8 +137,28 @@ struct KernelLaunch {
                        : "");
   }
 
+  /// The tensor maps it takes after the ABI's arguments, in words: "k
+  /// [128 x seq_kv (k_sn) x k_sb x k_sh, box 64 x 128], v [...]" (empty
+  /// when none).
+  std::string describeTensorMaps() const {
+    std::string out;
+    for (const TensorMapRecord &m : tensorMaps) {
+      out += std::string(out.empty() ? "" : ", ") + abi::bufferName(m.buffer) +
+             " [" + std::to_string(m.cols) + " x " + abi::indexArgName(m.rows) +
+             " (" + abi::indexArgName(m.rowStride) + ")";
+      for (int o : m.outer)
+        out += std::string(" x ") + abi::indexArgName(o);
+      out += ", box " + std::to_string(m.boxCols) + " x " +
+             std::to_string(m.boxRows) + "]";
+    }
+    return out;
+  }
+
   /// Whether the values could have come from a lowering (positive sizes).
   bool valid() const {
+    for (const TensorMapRecord &m : tensorMaps)
+      if (!m.valid(abi::NumBuffers, abi::NumIndexArgs))
+        return false;
     return !name.empty() && threads > 0 && threads <= 1024 &&
            sharedBytes >= 0 && rows > 0 && programsZ > 0;
   }
@@ -106,7 +168,7 @@ struct KernelLaunch {
            sharedBytes == o.sharedBytes && rows == o.rows &&
            overKeys == o.overKeys && kvHeads == o.kvHeads &&
            programsZ == o.programsZ && kvSplit == o.kvSplit &&
-           persistent == o.persistent;
+           persistent == o.persistent && tensorMaps == o.tensorMaps;
   }
 };
 
@@ -117,8 +179,9 @@ struct KernelImage {
 };
 
 /// One line per kernel: "NAME threads shared rows keys|queries kv|all z",
-/// then " split" for a split-KV kernel and " persistent" for a persistent
-/// one.
+/// then " split" for a split-KV kernel, " persistent" for a persistent
+/// one, and per tensor map " tma=BUFFER/ROWS/ROW_STRIDE/COLS/BOX_ROWS/
+/// BOX_COLS[/OUTER...]" (TensorMapRecord's fields).
 inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
   std::string out;
   for (const KernelLaunch &k : ks) {
@@ -130,8 +193,41 @@ inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
                   (long long)k.programsZ, k.kvSplit ? " split" : "",
                   k.persistent ? " persistent" : "");
     out += line;
+    out.pop_back(); // the tensor maps go on the line
+    for (const TensorMapRecord &m : k.tensorMaps) {
+      out += " tma=" + std::to_string(m.buffer) + "/" + std::to_string(m.rows) +
+             "/" + std::to_string(m.rowStride) + "/" + std::to_string(m.cols) +
+             "/" + std::to_string(m.boxRows) + "/" + std::to_string(m.boxCols);
+      for (int o : m.outer)
+        out += "/" + std::to_string(o);
+    }
+    out += "\n";
   }
   return out;
+}
+
+/// The fields of a " tma=..." token (after "tma="); nullopt when malformed.
+inline std::optional<TensorMapRecord> parseTensorMap(const std::string &text) {
+  std::vector<int64_t> f;
+  std::istringstream in(text);
+  std::string part;
+  while (std::getline(in, part, '/')) {
+    if (part.empty() || part.size() > 9 ||
+        part.find_first_not_of("0123456789") != std::string::npos)
+      return std::nullopt;
+    f.push_back(std::stoll(part));
+  }
+  if (f.size() < 6 || f.size() > 9)
+    return std::nullopt;
+  TensorMapRecord m;
+  m.buffer = int(f[0]);
+  m.rows = int(f[1]);
+  m.rowStride = int(f[2]);
+  m.cols = f[3];
+  m.boxRows = f[4];
+  m.boxCols = f[5];
+  m.outer.assign(f.begin() + 6, f.end());
+  return m;
 }
 
 /// The inverse of formatKernelLaunches; nullopt for any malformed line.
@@ -149,14 +245,23 @@ parseKernelLaunches(const std::string &text) {
         (over != "keys" && over != "queries") ||
         (heads != "kv" && heads != "all"))
       return std::nullopt;
-    // Then " split" and " persistent", each at most once, in that order.
+    // Then " split" and " persistent", each at most once, in that order,
+    // then the tensor maps.
     while (fields >> rest) {
-      if (rest == "split" && !k.kvSplit && !k.persistent)
-        k.kvSplit = true;
-      else if (rest == "persistent" && !k.persistent)
-        k.persistent = true;
-      else
+      if (rest.rfind("tma=", 0) == 0) {
+        std::optional<TensorMapRecord> m = parseTensorMap(rest.substr(4));
+        if (!m)
+          return std::nullopt;
+        k.tensorMaps.push_back(*m);
+      } else if (!k.tensorMaps.empty()) {
         return std::nullopt;
+      } else if (rest == "split" && !k.kvSplit && !k.persistent) {
+        k.kvSplit = true;
+      } else if (rest == "persistent" && !k.persistent) {
+        k.persistent = true;
+      } else {
+        return std::nullopt;
+      }
     }
     k.overKeys = over == "keys";
     k.kvHeads = heads == "kv";

@@ -138,6 +138,13 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
     combineGrid = Dim3{unsigned(cg[0]), unsigned(cg[1]), unsigned(cg[2])};
     combineBlock = Dim3{unsigned(c.threads), 1, 1};
   }
+  tensorMaps = launch.tensorMaps;
+  if (tensorMaps.size() > kMaxTensorMaps)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("the kernel takes {} tensor maps, the "
+                                   "launcher at most {}",
+                                   tensorMaps.size(), kMaxTensorMaps));
+  bf16 = spec.dtype == DType::BF16;
   blockDim = Dim3{unsigned(launch.threads), 1, 1};
   shared = unsigned(launch.sharedBytes);
   if (!function || !gridDim.x || !gridDim.z || !blockDim.x)
@@ -152,7 +159,9 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   // Dense kernels never read the layout; give them a valid pointer anyway.
   if (!sparse)
     bufs[abi::Counts] = bufs[abi::Indices] = b.q;
-  void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1];
+  void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1 +
+               kMaxTensorMaps];
+  TensorMap maps[kMaxTensorMaps];
   int n = 0;
   for (CUdeviceptr &ptr : bufs)
     params[n++] = &ptr;
@@ -165,9 +174,28 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   for (int i = 0; i < indexCount; ++i)
     params[n++] = &index[i];
   params[n++] = &scaleLog2;
+  for (size_t i = 0; i < tensorMaps.size(); ++i) {
+    encodeMap(maps[i], tensorMaps[i], bufs[tensorMaps[i].buffer]);
+    params[n++] = &maps[i];
+  }
   launchKernel(function, gridDim, blockDim, shared, stream, params);
   if (splitCount) // the merge of the partials, in stream order
     launchKernel(combine, combineGrid, combineBlock, 0, stream, params);
+}
+
+void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,
+                                CUdeviceptr base) const {
+  // cols, rows, then the outer dimensions (batch * heads bounds any index
+  // the kernel computes from its program ids: TensorMapRecord).
+  const int rank = 2 + int(m.outer.size());
+  uint64_t dims[5] = {uint64_t(m.cols), uint64_t(index[m.rows])};
+  uint64_t strides[4] = {uint64_t(index[m.rowStride]) * 2};
+  uint32_t box[5] = {uint32_t(m.boxCols), uint32_t(m.boxRows), 1, 1, 1};
+  for (size_t i = 0; i < m.outer.size(); ++i) {
+    dims[2 + i] = uint64_t(index[abi::Batch] * index[abi::Heads]);
+    strides[1 + i] = uint64_t(index[m.outer[i]]) * 2;
+  }
+  encodeTensorMap(out, base, rank, dims, strides, box, bf16);
 }
 
 void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,

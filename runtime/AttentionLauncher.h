@@ -104,6 +104,12 @@ public:
   unsigned sharedBytes() const { return shared; }
 
 private:
+  /// The most tensor maps a kernel takes (K and V, and room for Q and O).
+  static constexpr size_t kMaxTensorMaps = 4;
+  /// Encodes \p m over \p base for this launch's index arguments.
+  void encodeMap(TensorMap &out, const TensorMapRecord &m,
+                 CUdeviceptr base) const;
+
   CUfunction function = nullptr;
   Dim3 gridDim, blockDim;
   unsigned shared = 0;
@@ -119,6 +125,10 @@ private:
   Dim3 combineGrid, combineBlock;
   std::shared_ptr<DeviceBuffer> workspace;
   mutable CUdeviceptr oPart = 0, lsePart = 0;
+  /// The kernel's tensor maps (KernelLaunch::tensorMaps), encoded at each
+  /// launch over its buffers, and whether its elements are bf16.
+  std::vector<TensorMapRecord> tensorMaps;
+  bool bf16 = true;
 };
 
 /// A loaded forward kernel.

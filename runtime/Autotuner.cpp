@@ -1,6 +1,7 @@
 //===- Autotuner.cpp - Choose Br x Bc (warps, stages) on the GPU ----------===//
 
 #include "runtime/Autotuner.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/Error.h"
 

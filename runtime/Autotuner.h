@@ -12,6 +12,7 @@
 #define FLASHJIT_RUNTIME_AUTOTUNER_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/KernelLaunch.h"
 
 #include <functional>

@@ -65,7 +65,8 @@
   X(cuEventDestroy)                                                            \
   X(cuStreamSynchronize)                                                       \
   X(cuStreamWaitEvent)                                                         \
-  X(cuStreamIsCapturing)
+  X(cuStreamIsCapturing)                                                       \
+  X(cuTensorMapEncodeTiled)
 
 namespace flashjit::rt {
 

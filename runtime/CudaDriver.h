@@ -282,6 +282,23 @@ void launchKernel(CUfunction function, Dim3 grid, Dim3 block,
                   unsigned sharedBytes, CUstream stream, void **params,
                   CudaDriver &driver = CudaDriver::get());
 
+/// A tensor map (the driver's CUtensorMap: 128 opaque bytes, 128-byte
+/// aligned), passed to a kernel by value.
+struct alignas(128) TensorMap {
+  unsigned char bytes[128] = {};
+};
+
+/// Encodes a tiled tensor map of 16-bit elements (bf16 where \p bf16, else
+/// f16) over \p base (cuTensorMapEncodeTiled): \p rank dimensions of
+/// \p dims elements, innermost first, \p strideBytes between the elements
+/// of each outer one (rank - 1 of them), boxes of \p box elements, the
+/// 128-byte swizzle, zeros past the bounds. Throws RuntimeError naming the
+/// map when the driver refuses it.
+void encodeTensorMap(TensorMap &out, CUdeviceptr base, int rank,
+                     const uint64_t *dims, const uint64_t *strideBytes,
+                     const uint32_t *box, bool bf16,
+                     CudaDriver &driver = CudaDriver::get());
+
 /// Makes \p context the calling thread's current context for the object's
 /// lifetime: nothing if it already is (one cuCtxGetCurrent), else
 /// cuCtxPushCurrent now and cuCtxPopCurrent in the destructor, so the

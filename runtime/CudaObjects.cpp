@@ -283,6 +283,39 @@ void flashjit::rt::launch(CUfunction function, Dim3 grid, Dim3 block,
   launchKernel(function, grid, block, sharedBytes, stream, params, driver);
 }
 
+void flashjit::rt::encodeTensorMap(TensorMap &out, CUdeviceptr base, int rank,
+                                   const uint64_t *dims,
+                                   const uint64_t *strideBytes,
+                                   const uint32_t *box, bool bf16,
+                                   CudaDriver &driver) {
+  static_assert(sizeof(TensorMap) == sizeof(CUtensorMap) &&
+                alignof(TensorMap) >= alignof(CUtensorMap));
+  const cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+  CUresult result = driver.api().cuTensorMapEncodeTiled(
+      reinterpret_cast<CUtensorMap *>(&out),
+      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      cuuint32_t(rank), reinterpret_cast<void *>(base), dims, strideBytes, box,
+      ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result == CUDA_SUCCESS)
+    return;
+  std::string shape, strides, boxes;
+  for (int i = 0; i < rank; ++i) {
+    shape += (i ? "," : "") + std::to_string(dims[i]);
+    boxes += (i ? "," : "") + std::to_string(box[i]);
+    if (i + 1 < rank)
+      strides += (i ? "," : "") + std::to_string(strideBytes[i]);
+  }
+  throw RuntimeError(
+      ErrorCode::DriverError,
+      fmt::format("cuTensorMapEncodeTiled(dims=({}) strides=({}) bytes "
+                  "box=({}) base={:#x}) failed: {} ({}); the kernel copies K "
+                  "and V by tensor maps: set FLASHJIT_TMA=0 for cp.async",
+                  shape, strides, boxes, base, driver.errorName(result),
+                  driver.errorString(result)),
+      result);
+}
+
 //===----------------------------------------------------------------------===//
 // ScopedContext
 //===----------------------------------------------------------------------===//

@@ -154,6 +154,36 @@ void GpuBuilder::mbarrierWait(Value bar, Value parity) {
                 "r,r,~{memory}", {sharedAddress(*this, bar), parity});
 }
 
+void GpuBuilder::mbarrierExpectBytes(Value bar, int64_t bytes) {
+  sideEffectAsm(*this, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+                "r,r,~{memory}", {sharedAddress(*this, bar), c32(bytes)});
+}
+
+void GpuBuilder::tensorCopy(Value dst, Value map, ArrayRef<Value> coords,
+                            Value bar) {
+  const std::string rank = std::to_string(coords.size());
+  std::string text = "cp.async.bulk.tensor." + rank +
+                     "d.shared::cluster.global.tile.mbarrier::complete_tx::"
+                     "bytes [$0], [$1, {";
+  std::string constraints = "r,l";
+  SmallVector<Value> operands = {sharedAddress(*this, dst),
+                                 LLVM::PtrToIntOp::create(b, i64, map)};
+  for (auto [i, c] : llvm::enumerate(coords)) {
+    text += (i ? ", $" : "$") + std::to_string(i + 2);
+    constraints += ",r";
+    operands.push_back(c);
+  }
+  text += "}], [$" + std::to_string(coords.size() + 2) + "];";
+  constraints += ",r,~{memory}";
+  operands.push_back(sharedAddress(*this, bar));
+  sideEffectAsm(*this, text, constraints, operands);
+}
+
+void GpuBuilder::prefetchTensorMap(Value map) {
+  sideEffectAsm(*this, "prefetch.tensormap [$0];", "l",
+                {LLVM::PtrToIntOp::create(b, i64, map)});
+}
+
 Value GpuBuilder::threadIdX() {
   Value t = mlir::gpu::ThreadIdOp::create(b, mlir::gpu::Dimension::x);
   return arith::IndexCastUIOp::create(b, i32, t);

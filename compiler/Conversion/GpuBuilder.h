@@ -136,6 +136,18 @@ public:
   /// Waits (acquire) until the phase of parity \p parity (i32: 0 or 1) has
   /// completed: mbarrier.try_wait.parity in a loop.
   void mbarrierWait(Value bar, Value parity);
+  /// mbarrier.arrive.expect_tx: this thread's arrival, and \p bytes more
+  /// that the phase waits for (the tensor copies that complete on it).
+  void mbarrierExpectBytes(Value bar, int64_t bytes);
+
+  // The tensor memory accelerator (sm_90).
+  /// cp.async.bulk.tensor of the box at \p coords (i32, innermost first)
+  /// of tensor map \p map (a generic pointer to a kernel parameter) into
+  /// shared pointer \p dst; its bytes complete on mbarrier \p bar.
+  void tensorCopy(Value dst, Value map, llvm::ArrayRef<Value> coords,
+                  Value bar);
+  /// prefetch.tensormap: brings \p map into the descriptor cache.
+  void prefetchTensorMap(Value map);
 
   /// Emits \p body inside `scf.if %cond` (no results).
   template <typename Fn> void ifThen(Value cond, Fn &&body) {

@@ -47,7 +47,27 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "programs as the launch gives (the device's SMs), each looping "
            "over the (Q block, batch * head) tiles, its ring running on "
            "from one tile to the next">,
+    Option<"tma", "tma", "bool", "false",
+           "the K/V ring's producer copies K and V by the tensor memory "
+           "accelerator (cp.async.bulk.tensor, one thread; tensor maps that "
+           "the launcher encodes, recorded as attn.tensor_maps) where their "
+           "addresses are a row stride and strides of kernel arguments">,
   ];
+}
+
+def MarkGridConstants : Pass<"flashjit-mark-grid-constants",
+                              "mlir::LLVM::LLVMFuncOp"> {
+  let summary = "Make the tensor-map parameters of kernels __grid_constant__";
+  let description = [{
+    After convert-gpu-to-nvvm: a kernel that records `attn.tensor_maps`
+    (TileToGPUTma.cpp) takes those tensor maps as its last arguments; each
+    becomes a 128-byte `llvm.byval` parameter, 64-byte aligned and
+    `nvvm.grid_constant`, so that the kernel reads it where it lies (a
+    param-space address, which TMA instructions take) rather than from a
+    local copy. The NVVM dialect admits nvvm.grid_constant only on kernel
+    functions of the LLVM dialect, hence after the conversion.
+  }];
+  let dependentDialects = ["mlir::NVVM::NVVMDialect"];
 }
 
 def LowerTileToLoops : Pass<"flashjit-lower-tile-to-loops", "mlir::ModuleOp"> {

@@ -590,6 +590,8 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   // is the launcher's (GpuGeometry); assignHomes refuses more.
   mlir::gpu::GPUFuncOp kernel =
       createPlacedKernel(b, g, gpuModule, fn, place, sharedBytes);
+  if (!ringMaps.empty())
+    addTensorMapArguments(kernel);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);
   setUpThreads();

@@ -29,6 +29,7 @@
 #include "dialects/Tile/IR/TileDialect.h"
 #include "kernels/AttentionSpec.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/KernelLaunch.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -122,6 +123,11 @@ struct KernelPlacement {
   /// heaviest Q blocks of all heads first), its ring's positions running
   /// on across tiles.
   bool persistent = false;
+  /// With the ring: its producer copies K and V by the tensor memory
+  /// accelerator where a tensor map describes them (TileToGPUTma.cpp):
+  /// one thread, cp.async.bulk.tensor into the stage, the full barrier
+  /// counting the bytes.
+  bool tma = false;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
@@ -257,6 +263,10 @@ private:
   /// a double-buffered slot. Without \p commit the caller commits.
   LogicalResult issueCopy(llvm::ArrayRef<tile::LoadOp> ops, Value iv,
                           Value dstShift = Value(), bool commit = true);
+  /// \p another: the walk's mapping, plus the scalar ops of the loop body
+  /// that \p ops' operands depend on, evaluated again at iteration \p iv.
+  LogicalResult mapIteration(llvm::ArrayRef<tile::LoadOp> ops, Value iv,
+                             mlir::IRMapping &another);
   /// Whether SharedVector load \p next can be copied with \p first, \p k
   /// loads after it: the same rows of the same buffer, the slot k slots on.
   bool copiesWith(tile::LoadOp first, tile::LoadOp next, int64_t k);
@@ -350,6 +360,19 @@ private:
   /// copies and arrives on its full barrier.
   LogicalResult produce(tile::LoadOp load, int64_t stream, Value iv,
                         Value stage, Value parity);
+
+  // The ring's tensor maps (TileToGPUTma.cpp).
+  /// Describes every stream of the ring's \p loads by a tensor map
+  /// (ringMaps; KernelPlacement::tma), or leaves ringMaps empty.
+  void describeTensorMaps(llvm::ArrayRef<tile::LoadOp> loads);
+  /// Appends the tensor-map parameters to \p kernel, records them as its
+  /// attn.tensor_maps (kernels/KernelLaunch.h), and prefetches them.
+  void addTensorMapArguments(mlir::gpu::GPUFuncOp kernel);
+  /// The producer's copy of ring load \p load of \p stream (iteration
+  /// \p iv; null before the loop) into \p stage by the tensor memory
+  /// accelerator, its bytes completing on the stage's full barrier.
+  LogicalResult produceByTensorMap(tile::LoadOp load, int64_t stream, Value iv,
+                                   Value stage);
 
   // The persistent kernel (TileToGPUPersistent.cpp).
   /// Runs \p lowerTile (one role's lowering of the body) once; in a
@@ -516,6 +539,15 @@ private:
   /// empty: 0, one tile per program). A persistent kernel's tiles go on
   /// from the positions the last one left.
   llvm::SmallVector<Value, 2> ringBase;
+  /// Per ring stream (empty: cp.async by the producer warpgroup), its
+  /// tensor map: the record the launcher encodes it from, the tile IR's
+  /// indices of its outer dimensions, and the kernel's parameter.
+  struct RingTensorMap {
+    TensorMapRecord record;
+    llvm::SmallVector<Value, 3> outerIndices;
+    Value param;
+  };
+  llvm::SmallVector<RingTensorMap, 2> ringMaps;
   /// The ring's consumers take the registers the producer does not need
   /// (setmaxnreg; consumersNeedRegisters in TileToGPURing.cpp).
   bool ringMovesRegisters = false;

@@ -44,6 +44,40 @@ LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
   return issueCopy(op, Value());
 }
 
+LogicalResult TileKernelLowering::mapIteration(ArrayRef<tile::LoadOp> ops,
+                                               Value iv, IRMapping &another) {
+  another = map;
+  auto loop = cast<scf::ForOp>(ops.front()->getParentOp());
+  another.map(loop.getInductionVar(), iv);
+  // The scalar ops of the loop body that the loads' operands depend on.
+  llvm::SetVector<Operation *> slice;
+  SmallVector<Value> work;
+  for (tile::LoadOp op : ops)
+    work.append(op->getOperands().begin(), op->getOperands().end());
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    Operation *def = v.getDefiningOp();
+    if (!def || def->getBlock() != loop.getBody() || slice.contains(def))
+      continue;
+    slice.insert(def);
+    work.append(def->getOperands().begin(), def->getOperands().end());
+  }
+  SmallVector<Operation *> ordered(slice.begin(), slice.end());
+  llvm::sort(ordered,
+             [](Operation *x, Operation *y) { return x->isBeforeInBlock(y); });
+  for (Operation *def : ordered) {
+    if (isa<memref::LoadOp>(def)) {
+      if (failed(lowerScalarLoad(def, another)))
+        return failure();
+    } else if (def->getNumRegions() == 0) {
+      b.clone(*def, another);
+    } else {
+      return fail(ops.front(), "its address depends on an op with regions");
+    }
+  }
+  return success();
+}
+
 LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
                                             Value iv, Value dstShift,
                                             bool commit) {
@@ -51,38 +85,8 @@ LogicalResult TileKernelLowering::issueCopy(ArrayRef<tile::LoadOp> ops,
   // mapping of their own; this iteration's use the walk's.
   IRMapping another;
   IRMapping &local = iv ? another : map;
-  if (iv) {
-    another = map;
-    auto loop = cast<scf::ForOp>(ops.front()->getParentOp());
-    local.map(loop.getInductionVar(), iv);
-    // The scalar ops of the loop body that the loads' operands depend on.
-    llvm::SetVector<Operation *> slice;
-    SmallVector<Value> work;
-    for (tile::LoadOp op : ops)
-      work.append(op->getOperands().begin(), op->getOperands().end());
-    while (!work.empty()) {
-      Value v = work.pop_back_val();
-      Operation *def = v.getDefiningOp();
-      if (!def || def->getBlock() != loop.getBody() || slice.contains(def))
-        continue;
-      slice.insert(def);
-      work.append(def->getOperands().begin(), def->getOperands().end());
-    }
-    SmallVector<Operation *> ordered(slice.begin(), slice.end());
-    llvm::sort(ordered, [](Operation *x, Operation *y) {
-      return x->isBeforeInBlock(y);
-    });
-    for (Operation *def : ordered) {
-      if (isa<memref::LoadOp>(def)) {
-        if (failed(lowerScalarLoad(def, local)))
-          return failure();
-      } else if (def->getNumRegions() == 0) {
-        b.clone(*def, local);
-      } else {
-        return fail(ops.front(), "its address depends on an op with regions");
-      }
-    }
-  }
+  if (iv && failed(mapIteration(ops, iv, another)))
+    return failure();
   for (size_t i = 0; i < ops.size();) {
     tile::LoadOp op = ops[i];
     if (homes.lookup(op.getResult()) == TileHome::SharedVector) {

@@ -41,7 +41,7 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
                                         const TileConfig &config, bool wgmma,
                                         bool kvRing, int64_t pingPong,
-                                        bool persistent) {
+                                        bool persistent, bool tma) {
   GpuGeometry geo = gpuGeometry(spec, config, wgmma && kvRing);
   KernelPlacement p;
   p.threads = 32 * config.warps;
@@ -62,6 +62,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.treeReductions = true;
     p.pingPong = pingPong;
     p.persistent = persistent;
+    p.tma = tma;
   }
   return p;
 }
@@ -69,7 +70,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
     int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong,
-    bool persistent) {
+    bool persistent, bool tma) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -89,8 +90,8 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     config.stages = ringStages;
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
-  KernelPlacement p =
-      forwardPlacement(spec, config, wgmma, kvRing, pingPong, persistent);
+  KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong,
+                                       persistent, tma && copyBytes == 16);
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.
@@ -103,6 +104,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.kvSplit = p.gridSplits = true;
     p.gridKvHeads = abi::split::packsGqa(spec);
     p.persistent = false; // its grid.z is the splits'; one pass each
+    p.tma = false;        // its tensor maps would need the split ABI's
   }
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);

@@ -138,6 +138,7 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
                       "with two shared loads (K and V)");
   ringLoop = loop;
   ringLead.assign(loads.size(), 0);
+  describeTensorMaps(loads);
   for (Operation &op : fn.getBody().front()) {
     auto load = dyn_cast<tile::LoadOp>(&op);
     if (!load || !isRingPrologueLoad(load))
@@ -169,7 +170,9 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
   g.ifThen(g.cmp(arith::CmpIPredicate::eq, tid, g.c32(0)), [&] {
     for (int64_t s = 0; s < place.ringStages; ++s)
       for (int64_t l = 0; l < 2; ++l) {
-        g.mbarrierInit(ringBarrier(l, false, g.c32(s)), producers);
+        // By tensor maps, one thread's expect_tx arrives on a full barrier.
+        g.mbarrierInit(ringBarrier(l, false, g.c32(s)),
+                       ringMaps.empty() ? producers : 1);
         g.mbarrierInit(ringBarrier(l, true, g.c32(s)), consumers);
       }
   });
@@ -238,30 +241,42 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   copyThreads = place.producerThreads;
   Value outerTid = copyTid;
   copyTid = g.sub(tid, g.c32(place.threads));
-  // The loads that lead the loop, each into its position's stage.
-  for (const RingLead &r : ringPrologue) {
-    auto [stage, parity] = leadPosition(r);
-    if (failed(produce(r.load, r.stream, Value(), stage, parity)))
-      return failure();
-  }
-  Value lb = scalar(ringLoop.getLowerBound());
-  Value ub = scalar(ringLoop.getUpperBound());
-  Value step = scalar(ringLoop.getStep());
-  auto loop = scf::ForOp::create(b, lb, ub, step);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPoint(loop.getBody()->getTerminator());
-  copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
-  for (auto [i, load] : llvm::enumerate(loads)) {
-    auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar(), i);
-    if (failed(produce(load, i, loop.getInductionVar(), stage, parity)))
-      return failure();
-  }
+  auto copies = [&]() -> LogicalResult {
+    for (const RingTensorMap &m : ringMaps)
+      g.prefetchTensorMap(m.param);
+    // The loads that lead the loop, each into its position's stage.
+    for (const RingLead &r : ringPrologue) {
+      auto [stage, parity] = leadPosition(r);
+      if (failed(produce(r.load, r.stream, Value(), stage, parity)))
+        return failure();
+    }
+    Value lb = scalar(ringLoop.getLowerBound());
+    Value ub = scalar(ringLoop.getUpperBound());
+    Value step = scalar(ringLoop.getStep());
+    auto loop = scf::ForOp::create(b, lb, ub, step);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPoint(loop.getBody()->getTerminator());
+    copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
+    for (auto [i, load] : llvm::enumerate(loads)) {
+      auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar(), i);
+      if (failed(produce(load, i, loop.getInductionVar(), stage, parity)))
+        return failure();
+    }
+    b.setInsertionPointAfter(loop);
+    if (ringMaps.empty())
+      g.waitAll();
+    return success();
+  };
+  LogicalResult r = success();
+  if (ringMaps.empty())
+    r = copies();
+  else // by tensor maps: the producer's first thread alone
+    g.ifThen(g.cmp(arith::CmpIPredicate::eq, tid, g.c32(place.threads)),
+             [&] { r = copies(); });
   copyThreads = 0;
   copyTid = outerTid;
-  b.setInsertionPointAfter(loop);
-  g.waitAll();
   pendingCopies = false;
-  return success();
+  return r;
 }
 
 /// Copies ring load \p load (of \p stream, at iteration \p iv of the loop;
@@ -273,6 +288,8 @@ LogicalResult TileKernelLowering::produce(tile::LoadOp load, int64_t stream,
   // pass over the stages does not wait.
   g.mbarrierWait(ringBarrier(stream, /*empty=*/true, stage),
                  g.xorI(parity, g.c32(1)));
+  if (!ringMaps.empty())
+    return produceByTensorMap(load, stream, iv, stage);
   if (failed(issueCopy({load}, iv, shift, /*commit=*/false)))
     return failure();
   g.mbarrierArriveOnCopies(ringBarrier(stream, /*empty=*/false, stage));
@@ -397,7 +414,8 @@ void TileKernelLowering::waitForRing(tile::DotOp op) {
   for (const RingUse &u : it->second)
     g.mbarrierWait(ringBarrier(u.stream, /*empty=*/false, u.stage), u.parity);
   ringWaits.erase(it);
-  wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
+  if (ringMaps.empty())    // (tensor copies are the async proxy, as wgmma)
+    wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
 }
 
 void TileKernelLowering::releaseRing(ArrayRef<Value> done) {

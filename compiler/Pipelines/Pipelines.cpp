@@ -97,6 +97,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.kvRingStages = gpu.kvRingStages;
   lower.pingPong = gpu.pingPong;
   lower.persistent = gpu.persistent;
+  lower.tma = gpu.tma;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
@@ -105,6 +106,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   pm.addPass(createSCFToControlFlowPass());
   OpPassManager &gpuPm = pm.nest<gpu::GPUModuleOp>();
   gpuPm.addPass(createConvertGpuOpsToNVVMOps());
+  gpuPm.addNestedPass<LLVM::LLVMFuncOp>(conversion::createMarkGridConstants());
   gpuPm.addPass(createCanonicalizerPass());
   gpuPm.addPass(createCSEPass());
   pm.addPass(createReconcileUnrealizedCastsPass());

@@ -32,6 +32,8 @@ struct GpuPipelineConfig {
   /// The ring's forward as a persistent kernel (tiles looped over by a
   /// grid of the device's SMs).
   bool persistent = false;
+  /// The ring's K and V by the tensor memory accelerator (tensor maps).
+  bool tma = false;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -73,6 +75,10 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
       llvm::cl::desc("the K/V ring's forward as a persistent kernel: a grid "
                      "of the device's SMs loops over the tiles"),
       llvm::cl::init(false)};
+  Option<bool> tma{*this, "tma",
+                   llvm::cl::desc("the K/V ring's K and V by the tensor memory "
+                                  "accelerator (tensor maps at launch)"),
+                   llvm::cl::init(false)};
 
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;
@@ -82,6 +88,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.kvRingStages = kvRingStages;
     gpu.pingPong = pingPong;
     gpu.persistent = persistent;
+    gpu.tma = tma;
     return gpu;
   }
 };

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <unistd.h>
 
 namespace {
@@ -226,6 +227,11 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
   "--head-dim 32 --head-dim-v 16 --dtype fp16 --window 5,0 --seq-len 100 --seq-len-kv 140",
   "--head-dim 128 --block-m 64 --block-n 32 --warps 4 --seq-len 777",
   "--head-dim 64 --block-m 128 --block-n 128 --warps 4 --causal --seq-len 999",
+  // The sm_90a defaults of T15 (three consumer warpgroups to d = 96, masked
+  // to 64; 128 x 64 on the ring past d = 128, unmasked too).
+  "--head-dim 96 --seq-len 1500",
+  "--head-dim 56 --causal --gqa 2 --heads 4 --seq-len 1300",
+  "--head-dim 200 --head-dim-v 256 --seq-len 700 --seq-len-kv 900",
   // Large: N = 16K, B * H = 32 (sampled rows are checked).
   "--head-dim 128 --batch 2 --heads 16 --seq-len 16384",
   "--head-dim 128 --causal --batch 2 --heads 16 --seq-len 16384",
@@ -273,6 +279,56 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --heads 30 --seq-len 1000",
   "--head-dim 128 --causal --batch 2 --heads 16 --seq-len 16384"
 ));
+// clang-format on
+
+/// The K/V ring's copies by the tensor memory accelerator (the default on
+/// sm_90a with 16-byte aligned tensors; FLASHJIT_TMA=0: cp.async), each
+/// case both ways: head dims whose last box is part zeros (40, 72, 96),
+/// dqk != dv, rows past Nkv (zeros from the map's bounds), GQA (the KV
+/// head as a coordinate), packed QKV (rows 3 H d apart, heads d apart),
+/// masks, block-sparse lists, score modifiers, N = 1, fp16, the
+/// overlapped loop, three consumer warpgroups, 1 to 4 stages and the
+/// persistent kernel. `run --json` must report `"tma"` exactly where the
+/// ring copies by tensor maps: on sm_90a with the ring and TMA on, and
+/// never for d = 100 (its 200-byte rows take 8-byte copies).
+/// (The parameters are ForwardPingPongGpu's: a mode, then the flags.)
+class ForwardTmaGpu : public ForwardPingPongGpu {};
+
+TEST_P(ForwardTmaGpu, MatchesFloat64Reference) {
+  const auto [tma, args] = GetParam();
+  std::string env = "FLASHJIT_TMA=" + std::to_string(tma);
+  const std::string a = args;
+  if (a.find("--persistent") != std::string::npos)
+    env += " FLASHJIT_PERSISTENT=1";
+  std::string out = runAndCheck(a.substr(0, a.find(" --persistent")), env);
+  const bool ring = out.find("\"kv_ring\":0") == std::string::npos;
+  const bool aligned = a.find("--head-dim 100") == std::string::npos;
+  EXPECT_NE(out.find(std::string("\"tma\":") +
+                     (ring && tma && aligned ? "true" : "false")),
+            std::string::npos)
+      << a << "\n"
+      << out;
+  if (out.find("\"arch\":\"sm_90a\"") != std::string::npos &&
+      a.find("--stages 1") == std::string::npos)
+    EXPECT_TRUE(ring) << a << "\n" << out;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Modes, ForwardTmaGpu, ::testing::Combine(
+  ::testing::Values(1, 0), ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 3 --seq-len 1000 --seq-len-kv 1111",
+  "--head-dim 40 --head-dim-v 72 --block-m 128 --block-n 64 --warps 8 --stages 4 --seq-len 100 --seq-len-kv 3333",
+  "--head-dim 96 --dtype fp16 --block-m 128 --block-n 64 --warps 8 --stages 3 --window 100,20 --gqa 2 --heads 4 --seq-len 2000",
+  "--head-dim 64 --packed-qkv --block-m 192 --block-n 128 --warps 12 --causal --batch 2 --heads 4 --seq-len 1200",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --causal --gqa 4 --heads 8 --seq-len 900 --seq-len-kv 700",
+  "--head-dim 256 --block-m 128 --block-n 64 --warps 8 --causal --gqa 2 --heads 2 --seq-len 999 --seq-len-kv 1300",
+  "--head-dim 192 --head-dim-v 128 --block-m 128 --block-n 32 --warps 8 --stages 4 --seq-len 777 --seq-len-kv 1300",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --block-sparse 0.4 --sparse-block 128 --causal --batch 2 --heads 3 --seq-len 3000",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --score-mod alibi:4 --causal --seq-len 1 --seq-len-kv 4000",
+  "--head-dim 100 --block-m 128 --block-n 64 --warps 8 --seq-len 500",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 600",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --causal --batch 2 --heads 30 --seq-len 3000 --persistent",
+  "--head-dim 128 --causal --batch 2 --heads 16 --seq-len 16384")));
 // clang-format on
 
 /// The software-pipelined KV loop (--overlap-softmax) on the K/V ring: the

@@ -17,6 +17,7 @@
 #include "CApiTestUtil.h"
 #include "flashjit.h"
 
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/NvJitLink.h"
 

@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/KernelABI.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/Error.h"
@@ -55,6 +56,23 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
   ks.push_back({"attention", 32, 9216, 16, false, true, 1, /*kvSplit=*/true});
   ks.push_back({"attention", 384, 163904, 128, false, false, 1,
                 /*kvSplit=*/false, /*persistent=*/true});
+  KernelLaunch tma = ks.back();
+  tma.persistent = false;
+  tma.tensorMaps = {{flashjit::abi::K,
+                     flashjit::abi::SeqKV,
+                     flashjit::abi::KStrideN,
+                     {flashjit::abi::KStrideB},
+                     96,
+                     128,
+                     64},
+                    {flashjit::abi::V,
+                     flashjit::abi::SeqKV,
+                     flashjit::abi::VStrideN,
+                     {flashjit::abi::VStrideB, flashjit::abi::VStrideH},
+                     256,
+                     64,
+                     64}};
+  ks.push_back(tma);
   auto parsed = parseKernelLaunches(formatKernelLaunches(ks));
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(*parsed, ks);
@@ -67,7 +85,14 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
         "attention 2048 0 1 keys kv 1\n",
         "attention 256 0 128 keys kv 1 split extra\n",
         "attention 256 0 128 keys kv 1 persistent persistent\n",
-        "attention 256 0 128 keys kv 1 persistent split\n"})
+        "attention 256 0 128 keys kv 1 persistent split\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/9/128/64\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/9/128/64/64/7/8/9/10\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/9/128/512/64/7\n",
+        "attention 256 0 128 keys kv 1 tma=9/3/9/128/64/64/7\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/99/128/64/64/7\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/-9/128/64/64\n",
+        "attention 256 0 128 keys kv 1 tma=1/3/9/128/64/64 split\n"})
     EXPECT_FALSE(parseKernelLaunches(bad).has_value()) << bad;
 }
 
@@ -132,6 +157,65 @@ TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   EXPECT_NE(gpu.find("step %grid_dim_x"), std::string::npos);
   EXPECT_EQ(onceGpu.find("persistent"), std::string::npos);
   EXPECT_EQ(onceGpu.find("step %grid_dim_x"), std::string::npos);
+}
+
+/// The ring's forward on sm_90a copies K and V by tensor maps: it records
+/// one per stream (K, then V: the buffer, seq_kv rows of the row stride,
+/// the batch and head strides, the head dim's columns, a box of 64 columns
+/// by Bc rows) and takes them as its last parameters, 128 bytes each,
+/// __grid_constant__ (read where they lie: cvta.param). With FLASHJIT_TMA=0,
+/// without the ring, or with copies narrower than 16 bytes, none.
+TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
+  GpuTarget target;
+  target.arch = "sm_90a";
+  AttentionSpec s = spec(Direction::Forward, 96, MaskKind::Causal, 2);
+  TileConfig config;
+  config.blockM = 128;
+  config.blockN = 64;
+  config.warps = 8;
+  config.stages = 2;
+  GpuCompilation c = compileForGpu(s, config, target);
+  ASSERT_EQ(c.kernels.size(), 1u);
+  const std::vector<TensorMapRecord> &maps = c.kernels[0].tensorMaps;
+  ASSERT_EQ(maps.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const bool isK = i == 0;
+    EXPECT_EQ(maps[i].buffer, isK ? flashjit::abi::K : flashjit::abi::V);
+    EXPECT_EQ(maps[i].rows, flashjit::abi::SeqKV);
+    EXPECT_EQ(maps[i].rowStride,
+              isK ? flashjit::abi::KStrideN : flashjit::abi::VStrideN);
+    EXPECT_EQ(maps[i].outer,
+              (std::vector<int>{
+                  isK ? flashjit::abi::KStrideB : flashjit::abi::VStrideB,
+                  isK ? flashjit::abi::KStrideH : flashjit::abi::VStrideH}));
+    EXPECT_EQ(maps[i].cols, 96);
+    EXPECT_EQ(maps[i].boxRows, 64);
+    EXPECT_EQ(maps[i].boxCols, 64);
+  }
+  EXPECT_NE(c.ptx.find(".param .align 64 .b8 attention_param_31[128]"),
+            std::string::npos);
+  EXPECT_NE(c.ptx.find("cvta.param"), std::string::npos);
+  EXPECT_NE(c.ptx.find("cp.async.bulk.tensor.4d"), std::string::npos);
+  EXPECT_NE(c.ptx.find("mbarrier.arrive.expect_tx"), std::string::npos);
+  // The record survives the cubin cache's text.
+  auto parsed = parseKernelLaunches(formatKernelLaunches(c.kernels));
+  ASSERT_TRUE(parsed.has_value());
+  EXPECT_EQ(*parsed, c.kernels);
+
+  setenv("FLASHJIT_TMA", "0", 1);
+  GpuCompilation off = compileForGpu(s, config, target);
+  unsetenv("FLASHJIT_TMA");
+  GpuTarget narrow = target;
+  narrow.copyBytes = 8;
+  TileConfig noRing = config;
+  noRing.stages = 1;
+  for (const GpuCompilation &other : {off, compileForGpu(s, config, narrow),
+                                      compileForGpu(s, noRing, target)}) {
+    ASSERT_EQ(other.kernels.size(), 1u);
+    EXPECT_TRUE(other.kernels[0].tensorMaps.empty());
+    EXPECT_EQ(other.ptx.find("cp.async.bulk.tensor"), std::string::npos);
+    EXPECT_EQ(other.ptx.find("attention_param_31"), std::string::npos);
+  }
 }
 
 /// A split-KV forward records two kernels: the partial over the packed

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 

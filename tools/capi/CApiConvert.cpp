@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "CApiInternal.h"
+#include "kernels/GpuDefaults.h"
 
 #include <algorithm>
 #include <cstring>

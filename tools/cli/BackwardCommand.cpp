@@ -2,6 +2,7 @@
 
 #include "tools/cli/BackwardCommand.h"
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "runtime/BackwardLauncher.h"

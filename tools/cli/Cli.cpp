@@ -124,14 +124,19 @@ int runCompile(const CliOptions &o) {
     // lowering recorded (kernels/KernelLaunch.h).
     std::string kernels, lines;
     for (const KernelLaunch &k : b.image.kernels) {
-      std::string grid = k.describeGrid();
-      kernels += fmt::format(
-          "{}{{\"name\":\"{}\",\"threads\":{},\"shared_bytes\":{},"
-          "\"grid\":\"{}\"}}",
-          kernels.empty() ? "" : ",", k.name, k.threads, k.sharedBytes, grid);
+      std::string grid = k.describeGrid(), maps = k.describeTensorMaps();
+      kernels +=
+          fmt::format("{}{{\"name\":\"{}\",\"threads\":{},\"shared_bytes\":{},"
+                      "\"grid\":\"{}\",\"tensor_maps\":\"{}\"}}",
+                      kernels.empty() ? "" : ",", k.name, k.threads,
+                      k.sharedBytes, grid, maps);
       lines += fmt::format("  {}: {} threads, {} bytes of shared memory, grid "
-                           "{}\n",
-                           k.name, k.threads, k.sharedBytes, grid);
+                           "{}{}\n",
+                           k.name, k.threads, k.sharedBytes, grid,
+                           maps.empty() ? ""
+                                        : "; after the ABI's arguments, "
+                                          "tensor maps (__grid_constant__) " +
+                                              maps);
     }
     if (o.json)
       fmt::print("{{\"stage\":\"cubin\",\"spec\":{},\"config\":{},"
@@ -216,13 +221,14 @@ int runRun(const CliOptions &o) {
     gpuFields =
         gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
         fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
-                    "\"kv_splits\":{},\"persistent\":{}",
+                    "\"kv_splits\":{},\"persistent\":{},\"tma\":{}",
                     wgmma ? "wgmma" : "mma.sync", geo.ringStages,
                     geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits,
                     geo.ringStages && !gpu.kvSplits &&
                             usesPersistentKernel(target)
                         ? "true"
-                        : "false");
+                        : "false",
+                    gpu.tensorMaps ? "true" : "false");
   }
   if (o.json) {
     fmt::print(

@@ -1,6 +1,7 @@
 //===- CliOptions.cpp - flashjit's command-line options -------------------===//
 
 #include "tools/cli/CliOptions.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 

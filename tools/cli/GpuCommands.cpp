@@ -1,6 +1,7 @@
 //===- GpuCommands.cpp - The CLI's GPU side -------------------------------===//
 
 #include "tools/cli/GpuCommands.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/CudaDriver.h"
@@ -256,6 +257,7 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
   rt::ForwardKernel kernel(r.build.image, spec, r.copyBytes, r.config);
   r.moduleLoadMs = msSince(t0);
   r.kvSplits = kernel.splitsFor(p);
+  r.tensorMaps = int64_t(kernel.recorded().tensorMaps.size());
 
   // The checked launch: on poisoned outputs.
   dev.poison(data);

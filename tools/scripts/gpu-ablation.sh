@@ -22,6 +22,10 @@
 #             N = 16K B = 1, plain and causal, of the default tiling and
 #             the ring at 128x128/8 (2 stages), each without and with
 #             FLASHJIT_PERSISTENT=1 (not in the default steps)
+#   pingpong  the ring at 128x128/8, 2 stages, FLASHJIT_PING_PONG=0 and 1,
+#             without and with --overlap-softmax (d = 128's default), d = 128, H = 16, N = 16K B = 1
+#             and N = 4096 B = 4, plain and causal, median of
+#             FLASHJIT_AB_ROUNDS interleaved rounds (not in the defaults)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
@@ -79,6 +83,32 @@ try:
 except Exception: print("fail")')
         label=default; [[ -n $f ]] && label=ring
         line+=" $label persistent=$p $r;"
+      done
+      echo "$line"
+    done
+  done
+fi
+if step pingpong; then
+  echo "== ping-pong A/B, d = 128, H = 16 (+${SECONDS}s)"
+  rounds=${FLASHJIT_AB_ROUNDS:-2}
+  t="--block-m 128 --block-n 128 --warps 8 --stages 2"
+  cfgs=("0|$t" "1|$t" "0|$t --overlap-softmax" "1|$t --overlap-softmax")
+  for nb in "16384 1" "4096 4"; do
+    set -- $nb
+    for m in "" --causal; do
+      declare -A R=()
+      for ((r = 0; r < rounds; r++)); do
+        for cfg in "${cfgs[@]}"; do
+          R[$cfg]+=" $(FLASHJIT_PING_PONG=${cfg%%|*} timeout 30 $FJ bench --head-dim 128 $m --seq-len $1 --batch $2 --heads 16 ${cfg#*|} --json 2>/dev/null | tail -1 |
+            python3 -c 'import json,sys
+try: print("%.1f" % json.loads(sys.stdin.read())["tflops"])
+except Exception: print("fail")')"
+        done
+      done
+      line="N$1 B$2 ${m:-plain}:"
+      for cfg in "${cfgs[@]}"; do
+        o=""; [[ $cfg == *overlap* ]] && o=" overlap"
+        line+=" pp${cfg%%|*}$o $(median ${R[$cfg]}) (${R[$cfg]# });"
       done
       echo "$line"
     done

@@ -1,5 +1,6 @@
 //===- AutotunerTests.cpp - Candidate pruning and selection, on the CPU ---===//
 
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/Autotuner.h"
 #include "runtime/Error.h"

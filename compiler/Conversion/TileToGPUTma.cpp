@@ -1,0 +1,217 @@
+//===- TileToGPUTma.cpp - The K/V ring's copies by tensor maps ------------===//
+//
+/// \file
+/// The tensor memory accelerator on the K/V ring (KernelPlacement::tma, the
+/// `tma` pass option): instead of the producer warpgroup's 128 threads each
+/// issuing cp.async copies of 16 bytes, one thread asks the TMA for a whole
+/// box of the tile per 64-column block, and the stage's full barrier counts
+/// the bytes. The tile IR is the same; a ring load takes this path when its
+/// address is a tensor map's, that is when its offset is a sum of indices
+/// times stride arguments of the kernel and its rows and row stride are
+/// arguments too. Before (a ring load of the producer's loop, d = 128):
+///
+///   %off = arith.addi (arith.muli %b, %k_sb), (arith.muli %h, %k_sh)
+///   %k = tile.load %K[%off] rows %n0 of %seq_kv stride %k_sn
+///       : memref<?xbf16> -> tensor<64x128xbf16>
+///
+/// After (thread 0 of the producer; the kernel takes the tensor map as a
+/// `__grid_constant__` parameter after the ABI's, recorded for the launcher
+/// as attn.tensor_maps = [{tensor = "k", rows = "seq_kv", row_stride =
+/// "k_sn", outer = ["k_sb", "k_sh"], cols = 128, box = [64, 64]}]):
+///
+///   mbarrier.wait empty K[s], p ^ 1
+///   mbarrier.arrive.expect_tx full K[s], 16384     // 64 rows x 128 x 2
+///   cp.async.bulk.tensor.4d [stage s + 0], [%kmap, {0, n0, h, b}], [full K[s]]
+///   cp.async.bulk.tensor.4d [stage s + 8192], [%kmap, {64, n0, h, b}], ...
+///
+/// The box is 64 columns (128 bytes: the 128B swizzle's span) by the tile's
+/// rows, so each block lands in the blocked layout that wgmma reads
+/// (Wgmma.h). Rows past seq_kv and columns past the head dim are zeros (the
+/// map's bounds), as cp.async's zero-fill gives. The consumers wait on the
+/// same full barriers; the copies and wgmma are both the async proxy, so no
+/// proxy fence is needed after the wait.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Conversion/TileToGPU.h"
+#include "kernels/KernelABI.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/IR/Matchers.h"
+#include "mlir/Pass/Pass.h"
+
+namespace flashjit::conversion {
+#define GEN_PASS_DEF_MARKGRIDCONSTANTS
+#include "compiler/Conversion/Passes.h.inc"
+} // namespace flashjit::conversion
+
+using namespace mlir;
+using namespace flashjit;
+using namespace flashjit::conversion;
+
+/// The kernel attribute that records the tensor maps, its last arguments.
+static constexpr const char *kTensorMapsAttr = "attn.tensor_maps";
+
+/// Columns per box: 128 bytes of 16-bit elements, the swizzle's span.
+static constexpr int64_t kBoxCols = 64;
+/// The most rows a box has (the TMA's limit per dimension).
+static constexpr int64_t kMaxBoxRows = 256;
+/// Bytes of a CUtensorMap (the driver's opaque descriptor) and its
+/// alignment.
+static constexpr int64_t kTensorMapBytes = 128, kTensorMapAlign = 64;
+
+/// The index argument (abi::IndexArg) that \p v is, or -1.
+static int indexArgument(Value v, func::FuncOp fn, const KernelPlacement &p) {
+  auto arg = dyn_cast<BlockArgument>(v);
+  if (!arg || arg.getOwner() != &fn.getBody().front())
+    return -1;
+  const int i = int(arg.getArgNumber()) - p.numBuffers;
+  return i >= 0 && i < p.numIndexArgs ? i : -1;
+}
+
+/// Splits \p offset into terms (index, stride argument) whose products add
+/// up to it; false if it is not such a sum.
+static bool offsetTerms(Value offset, func::FuncOp fn, const KernelPlacement &p,
+                        SmallVector<std::pair<Value, int>> &terms) {
+  if (matchPattern(offset, m_Zero()))
+    return true;
+  if (auto add = offset.getDefiningOp<arith::AddIOp>())
+    return offsetTerms(add.getLhs(), fn, p, terms) &&
+           offsetTerms(add.getRhs(), fn, p, terms);
+  if (auto mul = offset.getDefiningOp<arith::MulIOp>()) {
+    for (auto [index, stride] : {std::pair(mul.getLhs(), mul.getRhs()),
+                                 std::pair(mul.getRhs(), mul.getLhs())})
+      if (int s = indexArgument(stride, fn, p); s >= 0) {
+        terms.push_back({index, s});
+        return true;
+      }
+  }
+  return false;
+}
+
+void TileKernelLowering::describeTensorMaps(ArrayRef<tile::LoadOp> loads) {
+  ringMaps.clear();
+  // The forward's ABI (the names the launcher knows), blocked tiles.
+  if (!place.tma || place.kvSplit || !place.wgmma ||
+      place.numBuffers != abi::NumBuffers ||
+      place.numIndexArgs != abi::NumIndexArgs)
+    return;
+  for (tile::LoadOp load : loads) {
+    auto base = dyn_cast<BlockArgument>(load.getBase());
+    const SharedSlot &slot = slots[load.getResult()];
+    RankedTensorType ty = load.getType();
+    SmallVector<std::pair<Value, int>> terms;
+    RingTensorMap m;
+    m.record.rows = indexArgument(load.getRows(), fn, place);
+    m.record.rowStride =
+        load.getStride() ? indexArgument(load.getStride(), fn, place) : -1;
+    if (!base || base.getOwner() != &fn.getBody().front() ||
+        base.getArgNumber() >= unsigned(place.numBuffers) || load.getGroup() ||
+        ty.getRank() != 2 || ty.getElementTypeBitWidth() != 16 ||
+        ty.getDimSize(0) > kMaxBoxRows || slot.splitCols ||
+        (slot.rowChunks * 8) % kBoxCols != 0 || m.record.rows < 0 ||
+        m.record.rowStride < 0 ||
+        !offsetTerms(load.getOffset(), fn, place, terms) || terms.size() > 3) {
+      ringMaps.clear();
+      return;
+    }
+    m.record.buffer = int(base.getArgNumber());
+    m.record.cols = ty.getDimSize(1);
+    m.record.boxRows = ty.getDimSize(0);
+    m.record.boxCols = kBoxCols;
+    for (auto [index, stride] : terms) {
+      m.outerIndices.push_back(index);
+      m.record.outer.push_back(stride);
+    }
+    ringMaps.push_back(std::move(m));
+  }
+}
+
+void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
+  SmallVector<Attribute> records;
+  auto names = [&](ArrayRef<int> args) {
+    SmallVector<Attribute> out;
+    for (int a : args)
+      out.push_back(b.getStringAttr(abi::indexArgName(a)));
+    return b.getArrayAttr(out);
+  };
+  for (RingTensorMap &m : ringMaps) {
+    // A __grid_constant__ parameter once the kernel is an llvm.func
+    // (MarkGridConstants: the NVVM dialect admits it only there).
+    const unsigned at = kernel.getNumArguments();
+    (void)kernel.insertArgument(at, g.ptrGen, DictionaryAttr(),
+                                kernel.getLoc());
+    m.param = kernel.getArgument(at);
+    const TensorMapRecord &r = m.record;
+    records.push_back(b.getDictionaryAttr(
+        {b.getNamedAttr("tensor", b.getStringAttr(abi::bufferName(r.buffer))),
+         b.getNamedAttr("rows", b.getStringAttr(abi::indexArgName(r.rows))),
+         b.getNamedAttr("row_stride",
+                        b.getStringAttr(abi::indexArgName(r.rowStride))),
+         b.getNamedAttr("outer", names(r.outer)),
+         b.getNamedAttr("cols", b.getI64IntegerAttr(r.cols)),
+         b.getNamedAttr("box",
+                        b.getDenseI64ArrayAttr({r.boxCols, r.boxRows}))}));
+  }
+  kernel->setAttr(kTensorMapsAttr, b.getArrayAttr(records));
+}
+
+LogicalResult TileKernelLowering::produceByTensorMap(tile::LoadOp load,
+                                                     int64_t stream, Value iv,
+                                                     Value stage) {
+  IRMapping another;
+  IRMapping &local = iv ? another : map;
+  if (iv && failed(mapIteration({load}, iv, another)))
+    return failure();
+  const RingTensorMap &m = ringMaps[stream];
+  const SharedSlot &slot = slots[load.getResult()];
+  const int64_t rows = load.getType().getDimSize(0);
+  // The slot's whole 64-column blocks (rowChunks of 16 bytes a row: at
+  // d = 96 the second block's last 32 columns are zeros).
+  const int64_t cols = slot.rowChunks * 8;
+  Value full = ringBarrier(stream, /*empty=*/false, stage);
+  // Whole boxes count, the zeros past the bounds too.
+  g.mbarrierExpectBytes(full, rows * cols * 2);
+  SmallVector<Value> coords = {g.c32(0), toI32(local.lookup(load.getRow0()))};
+  for (Value index : m.outerIndices)
+    coords.push_back(toI32(local.lookup(index)));
+  Value dst = g.add(g.c32(slot.offset), g.mul(stage, g.c32(ringStageBytes)));
+  for (int64_t c = 0; c < cols; c += kBoxCols) {
+    coords[0] = g.c32(c);
+    g.tensorCopy(g.sharedBytePtr(smem, g.add(dst, g.c32((c / kBoxCols) *
+                                                        blockBytes(rows)))),
+                 m.param, coords, full);
+  }
+  return success();
+}
+
+namespace {
+/// The byval tensor maps of a kernel that records attn.tensor_maps: its
+/// last arguments, one per record.
+struct MarkGridConstantsPass
+    : public conversion::impl::MarkGridConstantsBase<MarkGridConstantsPass> {
+  void runOnOperation() override {
+    LLVM::LLVMFuncOp fn = getOperation();
+    auto maps = fn->getAttrOfType<ArrayAttr>(kTensorMapsAttr);
+    if (!maps)
+      return;
+    if (maps.size() > fn.getNumArguments()) {
+      fn.emitError() << "records " << maps.size()
+                     << " tensor maps but has fewer arguments";
+      return signalPassFailure();
+    }
+    Builder b(&getContext());
+    auto mapTy = LLVM::LLVMArrayType::get(b.getI8Type(), kTensorMapBytes);
+    for (unsigned i = fn.getNumArguments() - maps.size();
+         i < fn.getNumArguments(); ++i) {
+      fn.setArgAttr(i, LLVM::LLVMDialect::getByValAttrName(),
+                    TypeAttr::get(mapTy));
+      fn.setArgAttr(i, LLVM::LLVMDialect::getAlignAttrName(),
+                    b.getI64IntegerAttr(kTensorMapAlign));
+      fn.setArgAttr(i, NVVM::NVVMDialect::getGridConstantAttrName(),
+                    b.getUnitAttr());
+    }
+  }
+};
+} // namespace
