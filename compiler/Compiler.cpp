@@ -12,6 +12,8 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Target/LLVMIR/Export.h"
@@ -88,22 +90,27 @@ static AttentionSpec specFromOp(OpT op, Direction direction,
       op.getSparseBlockAttr().getInt(), deterministic);
 }
 
-/// Thrown for a score_mod region that is no named variant.
-static CompileError notANamedScoreMod() {
-  return CompileError("the score_mod region is not a named variant "
+/// Thrown for a tile stage whose score_mod is no named variant: its
+/// region is inlined there, so the reference has nothing to evaluate.
+static CompileError customTileScoreMod() {
+  return CompileError("the tile stage's score_mod is no named variant "
                       "(softcap:C = C * tanh(score / C), alibi:H = score + "
-                      "2^(-8 (h + 1) / H) * (kv_idx - q_idx)); other regions "
-                      "are not supported yet");
+                      "2^(-8 (h + 1) / H) * (kv_idx - q_idx)) and its region "
+                      "is inlined there, so the float64 reference cannot "
+                      "evaluate it: give the attn stage that holds the "
+                      "region (--emit attn)");
 }
 
-/// The named variant ("softcap:C", "alibi:H") that \p op's score_mod
-/// region is, "" without a region; throws CompileError for a region that is
-/// no named variant (the CPU reference knows only those for now).
-template <typename OpT> static std::string namedScoreMod(OpT op) {
-  std::optional<std::string> named = op.namedScoreMod();
-  if (!named)
-    throw notANamedScoreMod();
-  return *named;
+/// \p op's score modifier into \p spec: the named variant ("softcap:C",
+/// "alibi:H") that its score_mod region is, "" without a region, or
+/// "custom" with the region's float64 evaluation for the reference.
+template <typename OpT> static void readScoreMod(OpT op, AttentionSpec &spec) {
+  if (std::optional<std::string> named = op.namedScoreMod()) {
+    spec.scoreMod = *named;
+    return;
+  }
+  spec.scoreMod = kCustomScoreMod;
+  spec.scoreFunction = scoreFunctionOf(op.getScoreMod());
 }
 
 /// The kernel names the runtime looks up for \p direction.
@@ -136,12 +143,12 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (auto fwd = dyn_cast<attn::FlashFwdOp>(op)) {
       expectName(fwd.getSymName(), Direction::Forward);
       info.spec = specFromOp(fwd, Direction::Forward, false);
-      info.spec.scoreMod = namedScoreMod(fwd);
+      readScoreMod(fwd, info.spec);
       ++described;
     } else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op)) {
       expectName(bwd.getSymName(), Direction::Backward);
       info.spec = specFromOp(bwd, Direction::Backward, bwd.getDeterministic());
-      info.spec.scoreMod = namedScoreMod(bwd);
+      readScoreMod(bwd, info.spec);
       ++described;
     }
   });
@@ -155,8 +162,8 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (!attr)
       return;
     AttentionSpec spec = conversion::specFromAttr(attr);
-    if (attr.getScoreMod() == "custom")
-      throw notANamedScoreMod();
+    if (attr.getScoreMod() == kCustomScoreMod)
+      throw customTileScoreMod();
     spec.scoreMod = attr.getScoreMod().str();
     expectName(fn.getName(), spec.direction);
     if (specJson && *specJson != spec.toJson())
@@ -256,6 +263,38 @@ SourceInfo inspectSource(const KernelSource &source) {
     throw CompileError(
         fmt::format("{}: invalid IR: {}", source.name, diags.str()));
   return describeModule(*module, source.name);
+}
+
+KernelSource forwardSourceOf(const KernelSource &backward) {
+  auto ctx = createContext();
+  DiagnosticCollector diags(*ctx);
+  auto module =
+      parseSourceString<ModuleOp>(backward.text, ctx.get(), backward.name);
+  attn::FlashBwdOp bwd;
+  if (module && !module->getOps<attn::FlashBwdOp>().empty())
+    bwd = *module->getOps<attn::FlashBwdOp>().begin();
+  if (!bwd)
+    throw CompileError(fmt::format(
+        "{}: no attn.flash_bwd description to take the forward of{}",
+        backward.name, module ? "" : ": " + diags.str()));
+  OpBuilder b(ctx.get());
+  OwningOpRef<ModuleOp> fwdModule = ModuleOp::create(bwd.getLoc());
+  b.setInsertionPointToEnd(fwdModule->getBody());
+  OperationState state(bwd.getLoc(), attn::FlashFwdOp::getOperationName());
+  for (NamedAttribute a : bwd->getAttrs())
+    if (a.getName() != "deterministic")
+      state.addAttribute(a.getName(), a.getValue());
+  IRMapping mapping;
+  bwd.getScoreMod().cloneInto(state.addRegion(), mapping);
+  b.create(state);
+  if (failed(verify(*fwdModule)))
+    throw CompileError(fmt::format("{}: its forward does not verify: {}",
+                                   backward.name, diags.str()));
+  KernelSource out;
+  llvm::raw_string_ostream os(out.text);
+  fwdModule->print(os);
+  out.name = backward.name + " (its forward)";
+  return out;
 }
 
 OwningOpRef<ModuleOp>

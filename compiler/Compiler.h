@@ -66,6 +66,13 @@ struct SourceInfo {
 /// or that holds no kernel.
 SourceInfo inspectSource(const KernelSource &source);
 
+/// The forward of backward description \p backward (an attn stage holding
+/// attn.flash_bwd): attn.flash_fwd with the same attributes (but
+/// `deterministic`) and score_mod region, for the O and lse its backward
+/// needs when the region is no named variant (a named one is rebuilt from
+/// its name). Throws CompileError for another source.
+KernelSource forwardSourceOf(const KernelSource &backward);
+
 /// What a GPU compile targets.
 struct GpuTarget {
   std::string arch = "sm_90a"; ///< sm_80, sm_86, sm_89, sm_90, sm_90a, ...

@@ -20,6 +20,7 @@
 namespace mlir {
 class ExecutionEngine;
 class OpPassManager;
+class Region;
 } // namespace mlir
 
 namespace flashjit {
@@ -43,6 +44,12 @@ loadSource(mlir::MLIRContext &ctx, const AttentionSpec &spec,
 /// flashjit's half-float conversion builtins registered (static libgcc
 /// lacks them); throws CompileError.
 std::unique_ptr<mlir::ExecutionEngine> jitLoweredModule(mlir::ModuleOp module);
+
+/// The float64 evaluation of score_mod region \p region (verified: its
+/// signature and op set are the attn dialect's) for the reference, value
+/// and derivative (ScoreModReference.cpp); throws CompileError for an op
+/// it does not evaluate.
+std::shared_ptr<const ScoreFunction> scoreFunctionOf(mlir::Region &region);
 
 /// Runs the pipeline that \p build assembles on \p module; throws
 /// CompileError with the diagnostics of the failing pass.

@@ -48,7 +48,7 @@ void AttentionSpec::validate() const {
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
   if (!scoreMod.empty())
-    ScoreMod::parse(scoreMod);
+    ScoreMod::of(*this);
 }
 
 /// The spelling of \p kind in AttentionSpec::scoreMod.
@@ -84,9 +84,27 @@ static ScoreMod checkedScoreMod(ScoreMod::Kind kind,
   return mod;
 }
 
+ScoreMod ScoreMod::of(const AttentionSpec &spec) {
+  if (spec.scoreMod != kCustomScoreMod)
+    return parse(spec.scoreMod);
+  if (!spec.scoreFunction)
+    throw SpecError("score modifier 'custom': a score_mod region that is no "
+                    "named variant comes from a description (--input "
+                    "FILE.mlir of the attn stage), not from a name");
+  ScoreMod mod;
+  mod.kind = Kind::Custom;
+  mod.custom = spec.scoreFunction;
+  return mod;
+}
+
 ScoreMod ScoreMod::parse(const std::string &text) {
   if (text.empty())
     return ScoreMod();
+  if (text == kCustomScoreMod)
+    throw SpecError("score modifier 'custom': a region that is no named "
+                    "variant is given by a description (--input FILE.mlir "
+                    "of the attn stage), not by name; the named variants "
+                    "are softcap:C and alibi:H");
   for (Kind kind : kNamedKinds) {
     const std::string name = kindName(kind), prefix = name + ":";
     if (text != name && text.rfind(prefix, 0) != 0)
@@ -119,13 +137,18 @@ std::string ScoreMod::name() const {
     return fmt::format("softcap:{}", float(cap)); // shortest exact f32 text
   case Kind::Alibi:
     return fmt::format("alibi:{}", heads);
+  case Kind::Custom:
+    return kCustomScoreMod;
   }
   return "";
 }
 
-double ScoreMod::apply(double score, int64_t head, int64_t qIdx,
-                       int64_t kvIdx) const {
+double ScoreMod::apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx,
+                       int64_t batch) const {
+  double unused;
   switch (kind) {
+  case Kind::Custom:
+    return custom->apply(score, batch, head, qIdx, kvIdx, &unused);
   case Kind::None:
     return score;
   case Kind::Softcap:
@@ -137,7 +160,13 @@ double ScoreMod::apply(double score, int64_t head, int64_t qIdx,
   return score;
 }
 
-double ScoreMod::derivative(double score) const {
+double ScoreMod::derivative(double score, int64_t head, int64_t qIdx,
+                            int64_t kvIdx, int64_t batch) const {
+  if (kind == Kind::Custom) {
+    double d = 0;
+    custom->apply(score, batch, head, qIdx, kvIdx, &d);
+    return d;
+  }
   if (kind != Kind::Softcap)
     return 1.0; // none and alibi add a constant to the score
   double t = std::tanh(score / cap);
@@ -223,7 +252,7 @@ void Problem::validate(const AttentionSpec &spec) const {
     throw SpecError(
         fmt::format("heads ({}) must be a multiple of the gqa group size ({})",
                     heads, spec.gqaGroup));
-  if (ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+  if (ScoreMod mod = ScoreMod::of(spec);
       mod.kind == ScoreMod::Kind::Alibi && heads != mod.heads)
     throw SpecError(fmt::format(
         "heads ({}) must be the H of score modifier '{}' ({}): its slopes "

@@ -11,6 +11,7 @@
 #define FLASHJIT_KERNELS_ATTENTIONSPEC_H
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -73,8 +74,13 @@ struct AttentionSpec {
   bool deterministic = false;
   /// A named score modifier (the description's score_mod region), "" for
   /// none: "softcap:C" or "alibi:H" (ScoreMod), applied to the scaled score
-  /// before the mask and the softmax. Forward only for now.
+  /// before the mask and the softmax; "custom" for a region that is no
+  /// named variant, read from a description (then scoreFunction is set).
   std::string scoreMod;
+  /// The float64 evaluation of a "custom" score_mod region (its value and
+  /// derivative), for the reference; null otherwise. Not part of the
+  /// spec's text: the region's text is the description's.
+  std::shared_ptr<const class ScoreFunction> scoreFunction;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;
@@ -151,6 +157,20 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 
+/// A score_mod region that is no named variant, as the reference evaluates
+/// it: the modified score of \p score (the scaled q.k) of query \p qIdx
+/// and key \p kvIdx in \p batch and query head \p head, in float64, and
+/// its derivative with respect to \p score in \p dScore.
+class ScoreFunction {
+public:
+  virtual ~ScoreFunction() = default;
+  virtual double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
+                       int64_t kvIdx, double *dScore) const = 0;
+};
+
+/// The spelling of a score_mod region that is no named variant.
+inline constexpr const char *kCustomScoreMod = "custom";
+
 /// A named score modifier (AttentionSpec::scoreMod), parsed. With s the
 /// scaled score scale * q.k of query i and key j (absolute 0-based
 /// positions in Q and K) in query head h:
@@ -164,7 +184,7 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 ///              leaves O unchanged and makes lse larger by
 ///              slope_h * (Nkv - Nq).
 struct ScoreMod {
-  enum class Kind { None, Softcap, Alibi };
+  enum class Kind { None, Softcap, Alibi, Custom };
   /// Every named kind.
   static constexpr Kind kNamedKinds[] = {Kind::Softcap, Kind::Alibi};
   Kind kind = Kind::None;
@@ -172,10 +192,15 @@ struct ScoreMod {
   double cap = 0;
   /// alibi's H.
   int64_t heads = 0;
+  /// Custom: the region's evaluation.
+  std::shared_ptr<const ScoreFunction> custom;
 
   /// \p text parsed ("" is Kind::None); throws SpecError naming the text
   /// for an unknown name or a bad argument.
   static ScoreMod parse(const std::string &text);
+  /// \p spec's modifier: its region's evaluation for "custom" (a SpecError
+  /// without one), else parse(spec.scoreMod).
+  static ScoreMod of(const AttentionSpec &spec);
   /// The modifier of \p kind (not None) with \p argument (softcap's C,
   /// alibi's H); throws SpecError when it is no argument of that kind.
   static ScoreMod of(Kind kind, double argument);
@@ -183,12 +208,16 @@ struct ScoreMod {
   /// parsed to it has this name ("softcap:20.0" is "softcap:20"); "" for
   /// none.
   std::string name() const;
-  /// \p score of query \p qIdx and key \p kvIdx in query head \p head,
-  /// modified, in float64: the reference's side of the modifier.
-  double apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx) const;
-  /// d apply / d score at \p score, in float64 (derived by hand: the
-  /// reference of the compiler's derivative).
-  double derivative(double score) const;
+  /// \p score of query \p qIdx and key \p kvIdx in query head \p head
+  /// (and \p batch), modified, in float64: the reference's side of the
+  /// modifier.
+  double apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx,
+               int64_t batch = 0) const;
+  /// d apply / d score there, in float64 (derived by hand for the named
+  /// variants, by dual numbers for a custom region: the reference of the
+  /// compiler's derivative).
+  double derivative(double score, int64_t head = 0, int64_t qIdx = 0,
+                    int64_t kvIdx = 0, int64_t batch = 0) const;
 };
 
 /// How the backward accumulates dQ. SeparatePass (spec.deterministic): a

@@ -30,7 +30,7 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
   const double negInf = -std::numeric_limits<double>::infinity();
-  const ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+  const ScoreMod mod = ScoreMod::of(spec);
   auto [left, right] = effectiveWindow(spec, p);
   BackwardReference r;
   r.dq.assign(size_t(p.batch * H * Nq * dqk), 0.0);
@@ -67,8 +67,8 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
           double acc = 0;
           for (int64_t c = 0; c < dqk; ++c)
             acc += qrow[c] * kf[j * dqk + c];
-          s[j] = mod.apply(acc * scale, h, i, j);
-          dmod[j] = mod.derivative(acc * scale);
+          s[j] = mod.apply(acc * scale, h, i, j, b);
+          dmod[j] = mod.derivative(acc * scale, h, i, j, b);
           m = std::max(m, s[j]);
         }
         if (m == negInf)
@@ -178,11 +178,12 @@ double dot(const double *a, const double *b, int64_t n) {
 struct QueryHead {
   std::vector<double> q, dO, delta;
   const float *lse;
+  int64_t batch;
   QueryHead(const AttentionSpec &spec, const Problem &p, const AttentionData &d,
             const AttentionGrads &g, int64_t b, int64_t h)
       : q(widenHead(spec.dtype, d.q, b, h)),
         dO(widenHead(spec.dtype, g.dO, b, h)),
-        lse(&d.lse[size_t((b * p.heads + h) * p.seqLenQ)]) {
+        lse(&d.lse[size_t((b * p.heads + h) * p.seqLenQ)]), batch(b) {
     std::vector<double> o = widenHead(spec.dtype, d.o, b, h);
     for (int64_t i = 0; i < p.seqLenQ; ++i)
       delta.push_back(dot(&dO[size_t(i * spec.headDimV)],
@@ -210,7 +211,7 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV, G = spec.gqaGroup;
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
-  const ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+  const ScoreMod mod = ScoreMod::of(spec);
   auto [left, right] = effectiveWindow(spec, p);
   SampledBackwardReference r;
   r.rows = std::move(rows);
@@ -228,9 +229,9 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
       return; // the row sees no key: no gradient flows through it
     const double *qi = &qh.q[size_t(i * dqk)], *doi = &qh.dO[size_t(i * dv)];
     const double sc = scale * dot(qi, kj, dqk);
-    double pij = std::exp(mod.apply(sc, h, i, j) - double(qh.lse[i]));
-    double ds =
-        pij * (dot(doi, vj, dv) - qh.delta[size_t(i)]) * mod.derivative(sc);
+    double pij = std::exp(mod.apply(sc, h, i, j, qh.batch) - double(qh.lse[i]));
+    double ds = pij * (dot(doi, vj, dv) - qh.delta[size_t(i)]) *
+                mod.derivative(sc, h, i, j, qh.batch);
     for (int64_t c = 0; c < dqk; ++c) {
       if (dq)
         dq[c] += scale * ds * kj[c];

@@ -73,7 +73,7 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV;
   const double scale = p.effectiveScale(spec);
   auto [left, right] = effectiveWindow(spec, p);
-  const ScoreMod mod = ScoreMod::parse(spec.scoreMod);
+  const ScoreMod mod = ScoreMod::of(spec);
   ReferenceResult r;
   r.rows = checkedRows(spec, p, maxWork);
   r.o.assign(r.rows.size() * size_t(dv), 0.0);
@@ -105,7 +105,7 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
       double acc = 0;
       for (int64_t c = 0; c < dqk; ++c)
         acc += qrow[c] * kf[j * dqk + c];
-      s[j] = mod.apply(acc * scale, h, i, j);
+      s[j] = mod.apply(acc * scale, h, i, j, b);
       m = std::max(m, s[j]);
     }
     if (m == -std::numeric_limits<double>::infinity())

@@ -91,7 +91,8 @@ BackwardRunResult runBackwardOnCpu(const CliOptions &o,
   const Problem &p = o.problem;
   BackwardRunResult r;
   auto t0 = std::chrono::steady_clock::now();
-  CpuKernel::compile(forwardSpec, o.config)->run(p, data, layout);
+  CpuKernel::compile(forwardSpec, o.config, o.forwardSource)
+      ->run(p, data, layout);
   r.forwardMs = msSince(t0);
   t0 = std::chrono::steady_clock::now();
   auto kernel = CpuBackwardKernel::compile(o.spec, o.config, o.source);

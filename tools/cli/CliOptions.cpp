@@ -434,6 +434,11 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
                                   "window; give its sizes with --window L,R",
                                   o.source.name));
     o.spec = info.spec;
+    // A backward description whose region is no named variant: its forward
+    // (O and lse) is the same description as attn.flash_fwd.
+    if (o.spec.direction == Direction::Backward &&
+        o.spec.scoreMod == kCustomScoreMod)
+      o.forwardSource = forwardSourceOf(o.source);
     fileTiling = info.tiling;
     if (fileTiling && ((blockMGiven && o.config.blockM != fileTiling->blockM) ||
                        (blockNGiven && o.config.blockN != fileTiling->blockN)))
@@ -445,7 +450,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.problem.seqLenKV = o.problem.seqLenQ;
   if (!headsGiven) {
     // One KV head by default; alibi:H's H heads (its slopes are theirs).
-    ScoreMod mod = ScoreMod::parse(o.spec.scoreMod);
+    ScoreMod mod = ScoreMod::of(o.spec);
     o.problem.heads =
         mod.kind == ScoreMod::Kind::Alibi ? mod.heads : o.spec.gqaGroup;
   }

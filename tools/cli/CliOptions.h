@@ -38,6 +38,9 @@ struct CliOptions {
   /// e.g. an edited `--emit tile`); the spec (and, for the tile stage, Br x
   /// Bc) are the file's.
   KernelSource source;
+  /// With a backward --input whose score_mod is a custom region: the
+  /// forward of the same description (forwardSourceOf), else empty.
+  KernelSource forwardSource;
   std::string inputPath; ///< --input FILE as given
   std::optional<double> density;
   uint64_t seed = 0;

@@ -224,7 +224,7 @@ GpuRunResult prepareGpuRun(const CliOptions &o, GpuSession &session,
   // The kernel read from --input (the one of its direction: a backward
   // run's forward is flashjit's own).
   const KernelSource &source =
-      spec.direction == o.spec.direction ? o.source : KernelSource{};
+      spec.direction == o.spec.direction ? o.source : o.forwardSource;
   r.build = engine::buildCubin(spec, r.config, target, session.cache, source);
   r.compileMs = r.build.prepareMs;
   return r;

@@ -169,7 +169,11 @@ LogicalResult checkScoreModDifferentiable(Operation *op, Region &region) {
              << "differentiates arith's add, sub, neg, mul, div, min, max, "
                 "select and math's fma, tanh, exp, exp2, log, log2, sqrt, "
                 "absf)";
-    onScore.insert(inner.getResults().begin(), inner.getResults().end());
+    // A comparison's i1 carries no tangent: what is made of it (andi, ori
+    // of predicates, a select's condition) needs none.
+    for (Value r : inner.getResults())
+      if (isa<FloatType>(r.getType()))
+        onScore.insert(r);
   }
   return success();
 }
