@@ -88,6 +88,7 @@ class Spec(ctypes.Structure):
         ("sparse_block", ctypes.c_int64),
         ("deterministic", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
+        ("score_mod", ctypes.c_char_p),  # C API version 5; None: none
     ]
 
 

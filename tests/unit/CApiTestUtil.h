@@ -44,6 +44,7 @@ inline flashjit_spec toC(const AttentionSpec &s) {
   c.block_sparse = s.blockSparse ? 1 : 0;
   c.sparse_block = s.sparseBlock;
   c.deterministic = s.deterministic ? 1 : 0;
+  c.score_mod = s.scoreMod.empty() ? nullptr : s.scoreMod.c_str();
   return c;
 }
 

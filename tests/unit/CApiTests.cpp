@@ -217,6 +217,52 @@ TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
   EXPECT_EQ(flashjit_cached_kernels(h), kernels);
 }
 
+/// Named score modifiers (spec.score_mod, version 5): the forward and the
+/// gradients against float64 for softcap and ALiBi; a name and its
+/// canonical spelling are one kernel; a bad name, or "custom" (a region
+/// has no name), is a named error.
+TEST(CApi, ScoreModifiersOnTheCpu) {
+  for (const char *mod : {"softcap:0.5", "alibi:4"}) {
+    SCOPED_TRACE(mod);
+    Handle h;
+    SmallProblem sp;
+    sp.specCpp.scoreMod = mod;
+    sp.spec.score_mod = mod;
+    ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+    ReferenceResult ref = referenceForward(sp.specCpp, sp.p, sp.d, nullptr);
+    EXPECT_LT(compareWithReference(sp.specCpp, sp.p, sp.d, ref).relErr(),
+              errorBound(sp.specCpp.dtype));
+    // The check sees the modifier: plain attention's reference is off.
+    AttentionSpec plain = sp.specCpp;
+    plain.scoreMod.clear();
+    ReferenceResult off = referenceForward(plain, sp.p, sp.d, nullptr);
+    EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
+              errorBound(sp.specCpp.dtype));
+    std::mt19937_64 rng(std::random_device{}());
+    AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+    ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
+    expectGradsMatch(sp, g);
+  }
+  Handle h;
+  SmallProblem sp;
+  sp.spec.score_mod = "softcap:2";
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  const int64_t kernels = flashjit_cached_kernels(h);
+  sp.spec.score_mod = "softcap:2.0";
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  EXPECT_EQ(flashjit_cached_kernels(h), kernels);
+  for (const char *bad : {"softcap:-1", "alibi:3", "custom", "relpos:2"}) {
+    sp.spec.score_mod = bad;
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT) << bad;
+    EXPECT_NE(std::string(flashjit_last_error(h)).find("score"),
+              std::string::npos)
+        << bad << ": " << flashjit_last_error(h);
+  }
+  std::string tooLong(300, 'x');
+  sp.spec.score_mod = tooLong.c_str();
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(CApi, BlockSparseBackwardOnTheCpu) {
   Handle h;
   SmallProblem sp;

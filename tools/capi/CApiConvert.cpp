@@ -111,6 +111,18 @@ AttentionSpec toSpec(const flashjit_spec *s) {
     invalid(fmt::format("spec.reserved must be 0 (flashjit_spec_init sets "
                         "it), got {}",
                         s->reserved));
+  if (s->score_mod && *s->score_mod) {
+    const size_t n = strnlen(s->score_mod, 256);
+    if (n == 256)
+      invalid("spec.score_mod is longer than 255 characters (or not "
+              "terminated)");
+    try {
+      // The canonical name: "softcap:20.0" and "softcap:20" are one kernel.
+      spec.scoreMod = ScoreMod::parse(std::string(s->score_mod, n)).name();
+    } catch (const SpecError &e) {
+      invalid(fmt::format("spec.score_mod: {}", e.what()));
+    }
+  }
   try {
     spec.validate();
   } catch (const SpecError &e) {

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 4
+#define FLASHJIT_C_API_VERSION 5
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -167,10 +167,16 @@ typedef struct flashjit_spec {
    *  last bits of dQ may vary run to run). Since version 3. */
   int32_t deterministic;
   int32_t reserved; /**< 0 (flashjit_spec_init sets it); else refused */
+  /** A named score modifier, NULL or "" for none (flashjit_spec_init sets
+   *  NULL): "softcap:C" (C * tanh(score / C), C > 0) or "alibi:H" (score +
+   *  2^(-8 (h + 1) / H) (kv_idx - q_idx), H the problem's query heads), on
+   *  score = scale * q.k, forward and backward. Read during the call only
+   *  (a plan keeps a copy); at most 255 characters. Since version 5. */
+  const char *score_mod;
 } flashjit_spec;
 
 /** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128,
- *  atomic dQ (deterministic 0). */
+ *  atomic dQ (deterministic 0), no score modifier. */
 FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec);
 
 /** A (B, H, N, d) tensor: 16-bit elements (the spec's dtype), strides in
