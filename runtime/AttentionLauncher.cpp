@@ -174,9 +174,24 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   for (int i = 0; i < indexCount; ++i)
     params[n++] = &index[i];
   params[n++] = &scaleLog2;
-  for (size_t i = 0; i < tensorMaps.size(); ++i) {
-    encodeMap(maps[i], tensorMaps[i], bufs[tensorMaps[i].buffer]);
-    params[n++] = &maps[i];
+  if (!tensorMaps.empty()) {
+    // cuLaunchKernel copies the parameters: the cache may change after.
+    std::lock_guard<std::mutex> lock(mapsMutex);
+    bool same = mapsEncoded;
+    for (size_t i = 0; i < tensorMaps.size(); ++i)
+      same &= encodedBases[i] == bufs[tensorMaps[i].buffer];
+    if (!same) {
+      mapsEncoded = false; // until every map is encoded
+      for (size_t i = 0; i < tensorMaps.size(); ++i) {
+        encodedBases[i] = bufs[tensorMaps[i].buffer];
+        encodeMap(encodedMaps[i], tensorMaps[i], encodedBases[i]);
+      }
+      mapsEncoded = true;
+    }
+    for (size_t i = 0; i < tensorMaps.size(); ++i) {
+      maps[i] = encodedMaps[i];
+      params[n++] = &maps[i];
+    }
   }
   launchKernel(function, gridDim, blockDim, shared, stream, params);
   if (splitCount) // the merge of the partials, in stream order

@@ -125,10 +125,16 @@ private:
   Dim3 combineGrid, combineBlock;
   std::shared_ptr<DeviceBuffer> workspace;
   mutable CUdeviceptr oPart = 0, lsePart = 0;
-  /// The kernel's tensor maps (KernelLaunch::tensorMaps), encoded at each
-  /// launch over its buffers, and whether its elements are bf16.
+  /// The kernel's tensor maps (KernelLaunch::tensorMaps), encoded over a
+  /// launch's buffers, and whether its elements are bf16. The last
+  /// encoding is kept with the bases it was made for: a launch over the
+  /// same buffers (a plan called again) copies it instead of encoding.
   std::vector<TensorMapRecord> tensorMaps;
   bool bf16 = true;
+  mutable std::mutex mapsMutex;
+  mutable std::array<TensorMap, kMaxTensorMaps> encodedMaps;
+  mutable std::array<CUdeviceptr, kMaxTensorMaps> encodedBases{};
+  mutable bool mapsEncoded = false;
 };
 
 /// A loaded forward kernel.

@@ -38,6 +38,13 @@
 ///     tile.store ...
 ///   }
 ///
+/// With tensor maps (KernelPlacement::tma, TileToGPUTma.cpp) the producer's
+/// first thread alone runs that loop: per stage `mbarrier.arrive.expect_tx`
+/// of the box bytes and `cp.async.bulk.tensor` boxes instead of the
+/// cp.async copies and their arrivals (a full barrier then counts that one
+/// arrival), no `cp.async.wait_all`, and no proxy fence after the
+/// consumers' wait.
+///
 /// The producer runs S blocks ahead at most: the copies of block t + S wait
 /// until every consumer is done with block t's stage. In a persistent
 /// kernel each role's program runs inside the loop over the tiles, its

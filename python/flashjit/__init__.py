@@ -168,7 +168,7 @@ _torch_forward = None
 
 
 def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
-              return_lse=False, deterministic=False):
+              return_lse=False, deterministic=False, score_mod=None):
     """softmax(scale * q k^T + mask) v.
 
     q: (B, H, Nq, d); k: (B, Hkv, Nkv, d); v: (B, Hkv, Nkv, dv), with H a
@@ -189,14 +189,19 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         atomic adds into an fp32 buffer from the dk/dv loop (faster; dq's
         last bits may vary run to run); True, by a separate pass over query
         blocks, bit-identical run to run. The forward is the same either way.
+    score_mod: a named score modifier on s = scale * q.k, forward and
+        backward: "softcap:C" (C tanh(s / C)) or "alibi:H" (s + 2^(-8 (h +
+        1) / H) (j - i), H the query heads); None (default) for none.
 
     torch CUDA tensors (bfloat16/float16) run on the GPU, with autograd: the
     backward recomputes from the saved q, k, v, o and lse (dk and dv summed
     over each GQA group; no double backward); numpy arrays (float16, or
     float32 via bf16) run on the CPU (their backward: attention_backward).
     """
+    score_mod = _score_mod(score_mod)
     fast = _torch_forward
-    if fast is not None and window is None and block_mask is None:
+    if (fast is not None and window is None and block_mask is None
+            and not score_mod):
         out = fast(q, k, v, causal, scale, return_lse)
         if out is not None:
             return out if return_lse else out[0]
@@ -205,8 +210,20 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     bm = _block(block_mask)
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
         return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                                bool(deterministic))
-    return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse)
+                                bool(deterministic), score_mod)
+    return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
+                            score_mod)
+
+
+def _score_mod(score_mod):
+    """score_mod as the C API takes it: "" for None, else the name (which
+    the C API checks and canonicalises: a bad one is its ValueError)."""
+    if score_mod is None:
+        return ""
+    if not isinstance(score_mod, str):
+        raise TypeError("flashjit: score_mod must be a str such as "
+                        f"'softcap:30' or 'alibi:16', or None; got {score_mod!r}")
+    return score_mod
 
 
 # -- numpy: the CPU path ----------------------------------------------------
@@ -278,7 +295,8 @@ def _numpy_kind(fn, arrays):
                     f"(rounded to bf16), got {dt}")
 
 
-def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
+def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
+                     score_mod=""):
     import numpy as np
 
     dtype, as_kernel, from_kernel = _numpy_kind(
@@ -289,7 +307,8 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
     qk, kk, vk = as_kernel(q), as_kernel(k), as_kernel(v)
     o = np.empty((B, H, Nq, Dv), dtype=np.uint16)
     lse = np.empty((B, H, Nq), dtype=np.float32)
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0,
+                          score_mod=score_mod)
     tq, tk, tv = (_numpy_tensor(n, a) for n, a in (("q", qk), ("k", kk), ("v", vk)))
     to = _numpy_tensor("o", o)
     layout, keep = (bm._host_layout() if bm else (None, None))
@@ -305,7 +324,8 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse):
 
 
 def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
-                       window=None, block_mask=None, deterministic=False):
+                       window=None, block_mask=None, deterministic=False,
+                       score_mod=None):
     """dq, dk, dv of attention(q, k, v, ...) for the upstream gradient d_o,
     recomputed from the forward's o and lse (return_lse=True), on the CPU
     for numpy arrays (the same dtypes as attention's numpy path). dk and dv
@@ -315,11 +335,12 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     tensors get their backward from autograd: attention(...).backward().)"""
     mask, wl, wr = _mask_and_window(causal, window)
     return _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
-                           _block(block_mask), deterministic)
+                           _block(block_mask), deterministic,
+                           _score_mod(score_mod))
 
 
 def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
-                    deterministic):
+                    deterministic, score_mod=""):
     import numpy as np
 
     dtype, as_kernel, from_kernel = _numpy_kind(
@@ -338,7 +359,7 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
     ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
     grads = [np.empty(a.shape, dtype=np.uint16) for a in (q, k, v)]
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0,
-                          deterministic=deterministic)
+                          deterministic=deterministic, score_mod=score_mod)
     t = [_numpy_tensor(n, a) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     layout, keep = (bm._host_layout() if bm else (None, None))
@@ -379,10 +400,11 @@ def _cuda_handle(device):
 
 
 def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                     deterministic):
+                     deterministic, score_mod=""):
     from . import ops
 
-    o, lse = ops.attention(q, k, v, mask, scale, wl, wr, bm, deterministic)
+    o, lse = ops.attention(q, k, v, mask, scale, wl, wr, bm, deterministic,
+                           score_mod)
     return (o, lse) if return_lse else o
 
 

@@ -145,7 +145,7 @@ def make_tensor(data_ptr, shape, strides):
 
 
 def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
-              backward=False, deterministic=False):
+              backward=False, deterministic=False, score_mod=""):
     s = Spec()
     s.head_dim_qk = int64("head_dim", head_dim_qk)
     s.head_dim_v = int64("head_dim_v", head_dim_v)
@@ -157,6 +157,8 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
     s.sparse_block = int64("sparse_block", sparse_block) if sparse_block else 128
     # The backward's dQ: 1, a separate pass (bit-identical); 0, atomic adds.
     s.deterministic = 1 if deterministic else 0
+    # A named score modifier ("" none); ctypes keeps the bytes alive.
+    s.score_mod = score_mod.encode() if score_mod else None
     return s
 
 

@@ -118,13 +118,14 @@ def _layout_ref(bm, device):
     return _by(layout), (layout, keep)
 
 
-def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn):
+def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn,
+               score_mod=""):
     dtype, gqa = check_inputs(q, k, v, fn)
     B, H, Nq, D = q.shape
     p = _Plan()
     p.spec = _lib.make_spec(D, v.shape[3], dtype, mask, gqa,
                             bm.block_size if bm else 0,
-                            deterministic=deterministic)
+                            deterministic=deterministic, score_mod=score_mod)
     p.spec_ref = _by(p.spec)
     p.structs = [c_tensor(n, s, st, fn) for n, (s, st) in zip(names, tensors)]
     p.refs = [_by(t) for t in p.structs]
@@ -156,7 +157,8 @@ class _ForwardPlan:
             pass
 
 
-def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout):
+def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
+                      score_mod=""):
     """(o, lse, plan) of a call whose key has no plan: checks the inputs,
     allocates the call's outputs, makes the C plan (which may compile, or
     tune on these very tensors) and caches it under key, unless the stream
@@ -177,7 +179,8 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout):
     o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
     lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa,
-                          bm.block_size if bm is not None else 0)
+                          bm.block_size if bm is not None else 0,
+                          score_mod=score_mod)
     structs = [c_tensor(n, t.shape, t.stride()) for n, t in
                (("q", q), ("k", k), ("v", v), ("o", o))]
     for t, x in zip(structs, (q, k, v, o)):
@@ -202,7 +205,7 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout):
     return o, lse, p
 
 
-def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
+def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     """(o, lse) of torch CUDA tensors on torch's current stream of their
     device: one flashjit_plan_forward call on a cached plan."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -210,19 +213,20 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm):
         layout = counts = indices = None
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15)
+               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
+               score_mod)
     else:
         layout, keep = bm._device_layout(q.device)
         counts, indices = layout.counts, layout.indices
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
                q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
                v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
-               bm.block_size, layout.batch, layout.heads, layout.q_blocks,
-               layout.kv_blocks)
+               score_mod, bm.block_size, layout.batch, layout.heads,
+               layout.q_blocks, layout.kv_blocks)
     p = _fwd_plans.get(key)
     if p is None:
         o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
-                                      layout)
+                                      layout, score_mod)
     else:
         o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
         lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
@@ -257,7 +261,7 @@ def fast_forward(q, k, v, causal, scale, need_lse=True):
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-           v.get_device(), mask, scale, -1, -1, (qp | kp | vp) & 15)
+           v.get_device(), mask, scale, -1, -1, (qp | kp | vp) & 15, "")
     p = _fwd_plans.get(key)
     if p is None:
         o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, -1, -1, None,
@@ -287,7 +291,7 @@ def _on_device(index, launch, *args):
 
 
 def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                  deterministic):
+                  deterministic, score_mod=""):
     """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
     device. Its workspace is a torch tensor of the size the C API asks for,
     so torch's caching allocator keeps it stream-ordered."""
@@ -298,10 +302,12 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            o.shape, o.stride(), d_o.shape, d_o.stride(), q.dtype, k.dtype,
            v.dtype, o.dtype, q.device, k.device, v.device, mask,
-           bm.block_size if bm is not None else 0, bool(deterministic))
+           bm.block_size if bm is not None else 0, bool(deterministic),
+           score_mod)
     p = _bwd_plans.get(key)
     if p is None:
-        p = _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic)
+        p = _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
+                           score_mod)
     dq = torch.empty_strided(q.shape, p.grad_strides[0], dtype=p.dtype,
                              device=p.device)
     dk = torch.empty_strided(k.shape, p.grad_strides[1], dtype=p.dtype,
@@ -314,7 +320,8 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     return dq, dk, dv
 
 
-def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic):
+def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
+                   score_mod=""):
     if q.device.type != "cuda":
         check_inputs(q, k, v)
         raise ValueError("flashjit.attention: backward_cuda needs CUDA "
@@ -333,7 +340,7 @@ def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic):
     shapes += [(t.shape, s) for t, s in zip((q, k, v), grad_strides)]
     p = _base_plan(q, k, v, mask, bm, deterministic,
                    ("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), shapes,
-                   "attention_backward")
+                   "attention_backward", score_mod)
     p.grad_strides = grad_strides
     size = ctypes.c_size_t()
     _lib.check(_lib.lib().flashjit_backward_workspace_size(
@@ -375,24 +382,24 @@ def _from_numpy(a, dtype):
     return torch.from_numpy(a).to(dtype)
 
 
-def forward_cpu(q, k, v, mask, scale, wl, wr, bm):
+def forward_cpu(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     """(o, lse) of torch CPU tensors, by the CPU execution mode."""
     from . import _attention_numpy
 
     check_inputs(q, k, v)
     o, lse = _attention_numpy(_to_numpy(q), _to_numpy(k), _to_numpy(v), mask,
-                              scale, wl, wr, bm, True)
+                              scale, wl, wr, bm, True, score_mod)
     return _from_numpy(o, q.dtype), torch.from_numpy(lse)
 
 
 def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                 deterministic):
+                 deterministic, score_mod=""):
     from . import _backward_numpy
 
     check_inputs(q, k, v, "attention_backward")
     grads = _backward_numpy(*(_to_numpy(t) for t in (q, k, v, o, d_o)),
                             lse.detach().numpy(), mask, scale, wl, wr, bm,
-                            deterministic)
+                            deterministic, score_mod)
     # Laid out as torch.empty_like(q / k / v), as on CUDA and in the fake.
     return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
                  for t, g in zip((q, k, v), grads))

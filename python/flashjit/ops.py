@@ -2,16 +2,18 @@
 
     flashjit::attention_fwd(q, k, v, mask, scale, window_left, window_right,
                             block_counts, block_indices, block_size,
-                            deterministic) -> (o, lse)
+                            deterministic, score_mod) -> (o, lse)
     flashjit::attention_bwd(d_o, q, k, v, o, lse, mask, scale, window_left,
                             window_right, block_counts, block_indices,
-                            block_size, deterministic) -> (dq, dk, dv)
+                            block_size, deterministic, score_mod)
+                            -> (dq, dk, dv)
 
 mask is the C API's flashjit_mask (0 none, 1 causal, 2 sliding window, its
 sizes window_left / window_right, -1 unbounded); scale 0 means 1/sqrt(d);
 block_counts / block_indices are a BlockMask's int32 BCSR tensors on the
 inputs' device (None when dense) and block_size its block. deterministic
-only changes how the backward sums dQ.
+only changes how the backward sums dQ. score_mod is a named score modifier
+("softcap:C", "alibi:H") or "" for none.
 
 Both ops have fake (meta) implementations, so torch.compile, torch.export
 and FakeTensor tracing see o as q's shape with v's head dim and lse as
@@ -73,19 +75,20 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, mask: int, scale: float,
                   window_left: int, window_right: int,
                   block_counts: Optional[Tensor],
                   block_indices: Optional[Tensor], block_size: int,
-                  deterministic: bool) -> Tuple[Tensor, Tensor]:
+                  deterministic: bool,
+                  score_mod: str = "") -> Tuple[Tensor, Tensor]:
     bm = _block_mask(block_counts, block_indices, block_size)
     if q.device.type == "cuda":
         return _torch_impl.forward_cuda(q, k, v, mask, scale, window_left,
-                                        window_right, bm)
+                                        window_right, bm, score_mod)
     return _torch_impl.forward_cpu(q, k, v, mask, scale, window_left,
-                                   window_right, bm)
+                                   window_right, bm, score_mod)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, mask, scale, window_left, window_right,
                         block_counts, block_indices, block_size,
-                        deterministic):
+                        deterministic, score_mod=""):
     _torch_impl.check_inputs(q, k, v)
     B, H, Nq, _ = q.shape
     o = q.new_empty((B, H, Nq, v.shape[3]))
@@ -98,42 +101,43 @@ def attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
                   lse: Tensor, mask: int, scale: float, window_left: int,
                   window_right: int, block_counts: Optional[Tensor],
                   block_indices: Optional[Tensor], block_size: int,
-                  deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                  deterministic: bool,
+                  score_mod: str = "") -> Tuple[Tensor, Tensor, Tensor]:
     bm = _block_mask(block_counts, block_indices, block_size)
     run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
            _torch_impl.backward_cpu)
     return run(q, k, v, o, lse, d_o, mask, scale, window_left, window_right,
-               bm, deterministic)
+               bm, deterministic, score_mod)
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(d_o, q, k, v, o, lse, mask, scale, window_left,
                         window_right, block_counts, block_indices, block_size,
-                        deterministic):
+                        deterministic, score_mod=""):
     _torch_impl.check_inputs(q, k, v, "attention_backward")
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, mask, scale, wl, wr, counts, indices, block, det = inputs
+    q, k, v, mask, scale, wl, wr, counts, indices, block, det, mod = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, counts, indices)
-    ctx.options = (mask, scale, wl, wr, block, det)
+    ctx.options = (mask, scale, wl, wr, block, det, mod)
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, d_o, d_lse):
     # lse is non-differentiable: d_lse is ignored.
     q, k, v, o, lse, counts, indices = ctx.saved_tensors
-    mask, scale, wl, wr, block, det = ctx.options
+    mask, scale, wl, wr, block, det, mod = ctx.options
     if d_o is None:
         d_o = torch.zeros_like(o)
     dq, dk, dv = torch.ops.flashjit.attention_bwd(
         d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices, block,
-        det)
+        det, mod)
     need = ctx.needs_input_grad
     return ((dq if need[0] else None), (dk if need[1] else None),
-            (dv if need[2] else None)) + (None,) * 8
+            (dv if need[2] else None)) + (None,) * 9
 
 
 attention_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -152,7 +156,7 @@ def _bwd_backward(ctx, *grads):
 attention_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 
 
-def attention(q, k, v, mask, scale, wl, wr, bm, deterministic):
+def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod=""):
     """(o, lse) for flashjit.attention's torch tensors (checked arguments:
     mask, scale, window and bm come from its argument handling)."""
     if not (isinstance(q, Tensor) and isinstance(k, Tensor)
@@ -170,12 +174,14 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic):
                      (q.requires_grad or k.requires_grad or v.requires_grad))):
         # Eager, no gradient: the op's kernel without the dispatcher.
         if q.device.type == "cuda":
-            return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm)
+            return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm,
+                                            score_mod)
         if q.device.type == "cpu":
-            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm)
+            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
+                                           score_mod)
     return torch.ops.flashjit.attention_fwd(q, k, v, mask, scale, wl, wr,
                                             counts, indices, block,
-                                            bool(deterministic))
+                                            bool(deterministic), score_mod)
 
 
 __all__ = ["attention_fwd", "attention_bwd", "attention"]

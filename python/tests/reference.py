@@ -27,27 +27,47 @@ def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
     return vis
 
 
-def _softmax(q, k, v, scale, visible):
+def modify(s, score_mod):
+    """(s', d s' / d s) of the named score modifier (None: none) on the
+    scaled scores s [B, H, Nq, Nkv], in float64: softcap:C is C tanh(s / C),
+    alibi:H is s + 2^(-8 (h + 1) / H) (j - i)."""
+    if not score_mod:
+        return s, 1.0
+    name, arg = score_mod.split(":")
+    if name == "softcap":
+        c = float(np.float32(arg))  # the kernel's f32 constant
+        t = np.tanh(s / c)
+        return c * t, 1.0 - t * t
+    assert name == "alibi", score_mod
+    h = np.arange(s.shape[1])[None, :, None, None]
+    i = np.arange(s.shape[2])[:, None]
+    j = np.arange(s.shape[3])[None, :]
+    return s + np.exp2(-8.0 * (h + 1) / int(arg)) * (j - i), 1.0
+
+
+def _softmax(q, k, v, scale, visible, score_mod=None):
     """float64 inputs (K, V repeated over each GQA group), the unnormalised
-    probabilities exp(s - m), the row sums and the rows that see no key."""
+    probabilities exp(s - m), the row sums, the rows that see no key and
+    the modifier's derivative."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     g = q.shape[1] // k.shape[1]
     k = np.repeat(k, g, axis=1)
     v = np.repeat(v, g, axis=1)
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    s, dmod = modify(np.einsum("bhid,bhjd->bhij", q, k) * scale, score_mod)
     if visible is not None:
         s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     empty = np.isneginf(m)
     m = np.where(empty, 0.0, m)
     p = np.exp(s - m)
-    return q, k, v, scale, m, p, p.sum(axis=-1, keepdims=True), empty
+    return q, k, v, scale, m, p, p.sum(axis=-1, keepdims=True), empty, dmod
 
 
-def attention_ref(q, k, v, scale=None, visible=None):
+def attention_ref(q, k, v, scale=None, visible=None, score_mod=None):
     """(o, lse) in float64; rows that see no key: o = 0, lse = -inf."""
-    _, _, v, _, m, p, l, empty = _softmax(q, k, v, scale, visible)
+    _, _, v, _, m, p, l, empty, _ = _softmax(q, k, v, scale, visible,
+                                             score_mod)
     o = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, 1.0, l)
     o = np.where(empty, 0.0, o)
     with np.errstate(divide="ignore"):
@@ -70,17 +90,19 @@ def lse_err(x, ref):
     return rel_err(x[f], ref[f]) if f.any() else 0.0
 
 
-def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None):
+def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None,
+                        score_mod=None):
     """(dq, dk, dv) in float64 of the attention above for upstream d_o.
     D = rowsum(d_o * o) from the o given (the forward's, as a user has it);
     dk and dv are summed over each GQA group."""
-    q, kr, vr, scale, _, p, l, empty = _softmax(q, k, v, scale, visible)
+    q, kr, vr, scale, _, p, l, empty, dmod = _softmax(q, k, v, scale,
+                                                      visible, score_mod)
     o, d_o = (np.asarray(x, dtype=np.float64) for x in (o, d_o))
     p = np.where(empty, 0.0, p / np.where(empty, 1.0, l))
     dv = np.einsum("bhij,bhid->bhjd", p, d_o)
     dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
     delta = (d_o * o).sum(-1, keepdims=True)
-    ds = p * (dp - delta)
+    ds = p * (dp - delta) * dmod
     dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
     dk = np.einsum("bhij,bhid->bhjd", ds, q) * scale
     B, Hkv = np.shape(k)[0], np.shape(k)[1]
