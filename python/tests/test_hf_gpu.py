@@ -48,6 +48,11 @@ def configs():
         "llama": transformers.LlamaConfig(**COMMON),
         "qwen2": transformers.Qwen2Config(**COMMON),
         "mistral": transformers.MistralConfig(**COMMON, sliding_window=96),
+        # Logit soft-capping (flashjit's softcap:C), a query scale of its
+        # own; its window wider than SEQ.
+        "gemma2": transformers.Gemma2Config(
+            **COMMON, head_dim=64, attn_logit_softcapping=20.0,
+            query_pre_attn_scalar=64, sliding_window=512),
     }
 
 
@@ -101,7 +106,7 @@ def forward_ms(model, ids, repeats=10):
     return sorted(t)[len(t) // 2]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "gemma2"])
 def test_matches_float32_as_well_as_sdpa(arch):
     ref, fj, sdpa = build(arch)
     ids = torch.randint(0, COMMON["vocab_size"], (BATCH, SEQ), device=DEVICE)

@@ -17,13 +17,15 @@ that rule.
 What it does: causal (module.is_causal, bottom-right aligned, so decoding
 with a KV cache is right), GQA without repeating K and V, the model's
 scaling, a sliding window (a `sliding_window` keyword: keys within
-sliding_window - 1 before the query). What it refuses, by name:
+sliding_window - 1 before the query), logit soft-capping (a `softcap`
+keyword, Gemma 2: flashjit's softcap:C score modifier on the scaled
+scores). What it refuses, by name:
 
   * a padding mask (a row of the batch with padded tokens): flashjit has
     no variable-length attention yet. PaddingMaskError (a
     NotImplementedError); an all-ones or purely causal mask is accepted.
   * dropout > 0 in training: DropoutError (a NotImplementedError).
-  * logit soft-capping and attention sinks (Gemma 2, gpt-oss).
+  * attention sinks (an `s_aux` keyword, gpt-oss).
 
 Needs transformers >= 4.48 (AttentionInterface) and torch.
 """
@@ -83,11 +85,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None,
         raise DropoutError(
             f"flashjit: attention dropout {dropout} in training is not "
             "supported (set config.attention_dropout = 0, or model.eval())")
-    for name in ("softcap", "s_aux"):
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(
-                f"flashjit: attention with {name!r} (logit soft-capping or "
-                "sinks) is not supported")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError(
+            "flashjit: attention with 's_aux' (attention sinks) is not "
+            "supported")
+    score_mod = None
+    softcap = kwargs.get("softcap")
+    if softcap is not None:  # C tanh(s / C) on s = scaling * q.k
+        score_mod = f"softcap:{float(softcap)!r}"
     causal = kwargs.get("is_causal")
     if causal is None:
         causal = getattr(module, "is_causal", True)
@@ -103,7 +108,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None,
         window = (int(sliding) - 1, 0)
         causal = False  # the window's right side 0 is the causal bound
     out = flashjit.attention(query, key, value, causal=causal, scale=scaling,
-                             window=window)
+                             window=window, score_mod=score_mod)
     return out.transpose(1, 2).contiguous(), None
 
 
