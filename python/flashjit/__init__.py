@@ -437,7 +437,8 @@ class Kernel:
                 "gqa": s.gqa,
                 "sparse_block": s.sparse_block if s.block_sparse else None,
                 "backward": bool(s.direction),
-                "deterministic": bool(s.deterministic)}
+                "deterministic": bool(s.deterministic),
+                "score_mod": s.score_mod.decode() if s.score_mod else None}
 
     def _handle(self):
         if self.arch is None:  # the current GPU's arch, if there is one
@@ -484,14 +485,15 @@ class Kernel:
 
 def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
             sliding_window=False, gqa=1, sparse_block=None, arch=None,
-            backward=False, deterministic=False):
+            backward=False, deterministic=False, score_mod=None):
     """Describes a kernel; read its .ptx or .emit(stage). Validation
     (head dims 1..512, ...) happens here: InvalidArgumentError names the
     field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
     "sm_90a", ... (None: the current GPU's, else sm_90a). backward: the
     backward's kernels (preprocess, dK/dV, dQ) and tiling instead;
     deterministic (with backward=True): dQ by a separate pass instead of
-    atomic adds."""
+    atomic adds. score_mod: a named score modifier, as attention's (its
+    region is in .emit("attn"))."""
     if deterministic and not backward:
         raise ValueError("flashjit.compile: deterministic needs backward=True "
                          "(it chooses how the backward sums dQ)")
@@ -513,10 +515,16 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
             _lib.MASK_SLIDING_WINDOW if sliding_window else _lib.MASK_NONE)
     spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
                           dt, mask, gqa, sparse_block or 0, backward=backward,
-                          deterministic=deterministic)
-    # Validate now: chosen_config checks the spec on the CPU handle.
+                          deterministic=deterministic,
+                          score_mod=_score_mod(score_mod))
+    # Validate now: chosen_config checks the spec on the CPU handle (with
+    # alibi:H's H heads, the only count it allows).
+    heads = max(1, spec.gqa)
+    name, _, arg = (score_mod or "").partition(":")
+    if name == "alibi" and arg.isdigit() and int(arg) % heads == 0:
+        heads = int(arg)
     out = (ctypes.c_int64 * 4)()
     _lib.check(_lib.lib().flashjit_chosen_config(
-        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), 1, max(1, spec.gqa),
-        1, 1, out))
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), 1, heads, 1, 1,
+        out))
     return Kernel(spec, arch)

@@ -462,6 +462,20 @@ def test_score_mod_forward_and_gradients(score_mod, causal, gqa):
         assert reference.rel_err(got, want) < 5e-3, reference.rel_err(got, want)
 
 
+def test_compile_shows_the_score_mod_region():
+    k = flashjit.compile(64, score_mod="softcap:30", causal=True)
+    assert k.spec["score_mod"] == "softcap:30"
+    attn = k.emit("attn")
+    assert "score_mod" in attn and "math.tanh" in attn
+    assert "3.000000e+01" in attn
+    a = flashjit.compile(32, gqa=2, score_mod="alibi:8", backward=True)
+    assert "attn.flash_bwd" in a.emit("attn")
+    assert "math.exp2" in a.emit("attn")
+    assert flashjit.compile(64).spec["score_mod"] is None
+    with pytest.raises(ValueError, match="score"):
+        flashjit.compile(64, score_mod="softcap:0")
+
+
 def test_score_mod_errors():
     q, k, v = arrays(np.float16, (1, 2, 16, 16))
     for bad in ("softcap:-1", "custom", "relpos:2", "alibi:3"):
