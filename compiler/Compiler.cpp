@@ -105,12 +105,7 @@ static CompileError customTileScoreMod() {
 /// "alibi:H") that its score_mod region is, "" without a region, or
 /// "custom" with the region's float64 evaluation for the reference.
 template <typename OpT> static void readScoreMod(OpT op, AttentionSpec &spec) {
-  if (std::optional<std::string> named = op.namedScoreMod()) {
-    spec.scoreMod = *named;
-    return;
-  }
-  spec.scoreMod = kCustomScoreMod;
-  spec.scoreFunction = scoreFunctionOf(op.getScoreMod());
+  describeScoreMod(op, op.namedScoreMod(), op.getScoreMod(), spec);
 }
 
 /// The kernel names the runtime looks up for \p direction.
@@ -370,7 +365,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target);
   gpu.persistent = usesPersistentKernel(target);
-  gpu.tma = usesTensorMaps(target);
+  gpu.tma = tensorMapMode(target);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -532,7 +527,9 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
       usesPersistentKernel(target) ? " persistent=true" : "",
-      usesTensorMaps(target) ? " tma=true" : "", tilingOptions(config));
+      usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
+                             : "",
+      tilingOptions(config));
 }
 
 bool usesPersistentKernel(const GpuTarget &target) {
@@ -542,12 +539,16 @@ bool usesPersistentKernel(const GpuTarget &target) {
   return usesKvRing(target) && env && std::string(env) == "1";
 }
 
-bool usesTensorMaps(const GpuTarget &target) {
+int64_t tensorMapMode(const GpuTarget &target) {
   // Tensor maps want 16-byte aligned addresses and strides: the 16-byte
   // copies' (the launcher picks the copy width from the tensors).
+  if (!usesKvRing(target) || target.copyBytes != 16)
+    return 0;
   const char *env = std::getenv("FLASHJIT_TMA");
-  return usesKvRing(target) && target.copyBytes == 16 &&
-         !(env && std::string(env) == "0");
+  const std::string v = env ? env : "";
+  // Q by the producer too (2) is opt-in: on the H200 it measured no faster
+  // one-tile-per-program and 3-7% slower at N = 16K (bench/NOTES.md, T17).
+  return v == "0" ? 0 : v == "qkv" ? 2 : 1;
 }
 
 int64_t pingPongMode(const GpuTarget &target) {

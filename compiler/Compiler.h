@@ -73,6 +73,18 @@ SourceInfo inspectSource(const KernelSource &source);
 /// its name). Throws CompileError for another source.
 KernelSource forwardSourceOf(const KernelSource &backward);
 
+/// \p spec with the score modifier whose score_mod region is the text
+/// \p region ("{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j:
+/// index): ... attn.yield %y : f32 }", the region of attn.flash_fwd and
+/// attn.flash_bwd): the named variant it is (softcap:C, alibi:H), or
+/// "custom" with AttentionSpec::scoreModRegion (the region as MLIR prints
+/// it) and its float64 evaluation (ScoreModText.cpp). Throws SpecError
+/// naming what is wrong: text that does not parse, a region the verifier
+/// refuses (signature, an op outside arith and math) or that cannot run on
+/// tiles, more than 64 KiB.
+AttentionSpec withScoreModRegion(const AttentionSpec &spec,
+                                 const std::string &region);
+
 /// What a GPU compile targets.
 struct GpuTarget {
   std::string arch = "sm_90a"; ///< sm_80, sm_86, sm_89, sm_90, sm_90a, ...
@@ -149,11 +161,15 @@ int64_t pingPongMode(const GpuTarget &target);
 /// pass option: a grid of the device's SMs loops over the tiles):
 /// FLASHJIT_PERSISTENT=1 with the ring; off otherwise.
 bool usesPersistentKernel(const GpuTarget &target);
-/// Whether the K/V ring's producer copies K and V by the tensor memory
-/// accelerator (the `tma` pass option; tensor maps that the launcher
-/// encodes from the kernel's attn.tensor_maps): with the ring and 16-byte
-/// copies unless FLASHJIT_TMA=0.
-bool usesTensorMaps(const GpuTarget &target);
+/// What the K/V ring's producer copies by the tensor memory accelerator
+/// (the `tma` pass option; tensor maps that the launcher encodes from the
+/// kernel's attn.tensor_maps): with the ring and 16-byte copies K and V
+/// (1, the default), Q, K and V with FLASHJIT_TMA=qkv (2), nothing with
+/// FLASHJIT_TMA=0 or else (0).
+int64_t tensorMapMode(const GpuTarget &target);
+inline bool usesTensorMaps(const GpuTarget &target) {
+  return tensorMapMode(target) > 0;
+}
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -20,6 +20,7 @@
 namespace mlir {
 class ExecutionEngine;
 class OpPassManager;
+class Operation;
 class Region;
 } // namespace mlir
 
@@ -50,6 +51,14 @@ std::unique_ptr<mlir::ExecutionEngine> jitLoweredModule(mlir::ModuleOp module);
 /// and derivative (ScoreModReference.cpp); throws CompileError for an op
 /// it does not evaluate.
 std::shared_ptr<const ScoreFunction> scoreFunctionOf(mlir::Region &region);
+
+/// The score modifier of description \p op (attn.flash_fwd or
+/// attn.flash_bwd) into \p spec: \p named (its namedScoreMod()) when it is
+/// a named variant, else "custom" with its printed \p region and the
+/// region's float64 evaluation; throws CompileError for a region that
+/// cannot run on tiles (ScoreModText.cpp).
+void describeScoreMod(mlir::Operation *op, std::optional<std::string> named,
+                      mlir::Region &region, AttentionSpec &spec);
 
 /// Runs the pipeline that \p build assembles on \p module; throws
 /// CompileError with the diagnostics of the failing pass.

@@ -89,8 +89,9 @@ ScoreMod ScoreMod::of(const AttentionSpec &spec) {
     return parse(spec.scoreMod);
   if (!spec.scoreFunction)
     throw SpecError("score modifier 'custom': a score_mod region that is no "
-                    "named variant comes from a description (--input "
-                    "FILE.mlir of the attn stage), not from a name");
+                    "named variant comes from its text or a description "
+                    "(--input FILE.mlir of the attn stage), not from a "
+                    "name");
   ScoreMod mod;
   mod.kind = Kind::Custom;
   mod.custom = spec.scoreFunction;
@@ -102,9 +103,11 @@ ScoreMod ScoreMod::parse(const std::string &text) {
     return ScoreMod();
   if (text == kCustomScoreMod)
     throw SpecError("score modifier 'custom': a region that is no named "
-                    "variant is given by a description (--input FILE.mlir "
-                    "of the attn stage), not by name; the named variants "
-                    "are softcap:C and alibi:H");
+                    "variant is given as its text ('{ ^bb0(%s: f32, %b: "
+                    "index, %h: index, %i: index, %j: index): ... }') or by "
+                    "a description (--input FILE.mlir of the attn stage), "
+                    "not by name; the named variants are softcap:C and "
+                    "alibi:H");
   for (Kind kind : kNamedKinds) {
     const std::string name = kindName(kind), prefix = name + ":";
     if (text != name && text.rfind(prefix, 0) != 0)
@@ -187,14 +190,38 @@ std::string AttentionSpec::name() const {
     std::replace(mod.begin(), mod.end(), ':', '_');
     s += "_" + mod;
   }
+  // A custom region's FNV-1a hash: names key the C API's kernel maps.
+  if (!scoreModRegion.empty()) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : scoreModRegion)
+      h = (h ^ c) * 1099511628211ull;
+    s += fmt::format("_{:016x}", h);
+  }
   return s;
+}
+
+/// \p text as the inside of a JSON string: quotes, backslashes and
+/// control characters escaped.
+static std::string jsonEscaped(const std::string &text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\')
+      out += {'\\', char(c)};
+    else if (c == '\n')
+      out += "\\n";
+    else if (c < 0x20)
+      out += fmt::format("\\u{:04x}", c);
+    else
+      out += char(c);
+  }
+  return out;
 }
 
 std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}{}{}}}",
+      "\"sparse_block\":{}{}{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
       blockSparse ? "true" : "false", sparseBlock,
@@ -202,7 +229,10 @@ std::string AttentionSpec::toJson() const {
           ? fmt::format(",\"deterministic\":{}", deterministic)
           : std::string(),
       scoreMod.empty() ? std::string()
-                       : fmt::format(",\"score_mod\":\"{}\"", scoreMod));
+                       : fmt::format(",\"score_mod\":\"{}\"", scoreMod),
+      scoreModRegion.empty() ? std::string()
+                             : fmt::format(",\"score_mod_region\":\"{}\"",
+                                           jsonEscaped(scoreModRegion)));
 }
 
 void TileConfig::validate(const AttentionSpec &spec) const {
@@ -418,6 +448,12 @@ static std::string alibiBody(const ScoreMod &mod) {
 /// The score_mod region of \p spec's named modifier (after the attribute
 /// dictionary), "" for none. Its result is %y.
 static std::string scoreModRegionText(const AttentionSpec &spec) {
+  if (spec.scoreMod == kCustomScoreMod) {
+    if (spec.scoreModRegion.empty())
+      throw SpecError("score modifier 'custom' without its region (give "
+                      "the region text, or an attn-stage file with --input)");
+    return " score_mod " + spec.scoreModRegion;
+  }
   ScoreMod mod = ScoreMod::parse(spec.scoreMod);
   if (mod.kind == ScoreMod::Kind::None)
     return "";

@@ -77,9 +77,14 @@ struct AttentionSpec {
   /// before the mask and the softmax; "custom" for a region that is no
   /// named variant, read from a description (then scoreFunction is set).
   std::string scoreMod;
+  /// A "custom" modifier's region, as MLIR prints it ("{\n  ^bb0(%arg0:
+  /// f32, ...): ... attn.yield %y : f32\n  }": canonical, so that two
+  /// spellings of one region are one kernel); "" otherwise. Part of the
+  /// spec's JSON, hence of every cache key. withScoreModRegion
+  /// (compiler/Compiler.h) sets it with scoreFunction.
+  std::string scoreModRegion;
   /// The float64 evaluation of a "custom" score_mod region (its value and
-  /// derivative), for the reference; null otherwise. Not part of the
-  /// spec's text: the region's text is the description's.
+  /// derivative), for the reference; null otherwise.
   std::shared_ptr<const class ScoreFunction> scoreFunction;
 
   /// Throws SpecError naming the bad field and value.

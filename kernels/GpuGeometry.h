@@ -70,6 +70,9 @@ struct GpuGeometry {
   /// which O and S spill at the 168 registers that 384 threads leave.
   static constexpr int64_t kRingMaxHeadDim = 256;
   static constexpr int64_t kRingBarriersPerStage = 4;
+  /// After the stages' barriers: Q's full and empty barriers (Q by a
+  /// tensor map, copied by the producer: TileToGPUTma.cpp).
+  static constexpr int64_t kRingQueryBarriers = 2;
 
   /// Grid for a problem: (Q blocks, batch * heads, dv chunks).
   std::array<int64_t, 3> grid(const Problem &p, const TileConfig &c) const {
@@ -124,7 +127,9 @@ inline GpuGeometry gpuGeometry(const AttentionSpec &spec,
         g.kOffset;
     g.barrierOffset = g.kOffset + g.ringStages * g.stageBytes;
     g.sharedBytes =
-        g.barrierOffset + g.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
+        g.barrierOffset + (g.ringStages * GpuGeometry::kRingBarriersPerStage +
+                           GpuGeometry::kRingQueryBarriers) *
+                              8;
     g.threads += GpuGeometry::kRingProducerThreads;
   }
   return g;

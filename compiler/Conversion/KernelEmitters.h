@@ -30,14 +30,14 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// consumer warpgroups taking turns at the tensor cores by \p pingPong
 /// (KernelPlacement::pingPong); with the ring and \p persistent, as a
 /// persistent kernel (KernelPlacement::persistent); with the ring and
-/// \p tma, K and V by the tensor memory accelerator where their addresses
-/// allow (KernelPlacement::tma).
+/// \p tma, K and V (1), and Q too (2), by the tensor memory accelerator
+/// where their addresses allow (KernelPlacement::tma).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps, int64_t copyBytes,
                                     bool wgmma, int64_t ringStages,
                                     int64_t pingPong = 0,
-                                    bool persistent = false, bool tma = false);
+                                    bool persistent = false, int64_t tma = 0);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).

@@ -47,11 +47,12 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "programs as the launch gives (the device's SMs), each looping "
            "over the (Q block, batch * head) tiles, its ring running on "
            "from one tile to the next">,
-    Option<"tma", "tma", "bool", "false",
-           "the K/V ring's producer copies K and V by the tensor memory "
-           "accelerator (cp.async.bulk.tensor, one thread; tensor maps that "
-           "the launcher encodes, recorded as attn.tensor_maps) where their "
-           "addresses are a row stride and strides of kernel arguments">,
+    Option<"tma", "tma", "int64_t", "0",
+           "the K/V ring's producer copies K and V (1), and Q too (2), by "
+           "the tensor memory accelerator (cp.async.bulk.tensor, one thread; "
+           "tensor maps that the launcher encodes, recorded as "
+           "attn.tensor_maps) where their addresses are a row stride and "
+           "strides of kernel arguments">,
   ];
 }
 

@@ -24,6 +24,7 @@
 #define FLASHJIT_COMPILER_CONVERSION_TILETOGPU_H
 
 #include "compiler/Conversion/GpuBuilder.h"
+#include "compiler/Conversion/KernelPlacement.h"
 #include "compiler/Conversion/TileCopy.h"
 #include "compiler/Conversion/Wgmma.h"
 #include "dialects/Tile/IR/TileDialect.h"
@@ -54,87 +55,6 @@ enum class TileHome {
   /// A rank-1 f32 slot (a tile.load that only feeds per-column
   /// broadcasts): each thread reads the values of its columns.
   SharedVector,
-};
-
-/// What the function's role and tiling fix before any op is lowered
-/// (TileToGPUPlacement.cpp).
-struct KernelPlacement {
-  int64_t threads = 0;
-  /// Rows of every register tile (but a transposed product's): Br in the
-  /// forward and the dQ pass, Bc in the dK/dV kernel; and the 16-row
-  /// m-tiles of them per warp.
-  int64_t regRows = 0, mt = 0;
-  int64_t maxShared = 0; ///< the dynamic shared memory the launcher gives
-  /// The grid (recorded as `attn.grid`, kernels/KernelLaunch.h): pid_m
-  /// covers `gridRows` rows of the keys (gridOverKeys) or of the queries;
-  /// pid_bh the KV heads (gridKvHeads) or all heads of each batch.
-  int64_t gridRows = 0;
-  bool gridOverKeys = false, gridKvHeads = false;
-  /// A split of output columns over grid.z: a register tile `width` wide
-  /// holds `chunk` of its columns per program, over `chunks` programs.
-  struct ColumnSplit {
-    int64_t width = 0, chunk = 0, chunks = 1;
-  };
-  /// The forward's (V-wide tiles) and the dQ pass's (dQ-wide); the dK/dV
-  /// kernel's dK split, then its dV split: programs z < dK's chunks compute
-  /// a chunk of dK (and dQ), the others one of dV.
-  llvm::SmallVector<ColumnSplit, 2> splits;
-  /// The ABI's argument groups (kernels/KernelABI.h), before pid_m, pid_bh.
-  int numBuffers = 0, numIndexArgs = 0, numF32Args = 0;
-  /// Split-KV (abi::split): a third pid, pid_split = grid.z; and for the
-  /// partial (not the combine, whose grid.z is 1) a grid.z whose size the
-  /// launcher chooses (recorded as the grid's `split`).
-  bool kvSplit = false, gridSplits = false;
-  /// Causal: the grid's last Q blocks (the heaviest) start first.
-  bool reversePidM = false;
-  /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).
-  bool vectorAtomics = false;
-  /// Warps along the columns of every 2-D register tile (the dK/dV kernel's
-  /// 2-D warp grid: 2): warp w holds rows of part w / colParts and columns
-  /// of half w % colParts; a product's register lhs then goes through a
-  /// staging slot, since each warp holds only part of its k-columns.
-  int64_t colParts = 1;
-  /// Products on Hopper's warpgroup MMAs (TileToGPUWgmma.cpp): shared tiles
-  /// in the blocked 128B-swizzle layout (Wgmma.h), on 1024-byte boundaries.
-  bool wgmma = false;
-  /// The forward's K/V ring (TileToGPURing.cpp; GpuGeometry::ringStages):
-  /// its stages (0: none) and the producer warpgroup's threads, the block's
-  /// last ones after the `threads` consumers that every tile is placed on.
-  int64_t ringStages = 0, producerThreads = 0;
-  /// The warpgroups of the `threads` that every tile is placed on.
-  int64_t warpgroups() const { return threads / 128; }
-  /// With the ring (two or three consumer warpgroups: GpuGeometry::
-  /// kRingConsumerWarps): they take turns at the tensor cores, so that one's
-  /// softmax runs under the other's MMAs (TileToGPURing.cpp, "ping-pong").
-  /// 0: no order; 1: the batches of the loop's first product (S = Q K^T);
-  /// 2: every batch of the ring loop.
-  int64_t pingPong = 0;
-  /// Row reductions fold a thread's registers by a pairwise tree instead of
-  /// a chain (lowerReduce): taken with the ring, whose consumers have no
-  /// block barrier to hide a chain's latency behind (T10: +8% at d = 128;
-  /// -2 to -5% measured on the kernels without the ring, which keep the
-  /// chain).
-  bool treeReductions = false;
-  /// With the ring: a persistent kernel (TileToGPUPersistent.cpp). grid.x
-  /// is the launch's (the device's SMs; recorded as the grid's
-  /// `persistent`) and grid.y 1; each program loops over the tiles
-  /// w = blockIdx.x, + gridDim.x, ... of ceil(seq_q / Br) * batch * heads
-  /// (forEachTile gives each its pid_m and pid_bh; with reversePidM the
-  /// heaviest Q blocks of all heads first), its ring's positions running
-  /// on across tiles.
-  bool persistent = false;
-  /// With the ring: its producer copies K and V by the tensor memory
-  /// accelerator where a tensor map describes them (TileToGPUTma.cpp):
-  /// one thread, cp.async.bulk.tensor into the stage, the full barrier
-  /// counting the bytes.
-  bool tma = false;
-  /// A warp-level ordering point (GpuBuilder::warpSync) before each
-  /// mma.sync product whose lhs is a register tile of this iteration (the
-  /// dK/dV kernel's P and dS): the products that do not read it (dP = dO
-  /// V^T) stay after it, so that ptxas interleaves P's exponentials with
-  /// S's MMAs instead of issuing S's and dP's MMAs first and the
-  /// exponentials after them.
-  bool orderRegisterProducts = false;
 };
 
 /// One shared-memory slot: a tile copied by cp.async, read by ldmatrix.
@@ -362,9 +282,22 @@ private:
                         Value stage, Value parity);
 
   // The ring's tensor maps (TileToGPUTma.cpp).
+  struct RingTensorMap;
+  /// \p load's tensor map, if its address is one's.
+  std::optional<RingTensorMap> tensorMapOf(tile::LoadOp load);
   /// Describes every stream of the ring's \p loads by a tensor map
-  /// (ringMaps; KernelPlacement::tma), or leaves ringMaps empty.
+  /// (ringMaps; KernelPlacement::tma), or leaves ringMaps empty; then Q
+  /// (queryLoad), if it can be.
   void describeTensorMaps(llvm::ArrayRef<tile::LoadOp> loads);
+  /// Expects \p load's bytes on \p full and copies its boxes to \p dst.
+  void copyBoxes(const RingTensorMap &m, tile::LoadOp load,
+                 mlir::IRMapping &local, Value dst, Value full);
+  /// Q's full (or empty) barrier, after the stages'.
+  Value queryBarrier(bool empty);
+  /// The producer's copy of Q, once the last tile's consumers are done;
+  /// the consumers' wait for it, before its first product (queryPending).
+  void produceQuery();
+  void waitForQuery();
   /// Appends the tensor-map parameters to \p kernel, records them as its
   /// attn.tensor_maps (kernels/KernelLaunch.h), and prefetches them.
   void addTensorMapArguments(mlir::gpu::GPUFuncOp kernel);
@@ -539,15 +472,20 @@ private:
   /// empty: 0, one tile per program). A persistent kernel's tiles go on
   /// from the positions the last one left.
   llvm::SmallVector<Value, 2> ringBase;
-  /// Per ring stream (empty: cp.async by the producer warpgroup), its
-  /// tensor map: the record the launcher encodes it from, the tile IR's
+  /// Per ring stream (empty: cp.async by the producer warpgroup), then Q,
+  /// its tensor map: the record the launcher encodes it from, the tile IR's
   /// indices of its outer dimensions, and the kernel's parameter.
   struct RingTensorMap {
     TensorMapRecord record;
     llvm::SmallVector<Value, 3> outerIndices;
     Value param;
   };
-  llvm::SmallVector<RingTensorMap, 2> ringMaps;
+  llvm::SmallVector<RingTensorMap, 3> ringMaps;
+  /// Q when the producer copies it by its tensor map (ringMaps' last), and
+  /// the parity of the program's tile (i32; forEachTile).
+  tile::LoadOp queryLoad;
+  Value tileParity;
+  bool queryPending = false;
   /// The ring's consumers take the registers the producer does not need
   /// (setmaxnreg; consumersNeedRegisters in TileToGPURing.cpp).
   bool ringMovesRegisters = false;

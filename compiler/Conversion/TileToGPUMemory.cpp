@@ -35,6 +35,10 @@ using arith::CmpIPredicate;
 LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
   if (pipelined.contains(op))
     return success();
+  if (op == queryLoad) { // the producer's tensor copy (TileToGPUTma.cpp)
+    queryPending = true; // waited for before its first product
+    return success();
+  }
   if (homes.lookup(op.getResult()) == TileHome::Registers)
     return lowerRowValues(op);
   // Inside a loop without a pipeline, the slot's readers of the previous

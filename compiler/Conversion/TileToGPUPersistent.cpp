@@ -45,8 +45,10 @@ using namespace flashjit::conversion;
 
 LogicalResult
 TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
-  if (!place.persistent)
+  if (!place.persistent) {
+    tileParity = g.c32(0);
     return lowerTile();
+  }
   // The problem's tiles, from the index arguments (kernels/KernelABI.h).
   auto indexArg = [&](int i) {
     return toI32(scalar(fn.getArgument(place.numBuffers + i)));
@@ -78,6 +80,9 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   // pid_m fastest, gridDim.x near a multiple of blocks gives some
   // programs only heavy tiles: T14, causal 536 -> 340 TFLOP/s).
   Value w = toI32(loop.getInductionVar());
+  // The program's n-th tile: (w - blockIdx.x) / gridDim.x.
+  tileParity =
+      g.andI(g.divU(g.sub(w, toI32(first)), toI32(programs)), g.c32(1));
   Value pidM, pidBH;
   if (place.reversePidM) {
     pidM = g.sub(g.sub(blocks, g.c32(1)), g.divU(w, heads));

@@ -41,7 +41,7 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 static KernelPlacement forwardPlacement(const AttentionSpec &spec,
                                         const TileConfig &config, bool wgmma,
                                         bool kvRing, int64_t pingPong,
-                                        bool persistent, bool tma) {
+                                        bool persistent, int64_t tma) {
   GpuGeometry geo = gpuGeometry(spec, config, wgmma && kvRing);
   KernelPlacement p;
   p.threads = 32 * config.warps;
@@ -70,7 +70,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
     int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong,
-    bool persistent, bool tma) {
+    bool persistent, int64_t tma) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -91,7 +91,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
   KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong,
-                                       persistent, tma && copyBytes == 16);
+                                       persistent, copyBytes == 16 ? tma : 0);
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.
@@ -104,7 +104,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.kvSplit = p.gridSplits = true;
     p.gridKvHeads = abi::split::packsGqa(spec);
     p.persistent = false; // its grid.z is the splits'; one pass each
-    p.tma = false;        // its tensor maps would need the split ABI's
+    p.tma = 0;            // its tensor maps would need the split ABI's
   }
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);

@@ -102,11 +102,14 @@ static constexpr int64_t kNarrowRingColumns = 128;
 /// \p loads wider than kNarrowRingColumns a wide O, and three consumer
 /// warpgroups (\p consumerGroups) have 128 registers a thread without; a
 /// \p persistent kernel's tile loop keeps more values live (T14: d = 128,
-/// 128 x 128, plain and causal, 0 spills at 216, 28-88 bytes at 168).
+/// 128 x 128, plain and causal, 0 spills at 216, 28-88 bytes at 168). A
+/// producer of tensor copies (\p byTensorMaps) needs few registers itself,
+/// and at d = 128, 128 x 128, the consumers spill 60 bytes at 168 once Q
+/// comes by its map.
 static bool consumersNeedRegisters(ArrayRef<tile::LoadOp> loads,
                                    bool overlapped, int64_t consumerGroups,
-                                   bool persistent) {
-  return overlapped || consumerGroups > 2 || persistent ||
+                                   bool persistent, bool byTensorMaps) {
+  return overlapped || consumerGroups > 2 || persistent || byTensorMaps ||
          llvm::any_of(loads, [](tile::LoadOp load) {
            return cast<RankedTensorType>(load.getResult().getType())
                       .getShape()
@@ -162,13 +165,16 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
     slots[load.getResult()] = slots[same->getResult()];
     ringPrologue.push_back({load, stream, ringLead[stream]++});
   }
-  ringMovesRegisters = consumersNeedRegisters(
-      loads, !ringPrologue.empty(), place.warpgroups(), place.persistent);
+  ringMovesRegisters =
+      consumersNeedRegisters(loads, !ringPrologue.empty(), place.warpgroups(),
+                             place.persistent, !ringMaps.empty());
   const int64_t first = slots[loads.front().getResult()].offset;
   ringStageBytes = alignSlot(sharedBytes) - first;
   ringBarriers = first + place.ringStages * ringStageBytes;
   sharedBytes =
-      ringBarriers + place.ringStages * GpuGeometry::kRingBarriersPerStage * 8;
+      ringBarriers + (place.ringStages * GpuGeometry::kRingBarriersPerStage +
+                      GpuGeometry::kRingQueryBarriers) *
+                         8;
   return success();
 }
 
@@ -182,6 +188,10 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
                        ringMaps.empty() ? producers : 1);
         g.mbarrierInit(ringBarrier(l, true, g.c32(s)), consumers);
       }
+    if (queryLoad) { // Q by its tensor map: the producer's one arrival
+      g.mbarrierInit(queryBarrier(/*empty=*/false), 1);
+      g.mbarrierInit(queryBarrier(/*empty=*/true), consumers);
+    }
   });
   g.barrier(); // the barriers are initialised before anyone uses them
   auto roles = scf::IfOp::create(
@@ -206,8 +216,8 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
     inRoleBranch = true;
     LogicalResult r = forEachTile([&]() -> LogicalResult {
       // A persistent kernel's next tile writes Q's slot: every consumer is
-      // done with the last one's.
-      if (place.persistent)
+      // done with the last one's (by its tensor map: Q's empty barrier).
+      if (place.persistent && !queryLoad)
         g.barrier();
       // The loads before the loop wait at their first product, as the
       // loop's.
@@ -251,6 +261,8 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
   auto copies = [&]() -> LogicalResult {
     for (const RingTensorMap &m : ringMaps)
       g.prefetchTensorMap(m.param);
+    if (queryLoad) // Q, as soon as the last tile's consumers are done
+      produceQuery();
     // The loads that lead the loop, each into its position's stage.
     for (const RingLead &r : ringPrologue) {
       auto [stage, parity] = leadPosition(r);
@@ -361,6 +373,7 @@ TileKernelLowering::firstAndLastDot(tile::LoadOp load) {
 LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
   if (pendingCopies) // Q, copied by every consumer, has landed
     waitForCopies();
+  waitForQuery();
   SmallVector<tile::LoadOp> loads = ringLoadsOf(op, homes);
   SmallVector<std::pair<Operation *, tile::DotOp>> readers;
   for (tile::LoadOp load : loads) {
@@ -390,6 +403,12 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
   if (place.pingPong)
     g.ifThen(g.cmp(arith::CmpIPredicate::eq, wgIdx, g.c32(0)),
              [&] { g.namedBarrierSync(g.c32(kFirstTurnBarrier), 256); });
+  if (queryLoad && succeeded(r)) {
+    // The loop read Q last (describeTensorMaps): once its products are
+    // done, the producer may copy the next tile's.
+    settle(/*wait=*/true);
+    g.mbarrierArrive(queryBarrier(/*empty=*/true));
+  }
   return r;
 }
 
@@ -414,7 +433,16 @@ void TileKernelLowering::passTurn() {
   g.namedBarrierArrive(g.add(next, g.c32(kFirstTurnBarrier)), 256);
 }
 
+void TileKernelLowering::waitForQuery() {
+  if (!queryPending)
+    return;
+  g.mbarrierWait(queryBarrier(/*empty=*/false), tileParity);
+  queryPending = false;
+}
+
 void TileKernelLowering::waitForRing(tile::DotOp op) {
+  if (!ringLoop->isAncestor(op))
+    waitForQuery(); // a product before the loop (the overlapped loop's)
   auto it = ringWaits.find(op);
   if (it == ringWaits.end())
     return;

@@ -30,6 +30,22 @@
 /// map's bounds), as cp.async's zero-fill gives. The consumers wait on the
 /// same full barriers; the copies and wgmma are both the async proxy, so no
 /// proxy fence is needed after the wait.
+///
+/// Q (KernelPlacement::tma == 2): the body's one other shared load, read
+/// by the ring loop's products alone, takes a map too (its rows seq_q, its
+/// boxes Br rows), copied by the same thread before the K/V stages on two
+/// barriers of its own. Before and after, consumers' side:
+///
+///   %q = tile.load %Q[%qoff] rows %m0 of %seq_q stride %q_sn ...
+///   %r:3 = scf.for ... { ... tile.dot %q, %k ... }
+///
+///   producer: mbarrier.wait empty Q, tile parity ^ 1
+///             mbarrier.arrive.expect_tx full Q, 32768   // 128 x 128 x 2
+///             cp.async.bulk.tensor.4d [Q slot + 0], [%qmap, {0, m0, b, h}]
+///             cp.async.bulk.tensor.4d [Q slot + 16384], [%qmap, {64, ...}]
+///   consumers: mbarrier.wait full Q, tile parity        // before the loop
+///             scf.for ... { ... }
+///             mbarrier.arrive empty Q                   // its products done
 //
 //===----------------------------------------------------------------------===//
 
@@ -90,41 +106,77 @@ static bool offsetTerms(Value offset, func::FuncOp fn, const KernelPlacement &p,
   return false;
 }
 
+std::optional<TileKernelLowering::RingTensorMap>
+TileKernelLowering::tensorMapOf(tile::LoadOp load) {
+  auto base = dyn_cast<BlockArgument>(load.getBase());
+  auto slot = slots.find(load.getResult());
+  RankedTensorType ty = load.getType();
+  SmallVector<std::pair<Value, int>> terms;
+  RingTensorMap m;
+  m.record.rows = indexArgument(load.getRows(), fn, place);
+  m.record.rowStride =
+      load.getStride() ? indexArgument(load.getStride(), fn, place) : -1;
+  if (!base || base.getOwner() != &fn.getBody().front() ||
+      base.getArgNumber() >= unsigned(place.numBuffers) || load.getGroup() ||
+      slot == slots.end() || ty.getRank() != 2 ||
+      ty.getElementTypeBitWidth() != 16 || ty.getDimSize(0) > kMaxBoxRows ||
+      slot->second.splitCols || (slot->second.rowChunks * 8) % kBoxCols != 0 ||
+      m.record.rows < 0 || m.record.rowStride < 0 ||
+      !offsetTerms(load.getOffset(), fn, place, terms) || terms.size() > 3)
+    return std::nullopt;
+  m.record.buffer = int(base.getArgNumber());
+  m.record.cols = ty.getDimSize(1);
+  m.record.boxRows = ty.getDimSize(0);
+  m.record.boxCols = kBoxCols;
+  for (auto [index, stride] : terms) {
+    m.outerIndices.push_back(index);
+    m.record.outer.push_back(stride);
+  }
+  return m;
+}
+
 void TileKernelLowering::describeTensorMaps(ArrayRef<tile::LoadOp> loads) {
   ringMaps.clear();
+  queryLoad = nullptr;
   // The forward's ABI (the names the launcher knows), blocked tiles.
   if (!place.tma || place.kvSplit || !place.wgmma ||
       place.numBuffers != abi::NumBuffers ||
       place.numIndexArgs != abi::NumIndexArgs)
     return;
   for (tile::LoadOp load : loads) {
-    auto base = dyn_cast<BlockArgument>(load.getBase());
-    const SharedSlot &slot = slots[load.getResult()];
-    RankedTensorType ty = load.getType();
-    SmallVector<std::pair<Value, int>> terms;
-    RingTensorMap m;
-    m.record.rows = indexArgument(load.getRows(), fn, place);
-    m.record.rowStride =
-        load.getStride() ? indexArgument(load.getStride(), fn, place) : -1;
-    if (!base || base.getOwner() != &fn.getBody().front() ||
-        base.getArgNumber() >= unsigned(place.numBuffers) || load.getGroup() ||
-        ty.getRank() != 2 || ty.getElementTypeBitWidth() != 16 ||
-        ty.getDimSize(0) > kMaxBoxRows || slot.splitCols ||
-        (slot.rowChunks * 8) % kBoxCols != 0 || m.record.rows < 0 ||
-        m.record.rowStride < 0 ||
-        !offsetTerms(load.getOffset(), fn, place, terms) || terms.size() > 3) {
+    std::optional<RingTensorMap> m = tensorMapOf(load);
+    if (!m) {
       ringMaps.clear();
       return;
     }
-    m.record.buffer = int(base.getArgNumber());
-    m.record.cols = ty.getDimSize(1);
-    m.record.boxRows = ty.getDimSize(0);
-    m.record.boxCols = kBoxCols;
-    for (auto [index, stride] : terms) {
-      m.outerIndices.push_back(index);
-      m.record.outer.push_back(stride);
+    ringMaps.push_back(std::move(*m));
+  }
+  // Q: the one other shared load of the body, before the ring loop and
+  // read only by products there or in the loop.
+  if (place.tma < 2)
+    return;
+  Block &body = fn.getBody().front();
+  for (Operation &op : body) {
+    if (&op == ringLoop.getOperation())
+      break;
+    auto load = dyn_cast<tile::LoadOp>(&op);
+    if (!load || homes.lookup(load.getResult()) != TileHome::Shared ||
+        isRingPrologueLoad(load))
+      continue;
+    bool readInRing = llvm::all_of(load->getUsers(), [&](Operation *user) {
+      Operation *top = body.findAncestorOpInBlock(*user);
+      return top == ringLoop.getOperation() ||
+             (isa<tile::DotOp>(user) && top == user);
+    });
+    std::optional<RingTensorMap> m = tensorMapOf(load);
+    if (queryLoad || !readInRing || !m) {
+      queryLoad = nullptr; // not (only) Q: the consumers copy it
+      if (ringMaps.size() > loads.size())
+        ringMaps.pop_back();
+      return;
     }
-    ringMaps.push_back(std::move(m));
+    queryLoad = load;
+    ringMaps.push_back(std::move(*m));
   }
 }
 
@@ -157,6 +209,25 @@ void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
   kernel->setAttr(kTensorMapsAttr, b.getArrayAttr(records));
 }
 
+void TileKernelLowering::copyBoxes(const RingTensorMap &m, tile::LoadOp load,
+                                   IRMapping &local, Value dst, Value full) {
+  const int64_t rows = load.getType().getDimSize(0);
+  // The slot's whole 64-column blocks (rowChunks of 16 bytes a row: at
+  // d = 96 the second block's last 32 columns are zeros).
+  const int64_t cols = slots[load.getResult()].rowChunks * 8;
+  // Whole boxes count, the zeros past the bounds too.
+  g.mbarrierExpectBytes(full, rows * cols * 2);
+  SmallVector<Value> coords = {g.c32(0), toI32(local.lookup(load.getRow0()))};
+  for (Value index : m.outerIndices)
+    coords.push_back(toI32(local.lookup(index)));
+  for (int64_t c = 0; c < cols; c += kBoxCols) {
+    coords[0] = g.c32(c);
+    g.tensorCopy(g.sharedBytePtr(smem, g.add(dst, g.c32((c / kBoxCols) *
+                                                        blockBytes(rows)))),
+                 m.param, coords, full);
+  }
+}
+
 LogicalResult TileKernelLowering::produceByTensorMap(tile::LoadOp load,
                                                      int64_t stream, Value iv,
                                                      Value stage) {
@@ -164,26 +235,27 @@ LogicalResult TileKernelLowering::produceByTensorMap(tile::LoadOp load,
   IRMapping &local = iv ? another : map;
   if (iv && failed(mapIteration({load}, iv, another)))
     return failure();
-  const RingTensorMap &m = ringMaps[stream];
-  const SharedSlot &slot = slots[load.getResult()];
-  const int64_t rows = load.getType().getDimSize(0);
-  // The slot's whole 64-column blocks (rowChunks of 16 bytes a row: at
-  // d = 96 the second block's last 32 columns are zeros).
-  const int64_t cols = slot.rowChunks * 8;
-  Value full = ringBarrier(stream, /*empty=*/false, stage);
-  // Whole boxes count, the zeros past the bounds too.
-  g.mbarrierExpectBytes(full, rows * cols * 2);
-  SmallVector<Value> coords = {g.c32(0), toI32(local.lookup(load.getRow0()))};
-  for (Value index : m.outerIndices)
-    coords.push_back(toI32(local.lookup(index)));
-  Value dst = g.add(g.c32(slot.offset), g.mul(stage, g.c32(ringStageBytes)));
-  for (int64_t c = 0; c < cols; c += kBoxCols) {
-    coords[0] = g.c32(c);
-    g.tensorCopy(g.sharedBytePtr(smem, g.add(dst, g.c32((c / kBoxCols) *
-                                                        blockBytes(rows)))),
-                 m.param, coords, full);
-  }
+  Value dst = g.add(g.c32(slots[load.getResult()].offset),
+                    g.mul(stage, g.c32(ringStageBytes)));
+  copyBoxes(ringMaps[stream], load, local, dst,
+            ringBarrier(stream, /*empty=*/false, stage));
   return success();
+}
+
+Value TileKernelLowering::queryBarrier(bool empty) {
+  const int64_t at =
+      ringBarriers +
+      (place.ringStages * GpuGeometry::kRingBarriersPerStage + empty) * 8;
+  return g.sharedBytePtr(smem, g.c32(at));
+}
+
+void TileKernelLowering::produceQuery() {
+  // A fresh barrier's phase of parity 1 counts as completed: the first
+  // tile's copy does not wait.
+  g.mbarrierWait(queryBarrier(/*empty=*/true), g.xorI(tileParity, g.c32(1)));
+  copyBoxes(ringMaps.back(), queryLoad, map,
+            g.c32(slots[queryLoad.getResult()].offset),
+            queryBarrier(/*empty=*/false));
 }
 
 namespace {

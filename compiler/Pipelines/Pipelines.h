@@ -32,8 +32,9 @@ struct GpuPipelineConfig {
   /// The ring's forward as a persistent kernel (tiles looped over by a
   /// grid of the device's SMs).
   bool persistent = false;
-  /// The ring's K and V by the tensor memory accelerator (tensor maps).
-  bool tma = false;
+  /// The ring's K and V (1), and Q (2), by the tensor memory accelerator
+  /// (tensor maps).
+  int64_t tma = 0;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -75,10 +76,11 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
       llvm::cl::desc("the K/V ring's forward as a persistent kernel: a grid "
                      "of the device's SMs loops over the tiles"),
       llvm::cl::init(false)};
-  Option<bool> tma{*this, "tma",
-                   llvm::cl::desc("the K/V ring's K and V by the tensor memory "
-                                  "accelerator (tensor maps at launch)"),
-                   llvm::cl::init(false)};
+  Option<int64_t> tma{
+      *this, "tma",
+      llvm::cl::desc("the K/V ring's K and V (1), and Q too (2), by the "
+                     "tensor memory accelerator (tensor maps at launch)"),
+      llvm::cl::init(0)};
 
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;

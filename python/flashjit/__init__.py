@@ -36,6 +36,8 @@ from ._lib import (
     library_path,
 )
 from .block_mask import BlockMask
+from . import score_ops
+from . import sinks as sinks_mod
 
 __all__ = [
     "attention",
@@ -52,6 +54,7 @@ __all__ = [
     "NotImplementedFlashjitError",
     "attention_backward",
     "LibraryNotFoundError",
+    "score_ops",
 ]
 
 __version__ = "0.1.0"
@@ -168,7 +171,8 @@ _torch_forward = None
 
 
 def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
-              return_lse=False, deterministic=False, score_mod=None):
+              return_lse=False, deterministic=False, score_mod=None,
+              mask_mod=None, sinks=None):
     """softmax(scale * q k^T + mask) v.
 
     q: (B, H, Nq, d); k: (B, Hkv, Nkv, d); v: (B, Hkv, Nkv, dv), with H a
@@ -189,40 +193,70 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         atomic adds into an fp32 buffer from the dk/dv loop (faster; dq's
         last bits may vary run to run); True, by a separate pass over query
         blocks, bit-identical run to run. The forward is the same either way.
-    score_mod: a named score modifier on s = scale * q.k, forward and
-        backward: "softcap:C" (C tanh(s / C)) or "alibi:H" (s + 2^(-8 (h +
-        1) / H) (j - i), H the query heads); None (default) for none.
+    score_mod: a score modifier on s = scale * q.k, forward and backward:
+        a function fn(s, b, h, i, j) of the score and its batch, query head,
+        query row and key row, e.g. lambda s, b, h, i, j: s - 0.1 * abs(i -
+        j), traced into the kernel (flashjit.score_ops lists what it may
+        use; the backward's derivative is the compiler's); a named one,
+        "softcap:C" (C tanh(s / C)) or "alibi:H" (s + 2^(-8 (h + 1) / H) (j
+        - i), H the query heads); None (default) for none.
+    mask_mod: a function fn(b, h, i, j) -> predicate (comparisons of the
+        positions combined with & | ~), e.g. lambda b, h, i, j: (i - j <
+        256) & (j <= i): keys where it does not hold are masked (on top of
+        causal / window / block_mask). Traced into the score_mod region
+        (score_ops.with_mask); blocks it masks whole are still visited.
+    sinks: attention sinks, one learnable logit per query head (shape (H,),
+        any float dtype; gpt-oss): each row's softmax denominator gains
+        exp(sinks[h]), as a key whose value is 0; lse includes it. Autograd
+        reaches sinks (torch); numpy: attention_backward(..., sinks=)
+        returns its gradient too (flashjit.sinks).
 
     torch CUDA tensors (bfloat16/float16) run on the GPU, with autograd: the
     backward recomputes from the saved q, k, v, o and lse (dk and dv summed
     over each GQA group; no double backward); numpy arrays (float16, or
     float32 via bf16) run on the CPU (their backward: attention_backward).
     """
-    score_mod = _score_mod(score_mod)
+    score_mod = _score_mod(score_mod, mask_mod)
     fast = _torch_forward
     if (fast is not None and window is None and block_mask is None
-            and not score_mod):
+            and not score_mod and sinks is None):
         out = fast(q, k, v, causal, scale, return_lse)
         if out is not None:
             return out if return_lse else out[0]
     mask, wl, wr = _mask_and_window(causal, window)
     scale = _scale(scale)
     bm = _block(block_mask)
+    if sinks is not None:
+        sinks_mod.check_sinks(sinks, q.shape[1])
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
         return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                                bool(deterministic), score_mod)
+                                bool(deterministic), score_mod, sinks)
+    if sinks is not None:
+        o, lse = _attention_numpy(q, k, v, mask, scale, wl, wr, bm, True,
+                                  score_mod)
+        o, lse = sinks_mod.apply_numpy(o, lse, sinks)
+        return (o, lse) if return_lse else o
     return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
                             score_mod)
 
 
-def _score_mod(score_mod):
-    """score_mod as the C API takes it: "" for None, else the name (which
-    the C API checks and canonicalises: a bad one is its ValueError)."""
+def _score_mod(score_mod, mask_mod=None):
+    """score_mod as the C API takes it: "" for None, a function traced
+    into its region's text (flashjit.score_ops), else the name or region
+    text given (which the C API checks and canonicalises: a bad one is its
+    InvalidArgumentError, a ValueError). A mask_mod joins it as -inf where
+    the mask does not hold (score_ops.with_mask)."""
+    if mask_mod is not None:
+        score_mod = score_ops.with_mask(score_mod, mask_mod)
     if score_mod is None:
         return ""
+    if callable(score_mod):
+        return score_ops.trace(score_mod)
     if not isinstance(score_mod, str):
-        raise TypeError("flashjit: score_mod must be a str such as "
-                        f"'softcap:30' or 'alibi:16', or None; got {score_mod!r}")
+        raise TypeError("flashjit: score_mod must be a function of (score, "
+                        "batch, head, q_idx, kv_idx), a str such as "
+                        "'softcap:30' or 'alibi:16', or None; got "
+                        f"{score_mod!r}")
     return score_mod
 
 
@@ -325,18 +359,25 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
 
 def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
                        window=None, block_mask=None, deterministic=False,
-                       score_mod=None):
+                       score_mod=None, mask_mod=None, sinks=None):
     """dq, dk, dv of attention(q, k, v, ...) for the upstream gradient d_o,
     recomputed from the forward's o and lse (return_lse=True), on the CPU
     for numpy arrays (the same dtypes as attention's numpy path). dk and dv
     are summed over each GQA group. dq: by atomic adds into an fp32 buffer
     (default; its last bits may vary run to run), or with deterministic=True
     by a separate pass over Q blocks, bit-identical run to run. (torch CUDA
-    tensors get their backward from autograd: attention(...).backward().)"""
+    tensors get their backward from autograd: attention(...).backward().)
+    With sinks (o and lse then attention(..., sinks=)'s): (dq, dk, dv,
+    dsinks)."""
     mask, wl, wr = _mask_and_window(causal, window)
-    return _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
-                           _block(block_mask), deterministic,
-                           _score_mod(score_mod))
+    if sinks is not None:
+        sinks_mod.check_sinks(sinks, q.shape[1], "attention_backward")
+    grads = _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
+                            _block(block_mask), deterministic,
+                            _score_mod(score_mod, mask_mod))
+    if sinks is None:
+        return grads
+    return grads + (sinks_mod.sink_grad_numpy(o, d_o, lse, sinks),)
 
 
 def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
@@ -400,11 +441,11 @@ def _cuda_handle(device):
 
 
 def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                     deterministic, score_mod=""):
+                     deterministic, score_mod="", sinks=None):
     from . import ops
 
     o, lse = ops.attention(q, k, v, mask, scale, wl, wr, bm, deterministic,
-                           score_mod)
+                           score_mod, sinks)
     return (o, lse) if return_lse else o
 
 
@@ -485,15 +526,17 @@ class Kernel:
 
 def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
             sliding_window=False, gqa=1, sparse_block=None, arch=None,
-            backward=False, deterministic=False, score_mod=None):
+            backward=False, deterministic=False, score_mod=None,
+            mask_mod=None):
     """Describes a kernel; read its .ptx or .emit(stage). Validation
     (head dims 1..512, ...) happens here: InvalidArgumentError names the
     field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
     "sm_90a", ... (None: the current GPU's, else sm_90a). backward: the
     backward's kernels (preprocess, dK/dV, dQ) and tiling instead;
     deterministic (with backward=True): dQ by a separate pass instead of
-    atomic adds. score_mod: a named score modifier, as attention's (its
-    region is in .emit("attn"))."""
+    atomic adds. score_mod: a score modifier, as attention's (a function,
+    traced, or a name; its region is in .emit("attn")); mask_mod: a mask
+    function, as attention's."""
     if deterministic and not backward:
         raise ValueError("flashjit.compile: deterministic needs backward=True "
                          "(it chooses how the backward sums dQ)")
@@ -513,14 +556,15 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
                          "exclusive")
     mask = (_lib.MASK_CAUSAL if causal else
             _lib.MASK_SLIDING_WINDOW if sliding_window else _lib.MASK_NONE)
+    text = _score_mod(score_mod, mask_mod)
     spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
                           dt, mask, gqa, sparse_block or 0, backward=backward,
                           deterministic=deterministic,
-                          score_mod=_score_mod(score_mod))
+                          score_mod=text)
     # Validate now: chosen_config checks the spec on the CPU handle (with
     # alibi:H's H heads, the only count it allows).
     heads = max(1, spec.gqa)
-    name, _, arg = (score_mod or "").partition(":")
+    name, _, arg = text.partition(":")
     if name == "alibi" and arg.isdigit() and int(arg) % heads == 0:
         heads = int(arg)
     out = (ctypes.c_int64 * 4)()

@@ -153,6 +153,57 @@ class BlockMask:
         return cls(counts, indices, block_size)
 
     @classmethod
+    def from_mask_mod(cls, mask_mod, batch=None, heads=None, seq_len=128,
+                      seq_len_kv=None, block_size=128, device=None):
+        """The blocks a mask function ``mask_mod(b, h, i, j)`` (as
+        flashjit.attention's mask_mod) keeps any element of: with it passed
+        as mask_mod too, the kernel skips the blocks it masks whole and
+        masks the elements of the others. Evaluated one row of query blocks
+        at a time (block_size x Nkv positions per batch and head, never
+        N x N), by numpy, or by torch on ``device`` ("cuda": fast for long
+        sequences). batch / heads None: the mask is taken not to depend on
+        them (evaluated at 0; the layout broadcasts)."""
+        _need_numpy()
+        nq = operator.index(seq_len)
+        nkv = nq if seq_len_kv is None else operator.index(seq_len_kv)
+        bs = operator.index(block_size)
+        if nq < 1 or nkv < 1 or not 1 <= bs <= _MAX_BLOCK:
+            raise ValueError("flashjit.BlockMask.from_mask_mod: seq_len, "
+                             "seq_len_kv >= 1 and block_size in [1, 65536] "
+                             f"needed, got {nq}, {nkv}, {bs}")
+        B = 1 if batch is None else operator.index(batch)
+        H = 1 if heads is None else operator.index(heads)
+        qb, kvb = -(-nq // bs), -(-nkv // bs)
+        if device is None:
+            put = np.asarray
+        else:
+            import torch
+
+            def put(a):
+                return torch.as_tensor(a, device=device)
+        b = put(np.arange(B).reshape(B, 1, 1, 1))
+        h = put(np.arange(H).reshape(1, H, 1, 1))
+        j = put(np.arange(nkv).reshape(1, 1, 1, nkv))
+        dense = np.zeros((B, H, qb, kvb), dtype=bool)
+        pad = kvb * bs - nkv
+        for r in range(qb):
+            rows = np.arange(r * bs, min(nq, (r + 1) * bs))
+            i = put(rows.reshape(1, 1, -1, 1))
+            keep = mask_mod(b, h, i, j)
+            shape = (B, H, rows.size, nkv)
+            if device is None:
+                keep = np.broadcast_to(np.asarray(keep, bool), shape)
+                keep = keep.any(axis=2)
+            else:
+                keep = torch.as_tensor(keep, device=device).to(torch.bool)
+                keep = keep.expand(shape).any(dim=2).cpu().numpy()
+            if pad:
+                keep = np.concatenate(
+                    [keep, np.zeros((B, H, pad), dtype=bool)], axis=-1)
+            dense[:, :, r] = keep.reshape(B, H, kvb, bs).any(axis=-1)
+        return cls.from_dense(dense, block_size=bs)
+
+    @classmethod
     def from_flex(cls, flex_mask, include_partial=True):
         """From torch.nn.attention.flex_attention.BlockMask.
 

@@ -156,9 +156,11 @@ def _bwd_backward(ctx, *grads):
 attention_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 
 
-def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod=""):
+def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
+              sinks=None):
     """(o, lse) for flashjit.attention's torch tensors (checked arguments:
-    mask, scale, window and bm come from its argument handling)."""
+    mask, scale, window and bm come from its argument handling); with
+    sinks, through flashjit.sinks' autograd function."""
     if not (isinstance(q, Tensor) and isinstance(k, Tensor)
             and isinstance(v, Tensor)):
         _torch_impl.check_inputs(q, k, v)  # names the one that is not
@@ -168,6 +170,12 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod=""):
     else:
         counts = indices = None
         block = 0
+    if sinks is not None:
+        from . import sinks as sinks_mod
+
+        return sinks_mod.attention_torch(
+            q, k, v, sinks, (mask, scale, wl, wr, counts, indices, block,
+                             bool(deterministic), score_mod))
     if (not torch.compiler.is_compiling() and type(q) is Tensor
             and type(k) is Tensor and type(v) is Tensor
             and not (torch.is_grad_enabled() and

@@ -27,12 +27,36 @@ def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
     return vis
 
 
+def modify_by_function(s, fn):
+    """(s', d s' / d s) of score modifier fn(s, b, h, i, j) (a Python
+    function, as flashjit.attention takes) evaluated on float64 arrays:
+    s [B, H, Nq, Nkv] and the integer positions broadcast to it. The
+    derivative by central differences (independent of the compiler's);
+    0 where s' is not finite (a masked score, whose p is 0)."""
+    B, H, Nq, Nkv = s.shape
+    b = np.arange(B)[:, None, None, None]
+    h = np.arange(H)[None, :, None, None]
+    i = np.arange(Nq)[None, None, :, None]
+    j = np.arange(Nkv)[None, None, None, :]
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        out = np.broadcast_to(np.asarray(fn(s, b, h, i, j), np.float64),
+                              s.shape)
+        e = 1e-5 * np.maximum(1.0, np.abs(s))
+        d = (np.asarray(fn(s + e, b, h, i, j), np.float64) -
+             np.asarray(fn(s - e, b, h, i, j), np.float64)) / (2 * e)
+        d = np.where(np.isfinite(out) & np.isfinite(d), d, 0.0)
+    return out, np.broadcast_to(d, s.shape)
+
+
 def modify(s, score_mod):
-    """(s', d s' / d s) of the named score modifier (None: none) on the
-    scaled scores s [B, H, Nq, Nkv], in float64: softcap:C is C tanh(s / C),
-    alibi:H is s + 2^(-8 (h + 1) / H) (j - i)."""
+    """(s', d s' / d s) of the score modifier (None: none) on the scaled
+    scores s [B, H, Nq, Nkv], in float64: a function (modify_by_function)
+    or a name, softcap:C is C tanh(s / C), alibi:H is s + 2^(-8 (h + 1) /
+    H) (j - i)."""
     if not score_mod:
         return s, 1.0
+    if callable(score_mod):
+        return modify_by_function(s, score_mod)
     name, arg = score_mod.split(":")
     if name == "softcap":
         c = float(np.float32(arg))  # the kernel's f32 constant
@@ -110,3 +134,55 @@ def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None,
     dk = dk.reshape(B, Hkv, g, *dk.shape[2:]).sum(2)
     dv = dv.reshape(B, Hkv, g, *dv.shape[2:]).sum(2)
     return dq, dk, dv
+
+
+def sink_attention_ref(q, k, v, scale, visible, sinks):
+    """(o, lse) in float64 of attention with a sink logit per query head:
+    the scores of each row get one more entry, sinks[h], whose value row
+    is 0 (an extended softmax, computed directly)."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
+    if visible is not None:
+        s = np.where(visible, s, -np.inf)
+    t = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None],
+                        s.shape[:3] + (1,))
+    full = np.concatenate([s, t], axis=-1)
+    m = full.max(axis=-1, keepdims=True)
+    p = np.exp(full - m)
+    l = p.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhij,bhjd->bhid", p[..., :-1], v) / l
+    return o, (m + np.log(l))[..., 0]
+
+
+def sink_attention_grads_ref(q, k, v, d_o, scale, visible, sinks):
+    """(dq, dk, dv, dsinks) in float64 of sink_attention_ref for upstream
+    d_o: the softmax derivative of the extended rows for q, k, v; dsinks
+    by central differences of sum(d_o * o) (independent of any formula)."""
+    o, _ = sink_attention_ref(q, k, v, scale, visible, sinks)
+    qf, kf, vf, d_o = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_o))
+    g = qf.shape[1] // kf.shape[1]
+    kr, vr = np.repeat(kf, g, axis=1), np.repeat(vf, g, axis=1)
+    s = np.einsum("bhid,bhjd->bhij", qf, kr) * scale
+    if visible is not None:
+        s = np.where(visible, s, -np.inf)
+    _, lse = sink_attention_ref(q, k, v, scale, visible, sinks)
+    p = np.exp(s - lse[..., None])
+    dv = np.einsum("bhij,bhid->bhjd", p, d_o)
+    dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
+    ds = p * (dp - (d_o * o).sum(-1, keepdims=True))
+    dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
+    dk = np.einsum("bhij,bhid->bhjd", ds, qf) * scale
+    B, Hkv = kf.shape[0], kf.shape[1]
+    dk = dk.reshape(B, Hkv, g, *dk.shape[2:]).sum(2)
+    dv = dv.reshape(B, Hkv, g, *dv.shape[2:]).sum(2)
+    t = np.asarray(sinks, np.float64)
+    dt = np.empty_like(t)
+    for h in range(t.size):
+        e = np.zeros_like(t)
+        e[h] = 1e-6
+        up, _ = sink_attention_ref(q, k, v, scale, visible, t + e)
+        down, _ = sink_attention_ref(q, k, v, scale, visible, t - e)
+        dt[h] = ((up - down) * d_o).sum() / 2e-6
+    return dq, dk, dv, dt

@@ -16,6 +16,7 @@ import pytest
 import flashjit
 from flashjit import _lib
 import reference
+import score_mods
 from reference import attention_ref, lse_err, rel_err, visible_mask
 
 BOUND = {np.float16: 5e-3, np.float32: 1e-2}  # fp16, bf16
@@ -437,29 +438,7 @@ def test_backward_matches_float64_gradients(dtype, causal, window, gqa,
 def test_score_mod_forward_and_gradients(score_mod, causal, gqa):
     """Named score modifiers: o, lse and the gradients against the float64
     reference with the modifier; the plain reference fails them."""
-    rng = np.random.default_rng()
-    B, H, Nq, Nkv, D, Dv = 2, 4, 45, 70, 32, 24
-    dtype = np.float16
-    q = rng.standard_normal((B, H, Nq, D)).astype(dtype)
-    k = rng.standard_normal((B, H // gqa, Nkv, D)).astype(dtype)
-    v = rng.standard_normal((B, H // gqa, Nkv, Dv)).astype(dtype)
-    scale = 0.5
-    o, lse = flashjit.attention(q, k, v, causal=causal, scale=scale,
-                                score_mod=score_mod, return_lse=True)
-    vis = visible_mask(Nq, Nkv, causal=causal)
-    ro, rl = attention_ref(q, k, v, scale, vis, score_mod=score_mod)
-    assert rel_err(o, ro) <= 5e-3, rel_err(o, ro)
-    assert lse_err(lse, rl) <= 5e-3, lse_err(lse, rl)
-    plain_o, plain_l = attention_ref(q, k, v, scale, vis)
-    assert max(rel_err(o, plain_o), lse_err(lse, plain_l)) > 5e-2
-    d_o = rng.standard_normal(o.shape).astype(dtype)
-    grads = flashjit.attention_backward(q, k, v, o, d_o, lse, causal=causal,
-                                        scale=scale, score_mod=score_mod)
-    ref = reference.attention_grads_ref(q, k, v, o, d_o, scale, vis,
-                                        score_mod=score_mod)
-    for got, want in zip(grads, ref):
-        assert np.isfinite(got).all()
-        assert reference.rel_err(got, want) < 5e-3, reference.rel_err(got, want)
+    score_mods.check_forward_and_gradients(score_mod, causal, gqa)
 
 
 def test_compile_shows_the_score_mod_region():

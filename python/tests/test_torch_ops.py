@@ -74,15 +74,22 @@ def test_opcheck_both_ops(B, H, Hkv, Nq, Nkv, d, dv, dtype, mask, device,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("score_mod", ["softcap:1.5", "alibi:4"])
+@pytest.mark.parametrize("score_mod", ["softcap:1.5", "alibi:4",
+                                       "relative_bias", "tanh_and_waves"])
 def test_score_mod_ops_and_autograd(device, score_mod, seed):
-    """The ops with a named score modifier (their last argument): opcheck,
-    and autograd through flashjit.attention against the float64 reference
-    with the modifier (python/tests/reference.py)."""
+    """The ops with a score modifier (their last argument: a name, or the
+    region text a Python function is traced into): opcheck, and autograd
+    through flashjit.attention against the float64 reference with the
+    modifier (python/tests/reference.py; a function evaluated on numpy
+    arrays there)."""
     import reference
+    import score_mods
 
+    score_mod = getattr(score_mods, score_mod, score_mod)
+    text = (flashjit.score_ops.trace(score_mod) if callable(score_mod)
+            else score_mod)
     q, k, v = make(1, 4, 2, 70, 90, 32, 32, torch.float16, device, grad=True)
-    fwd = (q, k, v, 1, 0.5, -1, -1, None, None, 0, False, score_mod)
+    fwd = (q, k, v, 1, 0.5, -1, -1, None, None, 0, False, text)
     opcheck(torch.ops.flashjit.attention_fwd.default, fwd)
     o = flashjit.attention(q, k, v, causal=True, scale=0.5,
                            score_mod=score_mod)
@@ -95,6 +102,48 @@ def test_score_mod_ops_and_autograd(device, score_mod, seed):
     want = reference.attention_grads_ref(*as64, 0.5, vis, score_mod=score_mod)
     for t, w in zip((q, k, v), want):
         assert reference.rel_err(t.grad.cpu().double().numpy(), w) < 5e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sinks_autograd(device, seed):
+    """Attention sinks through autograd (flashjit.sinks): o and the
+    gradients of q, k, v and of the sinks tensor itself against the
+    float64 extended-softmax reference."""
+    import reference
+
+    q, k, v = make(1, 4, 2, 70, 90, 32, 32, torch.float16, device, grad=True)
+    sinks = (torch.randn(4, device=device) + 4).requires_grad_()
+    o = flashjit.attention(q, k, v, causal=True, scale=0.5, sinks=sinks)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    as64 = [t.detach().cpu().double().numpy() for t in (q, k, v, o, d_o)]
+    s64 = sinks.detach().cpu().double().numpy()
+    vis = reference.visible_mask(70, 90, causal=True)
+    ro, _ = reference.sink_attention_ref(*as64[:3], 0.5, vis, s64)
+    assert reference.rel_err(as64[3], ro) < 5e-3
+    want = reference.sink_attention_grads_ref(*as64[:3], as64[4], 0.5, vis,
+                                              s64)
+    for t, w in zip((q, k, v, sinks), want):
+        assert reference.rel_err(t.grad.cpu().double().numpy(), w) < 5e-3
+
+
+def test_torch_functions_trace_like_score_ops():
+    """torch.tanh, torch.where, torch.exp2 ... on the tracer's proxies
+    dispatch through __torch_function__ to flashjit.score_ops: the same
+    region as the score_ops spelling (and 4 tanh(s / 4) is softcap:4)."""
+    F = flashjit.score_ops
+    pairs = [
+        (lambda s, b, h, i, j: 4 * torch.tanh(s / 4),
+         lambda s, b, h, i, j: 4 * F.tanh(s / 4)),
+        (lambda s, b, h, i, j: torch.where(i >= j, s + torch.exp2(-(h + 1.0)),
+                                           torch.maximum(s, s * 0.5)),
+         lambda s, b, h, i, j: F.where(i >= j, s + F.exp2(-(h + 1.0)),
+                                       F.maximum(s, s * 0.5))),
+    ]
+    for with_torch, with_ops in pairs:
+        assert F.trace(with_torch) == F.trace(with_ops)
+    tile = flashjit.compile(32, score_mod=pairs[0][0]).emit("tile")
+    assert 'score_mod = "softcap:4"' in tile
 
 
 @pytest.mark.parametrize("device", DEVICES)

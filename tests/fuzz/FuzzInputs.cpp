@@ -34,6 +34,11 @@ using namespace flashjit;
 SourceInfo flashjit::inspectSource(const KernelSource &source) {
   throw CompileError(source.name + ": not compiled in the fuzz target");
 }
+/// A --score-mod region: refused as a region that does not parse would be.
+AttentionSpec flashjit::withScoreModRegion(const AttentionSpec &,
+                                           const std::string &) {
+  throw SpecError("score_mod region: not compiled in the fuzz target");
+}
 /// (Never reached: inspectSource refuses every file first.)
 KernelSource flashjit::forwardSourceOf(const KernelSource &backward) {
   throw CompileError(backward.name + ": not compiled in the fuzz target");

@@ -111,6 +111,8 @@ const GpuCase kCases[] = {
   {"mod_det_softcap2_d64_gqa2", "--deterministic --head-dim 64 --score-mod softcap:2 --gqa 2 --heads 4 --seq-len 300 --seq-len-kv 420"},
   {"mod_alibi8_d128_gqa4_window", "--head-dim 128 --score-mod alibi:8 --gqa 4 --heads 8 --window 100,20 --seq-len 500"},
   {"mod_det_alibi4_d96_fp16", "--deterministic --head-dim 96 --dtype fp16 --score-mod alibi:4 --heads 4 --seq-len 257"},
+  // A region given as text (run from the repository root).
+  {"mod_region_distance_d128", "--head-dim 128 --score-mod @tests/lit/Inputs/score-mod-distance.mlir --heads 2 --seq-len 500"},
 };
 // clang-format on
 

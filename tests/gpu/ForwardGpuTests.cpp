@@ -123,7 +123,11 @@ INSTANTIATE_TEST_SUITE_P(ScoreMods, ForwardWgmmaGpu, ::testing::Values(
   "--head-dim 128 --score-mod alibi:4 --batch 2 --seq-len 1000 --seq-len-kv 1100",
   "--head-dim 128 --score-mod softcap:3 --scale 4 --causal --heads 2 --seq-len 777",
   "--head-dim 128 --score-mod alibi:8 --gqa 2 --causal --seq-len 999 --seq-len-kv 1200",
-  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --score-mod alibi:2 --window 100,20 --seq-len 1025"
+  "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --score-mod alibi:2 --window 100,20 --seq-len 1025",
+  // Regions given as text (run from the repository root): sin, cos,
+  // floor, ceil, sqrt, rsqrt, abs, min and max; a distance bias by select.
+  "--head-dim 128 --score-mod @tests/lit/Inputs/score-mod-trig.mlir --batch 2 --heads 2 --seq-len 1000",
+  "--head-dim 64 --score-mod @tests/lit/Inputs/score-mod-distance.mlir --gqa 2 --heads 4 --causal --seq-len 700 --seq-len-kv 900"
 ));
 // clang-format on
 
@@ -288,15 +292,19 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(
 /// head as a coordinate), packed QKV (rows 3 H d apart, heads d apart),
 /// masks, block-sparse lists, score modifiers, N = 1, fp16, the
 /// overlapped loop, three consumer warpgroups, 1 to 4 stages and the
-/// persistent kernel. `run --json` must report `"tma"` exactly where the
-/// ring copies by tensor maps: on sm_90a with the ring and TMA on, and
-/// never for d = 100 (its 200-byte rows take 8-byte copies).
+/// persistent kernel; in three modes: Q, K and V by tensor maps (2,
+/// FLASHJIT_TMA=qkv), K and V alone (1, the default), none (0). `run --json`
+/// must report `"tma"` exactly where the ring copies by tensor maps: on
+/// sm_90a with the ring and TMA on, and never for d = 100 (its 200-byte
+/// rows take 8-byte copies); and as many `"tensor_maps"` as the mode has.
 /// (The parameters are ForwardPingPongGpu's: a mode, then the flags.)
 class ForwardTmaGpu : public ForwardPingPongGpu {};
 
 TEST_P(ForwardTmaGpu, MatchesFloat64Reference) {
   const auto [tma, args] = GetParam();
-  std::string env = "FLASHJIT_TMA=" + std::to_string(tma);
+  std::string env = std::string("FLASHJIT_TMA=") + (tma == 2   ? "qkv"
+                                                    : tma == 1 ? "1"
+                                                               : "0");
   const std::string a = args;
   if (a.find("--persistent") != std::string::npos)
     env += " FLASHJIT_PERSISTENT=1";
@@ -308,6 +316,11 @@ TEST_P(ForwardTmaGpu, MatchesFloat64Reference) {
             std::string::npos)
       << a << "\n"
       << out;
+  const int maps = ring && aligned ? std::vector<int>{0, 2, 3}[tma] : 0;
+  EXPECT_NE(out.find("\"tensor_maps\":" + std::to_string(maps)),
+            std::string::npos)
+      << a << "\n"
+      << out;
   if (out.find("\"arch\":\"sm_90a\"") != std::string::npos &&
       a.find("--stages 1") == std::string::npos)
     EXPECT_TRUE(ring) << a << "\n" << out;
@@ -315,7 +328,7 @@ TEST_P(ForwardTmaGpu, MatchesFloat64Reference) {
 
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Modes, ForwardTmaGpu, ::testing::Combine(
-  ::testing::Values(1, 0), ::testing::Values(
+  ::testing::Values(2, 1, 0), ::testing::Values(
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 3 --seq-len 1000 --seq-len-kv 1111",
   "--head-dim 40 --head-dim-v 72 --block-m 128 --block-n 64 --warps 8 --stages 4 --seq-len 100 --seq-len-kv 3333",
   "--head-dim 96 --dtype fp16 --block-m 128 --block-n 64 --warps 8 --stages 3 --window 100,20 --gqa 2 --heads 4 --seq-len 2000",
@@ -328,6 +341,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, ForwardTmaGpu, ::testing::Combine(
   "--head-dim 100 --block-m 128 --block-n 64 --warps 8 --seq-len 500",
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --stages 1 --seq-len 600",
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --causal --batch 2 --heads 30 --seq-len 3000 --persistent",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 3 --heads 50 --seq-len 1100 --persistent",
+  "--head-dim 64 --block-m 192 --block-n 128 --warps 12 --causal --batch 2 --heads 70 --seq-len 2000 --persistent",
   "--head-dim 128 --causal --batch 2 --heads 16 --seq-len 16384")));
 // clang-format on
 

@@ -217,6 +217,71 @@ TEST(CApi, BackwardMatchesReferenceOnTheCpu) {
   EXPECT_EQ(flashjit_cached_kernels(h), kernels);
 }
 
+namespace {
+
+/// y = s - 0.0625 (h + 1) |i - j| for j <= i, else s / 2: a score
+/// modifier that is no named variant, by hand in float64 (the reference's
+/// side: independent of the compiler's evaluation and derivative).
+class RelativeBias : public ScoreFunction {
+public:
+  double apply(double s, int64_t, int64_t h, int64_t i, int64_t j,
+               double *dScore) const override {
+    if (j <= i) {
+      *dScore = 1;
+      return s - 0.0625 * double(h + 1) * double(i - j);
+    }
+    *dScore = 0.5;
+    return s * 0.5;
+  }
+};
+
+/// RelativeBias as a score_mod region's text (\p names: the spelling of
+/// its SSA values, which must not matter).
+std::string relativeBiasRegion(const std::string &names) {
+  std::string t = R"({
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %NAMEle = arith.cmpi sle, %j, %i : index
+    %NAMEd = arith.subi %i, %j : index
+    %NAMEone = arith.constant 1 : index
+    %NAMEh1 = arith.addi %h, %NAMEone : index
+    %NAMEw = arith.muli %NAMEh1, %NAMEd : index
+    %NAMEwi = arith.index_cast %NAMEw : index to i32
+    %NAMEwf = arith.sitofp %NAMEwi : i32 to f32
+    %NAMEk = arith.constant 0.0625 : f32
+    %NAMEbias = arith.mulf %NAMEwf, %NAMEk : f32
+    %NAMEa = arith.subf %s, %NAMEbias : f32
+    %NAMEhalf = arith.constant 0.5 : f32
+    %NAMEb = arith.mulf %s, %NAMEhalf : f32
+    %NAMEy = arith.select %NAMEle, %NAMEa, %NAMEb : f32
+    attn.yield %NAMEy : f32
+  })";
+  for (size_t at; (at = t.find("NAME")) != std::string::npos;)
+    t.replace(at, 4, names);
+  return t;
+}
+
+/// sp's forward and backward on the CPU (its spec's score_mod set)
+/// against the float64 reference of sp.specCpp's modifier; the plain
+/// reference must fail the forward (the check sees the modifier).
+void expectModifiedAttentionMatches(flashjit_handle *h, SmallProblem &sp) {
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  ReferenceResult ref = referenceForward(sp.specCpp, sp.p, sp.d, nullptr);
+  EXPECT_LT(compareWithReference(sp.specCpp, sp.p, sp.d, ref).relErr(),
+            errorBound(sp.specCpp.dtype));
+  AttentionSpec plain = sp.specCpp;
+  plain.scoreMod.clear();
+  plain.scoreFunction.reset();
+  ReferenceResult off = referenceForward(plain, sp.p, sp.d, nullptr);
+  EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
+            errorBound(sp.specCpp.dtype));
+  std::mt19937_64 rng(std::random_device{}());
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
+  expectGradsMatch(sp, g);
+}
+
+} // namespace
+
 /// Named score modifiers (spec.score_mod, version 5): the forward and the
 /// gradients against float64 for softcap and ALiBi; a name and its
 /// canonical spelling are one kernel; a bad name, or "custom" (a region
@@ -228,20 +293,7 @@ TEST(CApi, ScoreModifiersOnTheCpu) {
     SmallProblem sp;
     sp.specCpp.scoreMod = mod;
     sp.spec.score_mod = mod;
-    ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
-    ReferenceResult ref = referenceForward(sp.specCpp, sp.p, sp.d, nullptr);
-    EXPECT_LT(compareWithReference(sp.specCpp, sp.p, sp.d, ref).relErr(),
-              errorBound(sp.specCpp.dtype));
-    // The check sees the modifier: plain attention's reference is off.
-    AttentionSpec plain = sp.specCpp;
-    plain.scoreMod.clear();
-    ReferenceResult off = referenceForward(plain, sp.p, sp.d, nullptr);
-    EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
-              errorBound(sp.specCpp.dtype));
-    std::mt19937_64 rng(std::random_device{}());
-    AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
-    ASSERT_EQ(sp.backward(h, g), FLASHJIT_OK) << lastError();
-    expectGradsMatch(sp, g);
+    expectModifiedAttentionMatches(h, sp);
   }
   Handle h;
   SmallProblem sp;
@@ -260,6 +312,60 @@ TEST(CApi, ScoreModifiersOnTheCpu) {
   }
   std::string tooLong(300, 'x');
   sp.spec.score_mod = tooLong.c_str();
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+}
+
+/// Score modifiers as region text (spec.score_mod starting with "{",
+/// version 6): the forward and the gradients against float64 with the
+/// modifier written by hand; two spellings of one region are one kernel;
+/// softcap's region is softcap's kernel; a region that does not parse or
+/// verify, or text that closes the region and goes on, is a named error.
+TEST(CApi, ScoreModRegionsOnTheCpu) {
+  Handle h;
+  SmallProblem sp;
+  const std::string region = relativeBiasRegion("x");
+  sp.spec.score_mod = region.c_str();
+  sp.specCpp.scoreMod = kCustomScoreMod;
+  sp.specCpp.scoreFunction = std::make_shared<RelativeBias>();
+  expectModifiedAttentionMatches(h, sp);
+
+  const int64_t kernels = flashjit_cached_kernels(h);
+  const std::string respelled = relativeBiasRegion("other_");
+  sp.spec.score_mod = respelled.c_str();
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  EXPECT_EQ(flashjit_cached_kernels(h), kernels);
+  const std::string softcap = R"({
+  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+    %c = arith.constant 8.0 : f32
+    %x = arith.divf %s, %c : f32
+    %t = math.tanh %x : f32
+    %y = arith.mulf %c, %t : f32
+    attn.yield %y : f32
+  })";
+  sp.spec.score_mod = softcap.c_str();
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  const int64_t withSoftcap = flashjit_cached_kernels(h);
+  EXPECT_EQ(withSoftcap, kernels + 1);
+  sp.spec.score_mod = "softcap:8";
+  ASSERT_EQ(sp.run(h), FLASHJIT_OK) << lastError();
+  EXPECT_EQ(flashjit_cached_kernels(h), withSoftcap);
+
+  const std::string bad[] = {
+      "{ ^bb0(%s: f32): attn.yield %s : f32 }",
+      "{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):\n"
+      "  %t = tensor.empty() : tensor<2xf32>\n  attn.yield %s : f32 }",
+      "{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):\n"
+      "  attn.yield %s : f32 } } module {",
+      "{ not ir"};
+  for (const std::string &text : bad) {
+    sp.spec.score_mod = text.c_str();
+    EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT) << text;
+    EXPECT_NE(std::string(flashjit_last_error(h)).find("score_mod region"),
+              std::string::npos)
+        << text << ": " << flashjit_last_error(h);
+  }
+  std::string huge = "{" + std::string(70000, ' ') + "}";
+  sp.spec.score_mod = huge.c_str();
   EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
 }
 

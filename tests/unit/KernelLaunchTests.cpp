@@ -159,10 +159,12 @@ TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   EXPECT_EQ(onceGpu.find("step %grid_dim_x"), std::string::npos);
 }
 
-/// The ring's forward on sm_90a copies K and V by tensor maps: it records
-/// one per stream (K, then V: the buffer, seq_kv rows of the row stride,
-/// the batch and head strides, the head dim's columns, a box of 64 columns
-/// by Bc rows) and takes them as its last parameters, 128 bytes each,
+/// The ring's forward on sm_90a copies K and V by tensor maps, and Q too
+/// with FLASHJIT_TMA=qkv: it
+/// records one per stream (K, then V: the buffer, seq_kv rows of the row
+/// stride, the batch and head strides, the head dim's columns, a box of 64
+/// columns by Bc rows), then Q's (seq_q rows, boxes of Br rows), and takes
+/// them as its last parameters, 128 bytes each,
 /// __grid_constant__ (read where they lie: cvta.param). With FLASHJIT_TMA=0,
 /// without the ring, or with copies narrower than 16 bytes, none.
 TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
@@ -174,10 +176,15 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
   config.blockN = 64;
   config.warps = 8;
   config.stages = 2;
+  GpuCompilation kv = compileForGpu(s, config, target);
+  ASSERT_EQ(kv.kernels.size(), 1u);
+  EXPECT_EQ(kv.kernels[0].tensorMaps.size(), 2u);
+  setenv("FLASHJIT_TMA", "qkv", 1);
   GpuCompilation c = compileForGpu(s, config, target);
+  unsetenv("FLASHJIT_TMA");
   ASSERT_EQ(c.kernels.size(), 1u);
   const std::vector<TensorMapRecord> &maps = c.kernels[0].tensorMaps;
-  ASSERT_EQ(maps.size(), 2u);
+  ASSERT_EQ(maps.size(), 3u);
   for (int i = 0; i < 2; ++i) {
     const bool isK = i == 0;
     EXPECT_EQ(maps[i].buffer, isK ? flashjit::abi::K : flashjit::abi::V);
@@ -192,7 +199,15 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
     EXPECT_EQ(maps[i].boxRows, 64);
     EXPECT_EQ(maps[i].boxCols, 64);
   }
-  EXPECT_NE(c.ptx.find(".param .align 64 .b8 attention_param_31[128]"),
+  // Then Q's, copied by the producer too: one box of Br rows a block.
+  EXPECT_EQ(maps[2].buffer, flashjit::abi::Q);
+  EXPECT_EQ(maps[2].rows, flashjit::abi::SeqQ);
+  EXPECT_EQ(maps[2].rowStride, flashjit::abi::QStrideN);
+  EXPECT_EQ(maps[2].outer, (std::vector<int>{flashjit::abi::QStrideB,
+                                             flashjit::abi::QStrideH}));
+  EXPECT_EQ(maps[2].cols, 96);
+  EXPECT_EQ(maps[2].boxRows, 128);
+  EXPECT_NE(c.ptx.find(".param .align 64 .b8 attention_param_33[128]"),
             std::string::npos);
   EXPECT_NE(c.ptx.find("cvta.param"), std::string::npos);
   EXPECT_NE(c.ptx.find("cp.async.bulk.tensor.4d"), std::string::npos);

@@ -207,4 +207,82 @@ TEST(UserScoreModReference, TileStageOfACustomRegionIsRefused) {
   }
 }
 
+/// A region given as text (withScoreModRegion, the C API's and the CLI's
+/// way): the spec carries its printed text, in its JSON (so in every cache
+/// key) and its name; the kernel compiled from the spec alone (no source
+/// file) matches the reference; the same region read from a description
+/// is the same spec; two regions are two specs; canonicalisation makes
+/// `C * tanh(s / C)` with C first the named softcap:C.
+TEST(UserScoreModText, TheSpecCarriesTheRegion) {
+  const std::string text = std::string("{\n  ^bb0(%s: f32, %b: index, %h: "
+                                       "index, %i: index, %j: index):\n") +
+                           kDistanceBias + "    attn.yield %y : f32\n  }";
+  AttentionSpec base;
+  base.headDimQK = base.headDimV = 64;
+  base.gqaGroup = 2;
+  base.mask = MaskKind::Causal;
+  AttentionSpec spec = withScoreModRegion(base, text);
+  EXPECT_EQ(spec.scoreMod, kCustomScoreMod);
+  ASSERT_TRUE(spec.scoreFunction);
+  EXPECT_NE(spec.scoreModRegion.find("math.tanh"), std::string::npos);
+  EXPECT_NE(spec.toJson().find("\"score_mod_region\":\"{\\n"),
+            std::string::npos)
+      << spec.toJson();
+  SourceInfo read = inspectSource(
+      {description("flash_fwd", "causal", 64, 64, kDistanceBias), "u.mlir"});
+  EXPECT_EQ(read.spec.toJson(), spec.toJson());
+  EXPECT_EQ(read.spec.name(), spec.name());
+  AttentionSpec other = withScoreModRegion(
+      base, std::string("{\n  ^bb0(%s: f32, %b: index, %h: index, %i: "
+                        "index, %j: index):\n") +
+                kPiecewise + "    attn.yield %y : f32\n  }");
+  EXPECT_NE(other.toJson(), spec.toJson());
+  EXPECT_NE(other.name(), spec.name());
+
+  UserCase c = kCases[0];
+  Problem p = problemOf(c);
+  std::mt19937_64 rng(freshSeed());
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  CpuKernel::compile(spec, tiling(), {})->run(p, data, nullptr);
+  ReferenceResult ref = referenceForward(spec, p, data, nullptr);
+  EXPECT_LT(compareWithReference(spec, p, data, ref).relErr(), 1e-2);
+
+  AttentionSpec softcap = withScoreModRegion(
+      base, "{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):\n"
+            "  %c = arith.constant 12.5 : f32\n"
+            "  %x = arith.divf %s, %c : f32\n  %t = math.tanh %x : f32\n"
+            "  %y = arith.mulf %c, %t : f32\n  attn.yield %y : f32 }");
+  EXPECT_EQ(softcap.scoreMod, "softcap:12.5");
+  EXPECT_TRUE(softcap.scoreModRegion.empty());
+}
+
+/// Bad region text: a named SpecError for each way it can be wrong.
+TEST(UserScoreModText, BadRegionsAreNamedErrors) {
+  const std::pair<const char *, const char *> cases[] = {
+      {"{ ^bb0(%s: f32): attn.yield %s : f32 }", "must take (score: f32"},
+      {"{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):\n"
+       "  %c = arith.constant 4294967296 : index\n"
+       "  %d = arith.addi %i, %c : index\n"
+       "  %di = arith.index_cast %d : index to i32\n"
+       "  %f = arith.sitofp %di : i32 to f32\n"
+       "  %y = arith.addf %s, %f : f32\n  attn.yield %y : f32 }",
+       "does not fit in i32"},
+      {"{ ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):\n"
+       "  attn.yield %s : f32 } } func.func @f() { return }",
+       "score_mod region"},
+      {"softcap:3", "expected its text"},
+      {"{ ^bb0(", "score_mod region"},
+  };
+  AttentionSpec base;
+  for (auto [text, want] : cases) {
+    try {
+      withScoreModRegion(base, text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const SpecError &e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
+          << text << ": " << e.what();
+    }
+  }
+}
+
 } // namespace

@@ -112,13 +112,24 @@ AttentionSpec toSpec(const flashjit_spec *s) {
                         "it), got {}",
                         s->reserved));
   if (s->score_mod && *s->score_mod) {
-    const size_t n = strnlen(s->score_mod, 256);
-    if (n == 256)
-      invalid("spec.score_mod is longer than 255 characters (or not "
-              "terminated)");
+    // A name (at most 255 characters) or a region's text (at most 64 KiB).
+    constexpr size_t kLimit = size_t(1) << 16;
+    const size_t n = strnlen(s->score_mod, kLimit + 1);
+    const std::string text(s->score_mod, n);
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    const bool region = first != std::string::npos && text[first] == '{';
+    if (n > (region ? kLimit : 255))
+      invalid(region ? "spec.score_mod: the region text is longer than 65536 "
+                       "characters (or not terminated)"
+                     : "spec.score_mod is longer than 255 characters (or not "
+                       "terminated)");
     try {
-      // The canonical name: "softcap:20.0" and "softcap:20" are one kernel.
-      spec.scoreMod = ScoreMod::parse(std::string(s->score_mod, n)).name();
+      // The canonical name: "softcap:20.0" and "softcap:20" are one kernel;
+      // a region that is a named variant is that variant.
+      if (region)
+        spec = withScoreModRegion(spec, text);
+      else
+        spec.scoreMod = ScoreMod::parse(text).name();
     } catch (const SpecError &e) {
       invalid(fmt::format("spec.score_mod: {}", e.what()));
     }

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 5
+#define FLASHJIT_C_API_VERSION 6
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -167,11 +167,17 @@ typedef struct flashjit_spec {
    *  last bits of dQ may vary run to run). Since version 3. */
   int32_t deterministic;
   int32_t reserved; /**< 0 (flashjit_spec_init sets it); else refused */
-  /** A named score modifier, NULL or "" for none (flashjit_spec_init sets
-   *  NULL): "softcap:C" (C * tanh(score / C), C > 0) or "alibi:H" (score +
-   *  2^(-8 (h + 1) / H) (kv_idx - q_idx), H the problem's query heads), on
-   *  score = scale * q.k, forward and backward. Read during the call only
-   *  (a plan keeps a copy); at most 255 characters. Since version 5. */
+  /** A score modifier on score = scale * q.k, forward and backward; NULL
+   *  or "" for none (flashjit_spec_init sets NULL). Either a named one, at
+   *  most 255 characters: "softcap:C" (C * tanh(score / C), C > 0) or
+   *  "alibi:H" (score + 2^(-8 (h + 1) / H) (kv_idx - q_idx), H the
+   *  problem's query heads); or (since version 6) the text of a score_mod
+   *  region, at most 65536 characters, starting with "{": "{ ^bb0(%s: f32,
+   *  %b: index, %h: index, %i: index, %j: index): ... attn.yield %y : f32
+   *  }" with arith and math ops on scalars (flashjit_emit's "attn" stage
+   *  prints one); its derivative for the backward is derived by the
+   *  compiler. Read during the call only (a plan keeps a copy). Since
+   *  version 5. */
   const char *score_mod;
 } flashjit_spec;
 

@@ -221,14 +221,15 @@ int runRun(const CliOptions &o) {
     gpuFields =
         gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
         fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
-                    "\"kv_splits\":{},\"persistent\":{},\"tma\":{}",
+                    "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
+                    "\"tensor_maps\":{}",
                     wgmma ? "wgmma" : "mma.sync", geo.ringStages,
                     geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits,
                     geo.ringStages && !gpu.kvSplits &&
                             usesPersistentKernel(target)
                         ? "true"
                         : "false",
-                    gpu.tensorMaps ? "true" : "false");
+                    gpu.tensorMaps ? "true" : "false", gpu.tensorMaps);
   }
   if (o.json) {
     fmt::print(

@@ -133,6 +133,11 @@ std::string helpText(const std::string &command) {
          "                       softcap:C  C * tanh(s / C), C > 0\n"
          "                       alibi:H    s + 2^(-8 (h + 1) / H) * (j - i),\n"
          "                                  H = --heads, in [1, 2^20]\n"
+         "                       {...}      a score_mod region's text, as\n"
+         "                                  --emit attn prints one (arith\n"
+         "                                  and math ops on (%s: f32, %b,\n"
+         "                                  %h, %i, %j: index))\n"
+         "                       @FILE      such a region from FILE\n"
          "problem:\n"
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head, or\n"
@@ -210,6 +215,23 @@ double parseDouble(const std::string &flag, const std::string &text) {
 
 } // namespace
 
+/// --score-mod's \p value into \p spec: a named variant ("softcap:30"),
+/// a region's text ("{ ^bb0(...): ... }") or "@FILE", a file that holds
+/// one (at most 64 KiB).
+static void applyScoreMod(AttentionSpec &spec, const std::string &value) {
+  std::string text = value;
+  if (!text.empty() && text[0] == '@') {
+    text = readBoundedFile(text.substr(1), "--score-mod", 1 << 16);
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+      throw SpecError(fmt::format("--score-mod {}: the file is empty", value));
+  }
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{')
+    spec = withScoreModRegion(spec, text);
+  else
+    spec.scoreMod = ScoreMod::parse(text).name();
+}
+
 CliOptions parseCommandLine(int argc, const char *const *argv) {
   CliOptions o;
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -232,6 +254,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     }
   }
   bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
+  // --score-mod's value, applied to the whole description at the end.
+  std::optional<std::string> scoreModArg;
   bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
   std::optional<std::string> window;
 
@@ -320,8 +344,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          warpsGiven = true;
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
-      {"--score-mod",
-       [&](auto &v) { o.spec.scoreMod = ScoreMod::parse(v).name(); }},
+      {"--score-mod", [&](auto &v) { scoreModArg = v; }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--seed",
@@ -393,6 +416,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;
+  if (scoreModArg)
+    applyScoreMod(o.spec, *scoreModArg);
   std::optional<TileConfig> fileTiling;
   if (!o.inputPath.empty()) {
     if (o.command != "compile" && o.command != "run" && o.command != "bench")

@@ -39,6 +39,14 @@ try:
   j=json.loads(sys.stdin.read()); print("%.1f %s %s" % (j["tflops"], j.get("registers"), j.get("spill_bytes")))
 except Exception: print("fail - -")'
 }
+# tflops_of: the "tflops" of the last `flashjit bench --json` line on stdin,
+# "%.1f" ("fail" if none).
+tflops_of() {
+  tail -1 | python3 -c 'import json,sys
+try:
+  j=json.loads(sys.stdin.read()); print("%.1f" % j["tflops"])
+except Exception: print("fail")'
+}
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.

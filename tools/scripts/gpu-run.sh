@@ -32,6 +32,7 @@
 #   FLASHJIT_BENCH_BACKWARD=0 bench the forward only
 #   FLASHJIT_DEADLINE_S=560   wall-clock plan for the whole script (device limit 600)
 #   FLASHJIT_TEST_TIMEOUT_S=180  per test binary
+#   FLASHJIT_PYTHON_TIMEOUT_S=240  the python step
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
@@ -149,7 +150,7 @@ if has_step python; then
       export PYTHONPATH="$TMPD/site${PYTHONPATH:+:$PYTHONPATH}"
   fi
   say "python binding tests (torch, GPU)"
-  FLASHJIT_AUTOTUNE=0 FLASHJIT_LIBRARY=$CARRY/lib/libflashjit.so timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider \
+  FLASHJIT_AUTOTUNE=0 FLASHJIT_LIBRARY=$CARRY/lib/libflashjit.so timeout -k 5 "${FLASHJIT_PYTHON_TIMEOUT_S:-240}" python3 -m pytest -q -p no:cacheprovider --durations=12 \
     python/tests 2>&1 | tee "$OUT/python-tests.log" | tail -5
 fi
 

@@ -18,6 +18,12 @@
 #   defaults  the default-tiling forward tests (Matrix/ and ScoreMods/
 #             ForwardGpu), then the defaults' TFLOP/s [registers, spill
 #             bytes] where T15 changed them (d = 64 causal, d = 96, d = 256)
+#   query     Q by the producer's tensor map (FLASHJIT_TMA=qkv) against Q
+#             by the consumers' cp.async (FLASHJIT_TMA=kv), each one-tile-
+#             per-program and persistent (FLASHJIT_PERSISTENT=1), d = 128,
+#             H = 16, N = 1024 B = 16, N = 4096 B = 4, N = 16K B = 1, plain
+#             and causal, the default tiling and the ring at 128x128/8;
+#             median of FLASHJIT_AB_ROUNDS (2) interleaved rounds
 #   peers     side_by_side.py, forward, default tilings, the issue's cases
 #             (FLASHJIT_PEER_CASES) -> $OUT/bench.json, until FLASHJIT_PEERS_END
 #             (570) seconds into the script
@@ -58,11 +64,7 @@ if step ab; then
       declare -A R=()
       for ((r = 0; r < rounds; r++)); do
         for t in 0 1; do
-          R[$t]+=" $(FLASHJIT_TMA=$t timeout 40 $FJ bench --head-dim $1 $m --seq-len $2 --batch $3 --heads $h --json 2>/dev/null | tail -1 |
-            python3 -c 'import json,sys
-try:
-  j=json.loads(sys.stdin.read()); print("%.1f" % j["tflops"])
-except Exception: print("fail")')"
+          R[$t]+=" $(FLASHJIT_TMA=$t timeout 40 $FJ bench --head-dim $1 $m --seq-len $2 --batch $3 --heads $h --json 2>/dev/null | tflops_of)"
         done
       done
       echo "d$1 N$2 B$3 ${m:-plain}: cp.async $(median ${R[0]}) (${R[0]# }); tma $(median ${R[1]}) (${R[1]# })"
@@ -96,6 +98,27 @@ if step defaults; then
   echo "== the new defaults, N = 16K (+${SECONDS}s)"
   for dm in "64 c" "96 n" "96 c" "256 n" "128 n"; do
     echo "d${dm% *} ${dm#* }: $(bench_one $dm)"
+  done
+fi
+if step query; then
+  echo "== Q by TMA, persistent or not (+${SECONDS}s)"
+  rounds=${FLASHJIT_AB_ROUNDS:-2}
+  modes=("kv 0" "kv 1" "qkv 0" "qkv 1")
+  for sh in "1024 16" "4096 4" "16384 1"; do
+    set -- $sh
+    for m in "" --causal; do
+      for f in "" "--block-m 128 --block-n 128 --warps 8 --stages 2"; do
+        declare -A R=()
+        for ((r = 0; r < rounds; r++)); do
+          for mode in "${modes[@]}"; do
+            R[$mode]+=" $(FLASHJIT_TMA=${mode% *} FLASHJIT_PERSISTENT=${mode#* } timeout 40 $FJ bench --head-dim 128 $m --seq-len $1 --batch $2 --heads 16 $f --json 2>/dev/null | tflops_of)"
+          done
+        done
+        line="N$1 B$2 ${m:-plain} [${f:-default}]:"
+        for mode in "${modes[@]}"; do line+=" tma=${mode% *}/p${mode#* } $(median ${R[$mode]})"; done
+        echo "$line"
+      done
+    done
   done
 fi
 if step peers; then

@@ -1,0 +1,158 @@
+//===- ScoreModText.cpp - Score modifiers given as region text ------------===//
+//
+/// \file
+/// A score_mod region reaches the compiler from an attn-stage file
+/// (--input), from the C API's spec.score_mod and from the CLI's
+/// --score-mod, the last two as the region's text:
+///
+///   {
+///   ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+///     %c = arith.constant 3.000000e+01 : f32
+///     %x = arith.divf %s, %c : f32
+///     %t = math.tanh %x : f32
+///     %y = arith.mulf %t, %c : f32
+///     attn.yield %y : f32
+///   }
+///
+/// Each becomes the same AttentionSpec: the named variant that the region
+/// is after canonicalisation (the one above is softcap:30, so it shares
+/// softcap:30's kernels; so does `30 * tanh(s / 30)`), or
+/// "custom" with the region as MLIR prints it (SSA names and spacing
+/// normalised: two spellings of one region share cache entries) and its
+/// float64 evaluation for the reference. A region that the verifier
+/// refuses (its signature, an op outside arith and math) or that cannot
+/// run on tiles is refused here, before anything is compiled.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/CompilerInternal.h"
+
+#include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/ScoreMod.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <fmt/format.h>
+
+using namespace mlir;
+
+namespace flashjit {
+
+/// The longest region text the compiler takes (the C API's limit too).
+static constexpr size_t kMaxRegionText = 1 << 16;
+
+/// The score_mod region of \p op as MLIR prints it: the text after the
+/// `score_mod` keyword, from its "{" to the op's end.
+static std::string printedRegion(Operation *op) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  op->print(os);
+  const std::string keyword = "score_mod {";
+  size_t at = text.find(keyword);
+  if (at == std::string::npos)
+    throw CompileError("internal: a score_mod region printed without its "
+                       "keyword");
+  return text.substr(at + keyword.size() - 1);
+}
+
+/// Canonicalisation and CSE on \p module (constants to the right of
+/// commutative ops, constant arithmetic folded, dead ops gone, common
+/// values shared); false when a pass fails.
+static bool canonicalise(ModuleOp module) {
+  PassManager pm(module.getContext());
+  pm.addPass(createCanonicalizerPass());
+  pm.addPass(createCSEPass());
+  return succeeded(pm.run(module));
+}
+
+/// The canonical text of \p op's region: printed from a canonicalised
+/// copy, so that a description file's region and the same region given as
+/// text are one spec.
+static std::string canonicalRegion(Operation *op) {
+  OwningOpRef<ModuleOp> copy = ModuleOp::create(op->getLoc());
+  copy->getBody()->push_back(op->clone());
+  if (!canonicalise(*copy))
+    throw CompileError("the score_mod region does not canonicalise");
+  return printedRegion(&copy->getBody()->front());
+}
+
+void describeScoreMod(Operation *op, std::optional<std::string> named,
+                      Region &region, AttentionSpec &spec) {
+  spec.scoreModRegion.clear();
+  spec.scoreFunction.reset();
+  if (named) {
+    spec.scoreMod = *named;
+    return;
+  }
+  std::string why;
+  {
+    ScopedDiagnosticHandler handler(op->getContext(), [&](Diagnostic &d) {
+      why += (why.empty() ? "" : "; ") + d.str();
+      return success();
+    });
+    if (failed(attn::detail::checkScoreModTileable(op, region)))
+      throw CompileError(why);
+  }
+  spec.scoreMod = kCustomScoreMod;
+  spec.scoreModRegion = canonicalRegion(op);
+  spec.scoreFunction = scoreFunctionOf(region);
+}
+
+AttentionSpec withScoreModRegion(const AttentionSpec &spec,
+                                 const std::string &region) {
+  auto refuse = [](const std::string &why) {
+    return SpecError("score_mod region: " + why);
+  };
+  if (region.size() > kMaxRegionText)
+    throw refuse(fmt::format("{} characters, longer than {}", region.size(),
+                             kMaxRegionText));
+  if (region.find_first_not_of(" \t\r\n") == std::string::npos ||
+      region[region.find_first_not_of(" \t\r\n")] != '{')
+    throw refuse("expected its text, '{ ^bb0(%s: f32, %b: index, %h: index, "
+                 "%i: index, %j: index): ... attn.yield %y : f32 }'");
+  AttentionSpec described = spec;
+  described.scoreMod = kCustomScoreMod;
+  described.scoreModRegion = region;
+  described.scoreFunction.reset();
+  KernelSource source;
+  source.text = attnModuleText(described, kKernelName);
+  source.name = "score_mod";
+  auto ctx = createContext();
+  std::string diagnostics;
+  ScopedDiagnosticHandler handler(ctx.get(), [&](Diagnostic &d) {
+    diagnostics += (diagnostics.empty() ? "" : "; ") + d.str();
+    return success();
+  });
+  auto module =
+      parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);
+  if (!module)
+    throw refuse(diagnostics.empty() ? "does not parse" : diagnostics);
+  // Only the one description: a text that closes the region early and
+  // goes on with ops of its own is refused.
+  // Canonical form first (constants to the right of commutative ops,
+  // constant arithmetic folded, dead ops gone, common values shared):
+  // `30 * tanh(s / 30)` is then softcap:30's region, and two spellings of
+  // one function more often one cache entry.
+  if (!canonicalise(*module))
+    throw refuse(diagnostics.empty() ? "does not canonicalise" : diagnostics);
+  Block *body = module->getBody();
+  if (body->getOperations().size() != 1)
+    throw refuse("its text closes the region and goes on after it");
+  Operation *op = &body->front();
+  try {
+    if (auto fwd = dyn_cast<attn::FlashFwdOp>(op))
+      describeScoreMod(op, fwd.namedScoreMod(), fwd.getScoreMod(), described);
+    else if (auto bwd = dyn_cast<attn::FlashBwdOp>(op))
+      describeScoreMod(op, bwd.namedScoreMod(), bwd.getScoreMod(), described);
+    else
+      throw refuse("its text closes the region and goes on after it");
+  } catch (const CompileError &e) {
+    throw refuse(e.what());
+  }
+  return described;
+}
+
+} // namespace flashjit
