@@ -167,3 +167,36 @@ def test_dropout_in_training_is_refused():
         model.train()(input_ids=ids)
     with torch.no_grad():  # eval: dropout is off, accepted
         model.eval()(input_ids=ids)
+
+
+def test_sinks_keyword_matches_eager_sinks():
+    """The s_aux keyword (gpt-oss's sinks) against transformers' eager
+    formulation, written out: the sink logits concatenated to the scores,
+    softmax, the sink column dropped; the sinks' gradient too."""
+    torch.manual_seed(0)
+    B, H, Hkv, N, D = 2, 4, 2, 200, 64
+    q = torch.randn(B, H, N, D, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, N, D, device=DEVICE, dtype=torch.bfloat16)
+    sinks = (torch.randn(H, device=DEVICE) + 3).requires_grad_()
+
+    class Module:
+        is_causal = True
+        training = False
+
+    out, _ = fj_hf.attention_forward(Module(), q, k, v, None, scaling=0.125,
+                                     s_aux=sinks)
+    out.float().square().sum().backward()
+    got = sinks.grad.clone()
+    sinks.grad = None
+    kr, vr = (t.float().repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    s = q.float() @ kr.transpose(-1, -2) * 0.125
+    s = s.masked_fill(torch.ones(N, N, device=DEVICE).triu(1).bool(),
+                      float("-inf"))
+    combined = torch.cat([s, sinks.reshape(1, -1, 1, 1).expand(B, -1, N, 1)],
+                         dim=-1)
+    p = torch.softmax(combined, dim=-1)[..., :-1]
+    want = (p @ vr).transpose(1, 2)
+    want.square().sum().backward()
+    assert rel(out.float(), want) < 1e-2
+    assert rel(got, sinks.grad) < 2e-2

@@ -19,13 +19,13 @@ with a KV cache is right), GQA without repeating K and V, the model's
 scaling, a sliding window (a `sliding_window` keyword: keys within
 sliding_window - 1 before the query), logit soft-capping (a `softcap`
 keyword, Gemma 2: flashjit's softcap:C score modifier on the scaled
-scores). What it refuses, by name:
+scores), attention sinks (an `s_aux` keyword, gpt-oss: flashjit.attention's
+sinks, with their gradient). What it refuses, by name:
 
   * a padding mask (a row of the batch with padded tokens): flashjit has
     no variable-length attention yet. PaddingMaskError (a
     NotImplementedError); an all-ones or purely causal mask is accepted.
   * dropout > 0 in training: DropoutError (a NotImplementedError).
-  * attention sinks (an `s_aux` keyword, gpt-oss).
 
 Needs transformers >= 4.48 (AttentionInterface) and torch.
 """
@@ -85,10 +85,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None,
         raise DropoutError(
             f"flashjit: attention dropout {dropout} in training is not "
             "supported (set config.attention_dropout = 0, or model.eval())")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
-            "flashjit: attention with 's_aux' (attention sinks) is not "
-            "supported")
+    sinks = kwargs.get("s_aux")  # gpt-oss: a sink logit per query head
     score_mod = None
     softcap = kwargs.get("softcap")
     if softcap is not None:  # C tanh(s / C) on s = scaling * q.k
@@ -108,7 +105,7 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None,
         window = (int(sliding) - 1, 0)
         causal = False  # the window's right side 0 is the causal bound
     out = flashjit.attention(query, key, value, causal=causal, scale=scaling,
-                             window=window, score_mod=score_mod)
+                             window=window, score_mod=score_mod, sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
