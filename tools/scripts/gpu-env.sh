@@ -3,7 +3,8 @@
 # repo root: C (the carried .carry/), OUT, FJ, the unpacked libflashjit.so,
 # a fresh cache directory, no autotuning, and nvJitLink from the CUDA
 # toolkit or a pip wheel where the loader does not find it; and the helpers
-# step, forward_tests, sanitize, bench_one and median below.
+# step, forward_tests, sanitize, bench_one, tflops_of, peers_forward and
+# median below.
 C=$PWD/.carry
 : "${OUT:=$PWD/out}"; mkdir -p "$OUT"
 [[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
@@ -46,6 +47,16 @@ tflops_of() {
 try:
   j=json.loads(sys.stdin.read()); print("%.1f" % j["tflops"])
 except Exception: print("fail")'
+}
+# peers_forward END BUDGET CASES: side_by_side.py, forward, the default
+# tilings, CASES (d:N:c|n:B:H,...) with BUDGET seconds per peer, until END
+# seconds into the script -> $OUT/bench.json, bench.log (its tail printed).
+peers_forward() {
+  echo "== peers, forward, default tilings (+${SECONDS}s)"
+  local left=$(($1 - SECONDS)); ((left < 60)) && left=60
+  timeout -k 5 $left python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward \
+    --budget-s $2 --cases "$3" > $OUT/bench.log 2>&1
+  tail -14 $OUT/bench.log
 }
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }

@@ -122,10 +122,7 @@ if step query; then
   done
 fi
 if step peers; then
-  echo "== peers, forward, default tilings (+${SECONDS}s)"
-  left=$((${FLASHJIT_PEERS_END:-570} - SECONDS)); ((left < 60)) && left=60
-  timeout -k 5 $left python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward --budget-s 40 \
-    --cases "${FLASHJIT_PEER_CASES:-128:16384:n:1:16,128:16384:c:1:16,64:16384:n:1:32,96:16384:n:1:21,256:16384:n:1:8,256:16384:c:1:8,128:4096:n:4:16}" > $OUT/bench.log 2>&1
-  tail -14 $OUT/bench.log
+  peers_forward "${FLASHJIT_PEERS_END:-570}" 40 \
+    "${FLASHJIT_PEER_CASES:-128:16384:n:1:16,128:16384:c:1:16,64:16384:n:1:32,96:16384:n:1:21,256:16384:n:1:8,256:16384:c:1:8,128:4096:n:4:16}"
 fi
 echo "== done (+${SECONDS}s)"

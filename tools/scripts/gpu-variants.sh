@@ -29,10 +29,7 @@ if step python; then
   grep -E "FAILED|passed|failed|exit" $OUT/python-ops.log | tail -8
 fi
 if step peers; then
-  echo "== peers, forward, default tilings (+${SECONDS}s)"
-  left=$((${FLASHJIT_PEERS_END:-420} - SECONDS)); ((left < 60)) && left=60
-  timeout -k 5 $left python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward --budget-s 30 \
-    --cases "${FLASHJIT_PEER_CASES:-128:16384:n:1:16,128:1024:n:16:16,128:4096:n:4:16}" > $OUT/bench.log 2>&1
-  tail -12 $OUT/bench.log
+  peers_forward "${FLASHJIT_PEERS_END:-420}" 30 \
+    "${FLASHJIT_PEER_CASES:-128:16384:n:1:16,128:1024:n:16:16,128:4096:n:4:16}"
 fi
 echo "== done (+${SECONDS}s)"
