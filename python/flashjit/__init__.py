@@ -55,9 +55,20 @@ __all__ = [
     "attention_backward",
     "LibraryNotFoundError",
     "score_ops",
+    "create_block_mask",
 ]
 
 __version__ = "0.1.0"
+
+
+def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
+                      BLOCK_SIZE=128):
+    """FlexAttention's create_block_mask, for flashjit: the BlockMask of
+    the blocks where mask_mod(b, h, i, j) keeps any element
+    (BlockMask.from_mask_mod; B or H None broadcasts). Pass it with the
+    same mask_mod: attention(q, k, v, mask_mod=fn, block_mask=bm)."""
+    return BlockMask.from_mask_mod(mask_mod, B, H, Q_LEN, KV_LEN,
+                                   block_size=BLOCK_SIZE, device=device)
 
 
 def version():

@@ -167,6 +167,9 @@ def test_block_mask_from_a_mask_function_skips_blocks():
     want = pad.reshape(B, H, 5, bs, 5, bs).any(axis=(3, 5))
     assert np.array_equal(bm.to_dense(), want)
     assert bm.to_dense()[0, 0].sum() < 25 and bm.to_dense()[0, 1].all()
+    same = flashjit.create_block_mask(window_and_prefix, B, H, Nq, Nkv,
+                                      BLOCK_SIZE=bs)
+    assert np.array_equal(same.to_dense(), want)
     check_forward_and_gradients_blocks(window_and_prefix, bm, B, H, Nq, Nkv)
 
 
