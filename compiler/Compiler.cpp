@@ -51,24 +51,16 @@ std::unique_ptr<MLIRContext> createContext() {
   return ctx;
 }
 
-/// Collects diagnostics into a string while alive.
-class DiagnosticCollector {
-public:
-  explicit DiagnosticCollector(MLIRContext &ctx)
-      : handler(&ctx, [this](Diagnostic &diag) {
-          if (!text.empty())
-            text += "\n";
-          text += diag.str();
+DiagnosticCollector::DiagnosticCollector(MLIRContext &ctx, bool oneLine)
+    : handler(&ctx, [this, oneLine](Diagnostic &diag) {
+        if (!text.empty())
+          text += oneLine ? "; " : "\n";
+        text += diag.str();
+        if (!oneLine)
           for (Diagnostic &note : diag.getNotes())
             text += "\n  note: " + note.str();
-          return success();
-        }) {}
-  const std::string &str() const { return text; }
-
-private:
-  std::string text;
-  ScopedDiagnosticHandler handler;
-};
+        return success();
+      }) {}
 
 OwningOpRef<ModuleOp> parseAttnModule(MLIRContext &ctx,
                                       const AttentionSpec &spec) {

@@ -11,6 +11,7 @@
 #include "compiler/Compiler.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OwningOpRef.h"
 
@@ -25,6 +26,20 @@ class Region;
 } // namespace mlir
 
 namespace flashjit {
+
+/// Collects the diagnostics of a context into a string while alive: one
+/// line each, notes indented under theirs; with \p oneLine, all on one
+/// line ("; " between them) without their notes (a message inside another,
+/// e.g. "score_mod region: ...").
+class DiagnosticCollector {
+public:
+  explicit DiagnosticCollector(mlir::MLIRContext &ctx, bool oneLine = false);
+  const std::string &str() const { return text; }
+
+private:
+  std::string text;
+  mlir::ScopedDiagnosticHandler handler;
+};
 
 /// A context with every dialect, interface and translation flashjit uses.
 std::unique_ptr<mlir::MLIRContext> createContext();

@@ -36,6 +36,9 @@
 #include "llvm/Support/raw_ostream.h"
 
 #include <fmt/format.h>
+#include <map>
+#include <mutex>
+#include <optional>
 
 using namespace mlir;
 
@@ -87,22 +90,26 @@ void describeScoreMod(Operation *op, std::optional<std::string> named,
     spec.scoreMod = *named;
     return;
   }
-  std::string why;
   {
-    ScopedDiagnosticHandler handler(op->getContext(), [&](Diagnostic &d) {
-      why += (why.empty() ? "" : "; ") + d.str();
-      return success();
-    });
+    DiagnosticCollector diags(*op->getContext(), /*oneLine=*/true);
     if (failed(attn::detail::checkScoreModTileable(op, region)))
-      throw CompileError(why);
+      throw CompileError(diags.str());
   }
   spec.scoreMod = kCustomScoreMod;
   spec.scoreModRegion = canonicalRegion(op);
   spec.scoreFunction = scoreFunctionOf(region);
 }
 
-AttentionSpec withScoreModRegion(const AttentionSpec &spec,
-                                 const std::string &region) {
+/// What a region's text makes of a spec (describeScoreMod's fields).
+struct DescribedScoreMod {
+  std::string scoreMod, scoreModRegion;
+  std::shared_ptr<const ScoreFunction> scoreFunction;
+};
+
+/// \p spec with \p region's modifier: parsed, verified, canonicalised and
+/// described (withScoreModRegion without its memo).
+static DescribedScoreMod describeRegionText(const AttentionSpec &spec,
+                                            const std::string &region) {
   auto refuse = [](const std::string &why) {
     return SpecError("score_mod region: " + why);
   };
@@ -121,23 +128,19 @@ AttentionSpec withScoreModRegion(const AttentionSpec &spec,
   source.text = attnModuleText(described, kKernelName);
   source.name = "score_mod";
   auto ctx = createContext();
-  std::string diagnostics;
-  ScopedDiagnosticHandler handler(ctx.get(), [&](Diagnostic &d) {
-    diagnostics += (diagnostics.empty() ? "" : "; ") + d.str();
-    return success();
-  });
+  DiagnosticCollector diags(*ctx, /*oneLine=*/true);
   auto module =
       parseSourceString<ModuleOp>(source.text, ctx.get(), source.name);
   if (!module)
-    throw refuse(diagnostics.empty() ? "does not parse" : diagnostics);
-  // Only the one description: a text that closes the region early and
-  // goes on with ops of its own is refused.
+    throw refuse(diags.str().empty() ? "does not parse" : diags.str());
   // Canonical form first (constants to the right of commutative ops,
   // constant arithmetic folded, dead ops gone, common values shared):
   // `30 * tanh(s / 30)` is then softcap:30's region, and two spellings of
   // one function more often one cache entry.
   if (!canonicalise(*module))
-    throw refuse(diagnostics.empty() ? "does not canonicalise" : diagnostics);
+    throw refuse(diags.str().empty() ? "does not canonicalise" : diags.str());
+  // Only the one description: a text that closes the region early and
+  // goes on with ops of its own is refused.
   Block *body = module->getBody();
   if (body->getOperations().size() != 1)
     throw refuse("its text closes the region and goes on after it");
@@ -152,7 +155,37 @@ AttentionSpec withScoreModRegion(const AttentionSpec &spec,
   } catch (const CompileError &e) {
     throw refuse(e.what());
   }
-  return described;
+  return {described.scoreMod, described.scoreModRegion,
+          described.scoreFunction};
+}
+
+AttentionSpec withScoreModRegion(const AttentionSpec &spec,
+                                 const std::string &region) {
+  // The C API converts its spec at every call: a region's description
+  // (a context, a parse, canonicalisation: about 1 ms) is kept by its
+  // text, which alone decides it (flash_fwd and flash_bwd read a region
+  // alike). At most kMemoEntries texts; errors are not kept.
+  static constexpr size_t kMemoEntries = 64;
+  static std::mutex mutex;
+  static std::map<std::string, DescribedScoreMod> memo;
+  std::optional<DescribedScoreMod> d;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = memo.find(region); it != memo.end())
+      d = it->second;
+  }
+  if (!d) {
+    d = describeRegionText(spec, region);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (memo.size() >= kMemoEntries)
+      memo.clear();
+    memo.emplace(region, *d);
+  }
+  AttentionSpec out = spec;
+  out.scoreMod = d->scoreMod;
+  out.scoreModRegion = d->scoreModRegion;
+  out.scoreFunction = d->scoreFunction;
+  return out;
 }
 
 } // namespace flashjit

@@ -3,6 +3,7 @@
 #include "compiler/Target/PTXEmitter.h"
 
 #include "compiler/Compiler.h"
+#include "compiler/CompilerInternal.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -293,15 +294,7 @@ OptimizedModule translateAndOptimize(gpu::GPUModuleOp gpuModule,
   result.context = std::make_unique<llvm::LLVMContext>();
   result.diagnostics = std::make_unique<LlvmDiagnostics>(*result.context);
   {
-    std::string mlirErrors;
-    ScopedDiagnosticHandler handler(&ctx, [&](Diagnostic &diag) {
-      if (!mlirErrors.empty())
-        mlirErrors += "\n";
-      mlirErrors += diag.str();
-      for (Diagnostic &note : diag.getNotes())
-        mlirErrors += "\n  note: " + note.str();
-      return success();
-    });
+    DiagnosticCollector mlirErrors(ctx);
     // Verified below, where the verifier's messages can be kept (the
     // translation's own check prints them to stderr).
     result.module = translateModuleToLLVMIR(
@@ -309,7 +302,7 @@ OptimizedModule translateAndOptimize(gpu::GPUModuleOp gpuModule,
         /*disableVerification=*/true);
     if (!result.module)
       throw CompileError("translating the gpu.module to LLVM IR failed: " +
-                         mlirErrors);
+                         mlirErrors.str());
   }
   llvm::Module &llvmModule = *result.module;
 

@@ -27,6 +27,7 @@ TypeError: write ``where(i > j, a, b)``); captured tensors are refused for
 now (NotImplementedError).
 """
 
+import operator
 import struct
 
 __all__ = ["trace", "TraceError", "named", "with_mask", "tanh", "exp", "exp2",
@@ -147,10 +148,14 @@ class _Value:
 
     # -- arithmetic -------------------------------------------------------
 
-    def _binary(self, other, fop, iop, reverse=False):
+    def _operands(self, other, reverse):
+        """(self, other) of one type (_pair), in the operator's order: the
+        reflected operators (__radd__, ...) have the other value first."""
         a, b = self._pair(other)
-        if reverse:
-            a, b = b, a
+        return (b, a) if reverse else (a, b)
+
+    def _binary(self, other, fop, iop, reverse=False):
+        a, b = self._operands(other, reverse)
         op = fop if a._type == _F32 else iop
         return self._t.emit("%s %s, %s : %s" % (op, a._name, b._name,
                                                  a._type), a._type)
@@ -174,10 +179,8 @@ class _Value:
         return self._binary(o, "arith.mulf", "arith.muli", True)
 
     def _truediv(self, o, reverse):
-        a, b = self._pair(o)
+        a, b = self._operands(o, reverse)
         a, b = a._as_f32(), b._as_f32()  # Python's / is a float division
-        if reverse:
-            a, b = b, a
         return self._t.emit("arith.divf %s, %s : f32" % (a._name, b._name),
                             _F32)
 
@@ -188,9 +191,7 @@ class _Value:
         return self._truediv(o, True)
 
     def _floordiv(self, o, reverse):
-        a, b = self._pair(o)
-        if reverse:
-            a, b = b, a
+        a, b = self._operands(o, reverse)
         if a._type == _F32:
             q = a._t.emit("arith.divf %s, %s : f32" % (a._name, b._name), _F32)
             return a._t.emit("math.floor %s : f32" % q._name, _F32)
@@ -205,9 +206,7 @@ class _Value:
 
     def _mod(self, o, reverse):
         # Python's a % b = a - (a // b) * b (the sign of b), for both types.
-        a, b = self._pair(o)
-        if reverse:
-            a, b = b, a
+        a, b = self._operands(o, reverse)
         return a - a._floordiv(b, False) * b
 
     def __mod__(self, o):
@@ -318,11 +317,11 @@ def _traced(*xs):
     return None
 
 
-def _unary(name, op, numpy_name=None):
+def _unary(name, op):
     def fn(x):
         v = _traced(x)
         if v is None:
-            return _eager(numpy_name or name, x)
+            return _eager(name, x)
         x = v._as_f32()
         return x._t.emit("%s %s : f32" % (op, x._name), _F32)
 
@@ -385,29 +384,32 @@ def where(cond, a, b):
                      x._type)
 
 
+def _on_traced(op):
+    """op(x, y) with x lifted to a traced value (a ufunc or torch function
+    called with a traced value second: np.add(1.0, s))."""
+    return lambda x, y: op(_traced(x, y)._lift(x), y)
+
+
+_BINARY = {"add": operator.add, "subtract": operator.sub,
+           "multiply": operator.mul, "divide": operator.truediv,
+           "true_divide": operator.truediv,
+           "floor_divide": operator.floordiv, "remainder": operator.mod,
+           "less": operator.lt, "less_equal": operator.le,
+           "greater": operator.gt, "greater_equal": operator.ge,
+           "equal": operator.eq, "not_equal": operator.ne}
+# torch's names of the same functions.
+_TORCH_NAMES = {"sub": "subtract", "mul": "multiply", "div": "true_divide",
+                "lt": "less", "le": "less_equal", "gt": "greater",
+                "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
+
 _UFUNCS = {"tanh": tanh, "exp": exp, "exp2": exp2, "log": log, "log2": log2,
            "sqrt": sqrt, "sin": sin, "cos": cos, "minimum": minimum,
            "maximum": maximum, "fmin": minimum, "fmax": maximum,
-           "absolute": abs, "negative": lambda x: -x,
-           "add": lambda x, y: _traced(x, y)._lift(x) + y,
-           "subtract": lambda x, y: _traced(x, y)._lift(x) - y,
-           "multiply": lambda x, y: _traced(x, y)._lift(x) * y,
-           "true_divide": lambda x, y: _traced(x, y)._lift(x) / y,
-           "floor_divide": lambda x, y: _traced(x, y)._lift(x) // y,
-           "remainder": lambda x, y: _traced(x, y)._lift(x) % y,
-           "less": lambda x, y: _traced(x, y)._lift(x) < y,
-           "less_equal": lambda x, y: _traced(x, y)._lift(x) <= y,
-           "greater": lambda x, y: _traced(x, y)._lift(x) > y,
-           "greater_equal": lambda x, y: _traced(x, y)._lift(x) >= y,
-           "equal": lambda x, y: _traced(x, y)._lift(x) == y,
-           "not_equal": lambda x, y: _traced(x, y)._lift(x) != y}
+           "absolute": abs, "negative": operator.neg,
+           **{name: _on_traced(op) for name, op in _BINARY.items()}}
 
-_TORCH = dict(_UFUNCS, where=where, abs=abs, neg=lambda x: -x,
-              sub=_UFUNCS["subtract"], mul=_UFUNCS["multiply"],
-              div=_UFUNCS["true_divide"], lt=_UFUNCS["less"],
-              le=_UFUNCS["less_equal"], gt=_UFUNCS["greater"],
-              ge=_UFUNCS["greater_equal"], eq=_UFUNCS["equal"],
-              ne=_UFUNCS["not_equal"])
+_TORCH = dict(_UFUNCS, where=where, abs=abs, neg=operator.neg,
+              **{t: _UFUNCS[n] for t, n in _TORCH_NAMES.items()})
 
 
 def trace(fn):

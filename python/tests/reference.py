@@ -27,17 +27,23 @@ def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
     return vis
 
 
+def positions(shape):
+    """(b, h, i, j): the batch, head, query and key indices of a
+    [B, H, Nq, Nkv] array, as int arrays that broadcast to it."""
+    B, H, Nq, Nkv = shape
+    return (np.arange(B)[:, None, None, None],
+            np.arange(H)[None, :, None, None],
+            np.arange(Nq)[None, None, :, None],
+            np.arange(Nkv)[None, None, None, :])
+
+
 def modify_by_function(s, fn):
     """(s', d s' / d s) of score modifier fn(s, b, h, i, j) (a Python
     function, as flashjit.attention takes) evaluated on float64 arrays:
     s [B, H, Nq, Nkv] and the integer positions broadcast to it. The
     derivative by central differences (independent of the compiler's);
     0 where s' is not finite (a masked score, whose p is 0)."""
-    B, H, Nq, Nkv = s.shape
-    b = np.arange(B)[:, None, None, None]
-    h = np.arange(H)[None, :, None, None]
-    i = np.arange(Nq)[None, None, :, None]
-    j = np.arange(Nkv)[None, None, None, :]
+    b, h, i, j = positions(s.shape)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         out = np.broadcast_to(np.asarray(fn(s, b, h, i, j), np.float64),
                               s.shape)
@@ -136,16 +142,23 @@ def attention_grads_ref(q, k, v, o, d_o, scale=None, visible=None,
     return dq, dk, dv
 
 
-def sink_attention_ref(q, k, v, scale, visible, sinks):
-    """(o, lse) in float64 of attention with a sink logit per query head:
-    the scores of each row get one more entry, sinks[h], whose value row
-    is 0 (an extended softmax, computed directly)."""
+def _masked_scores(q, k, v, scale, visible):
+    """float64 q, k and v repeated over each GQA group, and the scaled,
+    masked scores (-inf where not visible)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     g = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     s = np.einsum("bhid,bhjd->bhij", q, k) * scale
     if visible is not None:
         s = np.where(visible, s, -np.inf)
+    return q, k, v, s
+
+
+def sink_attention_ref(q, k, v, scale, visible, sinks):
+    """(o, lse) in float64 of attention with a sink logit per query head:
+    the scores of each row get one more entry, sinks[h], whose value row
+    is 0 (an extended softmax, computed directly)."""
+    _, _, v, s = _masked_scores(q, k, v, scale, visible)
     t = np.broadcast_to(np.asarray(sinks, np.float64)[None, :, None, None],
                         s.shape[:3] + (1,))
     full = np.concatenate([s, t], axis=-1)
@@ -160,21 +173,16 @@ def sink_attention_grads_ref(q, k, v, d_o, scale, visible, sinks):
     """(dq, dk, dv, dsinks) in float64 of sink_attention_ref for upstream
     d_o: the softmax derivative of the extended rows for q, k, v; dsinks
     by central differences of sum(d_o * o) (independent of any formula)."""
-    o, _ = sink_attention_ref(q, k, v, scale, visible, sinks)
-    qf, kf, vf, d_o = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_o))
-    g = qf.shape[1] // kf.shape[1]
-    kr, vr = np.repeat(kf, g, axis=1), np.repeat(vf, g, axis=1)
-    s = np.einsum("bhid,bhjd->bhij", qf, kr) * scale
-    if visible is not None:
-        s = np.where(visible, s, -np.inf)
-    _, lse = sink_attention_ref(q, k, v, scale, visible, sinks)
+    o, lse = sink_attention_ref(q, k, v, scale, visible, sinks)
+    qf, kr, vr, s = _masked_scores(q, k, v, scale, visible)
+    d_o = np.asarray(d_o, dtype=np.float64)
     p = np.exp(s - lse[..., None])
     dv = np.einsum("bhij,bhid->bhjd", p, d_o)
     dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
     ds = p * (dp - (d_o * o).sum(-1, keepdims=True))
     dq = np.einsum("bhij,bhjd->bhid", ds, kr) * scale
     dk = np.einsum("bhij,bhid->bhjd", ds, qf) * scale
-    B, Hkv = kf.shape[0], kf.shape[1]
+    B, Hkv, g = np.shape(k)[0], np.shape(k)[1], qf.shape[1] // np.shape(k)[1]
     dk = dk.reshape(B, Hkv, g, *dk.shape[2:]).sum(2)
     dv = dv.reshape(B, Hkv, g, *dv.shape[2:]).sum(2)
     t = np.asarray(sinks, np.float64)

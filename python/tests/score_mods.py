@@ -30,12 +30,8 @@ def first_rows_masked(s, b, h, i, j):
 def visible_by(mask_mod, shape):
     """[B, H, Nq, Nkv] booleans: mask_mod(b, h, i, j) evaluated by numpy
     (independent of the tracer's with_mask)."""
-    B, H, Nq, Nkv = shape
-    b = np.arange(B)[:, None, None, None]
-    h = np.arange(H)[None, :, None, None]
-    i = np.arange(Nq)[None, None, :, None]
-    j = np.arange(Nkv)[None, None, None, :]
-    return np.broadcast_to(np.asarray(mask_mod(b, h, i, j), bool), shape)
+    return np.broadcast_to(
+        np.asarray(mask_mod(*reference.positions(shape)), bool), shape)
 
 
 def check_forward_and_gradients(score_mod, causal, gqa, bound=5e-3,
