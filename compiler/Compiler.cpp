@@ -358,6 +358,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.pingPong = pingPongMode(target);
   gpu.persistent = usesPersistentKernel(target);
   gpu.tma = tensorMapMode(target);
+  gpu.stagedStores = usesStagedStores();
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });
@@ -514,14 +515,21 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
       usesPersistentKernel(target) ? " persistent=true" : "",
       usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
                              : "",
-      tilingOptions(config));
+      usesStagedStores() ? "" : " staged-stores=false", tilingOptions(config));
+}
+
+bool usesStagedStores() {
+  // FLASHJIT_STAGED_STORES=0 stores the forward's output element by element
+  // (for comparisons); the pipeline text, part of the cache key, records it.
+  const char *env = std::getenv("FLASHJIT_STAGED_STORES");
+  return !(env && std::string(env) == "0");
 }
 
 bool usesPersistentKernel(const GpuTarget &target) {

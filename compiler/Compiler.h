@@ -96,7 +96,7 @@ struct GpuTarget {
 /// every cubin and tuning cache key, so that entries written by an earlier
 /// code generator are rebuilt, not reused. Change it with every change to
 /// a lowering that can alter the PTX of an unchanged pipeline.
-inline constexpr const char *kCodegenRevision = "tile-ir-3";
+inline constexpr const char *kCodegenRevision = "tile-ir-4";
 
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
@@ -167,6 +167,10 @@ bool usesPersistentKernel(const GpuTarget &target);
 /// (1, the default), Q, K and V with FLASHJIT_TMA=qkv (2), nothing with
 /// FLASHJIT_TMA=0 or else (0).
 int64_t tensorMapMode(const GpuTarget &target);
+/// Whether the forward stores its 16-bit output through a shared slot that
+/// is dead by then (16-byte vector stores of whole rows; the
+/// `staged-stores` pass option): yes unless FLASHJIT_STAGED_STORES=0.
+bool usesStagedStores();
 inline bool usesTensorMaps(const GpuTarget &target) {
   return tensorMapMode(target) > 0;
 }

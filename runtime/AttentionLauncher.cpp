@@ -12,7 +12,7 @@ namespace flashjit::rt {
 int64_t chooseCopyBytes(const ForwardArgs &args) {
   for (int64_t bytes : {16, 8, 4}) {
     bool ok = true;
-    for (const DeviceTensor *t : {&args.q, &args.k, &args.v}) {
+    for (const DeviceTensor *t : {&args.q, &args.k, &args.v, &args.o}) {
       ok &= t->ptr % bytes == 0;
       for (int i = 0; i < 3; ++i)
         ok &= (t->strides[i] * 2) % bytes == 0;

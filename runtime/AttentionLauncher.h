@@ -52,7 +52,8 @@ struct ForwardArgs {
 };
 
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers
-/// and strides of Q, K and V allow. Part of the compiled variant.
+/// and strides of Q, K, V and O allow (the forward stores O 16 bytes at a
+/// time where it copies 16). Part of the compiled variant.
 int64_t chooseCopyBytes(const ForwardArgs &args);
 
 /// Throws SpecError unless every tensor's innermost stride is 1 and the

@@ -31,13 +31,12 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// (KernelPlacement::pingPong); with the ring and \p persistent, as a
 /// persistent kernel (KernelPlacement::persistent); with the ring and
 /// \p tma, K and V (1), and Q too (2), by the tensor memory accelerator
-/// where their addresses allow (KernelPlacement::tma).
-mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
-                                    mlir::gpu::GPUModuleOp gpuModule,
-                                    int64_t warps, int64_t copyBytes,
-                                    bool wgmma, int64_t ringStages,
-                                    int64_t pingPong = 0,
-                                    bool persistent = false, int64_t tma = 0);
+/// where their addresses allow (KernelPlacement::tma); its output through
+/// a dead shared slot where \p stagedStores (KernelPlacement::stagedStores).
+mlir::LogicalResult lowerTileKernel(
+    mlir::func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
+    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong = 0,
+    bool persistent = false, int64_t tma = 0, bool stagedStores = true);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).

@@ -97,6 +97,11 @@ struct KernelPlacement {
   /// S's MMAs instead of issuing S's and dP's MMAs first and the
   /// exponentials after them.
   bool orderRegisterProducts = false;
+  /// 16-bit register tiles are stored through a shared slot that is dead
+  /// by then (TileKernelLowering::storeThroughShared): each warp writes
+  /// its rows there, then copies whole rows out 16 bytes at a time. The
+  /// forward's roles (its O tile, through Q's slot); needs 16-byte copies.
+  bool stagedStores = false;
 };
 
 } // namespace flashjit::conversion

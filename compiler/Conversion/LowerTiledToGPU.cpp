@@ -172,7 +172,7 @@ struct LowerTiledToGPUPass
     for (func::FuncOp fn : forward) {
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
                                              wgmma, kvRingStages, pingPong,
-                                             persistent, tma)))
+                                             persistent, tma, stagedStores)))
         return signalPassFailure();
       fn.erase();
     }

@@ -53,6 +53,10 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "tensor maps that the launcher encodes, recorded as "
            "attn.tensor_maps) where their addresses are a row stride and "
            "strides of kernel arguments">,
+    Option<"stagedStores", "staged-stores", "bool", "true",
+           "the forward stores its 16-bit output tile through a shared slot "
+           "that is dead by then (16-byte vector stores of whole rows) "
+           "where its copies are 16 bytes; false: element by element">,
   ];
 }
 

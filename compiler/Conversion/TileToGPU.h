@@ -172,6 +172,13 @@ private:
   // Memory (TileToGPUMemory.cpp).
   LogicalResult lowerLoad(tile::LoadOp op);
   LogicalResult lowerStore(tile::StoreOp op);
+  /// The shared tile whose slot store \p op can stage its register tile
+  /// through (KernelPlacement::stagedStores), if any.
+  Value stagingTileFor(tile::StoreOp op);
+  /// Stores register tile \p f of \p op through the slot of shared tile
+  /// \p through: the warp's rows in, then out by 16-byte vectors.
+  LogicalResult storeThroughShared(tile::StoreOp op, const Fragment &f,
+                                   Value through);
   LogicalResult lowerRowValues(tile::LoadOp op);
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).
@@ -208,6 +215,11 @@ private:
   ReductionTarget reductionOf(tile::AtomicAddOp atomic);
   /// Stores rounded register tile \p v into its staging slot.
   void stageTransposed(Value v, const Fragment &f);
+  /// Writes rounded register tile \p f (of type \p ty) into \p slot, laid
+  /// out as a shared tile of \p slotRows rows: the thread's pairs by 4-byte
+  /// stores at their swizzled chunks.
+  void writeFragment(const SharedSlot &slot, int64_t slotRows,
+                     mlir::RankedTensorType ty, const Fragment &f);
   LogicalResult lowerReduce(tile::ReduceOp op);
   LogicalResult lowerBroadcast(tile::BroadcastOp op);
   LogicalResult lowerSplat(tile::SplatOp op);

@@ -103,14 +103,18 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
 /// register across it, from the kernel's thread indices) and seven XORs,
 /// rather than a swizzle per store.
 void TileKernelLowering::stageTransposed(Value v, const Fragment &f) {
-  const SharedSlot &slot = staging[v];
   RankedTensorType ty = tileType(v);
-  const int64_t nt = nTiles(ty), rows = ty.getDimSize(0);
+  writeFragment(staging[v], ty.getDimSize(0), ty, f);
+  staged = true;
+}
+
+void TileKernelLowering::writeFragment(const SharedSlot &slot, int64_t rows,
+                                       RankedTensorType ty, const Fragment &f) {
+  const int64_t nt = nTiles(ty);
   auto store = [&](int64_t mi, int64_t h, int64_t ni, Value ptr) {
     const Value *r = &f.regs[(mi * nt + ni) * 4 + 2 * h];
     LLVM::StoreOp::create(b, g.pack2(r[0], r[1]), ptr);
   };
-  staged = true;
   if (place.colParts == 1 || warpCols(ty) % 64 == 0) {
     // Blocked rows are 128 bytes apart, their 64-column blocks blockBytes;
     // plain rows rowChunks * 16 bytes (a multiple of 128), a group of 8

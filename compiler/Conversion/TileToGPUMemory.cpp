@@ -283,6 +283,8 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
     return fail(op, "stores bf16/f16 or f32 tiles, got ") << ty;
   if (half != f.pendingRound)
     return fail(op, "a 16-bit tile must come from arith.truncf");
+  if (Value through = stagingTileFor(op))
+    return storeThroughShared(op, f, through);
   Value base = scalar(op.getBase());
   Value offset = toI64(scalar(op.getOffset()));
   Value row0 = toI32(scalar(op.getRow0()));
@@ -335,6 +337,132 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
           g.ifThen(ok, [&] { store(x, g.add(rowAt, g.ext64(col))); });
         }
     }
+  return success();
+}
+
+/// Where a 2-D 16-bit register tile can be stored through shared memory: a
+/// slot of a tile.load of the function's body (not the ring's, not the
+/// producer's tensor copy) that is read only as the lhs of products (so
+/// each warp reads only its own rows of it, as it holds its own rows of
+/// the stored tile) and by none after the store, with at least the
+/// store's rows and columns.
+Value TileKernelLowering::stagingTileFor(tile::StoreOp op) {
+  RankedTensorType ty = tileType(op.getValue());
+  if (!place.stagedStores || copyBytes != 16 || queryLoad ||
+      place.colParts != 1 || ty.getRank() != 2 ||
+      ty.getElementType() != g.halfTy || ty.getDimSize(1) % 8 != 0 ||
+      splitsCols(ty) || op->getBlock() != &fn.getBody().front())
+    return Value();
+  for (auto &[v, slot] : slots) {
+    auto load = v.getDefiningOp<tile::LoadOp>();
+    if (!load || load->getBlock() != op->getBlock() ||
+        pipelined.contains(load) || isRingPrologueLoad(load) ||
+        stageShift.count(v) || slot.splitCols ||
+        homes.lookup(v) != TileHome::Shared)
+      continue;
+    RankedTensorType slotTy = load.getType();
+    if (slotTy.getDimSize(0) < ty.getDimSize(0) ||
+        slot.padCols < ty.getDimSize(1))
+      continue;
+    bool dead = llvm::all_of(v.getUses(), [&](OpOperand &use) {
+      auto dot = dyn_cast<tile::DotOp>(use.getOwner());
+      Operation *at = op->getBlock()->findAncestorOpInBlock(*use.getOwner());
+      return dot && use.getOperandNumber() == 0 && !dot.getTransposeLhs() &&
+             at && at->isBeforeInBlock(op);
+    });
+    if (dead)
+      return v;
+  }
+  return Value();
+}
+
+/// A 16-bit register tile's store through a dead shared slot
+/// (stagingTileFor): the warp writes its rows there as element pairs
+/// (writeFragment, the slot's swizzled layout: no bank conflicts), then
+/// each lane copies 16-byte chunks, consecutive lanes along a row, so that
+/// a warp's store covers whole rows. Only the warp's own rows are touched,
+/// so a warp-level ordering point separates the two halves. Before:
+///
+///   tile.store %o, %O[%off] rows %m0 of %nq stride %sn
+///       : tensor<128x128xbf16>, memref<?xbf16>
+///
+/// After (a warp's 16 rows of 16 chunks: 8 rounds of 32 lanes):
+///
+///   st.shared.b32 [Q's slot + swizzle(row, col) + 4 tig], cvt.rn.bf16x2(..)
+///   bar.warp.sync -1
+///   // round k: chunk c = (32 k + lane) % 16 of row r = (32 k + lane) / 16
+///   %x = ld.shared.v4.b32 [Q's slot + swizzle(warp row + r, 8 c)]
+///   @(m0 + warp row + r < nq) st.global.v4.b32 [O + off + (m0 + warp row
+///       + r) * sn + 8 c], %x
+///
+/// where the element-wise store had 64 two-byte stores per thread, each
+/// behind its row and column test (T18: the epilogue was 27% of the warps'
+/// stall samples at N = 1024).
+LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
+                                                     const Fragment &f,
+                                                     Value through) {
+  RankedTensorType ty = tileType(op.getValue());
+  const SharedSlot slot = slots[through];
+  const int64_t slotRows = tileType(through).getDimSize(0);
+  // The slot's copies are waited for before its first reader. Where every
+  // reader is inside a loop, a loop of no trips (a Q block that sees no
+  // keys) leaves them in flight, and they spread the tile's rows over all
+  // threads: then every thread waits for its own, and a barrier for all
+  // (the trip counts are the program's: a uniform branch).
+  Value skipped;
+  for (Operation *user : through.getUsers()) {
+    Operation *at = op->getBlock()->findAncestorOpInBlock(*user);
+    auto loop = dyn_cast<scf::ForOp>(at);
+    if (at == user) { // a reader outside loops: the copies are done
+      skipped = g.cBool(false);
+      break;
+    }
+    Value none = loop ? arith::CmpIOp::create(b, CmpIPredicate::sle,
+                                              scalar(loop.getUpperBound()),
+                                              scalar(loop.getLowerBound()))
+                      : g.cBool(true);
+    skipped = skipped ? g.andI(skipped, none) : none;
+  }
+  if (skipped)
+    g.ifThen(skipped, [&] {
+      g.waitAll();
+      g.barrier();
+    });
+  writeFragment(slot, slotRows, ty, f);
+  g.warpSync();
+  Value base = scalar(op.getBase());
+  Value offset = toI64(scalar(op.getOffset()));
+  Value stride = toI64(scalar(op.getStride()));
+  Value row0 = toI32(scalar(op.getRow0()));
+  Value rows = toI32(scalar(op.getRows()));
+  Value group = op.getGroup() ? toI32(scalar(op.getGroup())) : Value();
+  Value groupStride =
+      op.getGroup() ? toI64(scalar(op.getGroupStride())) : Value();
+  const int64_t chunks = ty.getDimSize(1) / 8, warpRows = mt * 16;
+  const int64_t total = warpRows * chunks;
+  auto v4 = VectorType::get({4}, g.i32);
+  for (int64_t k = 0; k < total; k += 32) {
+    auto body = [&] {
+      Value i = g.opaque(g.add(lane, g.c32(k)));
+      Value r = g.add(warpRow0, g.divU(i, g.c32(chunks)));
+      Value col = g.mul(g.remU(i, g.c32(chunks)), g.c32(8));
+      Value at = place.wgmma ? g.swizzledBlocked(r, col, blockBytes(slotRows))
+                             : g.swizzled(r, col, slot.rowChunks);
+      Value x = LLVM::LoadOp::create(
+          b, v4, g.sharedBytePtr(smem, g.add(g.c32(slot.offset), at)), 16);
+      Value row = g.add(row0, r);
+      g.ifThen(g.cmp(CmpIPredicate::slt, row, rows), [&] {
+        Value index =
+            g.add(offset, g.add(g.rowOffset(row, stride, group, groupStride),
+                                g.ext64(col)));
+        LLVM::StoreOp::create(b, x, g.toGlobal(g.elementPtr(base, index)), 16);
+      });
+    };
+    if (k + 32 <= total)
+      body();
+    else
+      g.ifThen(g.cmp(CmpIPredicate::ult, lane, g.c32(total - k)), body);
+  }
   return success();
 }
 

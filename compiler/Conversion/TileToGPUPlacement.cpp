@@ -70,7 +70,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
     int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong,
-    bool persistent, int64_t tma) {
+    bool persistent, int64_t tma, bool stagedStores) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -92,6 +92,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     return failure();
   KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong,
                                        persistent, copyBytes == 16 ? tma : 0);
+  p.stagedStores = stagedStores;
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.

@@ -98,6 +98,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.pingPong = gpu.pingPong;
   lower.persistent = gpu.persistent;
   lower.tma = gpu.tma;
+  lower.stagedStores = gpu.stagedStores;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());

@@ -35,6 +35,8 @@ struct GpuPipelineConfig {
   /// The ring's K and V (1), and Q (2), by the tensor memory accelerator
   /// (tensor maps).
   int64_t tma = 0;
+  /// The forward's output tile through a dead shared slot (16-byte stores).
+  bool stagedStores = true;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -81,6 +83,11 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
       llvm::cl::desc("the K/V ring's K and V (1), and Q too (2), by the "
                      "tensor memory accelerator (tensor maps at launch)"),
       llvm::cl::init(0)};
+  Option<bool> stagedStores{
+      *this, "staged-stores",
+      llvm::cl::desc("the forward's output tile through a dead shared slot "
+                     "(16-byte stores of whole rows)"),
+      llvm::cl::init(true)};
 
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;
@@ -91,6 +98,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.pingPong = pingPong;
     gpu.persistent = persistent;
     gpu.tma = tma;
+    gpu.stagedStores = stagedStores;
     return gpu;
   }
 };

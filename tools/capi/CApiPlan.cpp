@@ -77,12 +77,13 @@ void forwardPlannedCuda(const flashjit_plan &plan, const void *q, const void *k,
   }
   auto copy = uintptr_t(launch.copyBytes());
   auto address = [](const void *p) { return reinterpret_cast<uintptr_t>(p); };
-  if ((address(q) | address(k) | address(v)) % copy != 0)
-    invalid(fmt::format("q ({}), k ({}) and v ({}) must be {}-byte aligned: "
-                        "the plan's kernel copies {} bytes at a time (the "
-                        "alignment of the tensors flashjit_plan_create saw); "
-                        "make a plan for these pointers",
-                        q, k, v, copy, copy));
+  if ((address(q) | address(k) | address(v) | address(o)) % copy != 0)
+    invalid(fmt::format("q ({}), k ({}), v ({}) and o ({}) must be {}-byte "
+                        "aligned: the plan's kernel copies {} bytes at a "
+                        "time (the alignment of the tensors "
+                        "flashjit_plan_create saw); make a plan for these "
+                        "pointers",
+                        q, k, v, o, copy, copy));
   checkLayoutPointers(launch.blockSparse(), counts, indices);
   rt::ForwardBuffers b{devicePtr(q),      devicePtr(k),   devicePtr(v),
                        devicePtr(o),      devicePtr(lse), devicePtr(counts),

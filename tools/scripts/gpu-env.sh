@@ -3,8 +3,8 @@
 # repo root: C (the carried .carry/), OUT, FJ, the unpacked libflashjit.so,
 # a fresh cache directory, no autotuning, and nvJitLink from the CUDA
 # toolkit or a pip wheel where the loader does not find it; and the helpers
-# step, forward_tests, sanitize, bench_one, tflops_of, peers_forward and
-# median below.
+# step, forward_tests, runtime_tests, sanitize, bench_one, tflops_of,
+# peers_forward and median below.
 C=$PWD/.carry
 : "${OUT:=$PWD/out}"; mkdir -p "$OUT"
 [[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
@@ -57,6 +57,14 @@ peers_forward() {
   timeout -k 5 $left python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward \
     --budget-s $2 --cases "$3" > $OUT/bench.log 2>&1
   tail -14 $OUT/bench.log
+}
+# runtime_tests: the runtime GPU tests (prepared launches, CUDA graphs) ->
+# $OUT/runtime.log, their summary lines printed.
+runtime_tests() {
+  echo "== runtime GPU tests (+${SECONDS}s)"
+  timeout 90 $C/bin/flashjit-runtime-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/runtime.log 2>&1
+  echo "exit $?" >> $OUT/runtime.log
+  grep -E "FAILED|PASSED|tests ran|exit" $OUT/runtime.log | head -10
 }
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }

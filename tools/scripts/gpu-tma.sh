@@ -42,10 +42,7 @@ for a in "--head-dim 128 --causal --seq-len 1000" "--head-dim 96 --gqa 2 --heads
 done
 if step tests; then
   forward_tests 330 "*"
-  echo "== runtime GPU tests (+${SECONDS}s)"
-  timeout 90 $C/bin/flashjit-runtime-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/runtime.log 2>&1
-  echo "exit $?" >> $OUT/runtime.log
-  grep -E "FAILED|PASSED|tests ran|exit" $OUT/runtime.log | head -10
+  runtime_tests
 fi
 if step sanitize; then
   echo "== sanitizers (+${SECONDS}s)"
