@@ -11,6 +11,9 @@ that ran):
     python3 tests/bench/plot.py bench/runs/T3-bench.json --out bench/plots
 
 Writes <out>/<stem>-fwd.png and <out>/<stem>-bwd.png; prints their paths.
+A tests/bench/sparsity.py JSON (its "sparsity" key) gives
+<out>/<stem>-sparsity.png instead: milliseconds against the layout's
+density, flashjit and FlexAttention, the dense sdpa backends as lines.
 Needs matplotlib (pip install matplotlib).
 """
 
@@ -107,6 +110,35 @@ def lines(fig, rows):
         ax.legend(fontsize=7)
 
 
+def plot_sparsity(plt, data, stem, out_dir):
+    """Time against density (tests/bench/sparsity.py's JSON)."""
+    meta, rows = data.get("meta", {}), data["sparsity"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    drawn = False
+    for impl in ("flashjit", "flex"):
+        pts = sorted((r["density"], r[f"{impl}_ms"]) for r in rows
+                     if r.get(f"{impl}_ms") is not None)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", color=color(impl), label=impl)
+            drawn = True
+    for name, ms in (data.get("dense") or {}).items():
+        ax.axhline(ms, color=color(name), linestyle=":", label=f"{name} (dense)")
+    if not drawn:
+        raise SystemExit(f"plot.py: {stem} has no timed density")
+    ax.set_xlabel("density of the block layout (128 x 128 blocks)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"block-sparse forward, bf16, d={meta.get('d')} N={meta.get('N')} "
+                 f"H={meta.get('H')} ({stem})", fontsize=10)
+    fig.tight_layout()
+    dest = out_dir / f"{stem}-sparsity.png"
+    fig.savefig(dest, dpi=110)
+    plt.close(fig)
+    return [dest]
+
+
 def plot(path, out_dir):
     import matplotlib
 
@@ -114,10 +146,12 @@ def plot(path, out_dir):
     import matplotlib.pyplot as plt
 
     data = json.loads(pathlib.Path(path).read_text())
-    cases, meta = data["cases"], data.get("meta", {})
     stem = pathlib.Path(path).stem
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if "sparsity" in data:
+        return plot_sparsity(plt, data, stem, out_dir)
+    cases, meta = data["cases"], data.get("meta", {})
     written = []
     for direction, title in (("fwd", "forward"), ("bwd", "backward")):
         rows = series(cases, direction)
@@ -147,7 +181,8 @@ def plot(path, out_dir):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("json", nargs="+", help="side_by_side.py output(s)")
+    ap.add_argument("json", nargs="+",
+                    help="side_by_side.py or sparsity.py output(s)")
     ap.add_argument("--out", default="bench/plots")
     args = ap.parse_args(argv)
     for path in args.json:

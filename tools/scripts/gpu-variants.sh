@@ -9,6 +9,12 @@
 #           custom ops' opcheck and autograd) -> $OUT/python-ops.log
 #   peers   side_by_side.py, forward, the default tilings, the cases of
 #           FLASHJIT_PEER_CASES until FLASHJIT_PEERS_END (420) seconds
+# and, not in the default:
+#   flex     tests/bench/variants.py (the variants beside FlexAttention, N =
+#            8K, d = 128, forward and backward) -> $OUT/variants.json
+#   sparsity tests/bench/sparsity.py (block-sparse time against density,
+#            beside FlexAttention's block masks and dense sdpa) ->
+#            $OUT/sparsity.json, then plot.py -> $OUT/sparsity-sparsity.png
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
@@ -31,5 +37,18 @@ fi
 if step peers; then
   peers_forward "${FLASHJIT_PEERS_END:-420}" 30 \
     "${FLASHJIT_PEER_CASES:-128:16384:n:1:16,128:1024:n:16:16,128:4096:n:4:16}"
+fi
+if step flex; then
+  echo "== variants beside FlexAttention (+${SECONDS}s)"
+  timeout -k 5 300 python3 tests/bench/variants.py --json $OUT/variants.json > $OUT/variants.log 2>&1
+  echo "exit $?" >> $OUT/variants.log
+  grep -E "^\||exit|Error" $OUT/variants.log | tail -12
+fi
+if step sparsity; then
+  echo "== block-sparse time against density (+${SECONDS}s)"
+  timeout -k 5 240 python3 tests/bench/sparsity.py --flashjit $FJ --out $OUT/sparsity.json > $OUT/sparsity.log 2>&1
+  echo "exit $?" >> $OUT/sparsity.log
+  tail -12 $OUT/sparsity.log
+  python3 tests/bench/plot.py $OUT/sparsity.json --out $OUT 2>&1 | tail -1
 fi
 echo "== done (+${SECONDS}s)"
