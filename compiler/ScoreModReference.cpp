@@ -18,10 +18,12 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 #include <cmath>
+#include <fmt/format.h>
 #include <functional>
 #include <vector>
 
@@ -40,6 +42,8 @@ struct Dual {
 struct Instr {
   std::vector<int> in;
   std::function<Dual(const Dual *)> eval;
+  /// A captured tensor's load (memref.load): the tensor, read at in[0].
+  int capture = -1;
 };
 
 constexpr double kLn2 = 0.69314718055994530942;
@@ -287,6 +291,14 @@ public:
     args = int(index.size());
     for (Operation &op : body.without_terminator()) {
       Instr instr;
+      if (auto load = dyn_cast<memref::LoadOp>(op)) {
+        instr.capture =
+            int(cast<BlockArgument>(load.getMemRef()).getArgNumber()) - 5;
+        instr.in.push_back(index.at(load.getIndices()[0]));
+        index[op.getResult(0)] = int(index.size());
+        code.push_back(std::move(instr));
+        continue;
+      }
       instr.eval = evaluatorOf(&op);
       if (!instr.eval || op.getNumResults() != 1)
         throw CompileError("the float64 reference cannot evaluate '" +
@@ -305,15 +317,31 @@ public:
   }
 
   double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
-               int64_t kvIdx, double *dScore) const override {
+               int64_t kvIdx, const Captures *captures,
+               double *dScore) const override {
     std::vector<Dual> values(size_t(args) + code.size());
     values[0] = {score, 1};
     const int64_t rest[] = {batch, head, qIdx, kvIdx};
-    for (int i = 1; i < args; ++i)
+    for (int i = 1; i < 5; ++i)
       values[i] = constant(double(rest[i - 1]));
+    if (args > 5 && (!captures || int64_t(captures->size()) != args - 5))
+      throw SpecError(fmt::format(
+          "the score_mod region captures {} tensors, the data has {}", args - 5,
+          captures ? captures->size() : 0));
     Dual in[3];
     for (size_t k = 0; k < code.size(); ++k) {
       const Instr &instr = code[k];
+      if (instr.capture >= 0) {
+        const std::vector<float> &t = (*captures)[size_t(instr.capture)];
+        const double at = values[size_t(instr.in[0])].v;
+        if (at < 0 || at >= double(t.size()))
+          throw SpecError(fmt::format(
+              "the score_mod region reads captured tensor {} at {}, outside "
+              "its {} elements",
+              instr.capture, at, t.size()));
+        values[size_t(args) + k] = constant(double(t[size_t(at)]));
+        continue;
+      }
       for (size_t o = 0; o < instr.in.size() && o < 3; ++o)
         in[o] = values[size_t(instr.in[o])];
       values[size_t(args) + k] = instr.eval(in);

@@ -86,6 +86,7 @@ void describeScoreMod(Operation *op, std::optional<std::string> named,
                       Region &region, AttentionSpec &spec) {
   spec.scoreModRegion.clear();
   spec.scoreFunction.reset();
+  spec.captures = 0;
   if (named) {
     spec.scoreMod = *named;
     return;
@@ -98,12 +99,14 @@ void describeScoreMod(Operation *op, std::optional<std::string> named,
   spec.scoreMod = kCustomScoreMod;
   spec.scoreModRegion = canonicalRegion(op);
   spec.scoreFunction = scoreFunctionOf(region);
+  spec.captures = int64_t(region.front().getNumArguments()) - 5;
 }
 
 /// What a region's text makes of a spec (describeScoreMod's fields).
 struct DescribedScoreMod {
   std::string scoreMod, scoreModRegion;
   std::shared_ptr<const ScoreFunction> scoreFunction;
+  int64_t captures = 0;
 };
 
 /// \p spec with \p region's modifier: parsed, verified, canonicalised and
@@ -155,8 +158,8 @@ static DescribedScoreMod describeRegionText(const AttentionSpec &spec,
   } catch (const CompileError &e) {
     throw refuse(e.what());
   }
-  return {described.scoreMod, described.scoreModRegion,
-          described.scoreFunction};
+  return {described.scoreMod, described.scoreModRegion, described.scoreFunction,
+          described.captures};
 }
 
 AttentionSpec withScoreModRegion(const AttentionSpec &spec,
@@ -185,6 +188,7 @@ AttentionSpec withScoreModRegion(const AttentionSpec &spec,
   out.scoreMod = d->scoreMod;
   out.scoreModRegion = d->scoreModRegion;
   out.scoreFunction = d->scoreFunction;
+  out.captures = d->captures;
   return out;
 }
 

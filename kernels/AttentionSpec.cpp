@@ -42,6 +42,13 @@ static void checkRange(const char *field, int64_t value, int64_t lo,
 }
 
 void AttentionSpec::validate() const {
+  if (captures < 0 || (captures > 0 && scoreMod != kCustomScoreMod))
+    throw SpecError(fmt::format("captures: {} captured tensors without a "
+                                "score_mod region that reads them",
+                                captures));
+  if (captures > 0 && direction == Direction::Backward)
+    throw SpecError("a score modifier that captures tensors has no backward "
+                    "yet (their gradients are not derived)");
   checkRange("head_dim_qk", headDimQK, 1, 512);
   checkRange("head_dim_v", headDimV, 1, 512);
   checkRange("gqa", gqaGroup, 1, 1 << 16);
@@ -151,7 +158,7 @@ double ScoreMod::apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx,
   double unused;
   switch (kind) {
   case Kind::Custom:
-    return custom->apply(score, batch, head, qIdx, kvIdx, &unused);
+    return custom->apply(score, batch, head, qIdx, kvIdx, captures, &unused);
   case Kind::None:
     return score;
   case Kind::Softcap:
@@ -167,7 +174,7 @@ double ScoreMod::derivative(double score, int64_t head, int64_t qIdx,
                             int64_t kvIdx, int64_t batch) const {
   if (kind == Kind::Custom) {
     double d = 0;
-    custom->apply(score, batch, head, qIdx, kvIdx, &d);
+    custom->apply(score, batch, head, qIdx, kvIdx, captures, &d);
     return d;
   }
   if (kind != Kind::Softcap)

@@ -14,6 +14,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace flashjit {
 
@@ -86,6 +87,10 @@ struct AttentionSpec {
   /// The float64 evaluation of a "custom" score_mod region (its value and
   /// derivative), for the reference; null otherwise.
   std::shared_ptr<const class ScoreFunction> scoreFunction;
+  /// How many tensors a "custom" region captures (its arguments after
+  /// kv_idx, memref<?xf32>): the kernel's buffers after its ABI's
+  /// (AttentionData::captures on the CPU). Set with scoreFunction.
+  int64_t captures = 0;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;
@@ -162,15 +167,22 @@ std::pair<int64_t, int64_t> effectiveWindow(const AttentionSpec &spec,
 /// pipeline), declaring the kernel \p name.
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name);
 
+/// The captured tensors of a score_mod region, in its argument order: flat
+/// f32 buffers that the region indexes itself (AttentionSpec::captures).
+using Captures = std::vector<std::vector<float>>;
+
 /// A score_mod region that is no named variant, as the reference evaluates
 /// it: the modified score of \p score (the scaled q.k) of query \p qIdx
 /// and key \p kvIdx in \p batch and query head \p head, in float64, and
-/// its derivative with respect to \p score in \p dScore.
+/// its derivative with respect to \p score in \p dScore; the region's
+/// captured tensors (its arguments after kv_idx) are \p captures (null
+/// when it has none).
 class ScoreFunction {
 public:
   virtual ~ScoreFunction() = default;
   virtual double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
-                       int64_t kvIdx, double *dScore) const = 0;
+                       int64_t kvIdx, const Captures *captures,
+                       double *dScore) const = 0;
 };
 
 /// The spelling of a score_mod region that is no named variant.
@@ -197,8 +209,16 @@ struct ScoreMod {
   double cap = 0;
   /// alibi's H.
   int64_t heads = 0;
-  /// Custom: the region's evaluation.
+  /// Custom: the region's evaluation, and the captured tensors it reads
+  /// (set by whoever evaluates it on data: the references).
   std::shared_ptr<const ScoreFunction> custom;
+  const Captures *captures = nullptr;
+  /// This modifier reading \p data as its captured tensors.
+  ScoreMod reading(const Captures *data) const {
+    ScoreMod m = *this;
+    m.captures = data;
+    return m;
+  }
 
   /// \p text parsed ("" is Kind::None); throws SpecError naming the text
   /// for an unknown name or a bad argument.

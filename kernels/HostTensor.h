@@ -48,6 +48,8 @@ struct HalfTensor {
 struct AttentionData {
   HalfTensor q, k, v, o;
   std::vector<float> lse; ///< [B, H, Nq], packed.
+  /// The score modifier's captured tensors (AttentionSpec::captures).
+  Captures captures;
 };
 
 /// How Q, K and V are laid out in memory.

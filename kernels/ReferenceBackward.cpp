@@ -30,7 +30,7 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
   const double negInf = -std::numeric_limits<double>::infinity();
-  const ScoreMod mod = ScoreMod::of(spec);
+  const ScoreMod mod = ScoreMod::of(spec).reading(&d.captures);
   auto [left, right] = effectiveWindow(spec, p);
   BackwardReference r;
   r.dq.assign(size_t(p.batch * H * Nq * dqk), 0.0);
@@ -211,7 +211,7 @@ referenceBackwardSampled(const AttentionSpec &spec, const Problem &p,
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV, G = spec.gqaGroup;
   const int64_t Hkv = p.kvHeads(spec);
   const double scale = p.effectiveScale(spec);
-  const ScoreMod mod = ScoreMod::of(spec);
+  const ScoreMod mod = ScoreMod::of(spec).reading(&d.captures);
   auto [left, right] = effectiveWindow(spec, p);
   SampledBackwardReference r;
   r.rows = std::move(rows);

@@ -73,7 +73,7 @@ ReferenceResult referenceForward(const AttentionSpec &spec, const Problem &p,
   const int64_t Nq = p.seqLenQ, Nkv = p.seqLenKV;
   const double scale = p.effectiveScale(spec);
   auto [left, right] = effectiveWindow(spec, p);
-  const ScoreMod mod = ScoreMod::of(spec);
+  const ScoreMod mod = ScoreMod::of(spec).reading(&d.captures);
   ReferenceResult r;
   r.rows = checkedRows(spec, p, maxWork);
   r.o.assign(r.rows.size() * size_t(dv), 0.0);

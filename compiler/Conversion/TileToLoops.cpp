@@ -265,6 +265,7 @@ LogicalResult TileLowering::lowerOp(Operation *op) {
             return success();
           })
           .Case([&](tile::IotaOp o) { return lowerIota(b, o), success(); })
+          .Case([&](tile::GatherOp o) { return lowerGather(b, o), success(); })
           .Case([&](arith::ConstantOp o) {
             return lowerConstant(b, o), success();
           })

@@ -61,6 +61,7 @@ private:
   void lowerReduce(mlir::OpBuilder &b, tile::ReduceOp op);
   void lowerBroadcast(mlir::OpBuilder &b, tile::BroadcastOp op);
   void lowerIota(mlir::OpBuilder &b, tile::IotaOp op);
+  void lowerGather(mlir::OpBuilder &b, tile::GatherOp op);
   void lowerConstant(mlir::OpBuilder &b, mlir::arith::ConstantOp op);
   void lowerElementwise(mlir::OpBuilder &b, mlir::Operation *op);
 

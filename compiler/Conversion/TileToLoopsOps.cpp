@@ -325,6 +325,29 @@ void TileLowering::lowerIota(OpBuilder &b, tile::IotaOp op) {
                });
 }
 
+/// Each element from the buffer at its index (a captured tensor's load).
+///
+///   %g = tile.gather %t[%idx] : memref<?xf32>, tensor<64x32xi32>
+///       -> tensor<64x32xf32>
+///
+/// becomes
+///
+///   scf.for %r ... { scf.for %c ... {
+///     %i = arith.index_cast (memref.load %IDX[%r, %c]) : i32 to index
+///     memref.store (memref.load %t[%i]), %G[%r, %c]
+///   } }
+void TileLowering::lowerGather(OpBuilder &b, tile::GatherOp op) {
+  Value out = defineBuffer(op.getResult());
+  forEachIndex(
+      b, op.getLoc(), op.getType().getShape(),
+      [&](OpBuilder &b, Location loc, ValueRange ivs) {
+        Value i = arith::IndexCastOp::create(
+            b, loc, b.getIndexType(), element(b, loc, op.getIndex(), ivs));
+        Value v = memref::LoadOp::create(b, loc, op.getBase(), ValueRange{i});
+        memref::StoreOp::create(b, loc, v, out, ivs);
+      });
+}
+
 /// A splat constant tile is its scalar (like tile.splat): elementwise users
 /// take the scalar; a buffer is filled only where an op needs one.
 ///

@@ -150,10 +150,12 @@ PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {
 /// Runs \p entry for every (pid_m, pid_bh) in [0, gridM) x [0, gridBH) on
 /// host threads. The argument list is: the buffers, the index arguments, the
 /// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h); with \p gridZ > 0
-/// also pid_split, every one of [0, gridZ) (abi::split).
+/// also pid_split, every one of [0, gridZ) (abi::split); then the
+/// buffers of \p tail (a score modifier's captured tensors).
 void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
              const std::vector<int64_t> &idx, const std::vector<float> &f32s,
-             int64_t gridM, int64_t gridBH, int64_t gridZ = 0) {
+             int64_t gridM, int64_t gridBH, int64_t gridZ = 0,
+             const std::vector<MemRef1D> &tail = {}) {
   const int64_t programs = gridM * gridBH * std::max<int64_t>(gridZ, 1);
   std::atomic<int64_t> next{0};
   auto worker = [&] {
@@ -162,6 +164,7 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     std::vector<MemRef1D> myBufs = bufs;
     std::vector<int64_t> myIdx = idx;
     std::vector<float> myF32s = f32s;
+    std::vector<MemRef1D> myTail = tail;
     int64_t pidM = 0, pidBH = 0, pidZ = 0;
     std::vector<void *> args;
     for (MemRef1D &m : myBufs)
@@ -174,6 +177,9 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     args.insert(args.end(), {&pidM, &pidBH});
     if (gridZ > 0)
       args.push_back(&pidZ);
+    for (MemRef1D &m : myTail)
+      args.insert(args.end(),
+                  {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
     for (int64_t t; (t = next.fetch_add(1)) < programs;) {
       pidM = t % gridM;
       pidBH = (t / gridM) % gridBH;
@@ -252,6 +258,16 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   d.k.checkLayout("k");
   d.v.checkLayout("v");
   d.o.checkLayout("o");
+  if (int64_t(d.captures.size()) != spec.captures)
+    throw SpecError(fmt::format("the score modifier captures {} tensors, "
+                                "the call gives {}",
+                                spec.captures, d.captures.size()));
+  std::vector<MemRef1D> captured;
+  for (std::vector<float> &t : d.captures) {
+    if (t.empty())
+      throw SpecError("a captured tensor is empty");
+    captured.push_back(describe(t.data(), int64_t(t.size())));
+  }
 
   abi::TensorStrides strides;
   strides.q = d.q.strides;
@@ -283,7 +299,8 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   const TileConfig &config = impl->config;
   if (!config.splits) {
     const int64_t qBlocks = (p.seqLenQ + config.blockM - 1) / config.blockM;
-    runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads);
+    runGrid(impl->entry, bufs, idx, {scaleLog2}, qBlocks, p.batch * p.heads, 0,
+            captured);
     return;
   }
   // Split-KV: the partial on a grid.z of S (launchSplits: the config's,
@@ -298,7 +315,7 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   bufs.push_back(describe(oPart.data(), int64_t(oPart.size())));
   bufs.push_back(describe(lsePart.data(), int64_t(lsePart.size())));
   idx.push_back(splits);
-  runGrid(impl->entry, bufs, idx, {scaleLog2}, gridM, gridBH, splits);
+  runGrid(impl->entry, bufs, idx, {scaleLog2}, gridM, gridBH, splits, captured);
   runGrid(impl->combine, bufs, idx, {scaleLog2},
           (p.seqLenQ + abi::bwd::kRowBlockRows - 1) / abi::bwd::kRowBlockRows,
           p.batch * p.heads, 1);

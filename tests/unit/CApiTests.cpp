@@ -225,7 +225,7 @@ namespace {
 class RelativeBias : public ScoreFunction {
 public:
   double apply(double s, int64_t, int64_t h, int64_t i, int64_t j,
-               double *dScore) const override {
+               const Captures *, double *dScore) const override {
     if (j <= i) {
       *dScore = 1;
       return s - 0.0625 * double(h + 1) * double(i - j);

@@ -230,8 +230,9 @@ TEST(ScoreModStages, EditedRegionIsNoNamedVariant) {
   ASSERT_TRUE(info.spec.scoreFunction);
   double d = 0;
   // Head 1 of 4, kv_idx - q_idx = 10: slope 2^(-4 * 2 / 4) = 1/4.
-  EXPECT_DOUBLE_EQ(info.spec.scoreFunction->apply(1.0, 0, 1, 5, 15, &d),
-                   1.0 + 0.25 * 10);
+  EXPECT_DOUBLE_EQ(
+      info.spec.scoreFunction->apply(1.0, 0, 1, 5, 15, nullptr, &d),
+      1.0 + 0.25 * 10);
   EXPECT_DOUBLE_EQ(d, 1.0);
   // A custom modifier has no name to be given by.
   AttentionSpec named;

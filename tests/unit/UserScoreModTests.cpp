@@ -171,19 +171,19 @@ TEST(UserScoreModReference, EvaluatesTheRegionAndItsDerivative) {
       {description("flash_fwd", "none", 32, 32, kPiecewise), "p.mlir"});
   const ScoreFunction &f = *info.spec.scoreFunction;
   double d = 0;
-  EXPECT_DOUBLE_EQ(f.apply(1.5, 0, 0, 3, 4, &d), 4.5);
+  EXPECT_DOUBLE_EQ(f.apply(1.5, 0, 0, 3, 4, nullptr, &d), 4.5);
   EXPECT_DOUBLE_EQ(d, 6.0);
-  EXPECT_DOUBLE_EQ(f.apply(1.5, 1, 0, 3, 4, &d), 5.0);
+  EXPECT_DOUBLE_EQ(f.apply(1.5, 1, 0, 3, 4, nullptr, &d), 5.0);
   EXPECT_DOUBLE_EQ(d, 6.0);
-  EXPECT_DOUBLE_EQ(f.apply(3.0, 1, 2, 0, 0, &d), 3.5);
+  EXPECT_DOUBLE_EQ(f.apply(3.0, 1, 2, 0, 0, nullptr, &d), 3.5);
   EXPECT_DOUBLE_EQ(d, 1.0);
-  EXPECT_DOUBLE_EQ(f.apply(-1.0, 0, 0, 0, 0, &d), -1.0);
+  EXPECT_DOUBLE_EQ(f.apply(-1.0, 0, 0, 0, 0, nullptr, &d), -1.0);
   EXPECT_DOUBLE_EQ(d, 1.0);
   SourceInfo bias = inspectSource(
       {description("flash_fwd", "none", 32, 32, kDistanceBias), "b.mlir"});
   // h = 2, i - j = 50: t = s - 0.003 * 3 * 50 = s - 0.45.
   const double s = 1.0, t = s - 0.003 * 3 * 50;
-  const double y = bias.spec.scoreFunction->apply(s, 0, 2, 60, 10, &d);
+  const double y = bias.spec.scoreFunction->apply(s, 0, 2, 60, 10, nullptr, &d);
   EXPECT_NEAR(y, 8 * std::tanh(t / 8), 1e-6);
   EXPECT_NEAR(d, 1 - std::tanh(t / 8) * std::tanh(t / 8), 1e-6);
 }

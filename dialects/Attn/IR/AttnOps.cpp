@@ -3,6 +3,7 @@
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "kernels/AttentionSpec.h"
 
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -157,35 +158,59 @@ static constexpr const char *kScoreModArgs[] = {"score", "batch", "head",
                                                 "q_idx", "kv_idx"};
 
 /// The checks of a score_mod region: one block of (score: f32, batch,
-/// head, q_idx, kv_idx: index), arith and math ops on scalars only, ending
-/// in attn.yield of an f32.
+/// head, q_idx, kv_idx: index, then any captured tensors: memref<?xf32>),
+/// arith and math ops on scalars and memref.load of a captured tensor at
+/// one index, ending in attn.yield of an f32.
 static LogicalResult verifyScoreMod(Operation *op, Region &region) {
   if (!region.hasOneBlock())
     return op->emitOpError() << "score_mod must have one block, got "
                             << region.getBlocks().size();
   Block &body = region.front();
-  auto signature = [&] {
+  // The message keeps the five arguments' spelling that tools match on;
+  // captured tensors follow in parentheses.
+  auto signature = [&](const std::string &got) {
     return op->emitOpError()
            << "score_mod must take (score: f32, batch: index, head: index, "
-              "q_idx: index, kv_idx: index)";
+              "q_idx: index, kv_idx: index), got "
+           << got << " (then any captured tensors, memref<?xf32>)";
   };
-  if (body.getNumArguments() != std::size(kScoreModArgs))
-    return signature() << ", got " << body.getNumArguments() << " arguments";
+  if (body.getNumArguments() < std::size(kScoreModArgs))
+    return signature(std::to_string(body.getNumArguments()) + " arguments");
   Builder b(op->getContext());
+  auto captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
   for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
-    Type want = i == 0 ? Type(b.getF32Type()) : Type(b.getIndexType());
-    if (arg.getType() != want)
-      return signature() << ", got " << arg.getType() << " for "
-                         << kScoreModArgs[i];
+    Type want = i == 0                         ? Type(b.getF32Type())
+                : i < std::size(kScoreModArgs) ? Type(b.getIndexType())
+                                               : Type(captured);
+    if (arg.getType() == want)
+      continue;
+    std::string type;
+    llvm::raw_string_ostream os(type);
+    os << "'" << arg.getType() << "' for "
+       << (i < std::size(kScoreModArgs)
+               ? std::string(kScoreModArgs[i])
+               : "captured tensor " +
+                     std::to_string(i - std::size(kScoreModArgs)));
+    return signature(type);
   }
   if (body.empty() || !isa<YieldOp>(body.back()))
     return op->emitOpError() << "score_mod must end in attn.yield";
   for (Operation &inner : body.without_terminator()) {
+    if (auto load = dyn_cast<memref::LoadOp>(inner)) {
+      auto arg = dyn_cast<BlockArgument>(load.getMemRef());
+      if (!arg || arg.getOwner() != &body ||
+          arg.getArgNumber() < std::size(kScoreModArgs) ||
+          load.getIndices().size() != 1)
+        return op->emitOpError() << "score_mod: memref.load reads a captured "
+                                    "tensor (an argument after kv_idx) at "
+                                    "one index";
+      continue;
+    }
     StringRef ns = inner.getDialect() ? inner.getDialect()->getNamespace() : "";
     if ((ns != "arith" && ns != "math") || inner.getNumRegions() != 0)
       return op->emitOpError()
              << "score_mod may hold only arith and math ops, got '"
-             << inner.getName() << "'";
+             << inner.getName() << "' (and memref.load of a captured tensor)";
     for (Type t : inner.getResultTypes())
       if (!t.isIntOrIndexOrFloat())
         return op->emitOpError()

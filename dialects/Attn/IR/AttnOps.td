@@ -30,9 +30,11 @@ def Attn_Dialect : Dialect {
   }];
   let useDefaultAttributePrinterParser = 1;
   let hasOperationAttrVerify = 1;
-  // A score modifier's body is arith / math ops.
+  // A score modifier's body is arith / math ops and loads of captured
+  // tensors.
   let dependentDialects = ["::mlir::arith::ArithDialect",
-                           "::mlir::math::MathDialect"];
+                           "::mlir::math::MathDialect",
+                           "::mlir::memref::MemRefDialect"];
 }
 
 /// A boolean parameter printed and parsed as `true` / `false`.
@@ -149,7 +151,11 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
     score `scale * q.k` (f32) and the element's batch, head, query index and
     key index (index), holds only arith and math ops, and yields the new
     score with `attn.yield`. The tiling runs it on whole score tiles, its
-    index values as i32 tiles. The named variants (`--score-mod softcap:C`,
+    index values as i32 tiles. After kv_idx it may take captured tensors
+    (`memref<?xf32>`, flat: the region computes each index itself) and read
+    them with `memref.load` at one index; the tiling gathers them per
+    element from buffers that follow the kernel ABI's (the CPU mode only,
+    for now: AttentionSpec::captures). The named variants (`--score-mod softcap:C`,
     `alibi:H`; kernels/AttentionSpec.h, ScoreMod) are regions that
     attnModuleText builds; `namedScoreMod` recognises them. Softcapping at
     20 (`--score-mod softcap:20`):

@@ -24,6 +24,20 @@
 ///   %df = arith.sitofp %d : tensor<64x64xi32> to tensor<64x64xf32>
 ///   %S2 = arith.addf %S, %df : tensor<64x64xf32>
 ///
+/// A captured tensor (an argument after kv_idx, memref<?xf32>) is the
+/// tiled function's buffer for it, and its load a gather at the index
+/// tile. Before:
+///
+///   ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index,
+///        %slopes: memref<?xf32>):
+///     %x = memref.load %slopes[%h] : memref<?xf32>
+///
+/// After (%H: the splat of the program's head; %arg33 the kernel's
+/// capture0):
+///
+///   %x = tile.gather %arg33[%H] : memref<?xf32>, tensor<64x64xi32>
+///       -> tensor<64x64xf32>
+///
 /// For the backward, inlineScoreModWithDerivative also builds d S2 / d S
 /// beside each op, by the chain rule (softcap's C tanh(s / C): (1 - t^2),
 /// t = tanh(s / C), times the 1 / C of the division and the C of the
@@ -34,9 +48,11 @@
 #include "dialects/Attn/Transforms/ScoreMod.h"
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Tile/IR/TileDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -60,6 +76,8 @@ LogicalResult checkScoreModTileable(Operation *op, Region &region) {
                << " does not fit in i32 (index values are i32 on tiles)";
       continue;
     }
+    if (isa<memref::LoadOp>(inner)) // a captured tensor's: a tile.gather
+      continue;
     if (!OpTrait::hasElementwiseMappableTraits(&inner))
       return op->emitOpError() << "score_mod: '" << inner.getName()
                                << "' is not elementwise; it cannot run on "
@@ -103,13 +121,28 @@ cloneOnTiles(OpBuilder &b, Location loc, Region &region, Value scores,
   map.map(body.getArgument(0), scores);
   const Value args[] = {indices.batch, indices.head, indices.qIdx,
                         indices.kvIdx};
-  for (auto [arg, tile] :
-       llvm::zip_equal(body.getArguments().drop_front(), args))
+  for (auto [arg, tile] : llvm::zip(body.getArguments().drop_front(), args))
     if (!arg.use_empty()) {
       assert(tile && "the tiling builds every index tile the region uses");
       map.map(arg, tile);
     }
+  auto captured = body.getArguments().drop_front(1 + std::size(args));
+  assert(captured.size() == indices.captures.size() &&
+         "the tiling gives the kernel a buffer per captured tensor");
+  for (auto [arg, buffer] : llvm::zip_equal(captured, indices.captures))
+    map.map(arg, buffer);
   for (Operation &op : body.without_terminator()) {
+    if (auto load = dyn_cast<memref::LoadOp>(op)) {
+      // A captured tensor's element at an index tile: a gather.
+      auto ty = onTiles(load.getType());
+      map.map(load.getResult(),
+              tile::GatherOp::create(b, loc, ty, map.lookup(load.getMemRef()),
+                                     map.lookup(load.getIndices()[0])));
+      if (each &&
+          failed(each(op, map.lookup(load.getResult()).getDefiningOp())))
+        return failure();
+      continue;
+    }
     if (auto c = dyn_cast<arith::ConstantOp>(op)) {
       auto ty = onTiles(c.getType());
       Attribute v = c.getValue();

@@ -24,6 +24,9 @@ mlir::LogicalResult checkScoreModTileable(mlir::Operation *op,
 /// key positions. Null for an argument the region does not use.
 struct ScoreModIndices {
   mlir::Value batch, head, qIdx, kvIdx;
+  /// The captured tensors (the region's arguments after kv_idx): the tiled
+  /// function's buffers for them, in order.
+  llvm::SmallVector<mlir::Value> captures;
 };
 
 /// Whether \p region uses its index argument \p i (1 = batch, 2 = head,

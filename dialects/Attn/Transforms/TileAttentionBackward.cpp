@@ -232,6 +232,11 @@ struct TileAttentionBackwardPass
           (failed(checkScoreModTileable(op, op.getScoreMod())) ||
            failed(checkScoreModDifferentiable(op, op.getScoreMod()))))
         return WalkResult::interrupt();
+      if (op.hasScoreMod() && op.getScoreMod().front().getNumArguments() > 5) {
+        op.emitOpError() << "score_mod: captured tensors in the backward are "
+                            "not implemented yet";
+        return WalkResult::interrupt();
+      }
       int64_t sb = op.getSparseBlock();
       if (!ownDqTiling || !op.getDeterministic() || sb == 0 ||
           (sb % dqBr == 0 && sb % dqBc == 0))

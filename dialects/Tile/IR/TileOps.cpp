@@ -147,6 +147,17 @@ LogicalResult IotaOp::verify() {
   return success();
 }
 
+LogicalResult GatherOp::verify() {
+  if (!getIndex().getType().getElementType().isInteger(32))
+    return emitOpError() << "indices are i32, got " << getIndex().getType();
+  if (getType().getShape() != getIndex().getType().getShape() ||
+      getType().getElementType() != getBase().getType().getElementType())
+    return emitOpError() << "the result must be the index tile's shape in "
+                            "the buffer's element type, got "
+                         << getType();
+  return success();
+}
+
 LogicalResult flashjit::tile::verifyWritesOutput(Operation *kernel) {
   bool writes = false;
   kernel->walk([&](Operation *op) {

@@ -257,4 +257,27 @@ def Tile_IotaOp : Tile_Op<"iota", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Tile_GatherOp : Tile_Op<"gather"> {
+  let summary = "Each element read from a buffer at its own index";
+  let description = [{
+    `result[e] = base[index[e]]` for every element e of the i32 tile
+    `index`: a score modifier's load of a captured tensor (a bias table, a
+    segment id) on a whole score tile. Indices outside the buffer are the
+    description's fault, as any out-of-bounds load would be.
+
+    ```mlir
+    %bias = tile.gather %table[%idx] : memref<?xf32>, tensor<64x32xi32>
+        -> tensor<64x32xf32>
+    ```
+  }];
+  let arguments = (ins Arg<MemRefRankOf<[F32], [1]>, "", [MemRead]>:$base,
+                   Tile_Tile:$index);
+  let results = (outs Tile_Tile:$result);
+  let assemblyFormat = [{
+    $base `[` $index `]` attr-dict `:` type($base) `,` type($index) `->`
+    type($result)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // FLASHJIT_TILE_OPS
