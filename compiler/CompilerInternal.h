@@ -65,6 +65,9 @@ std::unique_ptr<mlir::ExecutionEngine> jitLoweredModule(mlir::ModuleOp module);
 /// signature and op set are the attn dialect's) for the reference, value
 /// and derivative (ScoreModReference.cpp); throws CompileError for an op
 /// it does not evaluate.
+/// Throws SpecError unless the score_mod regions of \p module capture as
+/// many tensors as \p spec says (ScoreModText.cpp).
+void checkScoreModCaptures(mlir::ModuleOp module, const AttentionSpec &spec);
 std::shared_ptr<const ScoreFunction> scoreFunctionOf(mlir::Region &region);
 
 /// The score modifier of description \p op (attn.flash_fwd or

@@ -192,4 +192,24 @@ AttentionSpec withScoreModRegion(const AttentionSpec &spec,
   return out;
 }
 
+/// Throws SpecError unless the score_mod regions of \p module capture
+/// \p spec's count of tensors (the buffers the CPU mode passes after the
+/// kernel ABI's: a spec whose region was set by hand without its count
+/// would pass too few).
+void checkScoreModCaptures(ModuleOp module, const AttentionSpec &spec) {
+  module.walk([&](Operation *op) {
+    Region *region = nullptr;
+    if (auto fwd = dyn_cast<attn::FlashFwdOp>(op); fwd && fwd.hasScoreMod())
+      region = &fwd.getScoreMod();
+    if (auto bwd = dyn_cast<attn::FlashBwdOp>(op); bwd && bwd.hasScoreMod())
+      region = &bwd.getScoreMod();
+    if (region &&
+        int64_t(region->front().getNumArguments()) - 5 != spec.captures)
+      throw SpecError(fmt::format(
+          "the score_mod region captures {} tensors, the spec says {} "
+          "(withScoreModRegion sets the count with the region)",
+          region->front().getNumArguments() - 5, spec.captures));
+  });
+}
+
 } // namespace flashjit
