@@ -311,20 +311,6 @@ void runPipeline(ModuleOp module,
     throw CompileError("pipeline failed: " + diags.str());
 }
 
-/// " kv-split=true" for a split-KV tiling and " overlap-softmax=true" for
-/// the pipelined loop, else nothing (so that the other pipelines' texts,
-/// and cache keys, stay as they were).
-static std::string tilingOptions(const TileConfig &config) {
-  return std::string(config.splits ? " kv-split=true" : "") +
-         (config.overlapSoftmax ? " overlap-softmax=true" : "");
-}
-
-std::string cpuPipelineText(const TileConfig &config) {
-  return fmt::format("builtin.module(flashjit-cpu-pipeline{{block-m={} "
-                     "block-n={}{}}})",
-                     config.blockM, config.blockN, tilingOptions(config));
-}
-
 /// Checks that \p config and \p target can make a GPU kernel for \p spec.
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,
@@ -516,76 +502,6 @@ std::vector<KernelLaunch> gpuKernelLaunches(const AttentionSpec &spec,
 std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
                          const GpuTarget &target, const KernelSource &source) {
   return compileForGpu(spec, config, target, source).ptx;
-}
-
-std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
-  return fmt::format(
-      "builtin.module(flashjit-gpu-pipeline{{block-m={} "
-      "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}}})",
-      config.blockM, config.blockN, config.warps, target.copyBytes,
-      usesVectorAtomics(target), usesWgmma(target),
-      usesKvRing(target) ? config.stages : 0, pingPongMode(target),
-      usesPersistentKernel(target) ? " persistent=true" : "",
-      usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
-                             : "",
-      usesStagedStores() ? "" : " staged-stores=false", tilingOptions(config));
-}
-
-bool usesStagedStores() {
-  // FLASHJIT_STAGED_STORES=0 stores the forward's output element by element
-  // (for comparisons); the pipeline text, part of the cache key, records it.
-  const char *env = std::getenv("FLASHJIT_STAGED_STORES");
-  return !(env && std::string(env) == "0");
-}
-
-bool usesPersistentKernel(const GpuTarget &target) {
-  // Opt-in while it is measured (FLASHJIT_PERSISTENT=1); the pipeline text,
-  // part of the cache key, records it.
-  const char *env = std::getenv("FLASHJIT_PERSISTENT");
-  return usesKvRing(target) && env && std::string(env) == "1";
-}
-
-int64_t tensorMapMode(const GpuTarget &target) {
-  // Tensor maps want 16-byte aligned addresses and strides: the 16-byte
-  // copies' (the launcher picks the copy width from the tensors).
-  if (!usesKvRing(target) || target.copyBytes != 16)
-    return 0;
-  const char *env = std::getenv("FLASHJIT_TMA");
-  const std::string v = env ? env : "";
-  // Q by the producer too (2) is opt-in: on the H200 it measured no faster
-  // one-tile-per-program and 3-7% slower at N = 16K (bench/NOTES.md, T17).
-  return v == "0" ? 0 : v == "qkv" ? 2 : 1;
-}
-
-int64_t pingPongMode(const GpuTarget &target) {
-  if (!usesKvRing(target))
-    return 0;
-  const char *env = std::getenv("FLASHJIT_PING_PONG");
-  const std::string v = env ? env : "";
-  return v == "0" ? 0 : v == "2" ? 2 : 1;
-}
-
-bool usesKvRing(const GpuTarget &target) {
-  // FLASHJIT_KV_RING=0 keeps every forward's own copies (for comparisons);
-  // the pipeline text, part of the cache key, records the choice.
-  const char *env = std::getenv("FLASHJIT_KV_RING");
-  return usesWgmma(target) && !(env && std::string(env) == "0");
-}
-
-bool usesWgmma(const GpuTarget &target) {
-  // FLASHJIT_WGMMA=0 keeps mma.sync (for comparisons); the pipeline text,
-  // part of the cache key, records the choice.
-  const char *env = std::getenv("FLASHJIT_WGMMA");
-  return target.arch == "sm_90a" && !(env && std::string(env) == "0");
-}
-
-bool usesVectorAtomics(const GpuTarget &target) {
-  const std::string &arch = target.arch;
-  int sm = 0;
-  if (arch.rfind("sm_", 0) == 0)
-    sm = std::atoi(arch.c_str() + 3);
-  return sm >= 90 && choosePtxVersion(arch, target.driverVersion) >= 81;
 }
 
 std::string emitStage(const AttentionSpec &spec, const TileConfig &config,
