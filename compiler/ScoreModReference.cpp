@@ -293,7 +293,8 @@ public:
       Instr instr;
       if (auto load = dyn_cast<memref::LoadOp>(op)) {
         instr.capture =
-            int(cast<BlockArgument>(load.getMemRef()).getArgNumber()) - 5;
+            int(cast<BlockArgument>(load.getMemRef()).getArgNumber() -
+                attn::kScoreModIndexArgs);
         instr.in.push_back(index.at(load.getIndices()[0]));
         index[op.getResult(0)] = int(index.size());
         code.push_back(std::move(instr));
@@ -322,11 +323,12 @@ public:
     std::vector<Dual> values(size_t(args) + code.size());
     values[0] = {score, 1};
     const int64_t rest[] = {batch, head, qIdx, kvIdx};
-    for (int i = 1; i < 5; ++i)
+    for (int i = 1; i <= 4; ++i)
       values[i] = constant(double(rest[i - 1]));
-    if (args > 5 && (!captures || int64_t(captures->size()) != args - 5))
+    const int tensors = args - int(attn::kScoreModIndexArgs);
+    if (tensors > 0 && (!captures || int(captures->size()) != tensors))
       throw SpecError(fmt::format(
-          "the score_mod region captures {} tensors, the data has {}", args - 5,
+          "the score_mod region captures {} tensors, the data has {}", tensors,
           captures ? captures->size() : 0));
     Dual in[3];
     for (size_t k = 0; k < code.size(); ++k) {

@@ -99,7 +99,7 @@ void describeScoreMod(Operation *op, std::optional<std::string> named,
   spec.scoreMod = kCustomScoreMod;
   spec.scoreModRegion = canonicalRegion(op);
   spec.scoreFunction = scoreFunctionOf(region);
-  spec.captures = int64_t(region.front().getNumArguments()) - 5;
+  spec.captures = attn::capturedTensors(region);
 }
 
 /// What a region's text makes of a spec (describeScoreMod's fields).
@@ -203,12 +203,11 @@ void checkScoreModCaptures(ModuleOp module, const AttentionSpec &spec) {
       region = &fwd.getScoreMod();
     if (auto bwd = dyn_cast<attn::FlashBwdOp>(op); bwd && bwd.hasScoreMod())
       region = &bwd.getScoreMod();
-    if (region &&
-        int64_t(region->front().getNumArguments()) - 5 != spec.captures)
+    if (region && attn::capturedTensors(*region) != spec.captures)
       throw SpecError(fmt::format(
           "the score_mod region captures {} tensors, the spec says {} "
           "(withScoreModRegion sets the count with the region)",
-          region->front().getNumArguments() - 5, spec.captures));
+          attn::capturedTensors(*region), spec.captures));
   });
 }
 

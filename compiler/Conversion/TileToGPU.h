@@ -172,13 +172,26 @@ private:
   // Memory (TileToGPUMemory.cpp).
   LogicalResult lowerLoad(tile::LoadOp op);
   LogicalResult lowerStore(tile::StoreOp op);
+  /// A tile.store's destination as scalars of the kernel: tile row r is
+  /// at base[offset + rowOffset(row0 + r, stride, group, groupStride)],
+  /// rows past `rows` not written (stride null for a rank-1 tile, group
+  /// and groupStride null without a row group).
+  struct StoreRows {
+    Value base, offset, stride, row0, rows, group, groupStride;
+    /// The element index (i64) of column 0 of global row \p row (i32).
+    Value rowAt(gpu::GpuBuilder &g, Value row) const {
+      return g.add(offset, g.rowOffset(row, stride, group, groupStride));
+    }
+  };
+  StoreRows storeRowsOf(tile::StoreOp op);
   /// The shared tile whose slot store \p op can stage its register tile
   /// through (KernelPlacement::stagedStores), if any.
   Value stagingTileFor(tile::StoreOp op);
-  /// Stores register tile \p f of \p op through the slot of shared tile
-  /// \p through: the warp's rows in, then out by 16-byte vectors.
+  /// Stores register tile \p f of \p op (to \p to) through the slot of
+  /// shared tile \p through: the warp's rows in, then out by 16-byte
+  /// vectors.
   LogicalResult storeThroughShared(tile::StoreOp op, const Fragment &f,
-                                   Value through);
+                                   const StoreRows &to, Value through);
   LogicalResult lowerRowValues(tile::LoadOp op);
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).

@@ -283,16 +283,10 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
     return fail(op, "stores bf16/f16 or f32 tiles, got ") << ty;
   if (half != f.pendingRound)
     return fail(op, "a 16-bit tile must come from arith.truncf");
+  const StoreRows to = storeRowsOf(op);
   if (Value through = stagingTileFor(op))
-    return storeThroughShared(op, f, through);
-  Value base = scalar(op.getBase());
-  Value offset = toI64(scalar(op.getOffset()));
-  Value row0 = toI32(scalar(op.getRow0()));
-  Value rows = toI32(scalar(op.getRows()));
-  // A row group's size and stride (TileOps.td), for GpuBuilder::rowOffset.
-  Value group = op.getGroup() ? toI32(scalar(op.getGroup())) : Value();
-  Value groupStride =
-      op.getGroup() ? toI64(scalar(op.getGroupStride())) : Value();
+    return storeThroughShared(op, f, to, through);
+  Value base = to.base, row0 = to.row0, rows = to.rows;
   auto store = [&](Value value, Value index64) {
     if (half) {
       LLVM::StoreOp::create(b, g.toElementBits(value),
@@ -311,14 +305,10 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
         Value row =
             g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
         Value ok = g.andI(writer, g.cmp(CmpIPredicate::slt, row, rows));
-        g.ifThen(ok, [&] {
-          store(f.regs[2 * mi + h],
-                g.add(offset, g.rowOffset(row, Value(), group, groupStride)));
-        });
+        g.ifThen(ok, [&] { store(f.regs[2 * mi + h], to.rowAt(g, row)); });
       }
     return success();
   }
-  Value stride = toI64(scalar(op.getStride()));
   const int64_t nt = nTiles(ty);
   Value colBase = colStart(ty);
   Value cols = g.c32(ty.getDimSize(1));
@@ -327,7 +317,7 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
       Value row =
           g.add(row0, g.add(warpRow0, g.add(grp, g.c32(mi * 16 + 8 * h))));
       Value rowOk = g.cmp(CmpIPredicate::slt, row, rows);
-      Value rowAt = g.add(offset, g.rowOffset(row, stride, group, groupStride));
+      Value rowAt = to.rowAt(g, row);
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e) {
           Value col =
@@ -338,6 +328,23 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
         }
     }
   return success();
+}
+
+TileKernelLowering::StoreRows
+TileKernelLowering::storeRowsOf(tile::StoreOp op) {
+  StoreRows to;
+  to.base = scalar(op.getBase());
+  to.offset = toI64(scalar(op.getOffset()));
+  to.row0 = toI32(scalar(op.getRow0()));
+  to.rows = toI32(scalar(op.getRows()));
+  if (op.getStride())
+    to.stride = toI64(scalar(op.getStride()));
+  // A row group's size and stride (TileOps.td), for GpuBuilder::rowOffset.
+  if (op.getGroup()) {
+    to.group = toI32(scalar(op.getGroup()));
+    to.groupStride = toI64(scalar(op.getGroupStride()));
+  }
+  return to;
 }
 
 /// Where a 2-D 16-bit register tile can be stored through shared memory: a
@@ -400,6 +407,7 @@ Value TileKernelLowering::stagingTileFor(tile::StoreOp op) {
 /// stall samples at N = 1024).
 LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
                                                      const Fragment &f,
+                                                     const StoreRows &to,
                                                      Value through) {
   RankedTensorType ty = tileType(op.getValue());
   const SharedSlot slot = slots[through];
@@ -409,35 +417,27 @@ LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
   // keys) leaves them in flight, and they spread the tile's rows over all
   // threads: then every thread waits for its own, and a barrier for all
   // (the trip counts are the program's: a uniform branch).
-  Value skipped;
-  for (Operation *user : through.getUsers()) {
-    Operation *at = op->getBlock()->findAncestorOpInBlock(*user);
-    auto loop = dyn_cast<scf::ForOp>(at);
-    if (at == user) { // a reader outside loops: the copies are done
-      skipped = g.cBool(false);
-      break;
-    }
-    Value none = loop ? arith::CmpIOp::create(b, CmpIPredicate::sle,
-                                              scalar(loop.getUpperBound()),
-                                              scalar(loop.getLowerBound()))
-                      : g.cBool(true);
-    skipped = skipped ? g.andI(skipped, none) : none;
-  }
-  if (skipped)
+  auto ancestor = [&](Operation *user) {
+    return op->getBlock()->findAncestorOpInBlock(*user);
+  };
+  if (llvm::none_of(through.getUsers(),
+                    [&](Operation *user) { return ancestor(user) == user; })) {
+    // Every reader is in a loop (or a branch: then always): skipped when
+    // every one of those loops has no trips.
+    Value skipped = g.cBool(true);
+    for (Operation *user : through.getUsers())
+      if (auto loop = dyn_cast<scf::ForOp>(ancestor(user)))
+        skipped = g.andI(skipped,
+                         arith::CmpIOp::create(b, CmpIPredicate::sle,
+                                               scalar(loop.getUpperBound()),
+                                               scalar(loop.getLowerBound())));
     g.ifThen(skipped, [&] {
       g.waitAll();
       g.barrier();
     });
+  }
   writeFragment(slot, slotRows, ty, f);
   g.warpSync();
-  Value base = scalar(op.getBase());
-  Value offset = toI64(scalar(op.getOffset()));
-  Value stride = toI64(scalar(op.getStride()));
-  Value row0 = toI32(scalar(op.getRow0()));
-  Value rows = toI32(scalar(op.getRows()));
-  Value group = op.getGroup() ? toI32(scalar(op.getGroup())) : Value();
-  Value groupStride =
-      op.getGroup() ? toI64(scalar(op.getGroupStride())) : Value();
   const int64_t chunks = ty.getDimSize(1) / 8, warpRows = mt * 16;
   const int64_t total = warpRows * chunks;
   auto v4 = VectorType::get({4}, g.i32);
@@ -450,12 +450,11 @@ LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
                              : g.swizzled(r, col, slot.rowChunks);
       Value x = LLVM::LoadOp::create(
           b, v4, g.sharedBytePtr(smem, g.add(g.c32(slot.offset), at)), 16);
-      Value row = g.add(row0, r);
-      g.ifThen(g.cmp(CmpIPredicate::slt, row, rows), [&] {
-        Value index =
-            g.add(offset, g.add(g.rowOffset(row, stride, group, groupStride),
-                                g.ext64(col)));
-        LLVM::StoreOp::create(b, x, g.toGlobal(g.elementPtr(base, index)), 16);
+      Value row = g.add(to.row0, r);
+      g.ifThen(g.cmp(CmpIPredicate::slt, row, to.rows), [&] {
+        Value index = g.add(to.rowAt(g, row), g.ext64(col));
+        LLVM::StoreOp::create(b, x, g.toGlobal(g.elementPtr(to.base, index)),
+                              16);
       });
     };
     if (k + 32 <= total)

@@ -167,9 +167,13 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     std::vector<MemRef1D> myTail = tail;
     int64_t pidM = 0, pidBH = 0, pidZ = 0;
     std::vector<void *> args;
-    for (MemRef1D &m : myBufs)
-      args.insert(args.end(),
-                  {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
+    // A memref expands to five packed arguments.
+    auto pushMemRefs = [&args](std::vector<MemRef1D> &memrefs) {
+      for (MemRef1D &m : memrefs)
+        args.insert(args.end(),
+                    {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
+    };
+    pushMemRefs(myBufs);
     for (int64_t &v : myIdx)
       args.push_back(&v);
     for (float &v : myF32s)
@@ -177,9 +181,7 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     args.insert(args.end(), {&pidM, &pidBH});
     if (gridZ > 0)
       args.push_back(&pidZ);
-    for (MemRef1D &m : myTail)
-      args.insert(args.end(),
-                  {&m.allocated, &m.aligned, &m.offset, &m.size, &m.stride});
+    pushMemRefs(myTail);
     for (int64_t t; (t = next.fetch_add(1)) < programs;) {
       pidM = t % gridM;
       pidBH = (t / gridM) % gridBH;

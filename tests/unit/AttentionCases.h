@@ -80,6 +80,17 @@ inline BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
   return {};
 }
 
+/// Br x Bc with \p warps warps and the other TileConfig defaults: the
+/// tiling the unit suites name inline.
+inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
+                             int64_t warps = 4) {
+  TileConfig config;
+  config.blockM = blockM;
+  config.blockN = blockN;
+  config.warps = warps;
+  return config;
+}
+
 } // namespace flashjit::test
 
 #endif // FLASHJIT_TESTS_UNIT_ATTENTIONCASES_H

@@ -69,13 +69,6 @@ Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
   return p;
 }
 
-TileConfig tiling() {
-  TileConfig config;
-  config.blockM = 32;
-  config.blockN = 32;
-  return config;
-}
-
 std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> v(n);
@@ -92,7 +85,7 @@ std::pair<double, double> errors(const AttentionSpec &spec, const Problem &p,
                                  std::mt19937_64 &rng) {
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
   data.captures = std::move(captures);
-  CpuKernel::compile(spec, tiling())->run(p, data, nullptr);
+  CpuKernel::compile(spec, tileConfig(32, 32))->run(p, data, nullptr);
   ReferenceResult ref = referenceForward(spec, p, data, nullptr);
   ErrorReport same = compareWithReference(spec, p, data, ref);
   EXPECT_EQ(same.nanCount, 0);
@@ -167,7 +160,7 @@ TEST(CapturedTensors, BadCapturesAreNamedErrors) {
   Problem p = problem(3, 20, 20);
   std::mt19937_64 rng(1);
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
-  auto kernel = CpuKernel::compile(spec, tiling());
+  auto kernel = CpuKernel::compile(spec, tileConfig(32, 32));
   EXPECT_THROW(kernel->run(p, data, nullptr), SpecError);
   data.captures = {{0.1f, 0.2f}}; // 3 heads read slopes[0..2]
   EXPECT_THROW(referenceForward(spec, p, data, nullptr), SpecError);
@@ -175,8 +168,8 @@ TEST(CapturedTensors, BadCapturesAreNamedErrors) {
   // Not there yet, and said so: the backward, and the GPU.
   AttentionSpec bwd = spec;
   bwd.direction = Direction::Backward;
-  EXPECT_THROW(CpuBackwardKernel::compile(bwd, tiling()), SpecError);
-  TileConfig gpuTiling = tiling();
+  EXPECT_THROW(CpuBackwardKernel::compile(bwd, tileConfig(32, 32)), SpecError);
+  TileConfig gpuTiling = tileConfig(32, 32);
   gpuTiling.warps = 2;
   EXPECT_THROW(compileToPtx(spec, gpuTiling, GpuTarget()), SpecError);
 }

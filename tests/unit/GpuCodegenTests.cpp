@@ -15,6 +15,7 @@
 #include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "runtime/NvJitLink.h"
+#include "tests/unit/AttentionCases.h"
 
 #include <gtest/gtest.h>
 
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 using namespace flashjit;
+using flashjit::test::tileConfig;
 
 namespace {
 
@@ -110,15 +112,6 @@ rt::CubinResult assemble(const AttentionSpec &spec, const TileConfig &config,
   return cubin;
 }
 
-/// Br x Bc with \p warps warps, two stages.
-TileConfig tile(int64_t blockM, int64_t blockN, int64_t warps) {
-  TileConfig config;
-  config.blockM = blockM;
-  config.blockN = blockN;
-  config.warps = warps;
-  return config;
-}
-
 std::string caseName(const GpuCase &c) {
   return "dqk" + std::to_string(c.dqk) + "_dv" + std::to_string(c.dv) +
          (c.dtype == DType::BF16 ? "_bf16" : "_fp16") + "_" + toString(c.mask) +
@@ -189,7 +182,7 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
   AttentionSpec spec = c.spec(Direction::Forward);
   GpuTarget target;
   target.arch = "sm_90a";
-  for (TileConfig config : {defaultGpuConfig(spec), tile(64, 32, 4),
+  for (TileConfig config : {defaultGpuConfig(spec), tileConfig(64, 32, 4),
                             defaultGpuConfig(spec, true)}) {
     if (spec.blockSparse && (spec.sparseBlock % config.blockM != 0 ||
                              spec.sparseBlock % config.blockN != 0))
@@ -220,8 +213,8 @@ TEST_P(GpuCodegen, KvRingRecordsTheLaunchersResources) {
   GpuTarget target;
   target.arch = "sm_90a";
   ASSERT_TRUE(usesKvRing(target));
-  TileConfig ring3 = tile(128, 64, 8), none = tile(128, 64, 8),
-             oneGroup = tile(64, 64, 4);
+  TileConfig ring3 = tileConfig(128, 64, 8), none = tileConfig(128, 64, 8),
+             oneGroup = tileConfig(64, 64, 4);
   ring3.stages = 3;
   none.stages = 1;
   const TileConfig ringDefault = defaultGpuConfig(spec, true, true);
@@ -384,7 +377,7 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
     for (auto [bm, bn, w] :
          {std::array<int64_t, 3>{64, 32, 4}, std::array<int64_t, 3>{128, 64, 8},
           std::array<int64_t, 3>{16, 16, 1}}) {
-      TileConfig config = tile(bm, bn, w);
+      TileConfig config = tileConfig(bm, bn, w);
       GpuTarget target;
       target.copyBytes = copy;
       std::string ptx = compileToPtx(spec, config, target);
@@ -449,7 +442,7 @@ TEST(GpuCodegenConfigs, AtomicDqWarpSplitsAssemble) {
       spec.headDimQK = dqk;
       spec.headDimV = dv;
       spec.mask = MaskKind::Causal;
-      TileConfig config = tile(bm, bn, w);
+      TileConfig config = tileConfig(bm, bn, w);
       GpuTarget target;
       target.driverVersion = kRecentDriver;
       std::string ptx = compileToPtx(spec, config, target);
@@ -479,26 +472,26 @@ TEST(GpuCodegenConfigs, WgmmaWhereTheShapeAllows) {
     bool wgmma;
   };
   const Case cases[] = {
-      {128, 128, MaskKind::None, DType::BF16, false, tile(64, 128, 8), "sm_90a",
-       true},
-      {128, 128, MaskKind::Causal, DType::FP16, false, tile(64, 64, 4),
+      {128, 128, MaskKind::None, DType::BF16, false, tileConfig(64, 128, 8),
        "sm_90a", true},
-      {64, 128, MaskKind::SlidingWindow, DType::BF16, false, tile(64, 128, 8),
+      {128, 128, MaskKind::Causal, DType::FP16, false, tileConfig(64, 64, 4),
        "sm_90a", true},
-      {128, 128, MaskKind::None, DType::BF16, false, tile(64, 128, 8), "sm_90",
-       false},
-      {128, 128, MaskKind::None, DType::BF16, true, tile(64, 64, 4), "sm_90a",
-       false},
-      {96, 96, MaskKind::Causal, DType::BF16, false, tile(64, 128, 8), "sm_90a",
-       true},
-      {33, 80, MaskKind::None, DType::FP16, false, tile(64, 64, 4), "sm_90a",
-       true},
-      {256, 256, MaskKind::None, DType::BF16, false, tile(64, 64, 4), "sm_90a",
-       false},
-      {128, 128, MaskKind::None, DType::BF16, false, tile(64, 128, 4), "sm_90a",
-       false},
-      {64, 64, MaskKind::None, DType::BF16, false, tile(128, 128, 8), "sm_90a",
-       false},
+      {64, 128, MaskKind::SlidingWindow, DType::BF16, false,
+       tileConfig(64, 128, 8), "sm_90a", true},
+      {128, 128, MaskKind::None, DType::BF16, false, tileConfig(64, 128, 8),
+       "sm_90", false},
+      {128, 128, MaskKind::None, DType::BF16, true, tileConfig(64, 64, 4),
+       "sm_90a", false},
+      {96, 96, MaskKind::Causal, DType::BF16, false, tileConfig(64, 128, 8),
+       "sm_90a", true},
+      {33, 80, MaskKind::None, DType::FP16, false, tileConfig(64, 64, 4),
+       "sm_90a", true},
+      {256, 256, MaskKind::None, DType::BF16, false, tileConfig(64, 64, 4),
+       "sm_90a", false},
+      {128, 128, MaskKind::None, DType::BF16, false, tileConfig(64, 128, 4),
+       "sm_90a", false},
+      {64, 64, MaskKind::None, DType::BF16, false, tileConfig(128, 128, 8),
+       "sm_90a", false},
   };
   for (const Case &c : cases) {
     AttentionSpec spec;

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "tests/unit/AttentionCases.h"
 
 #include <gtest/gtest.h>
 
@@ -15,16 +16,9 @@
 #include <string>
 
 using namespace flashjit;
+using flashjit::test::tileConfig;
 
 namespace {
-
-TileConfig tile(int64_t blockM, int64_t blockN, int64_t warps) {
-  TileConfig config;
-  config.blockM = blockM;
-  config.blockN = blockN;
-  config.warps = warps;
-  return config;
-}
 
 /// How often \p needle occurs in \p text.
 size_t occurrences(const std::string &text, const std::string &needle) {
@@ -51,10 +45,10 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
     int64_t copyBytes;
     size_t vectorStores; ///< 0: the element-wise store
   };
-  TileConfig ring = tile(128, 128, 8);
+  TileConfig ring = tileConfig(128, 128, 8);
   ring.stages = 2;
   ring.overlapSoftmax = true;
-  TileConfig three = tile(192, 128, 12);
+  TileConfig three = tileConfig(192, 128, 12);
   three.stages = 2;
   // Per thread: the warp's 16 rows x dv / 8 chunks over 32 lanes (rounded
   // up: one guarded round for the rest).
@@ -62,11 +56,11 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
       {128, 128, MaskKind::None, ring, "sm_90a", 16, 8},
       {128, 128, MaskKind::Causal, ring, "sm_90a", 16, 8},
       {96, 96, MaskKind::None, three, "sm_90a", 16, 6},
-      {64, 64, MaskKind::None, tile(64, 128, 4), "sm_90a", 16, 4},
-      {64, 64, MaskKind::SlidingWindow, tile(128, 64, 4), "sm_80", 16, 8},
-      {200, 72, MaskKind::None, tile(64, 64, 4), "sm_80", 16, 5},
+      {64, 64, MaskKind::None, tileConfig(64, 128, 4), "sm_90a", 16, 4},
+      {64, 64, MaskKind::SlidingWindow, tileConfig(128, 64, 4), "sm_80", 16, 8},
+      {200, 72, MaskKind::None, tileConfig(64, 64, 4), "sm_80", 16, 5},
       {128, 128, MaskKind::None, ring, "sm_90a", 8, 0},
-      {64, 512, MaskKind::None, tile(64, 32, 4), "sm_80", 16, 0},
+      {64, 512, MaskKind::None, tileConfig(64, 32, 4), "sm_80", 16, 0},
   };
   for (const Case &c : cases) {
     AttentionSpec spec;

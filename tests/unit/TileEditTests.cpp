@@ -23,6 +23,7 @@
 #include <regex>
 
 using namespace flashjit;
+using flashjit::test::tileConfig;
 
 namespace {
 
@@ -33,14 +34,6 @@ AttentionSpec plainSpec() {
   spec.headDimQK = 64;
   spec.headDimV = 48;
   return spec;
-}
-
-TileConfig tiling() {
-  TileConfig config;
-  config.blockM = 64;
-  config.blockN = 32;
-  config.warps = 4;
-  return config;
 }
 
 /// The tile stage with S = tile.dot(Q, K^T) soft-capped right after the
@@ -104,7 +97,7 @@ double relErr(const AttentionSpec &spec, const HalfTensor &o,
 
 TEST(TileEdit, SoftCapReachesTheCpuAndThePtx) {
   AttentionSpec spec = plainSpec();
-  TileConfig config = tiling();
+  TileConfig config = tileConfig(64, 32);
   std::string tile = emitStage(spec, config, Stage::Tile);
   KernelSource edited{softCapped(tile), "softcap.mlir"};
 
@@ -139,7 +132,7 @@ TEST(TileEdit, SoftCapReachesTheCpuAndThePtx) {
 TEST(TileEdit, TileStageRoundTripsToTheSamePtx) {
   AttentionSpec spec = plainSpec();
   spec.mask = MaskKind::Causal;
-  TileConfig config = tiling();
+  TileConfig config = tileConfig(64, 32);
   KernelSource tile{emitStage(spec, config, Stage::Tile), "tile.mlir"};
   GpuTarget target;
   target.arch = "sm_90a";
@@ -156,7 +149,7 @@ TEST(TileEdit, TileStageRoundTripsToTheSamePtx) {
 /// A kernel whose body was emptied is a named error on both paths.
 TEST(TileEdit, EmptiedKernelIsANamedError) {
   AttentionSpec spec = plainSpec();
-  TileConfig config = tiling();
+  TileConfig config = tileConfig(64, 32);
   std::string tile = emitStage(spec, config, Stage::Tile);
   size_t open = tile.find("{\n", tile.find("func.func @attention"));
   size_t close = tile.rfind("return");

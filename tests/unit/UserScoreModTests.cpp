@@ -99,13 +99,6 @@ Problem problemOf(const UserCase &c) {
   return p;
 }
 
-TileConfig tiling() {
-  TileConfig config;
-  config.blockM = 32;
-  config.blockN = 32;
-  return config;
-}
-
 class UserScoreMod : public ::testing::TestWithParam<UserCase> {};
 
 TEST_P(UserScoreMod, ForwardMatchesFloat64Reference) {
@@ -118,7 +111,8 @@ TEST_P(UserScoreMod, ForwardMatchesFloat64Reference) {
   Problem p = problemOf(c);
   std::mt19937_64 rng(freshSeed());
   AttentionData data = makeRandomInputs(info.spec, p, QKVLayout::Separate, rng);
-  CpuKernel::compile(info.spec, tiling(), source)->run(p, data, nullptr);
+  CpuKernel::compile(info.spec, tileConfig(32, 32), source)
+      ->run(p, data, nullptr);
   ReferenceResult ref = referenceForward(info.spec, p, data, nullptr);
   EXPECT_LT(compareWithReference(info.spec, p, data, ref).relErr(), 1e-2);
   // The check sees the region: against plain attention's reference the
@@ -145,9 +139,10 @@ TEST_P(UserScoreMod, GradientsMatchFloat64Reference) {
   std::mt19937_64 rng(freshSeed());
   AttentionData data =
       makeRandomInputs(fwdInfo.spec, p, QKVLayout::Separate, rng);
-  CpuKernel::compile(fwdInfo.spec, tiling(), forward)->run(p, data, nullptr);
+  CpuKernel::compile(fwdInfo.spec, tileConfig(32, 32), forward)
+      ->run(p, data, nullptr);
   AttentionGrads grads = makeRandomGrads(fwdInfo.spec, p, data, rng);
-  CpuBackwardKernel::compile(info.spec, tiling(), source)
+  CpuBackwardKernel::compile(info.spec, tileConfig(32, 32), source)
       ->run(p, data, grads, nullptr);
   BackwardReference ref =
       referenceBackward(fwdInfo.spec, p, data, grads, nullptr);
@@ -194,8 +189,9 @@ TEST(UserScoreModReference, TileStageOfACustomRegionIsRefused) {
   KernelSource attn{description("flash_fwd", "none", 32, 32, kPiecewise),
                     "p.mlir"};
   SourceInfo info = inspectSource(attn);
-  KernelSource tile{emitStage(info.spec, tiling(), Stage::Tile, {}, attn),
-                    "p.tile.mlir"};
+  KernelSource tile{
+      emitStage(info.spec, tileConfig(32, 32), Stage::Tile, {}, attn),
+      "p.tile.mlir"};
   ASSERT_NE(tile.text.find("score_mod = \"custom\""), std::string::npos);
   try {
     inspectSource(tile);
@@ -243,7 +239,7 @@ TEST(UserScoreModText, TheSpecCarriesTheRegion) {
   Problem p = problemOf(c);
   std::mt19937_64 rng(freshSeed());
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
-  CpuKernel::compile(spec, tiling(), {})->run(p, data, nullptr);
+  CpuKernel::compile(spec, tileConfig(32, 32), {})->run(p, data, nullptr);
   ReferenceResult ref = referenceForward(spec, p, data, nullptr);
   EXPECT_LT(compareWithReference(spec, p, data, ref).relErr(), 1e-2);
 

@@ -28,4 +28,15 @@
 #define GET_OP_CLASSES
 #include "dialects/Attn/IR/AttnOps.h.inc"
 
+namespace flashjit::attn {
+/// A score_mod region's leading arguments: (score, batch, head, q_idx,
+/// kv_idx); its captured tensors follow them.
+inline constexpr unsigned kScoreModIndexArgs = 5;
+/// How many tensors score_mod \p region captures (its arguments after
+/// kv_idx; the verifier checked there are at least kScoreModIndexArgs).
+inline int64_t capturedTensors(mlir::Region &region) {
+  return int64_t(region.front().getNumArguments()) - kScoreModIndexArgs;
+}
+} // namespace flashjit::attn
+
 #endif // FLASHJIT_DIALECTS_ATTN_IR_ATTNDIALECT_H

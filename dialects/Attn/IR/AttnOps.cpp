@@ -156,6 +156,7 @@ template <typename OpT> static LogicalResult verifyKernelDescription(OpT op) {
 /// The names of a score modifier's block arguments, in order.
 static constexpr const char *kScoreModArgs[] = {"score", "batch", "head",
                                                 "q_idx", "kv_idx"};
+static_assert(std::size(kScoreModArgs) == kScoreModIndexArgs);
 
 /// The checks of a score_mod region: one block of (score: f32, batch,
 /// head, q_idx, kv_idx: index, then any captured tensors: memref<?xf32>),

@@ -126,7 +126,7 @@ cloneOnTiles(OpBuilder &b, Location loc, Region &region, Value scores,
       assert(tile && "the tiling builds every index tile the region uses");
       map.map(arg, tile);
     }
-  auto captured = body.getArguments().drop_front(1 + std::size(args));
+  auto captured = body.getArguments().drop_front(kScoreModIndexArgs);
   assert(captured.size() == indices.captures.size() &&
          "the tiling gives the kernel a buffer per captured tensor");
   for (auto [arg, buffer] : llvm::zip_equal(captured, indices.captures))

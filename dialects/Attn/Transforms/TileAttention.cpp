@@ -175,8 +175,7 @@ func::FuncOp TiledForwardBuilder::build() {
   // The score modifier's captured tensors, after everything else (the
   // kernel ABI's positions stay as they are).
   const int64_t captures =
-      op.hasScoreMod() ? int64_t(op.getScoreMod().front().getNumArguments()) - 5
-                       : 0;
+      op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
   for (int64_t c = 0; c < captures; ++c) {
     argTys.push_back(f32BufTy);
     argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
@@ -454,7 +453,7 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
     indices.qIdx = queryOf(indexTile(iTy, 0, m0));
   if (scoreModUses(region, 4))
     indices.kvIdx = indexTile(iTy, 1, n0);
-  const unsigned captures = region.front().getNumArguments() - 5;
+  const unsigned captures = unsigned(capturedTensors(region));
   for (unsigned c = 0; c < captures; ++c)
     indices.captures.push_back(
         func.getArgument(func.getNumArguments() - captures + c));

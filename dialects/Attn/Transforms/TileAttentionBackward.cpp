@@ -232,7 +232,7 @@ struct TileAttentionBackwardPass
           (failed(checkScoreModTileable(op, op.getScoreMod())) ||
            failed(checkScoreModDifferentiable(op, op.getScoreMod()))))
         return WalkResult::interrupt();
-      if (op.hasScoreMod() && op.getScoreMod().front().getNumArguments() > 5) {
+      if (op.hasScoreMod() && capturedTensors(op.getScoreMod()) > 0) {
         op.emitOpError() << "score_mod: captured tensors in the backward are "
                             "not implemented yet";
         return WalkResult::interrupt();
