@@ -315,10 +315,6 @@ void runPipeline(ModuleOp module,
 static PtxOptions checkGpuRequest(const AttentionSpec &spec,
                                   const TileConfig &config,
                                   const GpuTarget &target) {
-  if (spec.captures > 0)
-    throw SpecError("a score modifier that captures tensors runs in the CPU "
-                    "execution mode only for now: the GPU kernels' arguments "
-                    "have no buffers for them yet");
   std::string problem =
       spec.direction == Direction::Backward
           ? gpuBackwardConfigProblem(spec, config, 227 * 1024)

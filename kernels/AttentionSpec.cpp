@@ -1,6 +1,7 @@
 //===- AttentionSpec.cpp - Validation and printing of the description -----===//
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/KernelABI.h"
 
 #include <algorithm>
 #include <cctype>
@@ -46,6 +47,10 @@ void AttentionSpec::validate() const {
     throw SpecError(fmt::format("captures: {} captured tensors without a "
                                 "score_mod region that reads them",
                                 captures));
+  if (captures > abi::kMaxCaptures)
+    throw SpecError(fmt::format("a score modifier may capture at most {} "
+                                "tensors, this one captures {}",
+                                abi::kMaxCaptures, captures));
   if (captures > 0 && direction == Direction::Backward)
     throw SpecError("a score modifier that captures tensors has no backward "
                     "yet (their gradients are not derived)");

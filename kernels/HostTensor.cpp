@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <fmt/format.h>
 
 namespace flashjit {
@@ -238,6 +239,121 @@ void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
 void writeNpyI32(const std::string &path, const std::vector<int64_t> &shape,
                  const std::vector<int32_t> &values) {
   writeNpy(path, "<i4", shape, values.data(), values.size() * 4);
+}
+
+//===----------------------------------------------------------------------===//
+// .npy input
+//===----------------------------------------------------------------------===//
+
+/// The value of \p key in an .npy header's Python dict literal (its text up
+/// to the next ',' or '}' outside brackets), or "" if absent.
+static std::string npyHeaderField(const std::string &header,
+                                  const std::string &key) {
+  size_t at = header.find("'" + key + "'");
+  if (at == std::string::npos)
+    return "";
+  at = header.find(':', at);
+  if (at == std::string::npos)
+    return "";
+  size_t end = ++at;
+  int depth = 0;
+  for (; end < header.size(); ++end) {
+    char c = header[end];
+    depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+    if (depth == 0 && (c == ',' || c == '}'))
+      break;
+  }
+  std::string v = header.substr(at, end - at);
+  v.erase(0, v.find_first_not_of(" \t"));
+  v.erase(v.find_last_not_of(" \t") + 1);
+  return v;
+}
+
+std::vector<float> readNpyAsF32(const std::string &path) {
+  auto bad = [&](const std::string &what) {
+    return SpecError(fmt::format("'{}': {}", path, what));
+  };
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw bad(fmt::format("cannot read it: {}", std::strerror(errno)));
+  char magic[8];
+  if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+    throw bad("not an .npy file (no \\x93NUMPY magic)");
+  uint32_t headerLen = 0;
+  unsigned char len[4] = {};
+  const int lenBytes = magic[6] == 1 ? 2 : 4;
+  if (magic[6] < 1 || magic[6] > 3 || !in.read((char *)len, lenBytes))
+    throw bad("an .npy version this reader does not know");
+  for (int i = lenBytes - 1; i >= 0; --i)
+    headerLen = headerLen << 8 | len[i];
+  if (headerLen > (1u << 20))
+    throw bad("an .npy header over 1 MiB");
+  std::string header(headerLen, '\0');
+  if (!in.read(header.data(), headerLen))
+    throw bad("truncated .npy header");
+  const std::string descr = npyHeaderField(header, "descr");
+  if (npyHeaderField(header, "fortran_order") != "False")
+    throw bad("only C-order arrays are read (fortran_order is not False)");
+  int64_t count = 1;
+  const std::string shape = npyHeaderField(header, "shape");
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')')
+    throw bad(fmt::format("bad shape '{}'", shape));
+  for (size_t at = 1; at + 1 < shape.size();) {
+    size_t end = shape.find(',', at);
+    std::string dim = shape.substr(at, (end == std::string::npos
+                                            ? shape.size() - 1
+                                            : end) - at);
+    dim.erase(0, dim.find_first_not_of(' '));
+    if (!dim.empty()) {
+      char *stop = nullptr;
+      long long d = std::strtoll(dim.c_str(), &stop, 10);
+      if (*stop != '\0' || d < 0 || (d > 0 && count > kMaxTensorElements / d))
+        throw bad(fmt::format("bad or too large shape '{}'", shape));
+      count *= d;
+    }
+    if (end == std::string::npos)
+      break;
+    at = end + 1;
+  }
+  int width = 0;
+  bool isFloat = false;
+  if (descr == "'<f4'" || descr == "'<f8'")
+    isFloat = true, width = descr[3] - '0';
+  else if (descr == "'<i4'" || descr == "'<i8'")
+    width = descr[3] - '0';
+  else
+    throw bad(fmt::format("element type {} is not float32, float64, int32 "
+                          "or int64 (little-endian)",
+                          descr));
+  std::vector<char> raw(size_t(count) * size_t(width));
+  if (!in.read(raw.data(), std::streamsize(raw.size())))
+    throw bad(fmt::format("truncated: {} elements expected", count));
+  std::vector<float> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const char *at = raw.data() + i * width;
+    double v;
+    if (isFloat && width == 4) {
+      float f;
+      std::memcpy(&f, at, 4);
+      v = f;
+    } else if (isFloat) {
+      std::memcpy(&v, at, 8);
+    } else {
+      int64_t x = 0;
+      if (width == 4) {
+        int32_t y;
+        std::memcpy(&y, at, 4);
+        x = y;
+      } else {
+        std::memcpy(&x, at, 8);
+      }
+      if (x > (1 << 24) || x < -(1 << 24))
+        throw bad(fmt::format("element {} = {} is not exact in float32", i, x));
+      v = double(x);
+    }
+    out[size_t(i)] = float(v);
+  }
+  return out;
 }
 
 } // namespace flashjit

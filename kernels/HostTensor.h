@@ -271,6 +271,12 @@ void writeNpyF32(const std::string &path, const std::vector<int64_t> &shape,
 void writeNpyI32(const std::string &path, const std::vector<int64_t> &shape,
                  const std::vector<int32_t> &values);
 
+/// Reads a .npy file (version 1.x or 2.x, C order, little-endian float32,
+/// float64, int32 or int64, any shape) as float32 values in C order, e.g.
+/// a captured tensor of `run --capture`; an integer must be exact in f32
+/// (|x| <= 2^24). Throws SpecError naming the path and what is wrong.
+std::vector<float> readNpyAsF32(const std::string &path);
+
 } // namespace flashjit
 
 #endif // FLASHJIT_KERNELS_HOSTTENSOR_H

@@ -57,6 +57,12 @@ enum IndexArg : int {
   NumIndexArgs
 };
 
+/// A score modifier's captured tensors (AttentionSpec::captures): f32
+/// buffers after every other argument of the tiled function (`capture0`,
+/// ...), kernel parameters after the f32 group (and before any tensor map).
+/// At most this many per kernel.
+constexpr int kMaxCaptures = 8;
+
 /// Argument names, in order, as the tiled IR names them.
 inline const char *bufferName(int i) {
   static const char *names[] = {"q", "k", "v", "o", "lse", "counts", "indices"};

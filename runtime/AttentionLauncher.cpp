@@ -101,6 +101,12 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
   checkDeviceTensors({&a.q, &a.k, &a.v, &a.o}, copy, chooseCopyBytes(a));
   if (sparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
+  captureCount = int(spec.captures);
+  for (int c = 0; c < captureCount; ++c)
+    if (!a.captures[c])
+      throw SpecError(fmt::format("the score modifier captures {} tensors; "
+                                  "captured tensor {} is null",
+                                  captureCount, c));
 
   abi::TensorStrides strides;
   strides.q = a.q.strides;
@@ -160,8 +166,9 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   if (!sparse)
     bufs[abi::Counts] = bufs[abi::Indices] = b.q;
   void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1 +
-               kMaxTensorMaps];
+               abi::kMaxCaptures + kMaxTensorMaps];
   TensorMap maps[kMaxTensorMaps];
+  std::array<CUdeviceptr, abi::kMaxCaptures> captured = b.captures;
   int n = 0;
   for (CUdeviceptr &ptr : bufs)
     params[n++] = &ptr;
@@ -174,6 +181,8 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   for (int i = 0; i < indexCount; ++i)
     params[n++] = &index[i];
   params[n++] = &scaleLog2;
+  for (int c = 0; c < captureCount; ++c)
+    params[n++] = &captured[c];
   if (!tensorMaps.empty()) {
     // cuLaunchKernel copies the parameters: the cache may change after.
     std::lock_guard<std::mutex> lock(mapsMutex);
@@ -218,7 +227,7 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
   PreparedForward prepared(*this, p, a);
   CudaDriver::get().ensureContext();
   ForwardBuffers b{a.q.ptr, a.k.ptr,  a.v.ptr,  a.o.ptr,
-                   a.lse,   a.counts, a.indices};
+                   a.lse,   a.counts, a.indices, a.captures};
   // As ever: a null buffer (a dense kernel's layout) points at q.
   for (CUdeviceptr *ptr : {&b.lse, &b.counts, &b.indices})
     if (!*ptr)

@@ -49,6 +49,9 @@ struct ForwardArgs {
   CUdeviceptr lse = 0; ///< fp32 [B, H, Nq], packed
   CUdeviceptr counts = 0, indices = 0;
   std::array<int64_t, 3> countStrides{}, indexStrides{};
+  /// The score modifier's captured tensors (f32, AttentionSpec::captures of
+  /// them, in the region's order); their sizes are the caller's promise.
+  std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
 };
 
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers
@@ -69,6 +72,8 @@ class ForwardKernel;
 struct ForwardBuffers {
   CUdeviceptr q = 0, k = 0, v = 0, o = 0, lse = 0;
   CUdeviceptr counts = 0, indices = 0; ///< block-sparse only
+  /// The captured tensors (ForwardArgs::captures).
+  std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
 };
 
 /// A forward launch of one kernel for one problem, strides and layout
@@ -116,6 +121,7 @@ private:
   unsigned shared = 0;
   int64_t copy = 0;
   bool sparse = false;
+  int captureCount = 0; ///< AttentionSpec::captures
   /// Mutable only because cuLaunchKernel takes void **; never written
   /// after construction. The split ABI's kv_splits is the last.
   mutable std::array<int64_t, abi::split::NumIndexArgs> index{};

@@ -462,6 +462,8 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
   }
   if (isa<memref::LoadOp>(op))
     return lowerScalarLoad(op, map);
+  if (auto gather = dyn_cast<tile::GatherOp>(op))
+    return lowerGather(gather);
   if (!touchesTiles(op)) {
     if (op->getNumRegions() ||
         op->getDialect() ==
@@ -511,13 +513,17 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
   const int firstF32 = firstIndex + place.numIndexArgs;
   const int pidArg = firstF32 + place.numF32Args;
   const int pids = place.kvSplit ? 3 : 2;
-  if (fn.getNumArguments() != unsigned(pidArg + pids))
-    return fn.emitError() << "this kernel takes " << pidArg + pids
+  const int firstCapture = pidArg + pids;
+  const int all = firstCapture + place.numCaptures;
+  if (fn.getNumArguments() != unsigned(all))
+    return fn.emitError() << "this kernel takes " << all
                           << " arguments (kernels/KernelABI.h), got "
                           << fn.getNumArguments();
   Builder b(fn.getContext());
-  for (int i = 0; i < pidArg + pids; ++i) {
+  Type captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
+  for (int i = 0; i < all; ++i) {
     Type want = i < firstIndex                ? Type()
+                : i >= firstCapture           ? captured
                 : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
                                               : Type(b.getF32Type());
     Type got = fn.getArgument(i).getType();
@@ -536,6 +542,7 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
   argTys.append(place.numIndexArgs, g.i64);
   argTys.append(place.numF32Args, g.f32);
+  argTys.append(place.numCaptures, g.ptrGen);
   int64_t programsZ = 0;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
@@ -562,6 +569,10 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                                    b, b.getIndexType(), kernel.getArgument(i)));
   for (int i = firstF32; i < pidArg; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
+  // The captured tensors: after the pids in fn, after the f32s here.
+  const int firstCapture = pidArg + (place.kvSplit ? 3 : 2);
+  for (int c = 0; c < place.numCaptures; ++c)
+    map.map(fn.getArgument(firstCapture + c), kernel.getArgument(pidArg + c));
   // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
   if (place.persistent)
     return;

@@ -193,6 +193,9 @@ private:
   LogicalResult storeThroughShared(tile::StoreOp op, const Fragment &f,
                                    const StoreRows &to, Value through);
   LogicalResult lowerRowValues(tile::LoadOp op);
+  /// A captured tensor's element per register (tile.gather): one global
+  /// load per distinct index register.
+  LogicalResult lowerGather(tile::GatherOp op);
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).
   LogicalResult lowerScalarLoad(Operation *op, mlir::IRMapping &mapping);

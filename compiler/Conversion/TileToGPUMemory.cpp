@@ -486,3 +486,37 @@ LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op,
   mapping.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
   return success();
 }
+
+/// A captured tensor's element for each register of the index tile: the
+/// gather takes the index tile's register layout, one global load per
+/// distinct index register (a splat index, one load).
+///
+///   %g = tile.gather %t[%idx] : memref<?xf32>, tensor<128x64xi32>
+///       -> tensor<128x64xf32>
+///
+/// becomes, for each register %i of %idx's fragment,
+///
+///   %p = llvm.getelementptr %t[sext(%i)] : (!llvm.ptr, i64) -> !llvm.ptr, f32
+///   %g_i = llvm.load %p : !llvm.ptr -> f32
+///
+/// The tiling keeps every index of a padding element inside the problem
+/// (TileAttention.cpp, modifyScores), so no load leaves the tensor.
+LogicalResult TileKernelLowering::lowerGather(tile::GatherOp op) {
+  auto it = frags.find(op.getIndex());
+  if (it == frags.end())
+    return fail(op, "its index tile is not in registers");
+  Value base = map.lookup(op.getBase());
+  llvm::DenseMap<Value, Value> loaded;
+  Fragment out;
+  for (Value index : it->second.regs) {
+    Value &v = loaded[index];
+    if (!v) {
+      Value ptr = LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                                      ArrayRef<LLVM::GEPArg>{g.ext64(index)});
+      v = LLVM::LoadOp::create(b, g.f32, ptr);
+    }
+    out.regs.push_back(v);
+  }
+  frags[op.getResult()] = std::move(out);
+  return success();
+}

@@ -34,6 +34,15 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
   return config;
 }
 
+/// The arguments of \p fn after its pids (\p p's ABI groups): a score
+/// modifier's captured tensors (TileAttention.cpp puts them last), which
+/// checkPlacedArguments checks to be f32 buffers.
+static int capturedArguments(func::FuncOp fn, const KernelPlacement &p) {
+  const int abiArgs =
+      p.numBuffers + p.numIndexArgs + p.numF32Args + (p.kvSplit ? 3 : 2);
+  return std::max(0, int(fn.getNumArguments()) - abiArgs);
+}
+
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
 /// and grid.z split of V's columns; the products on warpgroup MMAs where
 /// \p wgmma (sm_90a) and the shape allow them (one warpgroup per 64 rows);
@@ -81,6 +90,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.numIndexArgs = abi::split::NumIndexArgs;
     p.numF32Args = 1;
     p.kvSplit = true;
+    p.numCaptures = capturedArguments(fn, p);
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;
     return lowerRowKernel(fn, gpuModule, spec, p);
@@ -107,6 +117,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.persistent = false; // its grid.z is the splits'; one pass each
     p.tma = 0;            // its tensor maps would need the split ABI's
   }
+  p.numCaptures = capturedArguments(fn, p);
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }

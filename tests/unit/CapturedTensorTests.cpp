@@ -9,8 +9,9 @@
 /// same data. Checked: learned per-head slopes (trainable ALiBi's forward),
 /// a full bias tensor with a document mask from segment ids in one region,
 /// against the reference (which fails the kernel when the data differ);
-/// and the named errors (wrong captured types, loads of anything else, a
-/// count that does not match, the backward and the GPU not there yet).
+/// the GPU kernel's parameters for them; and the named errors (wrong
+/// captured types, loads of anything else, a count that does not match,
+/// the backward not there yet).
 //
 //===----------------------------------------------------------------------===//
 
@@ -165,13 +166,36 @@ TEST(CapturedTensors, BadCapturesAreNamedErrors) {
   data.captures = {{0.1f, 0.2f}}; // 3 heads read slopes[0..2]
   EXPECT_THROW(referenceForward(spec, p, data, nullptr), SpecError);
 
-  // Not there yet, and said so: the backward, and the GPU.
+  // Not there yet, and said so: the backward.
   AttentionSpec bwd = spec;
   bwd.direction = Direction::Backward;
   EXPECT_THROW(CpuBackwardKernel::compile(bwd, tileConfig(32, 32)), SpecError);
+}
+
+TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
+  // One pointer parameter per captured tensor after the f32 argument (the
+  // launcher's order: kernels/KernelABI.h), read by global loads.
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocuments);
   TileConfig gpuTiling = tileConfig(32, 32);
   gpuTiling.warps = 2;
-  EXPECT_THROW(compileToPtx(spec, gpuTiling, GpuTarget()), SpecError);
+  for (const char *arch : {"sm_80", "sm_90a"}) {
+    GpuTarget target;
+    target.arch = arch;
+    std::string ptx = compileToPtx(spec, gpuTiling, target);
+    SCOPED_TRACE(arch);
+    const std::string f32 = ".param .f32 attention_param_30,";
+    size_t at = ptx.find(f32);
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_31,", at),
+              std::string::npos);
+    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_32\n", at),
+              std::string::npos);
+    EXPECT_EQ(ptx.find("attention_param_33"), std::string::npos);
+    EXPECT_NE(ptx.find("ld.global.b32"), std::string::npos);
+  }
+  AttentionSpec tooMany = spec;
+  tooMany.captures = 9;
+  EXPECT_THROW(tooMany.validate(), SpecError);
 }
 
 } // namespace

@@ -140,16 +140,30 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
                  const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
                  double scale, int64_t window_left, int64_t window_right,
                  const flashjit_layout *layout, void *cuda_stream) {
+  return flashjit_forward_captured(handle, spec, q, k, v, o, lse, scale,
+                                   window_left, window_right, layout, nullptr,
+                                   0, cuda_stream);
+}
+
+FLASHJIT_API flashjit_status flashjit_forward_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_layout *layout, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
   return guarded("flashjit_forward", [&] {
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);
     s.direction = Direction::Forward; // the pass this call runs
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
+    checkCaptured(s, captured, num_captured);
     if (handle->device == FLASHJIT_DEVICE_CPU)
-      forwardCpu(handle, s, p, *q, *k, *v, *o, lse, layout);
+      forwardCpu(handle, s, p, *q, *k, *v, *o, lse, layout, captured);
     else
-      forwardCuda(handle, s, p, *q, *k, *v, *o, lse, layout, cuda_stream);
+      forwardCuda(handle, s, p, *q, *k, *v, *o, lse, layout, captured,
+                  cuda_stream);
   });
 }
 

@@ -226,6 +226,27 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
   return p;
 }
 
+/// Checks the captured tensors' count and each one's data and size.
+void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
+                   int64_t count) {
+  if (count != spec.captures)
+    invalid(fmt::format(
+        "spec.score_mod captures {} tensors, the call gives {}{}",
+        spec.captures, count,
+        spec.captures > 0 && count == 0
+            ? " (give them with flashjit_forward_captured)"
+            : ""));
+  if (count > 0 && !captured)
+    invalid("captured is NULL, but num_captured is " + std::to_string(count));
+  for (int64_t c = 0; c < count; ++c) {
+    if (!captured[c].data)
+      invalid(fmt::format("captured[{}].data is NULL", c));
+    if (captured[c].size < 1 || captured[c].size > kMaxTensorElements)
+      invalid(fmt::format("captured[{}].size must be in [1, 2^40], got {}", c,
+                          captured[c].size));
+  }
+}
+
 /// Checks the layout's presence and dimensions (not its contents).
 void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
                       const flashjit_layout *layout) {

@@ -76,8 +76,10 @@ std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
 void runCpuForward(const CpuKernel &kernel, const Problem &p,
                    const flashjit_tensor &q, const flashjit_tensor &k,
                    const flashjit_tensor &v, const flashjit_tensor &o,
-                   float *lse, const BlockSparseLayout *bcsr) {
+                   float *lse, const BlockSparseLayout *bcsr,
+                   Captures captures) {
   AttentionData d;
+  d.captures = std::move(captures);
   d.q = packedCopy(q);
   d.k = packedCopy(k);
   d.v = packedCopy(v);
@@ -92,12 +94,22 @@ void runCpuForward(const CpuKernel &kernel, const Problem &p,
 void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
                 const flashjit_tensor &q, const flashjit_tensor &k,
                 const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
-                const flashjit_layout *layout) {
+                const flashjit_layout *layout,
+                const flashjit_captured *captured) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, spec.sparseBlock);
   std::shared_ptr<CpuKernel> kernel =
       cpuKernel(h, spec, chooseConfig(spec, p, nullptr));
-  runCpuForward(*kernel, p, q, k, v, o, lse, bcsr.get());
+  runCpuForward(*kernel, p, q, k, v, o, lse, bcsr.get(),
+                hostCaptures(spec, captured));
+}
+
+Captures hostCaptures(const AttentionSpec &spec,
+                      const flashjit_captured *captured) {
+  Captures out;
+  for (int64_t c = 0; c < spec.captures; ++c)
+    out.emplace_back(captured[c].data, captured[c].data + captured[c].size);
+  return out;
 }
 
 /// The backward on the CPU: dq, dk, dv from q, k, v, the forward's o and

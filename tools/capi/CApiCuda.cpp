@@ -181,12 +181,15 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const Problem &p, const flashjit_tensor &q,
                  const flashjit_tensor &k, const flashjit_tensor &v,
                  const flashjit_tensor &o, float *lse,
-                 const flashjit_layout *layout, void *stream) {
+                 const flashjit_layout *layout,
+                 const flashjit_captured *captured, void *stream) {
   if (!lse)
     invalid("lse is NULL: on CUDA the kernel always writes lse (fp32 "
             "[B, H, Nq])");
   auto [context, info] = currentDevice(h);
   rt::ForwardArgs args = forwardArgs(q, k, v, o, lse, layout);
+  for (int64_t c = 0; c < spec.captures; ++c)
+    args.captures[size_t(c)] = devicePtr(captured[c].data);
   CUstream cuStream = static_cast<CUstream>(stream);
   forwardKernelFor(h, spec, p, context, info, args, cuStream)
       ->launch(p, args, cuStream);

@@ -148,6 +148,11 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
 void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
                       const flashjit_layout *layout);
 
+/// Checks that \p captured gives spec.captures tensors (flashjit_captured:
+/// data not NULL, 1 <= size <= 2^40).
+void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
+                   int64_t count);
+
 /// \p l's dimensions (no contents).
 BlockSparseLayout layoutShape(const flashjit_layout &l);
 
@@ -220,12 +225,18 @@ std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
 void runCpuForward(const CpuKernel &kernel, const Problem &p,
                    const flashjit_tensor &q, const flashjit_tensor &k,
                    const flashjit_tensor &v, const flashjit_tensor &o,
-                   float *lse, const BlockSparseLayout *bcsr);
+                   float *lse, const BlockSparseLayout *bcsr,
+                   Captures captures = {});
+
+/// \p captured (spec.captures of them; checkCaptured) as host data.
+Captures hostCaptures(const AttentionSpec &spec,
+                      const flashjit_captured *captured);
 
 void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
                 const flashjit_tensor &q, const flashjit_tensor &k,
                 const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
-                const flashjit_layout *layout);
+                const flashjit_layout *layout,
+                const flashjit_captured *captured = nullptr);
 
 void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const Problem &p, const flashjit_tensor &q,
@@ -270,7 +281,8 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const Problem &p, const flashjit_tensor &q,
                  const flashjit_tensor &k, const flashjit_tensor &v,
                  const flashjit_tensor &o, float *lse,
-                 const flashjit_layout *layout, void *stream);
+                 const flashjit_layout *layout,
+                 const flashjit_captured *captured, void *stream);
 
 void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const Problem &p, const flashjit_tensor &q,

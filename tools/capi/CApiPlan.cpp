@@ -134,6 +134,11 @@ FLASHJIT_API flashjit_status flashjit_plan_create(
     s.direction = Direction::Forward; // the pass a plan runs
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
+    if (s.captures > 0)
+      invalid(fmt::format("spec.score_mod captures {} tensors: plans do not "
+                          "take captured tensors yet; call "
+                          "flashjit_forward_captured",
+                          s.captures));
     auto made = std::make_unique<flashjit_plan>();
     made->device = handle->device;
     made->spec = s;

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 6
+#define FLASHJIT_C_API_VERSION 7
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -239,6 +239,35 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
                  const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
                  double scale, int64_t window_left, int64_t window_right,
                  const flashjit_layout *layout, void *cuda_stream);
+
+/** A tensor that a score_mod region captures (since version 7): \p size
+ *  float32 elements at \p data, device memory on CUDA and host memory on
+ *  the CPU, read during the call only. The region reads it with memref.load
+ *  at the index it computes (its arguments after kv_idx are memref<?xf32>,
+ *  one per captured tensor), e.g. a bias bias[(h * Nq + i) * Nkv + j] or
+ *  segment ids. The kernels evaluate the region only at positions inside
+ *  the problem (padding rows and columns of a tile take the last ones'), so
+ *  an index that is in range for every (b, h, i, j) of the problem stays in
+ *  range; one that is not reads out of bounds on CUDA (the CPU's float64
+ *  check names it). */
+typedef struct flashjit_captured {
+  const float *data;
+  int64_t size;
+} flashjit_captured;
+
+/** flashjit_forward for a score_mod region that captures tensors: its
+ *  \p num_captured captured tensors (spec->score_mod's count, in its
+ *  argument order) in \p captured. flashjit_forward refuses such a spec
+ *  (INVALID_ARGUMENT: it gives none); this call with 0 and NULL is
+ *  flashjit_forward. Forward only: the backward of a capturing region is
+ *  not derived yet (INVALID_ARGUMENT). Since version 7. */
+FLASHJIT_API flashjit_status flashjit_forward_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_layout *layout, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
 
 /** The backward pass: dq, dk, dv from q, k, v, o, d_o and the forward's lse
  *  (dk and dv shaped as k and v, summed over each GQA group), by

@@ -80,6 +80,9 @@ std::string helpText(const std::string &command) {
         "  --tune               tune the tiling first (as `flashjit tune`)\n"
         "  --packed-qkv         q, k, v as strided views of one\n"
         "                       (B, N, 3, H, d) buffer\n"
+        "  --capture FILE.npy   a captured tensor of the score modifier's\n"
+        "                       region, once per tensor in its order\n"
+        "                       (float32/64 or int32/64, read as float32)\n"
         "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input\n"
         "            (a named error on stderr), 3 no CUDA driver, 4 internal\n"
         "            error (a bug in flashjit: please report it)\n";
@@ -182,7 +185,7 @@ const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
       "--batch", "--heads",   "--seq-len",   "--seq-len-kv",
       "--scale", "--device",  "--repeats",   "--seed",
-      "--tune",  "--dump-io", "--packed-qkv"};
+      "--tune",  "--dump-io", "--packed-qkv", "--capture"};
   return options;
 }
 
@@ -347,6 +350,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--score-mod", [&](auto &v) { scoreModArg = v; }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
+      {"--capture", [&](auto &v) { o.captureFiles.push_back(v); }},
       {"--seed",
        [&](auto &v) {
          o.seed = uint64_t(parseInt("--seed", v));
@@ -530,54 +534,6 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     checkProblemSize(o.spec, o.problem);
   }
   return o;
-}
-
-/// The block-sparse layout the options describe (nullptr when dense):
-/// --layout FILE, else a random one of --block-sparse DENSITY from \p seed.
-std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
-                                                     uint64_t seed) {
-  const AttentionSpec &spec = o.spec;
-  const Problem &p = o.problem;
-  if (!spec.blockSparse)
-    return nullptr;
-  int64_t sb = spec.sparseBlock;
-  if (o.layoutPath.empty()) {
-    // A random layout is drawn for every (batch, head).
-    int64_t cells = 0;
-    if (__builtin_mul_overflow(p.batch * p.heads,
-                               ((p.seqLenQ + sb - 1) / sb) *
-                                   ((p.seqLenKV + sb - 1) / sb),
-                               &cells) ||
-        cells > kMaxTensorElements)
-      throw SpecError(fmt::format(
-          "problem too large: a random layout of batch * heads * q_blocks * "
-          "kv_blocks = {} * {} * {} * {} blocks exceeds 2^40",
-          p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
-          (p.seqLenKV + sb - 1) / sb));
-  }
-  auto layout = std::make_unique<BlockSparseLayout>(
-      !o.layoutPath.empty()
-          ? BlockSparseLayout::readText(o.layoutPath)
-          : BlockSparseLayout::random(
-                p.batch, p.heads, (p.seqLenQ + sb - 1) / sb,
-                (p.seqLenKV + sb - 1) / sb, *o.density, seed));
-  layout->checkFits(p, sb);
-  return layout;
-}
-
-RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec) {
-  RandomRun r;
-  std::random_device entropy;
-  r.layoutSeed = o.seedGiven ? o.seed : entropy();
-  r.layout = layoutFromOptions(o, r.layoutSeed);
-  // --seed makes the inputs replayable too (same seed, same bits).
-  r.inputSeed = o.seedGiven ? o.seed ^ 0x5851f42d4c957f2dull
-                            : (uint64_t(entropy()) << 32) ^ entropy();
-  std::mt19937_64 rng(r.inputSeed);
-  r.data = makeRandomInputs(
-      forwardSpec, o.problem,
-      o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate, rng);
-  return r;
 }
 
 } // namespace flashjit::cli

@@ -34,6 +34,8 @@ struct CliOptions {
   std::string outputPath;
   std::string dumpDir;
   std::string layoutPath;
+  /// --capture FILE.npy, repeated: the score modifier's captured tensors.
+  std::vector<std::string> captureFiles;
   /// --input FILE: the IR to compile or run (the attn or the tile stage,
   /// e.g. an edited `--emit tile`); the spec (and, for the tile stage, Br x
   /// Bc) are the file's.

@@ -133,6 +133,16 @@ DeviceProblem::DeviceProblem(const AttentionData &data,
     args.countStrides = layout->countStrides();
     args.indexStrides = layout->indexStrides();
   }
+  if (data.captures.size() > args.captures.size())
+    throw SpecError(fmt::format("{} captured tensors, at most {}",
+                                data.captures.size(), args.captures.size()));
+  for (const std::vector<float> &t : data.captures) {
+    if (t.empty())
+      throw SpecError("a captured tensor is empty");
+    captures.emplace_back(t.size() * 4);
+    captures.back().uploadVector(t);
+    args.captures[captures.size() - 1] = captures.back().ptr();
+  }
 }
 
 void DeviceProblem::poison(const AttentionData &data) {

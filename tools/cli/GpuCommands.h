@@ -79,6 +79,7 @@ private:
 struct DeviceProblem {
   DeviceTensors tensors;
   rt::DeviceBuffer lse, counts, indices;
+  std::vector<rt::DeviceBuffer> captures; ///< the score modifier's tensors
   rt::ForwardArgs args;
 
   DeviceProblem(const AttentionData &data, const BlockSparseLayout *layout);

@@ -449,11 +449,20 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
           arith::RemUIOp::create(b, indexTile(iTy, 0, m0),
                                  splat(toI32(group), iTy)));
   }
-  if (scoreModUses(region, 3))
-    indices.qIdx = queryOf(indexTile(iTy, 0, m0));
-  if (scoreModUses(region, 4))
-    indices.kvIdx = indexTile(iTy, 1, n0);
   const unsigned captures = unsigned(capturedTensors(region));
+  // A region that reads captured tensors sees only positions inside the
+  // problem: the tile's rows past Nq and columns past Nkv (masked or never
+  // stored) take the last ones', so that their loads stay in the tensors.
+  auto inside = [&](Value positions, Value count) {
+    if (!captures)
+      return positions;
+    return Value(arith::MinSIOp::create(
+        b, positions, splat(toI32(sub(count, cIdx(1))), iTy)));
+  };
+  if (scoreModUses(region, 3))
+    indices.qIdx = inside(queryOf(indexTile(iTy, 0, m0)), nq);
+  if (scoreModUses(region, 4))
+    indices.kvIdx = inside(indexTile(iTy, 1, n0), nkv);
   for (unsigned c = 0; c < captures; ++c)
     indices.captures.push_back(
         func.getArgument(func.getNumArguments() - captures + c));

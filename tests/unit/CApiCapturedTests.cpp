@@ -1,0 +1,124 @@
+//===- CApiCapturedTests.cpp - Captured tensors through the C API ---------===//
+//
+/// \file
+/// flashjit_forward_captured (version 7): a score_mod region that reads a
+/// tensor (a bias of shape (H, Nq, Nkv), indexed by the region itself) runs
+/// on the CPU handle against a float64 reference that reads the same data
+/// by hand; the reference on other data fails the kernel (the check can
+/// fail); and the named errors: flashjit_forward of a capturing spec, a
+/// wrong count, NULL data, a bad size, a plan, the backward.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tests/unit/CApiTestUtil.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+using namespace flashjit;
+using namespace flashjit::capitest;
+
+namespace {
+
+/// s + bias[(h * Nq + i) * Nkv + j], the bias read from captured tensor 0.
+class FullBias : public ScoreFunction {
+public:
+  FullBias(int64_t nq, int64_t nkv) : nq(nq), nkv(nkv) {}
+  double apply(double s, int64_t, int64_t h, int64_t i, int64_t j,
+               const Captures *captures, double *dScore) const override {
+    *dScore = 1;
+    return s + double((*captures)[0][size_t((h * nq + i) * nkv + j)]);
+  }
+  int64_t nq, nkv;
+};
+
+/// FullBias's region for a problem of Nq = 20, Nkv = 33 (SmallProblem's).
+const char *kFullBias = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>):
+  %nq = arith.constant 20 : index
+  %nkv = arith.constant 33 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %x = memref.load %bias[%at] : memref<?xf32>
+  %y = arith.addf %s, %x : f32
+  attn.yield %y : f32
+})";
+
+TEST(CApiCaptured, FullBiasOnTheCpu) {
+  Handle h;
+  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33, gqa 2
+  ASSERT_EQ(sp.p.seqLenQ, 20);
+  ASSERT_EQ(sp.p.seqLenKV, 33);
+  sp.spec.score_mod = kFullBias;
+  sp.specCpp.scoreMod = kCustomScoreMod;
+  sp.specCpp.scoreFunction = std::make_shared<FullBias>(20, 33);
+  sp.specCpp.captures = 1;
+  uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  std::vector<float> bias(size_t(4 * 20 * 33)), other(bias.size());
+  for (float &x : bias)
+    x = u(rng);
+  for (float &x : other)
+    x = u(rng);
+  flashjit_captured captured = {bias.data(), int64_t(bias.size())};
+  ASSERT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      sp.d.lse.data(), 0.0, -1, -1, nullptr,
+                                      &captured, 1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  sp.d.captures = {bias};
+  ReferenceResult ref = referenceForward(sp.specCpp, sp.p, sp.d, nullptr);
+  EXPECT_LT(compareWithReference(sp.specCpp, sp.p, sp.d, ref).relErr(),
+            errorBound(sp.specCpp.dtype));
+  AttentionData swapped = sp.d;
+  swapped.captures = {other};
+  ReferenceResult off = referenceForward(sp.specCpp, sp.p, swapped, nullptr);
+  EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
+            errorBound(sp.specCpp.dtype));
+}
+
+TEST(CApiCaptured, BadCallsAreNamedErrors) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.score_mod = kFullBias;
+  std::vector<float> bias(size_t(4 * 20 * 33), 0.5f);
+  auto call = [&](const flashjit_captured *c, int64_t n) {
+    return flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                     sp.d.lse.data(), 0.0, -1, -1, nullptr, c,
+                                     n, nullptr);
+  };
+  auto expectError = [&](flashjit_status s, const std::string &text) {
+    EXPECT_EQ(s, FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find(text), std::string::npos) << lastError();
+  };
+  expectError(sp.run(h), "captures 1 tensors, the call gives 0 (give them "
+                         "with flashjit_forward_captured)");
+  flashjit_captured good = {bias.data(), int64_t(bias.size())};
+  flashjit_captured two[2] = {good, good};
+  expectError(call(two, 2), "captures 1 tensors, the call gives 2");
+  expectError(call(nullptr, 1), "captured is NULL");
+  flashjit_captured null = {nullptr, 4};
+  expectError(call(&null, 1), "captured[0].data is NULL");
+  flashjit_captured empty = {bias.data(), 0};
+  expectError(call(&empty, 1), "captured[0].size must be in [1, 2^40]");
+  flashjit_plan *plan = nullptr;
+  expectError(flashjit_plan_create(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                   sp.d.lse.data(), 0.0, -1, -1, nullptr,
+                                   nullptr, &plan),
+              "plans do not take captured tensors yet");
+  EXPECT_EQ(plan, nullptr);
+  std::mt19937_64 rng(1);
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  expectError(sp.backward(h, g), "has no backward yet");
+  // A spec without captured tensors takes none.
+  sp.spec.score_mod = nullptr;
+  expectError(call(&good, 1), "captures 0 tensors, the call gives 1");
+  EXPECT_EQ(call(nullptr, 0), FLASHJIT_OK) << lastError();
+}
+
+} // namespace
