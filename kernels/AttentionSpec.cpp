@@ -51,9 +51,6 @@ void AttentionSpec::validate() const {
     throw SpecError(fmt::format("a score modifier may capture at most {} "
                                 "tensors, this one captures {}",
                                 abi::kMaxCaptures, captures));
-  if (captures > 0 && direction == Direction::Backward)
-    throw SpecError("a score modifier that captures tensors has no backward "
-                    "yet (their gradients are not derived)");
   checkRange("head_dim_qk", headDimQK, 1, 512);
   checkRange("head_dim_v", headDimV, 1, 512);
   checkRange("gqa", gqaGroup, 1, 1 << 16);

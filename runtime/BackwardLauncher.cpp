@@ -82,7 +82,14 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   for (CUdeviceptr &b : bufs)
     if (!b)
       b = a.q.ptr;
-  void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args];
+  std::array<CUdeviceptr, abi::kMaxCaptures> captured = a.captures;
+  for (int64_t c = 0; c < spec.captures; ++c)
+    if (!captured[size_t(c)])
+      throw SpecError(fmt::format("the score modifier captures {} tensors; "
+                                  "captured tensor {} is null",
+                                  spec.captures, c));
+  void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args +
+               abi::kMaxCaptures];
   int n = 0;
   for (CUdeviceptr &b : bufs)
     params[n++] = &b;
@@ -90,6 +97,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     params[n++] = &v;
   for (float &f : f32s)
     params[n++] = &f;
+  for (int64_t c = 0; c < spec.captures; ++c)
+    params[n++] = &captured[size_t(c)];
 
   for (auto [fn, launch] : {std::pair{preprocess, &preprocessLaunch},
                             {main, &mainLaunch},

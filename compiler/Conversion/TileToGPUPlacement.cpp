@@ -137,6 +137,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.numBuffers = abi::bwd::NumBuffers;
   p.numIndexArgs = abi::bwd::NumIndexArgs;
   p.numF32Args = abi::bwd::NumF32Args;
+  p.numCaptures = capturedArguments(fn, p);
   if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;

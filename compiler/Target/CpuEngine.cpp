@@ -147,6 +147,24 @@ PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {
   return *entry;
 }
 
+/// The memrefs of \p d's captured tensors, after checking that they are
+/// \p spec's (its count, none empty).
+static std::vector<MemRef1D> capturedBuffers(const AttentionSpec &spec,
+                                             const AttentionData &d) {
+  if (int64_t(d.captures.size()) != spec.captures)
+    throw SpecError(fmt::format("the score modifier captures {} tensors, "
+                                "the call gives {}",
+                                spec.captures, d.captures.size()));
+  std::vector<MemRef1D> captured;
+  for (const std::vector<float> &t : d.captures) {
+    if (t.empty())
+      throw SpecError("a captured tensor is empty");
+    captured.push_back(
+        describe(const_cast<float *>(t.data()), int64_t(t.size())));
+  }
+  return captured;
+}
+
 /// Runs \p entry for every (pid_m, pid_bh) in [0, gridM) x [0, gridBH) on
 /// host threads. The argument list is: the buffers, the index arguments, the
 /// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h); with \p gridZ > 0
@@ -260,16 +278,7 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   d.k.checkLayout("k");
   d.v.checkLayout("v");
   d.o.checkLayout("o");
-  if (int64_t(d.captures.size()) != spec.captures)
-    throw SpecError(fmt::format("the score modifier captures {} tensors, "
-                                "the call gives {}",
-                                spec.captures, d.captures.size()));
-  std::vector<MemRef1D> captured;
-  for (std::vector<float> &t : d.captures) {
-    if (t.empty())
-      throw SpecError("a captured tensor is empty");
-    captured.push_back(describe(t.data(), int64_t(t.size())));
-  }
+  std::vector<MemRef1D> captured = capturedBuffers(spec, d);
 
   abi::TensorStrides strides;
   strides.q = d.q.strides;
@@ -472,9 +481,13 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, dqRows);
   // In this order: the preprocessing writes delta (and zeroes dq_accum),
   // the main loop reads delta (and adds into dq_accum), @f_dq writes dQ.
-  runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads);
-  runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec));
-  runGrid(impl->dq, bufs, idx, f32s, dqBlocks, p.batch * p.heads);
+  const std::vector<MemRef1D> captured = capturedBuffers(spec, fwd);
+  runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads, 0,
+          captured);
+  runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec), 0,
+          captured);
+  runGrid(impl->dq, bufs, idx, f32s, dqBlocks, p.batch * p.heads, 0,
+          captured);
 }
 
 } // namespace flashjit

@@ -8,8 +8,9 @@
 /// the same data (which also checks that the kernel read them: the run fails
 /// on any other data, see CapturedTensors.* on the CPU). Covers the sm_90a
 /// default (the K/V ring), wgmma without the ring, mma.sync tilings,
-/// split-KV decode with GQA packing, masks, GQA and Nq != Nkv. Skipped, and
-/// shown as skipped, without a driver.
+/// split-KV decode with GQA packing, masks, GQA and Nq != Nkv; forward, and
+/// the backward's dQ, dK, dV (the region recomputed on the same data).
+/// Skipped, and shown as skipped, without a driver.
 //
 //===----------------------------------------------------------------------===//
 
@@ -121,11 +122,13 @@ protected:
     if (!dir.empty())
       std::system(("rm -rf '" + dir + "'").c_str());
   }
+  void runCase(const Case &c, bool backward);
   std::string dir;
 };
 
-TEST_P(CapturedGpu, MatchesFloat64Reference) {
-  const Case &c = GetParam();
+/// Runs case \p c (its forward, or with \p backward its gradients too) on
+/// fresh captured data and checks it against the float64 reference.
+void CapturedGpu::runCase(const Case &c, bool backward) {
   std::string region = replaceAll(c.region, "{N}", std::to_string(c.nq));
   region = replaceAll(region, "{M}", std::to_string(c.nkv));
   region = replaceAll(region, "{N1}", std::to_string(c.nq - 1));
@@ -152,7 +155,8 @@ TEST_P(CapturedGpu, MatchesFloat64Reference) {
     writeNpy(path, v);
     captures += " --capture " + path;
   }
-  std::string args = "run --device cuda --json --score-mod @" + dir +
+  std::string args = std::string("run --device cuda --json ") +
+                     (backward ? "--backward " : "") + "--score-mod @" + dir +
                      "/region.mlir" + captures + " --heads " +
                      std::to_string(c.heads) + " --seq-len " +
                      std::to_string(c.nq) + " --seq-len-kv " +
@@ -167,6 +171,14 @@ TEST_P(CapturedGpu, MatchesFloat64Reference) {
   EXPECT_NE(r.out.find("\"device\":\"cuda\""), std::string::npos);
   EXPECT_LT(jsonNumber(r.out, "rel_err"), jsonNumber(r.out, "bound"));
   EXPECT_EQ(jsonNumber(r.out, "nan_count"), 0);
+}
+
+TEST_P(CapturedGpu, MatchesFloat64Reference) { runCase(GetParam(), false); }
+
+/// dQ, dK and dV: the backward's kernels read the captured data too (to
+/// recompute P and its derivative).
+TEST_P(CapturedGpu, GradientsMatchFloat64Reference) {
+  runCase(GetParam(), true);
 }
 
 std::string caseName(const ::testing::TestParamInfo<Case> &info) {

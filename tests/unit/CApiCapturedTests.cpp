@@ -4,9 +4,10 @@
 /// flashjit_forward_captured (version 7): a score_mod region that reads a
 /// tensor (a bias of shape (H, Nq, Nkv), indexed by the region itself) runs
 /// on the CPU handle against a float64 reference that reads the same data
-/// by hand; the reference on other data fails the kernel (the check can
-/// fail); and the named errors: flashjit_forward of a capturing spec, a
-/// wrong count, NULL data, a bad size, a plan, the backward.
+/// by hand, forward and (flashjit_backward_captured) gradients; the
+/// reference on other data fails the kernel (the check can fail); and the
+/// named errors: flashjit_forward / flashjit_backward of a capturing spec,
+/// a wrong count, NULL data, a bad size, a plan, a gradient asked for.
 //
 //===----------------------------------------------------------------------===//
 
@@ -80,6 +81,26 @@ TEST(CApiCaptured, FullBiasOnTheCpu) {
   ReferenceResult off = referenceForward(sp.specCpp, sp.p, swapped, nullptr);
   EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
             errorBound(sp.specCpp.dtype));
+
+  // The backward on the same data (flashjit_backward_captured).
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                  dv = toC(g.dv);
+  ASSERT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                       &dO, sp.d.lse.data(), &dq, &dk, &dv,
+                                       0.0, -1, -1, nullptr, nullptr, 0,
+                                       &captured, 1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  BackwardErrorReport err = compareBackward(
+      sp.specCpp, sp.p, g, referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr));
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype));
+  EXPECT_GT(compareBackward(sp.specCpp, sp.p, g,
+                            referenceBackward(sp.specCpp, sp.p, swapped, g,
+                                              nullptr))
+                .relErr(),
+            errorBound(sp.specCpp.dtype));
 }
 
 TEST(CApiCaptured, BadCallsAreNamedErrors) {
@@ -114,7 +135,19 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
   EXPECT_EQ(plan, nullptr);
   std::mt19937_64 rng(1);
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
-  expectError(sp.backward(h, g), "has no backward yet");
+  expectError(sp.backward(h, g), "captures 1 tensors, the call gives 0");
+  auto backward = [&](const flashjit_captured *c, int64_t n) {
+    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                    dv = toC(g.dv);
+    return flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      &dO, sp.d.lse.data(), &dq, &dk, &dv, 0.0,
+                                      -1, -1, nullptr, nullptr, 0, c, n,
+                                      nullptr);
+  };
+  std::vector<float> grad(bias.size());
+  flashjit_captured withGrad = {bias.data(), int64_t(bias.size()), grad.data()};
+  expectError(backward(&withGrad, 1), "captured[0].grad: the gradients of "
+                                      "captured tensors are not derived yet");
   // A spec without captured tensors takes none.
   sp.spec.score_mod = nullptr;
   expectError(call(&good, 1), "captures 0 tensors, the call gives 1");

@@ -9,9 +9,9 @@
 /// same data. Checked: learned per-head slopes (trainable ALiBi's forward),
 /// a full bias tensor with a document mask from segment ids in one region,
 /// against the reference (which fails the kernel when the data differ);
-/// the GPU kernel's parameters for them; and the named errors (wrong
-/// captured types, loads of anything else, a count that does not match,
-/// the backward not there yet).
+/// the gradients of q, k, v (the backward reads the same data); the GPU
+/// kernel's parameters for them; and the named errors (wrong captured
+/// types, loads of anything else, a count that does not match).
 //
 //===----------------------------------------------------------------------===//
 
@@ -166,10 +166,56 @@ TEST(CapturedTensors, BadCapturesAreNamedErrors) {
   data.captures = {{0.1f, 0.2f}}; // 3 heads read slopes[0..2]
   EXPECT_THROW(referenceForward(spec, p, data, nullptr), SpecError);
 
-  // Not there yet, and said so: the backward.
+  // The backward needs the data too.
   AttentionSpec bwd = spec;
   bwd.direction = Direction::Backward;
-  EXPECT_THROW(CpuBackwardKernel::compile(bwd, tileConfig(32, 32)), SpecError);
+  data.captures.clear();
+  AttentionGrads g = makeRandomGrads(spec, p, data, rng);
+  EXPECT_THROW(CpuBackwardKernel::compile(bwd, tileConfig(32, 32))
+                   ->run(p, data, g, nullptr),
+               SpecError);
+}
+
+/// The backward recomputes P from the region on the captured data (their
+/// own gradients are not derived: the data are constants here): dQ, dK, dV
+/// against float64 gradients of the same data, which fail the kernel's on
+/// other data; with a bias, a document mask, causal, GQA and Nq != Nkv, in
+/// both dQ modes.
+TEST(CapturedTensors, GradientsMatchTheReference) {
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocuments);
+  spec.mask = MaskKind::Causal;
+  spec.gqaGroup = 2;
+  spec.headDimQK = spec.headDimV = 32;
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t H = 2, Nq = 70, Nkv = 90;
+  std::vector<float> keySeg(Nkv);
+  for (int64_t j = 0; j < Nkv; ++j)
+    keySeg[j] = j < 25 ? 0.f : j < 55 ? 1.f : 2.f;
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "atomic dQ");
+    spec.deterministic = deterministic;
+    Problem p = problem(H, Nq, Nkv);
+    AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+    data.captures = {uniform(rng, size_t(H * Nq * Nkv), -2.f, 2.f), keySeg};
+    CpuKernel::compile(spec, tileConfig(32, 32))->run(p, data, nullptr);
+    AttentionGrads g = makeRandomGrads(spec, p, data, rng);
+    AttentionSpec bwd = spec;
+    bwd.direction = Direction::Backward;
+    CpuBackwardKernel::compile(bwd, tileConfig(32, 32))
+        ->run(p, data, g, nullptr);
+    BackwardErrorReport err =
+        compareBackward(spec, p, g, referenceBackward(spec, p, data, g, nullptr));
+    EXPECT_EQ(err.nanCount, 0);
+    EXPECT_LT(err.relErr(), 1e-2);
+    AttentionData other = data;
+    other.captures[0] = uniform(rng, size_t(H * Nq * Nkv), -2.f, 2.f);
+    EXPECT_GT(compareBackward(spec, p, g,
+                              referenceBackward(spec, p, other, g, nullptr))
+                  .relErr(),
+              1e-2);
+  }
 }
 
 TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {

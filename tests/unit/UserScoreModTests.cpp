@@ -5,9 +5,10 @@
 /// description: the float64 reference evaluates the region itself (value
 /// and, by dual numbers, its derivative: compiler/ScoreModReference.cpp),
 /// so the CPU mode's forward and gradients, whose derivative the compiler
-/// derives by the chain rule, are checked against it. Two regions a user
-/// might write: a per-head distance bias under a soft cap (heads and
-/// positions), and a piecewise one (comparisons, andi, select, the batch).
+/// derives by the chain rule, are checked against it. Regions a user might
+/// write: a per-head distance bias under a soft cap (heads and positions),
+/// a piecewise one (comparisons, andi, select, the batch), and a steep bias
+/// whose padding rows' scores overflow exp2 (kept out of dK and dV).
 /// Also: the reference fails the kernel without the modifier, and a tile
 /// stage of such a region (inlined there) is a named error.
 //
@@ -77,6 +78,18 @@ const char *kPiecewise = R"(
     %y = arith.select %isb1, %sh, %m : f32
 )";
 
+/// y = s + 2 (i - j): a bias that grows with the query position, so the
+/// scores of a block's padding rows (past Nq, zero rows) overflow exp2;
+/// the backward must keep them out of dK and dV (maskMain).
+const char *kSteepQueryBias = R"(
+    %d = arith.subi %i, %j : index
+    %di = arith.index_cast %d : index to i32
+    %df = arith.sitofp %di : i32 to f32
+    %c = arith.constant 2.0 : f32
+    %bias = arith.mulf %c, %df : f32
+    %y = arith.addf %s, %bias : f32
+)";
+
 struct UserCase {
   const char *name, *mask, *body;
   int dqk, dv;
@@ -87,6 +100,8 @@ struct UserCase {
 const UserCase kCases[] = {
     {"distance_bias_causal", "causal", kDistanceBias, 64, 64, 150, 170, 2.0},
     {"piecewise_dv_ne_dqk", "none", kPiecewise, 32, 48, 90, 130, 1.0},
+    {"steep_query_bias_causal", "causal", kSteepQueryBias, 32, 32, 150, 170,
+     1.0},
 };
 
 Problem problemOf(const UserCase &c) {

@@ -175,6 +175,21 @@ FLASHJIT_API flashjit_status flashjit_backward(
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
     void *workspace, size_t workspace_bytes, void *cuda_stream) {
+  return flashjit_backward_captured(
+      handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale, window_left,
+      window_right, layout, workspace, workspace_bytes, nullptr, 0,
+      cuda_stream);
+}
+
+FLASHJIT_API flashjit_status flashjit_backward_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
   return guarded("flashjit_backward", [&] {
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);   // as the forward's: the callees derive
@@ -187,14 +202,20 @@ FLASHJIT_API flashjit_status flashjit_backward(
     checkSameShape(dv, "dv", *v, "v");
     if (!lse)
       invalid("lse is NULL: the backward reads the forward's lse");
+    checkCaptured(s, captured, num_captured);
+    for (int64_t c = 0; c < num_captured; ++c)
+      if (captured[c].grad)
+        invalid(fmt::format("captured[{}].grad: the gradients of captured "
+                            "tensors are not derived yet; pass NULL",
+                            c));
     WorkspaceLayout w = workspaceLayout(s, p);
     checkWorkspace(workspace, workspace_bytes, w);
     if (handle->device == FLASHJIT_DEVICE_CUDA)
       backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                   layout, workspace, w, cuda_stream);
+                   layout, workspace, w, captured, cuda_stream);
     else
       backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                  layout);
+                  layout, captured);
   });
 }
 

@@ -120,7 +120,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const flashjit_tensor &o, const flashjit_tensor &dO,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
-                 const flashjit_layout *layout) {
+                 const flashjit_layout *layout,
+                 const flashjit_captured *captured) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, forwardSpec.sparseBlock);
   AttentionSpec spec = forwardSpec;
@@ -143,6 +144,7 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   fwd.v = packedCopy(v);
   fwd.o = packedCopy(o);
   fwd.lse.assign(lse, lse + p.batch * p.heads * p.seqLenQ);
+  fwd.captures = hostCaptures(forwardSpec, captured);
   // A NaN (or +inf) lse is no forward's output; the kernel would read it as
   // a row that sees no key and give that row a zero dQ. Refused instead.
   for (size_t i = 0; i < fwd.lse.size(); ++i)

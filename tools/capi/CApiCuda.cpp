@@ -258,7 +258,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const float *lse, const flashjit_tensor &dq,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
                   const flashjit_layout *layout, void *workspace,
-                  const WorkspaceLayout &w, void *stream) {
+                  const WorkspaceLayout &w, const flashjit_captured *captured,
+                  void *stream) {
   auto [context, info] = currentDevice(h);
   CUstream cuStream = static_cast<CUstream>(stream);
   bool capturing = rt::isStreamCapturing(cuStream);
@@ -284,6 +285,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   args.dv = deviceTensor(dv);
   args.lse = devicePtr(lse);
   setLayoutArgs(args, layout);
+  for (int64_t c = 0; c < spec.captures; ++c)
+    args.captures[size_t(c)] = devicePtr(captured[c].data);
   GpuTarget target = gpuTarget(info, rt::chooseCopyBytes(args));
   TileConfig config =
       chooseGpuConfig(h, spec, p, info, target, cuStream, nullptr);

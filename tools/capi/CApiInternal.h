@@ -244,7 +244,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const flashjit_tensor &o, const flashjit_tensor &dO,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
-                 const flashjit_layout *layout);
+                 const flashjit_layout *layout,
+                 const flashjit_captured *captured);
 
 //===----------------------------------------------------------------------===//
 // CUDA (CApiCuda.cpp)
@@ -291,7 +292,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const float *lse, const flashjit_tensor &dq,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
                   const flashjit_layout *layout, void *workspace,
-                  const WorkspaceLayout &w, void *stream);
+                  const WorkspaceLayout &w, const flashjit_captured *captured,
+                  void *stream);
 
 } // namespace flashjit::capi
 

@@ -253,14 +253,18 @@ flashjit_forward(flashjit_handle *handle, const flashjit_spec *spec,
 typedef struct flashjit_captured {
   const float *data;
   int64_t size;
+  /** flashjit_backward_captured only (the forward ignores it): where
+   *  d loss / d data is ADDED (float32, size elements, the caller zeroes
+   *  it first), or NULL for a tensor that needs no gradient. */
+  float *grad;
 } flashjit_captured;
 
 /** flashjit_forward for a score_mod region that captures tensors: its
  *  \p num_captured captured tensors (spec->score_mod's count, in its
  *  argument order) in \p captured. flashjit_forward refuses such a spec
  *  (INVALID_ARGUMENT: it gives none); this call with 0 and NULL is
- *  flashjit_forward. Forward only: the backward of a capturing region is
- *  not derived yet (INVALID_ARGUMENT). Since version 7. */
+ *  flashjit_forward. The backward: flashjit_backward_captured. Since
+ *  version 7. */
 FLASHJIT_API flashjit_status flashjit_forward_captured(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,
@@ -327,6 +331,22 @@ FLASHJIT_API flashjit_status flashjit_backward(
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
     void *workspace, size_t workspace_bytes, void *cuda_stream);
+
+/** flashjit_backward for a score_mod region that captures tensors: the
+ *  same \p captured tensors as the forward's (flashjit_backward refuses
+ *  such a spec). A captured tensor's grad must be NULL for now (its
+ *  gradient is not derived yet: INVALID_ARGUMENT); the region is evaluated
+ *  on the captured data to recompute P and its derivative with respect to
+ *  the score. Since version 7. */
+FLASHJIT_API flashjit_status flashjit_backward_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
 
 /** The workspace flashjit_backward needs for \p spec on a problem (batch,
  *  query heads, query and key sequence lengths), in *bytes: fp32

@@ -52,6 +52,7 @@ struct DeviceBackward {
     args.v = fwd.args.v;
     args.o = fwd.args.o;
     args.lse = fwd.args.lse;
+    args.captures = fwd.args.captures;
     args.dO = fwd.tensors.map(g.dO);
     args.dq = fwd.tensors.map(g.dq, /*upload=*/false);
     args.dk = fwd.tensors.map(g.dk, /*upload=*/false);

@@ -454,10 +454,7 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
   // problem: the tile's rows past Nq and columns past Nkv (masked or never
   // stored) take the last ones', so that their loads stay in the tensors.
   auto inside = [&](Value positions, Value count) {
-    if (!captures)
-      return positions;
-    return Value(arith::MinSIOp::create(
-        b, positions, splat(toI32(sub(count, cIdx(1))), iTy)));
+    return captures ? insideProblem(positions, count) : positions;
   };
   if (scoreModUses(region, 3))
     indices.qIdx = inside(queryOf(indexTile(iTy, 0, m0)), nq);

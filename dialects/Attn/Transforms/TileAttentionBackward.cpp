@@ -109,6 +109,14 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
     argTys.push_back(idxTy);
     argNames.push_back(b.getStringAttr(n));
   }
+  // The score modifier's captured tensors, after everything else (as the
+  // forward's: the ABI's positions stay as they are).
+  const int64_t captures =
+      op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
+  for (int64_t c = 0; c < captures; ++c) {
+    argTys.push_back(f32Buf);
+    argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
+  }
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
@@ -232,11 +240,6 @@ struct TileAttentionBackwardPass
           (failed(checkScoreModTileable(op, op.getScoreMod())) ||
            failed(checkScoreModDifferentiable(op, op.getScoreMod()))))
         return WalkResult::interrupt();
-      if (op.hasScoreMod() && capturedTensors(op.getScoreMod()) > 0) {
-        op.emitOpError() << "score_mod: captured tensors in the backward are "
-                            "not implemented yet";
-        return WalkResult::interrupt();
-      }
       int64_t sb = op.getSparseBlock();
       if (!ownDqTiling || !op.getDeterministic() || sb == 0 ||
           (sb % dqBr == 0 && sb % dqBc == 0))

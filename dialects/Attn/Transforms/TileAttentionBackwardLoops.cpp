@@ -175,10 +175,20 @@ TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
     indices.batch = splat(toI32(bI), iTy);
   if (scoreModUses(region, 2))
     indices.head = splat(toI32(hI), iTy);
+  // As the forward's: a region that reads captured tensors sees only
+  // positions inside the problem (padding rows and columns take the last
+  // ones'), so that its loads stay in the tensors.
+  const unsigned captures = unsigned(capturedTensors(region));
+  auto inside = [&](Value positions, Value count) {
+    return captures ? insideProblem(positions, count) : positions;
+  };
   if (scoreModUses(region, 3))
-    indices.qIdx = indexTile(iTy, keysOnRows ? 1 : 0, q0);
+    indices.qIdx = inside(indexTile(iTy, keysOnRows ? 1 : 0, q0), nq);
   if (scoreModUses(region, 4))
-    indices.kvIdx = indexTile(iTy, keysOnRows ? 0 : 1, kv0);
+    indices.kvIdx = inside(indexTile(iTy, keysOnRows ? 0 : 1, kv0), nkv);
+  for (unsigned c = 0; c < captures; ++c)
+    indices.captures.push_back(
+        func.getArgument(func.getNumArguments() - captures + c));
   // The pass checked the region (checkScoreModDifferentiable).
   return *inlineScoreModWithDerivative(b, b.getLoc(), region,
                                        fmul(raw, splat(scale, ty)), indices);
@@ -194,29 +204,39 @@ TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
 ///   none, atomic dQ:    select(n0 + r < Nkv, %pt, 0), no branch
 ///   none, deterministic: %pt (keys past Nkv feed only dK, dV rows that
 ///          are not stored)
+/// With a score modifier, also 0 for the queries past Nq (%straddles: the
+/// block's rows pass Nq): their scores are the modifier's of zero rows,
+/// whose P = exp2(mod - 0) may be inf, and inf * 0 (their dO) a NaN in dV.
 Value TiledBackwardBuilder::maskMain(Value pt, Value first) {
-  if (!hasBand && !atomicDq)
+  const bool guardRows = op.hasScoreMod();
+  if (!hasBand && !atomicDq && !guardRows)
     return pt;
   Tensor iTy = tile({bc, br}, b.getI32Type());
   Value zero = constTile(0.0, tile({bc, br}, f32));
   auto visible = [&]() -> Value {
     Value ok;
+    auto both = [&](Value c) { ok = ok ? andI(ok, c) : c; };
     if (atomicDq)
-      ok = cmpI(Pred::slt, indexTile(iTy, 0, n0), splat(toI32(nkv), iTy));
-    if (hasBand) {
-      Value band =
-          inBand(indexTile(iTy, 1, first), sub(n0, offset), winR, winL);
-      ok = ok ? andI(ok, band) : band;
-    }
+      both(cmpI(Pred::slt, indexTile(iTy, 0, n0), splat(toI32(nkv), iTy)));
+    if (hasBand)
+      both(inBand(indexTile(iTy, 1, first), sub(n0, offset), winR, winL));
+    if (guardRows)
+      both(cmpI(Pred::slt, indexTile(iTy, 1, first), splat(toI32(nq), iTy)));
     return select(ok, pt, zero);
   };
-  if (!hasBand)
+  if (!hasBand && !guardRows)
     return visible();
-  Value lastQ = add(first, cIdx(br - 1)), lastK = add(n0, cIdx(bc - 1));
-  Value straddles = orI(cmpI(Pred::slt, n0, sub(add(lastQ, offset), winL)),
-                        cmpI(Pred::sgt, lastK, add(add(first, offset), winR)));
+  Value straddles;
+  auto either = [&](Value c) { straddles = straddles ? orI(straddles, c) : c; };
+  if (hasBand) {
+    Value lastQ = add(first, cIdx(br - 1)), lastK = add(n0, cIdx(bc - 1));
+    either(cmpI(Pred::slt, n0, sub(add(lastQ, offset), winL)));
+    either(cmpI(Pred::sgt, lastK, add(add(first, offset), winR)));
+  }
   if (atomicDq)
-    straddles = orI(straddles, cmpI(Pred::sgt, add(n0, cIdx(bc)), nkv));
+    either(cmpI(Pred::sgt, add(n0, cIdx(bc)), nkv));
+  if (guardRows)
+    either(cmpI(Pred::sgt, add(first, cIdx(br)), nq));
   return ifElse(straddles, pt, visible);
 }
 

@@ -115,6 +115,15 @@ protected:
   Value clampBound(Value x) {
     return minI(maxI(x, cIdx(-kWindowClamp)), cIdx(kWindowClamp));
   }
+  /// \p positions (an i32 tile) at most \p count - 1 (\p count: index):
+  /// what a score_mod region that reads captured tensors sees, so that a
+  /// tile's padding rows and columns (masked, or never stored) take the
+  /// last real position's and its loads stay in the tensors.
+  Value insideProblem(Value positions, Value count) {
+    auto ty = mlir::cast<Tensor>(positions.getType());
+    return mlir::arith::MinSIOp::create(b, positions,
+                                        splat(toI32(sub(count, cIdx(1))), ty));
+  }
   /// The global index start + r (dim 0) or start + c (dim 1) of each
   /// element of \p ty (i32).
   Value indexTile(Tensor ty, int64_t dim, Value start) {

@@ -66,7 +66,10 @@ private:
     return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
                abi::bwd::NumF32Args);
   }
-  Value pidBH() { return arg(func.getNumArguments() - 1); }
+  Value pidBH() {
+    return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
+               abi::bwd::NumF32Args + 1);
+  }
   /// b * stride_b + h * stride_h of a strided (B, H, N, d) buffer.
   Value headBase(IndexArg strideB, Value bI, Value hI) {
     return add(mul(bI, indexArg(strideB)),
