@@ -210,12 +210,22 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         j), traced into the kernel (flashjit.score_ops lists what it may
         use; the backward's derivative is the compiler's); a named one,
         "softcap:C" (C tanh(s / C)) or "alibi:H" (s + 2^(-8 (h + 1) / H) (j
-        - i), H the query heads); None (default) for none.
+        - i), H the query heads); None (default) for none. A function may
+        read tensors indexed by the positions (captured tensors, as
+        FlexAttention's): lambda s, b, h, i, j: s + bias[h, i, j] with a
+        torch tensor bias, or score_ops.captured(array)[h, i, j] for a
+        numpy array; they are passed to the kernel as float32 copies on q's
+        device at each call (flashjit.score_ops, "Captured tensors"); the
+        backward treats them as constants (their own gradients are not
+        derived yet: torch raises NotImplementedError when autograd needs
+        one).
     mask_mod: a function fn(b, h, i, j) -> predicate (comparisons of the
         positions combined with & | ~), e.g. lambda b, h, i, j: (i - j <
         256) & (j <= i): keys where it does not hold are masked (on top of
         causal / window / block_mask). Traced into the score_mod region
-        (score_ops.with_mask); blocks it masks whole are still visited.
+        (score_ops.with_mask); blocks it masks whole are still visited. It
+        may index captured tensors too (a document mask: seg[i] ==
+        seg[j]).
     sinks: attention sinks, one learnable logit per query head (shape (H,),
         any float dtype; gpt-oss): each row's softmax denominator gains
         exp(sinks[h]), as a key whose value is 0; lse includes it. Autograd
@@ -227,7 +237,7 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     over each GQA group; no double backward); numpy arrays (float16, or
     float32 via bf16) run on the CPU (their backward: attention_backward).
     """
-    score_mod = _score_mod(score_mod, mask_mod)
+    score_mod, captures = _score_mod_and_captures(score_mod, mask_mod)
     fast = _torch_forward
     if (fast is not None and window is None and block_mask is None
             and not score_mod and sinks is None):
@@ -241,14 +251,15 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         sinks_mod.check_sinks(sinks, q.shape[1])
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
         return _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                                bool(deterministic), score_mod, sinks)
+                                bool(deterministic), score_mod, sinks,
+                                captures)
     if sinks is not None:
         o, lse = _attention_numpy(q, k, v, mask, scale, wl, wr, bm, True,
-                                  score_mod)
+                                  score_mod, captures)
         o, lse = sinks_mod.apply_numpy(o, lse, sinks)
         return (o, lse) if return_lse else o
     return _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                            score_mod)
+                            score_mod, captures)
 
 
 def _score_mod(score_mod, mask_mod=None):
@@ -256,19 +267,73 @@ def _score_mod(score_mod, mask_mod=None):
     into its region's text (flashjit.score_ops), else the name or region
     text given (which the C API checks and canonicalises: a bad one is its
     InvalidArgumentError, a ValueError). A mask_mod joins it as -inf where
-    the mask does not hold (score_ops.with_mask)."""
+    the mask does not hold (score_ops.with_mask). The tensors a function
+    captures are dropped: compile() describes a kernel, which takes any
+    data; running one needs _score_mod_and_captures."""
+    return _score_mod_and_captures(score_mod, mask_mod)[0]
+
+
+def _score_mod_and_captures(score_mod, mask_mod=None):
+    """(text, captures): _score_mod's text and the tensors the traced
+    function captures (score_ops.trace_with_captures: a tuple, in the
+    region's argument order; () for a name, region text or None)."""
     if mask_mod is not None:
         score_mod = score_ops.with_mask(score_mod, mask_mod)
     if score_mod is None:
-        return ""
+        return "", ()
     if callable(score_mod):
-        return score_ops.trace(score_mod)
+        text, captures = score_ops.trace_with_captures(score_mod)
+        return text, tuple(captures)
     if not isinstance(score_mod, str):
         raise TypeError("flashjit: score_mod must be a function of (score, "
                         "batch, head, q_idx, kv_idx), a str such as "
                         "'softcap:30' or 'alibi:16', or None; got "
                         f"{score_mod!r}")
-    return score_mod
+    return score_mod, ()
+
+
+# Integers up to this magnitude are exact in float32.
+_F32_EXACT_INT = 1 << 24
+
+
+def _host_captures(captures, fn="attention"):
+    """The captured tensors as float32 C-contiguous numpy arrays (the CPU
+    path's host data): numpy arrays, or torch tensors (copied to the
+    host). ValueError for an integer past 2^24 (not exact in float32: two
+    segment ids could compare equal)."""
+    import numpy as np
+
+    out = []
+    for n, c in enumerate(captures):
+        if _is_torch(c):
+            c = c.detach().cpu()
+            if c.dtype.is_floating_point:
+                c = c.float()  # bfloat16 and float8 have no numpy dtype
+            c = c.numpy()
+        a = np.asarray(c)
+        check_exact_integers(a, n, fn)
+        out.append(np.ascontiguousarray(a, dtype=np.float32))
+    return out
+
+
+def check_exact_integers(a, n, fn="attention"):
+    """ValueError if the integer array a (captured tensor n) holds a value
+    past 2^24 in magnitude, which float32 does not hold exactly."""
+    if a.dtype.kind in "iu" and a.size:
+        hi, lo = int(a.max()), int(a.min())
+        bad = hi if hi > _F32_EXACT_INT else lo
+        if hi > _F32_EXACT_INT or lo < -_F32_EXACT_INT:
+            raise ValueError(
+                f"flashjit.{fn}: captured tensor {n} holds the integer "
+                f"{bad}, which float32 (the kernel's type of captured data) "
+                "does not hold exactly (|x| <= 2^24 is exact)")
+
+
+def _captured_args(arrays):
+    """(ctypes array, count, keep) of float32 host arrays for the C API."""
+    caps, count = _lib.make_captured([(a.ctypes.data, a.size)
+                                      for a in arrays])
+    return caps, count, arrays
 
 
 # -- numpy: the CPU path ----------------------------------------------------
@@ -341,7 +406,9 @@ def _numpy_kind(fn, arrays):
 
 
 def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                     score_mod=""):
+                     score_mod="", captures=()):
+    """attention() of numpy arrays on the CPU handle; captures: the
+    tensors the score_mod region captures (flashjit_forward_captured)."""
     import numpy as np
 
     dtype, as_kernel, from_kernel = _numpy_kind(
@@ -358,11 +425,17 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
     to = _numpy_tensor("o", o)
     layout, keep = (bm._host_layout() if bm else (None, None))
     lib = _lib.lib()
-    _lib.check(lib.flashjit_forward(
-        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec), ctypes.byref(tq),
-        ctypes.byref(tk), ctypes.byref(tv), ctypes.byref(to),
-        lse.ctypes.data_as(ctypes.c_void_p), scale, wl, wr,
-        ctypes.byref(layout) if layout is not None else None, None))
+    args = (_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
+            ctypes.byref(tq), ctypes.byref(tk), ctypes.byref(tv),
+            ctypes.byref(to), lse.ctypes.data_as(ctypes.c_void_p), scale, wl,
+            wr, ctypes.byref(layout) if layout is not None else None)
+    if captures:
+        caps, count, held = _captured_args(_host_captures(captures))
+        _lib.check(_lib.lib().flashjit_forward_captured(
+            *args, caps, count, None))
+        del held
+    else:
+        _lib.check(lib.flashjit_forward(*args, None))
     del keep
     out = from_kernel(o)
     return (out, lse) if return_lse else out
@@ -379,20 +452,26 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     by a separate pass over Q blocks, bit-identical run to run. (torch CUDA
     tensors get their backward from autograd: attention(...).backward().)
     With sinks (o and lse then attention(..., sinks=)'s): (dq, dk, dv,
-    dsinks)."""
+    dsinks). A score_mod or mask_mod that captures tensors reads the same
+    data as the forward did (pass the same function and tensors); the
+    captured tensors are constants here (no gradient of their own)."""
     mask, wl, wr = _mask_and_window(causal, window)
     if sinks is not None:
         sinks_mod.check_sinks(sinks, q.shape[1], "attention_backward")
+    text, captures = _score_mod_and_captures(score_mod, mask_mod)
     grads = _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
-                            _block(block_mask), deterministic,
-                            _score_mod(score_mod, mask_mod))
+                            _block(block_mask), deterministic, text,
+                            captures)
     if sinks is None:
         return grads
     return grads + (sinks_mod.sink_grad_numpy(o, d_o, lse, sinks),)
 
 
 def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
-                    deterministic, score_mod=""):
+                    deterministic, score_mod="", captures=()):
+    """(dq, dk, dv) of numpy arrays on the CPU handle; captures: the
+    tensors the score_mod region captures (flashjit_backward_captured,
+    no gradients of their own)."""
     import numpy as np
 
     dtype, as_kernel, from_kernel = _numpy_kind(
@@ -415,11 +494,19 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
     t = [_numpy_tensor(n, a) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     layout, keep = (bm._host_layout() if bm else (None, None))
-    _lib.check(_lib.lib().flashjit_backward(
-        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
-        *(ctypes.byref(x) for x in t[:5]), lse.ctypes.data_as(ctypes.c_void_p),
-        *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
-        ctypes.byref(layout) if layout is not None else None, None, 0, None))
+    args = (_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
+            *(ctypes.byref(x) for x in t[:5]),
+            lse.ctypes.data_as(ctypes.c_void_p),
+            *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
+            ctypes.byref(layout) if layout is not None else None, None, 0)
+    if captures:
+        caps, count, held = _captured_args(
+            _host_captures(captures, "attention_backward"))
+        _lib.check(_lib.lib().flashjit_backward_captured(
+            *args, caps, count, None))
+        del held
+    else:
+        _lib.check(_lib.lib().flashjit_backward(*args, None))
     del keep
     return tuple(from_kernel(g) for g in grads)
 
@@ -452,11 +539,11 @@ def _cuda_handle(device):
 
 
 def _attention_torch(q, k, v, mask, scale, wl, wr, bm, return_lse,
-                     deterministic, score_mod="", sinks=None):
+                     deterministic, score_mod="", sinks=None, captures=()):
     from . import ops
 
     o, lse = ops.attention(q, k, v, mask, scale, wl, wr, bm, deterministic,
-                           score_mod, sinks)
+                           score_mod, sinks, captures)
     return (o, lse) if return_lse else o
 
 

@@ -88,7 +88,9 @@ class Spec(ctypes.Structure):
         ("sparse_block", ctypes.c_int64),
         ("deterministic", ctypes.c_int32),
         ("reserved", ctypes.c_int32),
-        ("score_mod", ctypes.c_char_p),  # C API version 5; None: none
+        # C API version 5; None: none. Since version 7 the region may
+        # capture tensors (flashjit_forward_captured takes them).
+        ("score_mod", ctypes.c_char_p),
     ]
 
 
@@ -108,6 +110,19 @@ class Layout(ctypes.Structure):
         ("heads", ctypes.c_int64),
         ("q_blocks", ctypes.c_int64),
         ("kv_blocks", ctypes.c_int64),
+    ]
+
+
+class Captured(ctypes.Structure):
+    """flashjit_captured (C API version 7): a tensor a score_mod region
+    captures, float32, size elements at data (host memory on a CPU handle,
+    device memory on CUDA); grad: flashjit_backward_captured's d loss /
+    d data (NULL: none; the only value it takes for now)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("size", ctypes.c_int64),
+        ("grad", ctypes.c_void_p),
     ]
 
 
@@ -160,6 +175,21 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
     # A named score modifier ("" none); ctypes keeps the bytes alive.
     s.score_mod = score_mod.encode() if score_mod else None
     return s
+
+
+def make_captured(buffers):
+    """(array, count) for flashjit_forward_captured /
+    flashjit_backward_captured: buffers is a sequence of (data pointer,
+    float32 elements); array is a ctypes array of Captured (grad NULL),
+    which the caller keeps alive across the call. (None, 0) when there are
+    none."""
+    if not buffers:
+        return None, 0
+    array = (Captured * len(buffers))()
+    for c, (data, size) in zip(array, buffers):
+        c.data = data
+        c.size = int64("captured size", size)
+    return array, len(buffers)
 
 
 def library_candidates():
@@ -229,6 +259,24 @@ def _declare(lib):
         "flashjit_plan_forward": (ctypes.c_int, [ctypes.c_void_p] * 9),
         "flashjit_plan_destroy": (None, [ctypes.c_void_p]),
     }
+    # C API version 7 (captured tensors): the array of flashjit_captured
+    # is passed as a void pointer (make_captured).
+    sigs.update({
+        "flashjit_forward_captured": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_void_p, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+             P(Layout), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+        ),
+        "flashjit_backward_captured": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Layout),
+             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p],
+        ),
+    })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res

@@ -17,6 +17,15 @@ calls (flashjit/__init__.py calls it first).
 
 The backward keeps its own per-key _Plan of ctypes structs (the C API has
 no backward plan; its kernels dominate its cost).
+
+A score_mod region that captures tensors (flashjit.score_ops, "Captured
+tensors") runs without a plan (the C API's plans refuse such specs): each
+call makes the structs and calls flashjit_forward_captured with the
+captured tensors' device pointers (forward_cuda_captured); the backward
+passes them to flashjit_backward_captured. The captured tensors are
+float32 contiguous tensors on q's device (check_captures), held by the
+caller across the call; the kernels run on the current stream, the one
+torch's caching allocator orders their memory on.
 """
 
 import ctypes
@@ -68,6 +77,34 @@ def check_inputs(q, k, v, fn="attention"):
             f"flashjit.{fn}: torch tensors must be bfloat16 or float16, "
             f"got {q.dtype}")
     return _DTYPES[q.dtype], _check_shapes(q.shape, k.shape, v.shape)
+
+
+def check_captures(captures, q, fn="attention"):
+    """The captured tensors as the kernels read them: float32 tensors on
+    q's device, made contiguous (no copy when they are). ValueError /
+    TypeError naming the one that is not (flashjit.attention converts
+    them; the ops take them as given)."""
+    out = []
+    for n, c in enumerate(captures):
+        if not isinstance(c, torch.Tensor):
+            raise TypeError(f"flashjit.{fn}: captured tensor {n} is a "
+                            f"{type(c).__name__}, not a torch tensor")
+        if c.dtype != torch.float32:
+            raise TypeError(f"flashjit.{fn}: captured tensor {n} must be "
+                            f"float32 (flashjit.attention converts it), got "
+                            f"{c.dtype}")
+        if c.device != q.device:
+            raise ValueError(f"flashjit.{fn}: captured tensor {n} is on "
+                             f"{c.device}, q on {q.device}")
+        if c.numel() < 1:
+            raise ValueError(f"flashjit.{fn}: captured tensor {n} is empty")
+        out.append(c.contiguous())
+    return out
+
+
+def _captured_structs(captures):
+    """(ctypes array, count) of float32 contiguous tensors' pointers."""
+    return _lib.make_captured([(c.data_ptr(), c.numel()) for c in captures])
 
 
 def c_tensor(name, shape, strides, fn="attention"):
@@ -237,6 +274,49 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     return o, lse
 
 
+def forward_cuda_captured(q, k, v, mask, scale, wl, wr, bm, score_mod,
+                          captures):
+    """(o, lse) of torch CUDA tensors whose score_mod region captures
+    tensors: flashjit_forward_captured on torch's current stream of q's
+    device, without a plan (plans take no captured tensors). captures:
+    float32 tensors on q's device, in the region's order; they (and any
+    contiguous copies made here) stay referenced until the launch has been
+    queued, and their memory is ordered on that stream by torch's caching
+    allocator."""
+    if q.device.type != "cuda":
+        check_inputs(q, k, v)
+        raise ValueError(
+            f"flashjit.attention: forward_cuda needs CUDA tensors, got "
+            f"{q.device}")
+    dtype, gqa = check_inputs(q, k, v)
+    caps = check_captures(captures, q)
+    B, H, Nq, D = q.shape
+    Dv = v.shape[3]
+    o = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa,
+                          bm.block_size if bm is not None else 0,
+                          score_mod=score_mod)
+    structs = [c_tensor(n, t.shape, t.stride()) for n, t in
+               (("q", q), ("k", k), ("v", v), ("o", o))]
+    for t, x in zip(structs, (q, k, v, o)):
+        t.data = x.data_ptr()
+    layout_ref, keep = _layout_ref(bm, q.device)
+    array, count = _captured_structs(caps)
+    run = _lib.lib().flashjit_forward_captured
+
+    def launch(index):
+        status = run(cuda_handle(index), _by(spec), *(_by(t) for t in structs),
+                     lse.data_ptr(), scale, wl, wr, layout_ref, array, count,
+                     _raw_stream(index))
+        if status:
+            _lib.check(status)
+
+    _on_device(q.device.index if q.device.index is not None else 0, launch)
+    del keep, caps, array
+    return o, lse
+
+
 def fast_forward(q, k, v, causal, scale, need_lse=True):
     """flashjit.attention's eager CUDA forward without a mask object:
     (o, lse), or None when the call needs the general path (not three plain
@@ -291,10 +371,12 @@ def _on_device(index, launch, *args):
 
 
 def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                  deterministic, score_mod=""):
+                  deterministic, score_mod="", captures=()):
     """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
     device. Its workspace is a torch tensor of the size the C API asks for,
-    so torch's caching allocator keeps it stream-ordered."""
+    so torch's caching allocator keeps it stream-ordered. With captures
+    (the forward's captured tensors, float32 on q's device),
+    flashjit_backward_captured: they are constants (no gradient)."""
     if d_o.dtype != o.dtype:
         d_o = d_o.to(o.dtype)
     if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
@@ -316,7 +398,8 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
                              device=p.device)
     for t, x in zip(p.structs, (q, k, v, o, d_o, dq, dk, dv)):
         t.data = x.data_ptr()
-    _on_device(p.index, _launch_backward, p, lse, scale, wl, wr, bm)
+    caps = check_captures(captures, q, "attention_backward")
+    _on_device(p.index, _launch_backward, p, lse, scale, wl, wr, bm, caps)
     return dq, dk, dv
 
 
@@ -352,14 +435,20 @@ def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
     return p
 
 
-def _launch_backward(p, lse, scale, wl, wr, bm, index):
+def _launch_backward(p, lse, scale, wl, wr, bm, captures, index):
     workspace = torch.empty(p.workspace, dtype=torch.uint8, device=p.device)
     layout_ref, keep = _layout_ref(bm, p.device)
     r = p.refs
-    status = _lib.lib().flashjit_backward(
-        cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
-        lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
-        workspace.data_ptr(), p.workspace, _raw_stream(index))
+    args = (cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
+            lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
+            workspace.data_ptr(), p.workspace)
+    if captures:
+        array, count = _captured_structs(captures)
+        status = _lib.lib().flashjit_backward_captured(
+            *args, array, count, _raw_stream(index))
+        del array
+    else:
+        status = _lib.lib().flashjit_backward(*args, _raw_stream(index))
     del keep, workspace
     if status:
         _lib.check(status)
@@ -382,24 +471,29 @@ def _from_numpy(a, dtype):
     return torch.from_numpy(a).to(dtype)
 
 
-def forward_cpu(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
-    """(o, lse) of torch CPU tensors, by the CPU execution mode."""
+def forward_cpu(q, k, v, mask, scale, wl, wr, bm, score_mod="",
+                captures=()):
+    """(o, lse) of torch CPU tensors, by the CPU execution mode (captures:
+    float32 CPU tensors the score_mod region captures)."""
     from . import _attention_numpy
 
     check_inputs(q, k, v)
+    caps = [c.detach() for c in check_captures(captures, q)]
     o, lse = _attention_numpy(_to_numpy(q), _to_numpy(k), _to_numpy(v), mask,
-                              scale, wl, wr, bm, True, score_mod)
+                              scale, wl, wr, bm, True, score_mod, caps)
     return _from_numpy(o, q.dtype), torch.from_numpy(lse)
 
 
 def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                 deterministic, score_mod=""):
+                 deterministic, score_mod="", captures=()):
     from . import _backward_numpy
 
     check_inputs(q, k, v, "attention_backward")
+    caps = [c.detach() for c in
+            check_captures(captures, q, "attention_backward")]
     grads = _backward_numpy(*(_to_numpy(t) for t in (q, k, v, o, d_o)),
                             lse.detach().numpy(), mask, scale, wl, wr, bm,
-                            deterministic, score_mod)
+                            deterministic, score_mod, caps)
     # Laid out as torch.empty_like(q / k / v), as on CUDA and in the fake.
     return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
                  for t, g in zip((q, k, v), grads))

@@ -13,7 +13,27 @@ sizes window_left / window_right, -1 unbounded); scale 0 means 1/sqrt(d);
 block_counts / block_indices are a BlockMask's int32 BCSR tensors on the
 inputs' device (None when dense) and block_size its block. deterministic
 only changes how the backward sums dQ. score_mod is a named score modifier
-("softcap:C", "alibi:H") or "" for none.
+("softcap:C", "alibi:H"), the text of a score_mod region, or "" for none.
+
+A region that captures tensors (flashjit.score_ops, "Captured tensors")
+goes through two more ops, the same with the captured tensors last:
+
+    flashjit::attention_fwd_captured(q, k, v, mask, ..., score_mod,
+                                     Tensor[] captures) -> (o, lse)
+    flashjit::attention_bwd_captured(d_o, q, ..., score_mod,
+                                     Tensor[] captures) -> (dq, dk, dv)
+
+captures: float32 tensors on q's device, in the order of the region's
+%c0, %c1, ... arguments (flashjit.attention converts what the function
+indexed: torch tensors by .to(q.device, float32), differentiably, numpy
+arrays by a copy). They are separate ops rather than a `Tensor[] captures
+= []` argument of the first two because torch.library's schema inference
+takes no list default (and "Tensor[]?" is not a type it infers): the
+existing ops' signatures stay as they are. They run without the forward's
+per-shape plans (the C API's plans refuse capturing specs). Autograd: dq,
+dk and dv, with the captured data as constants; a captured tensor that
+needs a gradient raises NotImplementedError in the backward (when
+autograd asks for it; the forward runs).
 
 Both ops have fake (meta) implementations, so torch.compile, torch.export
 and FakeTensor tracing see o as q's shape with v's head dim and lse as
@@ -26,7 +46,7 @@ kernel without the dispatcher (the per-call path, about 2x cheaper).
 Importing this module imports torch; `import flashjit` does not import it.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -156,11 +176,144 @@ def _bwd_backward(ctx, *grads):
 attention_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 
 
+# -- captured tensors ---------------------------------------------------------
+
+
+_CAPTURE_GRAD_MESSAGE = (
+    "flashjit.attention: gradients of captured tensors are not derived yet "
+    "(a tensor the score_mod / mask_mod indexes requires grad; dq, dk and "
+    "dv are, with the captured data as constants: detach it, or set its "
+    "requires_grad_(False), to train q, k, v only)")
+
+
+@torch.library.custom_op("flashjit::attention_fwd_captured", mutates_args=())
+def attention_fwd_captured(q: Tensor, k: Tensor, v: Tensor, mask: int,
+                           scale: float, window_left: int, window_right: int,
+                           block_counts: Optional[Tensor],
+                           block_indices: Optional[Tensor], block_size: int,
+                           deterministic: bool, score_mod: str,
+                           captures: List[Tensor]) -> Tuple[Tensor, Tensor]:
+    """attention_fwd with the tensors score_mod's region captures."""
+    bm = _block_mask(block_counts, block_indices, block_size)
+    run = (_torch_impl.forward_cuda_captured if q.device.type == "cuda" else
+           _torch_impl.forward_cpu)
+    return run(q, k, v, mask, scale, window_left, window_right, bm,
+               score_mod, captures)
+
+
+@attention_fwd_captured.register_fake
+def _attention_fwd_captured_fake(q, k, v, mask, scale, window_left,
+                                 window_right, block_counts, block_indices,
+                                 block_size, deterministic, score_mod,
+                                 captures):
+    _torch_impl.check_inputs(q, k, v)
+    _torch_impl.check_captures(captures, q)
+    B, H, Nq, _ = q.shape
+    o = q.new_empty((B, H, Nq, v.shape[3]))
+    lse = q.new_empty((B, H, Nq), dtype=torch.float32)
+    return o, lse
+
+
+@torch.library.custom_op("flashjit::attention_bwd_captured", mutates_args=())
+def attention_bwd_captured(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                           o: Tensor, lse: Tensor, mask: int, scale: float,
+                           window_left: int, window_right: int,
+                           block_counts: Optional[Tensor],
+                           block_indices: Optional[Tensor], block_size: int,
+                           deterministic: bool, score_mod: str,
+                           captures: List[Tensor]
+                           ) -> Tuple[Tensor, Tensor, Tensor]:
+    """attention_bwd with the forward's captured tensors (constants)."""
+    bm = _block_mask(block_counts, block_indices, block_size)
+    run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
+           _torch_impl.backward_cpu)
+    return run(q, k, v, o, lse, d_o, mask, scale, window_left, window_right,
+               bm, deterministic, score_mod, captures)
+
+
+@attention_bwd_captured.register_fake
+def _attention_bwd_captured_fake(d_o, q, k, v, o, lse, mask, scale,
+                                 window_left, window_right, block_counts,
+                                 block_indices, block_size, deterministic,
+                                 score_mod, captures):
+    _torch_impl.check_inputs(q, k, v, "attention_backward")
+    _torch_impl.check_captures(captures, q, "attention_backward")
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _any_needed(flag):
+    """needs_input_grad's entry of a Tensor[] input: a list of bools (torch
+    flattens tensor lists for autograd) or one bool."""
+    if isinstance(flag, (list, tuple)):
+        return any(flag)
+    return bool(flag)
+
+
+def _fwd_captured_setup_context(ctx, inputs, output):
+    (q, k, v, mask, scale, wl, wr, counts, indices, block, det, mod,
+     captures) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, counts, indices, *captures)
+    ctx.options = (mask, scale, wl, wr, block, det, mod)
+    ctx.num_captures = len(captures)
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_captured_backward(ctx, d_o, d_lse):
+    need = ctx.needs_input_grad
+    if _any_needed(need[12]):
+        raise NotImplementedError(_CAPTURE_GRAD_MESSAGE)
+    saved = ctx.saved_tensors
+    q, k, v, o, lse, counts, indices = saved[:7]
+    captures = list(saved[7:])
+    mask, scale, wl, wr, block, det, mod = ctx.options
+    if d_o is None:
+        d_o = torch.zeros_like(o)
+    dq, dk, dv = torch.ops.flashjit.attention_bwd_captured(
+        d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices, block,
+        det, mod, captures)
+    return ((dq if need[0] else None), (dk if need[1] else None),
+            (dv if need[2] else None)) + (None,) * 9 + (
+                [None] * ctx.num_captures,)
+
+
+attention_fwd_captured.register_autograd(
+    _fwd_captured_backward, setup_context=_fwd_captured_setup_context)
+attention_bwd_captured.register_autograd(_bwd_backward,
+                                         setup_context=_bwd_setup_context)
+
+
+def device_captures(captures, q):
+    """What flashjit.attention's score_mod captured, as the captured ops
+    take it: float32 tensors on q's device. torch tensors by .to()
+    (differentiable: a tensor that requires grad keeps it, and the
+    backward then refuses, _CAPTURE_GRAD_MESSAGE); numpy arrays (and
+    other array-likes) by a float32 copy. Integer data past 2^24 (not
+    exact in float32) is a ValueError where it is on the host."""
+    from . import _host_captures, check_exact_integers
+
+    out = []
+    for n, c in enumerate(captures):
+        if isinstance(c, Tensor):
+            if (c.device.type == "cpu" and not c.dtype.is_floating_point
+                    and c.dtype != torch.bool
+                    and not torch.compiler.is_compiling()):
+                check_exact_integers(c.detach().to(torch.int64).numpy(), n)
+            out.append(c.to(device=q.device, dtype=torch.float32))
+        else:
+            host = _host_captures([c])[0]
+            out.append(torch.from_numpy(host).to(q.device))
+    return out
+
+
 def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
-              sinks=None):
+              sinks=None, captures=()):
     """(o, lse) for flashjit.attention's torch tensors (checked arguments:
     mask, scale, window and bm come from its argument handling); with
-    sinks, through flashjit.sinks' autograd function."""
+    sinks, through flashjit.sinks' autograd function. captures: the
+    tensors score_mod's region captures (score_ops.trace_with_captures):
+    through the *_captured ops, or eagerly without autograd their kernels
+    directly."""
     if not (isinstance(q, Tensor) and isinstance(k, Tensor)
             and isinstance(v, Tensor)):
         _torch_impl.check_inputs(q, k, v)  # names the one that is not
@@ -170,12 +323,28 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
     else:
         counts = indices = None
         block = 0
+    if captures:
+        captures = device_captures(captures, q)
     if sinks is not None:
         from . import sinks as sinks_mod
 
         return sinks_mod.attention_torch(
             q, k, v, sinks, (mask, scale, wl, wr, counts, indices, block,
-                             bool(deterministic), score_mod))
+                             bool(deterministic), score_mod), captures)
+    if captures:
+        if (not torch.compiler.is_compiling() and type(q) is Tensor
+                and type(k) is Tensor and type(v) is Tensor
+                and not (torch.is_grad_enabled() and any(
+                    t.requires_grad for t in (q, k, v, *captures)))):
+            if q.device.type == "cuda":
+                return _torch_impl.forward_cuda_captured(
+                    q, k, v, mask, scale, wl, wr, bm, score_mod, captures)
+            if q.device.type == "cpu":
+                return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr,
+                                               bm, score_mod, captures)
+        return torch.ops.flashjit.attention_fwd_captured(
+            q, k, v, mask, scale, wl, wr, counts, indices, block,
+            bool(deterministic), score_mod, captures)
     if (not torch.compiler.is_compiling() and type(q) is Tensor
             and type(k) is Tensor and type(v) is Tensor
             and not (torch.is_grad_enabled() and
@@ -192,4 +361,5 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
                                             bool(deterministic), score_mod)
 
 
-__all__ = ["attention_fwd", "attention_bwd", "attention"]
+__all__ = ["attention_fwd", "attention_bwd", "attention_fwd_captured",
+           "attention_bwd_captured", "attention"]

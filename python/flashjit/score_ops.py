@@ -23,15 +23,75 @@ maximum where``; numpy's ufuncs of the same names, ``np.where`` and, when
 torch is imported, ``torch``'s, dispatch to them). Float values are f32 in
 the kernel; integers are 32-bit (an integer mixed with a float becomes a
 float). A predicate has no truth value during tracing (``if i > j`` is a
-TypeError: write ``where(i > j, a, b)``); captured tensors are refused for
-now (NotImplementedError).
+TypeError: write ``where(i > j, a, b)``).
+
+Captured tensors
+----------------
+A modifier (or a mask_mod) may read tensors it closes over, indexed by
+the positions, as FlexAttention's do::
+
+    bias = torch.randn(H, Nq, Nkv, device="cuda")      # a learned bias
+    slopes = torch.rand(H, device="cuda")               # a slope per head
+    seg = torch.tensor([0, 0, 0, 1, 1, 2, ...])        # document ids
+    lambda s, b, h, i, j: s + bias[h, i, j]
+    lambda s, b, h, i, j: s + slopes[h] * (j - i)
+    lambda s, b, h, i, j: where(seg[i] == seg[j], s, -float("inf"))
+
+torch tensors are captured where they are indexed with a traced position
+(``trace`` wraps ``torch.Tensor.__getitem__`` while it runs, and restores
+it after). numpy's ``ndarray.__getitem__`` cannot be wrapped: wrap a numpy
+array (or anything ``numpy.asarray`` takes; torch tensors too) with
+``captured(array)``, which indexes as the array does outside tracing::
+
+    slopes = score_ops.captured(np.array([0.5, 0.25, 0.125, 0.0625]))
+    lambda s, b, h, i, j: s + slopes[h] * (j - i)
+
+Each index is an integer position (``b h i j`` and integer arithmetic on
+them, e.g. ``j - i + Nq - 1``) or a Python int (negative ints count from
+the end, as in Python; checked at trace time); every dimension is indexed
+(no slices), and a dimension of size 1 broadcasts (it is read at 0
+whatever its index). A tensor of one element may also be used as a number
+(``s * temperature``). The region reads the tensor as flat float32 at
+``sum(index_d * stride_d)``, the C-contiguous strides of its float32 copy
+on q's device (made at each call; none when the tensor already is one);
+integers are exact up to 2^24 (checked where the data is on the host).
+The same tensor object indexed several times is one captured tensor; a
+region takes at most 8 (MAX_CAPTURES). The kernel evaluates the region
+at the problem's positions only, so an index in range for every (b, h,
+i, j) of the problem stays in range. An index that is not (a negative
+position, or one past the tensor) is an out-of-bounds read in the kernel
+on either device: undefined, and nothing checks it at run time. Check the
+index arithmetic against a float64 reference, the same function evaluated
+on numpy arrays, whose indexing raises IndexError. A captured element has
+no Python value during tracing (``if bias[h, i, j] > 0`` and
+``float(bias[h, i, j])`` are TraceErrors: use ``where``).
+
+``trace(fn)`` returns the region's text (its arguments after kv_idx are
+``%c0: memref<?xf32>, ...``, one per captured tensor, in first-use order,
+read by ``memref.load``); ``trace_with_captures(fn)`` returns ``(text,
+tensors)``, the captured tensors (the objects given) in that order.
+``flashjit.attention(q, k, v, score_mod=fn)`` passes them to the kernel
+(``flashjit_forward_captured``; plans are not used for such calls). The
+backward treats the captured data as constants: dq, dk and dv are
+computed, the captured tensors' own gradients are not derived yet (torch:
+a NotImplementedError when autograd asks for one). A capturing modifier
+under torch.compile is untested (tracing wraps a torch method while it
+runs).
 """
 
+import contextlib
 import operator
 import struct
+import sys
+import threading
 
-__all__ = ["trace", "TraceError", "named", "with_mask", "tanh", "exp", "exp2",
-           "log", "log2", "sqrt", "sin", "cos", "minimum", "maximum", "where"]
+__all__ = ["trace", "trace_with_captures", "captured", "Captured",
+           "TraceError", "named", "with_mask", "tanh", "exp", "exp2",
+           "log", "log2", "sqrt", "sin", "cos", "minimum", "maximum", "where",
+           "MAX_CAPTURES"]
+
+# The C API's limit on the tensors one region captures.
+MAX_CAPTURES = 8
 
 
 class TraceError(TypeError):
@@ -44,12 +104,93 @@ def _f32_hex(x):
 
 
 class _Tracer:
-    """The region under construction: its lines and a counter of names."""
+    """The region under construction: its lines, a counter of names and
+    the tensors it captures (in first-use order; ids: id(tensor) -> its
+    position, the same object is captured once)."""
 
     def __init__(self):
         self.lines = []
         self.count = 0
         self.constants = {}
+        self.captures = []
+        self.capture_ids = {}
+
+    def capture(self, tensor):
+        """The position of ``tensor`` among the region's captured tensors
+        (%c<n>), added on its first use."""
+        n = self.capture_ids.get(id(tensor))
+        if n is not None:
+            return n
+        _check_capturable(tensor)
+        if len(self.captures) >= MAX_CAPTURES:
+            raise TraceError(
+                f"flashjit.score_mod: a region captures at most "
+                f"{MAX_CAPTURES} tensors; this one indexes more (the same "
+                "tensor object indexed twice counts once: concatenate "
+                "small tables into one)")
+        n = len(self.captures)
+        self.captures.append(tensor)  # keeps it alive: its id stays unique
+        self.capture_ids[id(tensor)] = n
+        return n
+
+    def load(self, tensor, index):
+        """tensor[index] as an f32 value: a memref.load of the captured
+        tensor at the flat index sum(index_d * stride_d) (C-contiguous
+        strides; a dimension of size 1 is read at 0)."""
+        shape = tuple(int(d) for d in tensor.shape)
+        what = f"a captured tensor of shape {shape}"
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(index) != len(shape):
+            raise TraceError(
+                f"flashjit.score_mod: {what} indexed with {len(index)} "
+                f"indices: give one per dimension ({len(shape)}), each a "
+                "position (b, h, i, j, integer arithmetic on them) or an "
+                "int; slices, None and ... are not supported")
+        n = self.capture(tensor)
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        offset = 0
+        flat = None
+        for d, (x, size, stride) in enumerate(zip(index, shape, strides)):
+            if isinstance(x, _Value):
+                if x._t is not self:
+                    raise TraceError("flashjit.score_mod: values of two "
+                                     "traces mixed")
+                if x._type != _INDEX:
+                    raise TraceError(
+                        f"flashjit.score_mod: {what} indexed (dimension "
+                        f"{d}) with a {'predicate' if x._type == _I1 else 'float'}"
+                        "; an index is an integer position (b, h, i, j or "
+                        "integer arithmetic on them)")
+                if size == 1:
+                    continue  # broadcast: read at 0
+                term = x if stride == 1 else x * stride
+                flat = term if flat is None else flat + term
+                continue
+            if isinstance(x, bool) or type(x).__name__ in ("bool_", "bool"):
+                raise TraceError(f"flashjit.score_mod: {what} indexed with "
+                                 f"the bool {x!r} (dimension {d})")
+            try:
+                c = operator.index(x)
+            except TypeError:
+                raise TraceError(
+                    f"flashjit.score_mod: {what} indexed with {x!r} "
+                    f"(dimension {d}); an index is a position (b, h, i, j, "
+                    "integer arithmetic on them) or an int") from None
+            if c < 0:
+                c += size
+            if not 0 <= c < size:
+                raise TraceError(f"flashjit.score_mod: index {x!r} is out of "
+                                 f"range for dimension {d} of {what}")
+            offset += (0 if size == 1 else c) * stride
+        if flat is None:
+            flat = self.emit("arith.constant %d : index" % offset, _INDEX)
+        elif offset:
+            flat = flat + offset
+        return self.emit("memref.load %%c%d[%s] : memref<?xf32>"
+                         % (n, flat._name), _F32)
 
     def emit(self, text, type_):
         if text.startswith("arith.constant"):  # each constant once
@@ -103,10 +244,20 @@ class _Value:
         if isinstance(other, float):
             return self._t.emit("arith.constant %s : f32" % _f32_hex(other),
                                 _F32)
-        if hasattr(other, "shape") or hasattr(other, "__array__"):
-            raise NotImplementedError(
-                "flashjit.score_mod: captured tensors are not supported yet; "
-                "use Python numbers (constants) and the score's positions")
+        if _is_numpy_scalar(other):  # np.float32(0.5), np.int64(3)
+            return self._lift(other.item())
+        if isinstance(other, Captured):
+            other = other.data
+        if hasattr(other, "shape"):
+            size = _numel(other)
+            if size == 1:  # a one-element tensor used as a number
+                return self._t.load(other, (0,) * len(other.shape))
+            raise TraceError(
+                "flashjit.score_mod: a tensor of shape "
+                f"{tuple(getattr(other, 'shape', ()))} used as a number; "
+                "index it with the positions (bias[h, i, j]; numpy arrays "
+                "through flashjit.score_ops.captured(array)), or use a "
+                "one-element tensor")
         raise TraceError(f"flashjit.score_mod: cannot use {other!r} "
                          f"({type(other).__name__}) in a score modifier")
 
@@ -143,8 +294,26 @@ class _Value:
 
     def __index__(self):
         raise TraceError("flashjit.score_mod: a traced position cannot "
-                         "index a Python or numpy object (captured tensors "
-                         "are not supported yet)")
+                         "index a Python list or tuple; capture a table as "
+                         "an array: flashjit.score_ops.captured(np.asarray("
+                         "table))[i]")
+
+    def __array__(self, *args, **kwargs):
+        # numpy converts an index it does not know to an array: a numpy
+        # array indexed with a position lands here.
+        raise TraceError("flashjit.score_mod: a traced value used as a "
+                         "numpy array (a numpy array indexed with a "
+                         "position?); numpy arrays are captured through "
+                         "flashjit.score_ops.captured(array)[h, i, j]")
+
+    def _no_value(self, *args):
+        raise TraceError("flashjit.score_mod: a traced value (the score, a "
+                         "position or a captured tensor's element) has no "
+                         "Python value during tracing (float(), int(), "
+                         "if ...); use flashjit.score_ops.where, minimum, "
+                         "maximum")
+
+    __float__ = __int__ = __complex__ = _no_value
 
     # -- arithmetic -------------------------------------------------------
 
@@ -295,18 +464,148 @@ class _Value:
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
+        if name == "__getitem__" and not kwargs and len(args) == 2:
+            # A tensor indexed with positions outside trace()'s wrapping of
+            # torch.Tensor.__getitem__ (e.g. a tensor subclass's).
+            v = _traced_index(args[1])
+            if v is not None and not isinstance(args[0], _Value):
+                return v._t.load(args[0], args[1])
         fn = _TORCH.get(name)
+        if fn is None and name in _TORCH_DUNDERS and not kwargs:
+            fn = _TORCH_DUNDERS[name]
         if fn is None or kwargs:
-            if name == "__getitem__":
-                raise NotImplementedError(
-                    "flashjit.score_mod: captured tensors are not supported "
-                    "yet; use Python numbers and the score's positions")
             raise TraceError(f"flashjit.score_mod: torch.{name} is not "
                              "supported in a score modifier")
         return fn(*args)
 
     def __repr__(self):
         return f"<flashjit.score_mod traced {self._type} {self._name}>"
+
+
+def _traced_index(index):
+    """The first traced value of an index (a value or a tuple), or None."""
+    if isinstance(index, _Value):
+        return index
+    if isinstance(index, tuple):
+        return _traced(*index)
+    return None
+
+
+def _is_numpy_scalar(x):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.generic)
+
+
+def _numel(x):
+    n = 1
+    for d in x.shape:
+        n *= int(d)
+    return n
+
+
+def _is_torch_tensor(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+# torch dtypes a captured tensor may have (read as float32).
+_TORCH_REAL = {"float64", "float32", "float16", "bfloat16", "bool", "uint8",
+               "int8", "int16", "int32", "int64", "uint16", "uint32",
+               "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+               "float8_e5m2fnuz"}
+
+
+def _check_capturable(x):
+    """TraceError unless x is a torch tensor or numpy array of real numbers
+    (float, int or bool: read as float32) with 1 to 2^31 - 1 elements."""
+    if _is_torch_tensor(x):
+        dtype = str(x.dtype).replace("torch.", "")
+        if dtype not in _TORCH_REAL:
+            raise TraceError(f"flashjit.score_mod: a captured tensor must "
+                             f"hold real numbers (read as float32), got "
+                             f"torch.{dtype}")
+    else:
+        dtype = getattr(x, "dtype", None)
+        if getattr(dtype, "kind", None) not in ("b", "i", "u", "f"):
+            raise TraceError(f"flashjit.score_mod: a captured tensor must be "
+                             f"a torch tensor or a numpy array of real "
+                             f"numbers (read as float32), got "
+                             f"{type(x).__name__} of dtype {dtype}")
+    size = _numel(x)
+    if not 1 <= size < 2**31:
+        raise TraceError(f"flashjit.score_mod: a captured tensor must have "
+                         f"1 to 2^31 - 1 elements (its indices are 32-bit), "
+                         f"got shape {tuple(x.shape)}")
+
+
+class Captured:
+    """A tensor a score modifier reads, for numpy arrays (whose indexing
+    cannot be intercepted): ``captured(array)[h, i, j]`` in a modifier
+    traced by flashjit records a read of the captured tensor at those
+    positions (flashjit.score_ops' doc); outside tracing (a float64
+    reference evaluating the same function on numpy positions) it indexes
+    the array as numpy does, with a dimension of size 1 broadcast as in
+    the kernel. ``.data`` is the array (or torch tensor) wrapped; numpy
+    sees the wrapper as that array (``__array__``)."""
+
+    def __init__(self, data):
+        if isinstance(data, Captured):
+            data = data.data
+        if not (_is_torch_tensor(data) or hasattr(data, "__array_interface__")
+                and hasattr(data, "shape")):
+            import numpy as np
+
+            data = np.asarray(data)
+        _check_capturable(data)
+        self.data = data
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    @property
+    def ndim(self):
+        return len(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        v = _traced_index(index)
+        if v is not None:
+            return v._t.load(self.data, index)
+        shape = self.data.shape
+        idx = index if isinstance(index, tuple) else (index,)
+        if len(idx) == len(shape):  # size-1 dimensions broadcast
+            idx = tuple((x * 0 if hasattr(x, "shape") else 0)
+                        if size == 1 and not isinstance(x, slice)
+                        and x is not None and x is not Ellipsis else x
+                        for x, size in zip(idx, shape))
+        return self.data[idx]
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+
+        data = self.data
+        if _is_torch_tensor(data):
+            data = data.detach().cpu().numpy()
+        return np.asarray(data, dtype=dtype)
+
+    def __repr__(self):
+        return f"flashjit.score_ops.captured({self.data!r})"
+
+
+def captured(data):
+    """``data`` (a numpy array, anything numpy.asarray takes, or a torch
+    tensor) as a tensor a score modifier may index with positions:
+    ``captured(slopes)[h]``, ``captured(bias)[h, i, j]``. torch tensors
+    need no wrapping (they are captured where indexed); numpy arrays do.
+    Objects wrapping the same array are one captured tensor."""
+    return data if isinstance(data, Captured) else Captured(data)
 
 
 def _traced(*xs):
@@ -412,33 +711,129 @@ _TORCH = dict(_UFUNCS, where=where, abs=abs, neg=operator.neg,
               **{t: _UFUNCS[n] for t, n in _TORCH_NAMES.items()})
 
 
+def _reflected(op):
+    return lambda x, y: _on_traced(op)(y, x)
+
+
+# torch.Tensor's operators with a traced value as the other operand (a
+# one-element tensor times the score: tensor.__mul__(tensor, value)).
+_TORCH_DUNDERS = {}
+for _name, _op in (("add", operator.add), ("sub", operator.sub),
+                   ("mul", operator.mul), ("truediv", operator.truediv),
+                   ("div", operator.truediv),
+                   ("floordiv", operator.floordiv), ("mod", operator.mod)):
+    _TORCH_DUNDERS["__%s__" % _name] = _on_traced(_op)
+    _TORCH_DUNDERS["__r%s__" % _name] = _reflected(_op)
+for _name, _op in (("lt", operator.lt), ("le", operator.le),
+                   ("gt", operator.gt), ("ge", operator.ge),
+                   ("eq", operator.eq), ("ne", operator.ne)):
+    _TORCH_DUNDERS["__%s__" % _name] = _on_traced(_op)
+del _name, _op
+
+
+# trace()'s wrapping of torch.Tensor.__getitem__: nested and concurrent
+# traces share one wrapper (a depth count under a lock); the original is
+# restored when the last trace ends.
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_patch_saved = None
+_MISSING = object()
+
+
+def _install_torch_getitem(torch):
+    cls = torch.Tensor
+    own = cls.__dict__.get("__getitem__", _MISSING)
+    original = cls.__getitem__
+
+    def __getitem__(self, index):
+        v = _traced_index(index)
+        if v is None:
+            return original(self, index)
+        return v._t.load(self, index)
+
+    __getitem__.__doc__ = ("torch.Tensor.__getitem__, wrapped while "
+                           "flashjit.score_ops.trace runs: an index with a "
+                           "traced position captures the tensor")
+    cls.__getitem__ = __getitem__
+    return own
+
+
+def _restore_torch_getitem(torch, own):
+    if own is _MISSING:
+        del torch.Tensor.__getitem__
+    else:
+        torch.Tensor.__getitem__ = own
+
+
+@contextlib.contextmanager
+def _capturing_torch_indexing():
+    """While it is entered, a torch tensor indexed with a traced position
+    records a capture (torch.Tensor.__getitem__ wrapped; restored on exit,
+    also on errors). Nothing when torch is not imported."""
+    global _patch_depth, _patch_saved
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    with _patch_lock:
+        if _patch_depth == 0:
+            _patch_saved = _install_torch_getitem(torch)
+        _patch_depth += 1
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                _restore_torch_getitem(torch, _patch_saved)
+                _patch_saved = None
+
+
 def trace(fn):
     """The score_mod region of ``fn(score, batch, head, q_idx, kv_idx)``
     as attn-dialect text (``{ ^bb0(...): ... attn.yield %v : f32 }``).
-    Raises TraceError (a TypeError) for what cannot be traced and
-    NotImplementedError for captured tensors."""
+    Raises TraceError (a TypeError) for what cannot be traced. A function
+    that indexes tensors gives a region with one ``memref<?xf32>``
+    argument per captured tensor: the text alone cannot run (the C API
+    refuses a capturing region without its tensors); use
+    trace_with_captures for the tensors too."""
+    return trace_with_captures(fn)[0]
+
+
+def trace_with_captures(fn):
+    """``(text, tensors)``: trace(fn)'s region text and the tensors it
+    captures, in the order of the region's ``%c0, %c1, ...`` arguments
+    (the objects the function indexed: torch tensors, or the data of
+    captured(...) wrappers; [] when it captures none). torch tensors
+    are captured while this runs (torch.Tensor.__getitem__ is wrapped and
+    then restored)."""
     if not callable(fn):
         raise TraceError(f"flashjit.score_mod: expected a function of "
                          f"(score, batch, head, q_idx, kv_idx), got {fn!r}")
     t = _Tracer()
     names = ("%s", "%b", "%h", "%i", "%j")
     args = [_Value(t, n, _F32 if n == "%s" else _INDEX) for n in names]
-    try:
-        out = fn(*args)
-    except TypeError as e:
-        if isinstance(e, TraceError):
-            raise
-        raise TraceError(f"flashjit.score_mod: tracing {fn!r} failed: {e} "
-                         "(a modifier takes (score, batch, head, q_idx, "
-                         "kv_idx); see flashjit.score_ops's doc)") from e
+    with _capturing_torch_indexing():
+        try:
+            out = fn(*args)
+        except TypeError as e:
+            if isinstance(e, TraceError):
+                raise
+            raise TraceError(f"flashjit.score_mod: tracing {fn!r} failed: "
+                             f"{e} (a modifier takes (score, batch, head, "
+                             "q_idx, kv_idx); see flashjit.score_ops's "
+                             "doc)") from e
     if out is None or isinstance(out, (complex, str)):
         raise TraceError(f"flashjit.score_mod: {fn!r} returned {out!r}; a "
                          "modifier returns the modified score")
     v = args[0]._lift(out)._as_f32()
     body = "\n".join(t.lines)
-    return ("{\n  ^bb0(%s: f32, %b: index, %h: index, %i: index, "
-            "%j: index):\n" + (body + "\n" if body else "") +
-            "    attn.yield %s : f32\n  }" % v._name)
+    captures = "".join(", %%c%d: memref<?xf32>" % n
+                       for n in range(len(t.captures)))
+    text = ("{\n  ^bb0(%s: f32, %b: index, %h: index, %i: index, "
+            "%j: index" + captures + "):\n" + (body + "\n" if body else "")
+            + "    attn.yield %s : f32\n  }" % v._name)
+    return text, list(t.captures)
 
 
 def named(name):

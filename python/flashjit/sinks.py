@@ -53,11 +53,14 @@ def sink_grad_numpy(o, d_o, lse, sinks):
     return (-(p * delta).sum(axis=(0, 2))).astype(np.asarray(sinks).dtype)
 
 
-def attention_torch(q, k, v, sinks, options):
+def attention_torch(q, k, v, sinks, options, captures=()):
     """(o', lse') of flashjit.attention's torch tensors with sinks;
-    options are flashjit::attention_fwd's arguments after q, k, v. Autograd
-    reaches q, k, v and sinks."""
-    return _function().apply(q, k, v, sinks, options)
+    options are flashjit::attention_fwd's arguments after q, k, v;
+    captures, the tensors its score_mod region captures (float32 on q's
+    device; then the *_captured ops run). Autograd reaches q, k, v and
+    sinks; a captured tensor that needs a gradient is refused in the
+    backward (NotImplementedError: not derived yet)."""
+    return _function().apply(q, k, v, sinks, options, *captures)
 
 
 _FUNCTION = None
@@ -79,28 +82,43 @@ def _function():
 
     class WithSinks(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, sinks, options):
-            o, lse = torch.ops.flashjit.attention_fwd(q, k, v, *options)
+        def forward(ctx, q, k, v, sinks, options, *captures):
+            if captures:
+                o, lse = torch.ops.flashjit.attention_fwd_captured(
+                    q, k, v, *options, list(captures))
+            else:
+                o, lse = torch.ops.flashjit.attention_fwd(q, k, v, *options)
             o2, lse2 = apply(o, lse, sinks)
-            ctx.save_for_backward(q, k, v, o2, lse2, sinks)
+            ctx.save_for_backward(q, k, v, o2, lse2, sinks, *captures)
             ctx.options = options
             ctx.mark_non_differentiable(lse2)
             return o2, lse2
 
         @staticmethod
         def backward(ctx, d_o, d_lse):
-            q, k, v, o2, lse2, sinks = ctx.saved_tensors
+            q, k, v, o2, lse2, sinks = ctx.saved_tensors[:6]
+            captures = list(ctx.saved_tensors[6:])
+            if any(ctx.needs_input_grad[5:]):
+                from .ops import _CAPTURE_GRAD_MESSAGE
+
+                raise NotImplementedError(_CAPTURE_GRAD_MESSAGE)
             (mask, scale, wl, wr, counts, indices, block, det,
              mod) = ctx.options
             if d_o is None:
                 d_o = torch.zeros_like(o2)
-            dq, dk, dv = torch.ops.flashjit.attention_bwd(
-                d_o.contiguous(), q, k, v, o2, lse2, mask, scale, wl, wr,
-                counts, indices, block, det, mod)
+            if captures:
+                dq, dk, dv = torch.ops.flashjit.attention_bwd_captured(
+                    d_o.contiguous(), q, k, v, o2, lse2, mask, scale, wl,
+                    wr, counts, indices, block, det, mod, captures)
+            else:
+                dq, dk, dv = torch.ops.flashjit.attention_bwd(
+                    d_o.contiguous(), q, k, v, o2, lse2, mask, scale, wl,
+                    wr, counts, indices, block, det, mod)
             delta = (d_o.to(torch.float32) * o2.to(torch.float32)).sum(-1)
             p = torch.exp(sinks.to(torch.float32)[None, :, None] - lse2)
             dsinks = -(p * delta).sum(dim=(0, 2))
-            return dq, dk, dv, dsinks.to(sinks.dtype), None
+            return ((dq, dk, dv, dsinks.to(sinks.dtype), None)
+                    + (None,) * len(captures))
 
     _FUNCTION = WithSinks
     return _FUNCTION

@@ -569,3 +569,143 @@ def test_readme_torch_example_runs():
     for b in blocks:
         exec(compile(b, "README.md", "exec"), {})
 
+
+
+# -- captured tensors in score modifiers ---------------------------------------
+# (flashjit.score_ops, "Captured tensors": torch tensors indexed by the
+# positions in a score_mod / mask_mod; test_captured_cpu.py has the numpy
+# side and the named errors.)
+
+
+def modified64(q, k, v, score_mod, causal=False, scale=None):
+    """o in float64 of attention with score_mod evaluated by torch on the
+    float64 scores and integer position tensors (the captured tensors
+    indexed by torch's own advanced indexing): differentiable in q, k, v.
+    Rows that see no key: o = 0."""
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    B, H, Nq, Nkv = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    sc = 1.0 / q.shape[-1] ** 0.5 if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * sc
+    ar = [torch.arange(n, device=q.device) for n in (B, H, Nq, Nkv)]
+    b = ar[0][:, None, None, None]
+    h = ar[1][None, :, None, None]
+    i = ar[2][None, None, :, None]
+    j = ar[3][None, None, None, :]
+    s = torch.as_tensor(score_mod(s, b, h, i, j), dtype=torch.float64)
+    s = s.expand(B, H, Nq, Nkv)
+    vis = visible(Nq, Nkv, causal, device=q.device)
+    s = s.masked_fill(~vis, float("-inf"))
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1)
+    return torch.where(empty, torch.zeros((), dtype=s.dtype,
+                                          device=s.device), p @ v)
+
+
+def check_captured(q, k, v, score_mod, wrong, causal=False, scale=None,
+                   seed=None):
+    """flashjit.attention(score_mod=...) on CUDA against modified64; each
+    modifier in wrong (the same on other data) must miss by 10x the
+    bound; gradients of q, k, v through autograd against float64
+    autograd. torch.Tensor.__getitem__ is the same before and after."""
+    getitem = torch.Tensor.__getitem__
+    q, k, v = leaves(q, k, v)
+    o = flashjit.attention(q, k, v, causal=causal, scale=scale,
+                           score_mod=score_mod)
+    assert torch.Tensor.__getitem__ is getitem
+    q64, k64, v64 = leaves(q.double(), k.double(), v.double())
+    ro = modified64(q64, k64, v64, score_mod, causal, scale)
+    bound = BOUND[q.dtype]
+    assert rel(o, ro.detach()) <= bound, (rel(o, ro.detach()), seed)
+    for other in wrong:
+        wo = modified64(q.detach().double(), k.detach().double(),
+                        v.detach().double(), other, causal, scale)
+        assert rel(o, wo) > 10 * bound
+    d_o = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    ro.backward(d_o.double())
+    for name, g, t in zip(("dq", "dk", "dv"), got, (q64, k64, v64)):
+        err = rel(g, t.grad)
+        assert err <= GRAD_BOUND[q.dtype], (name, err, seed)
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_captured_bias_tensor(dtype, seed):
+    """lambda s, b, h, i, j: s + bias[b, h, i, j] with a torch CUDA bias,
+    causal, GQA, Nq != Nkv; no plan is made for it (the C API's plans take
+    no captured tensors)."""
+    from flashjit import _torch_impl
+
+    B, H, Hkv, Nq, Nkv = 2, 4, 2, 70, 130
+    q, k, v = (randn(B, H, Nq, 64, dtype=dtype),
+               randn(B, Hkv, Nkv, 64, dtype=dtype),
+               randn(B, Hkv, Nkv, 64, dtype=dtype))
+    bias = torch.randn(B, H, Nq, Nkv, device="cuda") * 2
+    other = torch.randn(B, H, Nq, Nkv, device="cuda") * 2
+    plans = len(_torch_impl._fwd_plans)
+    check_captured(q, k, v, lambda s, b, h, i, j: s + bias[b, h, i, j],
+                   [lambda s, b, h, i, j: s + other[b, h, i, j],
+                    lambda s, b, h, i, j: s],
+                   causal=True, seed=seed)
+    assert len(_torch_impl._fwd_plans) == plans
+    # Eager, no grad: the kernel directly, the same numbers.
+    with torch.no_grad():
+        o1 = flashjit.attention(q, k, v, causal=True, score_mod=lambda
+                                s, b, h, i, j: s + bias[b, h, i, j])
+    o2 = flashjit.attention(*leaves(q, k, v), causal=True,  # the op
+                            score_mod=lambda s, b, h, i, j:
+                            s + bias[b, h, i, j])
+    assert torch.equal(o1, o2.detach())
+
+
+@cuda
+def test_captured_slopes_flex_style(seed):
+    """FlexAttention's ALiBi with a slope tensor: s + slopes[h] * (j - i)
+    (GQA 4, Nq != Nkv); and a document mask from segment ids (an int
+    tensor, read as float32) as a mask_mod."""
+    B, H, Hkv, Nq, Nkv = 1, 8, 2, 96, 160
+    q, k, v = (randn(B, H, Nq, 64), randn(B, Hkv, Nkv, 64),
+               randn(B, Hkv, Nkv, 64))
+    slopes = torch.exp2(-torch.arange(1, H + 1, device="cuda") * 8.0 / H)
+    flipped = slopes.flip(0)
+    check_captured(q, k, v, lambda s, b, h, i, j: s + slopes[h] * (j - i),
+                   [lambda s, b, h, i, j: s + flipped[h] * (j - i)],
+                   seed=seed)
+    seg = torch.repeat_interleave(
+        torch.arange(3, device="cuda"),
+        torch.tensor([50, 60, 50], device="cuda"))
+
+    def doc(b, h, i, j):
+        return seg[i + (Nkv - Nq)] == seg[j]
+
+    o = flashjit.attention(q, k, v, causal=True, mask_mod=doc)
+    ro = modified64(q.double(), k.double(), v.double(),
+                    lambda s, b, h, i, j: torch.where(
+                        doc(b, h, i, j), s, float("-inf")), causal=True)
+    assert rel(o, ro) <= BOUND[q.dtype]
+    plain = modified64(q.double(), k.double(), v.double(),
+                       lambda s, b, h, i, j: s, causal=True)
+    assert rel(o, plain) > 10 * BOUND[q.dtype]
+
+
+@cuda
+def test_captured_tensor_that_requires_grad(seed):
+    """A captured bias that requires grad: the forward runs; the backward
+    raises NotImplementedError (its gradient is not derived yet)."""
+    q, k, v = leaves(randn(1, 2, 64, 32), randn(1, 2, 64, 32),
+                     randn(1, 2, 64, 32))
+    bias = torch.zeros(2, 64, 64, device="cuda", requires_grad=True)
+    o = flashjit.attention(q, k, v, score_mod=lambda s, b, h, i, j:
+                           s + bias[h, i, j])
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError,
+                       match="gradients of captured tensors"):
+        o.float().sum().backward()
+    # Detached, the same bias trains q, k, v.
+    frozen = bias.detach()
+    o = flashjit.attention(q, k, v, score_mod=lambda s, b, h, i, j:
+                           s + frozen[h, i, j])
+    o.float().sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

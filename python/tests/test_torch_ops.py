@@ -285,3 +285,84 @@ def test_import_flashjit_does_not_import_torch():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# -- captured tensors ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_captured_ops_and_autograd(device, seed):
+    """flashjit::attention_fwd_captured / attention_bwd_captured: opcheck,
+    and autograd through flashjit.attention with a torch bias and torch
+    segment ids indexed in the modifier, against the float64 numpy
+    reference of the same function (python/tests/reference.py; the
+    torch tensors indexed by numpy positions there)."""
+    import numpy as np
+
+    import reference
+
+    F = flashjit.score_ops
+    q, k, v = make(1, 4, 2, 40, 56, 32, 32, torch.float16, device, grad=True)
+    bias = torch.randn(4, 40, 56, device=device)
+    seg = torch.repeat_interleave(torch.arange(2, device=device),
+                                  torch.tensor([30, 26], device=device))
+
+    def fn(s, b, h, i, j):
+        return F.where(seg[i + 16] == seg[j], s + bias[h, i, j], -np.inf)
+
+    text, caps = F.trace_with_captures(fn)
+    assert len(caps) == 2 and caps[0] is seg and caps[1] is bias
+    assert "memref.load %c1" in text
+    fwd = (q, k, v, 1, 0.5, -1, -1, None, None, 0, False, text,
+           [seg.float(), bias])
+    opcheck(torch.ops.flashjit.attention_fwd_captured.default, fwd)
+    o = flashjit.attention(q, k, v, causal=True, scale=0.5, score_mod=fn)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    as64 = [t.detach().cpu().double().numpy() for t in (q, k, v, o, d_o)]
+    seg_h, bias_h = seg.cpu().numpy(), bias.cpu().double().numpy()
+
+    def fn_h(s, b, h, i, j):
+        return np.where(seg_h[i + 16] == seg_h[j], s + bias_h[h, i, j],
+                        -np.inf)
+
+    vis = reference.visible_mask(40, 56, causal=True)
+    ro, _ = reference.attention_ref(*as64[:3], 0.5, vis, score_mod=fn_h)
+    assert reference.rel_err(as64[3], ro) < 5e-3
+    plain, _ = reference.attention_ref(*as64[:3], 0.5, vis)
+    assert reference.rel_err(as64[3], plain) > 5e-2
+    want = reference.attention_grads_ref(*as64, 0.5, vis, score_mod=fn_h)
+    for t, w in zip((q, k, v), want):
+        assert reference.rel_err(t.grad.cpu().double().numpy(), w) < 5e-3
+
+
+def test_torch_captures_trace_like_numpy_captures():
+    """A torch tensor indexed in a modifier is captured as
+    score_ops.captured(array) is (the same region), also a one-element
+    tensor on either side of an operator; torch.Tensor.__getitem__ is
+    restored after tracing, also when tracing fails."""
+    import numpy as np
+
+    F = flashjit.score_ops
+    getitem = torch.Tensor.__getitem__
+    bias_t = torch.randn(4, 8, 8)
+    bias_n = F.captured(bias_t.numpy())
+    a, caps = F.trace_with_captures(lambda s, b, h, i, j: s + bias_t[h, i, j])
+    b_, _ = F.trace_with_captures(lambda s, b, h, i, j: s + bias_n[h, i, j])
+    assert a == b_ and caps[0] is bias_t
+    temp = torch.tensor(2.0)
+    left = F.trace(lambda s, b, h, i, j: temp * s)  # __torch_function__
+    wrapped = F.trace(lambda s, b, h, i, j: F.captured(temp) * s)
+    right = F.trace(lambda s, b, h, i, j: s * temp)
+    assert left == wrapped and "memref.load %c0" in right
+    with pytest.raises(F.TraceError, match="one per dimension"):
+        F.trace(lambda s, b, h, i, j: s + bias_t[h, i])
+    with pytest.raises(F.TraceError, match="real numbers"):
+        F.trace(lambda s, b, h, i, j: s + torch.ones(8, dtype=torch.complex64)[j])
+    assert torch.Tensor.__getitem__ is getitem
+    assert bias_t[1, 2, 3] == bias_t.numpy()[1, 2, 3]  # plain indexing again
+    ids = torch.tensor([0, 2**24 + 1] * 8)
+    q = torch.zeros(1, 1, 16, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="2\\^24"):
+        flashjit.attention(q, q, q, score_mod=lambda s, b, h, i, j:
+                           F.where(ids[i] == ids[j], s, -np.inf))

@@ -1,0 +1,255 @@
+"""Captured tensors in Python score modifiers (flashjit.score_ops,
+"Captured tensors"), on the CPU with numpy: a modifier or a mask_mod that
+indexes arrays by the positions (score_ops.captured(array)[h, i, j]) is
+traced into a region with memref<?xf32> arguments, run through
+flashjit_forward_captured / flashjit_backward_captured, and checked
+against the float64 reference evaluating the same function on numpy
+arrays (python/tests/reference.py); the reference on other captured data
+must fail the same output, so the check sees the data. Inputs are fresh
+random numbers each run."""
+
+import numpy as np
+import pytest
+
+import flashjit
+import reference
+import score_mods
+from flashjit import score_ops as F
+from reference import attention_ref, lse_err, rel_err
+
+BOUND = 5e-3  # fp16 inputs, as test_score_ops_cpu.py
+
+
+def make(rng, B, H, Hkv, Nq, Nkv, D=32, Dv=24):
+    q = rng.standard_normal((B, H, Nq, D)).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Nkv, D)).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Nkv, Dv)).astype(np.float16)
+    return q, k, v
+
+
+def check(q, k, v, causal, scale, score_mod=None, mask_mod=None,
+          wrong=(), gradients=True):
+    """attention (and attention_backward) with the modifier and mask
+    against the float64 reference of the same functions; each (score_mod,
+    mask_mod) pair in wrong (the same functions on other captured data)
+    must miss the output by more than 10x the bound."""
+    B, H, Nq = q.shape[:3]
+    Nkv = k.shape[2]
+    o, lse = flashjit.attention(q, k, v, causal=causal, scale=scale,
+                                score_mod=score_mod, mask_mod=mask_mod,
+                                return_lse=True)
+
+    def ref(fn, mask):
+        vis = reference.visible_mask(Nq, Nkv, causal=causal)
+        if mask is not None:
+            vis = vis & score_mods.visible_by(mask, (B, H, Nq, Nkv))
+        return vis, attention_ref(q, k, v, scale, vis, score_mod=fn)
+
+    vis, (ro, rl) = ref(score_mod, mask_mod)
+    assert rel_err(o, ro) <= BOUND, rel_err(o, ro)
+    assert lse_err(lse, rl) <= BOUND, lse_err(lse, rl)
+    for fn, mask in wrong:
+        _, (wo, wl) = ref(fn, mask)
+        assert max(rel_err(o, wo), lse_err(lse, wl)) > 10 * BOUND
+    if gradients:
+        d_o = np.random.default_rng().standard_normal(o.shape).astype(
+            np.float16)
+        grads = flashjit.attention_backward(
+            q, k, v, o, d_o, lse, causal=causal, scale=scale,
+            score_mod=score_mod, mask_mod=mask_mod)
+        want = reference.attention_grads_ref(q, k, v, o, d_o, scale, vis,
+                                             score_mod=score_mod)
+        score_mods.check_grads(grads, want, BOUND)
+    return o, lse
+
+
+def sloped(slopes):
+    """ALiBi with learned slopes, FlexAttention style: slopes[h] (j - i)."""
+    table = F.captured(slopes)
+    return lambda s, b, h, i, j: s + table[h] * (j - i)
+
+
+@pytest.mark.parametrize("causal,gqa", [(False, 1), (True, 2)])
+def test_learned_slopes_per_head(causal, gqa):
+    rng = np.random.default_rng()
+    B, H, Nq, Nkv = 2, 4, 20, 33
+    q, k, v = make(rng, B, H, H // gqa, Nq, Nkv)
+    slopes = rng.uniform(0.05, 0.5, H)
+    check(q, k, v, causal, 0.5, sloped(slopes),
+          wrong=[(sloped(slopes[::-1].copy()), None), (None, None)])
+
+
+def document_bias(bias, seg, offset):
+    """A bias (H, Nq, Nkv) inside each document, -inf across documents:
+    seg holds the keys' document ids, query i is key i + offset's position
+    (bottom-right alignment, as causal)."""
+    b_, s_ = F.captured(bias), F.captured(seg)
+    return lambda s, b, h, i, j: F.where(s_[i + offset] == s_[j],
+                                         s + b_[h, i, j], -np.inf)
+
+
+def documents(rng, n, pieces=3):
+    """Document ids 0, 0, ..., 1, ... of n keys in `pieces` runs."""
+    cuts = np.sort(rng.choice(np.arange(1, n), pieces - 1, replace=False))
+    return np.repeat(np.arange(pieces), np.diff(np.r_[0, cuts, n]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bias_and_document_mask_with_gqa(causal):
+    """where(seg[i] == seg[j], s + bias[h, i, j], -inf) with GQA and Nq !=
+    Nkv: one region, two captured tensors (seg read twice is one)."""
+    rng = np.random.default_rng()
+    B, H, Hkv, Nq, Nkv = 2, 4, 2, 24, 40
+    q, k, v = make(rng, B, H, Hkv, Nq, Nkv)
+    bias = rng.standard_normal((H, Nq, Nkv)) * 2
+    seg = documents(rng, Nkv)
+    fn = document_bias(bias, seg, Nkv - Nq)
+    text, caps = F.trace_with_captures(fn)
+    assert len(caps) == 2 and caps[0] is seg and caps[1] is bias
+    other_seg = documents(rng, Nkv, pieces=5)
+    check(q, k, v, causal, 0.4, fn,
+          wrong=[(document_bias(bias * -1.0, seg, Nkv - Nq), None),
+                 (document_bias(bias, other_seg, Nkv - Nq), None)])
+
+
+def test_document_mask_as_mask_mod_with_a_bias_score_mod():
+    """The same tensors split over score_mod (the bias) and mask_mod (the
+    documents): both traced into one region, the mask's captures too;
+    and the block mask from that mask_mod (evaluated eagerly on numpy
+    positions through the same captured wrapper) skips whole blocks."""
+    rng = np.random.default_rng()
+    B, H, Nq, Nkv, bs = 1, 2, 96, 96, 32
+    q, k, v = make(rng, B, H, H, Nq, Nkv)
+    bias = rng.standard_normal((1, H, 1, Nkv))  # broadcast over b and i
+    seg = np.repeat([0, 1], [40, 56])
+    b_, s_ = F.captured(bias), F.captured(seg)
+
+    def score_mod(s, b, h, i, j):
+        return s + b_[b, h, i, j]
+
+    def same_document(b, h, i, j):
+        return s_[i] == s_[j]
+
+    text, caps = F.trace_with_captures(F.with_mask(score_mod, same_document))
+    assert len(caps) == 2 and "%c1: memref<?xf32>" in text
+    check(q, k, v, True, None, score_mod, same_document,
+          wrong=[(None, same_document), (score_mod, None)])
+    bm = flashjit.BlockMask.from_mask_mod(same_document, B, H, Nq, Nkv,
+                                          block_size=bs)
+    assert not bm.to_dense().all()  # blocks across documents are skipped
+    o = flashjit.attention(q, k, v, causal=True, score_mod=score_mod,
+                           mask_mod=same_document, block_mask=bm)
+    vis = (reference.visible_mask(Nq, Nkv, causal=True)
+           & score_mods.visible_by(same_document, (B, H, Nq, Nkv)))
+    ro, _ = attention_ref(q, k, v, None, vis, score_mod=score_mod)
+    assert rel_err(o, ro) <= BOUND
+
+
+def test_one_element_tensor_as_a_number_and_sinks():
+    """A one-element array used as a number (s * temperature) is captured
+    (read at 0); with attention sinks on top (numpy path)."""
+    rng = np.random.default_rng()
+    q, k, v = make(rng, 1, 2, 2, 16, 16)
+    temperature = F.captured(np.array([2.5]))
+    fn = lambda s, b, h, i, j: s * temperature  # noqa: E731
+    check(q, k, v, False, 0.5, fn, wrong=[(None, None)], gradients=False)
+    sinks = np.array([1.0, -0.5])
+    o = flashjit.attention(q, k, v, scale=0.5, score_mod=fn, sinks=sinks)
+    ro, _ = reference.sink_attention_ref(q, k, v, 0.5 * 2.5, None, sinks)
+    assert rel_err(o, ro) <= BOUND
+
+
+def test_region_text_arguments_and_dedupe():
+    """The region takes one memref<?xf32> per captured tensor after kv_idx,
+    in first-use order, and reads it with memref.load at the flat index
+    sum(idx_d * stride_d); the same array (wrapped twice) is one argument;
+    a dimension of size 1 is read at 0; constant indices fold."""
+    bias = np.zeros((3, 5, 7))
+    seg = np.arange(7)
+    a, a2, s_ = F.captured(bias), F.captured(bias), F.captured(seg)
+
+    def fn(s, b, h, i, j):
+        return F.where(s_[i] == s_[j], s + a[h, i, j] + a2[2, i, -1], s)
+
+    text, caps = F.trace_with_captures(fn)
+    assert len(caps) == 2 and caps[0] is seg and caps[1] is bias
+    header = text.splitlines()[1]
+    assert header.endswith("%j: index, %c0: memref<?xf32>, "
+                           "%c1: memref<?xf32>):"), header
+    assert "%c2" not in text
+    assert text.count("memref.load %c0[") == 2
+    assert text.count("memref.load %c1[") == 2
+    assert "arith.constant 35 : index" in text  # h's stride, 5 * 7
+    assert "arith.constant 76 : index" in text  # 2 * 35 + 6 (index -1)
+    assert F.trace(fn) == text
+    one = F.captured(np.ones((1, 7)))
+    t1, c1 = F.trace_with_captures(lambda s, b, h, i, j: s + one[h, j])
+    assert "memref.load %c0[%j]" in t1 and len(c1) == 1
+    plain, none = F.trace_with_captures(lambda s, b, h, i, j: s * 2)
+    assert none == [] and "memref" not in plain
+    # The compiler takes the region: its attn stage shows the loads.
+    attn = flashjit.compile(32, score_mod=fn).emit("attn")
+    assert "memref.load" in attn
+
+
+def test_eager_indexing_matches_numpy_with_broadcast():
+    """Outside tracing captured(...) indexes as numpy does, a dimension of
+    size 1 read at 0 whatever its index (as in the kernel)."""
+    x = np.arange(12.0).reshape(1, 3, 4)
+    c = F.captured(x)
+    i = np.arange(3)[:, None]
+    j = np.arange(4)[None, :]
+    assert np.array_equal(c[5, i, j], x[0, i, j])
+    assert np.array_equal(c[np.ones((3, 1), int), i, j], x[0, i, j])
+    assert c[0, 2, 3] == 11.0 and c.shape == (1, 3, 4)
+    assert np.array_equal(np.asarray(c), x)
+
+
+def test_named_errors():
+    q, k, v = (np.zeros((1, 1, 16, 16), np.float16) for _ in range(3))
+    table = np.ones(16)
+    # A numpy array indexed directly cannot be intercepted: the error says
+    # what to do.
+    with pytest.raises(F.TraceError, match="captured"):
+        flashjit.attention(q, k, v, score_mod=lambda s, b, h, i, j:
+                           s + table[j])
+    with pytest.raises(F.TraceError, match="used as a number"):
+        flashjit.attention(q, k, v, score_mod=lambda s, b, h, i, j:
+                           s + table)
+    # More than 8 tensors.
+    many = [F.captured(np.ones(16) * n) for n in range(9)]
+    with pytest.raises(F.TraceError, match="at most 8"):
+        F.trace(lambda s, b, h, i, j: s + sum(t[j] for t in many))
+    # Eight are fine.
+    assert "%c7:" in F.trace(lambda s, b, h, i, j:
+                             s + sum(t[j] for t in many[:8]))
+    # Not float-convertible.
+    for bad in (np.ones(4, complex), np.array(["a", "b"]),
+                np.array([object()])):
+        with pytest.raises(F.TraceError, match="real numbers"):
+            F.captured(bad)
+    # The captured value in Python control flow.
+    c = F.captured(np.ones(16))
+    with pytest.raises(F.TraceError, match="no truth value"):
+        F.trace(lambda s, b, h, i, j: s if c[j] > 0 else -s)
+    with pytest.raises(F.TraceError, match="no Python value"):
+        F.trace(lambda s, b, h, i, j: s + float(c[j]))
+    # Indices: one per dimension, positions or ints, in range.
+    c2 = F.captured(np.ones((4, 16)))
+    with pytest.raises(F.TraceError, match="one per dimension"):
+        F.trace(lambda s, b, h, i, j: s + c2[j])
+    with pytest.raises(F.TraceError, match="a float"):
+        F.trace(lambda s, b, h, i, j: s + c2[h, s])
+    with pytest.raises(F.TraceError, match="out of range"):
+        F.trace(lambda s, b, h, i, j: s + c2[4, j])
+    with pytest.raises(F.TraceError, match="an index is a position"):
+        F.trace(lambda s, b, h, i, j: s + c2[h, j:])
+    # Integer data that float32 does not hold exactly.
+    ids = F.captured(np.array([0, 2**24 + 1] * 8, np.int64))
+    with pytest.raises(ValueError, match="2\\^24"):
+        flashjit.attention(q, k, v, score_mod=lambda s, b, h, i, j:
+                           F.where(ids[i] == ids[j], s, -np.inf))
+    # The region text alone (without its tensors) is the C API's error.
+    text = F.trace(lambda s, b, h, i, j: s + c[j])
+    with pytest.raises(flashjit.InvalidArgumentError):
+        flashjit.attention(q, k, v, score_mod=text)
