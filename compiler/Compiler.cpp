@@ -136,6 +136,7 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
       expectName(bwd.getSymName(), Direction::Backward);
       info.spec = specFromOp(bwd, Direction::Backward, bwd.getDeterministic());
       readScoreMod(bwd, info.spec);
+      info.spec.captureGrads = bwd.getCaptureGrads();
       ++described;
     }
   });
@@ -272,7 +273,7 @@ KernelSource forwardSourceOf(const KernelSource &backward) {
   b.setInsertionPointToEnd(fwdModule->getBody());
   OperationState state(bwd.getLoc(), attn::FlashFwdOp::getOperationName());
   for (NamedAttribute a : bwd->getAttrs())
-    if (a.getName() != "deterministic")
+    if (a.getName() != "deterministic" && a.getName() != "capture_grads")
       state.addAttribute(a.getName(), a.getValue());
   IRMapping mapping;
   bwd.getScoreMod().cloneInto(state.addRegion(), mapping);

@@ -320,8 +320,38 @@ public:
   double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
                int64_t kvIdx, const Captures *captures,
                double *dScore) const override {
+    std::vector<Dual> values =
+        evaluate(score, batch, head, qIdx, kvIdx, captures, -1);
+    *dScore = values[size_t(result)].d;
+    return values[size_t(result)].v;
+  }
+
+  /// One evaluation per load of a captured tensor, seeded there.
+  std::vector<CaptureRead> captureReads(double score, int64_t batch,
+                                        int64_t head, int64_t qIdx,
+                                        int64_t kvIdx,
+                                        const Captures *captures) const override {
+    std::vector<CaptureRead> out;
+    for (size_t k = 0; k < code.size(); ++k) {
+      if (code[k].capture < 0)
+        continue;
+      std::vector<Dual> values =
+          evaluate(score, batch, head, qIdx, kvIdx, captures, int(k));
+      out.push_back({code[k].capture,
+                     int64_t(values[size_t(code[k].in[0])].v),
+                     values[size_t(result)].d});
+    }
+    return out;
+  }
+
+private:
+  /// Every value of the region at this score, the derivative by the score
+  /// (\p seed < 0) or by the value instruction \p seed loads.
+  std::vector<Dual> evaluate(double score, int64_t batch, int64_t head,
+                             int64_t qIdx, int64_t kvIdx,
+                             const Captures *captures, int seed) const {
     std::vector<Dual> values(size_t(args) + code.size());
-    values[0] = {score, 1};
+    values[0] = {score, seed < 0 ? 1.0 : 0.0};
     const int64_t rest[] = {batch, head, qIdx, kvIdx};
     for (int i = 1; i <= 4; ++i)
       values[i] = constant(double(rest[i - 1]));
@@ -341,18 +371,17 @@ public:
               "the score_mod region reads captured tensor {} at {}, outside "
               "its {} elements",
               instr.capture, at, t.size()));
-        values[size_t(args) + k] = constant(double(t[size_t(at)]));
+        values[size_t(args) + k] = {double(t[size_t(at)]),
+                                    int(k) == seed ? 1.0 : 0.0};
         continue;
       }
       for (size_t o = 0; o < instr.in.size() && o < 3; ++o)
         in[o] = values[size_t(instr.in[o])];
       values[size_t(args) + k] = instr.eval(in);
     }
-    *dScore = values[size_t(result)].d;
-    return values[size_t(result)].v;
+    return values;
   }
 
-private:
   int args = 0, result = 0;
   std::vector<Instr> code;
 };

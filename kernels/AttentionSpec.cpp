@@ -51,6 +51,13 @@ void AttentionSpec::validate() const {
     throw SpecError(fmt::format("a score modifier may capture at most {} "
                                 "tensors, this one captures {}",
                                 abi::kMaxCaptures, captures));
+  if (captureGrads < 0 || (captureGrads >> captures) != 0)
+    throw SpecError(fmt::format("capture_grads: {:#x} names captured tensors "
+                                "beyond the region's {}",
+                                captureGrads, captures));
+  if (captureGrads != 0 && direction == Direction::Backward && deterministic)
+    throw SpecError("the gradients of captured tensors are summed by atomic "
+                    "adds; a deterministic backward cannot give them yet");
   checkRange("head_dim_qk", headDimQK, 1, 512);
   checkRange("head_dim_v", headDimV, 1, 512);
   checkRange("gqa", gqaGroup, 1, 1 << 16);
@@ -194,6 +201,8 @@ std::string AttentionSpec::name() const {
     s += fmt::format("_bs{}", sparseBlock);
   if (direction == Direction::Backward && deterministic)
     s += "_det";
+  if (direction == Direction::Backward && captureGrads)
+    s += fmt::format("_cg{:x}", captureGrads);
   if (!scoreMod.empty()) {
     std::string mod = scoreMod;
     std::replace(mod.begin(), mod.end(), ':', '_');
@@ -230,12 +239,15 @@ std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}{}{}{}}}",
+      "\"sparse_block\":{}{}{}{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
       blockSparse ? "true" : "false", sparseBlock,
       direction == Direction::Backward
           ? fmt::format(",\"deterministic\":{}", deterministic)
+          : std::string(),
+      direction == Direction::Backward && captureGrads
+          ? fmt::format(",\"capture_grads\":{}", captureGrads)
           : std::string(),
       scoreMod.empty() ? std::string()
                        : fmt::format(",\"score_mod\":\"{}\"", scoreMod),
@@ -473,17 +485,21 @@ static std::string scoreModRegionText(const AttentionSpec &spec) {
 }
 
 std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
-  // The backward's `deterministic` only when set (false is its default).
+  // The backward's `deterministic` and `capture_grads` only when set (false
+  // and 0 are their defaults).
   const bool backward = spec.direction == Direction::Backward;
   return fmt::format(
       "module {{\n  attn.{} @{} {{element_type = {}, gqa = {} : i64, "
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
-      "sparse_block = {} : i64{}}}{}\n}}\n",
+      "sparse_block = {} : i64{}{}}}{}\n}}\n",
       backward ? "flash_bwd" : "flash_fwd", name,
       spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup, spec.headDimQK,
       spec.headDimV, toString(spec.mask),
       spec.blockSparse ? spec.sparseBlock : 0,
       backward && spec.deterministic ? ", deterministic = true" : "",
+      backward && spec.captureGrads
+          ? fmt::format(", capture_grads = {} : i64", spec.captureGrads)
+          : std::string(),
       scoreModRegionText(spec));
 }
 

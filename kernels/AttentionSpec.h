@@ -91,6 +91,10 @@ struct AttentionSpec {
   /// kv_idx, memref<?xf32>): the kernel's buffers after its ABI's
   /// (AttentionData::captures on the CPU). Set with scoreFunction.
   int64_t captures = 0;
+  /// Backward only: the captured tensors whose gradient the backward adds
+  /// into their gradient buffers (bit c: capture c; the rest are constants
+  /// there). Part of the backward's name and JSON (`capture_grads`).
+  int64_t captureGrads = 0;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;
@@ -183,6 +187,22 @@ public:
   virtual double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
                        int64_t kvIdx, const Captures *captures,
                        double *dScore) const = 0;
+  /// One load of a captured tensor at a score: which tensor, the element
+  /// read, and d(modified score) / d(that element).
+  struct CaptureRead {
+    int capture = 0;
+    int64_t index = 0;
+    double derivative = 0;
+  };
+  /// The loads apply() makes at this score, each with its derivative (for
+  /// the captured tensors' gradients); none by default.
+  virtual std::vector<CaptureRead>
+  captureReads(double score, int64_t batch, int64_t head, int64_t qIdx,
+               int64_t kvIdx, const Captures *captures) const {
+    (void)score, (void)batch, (void)head, (void)qIdx, (void)kvIdx,
+        (void)captures;
+    return {};
+  }
 };
 
 /// The spelling of a score_mod region that is no named variant.
@@ -238,6 +258,15 @@ struct ScoreMod {
   /// modifier.
   double apply(double score, int64_t head, int64_t qIdx, int64_t kvIdx,
                int64_t batch = 0) const;
+  /// The captured tensors' loads apply() makes there, with their
+  /// derivatives (a custom region's; none for the named variants).
+  std::vector<ScoreFunction::CaptureRead>
+  captureReads(double score, int64_t head, int64_t qIdx, int64_t kvIdx,
+               int64_t batch) const {
+    return custom ? custom->captureReads(score, batch, head, qIdx, kvIdx,
+                                         captures)
+                  : std::vector<ScoreFunction::CaptureRead>();
+  }
   /// d apply / d score there, in float64 (derived by hand for the named
   /// variants, by dual numbers for a custom region: the reference of the
   /// compiler's derivative).

@@ -117,6 +117,12 @@ AttentionGrads makeRandomGrads(const AttentionSpec &spec, const Problem &,
   uint16_t nan16 = floatToHalf(spec.dtype, std::nanf(""));
   for (auto *buf : {g.dq.buffer.get(), g.dk.buffer.get(), g.dv.buffer.get()})
     std::fill(buf->begin(), buf->end(), nan16);
+  // The captured tensors' gradients that spec.captureGrads names: zeros
+  // (the backward adds into them).
+  if (spec.captureGrads)
+    for (size_t c = 0; c < d.captures.size(); ++c)
+      g.captureGrads.push_back(std::vector<float>(
+          (spec.captureGrads >> c) & 1 ? d.captures[c].size() : 0));
   return g;
 }
 

@@ -148,10 +148,15 @@ ErrorReport compareWithReference(const AttentionSpec &spec,
 /// q, dk as k, dv as v and dO as o.
 struct AttentionGrads {
   HalfTensor dO, dq, dk, dv;
+  /// The gradients of the captured tensors that the backward spec's
+  /// captureGrads names (each the size of its tensor; added into, so zero
+  /// them first); empty for the others.
+  Captures captureGrads;
 };
 
 /// Fresh random dO (normal(0, 1) rounded to the dtype) and dq, dk, dv
-/// poisoned with NaN. When q, k and v are views of one packed qkv buffer,
+/// poisoned with NaN; zeroed gradients of the captured tensors that
+/// spec.captureGrads names. When q, k and v are views of one packed qkv buffer,
 /// dq, dk and dv are views of one such buffer too (as a fused projection's
 /// gradient is).
 AttentionGrads makeRandomGrads(const AttentionSpec &spec,
@@ -171,6 +176,11 @@ AttentionGrads makeRandomGrads(const AttentionSpec &spec,
 /// Costs B * H * Nq * Nkv * 2 (dqk + dv) multiply-adds.
 struct BackwardReference {
   std::vector<double> dq, dk, dv;
+  /// The gradients of the captured tensors spec.captureGrads names (each
+  /// its tensor's size; empty for the others): sum over the visible scores
+  /// of G * d(score')/d(element) at each element a load read, G = P (dP -
+  /// D) the gradient of the modified score.
+  std::vector<std::vector<double>> captureGrads;
 };
 BackwardReference referenceBackward(const AttentionSpec &spec,
                                     const Problem &problem,
@@ -182,6 +192,10 @@ BackwardReference referenceBackward(const AttentionSpec &spec,
 /// if any gradient element is NaN.
 struct BackwardErrorReport {
   double dqRelErr = 0, dkRelErr = 0, dvRelErr = 0;
+  /// The largest of the captured tensors' gradients' (0 without any), and
+  /// whether they were compared (a sampled check does not).
+  double captureRelErr = 0;
+  bool capturesChecked = false;
   int64_t nanCount = 0;
   double relErr() const;
 };

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fmt/format.h>
 #include <limits>
 #include <map>
 
@@ -36,8 +37,12 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
   r.dq.assign(size_t(p.batch * H * Nq * dqk), 0.0);
   r.dk.assign(size_t(p.batch * Hkv * Nkv * dqk), 0.0);
   r.dv.assign(size_t(p.batch * Hkv * Nkv * dv), 0.0);
+  r.captureGrads.resize(d.captures.size());
+  for (size_t c = 0; c < d.captures.size(); ++c)
+    if ((spec.captureGrads >> c) & 1)
+      r.captureGrads[c].assign(d.captures[c].size(), 0.0);
   std::vector<double> kf, vf, qrow(dqk), dorow(dv), s(Nkv), dp(Nkv),
-      dmod(Nkv);
+      dmod(Nkv), scaled(Nkv);
   auto widen = [&](uint16_t x) { return double(halfToFloat(spec.dtype, x)); };
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < H; ++h) {
@@ -67,6 +72,7 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
           double acc = 0;
           for (int64_t c = 0; c < dqk; ++c)
             acc += qrow[c] * kf[j * dqk + c];
+          scaled[j] = acc * scale;
           s[j] = mod.apply(acc * scale, h, i, j, b);
           dmod[j] = mod.derivative(acc * scale, h, i, j, b);
           m = std::max(m, s[j]);
@@ -95,8 +101,15 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
         for (int64_t j = 0; j < Nkv; ++j) {
           if (s[j] == negInf)
             continue;
-          // dS is the gradient of the scaled score, before the modifier.
+          // dS is the gradient of the scaled score, before the modifier;
+          // the captured tensors' take the modified score's.
           double pj = s[j], ds = pj * (dp[j] - delta) * dmod[j];
+          if (spec.captureGrads)
+            for (const ScoreFunction::CaptureRead &read :
+                 mod.captureReads(scaled[j], h, i, j, b))
+              if ((spec.captureGrads >> read.capture) & 1)
+                r.captureGrads[size_t(read.capture)][size_t(read.index)] +=
+                    pj * (dp[j] - delta) * read.derivative;
           for (int64_t c = 0; c < dqk; ++c) {
             dq[c] += scale * ds * kf[j * dqk + c];
             dkHead[j * dqk + c] += scale * ds * qrow[c];
@@ -112,7 +125,7 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
 double BackwardErrorReport::relErr() const {
   if (nanCount)
     return std::numeric_limits<double>::infinity();
-  return std::max({dqRelErr, dkRelErr, dvRelErr});
+  return std::max({dqRelErr, dkRelErr, dvRelErr, captureRelErr});
 }
 
 /// ||x - y|| / ||y|| of the rows \p rows of \p t (as (b * H + h) * N + i
@@ -150,6 +163,28 @@ BackwardErrorReport compareBackward(const AttentionSpec &spec, const Problem &,
   e.dqRelErr = gradientRelErr(spec.dtype, g.dq, nullptr, ref.dq, e.nanCount);
   e.dkRelErr = gradientRelErr(spec.dtype, g.dk, nullptr, ref.dk, e.nanCount);
   e.dvRelErr = gradientRelErr(spec.dtype, g.dv, nullptr, ref.dv, e.nanCount);
+  for (size_t c = 0; c < ref.captureGrads.size(); ++c) {
+    const std::vector<double> &want = ref.captureGrads[c];
+    if (want.empty())
+      continue;
+    e.capturesChecked = true;
+    if (c >= g.captureGrads.size() || g.captureGrads[c].size() != want.size())
+      throw SpecError(fmt::format("the gradient of captured tensor {} is "
+                                  "missing or of another size",
+                                  c));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double x = g.captureGrads[c][i];
+      if (std::isnan(x)) {
+        ++e.nanCount;
+        continue;
+      }
+      num += (x - want[i]) * (x - want[i]);
+      den += want[i] * want[i];
+    }
+    e.captureRelErr =
+        std::max(e.captureRelErr, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
   return e;
 }
 

@@ -82,14 +82,22 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   for (CUdeviceptr &b : bufs)
     if (!b)
       b = a.q.ptr;
-  std::array<CUdeviceptr, abi::kMaxCaptures> captured = a.captures;
-  for (int64_t c = 0; c < spec.captures; ++c)
-    if (!captured[size_t(c)])
+  // The captured tensors, then a gradient buffer each (a valid pointer the
+  // kernel never touches where captureGrads does not name it).
+  std::array<CUdeviceptr, 2 * abi::kMaxCaptures> captured{};
+  for (int64_t c = 0; c < spec.captures; ++c) {
+    const bool grad = (spec.captureGrads >> c) & 1;
+    captured[size_t(c)] = a.captures[size_t(c)];
+    captured[size_t(spec.captures + c)] =
+        grad ? a.captureGrads[size_t(c)] : a.captures[size_t(c)];
+    if (!captured[size_t(c)] || !captured[size_t(spec.captures + c)])
       throw SpecError(fmt::format("the score modifier captures {} tensors; "
-                                  "captured tensor {} is null",
-                                  spec.captures, c));
+                                  "captured tensor {}{} is null",
+                                  spec.captures, c,
+                                  grad ? " or its gradient" : ""));
+  }
   void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args +
-               abi::kMaxCaptures];
+               2 * abi::kMaxCaptures];
   int n = 0;
   for (CUdeviceptr &b : bufs)
     params[n++] = &b;
@@ -97,7 +105,7 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     params[n++] = &v;
   for (float &f : f32s)
     params[n++] = &f;
-  for (int64_t c = 0; c < spec.captures; ++c)
+  for (int64_t c = 0; c < 2 * spec.captures; ++c)
     params[n++] = &captured[size_t(c)];
 
   for (auto [fn, launch] : {std::pair{preprocess, &preprocessLaunch},

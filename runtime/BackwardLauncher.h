@@ -29,8 +29,10 @@ struct BackwardArgs {
   CUdeviceptr counts = 0, indices = 0, kvCounts = 0, kvIndices = 0;
   std::array<int64_t, 3> countStrides{}, indexStrides{};
   std::array<int64_t, 3> kvCountStrides{}, kvIndexStrides{};
-  /// The score modifier's captured tensors (ForwardArgs::captures).
-  std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
+  /// The score modifier's captured tensors (ForwardArgs::captures), and
+  /// the f32 gradient buffers (each its tensor's size, added into) of those
+  /// the spec's captureGrads names.
+  std::array<CUdeviceptr, abi::kMaxCaptures> captures{}, captureGrads{};
 };
 
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers

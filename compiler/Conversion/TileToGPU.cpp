@@ -378,8 +378,8 @@ bool TileKernelLowering::leavesInFlight(Operation *op) {
 bool TileKernelLowering::otherBranchOutput(Operation *op) {
   if (branch < 0)
     return false;
-  if (isa<tile::AtomicAddOp>(op))
-    return branch == 1; // dQ belongs to the dK programs
+  if (isa<tile::AtomicAddOp, tile::ScatterAddOp>(op))
+    return branch == 1; // dQ and captured gradients: the dK programs'
   auto store = dyn_cast<tile::StoreOp>(op);
   return store && store.getBase() ==
                       fn.getArgument(branch ? abi::bwd::DK : abi::bwd::DV);
@@ -389,7 +389,8 @@ void TileKernelLowering::markLive() {
   live.clear();
   SmallVector<Value> work;
   fn.walk([&](Operation *op) {
-    if (isa<tile::StoreOp, tile::AtomicAddOp>(op) && !otherBranchOutput(op))
+    if (isa<tile::StoreOp, tile::AtomicAddOp, tile::ScatterAddOp>(op) &&
+        !otherBranchOutput(op))
       work.append(op->getOperands().begin(), op->getOperands().end());
   });
   while (!work.empty()) {
@@ -464,6 +465,8 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
     return lowerScalarLoad(op, map);
   if (auto gather = dyn_cast<tile::GatherOp>(op))
     return lowerGather(gather);
+  if (auto scatter = dyn_cast<tile::ScatterAddOp>(op))
+    return otherBranchOutput(op) ? success() : lowerScatterAdd(scatter);
   if (!touchesTiles(op)) {
     if (op->getNumRegions() ||
         op->getDialect() ==
@@ -505,92 +508,6 @@ TileKernelLowering::checkPostconditions(mlir::gpu::GPUFuncOp kernel) {
     return WalkResult::advance();
   });
   return failure(walk.wasInterrupted());
-}
-
-LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
-                                               const KernelPlacement &place) {
-  const int firstIndex = place.numBuffers;
-  const int firstF32 = firstIndex + place.numIndexArgs;
-  const int pidArg = firstF32 + place.numF32Args;
-  const int pids = place.kvSplit ? 3 : 2;
-  const int firstCapture = pidArg + pids;
-  const int all = firstCapture + place.numCaptures;
-  if (fn.getNumArguments() != unsigned(all))
-    return fn.emitError() << "this kernel takes " << all
-                          << " arguments (kernels/KernelABI.h), got "
-                          << fn.getNumArguments();
-  Builder b(fn.getContext());
-  Type captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
-  for (int i = 0; i < all; ++i) {
-    Type want = i < firstIndex                ? Type()
-                : i >= firstCapture           ? captured
-                : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
-                                              : Type(b.getF32Type());
-    Type got = fn.getArgument(i).getType();
-    if (want ? got != want : !isa<MemRefType>(got))
-      return fn.emitError()
-             << "argument " << i << " has type " << got << ", not the ABI's";
-  }
-  return success();
-}
-
-mlir::gpu::GPUFuncOp
-conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
-                               mlir::gpu::GPUModuleOp gpuModule,
-                               func::FuncOp fn, const KernelPlacement &place,
-                               int64_t sharedBytes) {
-  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
-  argTys.append(place.numIndexArgs, g.i64);
-  argTys.append(place.numF32Args, g.f32);
-  argTys.append(place.numCaptures, g.ptrGen);
-  int64_t programsZ = 0;
-  for (const KernelPlacement::ColumnSplit &s : place.splits)
-    programsZ += s.chunks;
-  return createKernelFunc(b, gpuModule, fn, argTys,
-                          place.threads + place.producerThreads, sharedBytes,
-                          gridAttr(b, place.gridRows, place.gridOverKeys,
-                                   place.gridKvHeads,
-                                   std::max<int64_t>(programsZ, 1),
-                                   place.gridSplits, place.persistent));
-}
-
-void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
-                                    func::FuncOp fn,
-                                    mlir::gpu::GPUFuncOp kernel,
-                                    const KernelPlacement &place,
-                                    IRMapping &map) {
-  const int firstIndex = place.numBuffers;
-  const int firstF32 = firstIndex + place.numIndexArgs;
-  const int pidArg = firstF32 + place.numF32Args;
-  for (int i = 0; i < firstIndex; ++i)
-    map.map(fn.getArgument(i), kernel.getArgument(i));
-  for (int i = firstIndex; i < firstF32; ++i)
-    map.map(fn.getArgument(i), arith::IndexCastOp::create(
-                                   b, b.getIndexType(), kernel.getArgument(i)));
-  for (int i = firstF32; i < pidArg; ++i)
-    map.map(fn.getArgument(i), kernel.getArgument(i));
-  // The captured tensors: after the pids in fn, after the f32s here.
-  const int firstCapture = pidArg + (place.kvSplit ? 3 : 2);
-  for (int c = 0; c < place.numCaptures; ++c)
-    map.map(fn.getArgument(firstCapture + c), kernel.getArgument(pidArg + c));
-  // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
-  if (place.persistent)
-    return;
-  Value pidM = g.blockId(mlir::gpu::Dimension::x);
-  if (place.reversePidM) {
-    // Heaviest Q blocks (the last rows see the most keys) start first, so
-    // the last wave of the grid is made of short blocks.
-    Value blocks = arith::IndexCastUIOp::create(
-        b, g.i32, mlir::gpu::GridDimOp::create(b, mlir::gpu::Dimension::x));
-    pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
-  }
-  // pid_m, pid_bh = grid.y and (split-KV) pid_split = grid.z.
-  SmallVector<Value, 3> pids = {pidM, g.blockId(mlir::gpu::Dimension::y)};
-  if (place.kvSplit)
-    pids.push_back(g.blockId(mlir::gpu::Dimension::z));
-  for (auto [i, pid] : llvm::enumerate(pids))
-    map.map(fn.getArgument(pidArg + i),
-            arith::IndexCastUIOp::create(b, b.getIndexType(), pid));
 }
 
 LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {

@@ -79,6 +79,9 @@ struct Fragment {
   /// A rounded tile's element pairs (b32, A-operand order) as the warpgroup
   /// MMAs that read it pinned them: what arith.extf widens afterwards.
   llvm::SmallVector<Value> packed;
+  /// Every register holds one value, the same in every thread (a splat of
+  /// a scalar of the program): a scatter at it reduces over the warp.
+  bool uniform = false;
 };
 
 /// Where a transposed product's registers are reduced (tile.atomic_add's
@@ -196,6 +199,10 @@ private:
   /// A captured tensor's element per register (tile.gather): one global
   /// load per distinct index register.
   LogicalResult lowerGather(tile::GatherOp op);
+  /// A captured tensor's gradient (tile.scatter_add): the registers that
+  /// share an index summed, then one red.global.add each; a uniform index,
+  /// summed over the warp first.
+  LogicalResult lowerScatterAdd(tile::ScatterAddOp op);
   /// memref.load of a scalar, its operands and result in \p mapping (the
   /// walk's, or another iteration's: issueCopy).
   LogicalResult lowerScalarLoad(Operation *op, mlir::IRMapping &mapping);

@@ -272,8 +272,9 @@ LogicalResult TileKernelLowering::lowerBroadcast(tile::BroadcastOp op) {
 }
 
 LogicalResult TileKernelLowering::lowerSplat(tile::SplatOp op) {
-  frags[op.getResult()].regs.assign(regCount(op.getType()),
-                                    scalar(op.getValue()));
+  Fragment &f = frags[op.getResult()];
+  f.regs.assign(regCount(op.getType()), scalar(op.getValue()));
+  f.uniform = true;
   return success();
 }
 

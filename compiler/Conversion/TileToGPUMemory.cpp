@@ -520,3 +520,41 @@ LogicalResult TileKernelLowering::lowerGather(tile::GatherOp op) {
   frags[op.getResult()] = std::move(out);
   return success();
 }
+
+/// A captured tensor's gradient: each register's value added at its index
+/// (the gather's index tile, so the same layout), atomically. Registers
+/// that share an index register are summed first; a uniform index (a splat:
+/// a per-head slope's gradient) is summed over the warp by shuffles and
+/// added by lane 0, one atomic per warp instead of one per element.
+///
+///   tile.scatter_add %g, %dt[%idx]
+///       : tensor<64x128xf32>, memref<?xf32>, tensor<64x128xi32>
+///
+/// becomes, for each distinct register %i of %idx's fragment,
+///
+///   %sum = arith.addf ... (the registers of %g at %i)
+///   red.global.add.f32 [%dt + 4 * sext(%i)], %sum
+LogicalResult TileKernelLowering::lowerScatterAdd(tile::ScatterAddOp op) {
+  auto idx = frags.find(op.getIndex()), val = frags.find(op.getValue());
+  if (idx == frags.end() || val == frags.end())
+    return fail(op, "its value and index tiles are not in registers");
+  Value base = map.lookup(op.getBase());
+  llvm::MapVector<Value, Value> sums;
+  for (auto [index, v] : llvm::zip_equal(idx->second.regs, val->second.regs)) {
+    Value &sum = sums[index];
+    sum = sum ? g.fadd(sum, v) : v;
+  }
+  Value pred = g.cBool(true);
+  if (idx->second.uniform && sums.size() == 1) {
+    Value &sum = sums.front().second;
+    for (int64_t mask = 16; mask >= 1; mask /= 2)
+      sum = g.fadd(sum, g.shuffleXor(sum, mask));
+    pred = g.cmp(arith::CmpIPredicate::eq, lane, g.c32(0));
+  }
+  for (auto [index, sum] : sums) {
+    Value ptr = LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                                    ArrayRef<LLVM::GEPArg>{g.ext64(index)});
+    g.reduceAdd(pred, ptr, sum);
+  }
+  return success();
+}

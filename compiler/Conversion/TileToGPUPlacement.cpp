@@ -14,6 +14,9 @@
 ///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp);
 ///   - "forward_split": as "forward", over the split ABI with pid_split on
 ///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h).
+/// And the kernel's arguments that follow from it: the ABI's groups, then
+/// a score modifier's captured tensors (and, in the backward, their
+/// gradient buffers) as pointer parameters after the f32 group.
 //
 //===----------------------------------------------------------------------===//
 
@@ -74,6 +77,94 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.tma = tma;
   }
   return p;
+}
+
+// The kernel's arguments: the ABI's groups and the captured tensors.
+
+LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
+                                               const KernelPlacement &place) {
+  const int firstIndex = place.numBuffers;
+  const int firstF32 = firstIndex + place.numIndexArgs;
+  const int pidArg = firstF32 + place.numF32Args;
+  const int pids = place.kvSplit ? 3 : 2;
+  const int firstCapture = pidArg + pids;
+  const int all = firstCapture + place.numCaptures;
+  if (fn.getNumArguments() != unsigned(all))
+    return fn.emitError() << "this kernel takes " << all
+                          << " arguments (kernels/KernelABI.h), got "
+                          << fn.getNumArguments();
+  Builder b(fn.getContext());
+  Type captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
+  for (int i = 0; i < all; ++i) {
+    Type want = i < firstIndex                ? Type()
+                : i >= firstCapture           ? captured
+                : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
+                                              : Type(b.getF32Type());
+    Type got = fn.getArgument(i).getType();
+    if (want ? got != want : !isa<MemRefType>(got))
+      return fn.emitError()
+             << "argument " << i << " has type " << got << ", not the ABI's";
+  }
+  return success();
+}
+
+mlir::gpu::GPUFuncOp
+conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                               mlir::gpu::GPUModuleOp gpuModule,
+                               func::FuncOp fn, const KernelPlacement &place,
+                               int64_t sharedBytes) {
+  SmallVector<Type> argTys(place.numBuffers, g.ptrGen);
+  argTys.append(place.numIndexArgs, g.i64);
+  argTys.append(place.numF32Args, g.f32);
+  argTys.append(place.numCaptures, g.ptrGen);
+  int64_t programsZ = 0;
+  for (const KernelPlacement::ColumnSplit &s : place.splits)
+    programsZ += s.chunks;
+  return createKernelFunc(b, gpuModule, fn, argTys,
+                          place.threads + place.producerThreads, sharedBytes,
+                          gridAttr(b, place.gridRows, place.gridOverKeys,
+                                   place.gridKvHeads,
+                                   std::max<int64_t>(programsZ, 1),
+                                   place.gridSplits, place.persistent));
+}
+
+void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
+                                    func::FuncOp fn,
+                                    mlir::gpu::GPUFuncOp kernel,
+                                    const KernelPlacement &place,
+                                    IRMapping &map) {
+  const int firstIndex = place.numBuffers;
+  const int firstF32 = firstIndex + place.numIndexArgs;
+  const int pidArg = firstF32 + place.numF32Args;
+  for (int i = 0; i < firstIndex; ++i)
+    map.map(fn.getArgument(i), kernel.getArgument(i));
+  for (int i = firstIndex; i < firstF32; ++i)
+    map.map(fn.getArgument(i), arith::IndexCastOp::create(
+                                   b, b.getIndexType(), kernel.getArgument(i)));
+  for (int i = firstF32; i < pidArg; ++i)
+    map.map(fn.getArgument(i), kernel.getArgument(i));
+  // The captured tensors: after the pids in fn, after the f32s here.
+  const int firstCapture = pidArg + (place.kvSplit ? 3 : 2);
+  for (int c = 0; c < place.numCaptures; ++c)
+    map.map(fn.getArgument(firstCapture + c), kernel.getArgument(pidArg + c));
+  // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
+  if (place.persistent)
+    return;
+  Value pidM = g.blockId(mlir::gpu::Dimension::x);
+  if (place.reversePidM) {
+    // Heaviest Q blocks (the last rows see the most keys) start first, so
+    // the last wave of the grid is made of short blocks.
+    Value blocks = arith::IndexCastUIOp::create(
+        b, g.i32, mlir::gpu::GridDimOp::create(b, mlir::gpu::Dimension::x));
+    pidM = g.sub(g.sub(blocks, g.c32(1)), pidM);
+  }
+  // pid_m, pid_bh = grid.y and (split-KV) pid_split = grid.z.
+  SmallVector<Value, 3> pids = {pidM, g.blockId(mlir::gpu::Dimension::y)};
+  if (place.kvSplit)
+    pids.push_back(g.blockId(mlir::gpu::Dimension::z));
+  for (auto [i, pid] : llvm::enumerate(pids))
+    map.map(fn.getArgument(pidArg + i),
+            arith::IndexCastUIOp::create(b, b.getIndexType(), pid));
 }
 
 LogicalResult flashjit::conversion::lowerTileKernel(

@@ -266,6 +266,9 @@ LogicalResult TileLowering::lowerOp(Operation *op) {
           })
           .Case([&](tile::IotaOp o) { return lowerIota(b, o), success(); })
           .Case([&](tile::GatherOp o) { return lowerGather(b, o), success(); })
+          .Case([&](tile::ScatterAddOp o) {
+            return lowerScatterAdd(b, o), success();
+          })
           .Case([&](arith::ConstantOp o) {
             return lowerConstant(b, o), success();
           })

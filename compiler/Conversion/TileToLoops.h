@@ -62,6 +62,7 @@ private:
   void lowerBroadcast(mlir::OpBuilder &b, tile::BroadcastOp op);
   void lowerIota(mlir::OpBuilder &b, tile::IotaOp op);
   void lowerGather(mlir::OpBuilder &b, tile::GatherOp op);
+  void lowerScatterAdd(mlir::OpBuilder &b, tile::ScatterAddOp op);
   void lowerConstant(mlir::OpBuilder &b, mlir::arith::ConstantOp op);
   void lowerElementwise(mlir::OpBuilder &b, mlir::Operation *op);
 

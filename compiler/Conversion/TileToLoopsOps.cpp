@@ -348,6 +348,30 @@ void TileLowering::lowerGather(OpBuilder &b, tile::GatherOp op) {
       });
 }
 
+/// Each element added into the buffer at its index, atomically (the host
+/// threads of the CPU grid add at once): a captured tensor's gradient.
+///
+///   tile.scatter_add %g, %dt[%idx]
+///       : tensor<64x32xf32>, memref<?xf32>, tensor<64x32xi32>
+///
+/// becomes
+///
+///   scf.for %r ... { scf.for %c ... {
+///     %i = arith.index_cast (memref.load %IDX[%r, %c]) : i32 to index
+///     memref.atomic_rmw addf (memref.load %G[%r, %c]), %dt[%i]
+///   } }
+void TileLowering::lowerScatterAdd(OpBuilder &b, tile::ScatterAddOp op) {
+  forEachIndex(
+      b, op.getLoc(), cast<RankedTensorType>(op.getValue().getType()).getShape(),
+      [&](OpBuilder &b, Location loc, ValueRange ivs) {
+        Value i = arith::IndexCastOp::create(
+            b, loc, b.getIndexType(), element(b, loc, op.getIndex(), ivs));
+        memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf,
+                                    element(b, loc, op.getValue(), ivs),
+                                    op.getBase(), ValueRange{i});
+      });
+}
+
 /// A splat constant tile is its scalar (like tile.splat): elementwise users
 /// take the scalar; a buffer is filled only where an op needs one.
 ///

@@ -481,7 +481,26 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, dqRows);
   // In this order: the preprocessing writes delta (and zeroes dq_accum),
   // the main loop reads delta (and adds into dq_accum), @f_dq writes dQ.
-  const std::vector<MemRef1D> captured = capturedBuffers(spec, fwd);
+  std::vector<MemRef1D> captured = capturedBuffers(spec, fwd);
+  // Then a gradient buffer per captured tensor: g.captureGrads' for those
+  // of spec.captureGrads, a dummy the kernel never touches for the others.
+  float unused = 0;
+  if (spec.captureGrads && g.captureGrads.size() != fwd.captures.size())
+    throw SpecError(fmt::format("capture_grads: {} gradient buffers for {} "
+                                "captured tensors",
+                                g.captureGrads.size(), fwd.captures.size()));
+  for (size_t c = 0; c < fwd.captures.size(); ++c) {
+    if (!((spec.captureGrads >> c) & 1)) {
+      captured.push_back(describe(&unused, 1));
+      continue;
+    }
+    std::vector<float> &grad = g.captureGrads[c];
+    if (grad.size() != fwd.captures[c].size())
+      throw SpecError(fmt::format("the gradient of captured tensor {} has {} "
+                                  "elements, the tensor {}",
+                                  c, grad.size(), fwd.captures[c].size()));
+    captured.push_back(describe(grad.data(), int64_t(grad.size())));
+  }
   runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads, 0,
           captured);
   runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec), 0,

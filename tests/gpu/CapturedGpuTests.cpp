@@ -171,12 +171,18 @@ void CapturedGpu::runCase(const Case &c, bool backward) {
   EXPECT_NE(r.out.find("\"device\":\"cuda\""), std::string::npos);
   EXPECT_LT(jsonNumber(r.out, "rel_err"), jsonNumber(r.out, "bound"));
   EXPECT_EQ(jsonNumber(r.out, "nan_count"), 0);
+  // The backward also gives every captured tensor's gradient (atomic adds
+  // at the indices the loads read), checked against float64 whole.
+  if (backward)
+    EXPECT_LT(jsonNumber(r.out, "capture_grads_rel_err"),
+              jsonNumber(r.out, "bound"));
 }
 
 TEST_P(CapturedGpu, MatchesFloat64Reference) { runCase(GetParam(), false); }
 
-/// dQ, dK and dV: the backward's kernels read the captured data too (to
-/// recompute P and its derivative).
+/// dQ, dK, dV and the captured tensors' gradients: the backward's kernels
+/// read the captured data (to recompute P and its derivative) and add into
+/// their gradients.
 TEST_P(CapturedGpu, GradientsMatchFloat64Reference) {
   runCase(GetParam(), true);
 }

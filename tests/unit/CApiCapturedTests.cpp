@@ -7,7 +7,8 @@
 /// by hand, forward and (flashjit_backward_captured) gradients; the
 /// reference on other data fails the kernel (the check can fail); and the
 /// named errors: flashjit_forward / flashjit_backward of a capturing spec,
-/// a wrong count, NULL data, a bad size, a plan, a gradient asked for.
+/// a wrong count, NULL data, a bad size, a plan, a gradient with a
+/// deterministic backward. The bias's own gradient (grad: added into) too.
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,6 +31,12 @@ public:
                const Captures *captures, double *dScore) const override {
     *dScore = 1;
     return s + double((*captures)[0][size_t((h * nq + i) * nkv + j)]);
+  }
+  /// The one load, d score' / d bias = 1.
+  std::vector<CaptureRead> captureReads(double, int64_t, int64_t h, int64_t i,
+                                        int64_t j,
+                                        const Captures *) const override {
+    return {{0, (h * nq + i) * nkv + j, 1.0}};
   }
   int64_t nq, nkv;
 };
@@ -82,20 +89,29 @@ TEST(CApiCaptured, FullBiasOnTheCpu) {
   EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d, off).relErr(),
             errorBound(sp.specCpp.dtype));
 
-  // The backward on the same data (flashjit_backward_captured).
+  // The backward on the same data (flashjit_backward_captured), the bias's
+  // gradient added into what grad holds (here 1 everywhere).
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
   flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
                   dv = toC(g.dv);
+  std::vector<float> dbias(bias.size(), 1.f);
+  captured.grad = dbias.data();
   ASSERT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
                                        &dO, sp.d.lse.data(), &dq, &dk, &dv,
                                        0.0, -1, -1, nullptr, nullptr, 0,
                                        &captured, 1, nullptr),
             FLASHJIT_OK)
       << lastError();
+  for (float &x : dbias)
+    x -= 1.f;
+  g.captureGrads = {dbias};
+  sp.specCpp.captureGrads = 1;
   BackwardErrorReport err = compareBackward(
       sp.specCpp, sp.p, g, referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr));
   EXPECT_EQ(err.nanCount, 0);
+  EXPECT_TRUE(err.capturesChecked);
   EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype));
+  EXPECT_LT(err.captureRelErr, errorBound(sp.specCpp.dtype));
   EXPECT_GT(compareBackward(sp.specCpp, sp.p, g,
                             referenceBackward(sp.specCpp, sp.p, swapped, g,
                                               nullptr))
@@ -146,8 +162,10 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
   };
   std::vector<float> grad(bias.size());
   flashjit_captured withGrad = {bias.data(), int64_t(bias.size()), grad.data()};
-  expectError(backward(&withGrad, 1), "captured[0].grad: the gradients of "
-                                      "captured tensors are not derived yet");
+  sp.spec.deterministic = 1;
+  expectError(backward(&withGrad, 1), "captured[].grad with "
+                                      "spec.deterministic");
+  sp.spec.deterministic = 0;
   // A spec without captured tensors takes none.
   sp.spec.score_mod = nullptr;
   expectError(call(&good, 1), "captures 0 tensors, the call gives 1");

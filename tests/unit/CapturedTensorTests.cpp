@@ -16,6 +16,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
+#include "kernels/KernelABI.h"
 #include "kernels/HostTensor.h"
 
 #include "tests/unit/AttentionCases.h"
@@ -218,6 +220,92 @@ TEST(CapturedTensors, GradientsMatchTheReference) {
   }
 }
 
+/// s * temp[0] + slopes[h] * (j - i) + bias[(h * Nq + i) * Nkv + j]:
+/// three captured tensors, one read per score each (a learned temperature,
+/// trainable ALiBi, a full bias).
+const char *kLearned = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %temp: memref<?xf32>, %slopes: memref<?xf32>, %bias: memref<?xf32>):
+  %c0 = arith.constant 0 : index
+  %t = memref.load %temp[%c0] : memref<?xf32>
+  %st = arith.mulf %s, %t : f32
+  %slope = memref.load %slopes[%h] : memref<?xf32>
+  %d = arith.subi %j, %i : index
+  %di = arith.index_cast %d : index to i32
+  %df = arith.sitofp %di : i32 to f32
+  %x = arith.mulf %slope, %df : f32
+  %nq = arith.constant 50 : index
+  %nkv = arith.constant 70 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %bv = memref.load %bias[%at] : memref<?xf32>
+  %y0 = arith.addf %st, %x : f32
+  %y = arith.addf %y0, %bv : f32
+  attn.yield %y : f32
+})";
+
+/// The captured tensors' own gradients (capture_grads): the backward adds
+/// G * d score'/d x at each element a load read (the compiler's forward
+/// mode seeded at the load), against the float64 reference's (dual numbers
+/// seeded there); which tensors get one is the spec's choice; on other data
+/// the reference's gradients differ (the check can fail).
+TEST(CapturedTensors, TheirGradientsMatchTheReference) {
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kLearned);
+  ASSERT_EQ(spec.captures, 3);
+  spec.mask = MaskKind::Causal;
+  spec.gqaGroup = 2;
+  spec.headDimQK = spec.headDimV = 32;
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t H = 4, Nq = 50, Nkv = 70;
+  Problem p = problem(H, Nq, Nkv);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  data.captures = {{0.8f}, uniform(rng, size_t(H), -0.2f, 0.2f),
+                   uniform(rng, size_t(H * Nq * Nkv), -1.f, 1.f)};
+  CpuKernel::compile(spec, tileConfig(32, 32))->run(p, data, nullptr);
+  for (int64_t mask : {0b111, 0b100, 0b011, 0b010}) {
+    SCOPED_TRACE(::testing::Message() << "capture_grads " << mask);
+    AttentionSpec bwd = spec;
+    bwd.direction = Direction::Backward;
+    bwd.captureGrads = mask;
+    AttentionSpec fwd = spec;
+    fwd.captureGrads = mask; // what the reference computes
+    AttentionGrads g = makeRandomGrads(spec, p, data, rng);
+    for (size_t c = 0; c < data.captures.size(); ++c)
+      g.captureGrads.push_back(std::vector<float>(data.captures[c].size()));
+    CpuBackwardKernel::compile(bwd, tileConfig(32, 32))
+        ->run(p, data, g, nullptr);
+    BackwardReference ref = referenceBackward(fwd, p, data, g, nullptr);
+    BackwardErrorReport err = compareBackward(fwd, p, g, ref);
+    EXPECT_EQ(err.nanCount, 0);
+    EXPECT_LT(err.relErr(), 1e-2);
+    EXPECT_LT(err.captureRelErr, 1e-2);
+    EXPECT_GT(err.captureRelErr, 0); // a gradient was compared
+    // Not asked for: untouched.
+    for (size_t c = 0; c < data.captures.size(); ++c)
+      if (!((mask >> c) & 1))
+        for (float x : g.captureGrads[c])
+          EXPECT_EQ(x, 0.f);
+    AttentionData other = data;
+    other.captures[1] = uniform(rng, size_t(H), -0.2f, 0.2f);
+    other.captures[2] = uniform(rng, size_t(H * Nq * Nkv), -1.f, 1.f);
+    EXPECT_GT(compareBackward(fwd, p, g,
+                              referenceBackward(fwd, p, other, g, nullptr))
+                  .captureRelErr,
+              1e-2);
+  }
+  // Atomic adds only, and only of captured tensors.
+  AttentionSpec bad = spec;
+  bad.direction = Direction::Backward;
+  bad.captureGrads = 0b1000;
+  EXPECT_THROW(bad.validate(), SpecError);
+  bad.captureGrads = 1;
+  bad.deterministic = true;
+  EXPECT_THROW(bad.validate(), SpecError);
+}
+
 TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
   // One pointer parameter per captured tensor after the f32 argument (the
   // launcher's order: kernels/KernelABI.h), read by global loads.
@@ -242,6 +330,34 @@ TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
   AttentionSpec tooMany = spec;
   tooMany.captures = 9;
   EXPECT_THROW(tooMany.validate(), SpecError);
+
+  // The backward's kernels take the captured tensors and a gradient buffer
+  // each; a per-head slope's gradient (a uniform index) is summed over the
+  // warp before its atomic add, a full bias's added per element.
+  auto count = [](const std::string &text, const std::string &what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos;
+         at = text.find(what, at + 1))
+      ++n;
+    return n;
+  };
+  for (const char *region : {kSlopes, kBiasAndDocuments}) {
+    SCOPED_TRACE(region);
+    AttentionSpec bwd = withScoreModRegion(AttentionSpec(), region);
+    bwd.direction = Direction::Backward;
+    GpuTarget target;
+    target.arch = "sm_90a";
+    const TileConfig config = defaultGpuBackwardConfig(bwd);
+    std::string constants = compileToPtx(bwd, config, target);
+    bwd.captureGrads = 1;
+    std::string ptx = compileToPtx(bwd, config, target);
+    EXPECT_EQ(count(ptx, ".param .u64 .ptr .align 1 attention_param_"),
+              flashjit::abi::bwd::NumBuffers + 2 * bwd.captures);
+    EXPECT_GT(count(ptx, "red.global.add.f32"),
+              count(constants, "red.global.add.f32"));
+    EXPECT_EQ(count(ptx, "shfl.sync.bfly") - count(constants, "shfl.sync.bfly"),
+              region == kSlopes ? 5 : 0);
+  }
 }
 
 } // namespace

@@ -203,11 +203,14 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     if (!lse)
       invalid("lse is NULL: the backward reads the forward's lse");
     checkCaptured(s, captured, num_captured);
+    // The gradients asked for (a non-NULL grad) are part of the kernel.
     for (int64_t c = 0; c < num_captured; ++c)
       if (captured[c].grad)
-        invalid(fmt::format("captured[{}].grad: the gradients of captured "
-                            "tensors are not derived yet; pass NULL",
-                            c));
+        s.captureGrads |= int64_t(1) << c;
+    if (s.captureGrads && s.deterministic)
+      invalid("captured[].grad with spec.deterministic: the captured "
+              "tensors' gradients are summed by atomic adds, which a "
+              "deterministic backward cannot give yet");
     WorkspaceLayout w = workspaceLayout(s, p);
     checkWorkspace(workspace, workspace_bytes, w);
     if (handle->device == FLASHJIT_DEVICE_CUDA)

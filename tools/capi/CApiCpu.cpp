@@ -159,10 +159,19 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   g.dq = HalfTensor::packed({q.shape[0], q.shape[1], q.shape[2], q.shape[3]});
   g.dk = HalfTensor::packed({k.shape[0], k.shape[1], k.shape[2], k.shape[3]});
   g.dv = HalfTensor::packed({v.shape[0], v.shape[1], v.shape[2], v.shape[3]});
+  // The captured tensors' gradients: the kernel's into zeros, then added
+  // into the caller's (as the GPU's atomic adds do).
+  if (spec.captureGrads)
+    for (int64_t c = 0; c < spec.captures; ++c)
+      g.captureGrads.push_back(std::vector<float>(
+          captured[c].grad ? size_t(captured[c].size) : 0));
   kernel->run(p, fwd, g, bcsr.get());
   scatterBack(g.dq, dq);
   scatterBack(g.dk, dk);
   scatterBack(g.dv, dv);
+  for (size_t c = 0; c < g.captureGrads.size(); ++c)
+    for (size_t i = 0; i < g.captureGrads[c].size(); ++i)
+      captured[c].grad[i] += g.captureGrads[c][i];
 }
 
 } // namespace flashjit::capi

@@ -285,8 +285,10 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   args.dv = deviceTensor(dv);
   args.lse = devicePtr(lse);
   setLayoutArgs(args, layout);
-  for (int64_t c = 0; c < spec.captures; ++c)
+  for (int64_t c = 0; c < spec.captures; ++c) {
     args.captures[size_t(c)] = devicePtr(captured[c].data);
+    args.captureGrads[size_t(c)] = devicePtr(captured[c].grad);
+  }
   GpuTarget target = gpuTarget(info, rt::chooseCopyBytes(args));
   TileConfig config =
       chooseGpuConfig(h, spec, p, info, target, cuStream, nullptr);

@@ -42,6 +42,7 @@ double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 /// KV-major transpose next to the forward's layout.
 struct DeviceBackward {
   rt::DeviceBuffer delta, kvCounts, kvIndices;
+  std::vector<rt::DeviceBuffer> captureGrads; ///< zeroed, spec's captureGrads
   rt::BackwardArgs args;
 
   DeviceBackward(DeviceProblem &fwd, const AttentionSpec &spec,
@@ -53,6 +54,13 @@ struct DeviceBackward {
     args.o = fwd.args.o;
     args.lse = fwd.args.lse;
     args.captures = fwd.args.captures;
+    for (size_t c = 0; c < g.captureGrads.size(); ++c) {
+      if (g.captureGrads[c].empty())
+        continue;
+      captureGrads.emplace_back(g.captureGrads[c].size() * 4);
+      captureGrads.back().uploadVector(g.captureGrads[c]);
+      args.captureGrads[c] = captureGrads.back().ptr();
+    }
     args.dO = fwd.tensors.map(g.dO);
     args.dq = fwd.tensors.map(g.dq, /*upload=*/false);
     args.dk = fwd.tensors.map(g.dk, /*upload=*/false);
@@ -149,6 +157,10 @@ BackwardRunResult runBackwardOnGpu(const CliOptions &o,
   kernel.launch(p, bwd.args, nullptr);
   rt::CudaDriver::get().synchronize();
   dev.tensors.download({&grads.dq, &grads.dk, &grads.dv});
+  for (size_t c = 0, k = 0; c < grads.captureGrads.size(); ++c)
+    if (!grads.captureGrads[c].empty())
+      bwd.captureGrads[k++].download(grads.captureGrads[c].data(),
+                                     grads.captureGrads[c].size() * 4);
   std::tie(g.medianMs, g.minMs) =
       engine::timeBackwardLaunches(kernel, p, bwd.args, repeats);
   r.runMs = g.medianMs;
@@ -231,7 +243,8 @@ int runBackward(const CliOptions &o) {
     fmt::print(
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
         "\"rel_err\":{:.6e},\"dq_rel_err\":{:.6e},\"dk_rel_err\":{:.6e},"
-        "\"dv_rel_err\":{:.6e},\"nan_count\":{},\"forward_rel_err\":{:.6e},"
+        "\"dv_rel_err\":{:.6e},\"capture_grads_rel_err\":{},"
+        "\"nan_count\":{},\"forward_rel_err\":{:.6e},"
         "\"bound\":{},\"ok\":{},\"dq_mode\":\"{}\","
         "\"deterministic\":{},\"checked_heads\":{},\"checked_rows\":{},"
         "\"checked_keys\":{},\"time_ms\":{:.4f},\"forward_time_ms\":{},"
@@ -239,7 +252,11 @@ int runBackward(const CliOptions &o) {
         "\"density\":{}{}}}\n",
         spec.toJson(), config.toJson(), p.toJson(spec), deviceName, relErr,
         reportable(err.dqRelErr), reportable(err.dkRelErr),
-        reportable(err.dvRelErr), err.nanCount, forwardRelErr, bound,
+        reportable(err.dvRelErr),
+        err.capturesChecked
+            ? fmt::format("{:.6e}", reportable(err.captureRelErr))
+            : std::string("null"),
+        err.nanCount, forwardRelErr, bound,
         ok ? "true" : "false", toString(dqAccumulation(spec)),
         spec.deterministic, check.checkedHeads, optional(check.sampledRows),
         optional(check.sampledKeys), run.runMs,

@@ -82,7 +82,8 @@ std::string helpText(const std::string &command) {
         "                       (B, N, 3, H, d) buffer\n"
         "  --capture FILE.npy   a captured tensor of the score modifier's\n"
         "                       region, once per tensor in its order\n"
-        "                       (float32/64 or int32/64, read as float32)\n"
+        "                       (float32/64 or int32/64, read as float32);\n"
+        "                       with --backward its gradient is checked too\n"
         "exit codes: 0 ok, 1 accuracy check failed, 2 usage or bad input\n"
         "            (a named error on stderr), 3 no CUDA driver, 4 internal\n"
         "            error (a bug in flashjit: please report it)\n";
@@ -422,6 +423,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     o.spec.headDimV = o.spec.headDimQK;
   if (scoreModArg)
     applyScoreMod(o.spec, *scoreModArg);
+  // The backward of a region that captures tensors also gives their
+  // gradients (atomic adds: not with --deterministic), checked with dQ, dK
+  // and dV.
+  if (o.spec.direction == Direction::Backward && o.spec.captures > 0 &&
+      !o.spec.deterministic)
+    o.spec.captureGrads = (int64_t(1) << o.spec.captures) - 1;
   std::optional<TileConfig> fileTiling;
   if (!o.inputPath.empty()) {
     if (o.command != "compile" && o.command != "run" && o.command != "bench")

@@ -11,7 +11,7 @@
 #   sanitize  memcheck on captured kernels whose tiles have padding rows and
 #             columns (the gathers must stay inside the tensors)
 #   decode    tests/bench/decode.py at B 1, 32/4 heads, Nkv 131072: the
-#             default split count and 33, 66, 264 splits
+#             default split count and FLASHJIT_DECODE_SPLITS (192 256)
 #   python    the Python captured-tensor tests on CUDA -> $OUT/python.log
 #   flex      tests/bench/variants.py beside FlexAttention -> variants.json
 set -u
@@ -32,7 +32,7 @@ fi
 if step backward; then
   echo "== backward GPU tests, score modifiers (+${SECONDS}s)"
   timeout 150 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no \
-    --gtest_filter="*mod_*:*Captured*" > $OUT/backward.log 2>&1
+    --gtest_filter="*mod_*" > $OUT/backward.log 2>&1
   echo "exit $?" >> $OUT/backward.log
   grep -E "FAILED|PASSED|tests ran|exit" $OUT/backward.log | head -10
 fi
@@ -52,11 +52,14 @@ PY
   sanitize memcheck \
     "--head-dim 64 --causal --heads 2 --seq-len 70 --seq-len-kv 90 --score-mod @$D/bias.mlir --capture $D/bias.npy --capture $D/seg.npy" \
     "--head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy" \
-    "--head-dim 64 --gqa 4 --heads 4 --seq-len 1 --seq-len-kv 3000 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy"
+    "--head-dim 64 --gqa 4 --heads 4 --seq-len 1 --seq-len-kv 3000 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy" \
+    "--backward --head-dim 64 --causal --heads 2 --seq-len 70 --seq-len-kv 90 --score-mod @$D/bias.mlir --capture $D/bias.npy --capture $D/seg.npy" \
+    "--backward --head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy"
 fi
 if step decode; then
   echo "== decode, B 1, 32/4 heads, Nkv 131072 (+${SECONDS}s)"
-  for v in "" "--kv-splits 33" "--kv-splits 66" "--kv-splits 264"; do
+  for v in "" ${FLASHJIT_DECODE_SPLITS:-192 256}; do
+    [[ -n $v ]] && v="--kv-splits $v"
     timeout 80 python3 tests/bench/decode.py --flashjit "$FJ" --rounds 2 --cases 1:32:4:1:131072:128 \
       ${v:+--flashjit-args "$v"} --out "$OUT/decode-$(tr -dc 'a-z0-9' <<<"x$v").json" 2>&1 | tail -1 | sed "s/^/[${v:-default}] /"
   done
@@ -64,7 +67,7 @@ fi
 if step python; then
   echo "== python captured tests (+${SECONDS}s)"
   timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider -k "captured or Captured" \
-    python/tests > $OUT/python.log 2>&1
+    python/tests/test_torch_gpu.py python/tests/test_torch_ops.py > $OUT/python.log 2>&1
   echo "exit $?" >> $OUT/python.log
   grep -E "FAILED|passed|failed|exit|Error" $OUT/python.log | tail -8
 fi

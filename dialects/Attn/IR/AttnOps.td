@@ -193,7 +193,8 @@ def Attn_YieldOp : Attn_Op<"yield",
 }
 
 def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
-    (ins DefaultValuedAttr<BoolAttr, "false">:$deterministic),
+    (ins DefaultValuedAttr<BoolAttr, "false">:$deterministic,
+         DefaultValuedAttr<I64Attr, "0">:$capture_grads),
     [IsolatedFromAbove]> {
   let summary = "A FlashAttention backward kernel, described";
   let description = [{
@@ -223,6 +224,14 @@ def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
     d(score')/d(score) from the region's ops (forward-mode, ScoreMod.cpp)
     to carry dS back to the scaled score: dS = P * (dO V^T - D) *
     d(score')/d(score).
+
+    `capture_grads` (default 0) names, bit c for captured tensor c, the
+    captured tensors whose gradient the backward accumulates: every
+    function takes a gradient buffer per captured tensor after the captured
+    tensors (`capture_grad0`, ...), and the dK/dV loop adds G * d(score')/d
+    x into it at the index each load x of that tensor read, G = P * (dO V^T
+    - D) the gradient of the modified score (atomic adds, so not with
+    `deterministic`).
   }];
   let regions = (region AnyRegion:$score_mod);
   let assemblyFormat = "$sym_name attr-dict (`score_mod` $score_mod^)?";

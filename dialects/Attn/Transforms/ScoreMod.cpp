@@ -188,17 +188,28 @@ static bool isDifferentiable(Operation *op) {
              arith::CmpFOp>(op);
 }
 
-LogicalResult checkScoreModDifferentiable(Operation *op, Region &region) {
+LogicalResult checkScoreModDifferentiable(Operation *op, Region &region,
+                                          int64_t gradCaptures) {
   Block &body = region.front();
   DenseSet<Value> onScore = {body.getArgument(0)};
   for (Operation &inner : body.without_terminator()) {
+    if (auto load = dyn_cast<memref::LoadOp>(inner)) {
+      unsigned c = cast<BlockArgument>(load.getMemRef()).getArgNumber() -
+                   kScoreModIndexArgs;
+      if ((gradCaptures >> c) & 1)
+        onScore.insert(load.getResult());
+      continue;
+    }
     if (llvm::none_of(inner.getOperands(),
                       [&](Value v) { return onScore.contains(v); }))
       continue;
     if (!isDifferentiable(&inner))
       return op->emitOpError()
              << "score_mod: the backward cannot differentiate '"
-             << inner.getName() << "' with respect to the score (it "
+             << inner.getName() << "' with respect to the score"
+             << (gradCaptures ? " or the captured tensors of capture_grads"
+                              : "")
+             << " (it "
              << "differentiates arith's add, sub, neg, mul, div, min, max, "
                 "select and math's fma, tanh, exp, exp2, log, log2, sqrt, "
                 "absf)";
@@ -295,10 +306,12 @@ struct Tangents {
       dy = select(x[0], dx[1], dx[2], y);
     else if (isa<arith::CmpFOp>(tiled))
       return success(); // i1: no tangent
-    else // checkScoreModDifferentiable refuses it first
+    else // checkScoreModDifferentiable refuses it first for the score
       return tiled->emitOpError()
              << "in a score_mod: the backward cannot differentiate '"
-             << op.getName() << "' with respect to the score";
+             << op.getName()
+             << "' with respect to the score or a captured tensor whose "
+                "gradient is asked for";
     of[y] = dy;
     return success();
   }
@@ -308,15 +321,53 @@ struct Tangents {
 FailureOr<std::pair<Value, Value>>
 inlineScoreModWithDerivative(OpBuilder &b, Location loc, Region &region,
                              Value scores, const ScoreModIndices &indices) {
-  Tangents t{b, loc, {}};
-  t.of[scores] = t.constLike(scores, 1.0);
-  FailureOr<Value> y = cloneOnTiles(
-      b, loc, region, scores, indices,
-      [&](Operation &op, Operation *tiled) { return t.derive(op, tiled); });
+  FailureOr<ScoreModDerivatives> d =
+      inlineScoreModWithDerivatives(b, loc, region, scores, indices, 0);
+  if (failed(d))
+    return failure();
+  return std::make_pair(d->value, d->dScore);
+}
+
+/// One Tangents per seed: the score's, then one per load of a captured
+/// tensor in \p gradCaptures, seeded where the load's gather is made (a
+/// later op's tangent in each is that op's derivative by its seed).
+FailureOr<ScoreModDerivatives>
+inlineScoreModWithDerivatives(OpBuilder &b, Location loc, Region &region,
+                              Value scores, const ScoreModIndices &indices,
+                              int64_t gradCaptures) {
+  std::vector<Tangents> seeds;
+  seeds.push_back(Tangents{b, loc, {}});
+  seeds[0].of[scores] = seeds[0].constLike(scores, 1.0);
+  ScoreModDerivatives out;
+  auto each = [&](Operation &op, Operation *tiled) -> LogicalResult {
+    if (auto load = dyn_cast<memref::LoadOp>(op)) {
+      unsigned c = cast<BlockArgument>(load.getMemRef()).getArgNumber() -
+                   kScoreModIndexArgs;
+      if (!((gradCaptures >> c) & 1))
+        return success(); // a constant in every seed
+      Value x = tiled->getResult(0);
+      seeds.push_back(Tangents{b, loc, {}});
+      seeds.back().of[x] = seeds.back().constLike(x, 1.0);
+      out.reads.push_back({c, cast<tile::GatherOp>(tiled).getIndex(), {}});
+      return success();
+    }
+    for (Tangents &t : seeds)
+      if (failed(t.derive(op, tiled)))
+        return failure();
+    return success();
+  };
+  FailureOr<Value> y = cloneOnTiles(b, loc, region, scores, indices, each);
   if (failed(y))
     return failure();
-  Value dy = t.get(*y);
-  return std::make_pair(*y, dy ? dy : t.zeroLike(*y));
+  out.value = *y;
+  auto derivative = [&](Tangents &t) {
+    Value d = t.get(*y);
+    return d ? d : t.zeroLike(*y);
+  };
+  out.dScore = derivative(seeds[0]);
+  for (size_t r = 0; r < out.reads.size(); ++r)
+    out.reads[r].derivative = derivative(seeds[r + 1]);
+  return out;
 }
 
 } // namespace flashjit::attn::detail

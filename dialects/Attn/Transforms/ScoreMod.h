@@ -45,7 +45,8 @@ mlir::Value inlineScoreMod(mlir::OpBuilder &b, mlir::Location loc,
 /// respect to the score: every op that depends on it is one that
 /// inlineScoreModWithDerivative derives; else a named error on \p op.
 mlir::LogicalResult checkScoreModDifferentiable(mlir::Operation *op,
-                                                mlir::Region &region);
+                                                mlir::Region &region,
+                                                int64_t gradCaptures = 0);
 
 /// inlineScoreMod, and the derivative of its result with respect to the
 /// score, elementwise (forward mode over the region's ops: arith's add,
@@ -56,6 +57,31 @@ mlir::FailureOr<std::pair<mlir::Value, mlir::Value>>
 inlineScoreModWithDerivative(mlir::OpBuilder &b, mlir::Location loc,
                              mlir::Region &region, mlir::Value scores,
                              const ScoreModIndices &indices);
+
+/// A load of a captured tensor whose gradient the backward accumulates: the
+/// tensor, the index tile its gather read, and the derivative of the
+/// modified score with respect to the loaded value (elementwise).
+struct CaptureRead {
+  unsigned capture;
+  mlir::Value index, derivative;
+};
+
+/// The modified scores, their derivative with respect to the score, and the
+/// captured tensors' loads with theirs.
+struct ScoreModDerivatives {
+  mlir::Value value, dScore;
+  llvm::SmallVector<CaptureRead> reads;
+};
+
+/// inlineScoreModWithDerivative, and for each load of a captured tensor c
+/// with bit c of \p gradCaptures set (in program order) a CaptureRead: the
+/// same forward mode, seeded at the loaded value. A named error on an op
+/// that depends on such a load and has no derivative.
+mlir::FailureOr<ScoreModDerivatives>
+inlineScoreModWithDerivatives(mlir::OpBuilder &b, mlir::Location loc,
+                              mlir::Region &region, mlir::Value scores,
+                              const ScoreModIndices &indices,
+                              int64_t gradCaptures);
 
 } // namespace flashjit::attn::detail
 

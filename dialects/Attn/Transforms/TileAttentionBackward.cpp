@@ -117,6 +117,11 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
     argTys.push_back(f32Buf);
     argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
   }
+  // Then a gradient buffer each (written where capture_grads says).
+  for (int64_t c = 0; c < captures; ++c) {
+    argTys.push_back(f32Buf);
+    argNames.push_back(b.getStringAttr("capture_grad" + std::to_string(c)));
+  }
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
@@ -236,9 +241,23 @@ struct TileAttentionBackwardPass
     const bool ownDqTiling = dqM || dqN;
     WalkResult walk = module.walk([&](FlashBwdOp op) {
       using namespace flashjit::attn::detail;
+      const int64_t captures =
+          op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
+      if (op.getCaptureGrads() < 0 || (op.getCaptureGrads() >> captures)) {
+        op.emitOpError() << "capture_grads (" << op.getCaptureGrads()
+                         << ") names captured tensors beyond the region's "
+                         << captures;
+        return WalkResult::interrupt();
+      }
+      if (op.getCaptureGrads() && op.getDeterministic()) {
+        op.emitOpError() << "capture_grads are summed by atomic adds: not "
+                            "with deterministic (yet)";
+        return WalkResult::interrupt();
+      }
       if (op.hasScoreMod() &&
           (failed(checkScoreModTileable(op, op.getScoreMod())) ||
-           failed(checkScoreModDifferentiable(op, op.getScoreMod()))))
+           failed(checkScoreModDifferentiable(op, op.getScoreMod(),
+                                              op.getCaptureGrads()))))
         return WalkResult::interrupt();
       int64_t sb = op.getSparseBlock();
       if (!ownDqTiling || !op.getDeterministic() || sb == 0 ||

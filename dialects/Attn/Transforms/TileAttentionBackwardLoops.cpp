@@ -24,6 +24,8 @@
 using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::attn;
+using flashjit::attn::detail::CaptureRead;
+using flashjit::attn::detail::ScoreModDerivatives;
 using flashjit::attn::detail::TiledBackwardBuilder;
 using Pred = arith::CmpIPredicate;
 namespace bwd = flashjit::abi::bwd;
@@ -127,12 +129,20 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
   Value dl = loadTile(rowTy, buf(bwd::Delta), stat, first, nq, Value());
 
   Value st = dot(kTile, q, Value(), false, /*transposeRhs=*/true), dmod;
+  SmallVector<CaptureRead> reads;
   Value pt = exp2(exponent(st, broadcast(nl, sTy, /*dim=*/0), first, n0,
-                           /*keysOnRows=*/true, bI, hI, dmod));
-  Value pth = truncTile(maskMain(pt, first), elemTy);
+                           /*keysOnRows=*/true, bI, hI, dmod, &reads));
+  Value pm = maskMain(pt, first);
+  Value pth = truncTile(pm, elemTy);
   Value dvNew = dot(pth, dO, dvAcc, false, false);
   Value dpt = dot(vTile, dO, Value(), false, /*transposeRhs=*/true);
-  Value ds = fmul(extTile(pth), fsub(dpt, broadcast(dl, sTy, /*dim=*/0)));
+  // The gradient of the modified scores, then (by d score'/d score) of the
+  // scaled ones. The captured tensors' sums over whole rows (a temperature,
+  // a slope) cancel: they take P unrounded.
+  Value dpMinusD = fsub(dpt, broadcast(dl, sTy, /*dim=*/0));
+  Value ds = fmul(extTile(pth), dpMinusD);
+  if (!reads.empty())
+    addCaptureGrads(reads, fmul(pm, dpMinusD), first);
   if (dmod)
     ds = fmul(ds, dmod);
   Value dsh = truncTile(ds, elemTy);
@@ -154,18 +164,46 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
 ///   %e = math.fma %m, splat(log2(e)), %negLse
 Value TiledBackwardBuilder::exponent(Value raw, Value negLse, Value q0,
                                      Value kv0, bool keysOnRows, Value bI,
-                                     Value hI, Value &dmod) {
+                                     Value hI, Value &dmod,
+                                     SmallVector<CaptureRead> *reads) {
   auto ty = cast<Tensor>(raw.getType());
   if (!op.hasScoreMod())
     return fma(raw, splat(scaleLog2, ty), negLse);
-  auto [mod, d] = modifyScores(raw, q0, kv0, keysOnRows, bI, hI);
-  dmod = d;
-  return fma(mod, constTile(1.0 / std::log(2.0), ty), negLse);
+  ScoreModDerivatives mod = modifyScores(raw, q0, kv0, keysOnRows, bI, hI,
+                                         reads ? op.getCaptureGrads() : 0);
+  dmod = mod.dScore;
+  if (reads)
+    *reads = std::move(mod.reads);
+  return fma(mod.value, constTile(1.0 / std::log(2.0), ty), negLse);
 }
 
-std::pair<Value, Value>
+/// For each read: tile.scatter_add select(valid, g * d, 0), grad[index],
+/// valid: key n0 + r < Nkv and query first + c < Nq (the positions the
+/// region saw were clamped there, so padding elements would add into a real
+/// element's gradient).
+void TiledBackwardBuilder::addCaptureGrads(ArrayRef<CaptureRead> reads,
+                                           Value g, Value first) {
+  auto ty = cast<Tensor>(g.getType());
+  Tensor iTy = tile(ty.getShape(), b.getI32Type());
+  Value valid =
+      andI(cmpI(Pred::slt, indexTile(iTy, 0, n0), splat(toI32(nkv), iTy)),
+           cmpI(Pred::slt, indexTile(iTy, 1, first), splat(toI32(nq), iTy)));
+  Value zero = constTile(0.0, ty);
+  for (const CaptureRead &r : reads)
+    tile::ScatterAddOp::create(b, select(valid, fmul(g, r.derivative), zero),
+                               captureBuf(r.capture, /*grad=*/true), r.index);
+}
+
+Value TiledBackwardBuilder::captureBuf(unsigned c, bool grad) {
+  const unsigned captures = unsigned(capturedTensors(op.getScoreMod()));
+  return func.getArgument(func.getNumArguments() - 2 * captures + c +
+                          (grad ? captures : 0));
+}
+
+ScoreModDerivatives
 TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
-                                   bool keysOnRows, Value bI, Value hI) {
+                                   bool keysOnRows, Value bI, Value hI,
+                                   int64_t gradCaptures) {
   using namespace flashjit::attn::detail;
   auto ty = cast<Tensor>(raw.getType());
   Region &region = op.getScoreMod();
@@ -187,11 +225,12 @@ TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
   if (scoreModUses(region, 4))
     indices.kvIdx = inside(indexTile(iTy, keysOnRows ? 0 : 1, kv0), nkv);
   for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(
-        func.getArgument(func.getNumArguments() - captures + c));
-  // The pass checked the region (checkScoreModDifferentiable).
-  return *inlineScoreModWithDerivative(b, b.getLoc(), region,
-                                       fmul(raw, splat(scale, ty)), indices);
+    indices.captures.push_back(captureBuf(c));
+  // The pass checked the region (checkScoreModDifferentiable, by the score
+  // and by the captured tensors of capture_grads).
+  return *inlineScoreModWithDerivatives(b, b.getLoc(), region,
+                                        fmul(raw, splat(scale, ty)), indices,
+                                        gradCaptures);
 }
 
 /// P^T with 0 where key n0 + r does not see query first + c: outside the
@@ -230,8 +269,10 @@ Value TiledBackwardBuilder::maskMain(Value pt, Value first) {
   auto either = [&](Value c) { straddles = straddles ? orI(straddles, c) : c; };
   if (hasBand) {
     Value lastQ = add(first, cIdx(br - 1)), lastK = add(n0, cIdx(bc - 1));
-    either(cmpI(Pred::slt, n0, sub(add(lastQ, offset), winL)));
-    either(cmpI(Pred::sgt, lastK, add(add(first, offset), winR)));
+    // The later corner's test first: the kernels without a modifier keep
+    // their code (the order these ops were built in before).
+    Value late = cmpI(Pred::sgt, lastK, add(add(first, offset), winR));
+    either(orI(cmpI(Pred::slt, n0, sub(add(lastQ, offset), winL)), late));
   }
   if (atomicDq)
     either(cmpI(Pred::sgt, add(n0, cIdx(bc)), nkv));

@@ -13,6 +13,7 @@
 #define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/KernelABI.h"
@@ -108,13 +109,27 @@ private:
   /// With a score_mod: the modified scores of the product tile \p raw
   /// (scaled first) and their derivative with respect to the scaled
   /// score; its positions start at query \p q0 and key \p kv0, keys on
-  /// the rows (S^T) or the columns; \p hI: the query head.
-  std::pair<Value, Value> modifyScores(Value raw, Value q0, Value kv0,
-                                       bool keysOnRows, Value bI, Value hI);
+  /// the rows (S^T) or the columns; \p hI: the query head. With
+  /// \p gradCaptures, the loads of those captured tensors too.
+  ScoreModDerivatives modifyScores(Value raw, Value q0, Value kv0,
+                                   bool keysOnRows, Value bI, Value hI,
+                                   int64_t gradCaptures = 0);
   /// P's exponent: raw * scale * log2(e) + negLse (its broadcast), or
-  /// mod(raw * scale) * log2(e) + negLse with its derivative in \p dmod.
+  /// mod(raw * scale) * log2(e) + negLse with its derivative in \p dmod;
+  /// with \p reads, the loads of the captured tensors whose gradient the
+  /// description asks for (capture_grads) in it.
   Value exponent(Value raw, Value negLse, Value q0, Value kv0, bool keysOnRows,
-                 Value bI, Value hI, Value &dmod);
+                 Value bI, Value hI, Value &dmod,
+                 llvm::SmallVector<CaptureRead> *reads = nullptr);
+  /// Adds \p g (the gradient of the modified scores of the S^T tile at key
+  /// n0 and query \p first) times each read's derivative into its captured
+  /// tensor's gradient buffer, at the read's indices (0 where the key or
+  /// the query is past the problem).
+  void addCaptureGrads(llvm::ArrayRef<CaptureRead> reads, Value g,
+                       Value first);
+  /// The buffer of captured tensor \p c, and of its gradient (every
+  /// function takes the captured tensors, then a gradient buffer each).
+  Value captureBuf(unsigned c, bool grad = false);
   void buildDq();
   Value dqStep(Value first, Value bI, Value hI, Value hkI, Value dq);
   Value maskDq(Value p, Value first);

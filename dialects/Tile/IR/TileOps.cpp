@@ -158,6 +158,19 @@ LogicalResult GatherOp::verify() {
   return success();
 }
 
+LogicalResult ScatterAddOp::verify() {
+  auto value = cast<RankedTensorType>(getValue().getType());
+  auto index = cast<RankedTensorType>(getIndex().getType());
+  if (!index.getElementType().isInteger(32))
+    return emitOpError() << "indices are i32, got " << index;
+  if (value.getShape() != index.getShape() ||
+      value.getElementType() != getBase().getType().getElementType())
+    return emitOpError() << "the value must be the index tile's shape in the "
+                            "buffer's element type, got "
+                         << value;
+  return success();
+}
+
 LogicalResult flashjit::tile::verifyWritesOutput(Operation *kernel) {
   bool writes = false;
   kernel->walk([&](Operation *op) {

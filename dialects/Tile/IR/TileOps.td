@@ -280,4 +280,30 @@ def Tile_GatherOp : Tile_Op<"gather"> {
   let hasVerifier = 1;
 }
 
+def Tile_ScatterAddOp : Tile_Op<"scatter_add"> {
+  let summary = "Adds each element into a buffer at its own index, atomically";
+  let description = [{
+    `base[index[e]] += value[e]` for every element e of the f32 tile
+    `value` and the i32 tile `index` of its shape, each add atomic (programs
+    that run at once, and elements of one tile, may add into the same
+    element; the order of the adds is not fixed): the gradient of a
+    captured tensor that a tile.gather read, accumulated over the score
+    tiles. Indices outside the buffer are the description's fault, as for
+    tile.gather.
+
+    ```mlir
+    tile.scatter_add %g, %dtable[%idx]
+        : tensor<64x32xf32>, memref<?xf32>, tensor<64x32xi32>
+    ```
+  }];
+  let arguments = (ins Tile_Tile:$value,
+                   Arg<MemRefRankOf<[F32], [1]>, "", [MemRead, MemWrite]>:$base,
+                   Tile_Tile:$index);
+  let assemblyFormat = [{
+    $value `,` $base `[` $index `]` attr-dict `:` type($value) `,`
+    type($base) `,` type($index)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // FLASHJIT_TILE_OPS

@@ -306,3 +306,20 @@ func.func @scalar(%x: f32) {
   }
   return
 }
+
+// -----
+
+// tile.scatter_add: each element added atomically at its own index (the
+// host threads of the CPU grid add at once).
+// CHECK-LABEL: func.func @scatter_add(
+// CHECK-NOT: tensor
+// CHECK: scf.for
+// CHECK:   scf.for
+// CHECK:     %[[I:.*]] = arith.index_cast %{{.*}} : i32 to index
+// CHECK:     memref.atomic_rmw addf %{{.*}}, %arg2[%[[I]]] : (f32, memref<?xf32>) -> f32
+func.func @scatter_add(%t: memref<?xf32>, %x: f32, %dt: memref<?xf32>) {
+  %idx = tile.iota dim 1 : tensor<4x8xi32>
+  %g = tile.gather %t[%idx] : memref<?xf32>, tensor<4x8xi32> -> tensor<4x8xf32>
+  tile.scatter_add %g, %dt[%idx] : tensor<4x8xf32>, memref<?xf32>, tensor<4x8xi32>
+  return
+}

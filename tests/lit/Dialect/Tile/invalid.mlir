@@ -135,3 +135,19 @@ func.func @attention() attributes {attn.kernel = #attn.kernel<role = "forward", 
 func.func @attention() attributes {attn.kernel = #attn.kernel<role = "main", head_dim_qk = 64, head_dim_v = 64, element_type = bf16, mask = "none", gqa = 1, sparse_block = 0, block_m = 64, block_n = 64, deterministic = false, score_mod = "softcap:0">} {
   return
 }
+
+// -----
+
+func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xf32>, %idx: tensor<16x8xi32>) {
+  // expected-error @+1 {{the value must be the index tile's shape in the buffer's element type}}
+  tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x8xi32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xf32>, %idx: tensor<16x16xi64>) {
+  // expected-error @+1 {{indices are i32}}
+  tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi64>
+  return
+}

@@ -26,3 +26,13 @@ func.func @ops(%a: memref<?xbf16>, %l: memref<?xf32>, %off: index, %r0: index,
   tile.atomic_add %b, %acc[%off] rows %r0 of %n stride %s : tensor<16x16xf32>, memref<?xf32>
   return
 }
+
+// A captured tensor's gather, and its gradient's scatter_add.
+// CHECK-LABEL: func.func @captured
+// CHECK: %[[G:.*]] = tile.gather %arg0[%arg1] : memref<?xf32>, tensor<16x16xi32> -> tensor<16x16xf32>
+// CHECK: tile.scatter_add %[[G]], %arg2[%arg1] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi32>
+func.func @captured(%t: memref<?xf32>, %idx: tensor<16x16xi32>, %dt: memref<?xf32>) {
+  %g = tile.gather %t[%idx] : memref<?xf32>, tensor<16x16xi32> -> tensor<16x16xf32>
+  tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi32>
+  return
+}
