@@ -48,14 +48,22 @@ void writeNpy(const std::string &path, const std::vector<float> &v) {
 }
 
 /// The region files and data of one case.
+/// What a captured tensor holds: uniform values in [-2, 2] (a bias),
+/// segment ids (documents of 1..400 positions, in order), or slopes in
+/// [-4, 4] / Nkv (so that slope * (j - i) stays within [-4, 4]: ALiBi-like,
+/// not a softmax saturated on one key, whose slope gradient is rounding
+/// noise).
+enum class Fill { Uniform, Segments, Slopes };
+
 struct Case {
   const char *name;
   const char *region; ///< the score_mod region's text ({N}: Nq, {M}: Nkv)
-  const char *flags;  ///< the problem and the tiling
+  const char *flags;  ///< the problem and the forward's tiling
   int64_t heads, nq, nkv;
-  /// The sizes of the captured tensors and whether each is a segment-id
-  /// table (small integers) rather than uniform values.
-  std::vector<std::pair<int64_t, bool>> tensors;
+  /// The sizes of the captured tensors and what each holds.
+  std::vector<std::pair<int64_t, Fill>> tensors;
+  /// The backward's tiling flags where the forward's are not one (else "").
+  const char *backwardTiling = "";
 };
 
 /// s + slopes[h] * (j - i): trainable ALiBi's forward.
@@ -139,7 +147,9 @@ void CapturedGpu::runCase(const Case &c, bool backward) {
   std::uniform_real_distribution<float> u(-2.f, 2.f);
   std::string captures;
   for (size_t t = 0; t < c.tensors.size(); ++t) {
-    auto [size, segments] = c.tensors[t];
+    auto [size, fill] = c.tensors[t];
+    const bool segments = fill == Fill::Segments;
+    const float scale = fill == Fill::Slopes ? 2.f / float(c.nkv) : 1.f;
     std::vector<float> v(static_cast<size_t>(size));
     // Segment ids: documents of 1..400 positions, in order.
     int64_t left = 0;
@@ -149,18 +159,21 @@ void CapturedGpu::runCase(const Case &c, bool backward) {
         left = int64_t(rng() % 400);
         id += 1;
       }
-      x = segments ? id : u(rng);
+      x = segments ? id : scale * u(rng);
     }
     std::string path = dir + "/t" + std::to_string(t) + ".npy";
     writeNpy(path, v);
     captures += " --capture " + path;
   }
+  std::string flags = c.flags;
+  if (backward && *c.backwardTiling) // the problem flags, the tiling's own
+    flags = flags.substr(0, flags.find(" --block-m")) + " " + c.backwardTiling;
   std::string args = std::string("run --device cuda --json ") +
                      (backward ? "--backward " : "") + "--score-mod @" + dir +
                      "/region.mlir" + captures + " --heads " +
                      std::to_string(c.heads) + " --seq-len " +
                      std::to_string(c.nq) + " --seq-len-kv " +
-                     std::to_string(c.nkv) + " " + c.flags;
+                     std::to_string(c.nkv) + " " + flags;
   std::string env = std::string(c.name).find("noring") != std::string::npos
                         ? "FLASHJIT_KV_RING=0"
                         : "";
@@ -195,25 +208,29 @@ INSTANTIATE_TEST_SUITE_P(
     Variants, CapturedGpu,
     ::testing::Values(
         Case{"slopes_default_causal", kSlopes,
-             "--head-dim 128 --causal --batch 2", 8, 1000, 1100, {{8, false}}},
+             "--head-dim 128 --causal --batch 2", 8, 1000, 1100,
+             {{8, Fill::Slopes}}},
         Case{"slopes_gqa_d64", kSlopes, "--head-dim 64 --gqa 4", 8, 777, 777,
-             {{8, false}}},
-        Case{"slopes_noring", kSlopes, "--head-dim 128 --block-m 128 "
-             "--block-n 64 --warps 8", 4, 600, 900, {{4, false}}},
-        Case{"slopes_mma_sync", kSlopes, "--head-dim 96 --dtype fp16 "
-             "--block-m 64 --block-n 64 --warps 4 --window 100,20", 2, 500, 500,
-             {{2, false}}},
-        Case{"slopes_decode_splits", kSlopes, "--head-dim 128 --gqa 8 "
-             "--batch 2", 32, 1, 8192, {{32, false}}},
-        Case{"bias_documents_causal", kBiasAndDocuments,
-             "--head-dim 64 --causal", 2, 700, 900,
-             {{2 * 700 * 900, false}, {900, true}}},
-        Case{"bias_documents_d256", kBiasAndDocuments, "--head-dim 256", 2,
-             333, 333, {{2 * 333 * 333, false}, {333, true}}},
-        Case{"relative_fp16", kRelative, "--head-dim 80 --dtype fp16 --gqa 2",
-             4, 300, 300, {{600, false}}},
-        Case{"relative_sparse", kRelative, "--head-dim 128 --block-sparse "
-             "0.5 --sparse-block 128", 2, 1024, 1024, {{2048, false}}}),
+             {{8, Fill::Slopes}}},
+        Case{"slopes_noring", kSlopes,
+             "--head-dim 128 --block-m 128 --block-n 64 --warps 8", 4, 600, 900,
+             {{4, Fill::Slopes}}, "--block-m 64 --block-n 128 --warps 8"},
+        Case{"slopes_mma_sync", kSlopes,
+             "--head-dim 96 --dtype fp16 --window 100,20 --block-m 64 "
+             "--block-n 64 --warps 4",
+             2, 500, 500, {{2, Fill::Slopes}}},
+        Case{"slopes_decode_splits", kSlopes, "--head-dim 128 --gqa 8 --batch 2",
+             32, 1, 8192, {{32, Fill::Slopes}}},
+        Case{"bias_documents_causal", kBiasAndDocuments, "--head-dim 64 --causal",
+             2, 700, 900,
+             {{2 * 700 * 900, Fill::Uniform}, {900, Fill::Segments}}},
+        Case{"bias_documents_d256", kBiasAndDocuments, "--head-dim 256", 2, 333,
+             333, {{2 * 333 * 333, Fill::Uniform}, {333, Fill::Segments}}},
+        Case{"relative_fp16", kRelative, "--head-dim 80 --dtype fp16 --gqa 2", 4,
+             300, 300, {{600, Fill::Uniform}}},
+        Case{"relative_sparse", kRelative,
+             "--head-dim 128 --block-sparse 0.5 --sparse-block 128", 2, 1024,
+             1024, {{2048, Fill::Uniform}}}),
     caseName);
 
 } // namespace
