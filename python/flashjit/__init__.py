@@ -215,10 +215,11 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         FlexAttention's): lambda s, b, h, i, j: s + bias[h, i, j] with a
         torch tensor bias, or score_ops.captured(array)[h, i, j] for a
         numpy array; they are passed to the kernel as float32 copies on q's
-        device at each call (flashjit.score_ops, "Captured tensors"); the
-        backward treats them as constants (their own gradients are not
-        derived yet: torch raises NotImplementedError when autograd needs
-        one).
+        device at each call (flashjit.score_ops, "Captured tensors").
+        Autograd reaches a captured torch tensor that requires grad (a
+        learned bias or slopes; summed by atomic adds, so not with
+        deterministic=True: a ValueError in the backward); numpy:
+        attention_backward(..., capture_grads=True).
     mask_mod: a function fn(b, h, i, j) -> predicate (comparisons of the
         positions combined with & | ~), e.g. lambda b, h, i, j: (i - j <
         256) & (j <= i): keys where it does not hold are masked (on top of
@@ -443,7 +444,8 @@ def _attention_numpy(q, k, v, mask, scale, wl, wr, bm, return_lse,
 
 def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
                        window=None, block_mask=None, deterministic=False,
-                       score_mod=None, mask_mod=None, sinks=None):
+                       score_mod=None, mask_mod=None, sinks=None,
+                       capture_grads=False):
     """dq, dk, dv of attention(q, k, v, ...) for the upstream gradient d_o,
     recomputed from the forward's o and lse (return_lse=True), on the CPU
     for numpy arrays (the same dtypes as attention's numpy path). dk and dv
@@ -453,25 +455,86 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     tensors get their backward from autograd: attention(...).backward().)
     With sinks (o and lse then attention(..., sinks=)'s): (dq, dk, dv,
     dsinks). A score_mod or mask_mod that captures tensors reads the same
-    data as the forward did (pass the same function and tensors); the
-    captured tensors are constants here (no gradient of their own)."""
+    data as the forward did (pass the same function and tensors).
+
+    capture_grads: False (default): the captured tensors are constants.
+    True: one more element at the end, a list with one entry per captured
+    tensor in the region's order (first use while tracing;
+    score_ops.trace_with_captures lists them): d loss / d tensor, shaped as
+    the tensor and of its dtype (a numpy array; a torch tensor for a
+    captured torch tensor), computed by the compiler's derivative of the
+    region at each read and summed by atomic adds (float32); None for an
+    integer or bool tensor (segment ids: no gradient). So
+    (dq, dk, dv[, dsinks], [d_capture, ...]). A gradient is summed in an
+    order that varies, so capture_grads=True with deterministic=True is a
+    ValueError (when a captured tensor is float); [] when nothing is
+    captured."""
     mask, wl, wr = _mask_and_window(causal, window)
     if sinks is not None:
         sinks_mod.check_sinks(sinks, q.shape[1], "attention_backward")
     text, captures = _score_mod_and_captures(score_mod, mask_mod)
-    grads = _backward_numpy(q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr,
-                            _block(block_mask), deterministic, text,
-                            captures)
-    if sinks is None:
-        return grads
-    return grads + (sinks_mod.sink_grad_numpy(o, d_o, lse, sinks),)
+    wanted = ([_differentiable_capture(c) for c in captures]
+              if capture_grads else None)
+    dq, dk, dv, cgrads = _backward_numpy(
+        q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr, _block(block_mask),
+        deterministic, text, captures, wanted)
+    grads = (dq, dk, dv)
+    if sinks is not None:
+        grads += (sinks_mod.sink_grad_numpy(o, d_o, lse, sinks),)
+    if capture_grads:
+        grads += ([None if g is None else _grad_like(g, c)
+                   for g, c in zip(cgrads, captures)],)
+    return grads
+
+
+def _differentiable_capture(c):
+    """Whether captured tensor c (numpy array or torch tensor) has a
+    gradient: float data does; integer and bool data does not."""
+    if _is_torch(c):
+        return bool(c.dtype.is_floating_point)
+    import numpy as np
+
+    return np.asarray(c).dtype.kind == "f"
+
+
+def _grad_like(g, c):
+    """The float32 gradient g (shaped as c) as c's kind and dtype: a numpy
+    array of c's dtype, or a torch tensor of c's dtype on c's device."""
+    if _is_torch(c):
+        import torch
+
+        return torch.from_numpy(g).to(device=c.device, dtype=c.dtype)
+    import numpy as np
+
+    return g.astype(np.asarray(c).dtype, copy=False)
+
+
+def check_capture_grads_deterministic(wanted, deterministic,
+                                      fn="attention_backward"):
+    """ValueError if a captured tensor's gradient is asked for (wanted:
+    one bool per captured tensor) with deterministic=True: the C API sums
+    it by atomic adds, whose order varies run to run, and refuses the
+    pair; raised here, before any call."""
+    if deterministic and any(wanted):
+        n = [i for i, w in enumerate(wanted) if w]
+        raise ValueError(
+            f"flashjit.{fn}: the gradient of captured tensor"
+            f"{'s' if len(n) > 1 else ''} {', '.join(map(str, n))} is asked "
+            "for with deterministic=True, which promises bit-identical "
+            "gradients; captured tensors' gradients are summed by atomic "
+            "adds (their order varies run to run): use deterministic=False, "
+            "or treat the tensor as a constant (numpy: capture_grads=False; "
+            "torch: detach it)")
 
 
 def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
-                    deterministic, score_mod="", captures=()):
-    """(dq, dk, dv) of numpy arrays on the CPU handle; captures: the
-    tensors the score_mod region captures (flashjit_backward_captured,
-    no gradients of their own)."""
+                    deterministic, score_mod="", captures=(), wanted=None):
+    """(dq, dk, dv, capture_grads) of numpy arrays on the CPU handle;
+    captures: the tensors the score_mod region captures
+    (flashjit_backward_captured); wanted: one bool per captured tensor,
+    whose gradient is computed (None: none). capture_grads: one entry per
+    captured tensor, its float32 gradient shaped as the tensor where
+    wanted, else None."""
     import numpy as np
 
     dtype, as_kernel, from_kernel = _numpy_kind(
@@ -487,6 +550,12 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
     if lse.shape != (B, H, Nq):
         raise ValueError(f"flashjit.attention_backward: lse must be "
                          f"{(B, H, Nq)}, got {lse.shape}")
+    wanted = [False] * len(captures) if wanted is None else list(wanted)
+    if len(wanted) != len(captures):
+        raise ValueError(f"flashjit.attention_backward: {len(wanted)} "
+                         f"gradient flags for {len(captures)} captured "
+                         "tensors")
+    check_capture_grads_deterministic(wanted, deterministic)
     ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
     grads = [np.empty(a.shape, dtype=np.uint16) for a in (q, k, v)]
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0,
@@ -499,16 +568,25 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
             lse.ctypes.data_as(ctypes.c_void_p),
             *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
             ctypes.byref(layout) if layout is not None else None, None, 0)
+    cgrads = [None] * len(captures)
     if captures:
-        caps, count, held = _captured_args(
-            _host_captures(captures, "attention_backward"))
+        host = _host_captures(captures, "attention_backward")
+        # Zeroed float32 buffers (the C API adds into them) of the flat
+        # copy's size, shaped as the tensor: the copy is C-contiguous over
+        # the tensor's own shape (a size-1 dimension is stored once, read
+        # at 0), so the flat gradient is the tensor's.
+        cgrads = [np.zeros(tuple(c.shape), np.float32) if w else None
+                  for c, w in zip(captures, wanted)]
+        caps, count = _lib.make_captured(
+            [(a.ctypes.data, a.size, g.ctypes.data if g is not None else 0)
+             for a, g in zip(host, cgrads)])
         _lib.check(_lib.lib().flashjit_backward_captured(
             *args, caps, count, None))
-        del held
+        del host, caps
     else:
         _lib.check(_lib.lib().flashjit_backward(*args, None))
     del keep
-    return tuple(from_kernel(g) for g in grads)
+    return tuple(from_kernel(g) for g in grads) + (cgrads,)
 
 
 # -- torch: the ops of flashjit.ops ---------------------------------------
@@ -528,7 +606,7 @@ def _backward_cuda(torch, q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     from . import _torch_impl
 
     return _torch_impl.backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl,
-                                     wr, bm, deterministic)
+                                     wr, bm, deterministic)[:3]
 
 
 def _cuda_handle(device):

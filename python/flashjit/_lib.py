@@ -116,8 +116,11 @@ class Layout(ctypes.Structure):
 class Captured(ctypes.Structure):
     """flashjit_captured (C API version 7): a tensor a score_mod region
     captures, float32, size elements at data (host memory on a CPU handle,
-    device memory on CUDA); grad: flashjit_backward_captured's d loss /
-    d data (NULL: none; the only value it takes for now)."""
+    device memory on CUDA); grad: where flashjit_backward_captured ADDS
+    d loss / d data (float32, size elements, on data's device, zeroed by
+    the caller; NULL: no gradient for this tensor). A non-NULL grad with
+    spec.deterministic = 1 is INVALID_ARGUMENT (the gradient is summed by
+    atomic adds)."""
 
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -180,15 +183,19 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
 def make_captured(buffers):
     """(array, count) for flashjit_forward_captured /
     flashjit_backward_captured: buffers is a sequence of (data pointer,
-    float32 elements); array is a ctypes array of Captured (grad NULL),
-    which the caller keeps alive across the call. (None, 0) when there are
-    none."""
+    float32 elements) or (data pointer, float32 elements, grad pointer)
+    (grad: flashjit_backward_captured's gradient buffer of the same size,
+    or None / 0 for none); array is a ctypes array of Captured, which the
+    caller keeps alive across the call (the buffers too). (None, 0) when
+    there are none."""
     if not buffers:
         return None, 0
     array = (Captured * len(buffers))()
-    for c, (data, size) in zip(array, buffers):
+    for c, buf in zip(array, buffers):
+        data, size = buf[0], buf[1]
         c.data = data
         c.size = int64("captured size", size)
+        c.grad = (buf[2] or None) if len(buf) > 2 else None
     return array, len(buffers)
 
 

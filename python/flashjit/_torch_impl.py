@@ -25,7 +25,11 @@ captured tensors' device pointers (forward_cuda_captured); the backward
 passes them to flashjit_backward_captured. The captured tensors are
 float32 contiguous tensors on q's device (check_captures), held by the
 caller across the call; the kernels run on the current stream, the one
-torch's caching allocator orders their memory on.
+torch's caching allocator orders their memory on. The backward computes
+the gradients of the captured tensors it is told to (one flag per tensor,
+capture_grad_flags): a zeroed float32 tensor of each one's shape, on its
+device and stream, is its flashjit_captured.grad (the kernels add into
+it); they are returned in order, for the flagged tensors only.
 """
 
 import ctypes
@@ -102,9 +106,31 @@ def check_captures(captures, q, fn="attention"):
     return out
 
 
-def _captured_structs(captures):
-    """(ctypes array, count) of float32 contiguous tensors' pointers."""
-    return _lib.make_captured([(c.data_ptr(), c.numel()) for c in captures])
+def capture_grad_flags(flags, captures, deterministic,
+                       fn="attention_backward"):
+    """flags (one bool per captured tensor: whether the backward computes
+    its gradient) as a list of bools, checked: one per tensor, and none
+    set with deterministic (the gradients are summed by atomic adds;
+    ValueError before any call, flashjit.check_capture_grads_deterministic)."""
+    from . import check_capture_grads_deterministic
+
+    flags = [bool(f) for f in flags]
+    if len(flags) != len(captures):
+        raise ValueError(f"flashjit.{fn}: capture_needs_grad has "
+                         f"{len(flags)} flags for {len(captures)} captured "
+                         "tensors (one per tensor)")
+    check_capture_grads_deterministic(flags, deterministic, fn)
+    return flags
+
+
+def _captured_structs(captures, grads=None):
+    """(ctypes array, count) of float32 contiguous tensors' pointers;
+    grads: one float32 contiguous tensor (of the same size) or None per
+    tensor, the backward's gradient buffers."""
+    grads = [None] * len(captures) if grads is None else grads
+    return _lib.make_captured([
+        (c.data_ptr(), c.numel(), g.data_ptr() if g is not None else 0)
+        for c, g in zip(captures, grads)])
 
 
 def c_tensor(name, shape, strides, fn="attention"):
@@ -371,12 +397,18 @@ def _on_device(index, launch, *args):
 
 
 def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                  deterministic, score_mod="", captures=()):
-    """(dq, dk, dv) by flashjit_backward on torch's current stream of q's
-    device. Its workspace is a torch tensor of the size the C API asks for,
-    so torch's caching allocator keeps it stream-ordered. With captures
-    (the forward's captured tensors, float32 on q's device),
-    flashjit_backward_captured: they are constants (no gradient)."""
+                  deterministic, score_mod="", captures=(), capture_grads=None):
+    """(dq, dk, dv, capture_grads) by flashjit_backward on torch's current
+    stream of q's device. Its workspace is a torch tensor of the size the
+    C API asks for, so torch's caching allocator keeps it stream-ordered.
+    With captures (the forward's captured tensors, float32 on q's device),
+    flashjit_backward_captured; capture_grads: one flag per captured tensor
+    (None: none), whose gradient is computed (float32, shaped as the
+    tensor) and returned in the list, in order, for the flagged ones only
+    ([] without flags)."""
+    flags = (capture_grad_flags(
+        [False] * len(captures) if capture_grads is None else capture_grads,
+        captures, deterministic) if captures or capture_grads else [])
     if d_o.dtype != o.dtype:
         d_o = d_o.to(o.dtype)
     if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
@@ -399,8 +431,12 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     for t, x in zip(p.structs, (q, k, v, o, d_o, dq, dk, dv)):
         t.data = x.data_ptr()
     caps = check_captures(captures, q, "attention_backward")
-    _on_device(p.index, _launch_backward, p, lse, scale, wl, wr, bm, caps)
-    return dq, dk, dv
+    # Zeroed on the current stream (the kernels add into them).
+    grads = [torch.zeros(c.shape, dtype=torch.float32, device=c.device)
+             if f else None for c, f in zip(caps, flags)]
+    _on_device(p.index, _launch_backward, p, lse, scale, wl, wr, bm, caps,
+               grads)
+    return dq, dk, dv, [g for g in grads if g is not None]
 
 
 def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
@@ -435,7 +471,7 @@ def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
     return p
 
 
-def _launch_backward(p, lse, scale, wl, wr, bm, captures, index):
+def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
     workspace = torch.empty(p.workspace, dtype=torch.uint8, device=p.device)
     layout_ref, keep = _layout_ref(bm, p.device)
     r = p.refs
@@ -443,7 +479,7 @@ def _launch_backward(p, lse, scale, wl, wr, bm, captures, index):
             lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
             workspace.data_ptr(), p.workspace)
     if captures:
-        array, count = _captured_structs(captures)
+        array, count = _captured_structs(captures, grads)
         status = _lib.lib().flashjit_backward_captured(
             *args, array, count, _raw_stream(index))
         del array
@@ -485,18 +521,24 @@ def forward_cpu(q, k, v, mask, scale, wl, wr, bm, score_mod="",
 
 
 def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                 deterministic, score_mod="", captures=()):
+                 deterministic, score_mod="", captures=(), capture_grads=None):
+    """backward_cuda's (dq, dk, dv, capture_grads) for torch CPU tensors,
+    by the CPU execution mode."""
     from . import _backward_numpy
 
     check_inputs(q, k, v, "attention_backward")
     caps = [c.detach() for c in
             check_captures(captures, q, "attention_backward")]
-    grads = _backward_numpy(*(_to_numpy(t) for t in (q, k, v, o, d_o)),
-                            lse.detach().numpy(), mask, scale, wl, wr, bm,
-                            deterministic, score_mod, caps)
+    flags = capture_grad_flags(
+        [False] * len(caps) if capture_grads is None else capture_grads,
+        caps, deterministic)
+    *grads, cgrads = _backward_numpy(
+        *(_to_numpy(t) for t in (q, k, v, o, d_o)), lse.detach().numpy(),
+        mask, scale, wl, wr, bm, deterministic, score_mod, caps, flags)
     # Laid out as torch.empty_like(q / k / v), as on CUDA and in the fake.
     return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
-                 for t, g in zip((q, k, v), grads))
+                 for t, g in zip((q, k, v), grads)) + (
+                     [torch.from_numpy(g) for g in cgrads if g is not None],)
 
 
 # flashjit.attention tries fast_forward first from now on.

@@ -21,19 +21,29 @@ goes through two more ops, the same with the captured tensors last:
     flashjit::attention_fwd_captured(q, k, v, mask, ..., score_mod,
                                      Tensor[] captures) -> (o, lse)
     flashjit::attention_bwd_captured(d_o, q, ..., score_mod,
-                                     Tensor[] captures) -> (dq, dk, dv)
+                                     Tensor[] captures,
+                                     bool[] capture_needs_grad)
+                                     -> (dq, dk, dv, Tensor[] capture_grads)
 
 captures: float32 tensors on q's device, in the order of the region's
 %c0, %c1, ... arguments (flashjit.attention converts what the function
 indexed: torch tensors by .to(q.device, float32), differentiably, numpy
-arrays by a copy). They are separate ops rather than a `Tensor[] captures
-= []` argument of the first two because torch.library's schema inference
-takes no list default (and "Tensor[]?" is not a type it infers): the
-existing ops' signatures stay as they are. They run without the forward's
-per-shape plans (the C API's plans refuse capturing specs). Autograd: dq,
-dk and dv, with the captured data as constants; a captured tensor that
-needs a gradient raises NotImplementedError in the backward (when
-autograd asks for it; the forward runs).
+arrays by a copy). capture_needs_grad: one bool per captured tensor, whose
+gradient the backward computes; capture_grads holds those gradients, in
+order, for the flagged tensors only (float32, each shaped as its tensor;
+[] when none is flagged). A flag set together with deterministic=True is
+a ValueError (the gradients are summed by atomic adds, whose order varies
+run to run), in the op and in its fake. (Signature change: until the C
+API derived these gradients, attention_bwd_captured took no
+capture_needs_grad and returned (dq, dk, dv).) They are separate ops
+rather than a `Tensor[] captures = []` argument of the first two because
+torch.library's schema inference takes no list default (and "Tensor[]?"
+is not a type it infers): the existing ops' signatures stay as they are.
+They run without the forward's per-shape plans (the C API's plans refuse
+capturing specs). Autograd: dq, dk and dv, and the gradient of each
+captured tensor that requires grad (it reaches the tensor the function
+indexed through the differentiable .to(): cast back to its dtype and
+device, and summed where a broadcast view was captured).
 
 Both ops have fake (meta) implementations, so torch.compile, torch.export
 and FakeTensor tracing see o as q's shape with v's head dim and lse as
@@ -127,7 +137,7 @@ def attention_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
     run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
            _torch_impl.backward_cpu)
     return run(q, k, v, o, lse, d_o, mask, scale, window_left, window_right,
-               bm, deterministic, score_mod)
+               bm, deterministic, score_mod)[:3]
 
 
 @attention_bwd.register_fake
@@ -179,13 +189,6 @@ attention_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup_context)
 # -- captured tensors ---------------------------------------------------------
 
 
-_CAPTURE_GRAD_MESSAGE = (
-    "flashjit.attention: gradients of captured tensors are not derived yet "
-    "(a tensor the score_mod / mask_mod indexes requires grad; dq, dk and "
-    "dv are, with the captured data as constants: detach it, or set its "
-    "requires_grad_(False), to train q, k, v only)")
-
-
 @torch.library.custom_op("flashjit::attention_fwd_captured", mutates_args=())
 def attention_fwd_captured(q: Tensor, k: Tensor, v: Tensor, mask: int,
                            scale: float, window_left: int, window_right: int,
@@ -221,32 +224,42 @@ def attention_bwd_captured(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
                            block_counts: Optional[Tensor],
                            block_indices: Optional[Tensor], block_size: int,
                            deterministic: bool, score_mod: str,
-                           captures: List[Tensor]
-                           ) -> Tuple[Tensor, Tensor, Tensor]:
-    """attention_bwd with the forward's captured tensors (constants)."""
+                           captures: List[Tensor],
+                           capture_needs_grad: List[bool]
+                           ) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    """attention_bwd with the forward's captured tensors: (dq, dk, dv,
+    the gradients of the captured tensors flagged in capture_needs_grad,
+    in order)."""
     bm = _block_mask(block_counts, block_indices, block_size)
     run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
            _torch_impl.backward_cpu)
-    return run(q, k, v, o, lse, d_o, mask, scale, window_left, window_right,
-               bm, deterministic, score_mod, captures)
+    dq, dk, dv, grads = run(q, k, v, o, lse, d_o, mask, scale, window_left,
+                            window_right, bm, deterministic, score_mod,
+                            captures, capture_needs_grad)
+    return dq, dk, dv, grads
 
 
 @attention_bwd_captured.register_fake
 def _attention_bwd_captured_fake(d_o, q, k, v, o, lse, mask, scale,
                                  window_left, window_right, block_counts,
                                  block_indices, block_size, deterministic,
-                                 score_mod, captures):
+                                 score_mod, captures, capture_needs_grad):
     _torch_impl.check_inputs(q, k, v, "attention_backward")
     _torch_impl.check_captures(captures, q, "attention_backward")
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
+                                           deterministic)
+    grads = [c.new_empty(c.shape) for c, f in zip(captures, flags) if f]
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            grads)
 
 
-def _any_needed(flag):
-    """needs_input_grad's entry of a Tensor[] input: a list of bools (torch
-    flattens tensor lists for autograd) or one bool."""
+def _needed(flag, n):
+    """needs_input_grad's entry of a Tensor[] input as n bools: torch
+    gives a list of bools (it flattens tensor lists for autograd), or one
+    bool."""
     if isinstance(flag, (list, tuple)):
-        return any(flag)
-    return bool(flag)
+        return [bool(f) for f in flag]
+    return [bool(flag)] * n
 
 
 def _fwd_captured_setup_context(ctx, inputs, output):
@@ -261,20 +274,20 @@ def _fwd_captured_setup_context(ctx, inputs, output):
 
 def _fwd_captured_backward(ctx, d_o, d_lse):
     need = ctx.needs_input_grad
-    if _any_needed(need[12]):
-        raise NotImplementedError(_CAPTURE_GRAD_MESSAGE)
+    flags = _needed(need[12], ctx.num_captures)
     saved = ctx.saved_tensors
     q, k, v, o, lse, counts, indices = saved[:7]
     captures = list(saved[7:])
     mask, scale, wl, wr, block, det, mod = ctx.options
     if d_o is None:
         d_o = torch.zeros_like(o)
-    dq, dk, dv = torch.ops.flashjit.attention_bwd_captured(
+    dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
         d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices, block,
-        det, mod, captures)
+        det, mod, captures, flags)
+    grads = iter(grads)
     return ((dq if need[0] else None), (dk if need[1] else None),
             (dv if need[2] else None)) + (None,) * 9 + (
-                [None] * ctx.num_captures,)
+                [next(grads) if f else None for f in flags],)
 
 
 attention_fwd_captured.register_autograd(
@@ -286,9 +299,9 @@ attention_bwd_captured.register_autograd(_bwd_backward,
 def device_captures(captures, q):
     """What flashjit.attention's score_mod captured, as the captured ops
     take it: float32 tensors on q's device. torch tensors by .to()
-    (differentiable: a tensor that requires grad keeps it, and the
-    backward then refuses, _CAPTURE_GRAD_MESSAGE); numpy arrays (and
-    other array-likes) by a float32 copy. Integer data past 2^24 (not
+    (differentiable: a tensor that requires grad keeps it, and autograd
+    carries its gradient back through the cast and the copy); numpy
+    arrays (and other array-likes) by a float32 copy (constants). Integer data past 2^24 (not
     exact in float32) is a ValueError where it is on the host."""
     from . import _host_captures, check_exact_integers
 

@@ -72,11 +72,20 @@ read by ``memref.load``); ``trace_with_captures(fn)`` returns ``(text,
 tensors)``, the captured tensors (the objects given) in that order.
 ``flashjit.attention(q, k, v, score_mod=fn)`` passes them to the kernel
 (``flashjit_forward_captured``; plans are not used for such calls). The
-backward treats the captured data as constants: dq, dk and dv are
-computed, the captured tensors' own gradients are not derived yet (torch:
-a NotImplementedError when autograd asks for one). A capturing modifier
-under torch.compile is untested (tracing wraps a torch method while it
-runs).
+backward (``flashjit_backward_captured``) gives dq, dk and dv, and the
+gradients of captured tensors: torch's autograd reaches each captured
+torch tensor that requires grad (a learned bias, slopes, a temperature;
+through the float32 copy, so the gradient comes back in the tensor's own
+dtype, device and shape); numpy's ``attention_backward(...,
+capture_grads=True)`` returns them as a list (first-use order, None for
+integer or bool data). The compiler derives them from the region (the
+derivative of the modified score at each captured read, times d loss /
+d score, added into a zeroed float32 buffer of the tensor's size by
+atomic adds: their order varies, so they are refused with
+deterministic=True, a ValueError). A ``captured(array)`` indexed with
+ints only inside the traced function (``temp[0]``) is a captured read as
+well, not its value baked into the region. A capturing modifier under
+torch.compile is untested (tracing wraps a torch method while it runs).
 """
 
 import contextlib
@@ -578,6 +587,12 @@ class Captured:
         v = _traced_index(index)
         if v is not None:
             return v._t.load(self.data, index)
+        tracer = _active_tracer()
+        if tracer is not None:
+            # Constant indices while a modifier is traced (temp[0]): a read
+            # of the captured tensor too, not its value baked in as a
+            # constant, so that its data (and gradient) is the call's.
+            return tracer.load(self.data, index)
         shape = self.data.shape
         idx = index if isinstance(index, tuple) else (index,)
         if len(idx) == len(shape):  # size-1 dimensions broadcast
@@ -800,6 +815,28 @@ def trace(fn):
     return trace_with_captures(fn)[0]
 
 
+# The tracers running on this thread (innermost last): Captured indexes
+# with constant indices as a captured read while one runs.
+_tracing = threading.local()
+
+
+def _active_tracer():
+    stack = getattr(_tracing, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def _tracing_with(tracer):
+    stack = getattr(_tracing, "stack", None)
+    if stack is None:
+        stack = _tracing.stack = []
+    stack.append(tracer)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
 def trace_with_captures(fn):
     """``(text, tensors)``: trace(fn)'s region text and the tensors it
     captures, in the order of the region's ``%c0, %c1, ...`` arguments
@@ -813,7 +850,7 @@ def trace_with_captures(fn):
     t = _Tracer()
     names = ("%s", "%b", "%h", "%i", "%j")
     args = [_Value(t, n, _F32 if n == "%s" else _INDEX) for n in names]
-    with _capturing_torch_indexing():
+    with _capturing_torch_indexing(), _tracing_with(t):
         try:
             out = fn(*args)
         except TypeError as e:

@@ -57,9 +57,10 @@ def attention_torch(q, k, v, sinks, options, captures=()):
     """(o', lse') of flashjit.attention's torch tensors with sinks;
     options are flashjit::attention_fwd's arguments after q, k, v;
     captures, the tensors its score_mod region captures (float32 on q's
-    device; then the *_captured ops run). Autograd reaches q, k, v and
-    sinks; a captured tensor that needs a gradient is refused in the
-    backward (NotImplementedError: not derived yet)."""
+    device; then the *_captured ops run). Autograd reaches q, k, v, sinks
+    and each captured tensor that requires grad (the kernel's backward
+    given (o', lse') recomputes the sink attention's P' and D', so its
+    capture gradients are the sink attention's)."""
     return _function().apply(q, k, v, sinks, options, *captures)
 
 
@@ -98,18 +99,18 @@ def _function():
         def backward(ctx, d_o, d_lse):
             q, k, v, o2, lse2, sinks = ctx.saved_tensors[:6]
             captures = list(ctx.saved_tensors[6:])
-            if any(ctx.needs_input_grad[5:]):
-                from .ops import _CAPTURE_GRAD_MESSAGE
-
-                raise NotImplementedError(_CAPTURE_GRAD_MESSAGE)
+            flags = [bool(f) for f in ctx.needs_input_grad[5:]]
             (mask, scale, wl, wr, counts, indices, block, det,
              mod) = ctx.options
             if d_o is None:
                 d_o = torch.zeros_like(o2)
+            cgrads = [None] * len(captures)
             if captures:
-                dq, dk, dv = torch.ops.flashjit.attention_bwd_captured(
+                dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
                     d_o.contiguous(), q, k, v, o2, lse2, mask, scale, wl,
-                    wr, counts, indices, block, det, mod, captures)
+                    wr, counts, indices, block, det, mod, captures, flags)
+                grads = iter(grads)
+                cgrads = [next(grads) if f else None for f in flags]
             else:
                 dq, dk, dv = torch.ops.flashjit.attention_bwd(
                     d_o.contiguous(), q, k, v, o2, lse2, mask, scale, wl,
@@ -117,8 +118,7 @@ def _function():
             delta = (d_o.to(torch.float32) * o2.to(torch.float32)).sum(-1)
             p = torch.exp(sinks.to(torch.float32)[None, :, None] - lse2)
             dsinks = -(p * delta).sum(dim=(0, 2))
-            return ((dq, dk, dv, dsinks.to(sinks.dtype), None)
-                    + (None,) * len(captures))
+            return (dq, dk, dv, dsinks.to(sinks.dtype), None) + tuple(cgrads)
 
     _FUNCTION = WithSinks
     return _FUNCTION

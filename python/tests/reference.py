@@ -194,3 +194,79 @@ def sink_attention_grads_ref(q, k, v, d_o, scale, visible, sinks):
         down, _ = sink_attention_ref(q, k, v, scale, visible, t - e)
         dt[h] = ((up - down) * d_o).sum() / 2e-6
     return dq, dk, dv, dt
+
+
+def score_grads_ref(q, k, v, d_o, scale=None, visible=None, score_mod=None,
+                    o=None, sinks=None):
+    """G = d loss / d s' in float64, [B, H, Nq, Nkv], for loss = sum(d_o *
+    o) of the float64 attention above (s' the modified, masked scores):
+    G = P * (dP - D), D = rowsum(d_o * o) of the exact float64 o, or of
+    the o given (the forward's, rounded to its dtype, as the kernel's
+    backward and attention_grads_ref take it). With sinks (one logit per
+    query head), P and o are the sink attention's (sink_attention_ref).
+    The gradient of anything the modifier reads is the sum of G * d s' /
+    d x (a bias[h, i, j] added to s: G summed over the batch)."""
+    _, _, vr, _, m, p, l, empty, _ = _softmax(q, k, v, scale, visible,
+                                              score_mod)
+    if sinks is None:
+        p = np.where(empty, 0.0, p / np.where(empty, 1.0, l))
+    else:  # p = exp(s' - m); lse' = log(sum exp(s') + exp(t_h))
+        t = np.asarray(sinks, np.float64)[None, :, None, None]
+        with np.errstate(divide="ignore"):
+            lse = np.where(empty, -np.inf, m + np.log(l))
+        p = p * np.exp(m - np.logaddexp(lse, t))
+    d_o = np.asarray(d_o, dtype=np.float64)
+    if o is None:
+        o = np.einsum("bhij,bhjd->bhid", p, vr)
+    o = np.asarray(o, dtype=np.float64)
+    dp = np.einsum("bhid,bhjd->bhij", d_o, vr)
+    return p * (dp - (d_o * o).sum(-1, keepdims=True))
+
+
+def capture_grads_ref(q, k, v, d_o, scale, visible, make_fn, x, o=None,
+                      elements=None, sinks=None):
+    """d loss / d x in float64 of a tensor x that the modifier make_fn(x)
+    reads (loss = sum(d_o * o)), at x's flat elements given (all by
+    default, shaped as x): the sum of G * d s' / d x_e (score_grads_ref's
+    G, D from the o given or the exact one; sinks as there), d s' / d x_e
+    by central differences of the modifier make_fn(x') itself on the
+    float64 scores (independent of the compiler's derivative)."""
+    x = np.asarray(x, dtype=np.float64)
+    g = score_grads_ref(q, k, v, d_o, scale, visible, make_fn(x), o, sinks)
+    sc = 1.0 / np.sqrt(np.shape(q)[-1]) if scale is None else scale
+    _, _, _, s = _masked_scores(q, k, v, sc, None)
+    b, h, i, j = positions(s.shape)
+    flat = x.ravel()
+    out = []
+    for e in (range(x.size) if elements is None else elements):
+        step = 1e-5 * max(1.0, abs(flat[e]))
+        up, down = flat.copy(), flat.copy()
+        up[e] += step
+        down[e] -= step
+        with np.errstate(invalid="ignore"):
+            d = (np.asarray(make_fn(up.reshape(x.shape))(s, b, h, i, j),
+                            np.float64) -
+                 np.asarray(make_fn(down.reshape(x.shape))(s, b, h, i, j),
+                            np.float64)) / (2 * step)
+        d = np.where(np.isfinite(d), d, 0.0)  # masked: -inf - -inf
+        out.append((g * d).sum())
+    return np.array(out).reshape(x.shape if elements is None else -1)
+
+
+def capture_grad_by_differences(loss, x, elements=None):
+    """d loss / d x in float64 by central differences, at x's flat
+    elements given (all by default): loss(x') for an array x' shaped as x
+    (e.g. the float64 reference attention's sum(d_o * o) with a modifier
+    that reads x'). Independent of any formula."""
+    x = np.asarray(x, dtype=np.float64)
+    flat = x.ravel()
+    elements = range(x.size) if elements is None else elements
+    out = []
+    for e in elements:
+        step = 1e-5 * max(1.0, abs(flat[e]))
+        up, down = flat.copy(), flat.copy()
+        up[e] += step
+        down[e] -= step
+        out.append((loss(up.reshape(x.shape)) - loss(down.reshape(x.shape)))
+                   / (2 * step))
+    return np.array(out)

@@ -253,3 +253,270 @@ def test_named_errors():
     text = F.trace(lambda s, b, h, i, j: s + c[j])
     with pytest.raises(flashjit.InvalidArgumentError):
         flashjit.attention(q, k, v, score_mod=text)
+
+
+# -- gradients of captured tensors ---------------------------------------------
+# attention_backward(..., capture_grads=True): d loss / d tensor for loss =
+# sum(d_o * o). The float64 reference (reference.capture_grads_ref) sums
+# G * d s' / d x, G = P (dP - D) and d s' / d x by central differences of the
+# modifier itself (at x +- a step); with D from the kernel's o (rounded to
+# fp16, as the kernel's backward has it) it is what the kernel is checked
+# against, and with the exact D it must agree with central differences of
+# the float64 reference's loss (capture_grad_by_differences: independent of
+# any formula) to 1e-6. The rounded D matters here: a temperature's or a
+# slope's gradient sums G * s or G * (j - i) over whole rows, where the
+# terms cancel, so D's rounding error (harmless for dq, dk, dv) moves it by
+# up to a few percent. The reference gradient on other captured data must
+# miss the kernel's by 10x the bound.
+
+CAPTURE_GRAD_BOUND = 5e-3
+
+
+class Run:
+    """One forward and capture_grads backward: .grads (the list
+    attention_backward returns last), .o, .d_o, .vis, .loss(x') (the
+    float64 reference's sum(d_o * o) with make_fn(x')), .ref(x', exact)
+    (reference.capture_grads_ref at x', with the kernel's o or exact)."""
+
+    def __init__(self, q, k, v, causal, scale, make_fn, x, mask_mod=None,
+                 sinks=None):
+        B, H, Nq = q.shape[:3]
+        Nkv = k.shape[2]
+        fn = make_fn(x)
+        o, lse = flashjit.attention(q, k, v, causal=causal, scale=scale,
+                                    score_mod=fn, mask_mod=mask_mod,
+                                    sinks=sinks, return_lse=True)
+        d_o = np.random.default_rng().standard_normal(o.shape).astype(
+            np.float16)
+        out = flashjit.attention_backward(
+            q, k, v, o, d_o, lse, causal=causal, scale=scale, score_mod=fn,
+            mask_mod=mask_mod, sinks=sinks, capture_grads=True)
+        assert len(out) == (4 if sinks is None else 5)
+        assert isinstance(out[-1], list)
+        vis = reference.visible_mask(Nq, Nkv, causal=causal)
+        if mask_mod is not None:
+            vis = vis & score_mods.visible_by(mask_mod, (B, H, Nq, Nkv))
+        if sinks is None:  # dq, dk, dv as without capture_grads
+            want = reference.attention_grads_ref(q, k, v, o, d_o, scale, vis,
+                                                 score_mod=fn)
+            score_mods.check_grads(out[:3], want, BOUND)
+        self.grads, self.o, self.d_o, self.vis = out[-1], o, d_o, vis
+        self.args = (q, k, v, scale, make_fn, sinks)
+
+    def loss(self, x):
+        q, k, v, scale, make_fn, sinks = self.args
+        if sinks is None:
+            o, _ = attention_ref(q, k, v, scale, self.vis,
+                                 score_mod=make_fn(x))
+        else:  # make_fn(x) must then be a scale change (a temperature)
+            o, _ = reference.sink_attention_ref(
+                q, k, v, scale * float(np.ravel(x)[0]), self.vis, sinks)
+        return (o * self.d_o.astype(np.float64)).sum()
+
+    def ref(self, x, exact=False, elements=None):
+        q, k, v, scale, make_fn, sinks = self.args
+        return reference.capture_grads_ref(
+            q, k, v, self.d_o, scale, self.vis, make_fn, x,
+            o=None if exact else self.o, elements=elements, sinks=sinks)
+
+    def compared(self, got, x, other, elements=None):
+        """(got, want, wrong) as float64 vectors: got (the kernel's
+        gradient of x), the reference at x and at other data; the
+        reference with the exact D is checked on the way against central
+        differences of the loss (at elements, default all)."""
+        by_diff = reference.capture_grad_by_differences(self.loss, x,
+                                                        elements)
+        exact = self.ref(x, exact=True, elements=elements)
+        assert rel_err(exact.ravel(), by_diff) <= 1e-6, (exact, by_diff)
+        return (np.asarray(got, np.float64).ravel(), self.ref(x).ravel(),
+                self.ref(other).ravel())
+
+    def check(self, got, x, other, elements=None):
+        """got within the bound of the reference at x, and further than 10x
+        the bound from the reference at other (compared)."""
+        check_capture_grad(*self.compared(got, x, other, elements))
+
+
+def check_capture_grad(got, want, wrong):
+    err = rel_err(got, want)
+    assert err <= CAPTURE_GRAD_BOUND, (err, got, want)
+    assert rel_err(got, wrong) > 10 * CAPTURE_GRAD_BOUND, \
+        (rel_err(got, wrong), got, wrong)
+
+
+@pytest.mark.parametrize("causal,gqa", [(False, 1), (True, 2)])
+def test_gradient_of_learned_slopes(causal, gqa):
+    """d loss / d slopes of s + slopes[h] * (j - i) (float64 slopes: a
+    float64 gradient); the gradient at the negated slopes fails it."""
+    rng = np.random.default_rng()
+    B, H, Nq, Nkv = 2, 4, 20, 33
+    q, k, v = make(rng, B, H, H // gqa, Nq, Nkv)
+    slopes = rng.uniform(0.05, 0.5, H)
+    run = Run(q, k, v, causal, 0.5, sloped, slopes)
+    (g,) = run.grads
+    assert g.shape == (H,) and g.dtype == np.float64
+    run.check(g, slopes, -slopes)
+
+
+def biased(x):
+    """s + x[h, i, j]: a full bias (H, Nq, Nkv)."""
+    t = F.captured(x)
+    return lambda s, b, h, i, j: s + t[h, i, j]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradient_of_a_full_bias(causal):
+    """d loss / d bias of s + bias[h, i, j] (H, Nq, Nkv) float32, with GQA
+    and Nq != Nkv: all of it (zero where causal masks), the reference
+    checked by central differences on 16 random elements; the gradient of
+    the negated bias fails it."""
+    rng = np.random.default_rng()
+    B, H, Hkv, Nq, Nkv = 2, 4, 2, 18, 30
+    q, k, v = make(rng, B, H, Hkv, Nq, Nkv)
+    bias = (rng.standard_normal((H, Nq, Nkv)) * 1.5).astype(np.float32)
+    run = Run(q, k, v, causal, 0.4, biased, bias)
+    (g,) = run.grads
+    assert g.shape == bias.shape and g.dtype == np.float32
+    if causal:  # masked scores have no gradient
+        assert not g[:, ~run.vis[0, 0]].any()
+    # G summed over the batch is the bias's gradient (a second formula).
+    G = reference.score_grads_ref(q, k, v, run.d_o, 0.4, run.vis,
+                                  score_mod=biased(bias), o=run.o)
+    assert rel_err(run.ref(bias), G.sum(0)) <= 1e-6
+    run.check(g, bias, -bias, rng.choice(bias.size, 16, replace=False))
+
+
+def tempered(x):
+    """s * x[0]: a learned temperature (a one-element tensor)."""
+    t = F.captured(x)
+    return lambda s, b, h, i, j: s * t[0]
+
+
+def tempered_runs(q, k, v, causal, make_fn, temp, other, runs=4,
+                  sinks=None):
+    """A one-element tensor's gradient is one number, which the reference
+    at other data could match by chance: (got, want, wrong) over `runs`
+    backwards with fresh upstream gradients, concatenated."""
+    pieces = []
+    for _ in range(runs):
+        run = Run(q, k, v, causal, 0.5, make_fn, temp, sinks=sinks)
+        (g,) = run.grads
+        assert g.shape == temp.shape and g.dtype == temp.dtype
+        pieces.append(run.compared(g, temp, other))
+    return [np.concatenate(p) for p in zip(*pieces)]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gradient_of_a_learned_temperature(dtype):
+    """d loss / d temp of s * temp[0] (the constant index is a captured
+    read, not the value baked in), in its dtype; the gradient at half the
+    temperature fails it. And s * temp, the one-element array used as a
+    number, the same."""
+    rng = np.random.default_rng()
+    q, k, v = make(rng, 1, 2, 2, 24, 24)
+    temp = np.array([rng.uniform(1.5, 3.0)], dtype)
+    text, caps = F.trace_with_captures(tempered(temp))
+    assert caps == [temp] and "memref.load %c0" in text
+    check_capture_grad(*tempered_runs(q, k, v, True, tempered, temp,
+                                      temp * 0.5))
+
+    def as_number(x):
+        t = F.captured(x)
+        return lambda s, b, h, i, j: s * t
+
+    check_capture_grad(*tempered_runs(q, k, v, False, as_number, temp,
+                                      temp * 0.5))
+
+
+def test_gradient_of_a_temperature_with_sinks():
+    """With attention sinks: (dq, dk, dv, dsinks, [dtemp]); the kernel's
+    backward on the sink attention's (o', lse') gives the sink attention's
+    temperature gradient; dsinks is as without capture_grads."""
+    rng = np.random.default_rng()
+    q, k, v = make(rng, 1, 2, 2, 16, 16)
+    temp = np.array([2.0], np.float32)
+    sinks = np.array([0.5, -1.0])
+    check_capture_grad(*tempered_runs(q, k, v, False, tempered, temp,
+                                      temp * 0.5, sinks=sinks))
+    o, lse = flashjit.attention(q, k, v, scale=0.5, score_mod=tempered(temp),
+                                sinks=sinks, return_lse=True)
+    d_o = rng.standard_normal(o.shape).astype(np.float16)
+    with_grads = flashjit.attention_backward(
+        q, k, v, o, d_o, lse, scale=0.5, score_mod=tempered(temp),
+        sinks=sinks, capture_grads=True)
+    without = flashjit.attention_backward(
+        q, k, v, o, d_o, lse, scale=0.5, score_mod=tempered(temp),
+        sinks=sinks)
+    assert len(with_grads) == 5 and len(without) == 4
+    assert np.array_equal(with_grads[3], without[3])
+
+
+def test_gradient_of_a_broadcast_bias_with_a_document_mask():
+    """bias (1, H, 1, Nkv) (size-1 dimensions read at 0) with a document
+    mask_mod on int segment ids: the bias's gradient is shaped as the bias
+    (G summed over the batch and the queries); the segment ids get None
+    (integers: no gradient). The list is in the region's order (with_mask
+    traces the mask first)."""
+    rng = np.random.default_rng()
+    B, H, Nq, Nkv = 2, 2, 26, 26
+    q, k, v = make(rng, B, H, H, Nq, Nkv)
+    bias = rng.standard_normal((1, H, 1, Nkv))
+    seg = documents(rng, Nkv)
+    s_ = F.captured(seg)
+
+    def same_document(b, h, i, j):
+        return s_[i] == s_[j]
+
+    def row_bias(x):
+        t = F.captured(x)
+        return lambda s, b, h, i, j: s + t[b, h, i, j]
+
+    _, caps = F.trace_with_captures(F.with_mask(row_bias(bias),
+                                                same_document))
+    assert caps[0] is seg and caps[1] is bias
+    run = Run(q, k, v, True, None, row_bias, bias, mask_mod=same_document)
+    none, g = run.grads
+    assert none is None and g.shape == bias.shape and g.dtype == np.float64
+    G = reference.score_grads_ref(q, k, v, run.d_o, None, run.vis,
+                                  score_mod=row_bias(bias), o=run.o)
+    assert rel_err(run.ref(bias), G.sum(axis=(0, 2), keepdims=True)) <= 1e-6
+    run.check(g, bias, bias[..., ::-1].copy())
+
+
+def test_capture_grads_options_and_errors():
+    """capture_grads=False (default) returns (dq, dk, dv) as before; True
+    without captured tensors ends with []; deterministic=True with a float
+    captured tensor's gradient asked for is a ValueError naming the
+    reason, raised before the library is called; with integer captures
+    only (no gradient) it runs; a torch tensor captured in the numpy path
+    would get a torch gradient (not tested here: no torch needed)."""
+    rng = np.random.default_rng()
+    q, k, v = make(rng, 1, 2, 2, 16, 16)
+    o, lse = flashjit.attention(q, k, v, return_lse=True)
+    d_o = rng.standard_normal(o.shape).astype(np.float16)
+    assert len(flashjit.attention_backward(q, k, v, o, d_o, lse)) == 3
+    out = flashjit.attention_backward(q, k, v, o, d_o, lse,
+                                      capture_grads=True)
+    assert len(out) == 4 and out[3] == []
+    slopes = F.captured(np.array([0.1, 0.2]))
+    fn = lambda s, b, h, i, j: s + slopes[h] * (j - i)  # noqa: E731
+    o, lse = flashjit.attention(q, k, v, score_mod=fn, return_lse=True)
+    plain = flashjit.attention_backward(q, k, v, o, d_o, lse, score_mod=fn)
+    assert len(plain) == 3
+    with pytest.raises(ValueError, match="deterministic=True") as e:
+        flashjit.attention_backward(q, k, v, o, d_o, lse, score_mod=fn,
+                                    deterministic=True, capture_grads=True)
+    assert "atomic adds" in str(e.value)
+    assert not isinstance(e.value, flashjit.FlashjitError)  # not the C API's
+    # Deterministic without capture gradients: bit-identical dq, as before.
+    a = flashjit.attention_backward(q, k, v, o, d_o, lse, score_mod=fn,
+                                    deterministic=True)
+    b = flashjit.attention_backward(q, k, v, o, d_o, lse, score_mod=fn,
+                                    deterministic=True)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    seg = F.captured(np.array([0] * 7 + [1] * 9))
+    doc = lambda b, h, i, j: seg[i] == seg[j]  # noqa: E731
+    o, lse = flashjit.attention(q, k, v, mask_mod=doc, return_lse=True)
+    out = flashjit.attention_backward(q, k, v, o, d_o, lse, mask_mod=doc,
+                                      deterministic=True, capture_grads=True)
+    assert out[3] == [None]

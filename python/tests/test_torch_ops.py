@@ -366,3 +366,119 @@ def test_torch_captures_trace_like_numpy_captures():
     with pytest.raises(ValueError, match="2\\^24"):
         flashjit.attention(q, q, q, score_mod=lambda s, b, h, i, j:
                            F.where(ids[i] == ids[j], s, -np.inf))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_captured_gradient_ops_and_autograd(device, seed):
+    """attention_bwd_captured's capture_needs_grad (bool[]) and its
+    gradients (Tensor[], the flagged tensors' only, in order): opcheck
+    with each flag pattern; deterministic=True with a flag set is a
+    ValueError before the library (the op and its fake), and so is a
+    wrong number of flags. Autograd to a float32 bias (H, Nq, Nkv) and
+    bf16 slopes that require grad (s + bias[h, i, j] + slopes[h] (j -
+    i)), and to a temperature with attention sinks, against the numpy
+    float64 reference (reference.capture_grads_ref / score_grads_ref, D
+    from the kernel's o); the reference at other data fails them."""
+    import numpy as np
+
+    import reference
+
+    F = flashjit.score_ops
+    B, H, Hkv, Nq, Nkv = 1, 4, 2, 24, 40
+    q, k, v = make(B, H, Hkv, Nq, Nkv, 32, 32, torch.float16, device,
+                   grad=True)
+    bias = torch.randn(H, Nq, Nkv, device=device).requires_grad_()
+    slopes = (torch.rand(H, device=device) * 0.4 + 0.05).to(
+        torch.bfloat16).requires_grad_()
+
+    def fn(s, b, h, i, j):
+        return s + bias[h, i, j] + slopes[h] * (j - i)
+
+    text, caps = F.trace_with_captures(fn)
+    assert caps[0] is bias and caps[1] is slopes
+    consts = [bias.detach(), slopes.detach().float()]
+    with torch.no_grad():
+        o, lse = torch.ops.flashjit.attention_fwd_captured(
+            q, k, v, 1, 0.5, -1, -1, None, None, 0, False, text, consts)
+    d_o = torch.randn_like(o)
+    head = (d_o, q.detach(), k.detach(), v.detach(), o, lse, 1, 0.5, -1, -1,
+            None, None, 0)
+    op = torch.ops.flashjit.attention_bwd_captured
+    for flags in ([True, False], [False, True], [True, True],
+                  [False, False]):
+        args = head + (False, text, consts, flags)
+        opcheck(op.default, args)
+        dq, dk, dv, grads = op(*args)
+        assert [tuple(g.shape) for g in grads] == [
+            tuple(c.shape) for c, f in zip(consts, flags) if f]
+        assert all(g.dtype == torch.float32 and g.device == q.device
+                   for g in grads)
+    with pytest.raises(ValueError, match="deterministic=True"):
+        op(*head, True, text, consts, [True, False])
+    with pytest.raises(ValueError, match="one per tensor"):
+        op(*head, False, text, consts, [True])
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = [d_o, q.detach(), k.detach(), v.detach(), o, lse, *consts]
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in real]
+        with pytest.raises(ValueError, match="deterministic=True"):
+            op(*fake[:6], 1, 0.5, -1, -1, None, None, 0, True, text,
+               fake[6:], [False, True])
+    op(*head, True, text, consts, [False, False])  # constants: fine
+
+    # Autograd through flashjit.attention.
+    o = flashjit.attention(q, k, v, causal=True, scale=0.5, score_mod=fn)
+    d_o = torch.randn_like(o)
+    _, _, _, gb, gs = torch.autograd.grad(o, (q, k, v, bias, slopes), d_o)
+    assert gb.dtype == torch.float32 and gb.shape == bias.shape
+    assert gs.dtype == torch.bfloat16 and gs.shape == slopes.shape
+
+    def host(t):
+        return t.detach().cpu().double().numpy()
+
+    qn, kn, vn, on, dn = (host(t) for t in (q, k, v, o, d_o))
+    bias_n, slopes_n = host(bias), host(slopes)
+    vis = reference.visible_mask(Nq, Nkv, causal=True)
+
+    def with_slopes(x):
+        return lambda s, b, h, i, j: s + bias_n[h, i, j] + x[h] * (j - i)
+
+    def bias_grad(bn):
+        G = reference.score_grads_ref(
+            qn, kn, vn, dn, 0.5, vis, o=on,
+            score_mod=lambda s, b, h, i, j: s + bn[h, i, j] + slopes_n[h] *
+            (j - i))
+        return G.sum(0)
+
+    bound = 5e-3
+    assert reference.rel_err(host(gb), bias_grad(bias_n)) <= bound
+    assert reference.rel_err(host(gb), bias_grad(-bias_n)) > 10 * bound
+    want = reference.capture_grads_ref(qn, kn, vn, dn, 0.5, vis, with_slopes,
+                                       slopes_n, o=on)
+    assert reference.rel_err(host(gs), want) <= bound, (host(gs), want)
+    wrong = reference.capture_grads_ref(qn, kn, vn, dn, 0.5, vis,
+                                        with_slopes, -slopes_n, o=on)
+    assert reference.rel_err(host(gs), wrong) > 10 * bound
+
+    # A temperature (a one-element view, temp[0]) with attention sinks:
+    # through flashjit.sinks' autograd function, which passes the flags.
+    temp = torch.tensor([2.0], device=device, requires_grad=True)
+    sinks = torch.tensor([0.5, -1.0, 0.2, 0.0], device=device,
+                         requires_grad=True)
+    o = flashjit.attention(q, k, v, scale=0.5, sinks=sinks,
+                           score_mod=lambda s, b, h, i, j: s * temp[0])
+    d_o = torch.randn_like(o)
+    gt, gsink = torch.autograd.grad(o, (temp, sinks), d_o)
+    on, dn = host(o), host(d_o)
+
+    def tempered(x):
+        return lambda s, b, h, i, j: s * x[0]
+
+    # (One number: test_captured_cpu.py shows over several upstream
+    # gradients that the reference at another temperature fails it.)
+    want = reference.capture_grads_ref(
+        qn, kn, vn, dn, 0.5, None, tempered, np.array([2.0]), o=on,
+        sinks=host(sinks))
+    assert reference.rel_err(host(gt), want) <= bound, (host(gt), want)
+    assert gsink.shape == sinks.shape and torch.isfinite(gsink).all()

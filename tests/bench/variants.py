@@ -8,17 +8,23 @@ Issue 14's comparison: each variant written once as FlexAttention's
 score_mod / mask_mod, given to flashjit.attention as the same functions
 (traced into its kernel) or as its named form, and to
 torch.compile(flex_attention). For each: the forward and the backward
-(autograd to q, k, v) in milliseconds (triton's do_bench median, else CUDA
-events), flashjit / flex, and each one's cost over its own plain kernel in
-the same run (the issue asks at most 10%); the relative error of flashjit's
-forward against flex's. A variant that flashjit cannot run yet is reported
-with the reason (captured tensors: the document mask's segment ids, a bias
-tensor), never left out silently.
+(autograd to q, k, v, and to a variant's learned tensor) in milliseconds
+(triton's do_bench median, else CUDA events), flashjit / flex, and each
+one's cost over its own plain kernel in the same run (the issue asks at
+most 10%); the relative error of flashjit's forward against flex's, and of
+the learned tensor's gradient. A variant that flashjit (or flex) cannot
+run is reported with its error, never left out silently.
 
 Variants: plain, softcap (30 tanh(s / 30)), alibi (slopes 2^(-8 (h+1) / H)
 as a function of h), causal, window (a sliding window of 1024 keys to the
-left, as a mask_mod), document (segments of 1024..3072 tokens, a captured
-segment-id tensor), bias (a learned (H, N, N) bias with its gradient).
+left, as a mask_mod), document (segments of 1024..3072 tokens: mask_mod
+seg[i] == seg[j] on a captured segment-id tensor, with the block mask of
+that mask_mod on both sides, forward and backward), bias (score_mod s +
+bias[h, i, j], a learned (H, N, N) float32 bias that requires grad: the
+backward also gives its gradient, on flashjit through the captured
+tensor's gradient, on flex through its captured buffer's; float32 because
+flashjit's kernels read captured data as float32, so a bf16 bias would add
+a conversion copy to each flashjit call).
 Needs torch with CUDA; exits 0 with a message where it has none.
 """
 import argparse
@@ -35,23 +41,26 @@ import side_by_side as sbs  # noqa: E402
 ALL = ("plain", "softcap", "alibi", "causal", "window", "document", "bias")
 
 
-def build(name, torch, n, h, device):
-    """(score_mod, mask_mod, flashjit keyword arguments or a reason) of one
-    variant; the mods are FlexAttention's signatures."""
+def build(name, torch, fj, n, h, device):
+    """(score_mod, mask_mod, flashjit keyword arguments, learned) of one
+    variant: the mods are FlexAttention's signatures, fj is the flashjit
+    module, learned the tensors besides q, k, v whose gradients the
+    backward asks for (both sides)."""
     if name == "plain":
-        return None, None, {}
+        return None, None, {}, ()
     if name == "softcap":
-        return (lambda s, b, hh, i, j: 30.0 * torch.tanh(s / 30.0)), None, {"score_mod": "softcap:30"}
+        return ((lambda s, b, hh, i, j: 30.0 * torch.tanh(s / 30.0)), None,
+                {"score_mod": "softcap:30"}, ())
     if name == "alibi":
         def alibi(s, b, hh, i, j):
             return s + torch.exp2(-8.0 * (hh + 1) / h) * (j - i)
-        return alibi, None, {"score_mod": alibi}
+        return alibi, None, {"score_mod": alibi}, ()
     if name == "causal":
-        return None, (lambda b, hh, i, j: i >= j), {"causal": True}
+        return None, (lambda b, hh, i, j: i >= j), {"causal": True}, ()
     if name == "window":
         def window(b, hh, i, j):
             return (i >= j) & (i - j <= 1024)
-        return None, window, {"window": (1024, 0)}
+        return None, window, {"window": (1024, 0)}, ()
     if name == "document":
         lengths, total, k = [], 0, 0
         while total < n:
@@ -63,23 +72,33 @@ def build(name, torch, n, h, device):
 
         def document(b, hh, i, j):
             return seg[i] == seg[j]
-        return None, document, "a document mask needs captured tensors (its segment ids)"
+        # flashjit: the mask_mod (seg captured) masks the elements, its block
+        # mask skips the blocks across documents, as flex's block mask does.
+        bm = fj.create_block_mask(document, None, None, n, n, device=device)
+        return None, document, {"mask_mod": document, "block_mask": bm}, ()
     if name == "bias":
-        bias = torch.randn(h, n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+        bias = torch.randn(h, n, n, device=device, dtype=torch.float32, requires_grad=True)
 
         def add_bias(s, b, hh, i, j):
             return s + bias[hh, i, j]
-        return add_bias, None, "a bias tensor needs captured tensors (and their gradient)"
+        return add_bias, None, {"score_mod": add_bias}, (bias,)
     raise SystemExit(f"unknown variant {name!r}; choose from {','.join(ALL)}")
 
 
-def timed(torch, fn, q, k, v):
-    """Forward and backward milliseconds of fn, and its output."""
+def timed(torch, fn, q, k, v, learned=()):
+    """Forward and backward milliseconds of fn, its output and the
+    gradients of learned (the backward asks for q, k, v and learned)."""
     out = fn(q, k, v)
     grad = torch.randn_like(out)
+    leaves = (q, k, v, *learned)
+    grads = torch.autograd.grad(out, leaves, grad)[3:]
     fwd = sbs.bench_ms(lambda: fn(q, k, v))
-    bwd = sbs.bench_ms(lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), grad))
-    return fwd, bwd - fwd, out.detach()
+    bwd = sbs.bench_ms(lambda: torch.autograd.grad(fn(q, k, v), leaves, grad))
+    return fwd, bwd - fwd, out.detach(), grads
+
+
+def rel_err(torch, x, ref):
+    return float((x.float() - ref.float()).norm() / ref.float().norm())
 
 
 def main():
@@ -108,26 +127,35 @@ def main():
                            generator=gen).requires_grad_() for _ in range(3)]
     rows = []
     for name in names:
-        score_mod, mask_mod, fj_kwargs = build(name, torch, args.n, args.h, "cuda")
         row = dict(variant=name)
+        try:
+            score_mod, mask_mod, fj_kwargs, learned = build(
+                name, torch, flashjit, args.n, args.h, "cuda")
+        except Exception as e:  # noqa: BLE001
+            row["flashjit_error"] = "setup: " + sbs.short(e)
+            rows.append(row)
+            sbs.log(json.dumps(row))
+            continue
+        ref = ref_grads = None
         try:
             bm = (create_block_mask(mask_mod, None, None, args.n, args.n, device="cuda")
                   if mask_mod else None)
-            row["flex_fwd_ms"], row["flex_bwd_ms"], ref = timed(
-                torch, lambda a, b_, c: flex(a, b_, c, score_mod=score_mod, block_mask=bm), q, k, v)
+            row["flex_fwd_ms"], row["flex_bwd_ms"], ref, ref_grads = timed(
+                torch, lambda a, b_, c: flex(a, b_, c, score_mod=score_mod, block_mask=bm),
+                q, k, v, learned)
         except Exception as e:  # noqa: BLE001
             row["flex_error"], ref = sbs.short(e), None
-        if isinstance(fj_kwargs, str):
-            row["flashjit_missing"] = fj_kwargs
-        else:
-            try:
-                row["fj_fwd_ms"], row["fj_bwd_ms"], out = timed(
-                    torch, lambda a, b_, c: flashjit.attention(a, b_, c, **fj_kwargs), q, k, v)
-                if ref is not None:
-                    row["rel_err_vs_flex"] = float((out.float() - ref.float()).norm()
-                                                   / ref.float().norm())
-            except Exception as e:  # noqa: BLE001
-                row["flashjit_error"] = sbs.short(e)
+        try:
+            row["fj_fwd_ms"], row["fj_bwd_ms"], out, grads = timed(
+                torch, lambda a, b_, c: flashjit.attention(a, b_, c, **fj_kwargs), q, k, v,
+                learned)
+            if ref is not None:
+                row["rel_err_vs_flex"] = rel_err(torch, out, ref)
+                if grads:  # the learned tensors' gradients (the bias's)
+                    row["grad_rel_err_vs_flex"] = max(
+                        rel_err(torch, g, r) for g, r in zip(grads, ref_grads))
+        except Exception as e:  # noqa: BLE001
+            row["flashjit_error"] = sbs.short(e)
         rows.append(row)
         sbs.log(json.dumps(row))
     plain = next((r for r in rows if r["variant"] == "plain"), {})
@@ -144,16 +172,17 @@ def main():
     print(f"variants, bf16, B={args.b} H={args.h} N={args.n} d={args.d}, ms; "
           "'over plain': against the same implementation's plain kernel")
     print("| variant | fj fwd | flex fwd | fj/flex | fj over plain | fj bwd | flex bwd | fj/flex | "
-          "fj over plain | rel err | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "fj over plain | rel err | grad rel err | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = {p: (f"{r[f'fj_{p}_ms'] / r[f'flex_{p}_ms']:.2f}"
                      if f"fj_{p}_ms" in r and f"flex_{p}_ms" in r else "-") for p in ("fwd", "bwd")}
-        note = r.get("flashjit_missing") or r.get("flashjit_error") or r.get("flex_error") or ""
+        note = r.get("flashjit_error") or r.get("flex_error") or ""
         err = f"{r['rel_err_vs_flex']:.1e}" if "rel_err_vs_flex" in r else "-"
+        gerr = f"{r['grad_rel_err_vs_flex']:.1e}" if "grad_rel_err_vs_flex" in r else "-"
         print(f"| {r['variant']} | {cell(r, 'fj_fwd_ms')} | {cell(r, 'flex_fwd_ms')} | {ratio['fwd']} | "
               f"{over(r, 'fj', 'fwd')} | {cell(r, 'fj_bwd_ms')} | {cell(r, 'flex_bwd_ms')} | "
-              f"{ratio['bwd']} | {over(r, 'fj', 'bwd')} | {err} | {note} |")
+              f"{ratio['bwd']} | {over(r, 'fj', 'bwd')} | {err} | {gerr} | {note} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(b=args.b, h=args.h, n=args.n, d=args.d, rows=rows), fh, indent=1)

@@ -10,8 +10,8 @@
 #   backward  flashjit-backward-gpu-tests' score-modifier cases
 #   sanitize  memcheck on captured kernels whose tiles have padding rows and
 #             columns (the gathers must stay inside the tensors)
-#   decode    tests/bench/decode.py at B 1, 32/4 heads, Nkv 131072: the
-#             default split count and FLASHJIT_DECODE_SPLITS (192 256)
+#   decode    tests/bench/decode.py: FLASHJIT_DECODE_RUNS, CASE@SPLITS,...
+#             (each case's default split count, then those)
 #   python    the Python captured-tensor tests on CUDA -> $OUT/python.log
 #   flex      tests/bench/variants.py beside FlexAttention -> variants.json
 set -u
@@ -57,11 +57,15 @@ PY
     "--backward --head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy"
 fi
 if step decode; then
-  echo "== decode, B 1, 32/4 heads, Nkv 131072 (+${SECONDS}s)"
-  for v in "" ${FLASHJIT_DECODE_SPLITS:-192 256}; do
-    [[ -n $v ]] && v="--kv-splits $v"
-    timeout 80 python3 tests/bench/decode.py --flashjit "$FJ" --rounds 2 --cases 1:32:4:1:131072:128 \
-      ${v:+--flashjit-args "$v"} --out "$OUT/decode-$(tr -dc 'a-z0-9' <<<"x$v").json" 2>&1 | tail -1 | sed "s/^/[${v:-default}] /"
+  # CASE:SPLITS... pairs; the first run of each case is its default.
+  for cs in ${FLASHJIT_DECODE_RUNS:-1:32:4:1:131072:128@99,100 16:32:4:1:32768:128@6}; do
+    c=${cs%@*} sp=${cs#*@}
+    echo "== decode $c (+${SECONDS}s)"
+    for v in "" ${sp//,/ }; do
+      [[ -n $v ]] && v="--kv-splits $v"
+      timeout 80 python3 tests/bench/decode.py --flashjit "$FJ" --rounds 2 --cases $c \
+        ${v:+--flashjit-args "$v"} --out "$OUT/decode-$(tr -dc 'a-z0-9' <<<"$c$v").json" 2>&1 | tail -1 | sed "s/^/[${v:-default}] /"
+    done
   done
 fi
 if step python; then
