@@ -276,3 +276,47 @@ TEST(ScoreModSpec, BadModifiersAreNamedErrorsAndTheBackwardCarriesThem) {
 }
 
 } // namespace
+
+namespace {
+/// Occurrences of \p what in \p text.
+int occurrences(const std::string &text, const std::string &what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+} // namespace
+
+/// On the GPU a division by a constant (softcap's s / C) is a multiply by
+/// its reciprocal, not IEEE division (div.rn.f32, a subroutine: T19-C's
+/// softcap forward ran at 44% of the plain kernel's speed with it); a
+/// division by anything else stays IEEE.
+TEST(ScoreModGpu, DivisionByAConstantIsAMultiply) {
+  TileConfig c;
+  c.blockM = c.blockN = 128;
+  c.warps = 8;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  for (Direction d : {Direction::Forward, Direction::Backward}) {
+    AttentionSpec softcap;
+    softcap.scoreMod = "softcap:30";
+    softcap.direction = d;
+    TileConfig config = c;
+    if (d == Direction::Backward)
+      config.blockM = 64;
+    std::string ptx = compileToPtx(softcap, config, target);
+    EXPECT_EQ(occurrences(ptx, "div.rn.f32"), 0);
+    EXPECT_GT(occurrences(ptx, "tanh.approx.f32"), 0);
+  }
+  // s / (1 + |s|): the divisor is no constant.
+  AttentionSpec ratio = withScoreModRegion(AttentionSpec(), R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %one = arith.constant 1.0 : f32
+  %a = math.absf %s : f32
+  %d = arith.addf %one, %a : f32
+  %y = arith.divf %s, %d : f32
+  attn.yield %y : f32
+})");
+  EXPECT_GE(occurrences(compileToPtx(ratio, c, target), "div.rn.f32"), 64);
+}
