@@ -38,6 +38,7 @@ from ._lib import (
 from .block_mask import BlockMask
 from . import score_ops
 from . import sinks as sinks_mod
+from . import variants
 
 __all__ = [
     "attention",
@@ -55,6 +56,7 @@ __all__ = [
     "attention_backward",
     "LibraryNotFoundError",
     "score_ops",
+    "variants",
     "create_block_mask",
 ]
 
@@ -219,7 +221,10 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         Autograd reaches a captured torch tensor that requires grad (a
         learned bias or slopes; summed by atomic adds, so not with
         deterministic=True: a ValueError in the backward); numpy:
-        attention_backward(..., capture_grads=True).
+        attention_backward(..., capture_grads=True). flashjit.variants
+        makes the common ones (softcap, alibi, relative_position_bias,
+        bias; masks causal, sliding_window, document, and_masks,
+        or_masks).
     mask_mod: a function fn(b, h, i, j) -> predicate (comparisons of the
         positions combined with & | ~), e.g. lambda b, h, i, j: (i - j <
         256) & (j <= i): keys where it does not hold are masked (on top of

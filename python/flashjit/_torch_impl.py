@@ -199,6 +199,19 @@ def _base_plan(q, k, v, mask, bm, deterministic, names, tensors, fn,
     return p
 
 
+def _forward_structs(q, k, v, o, dtype, mask, gqa, bm, score_mod):
+    """The forward's flashjit_spec and q, k, v, o tensor structs (their data
+    pointers set): what a plan and a captured call both describe."""
+    spec = _lib.make_spec(q.shape[3], v.shape[3], dtype, mask, gqa,
+                          bm.block_size if bm is not None else 0,
+                          score_mod=score_mod)
+    structs = [c_tensor(n, t.shape, t.stride()) for n, t in
+               (("q", q), ("k", k), ("v", v), ("o", o))]
+    for t, x in zip(structs, (q, k, v, o)):
+        t.data = x.data_ptr()
+    return spec, structs
+
+
 class _ForwardPlan:
     """A flashjit_plan (its address) and the outputs' shapes of one key;
     lse_scratch: where calls that do not return lse let the kernel write it
@@ -241,13 +254,8 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
     p.index = q.device.index if q.device.index is not None else 0
     o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
     lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa,
-                          bm.block_size if bm is not None else 0,
-                          score_mod=score_mod)
-    structs = [c_tensor(n, t.shape, t.stride()) for n, t in
-               (("q", q), ("k", k), ("v", v), ("o", o))]
-    for t, x in zip(structs, (q, k, v, o)):
-        t.data = x.data_ptr()
+    spec, structs = _forward_structs(q, k, v, o, dtype, mask, gqa, bm,
+                                     score_mod)
     made = ctypes.c_void_p()
     global _plan_forward
     _plan_forward = _lib.lib().flashjit_plan_forward
@@ -320,13 +328,8 @@ def forward_cuda_captured(q, k, v, mask, scale, wl, wr, bm, score_mod,
     Dv = v.shape[3]
     o = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa,
-                          bm.block_size if bm is not None else 0,
-                          score_mod=score_mod)
-    structs = [c_tensor(n, t.shape, t.stride()) for n, t in
-               (("q", q), ("k", k), ("v", v), ("o", o))]
-    for t, x in zip(structs, (q, k, v, o)):
-        t.data = x.data_ptr()
+    spec, structs = _forward_structs(q, k, v, o, dtype, mask, gqa, bm,
+                                     score_mod)
     layout_ref, keep = _layout_ref(bm, q.device)
     array, count = _captured_structs(caps)
     run = _lib.lib().flashjit_forward_captured
