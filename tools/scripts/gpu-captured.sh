@@ -77,8 +77,10 @@ if step python; then
 fi
 if step flex; then
   echo "== variants beside FlexAttention (+${SECONDS}s)"
-  timeout -k 5 300 python3 tests/bench/variants.py --json $OUT/variants.json > $OUT/variants.log 2>&1
+  timeout -k 5 ${FLASHJIT_FLEX_S:-300} python3 tests/bench/variants.py \
+    ${FLASHJIT_FLEX_VARIANTS:+--variants $FLASHJIT_FLEX_VARIANTS} --json $OUT/variants.json > $OUT/variants.log 2>&1
   echo "exit $?" >> $OUT/variants.log
   grep -E "^\||exit|Error" $OUT/variants.log | tail -12
+  grep -c '"variant"' $OUT/variants.log | sed 's/^/variant rows logged: /'
 fi
 echo "== done (+${SECONDS}s)"
