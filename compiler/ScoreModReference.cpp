@@ -292,9 +292,7 @@ public:
     for (Operation &op : body.without_terminator()) {
       Instr instr;
       if (auto load = dyn_cast<memref::LoadOp>(op)) {
-        instr.capture =
-            int(cast<BlockArgument>(load.getMemRef()).getArgNumber() -
-                attn::kScoreModIndexArgs);
+        instr.capture = int(attn::capturedTensorOf(load.getMemRef()));
         instr.in.push_back(index.at(load.getIndices()[0]));
         index[op.getResult(0)] = int(index.size());
         code.push_back(std::move(instr));

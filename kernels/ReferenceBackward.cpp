@@ -103,13 +103,13 @@ BackwardReference referenceBackward(const AttentionSpec &spec, const Problem &p,
             continue;
           // dS is the gradient of the scaled score, before the modifier;
           // the captured tensors' take the modified score's.
-          double pj = s[j], ds = pj * (dp[j] - delta) * dmod[j];
+          double pj = s[j], g = pj * (dp[j] - delta), ds = g * dmod[j];
           if (spec.captureGrads)
             for (const ScoreFunction::CaptureRead &read :
                  mod.captureReads(scaled[j], h, i, j, b))
               if ((spec.captureGrads >> read.capture) & 1)
                 r.captureGrads[size_t(read.capture)][size_t(read.index)] +=
-                    pj * (dp[j] - delta) * read.derivative;
+                    g * read.derivative;
           for (int64_t c = 0; c < dqk; ++c) {
             dq[c] += scale * ds * kf[j * dqk + c];
             dkHead[j * dqk + c] += scale * ds * qrow[c];

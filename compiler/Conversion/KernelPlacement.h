@@ -66,6 +66,12 @@ struct KernelPlacement {
   /// its stages (0: none) and the producer warpgroup's threads, the block's
   /// last ones after the `threads` consumers that every tile is placed on.
   int64_t ringStages = 0, producerThreads = 0;
+  /// The tiled function's first argument after the ABI's groups and the
+  /// pids (pid_m, pid_bh and, split-KV, pid_split): its first captured
+  /// tensor.
+  int firstCaptureArg() const {
+    return numBuffers + numIndexArgs + numF32Args + (kvSplit ? 3 : 2);
+  }
   /// The warpgroups of the `threads` that every tile is placed on.
   int64_t warpgroups() const { return threads / 128; }
   /// With the ring (two or three consumer warpgroups: GpuGeometry::

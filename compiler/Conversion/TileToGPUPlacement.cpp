@@ -41,9 +41,7 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
 /// modifier's captured tensors (TileAttention.cpp puts them last), which
 /// checkPlacedArguments checks to be f32 buffers.
 static int capturedArguments(func::FuncOp fn, const KernelPlacement &p) {
-  const int abiArgs =
-      p.numBuffers + p.numIndexArgs + p.numF32Args + (p.kvSplit ? 3 : 2);
-  return std::max(0, int(fn.getNumArguments()) - abiArgs);
+  return std::max(0, int(fn.getNumArguments()) - p.firstCaptureArg());
 }
 
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
@@ -86,8 +84,7 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
   const int firstIndex = place.numBuffers;
   const int firstF32 = firstIndex + place.numIndexArgs;
   const int pidArg = firstF32 + place.numF32Args;
-  const int pids = place.kvSplit ? 3 : 2;
-  const int firstCapture = pidArg + pids;
+  const int firstCapture = place.firstCaptureArg();
   const int all = firstCapture + place.numCaptures;
   if (fn.getNumArguments() != unsigned(all))
     return fn.emitError() << "this kernel takes " << all
@@ -144,9 +141,9 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   for (int i = firstF32; i < pidArg; ++i)
     map.map(fn.getArgument(i), kernel.getArgument(i));
   // The captured tensors: after the pids in fn, after the f32s here.
-  const int firstCapture = pidArg + (place.kvSplit ? 3 : 2);
   for (int c = 0; c < place.numCaptures; ++c)
-    map.map(fn.getArgument(firstCapture + c), kernel.getArgument(pidArg + c));
+    map.map(fn.getArgument(place.firstCaptureArg() + c),
+            kernel.getArgument(pidArg + c));
   // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
   if (place.persistent)
     return;

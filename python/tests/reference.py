@@ -3,6 +3,15 @@
 import numpy as np
 
 
+def random_qkv(rng, B, H, Hkv, Nq, Nkv, D=32, Dv=32):
+    """Fresh float16 q (B, H, Nq, D), k (B, Hkv, Nkv, D), v (B, Hkv, Nkv,
+    Dv), standard normal."""
+    q = rng.standard_normal((B, H, Nq, D)).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Nkv, D)).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Nkv, Dv)).astype(np.float16)
+    return q, k, v
+
+
 def visible_mask(nq, nkv, causal=False, window=None, dense_blocks=None,
                  block=None):
     """[B|1, H|1, Nq, Nkv] boolean: which keys each query sees."""

@@ -25,11 +25,7 @@ BOUND = 5e-3  # fp16 inputs, as test_captured_cpu.py
 GRAD_BOUND = 5e-3
 
 
-def make(rng, B, H, Hkv, Nq, Nkv, D=32, Dv=32):
-    q = rng.standard_normal((B, H, Nq, D)).astype(np.float16)
-    k = rng.standard_normal((B, Hkv, Nkv, D)).astype(np.float16)
-    v = rng.standard_normal((B, Hkv, Nkv, Dv)).astype(np.float16)
-    return q, k, v
+make = reference.random_qkv
 
 
 def grid(shape):

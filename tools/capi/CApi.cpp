@@ -158,7 +158,7 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
     s.direction = Direction::Forward; // the pass this call runs
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
-    checkCaptured(s, captured, num_captured);
+    checkCaptured(s, captured, num_captured, "flashjit_forward_captured");
     if (handle->device == FLASHJIT_DEVICE_CPU)
       forwardCpu(handle, s, p, *q, *k, *v, *o, lse, layout, captured);
     else
@@ -202,7 +202,7 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     checkSameShape(dv, "dv", *v, "v");
     if (!lse)
       invalid("lse is NULL: the backward reads the forward's lse");
-    checkCaptured(s, captured, num_captured);
+    checkCaptured(s, captured, num_captured, "flashjit_backward_captured");
     // The gradients asked for (a non-NULL grad) are part of the kernel.
     for (int64_t c = 0; c < num_captured; ++c)
       if (captured[c].grad)

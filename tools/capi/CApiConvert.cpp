@@ -228,13 +228,13 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
 
 /// Checks the captured tensors' count and each one's data and size.
 void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
-                   int64_t count) {
+                   int64_t count, const char *capturedCall) {
   if (count != spec.captures)
     invalid(fmt::format(
         "spec.score_mod captures {} tensors, the call gives {}{}",
         spec.captures, count,
         spec.captures > 0 && count == 0
-            ? " (give them with flashjit_forward_captured)"
+            ? fmt::format(" (give them with {})", capturedCall)
             : ""));
   if (count > 0 && !captured)
     invalid("captured is NULL, but num_captured is " + std::to_string(count));

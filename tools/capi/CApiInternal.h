@@ -149,9 +149,10 @@ void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
                       const flashjit_layout *layout);
 
 /// Checks that \p captured gives spec.captures tensors (flashjit_captured:
-/// data not NULL, 1 <= size <= 2^40).
+/// data not NULL, 1 <= size <= 2^40); a call that gives none is told to use
+/// \p capturedCall.
 void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
-                   int64_t count);
+                   int64_t count, const char *capturedCall);
 
 /// \p l's dimensions (no contents).
 BlockSparseLayout layoutShape(const flashjit_layout &l);

@@ -334,10 +334,11 @@ FLASHJIT_API flashjit_status flashjit_backward(
 
 /** flashjit_backward for a score_mod region that captures tensors: the
  *  same \p captured tensors as the forward's (flashjit_backward refuses
- *  such a spec). A captured tensor's grad must be NULL for now (its
- *  gradient is not derived yet: INVALID_ARGUMENT); the region is evaluated
- *  on the captured data to recompute P and its derivative with respect to
- *  the score. Since version 7. */
+ *  such a spec). The region is evaluated on the captured data to recompute
+ *  P and its derivative with respect to the score; where a captured
+ *  tensor's grad is not NULL, d loss / d data (derived by the compiler from
+ *  the region) is added into it, by atomic adds, so not with
+ *  spec->deterministic (INVALID_ARGUMENT). Since version 7. */
 FLASHJIT_API flashjit_status flashjit_backward_captured(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,

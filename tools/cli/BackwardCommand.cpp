@@ -42,7 +42,9 @@ double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 /// KV-major transpose next to the forward's layout.
 struct DeviceBackward {
   rt::DeviceBuffer delta, kvCounts, kvIndices;
-  std::vector<rt::DeviceBuffer> captureGrads; ///< zeroed, spec's captureGrads
+  /// Per captured tensor, its zeroed gradient buffer (empty where the
+  /// spec's captureGrads does not name it).
+  std::vector<rt::DeviceBuffer> captureGrads;
   rt::BackwardArgs args;
 
   DeviceBackward(DeviceProblem &fwd, const AttentionSpec &spec,
@@ -54,12 +56,13 @@ struct DeviceBackward {
     args.o = fwd.args.o;
     args.lse = fwd.args.lse;
     args.captures = fwd.args.captures;
+    captureGrads.resize(g.captureGrads.size());
     for (size_t c = 0; c < g.captureGrads.size(); ++c) {
       if (g.captureGrads[c].empty())
         continue;
-      captureGrads.emplace_back(g.captureGrads[c].size() * 4);
-      captureGrads.back().uploadVector(g.captureGrads[c]);
-      args.captureGrads[c] = captureGrads.back().ptr();
+      captureGrads[c] = rt::DeviceBuffer(g.captureGrads[c].size() * 4);
+      captureGrads[c].uploadVector(g.captureGrads[c]);
+      args.captureGrads[c] = captureGrads[c].ptr();
     }
     args.dO = fwd.tensors.map(g.dO);
     args.dq = fwd.tensors.map(g.dq, /*upload=*/false);
@@ -157,10 +160,10 @@ BackwardRunResult runBackwardOnGpu(const CliOptions &o,
   kernel.launch(p, bwd.args, nullptr);
   rt::CudaDriver::get().synchronize();
   dev.tensors.download({&grads.dq, &grads.dk, &grads.dv});
-  for (size_t c = 0, k = 0; c < grads.captureGrads.size(); ++c)
+  for (size_t c = 0; c < grads.captureGrads.size(); ++c)
     if (!grads.captureGrads[c].empty())
-      bwd.captureGrads[k++].download(grads.captureGrads[c].data(),
-                                     grads.captureGrads[c].size() * 4);
+      bwd.captureGrads[c].download(grads.captureGrads[c].data(),
+                                   grads.captureGrads[c].size() * 4);
   std::tie(g.medianMs, g.minMs) =
       engine::timeBackwardLaunches(kernel, p, bwd.args, repeats);
   r.runMs = g.medianMs;

@@ -37,6 +37,12 @@ inline constexpr unsigned kScoreModIndexArgs = 5;
 inline int64_t capturedTensors(mlir::Region &region) {
   return int64_t(region.front().getNumArguments()) - kScoreModIndexArgs;
 }
+/// Which captured tensor \p memref is: a score_mod region's argument after
+/// kv_idx (what its memref.load reads; the verifier allows no other).
+inline unsigned capturedTensorOf(mlir::Value memref) {
+  return mlir::cast<mlir::BlockArgument>(memref).getArgNumber() -
+         kScoreModIndexArgs;
+}
 } // namespace flashjit::attn
 
 #endif // FLASHJIT_DIALECTS_ATTN_IR_ATTNDIALECT_H

@@ -194,8 +194,7 @@ LogicalResult checkScoreModDifferentiable(Operation *op, Region &region,
   DenseSet<Value> onScore = {body.getArgument(0)};
   for (Operation &inner : body.without_terminator()) {
     if (auto load = dyn_cast<memref::LoadOp>(inner)) {
-      unsigned c = cast<BlockArgument>(load.getMemRef()).getArgNumber() -
-                   kScoreModIndexArgs;
+      unsigned c = capturedTensorOf(load.getMemRef());
       if ((gradCaptures >> c) & 1)
         onScore.insert(load.getResult());
       continue;
@@ -230,6 +229,14 @@ struct Tangents {
   OpBuilder &b;
   Location loc;
   DenseMap<Value, Value> of;
+
+  /// The tangents of a seed \p x (d x / d x = 1; every other value 0 until
+  /// derive() gives it one).
+  static Tangents seededAt(OpBuilder &b, Location loc, Value x) {
+    Tangents t{b, loc, DenseMap<Value, Value>()};
+    t.of[x] = t.constLike(x, 1.0);
+    return t;
+  }
 
   Value get(Value v) const { return of.lookup(v); }
   Value zeroLike(Value v) { return constLike(v, 0.0); }
@@ -335,19 +342,14 @@ FailureOr<ScoreModDerivatives>
 inlineScoreModWithDerivatives(OpBuilder &b, Location loc, Region &region,
                               Value scores, const ScoreModIndices &indices,
                               int64_t gradCaptures) {
-  std::vector<Tangents> seeds;
-  seeds.push_back(Tangents{b, loc, {}});
-  seeds[0].of[scores] = seeds[0].constLike(scores, 1.0);
+  std::vector<Tangents> seeds = {Tangents::seededAt(b, loc, scores)};
   ScoreModDerivatives out;
   auto each = [&](Operation &op, Operation *tiled) -> LogicalResult {
     if (auto load = dyn_cast<memref::LoadOp>(op)) {
-      unsigned c = cast<BlockArgument>(load.getMemRef()).getArgNumber() -
-                   kScoreModIndexArgs;
+      unsigned c = capturedTensorOf(load.getMemRef());
       if (!((gradCaptures >> c) & 1))
         return success(); // a constant in every seed
-      Value x = tiled->getResult(0);
-      seeds.push_back(Tangents{b, loc, {}});
-      seeds.back().of[x] = seeds.back().constLike(x, 1.0);
+      seeds.push_back(Tangents::seededAt(b, loc, tiled->getResult(0)));
       out.reads.push_back({c, cast<tile::GatherOp>(tiled).getIndex(), {}});
       return success();
     }
