@@ -192,7 +192,7 @@ def test_alibi_learned_slopes(causal, gqa):
     slopes = rng.uniform(0.05, 0.5, H)
     check(q, k, v, sloped(slopes), causal=causal, scale=0.5,
           score_mod=V.alibi(slopes),
-          wrong=[(sloped(slopes[::-1]), None), (None, None)])
+          wrong=[(sloped(slopes + 0.25), None), (None, None)])
 
 
 def test_alibi_standard_slopes_match_the_named_variant():
