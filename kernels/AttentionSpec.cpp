@@ -63,6 +63,10 @@ void AttentionSpec::validate() const {
   checkRange("gqa", gqaGroup, 1, 1 << 16);
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
+  if (varlen && blockSparse)
+    throw SpecError("varlen: variable-length packing and a block-sparse "
+                    "layout together are not supported (a layout is per "
+                    "padded batch)");
   if (!scoreMod.empty())
     ScoreMod::of(*this);
 }
@@ -199,6 +203,8 @@ std::string AttentionSpec::name() const {
                               toString(mask), gqaGroup);
   if (blockSparse)
     s += fmt::format("_bs{}", sparseBlock);
+  if (varlen)
+    s += "_varlen";
   if (direction == Direction::Backward && deterministic)
     s += "_det";
   if (direction == Direction::Backward && captureGrads)
@@ -239,10 +245,11 @@ std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}{}{}{}{}}}",
+      "\"sparse_block\":{}{}{}{}{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
       blockSparse ? "true" : "false", sparseBlock,
+      varlen ? ",\"varlen\":true" : "",
       direction == Direction::Backward
           ? fmt::format(",\"deterministic\":{}", deterministic)
           : std::string(),
@@ -491,11 +498,12 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
   return fmt::format(
       "module {{\n  attn.{} @{} {{element_type = {}, gqa = {} : i64, "
       "head_dim_qk = {} : i64, head_dim_v = {} : i64, mask = \"{}\", "
-      "sparse_block = {} : i64{}{}}}{}\n}}\n",
+      "sparse_block = {} : i64{}{}{}}}{}\n}}\n",
       backward ? "flash_bwd" : "flash_fwd", name,
       spec.dtype == DType::BF16 ? "bf16" : "f16", spec.gqaGroup, spec.headDimQK,
       spec.headDimV, toString(spec.mask),
       spec.blockSparse ? spec.sparseBlock : 0,
+      spec.varlen ? ", varlen = true" : "",
       backward && spec.deterministic ? ", deterministic = true" : "",
       backward && spec.captureGrads
           ? fmt::format(", capture_grads = {} : i64", spec.captureGrads)

@@ -95,6 +95,16 @@ struct AttentionSpec {
   /// into their gradient buffers (bit c: capture c; the rest are constants
   /// there). Part of the backward's name and JSON (`capture_grads`).
   int64_t captureGrads = 0;
+  /// Variable-length packing: Q, K, V, O (and the backward's dO, dQ, dK,
+  /// dV) hold the sequences of a batch one after another, (total_tokens,
+  /// heads, d); run-time i32 offsets cu_seqlens_q / cu_seqlens_kv ([B + 1],
+  /// 0 first, non-decreasing) say where sequence b starts and ends. Problem
+  /// then gives B and the longest sequences (seqLenQ, seqLenKV: the grid's
+  /// extent and the padded rows of lse and the workspaces). Masks, windows
+  /// and score modifiers see each sequence's own positions and lengths
+  /// (causal: bottom-right aligned per sequence). Not with blockSparse.
+  /// Part of the name (`_varlen`) and the JSON (`"varlen":true`).
+  bool varlen = false;
 
   /// Throws SpecError naming the bad field and value.
   void validate() const;

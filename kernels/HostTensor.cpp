@@ -41,6 +41,50 @@ HalfTensor HalfTensor::packed(std::array<int64_t, 4> shape) {
   return t;
 }
 
+void checkSeqOffsets(const char *what, const std::vector<int32_t> &cu,
+                     int64_t batch, int64_t longest, int64_t rows) {
+  if (int64_t(cu.size()) != batch + 1)
+    throw SpecError(fmt::format("{}: expected batch + 1 = {} offsets, got {}",
+                                what, batch + 1, cu.size()));
+  if (cu[0] != 0)
+    throw SpecError(fmt::format("{}: the first offset must be 0, got {}", what,
+                                cu[0]));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t(cu[size_t(b + 1)]) - cu[size_t(b)];
+    if (len < 0 || len > longest)
+      throw SpecError(fmt::format("{}: sequence {} has length {} ({} to {}); "
+                                  "lengths must be in [0, {}] (the longest "
+                                  "the problem gives)",
+                                  what, b, len, cu[size_t(b)],
+                                  cu[size_t(b + 1)], longest));
+  }
+  if (cu.back() > rows)
+    throw SpecError(fmt::format("{}: the sequences end at row {}, past the "
+                                "packed tensor's {} rows",
+                                what, cu.back(), rows));
+}
+
+void checkVarlenData(const AttentionSpec &spec, const Problem &p,
+                     const AttentionData &d) {
+  if (!spec.varlen) {
+    if (!d.cuSeqQ.empty() || !d.cuSeqKV.empty())
+      throw SpecError("cu_seqlens given to a kernel compiled without varlen");
+    return;
+  }
+  for (auto [what, t] : {std::pair{"q", &d.q}, {"k", &d.k}, {"v", &d.v},
+                         {"o", &d.o}})
+    if (t->shape[0] != 1)
+      throw SpecError(fmt::format("varlen: {} must hold the sequences packed "
+                                  "(one batch of total_tokens rows), got a "
+                                  "batch of {}",
+                                  what, t->shape[0]));
+  checkSeqOffsets("cu_seqlens_q", d.cuSeqQ, p.batch, p.seqLenQ, d.q.shape[2]);
+  checkSeqOffsets("cu_seqlens_kv", d.cuSeqKV, p.batch, p.seqLenKV,
+                  d.k.shape[2]);
+  if (d.o.shape[2] < d.q.shape[2] || d.v.shape[2] < d.k.shape[2])
+    throw SpecError("varlen: o must have q's rows and v k's rows");
+}
+
 void HalfTensor::checkLayout(const char *what) const {
   if (strides[3] != 1)
     throw SpecError(

@@ -50,7 +50,23 @@ struct AttentionData {
   std::vector<float> lse; ///< [B, H, Nq], packed.
   /// The score modifier's captured tensors (AttentionSpec::captures).
   Captures captures;
+  /// Varlen (AttentionSpec::varlen): q, o shaped (1, H, total_q, d) and
+  /// k, v (1, Hkv, total_kv, d), the sequences one after another; these
+  /// are their [B + 1] offsets (kernels/KernelABI.h). Empty otherwise.
+  std::vector<int32_t> cuSeqQ, cuSeqKV;
 };
+
+/// Throws SpecError naming \p what unless \p cu holds \p batch + 1
+/// offsets that start at 0 and never decrease, no sequence longer than
+/// \p longest, the last at most \p rows (the packed tensor's).
+void checkSeqOffsets(const char *what, const std::vector<int32_t> &cu,
+                     int64_t batch, int64_t longest, int64_t rows);
+
+/// Throws SpecError unless \p d suits \p spec and \p p: with varlen, one
+/// packed batch per tensor and valid offsets (checkSeqOffsets); without,
+/// no offsets.
+void checkVarlenData(const AttentionSpec &spec, const Problem &p,
+                     const AttentionData &d);
 
 /// How Q, K and V are laid out in memory.
 enum class QKVLayout {

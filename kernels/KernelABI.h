@@ -4,12 +4,19 @@
 /// The tiling pass creates, and the CPU and GPU launchers fill, one argument
 /// list for every forward kernel, dense or block-sparse:
 ///
-///   buffers:  q, k, v, o (element type), lse (f32), counts, indices (i32)
+///   buffers:  q, k, v, o (element type), lse (f32), counts, indices,
+///             cu_seqlens_q, cu_seqlens_kv (i32)
 ///   indices:  the IndexArg values below, in order
 ///   f32:      scale * log2(e)
 ///   indices:  pid_m (Q block), pid_bh (batch * heads + head)
 ///
-/// A dense kernel ignores the counts and indices buffers and their strides.
+/// A dense kernel ignores the counts and indices buffers and their strides;
+/// a kernel without varlen (AttentionSpec::varlen) ignores cu_seqlens_q and
+/// cu_seqlens_kv. With varlen, sequence b of Q (and O) is rows
+/// [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of a tensor whose batch stride the
+/// kernel does not use (whatever the launchers pass), the same for K and V with
+/// cu_seqlens_kv; seq_q and seq_kv are the longest sequences, and lse (and
+/// every workspace) keeps its padded [B, H, seq_q] rows.
 /// Strides are in elements. Plain C++, shared by compiler and runtime.
 ///
 /// The backward pass (namespace bwd below) is three functions that share one
@@ -28,7 +35,18 @@
 
 namespace flashjit::abi {
 
-enum Buffer : int { Q, K, V, O, Lse, Counts, Indices, NumBuffers };
+enum Buffer : int {
+  Q,
+  K,
+  V,
+  O,
+  Lse,
+  Counts,
+  Indices,
+  CuSeqQ,
+  CuSeqKV,
+  NumBuffers
+};
 
 enum IndexArg : int {
   Batch,
@@ -65,7 +83,9 @@ constexpr int kMaxCaptures = 8;
 
 /// Argument names, in order, as the tiled IR names them.
 inline const char *bufferName(int i) {
-  static const char *names[] = {"q", "k", "v", "o", "lse", "counts", "indices"};
+  static const char *names[] = {"q",      "k",       "v",
+                                "o",      "lse",     "counts",
+                                "indices", "cu_seqlens_q", "cu_seqlens_kv"};
   return names[i];
 }
 inline const char *indexArgName(int i) {
@@ -203,7 +223,9 @@ inline int64_t launchSplits(const AttentionSpec &spec, const Problem &p,
 ///             as q, k, v), counts, indices (the forward's BCSR layout,
 ///             Q-major), kv_counts, kv_indices (the same layout transposed:
 ///             for each (b, h, sparse KV block) the sparse Q blocks that
-///             list it)
+///             list it), cu_seqlens_q, cu_seqlens_kv (i32, varlen only:
+///             as the forward's; lse, delta and dq_accum keep their padded
+///             rows)
 ///   indices:  the IndexArg values below, in order
 ///   f32:      scale * log2(e), scale
 ///   indices:  pid_m, pid_bh
@@ -251,6 +273,8 @@ enum Buffer : int {
   Indices,
   KvCounts,
   KvIndices,
+  CuSeqQ,
+  CuSeqKV,
   NumBuffers
 };
 
@@ -315,7 +339,8 @@ inline const char *bufferName(int i) {
   static const char *names[] = {"q",       "k",         "v",         "o",
                                 "do",      "lse",       "delta",     "dq_accum",
                                 "dq",      "dk",        "dv",        "counts",
-                                "indices", "kv_counts", "kv_indices"};
+                                "indices", "kv_counts", "kv_indices",
+                                "cu_seqlens_q", "cu_seqlens_kv"};
   return names[i];
 }
 inline const char *indexArgName(int i) {

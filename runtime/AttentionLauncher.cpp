@@ -35,6 +35,15 @@ void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
                     compiledCopy, allowedCopy));
 }
 
+void checkSeqOffsetPointers(const AttentionSpec &spec, CUdeviceptr cuSeqQ,
+                            CUdeviceptr cuSeqKV) {
+  if (spec.varlen && (!cuSeqQ || !cuSeqKV))
+    throw SpecError("a varlen kernel needs cu_seqlens_q and cu_seqlens_kv "
+                    "(the sequences' offsets)");
+  if (!spec.varlen && (cuSeqQ || cuSeqKV))
+    throw SpecError("cu_seqlens given to a kernel compiled without varlen");
+}
+
 const KernelLaunch &recordedLaunch(const KernelImage &image,
                                    const std::string &name) {
   if (const KernelLaunch *k = findKernelLaunch(image.kernels, name))
@@ -101,6 +110,8 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
   checkDeviceTensors({&a.q, &a.k, &a.v, &a.o}, copy, chooseCopyBytes(a));
   if (sparse && (!a.counts || !a.indices))
     throw SpecError("a block-sparse kernel needs a layout");
+  checkSeqOffsetPointers(spec, a.cuSeqQ, a.cuSeqKV);
+  varlen = spec.varlen;
   captureCount = int(spec.captures);
   for (int c = 0; c < captureCount; ++c)
     if (!a.captures[c])
@@ -165,6 +176,8 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   // Dense kernels never read the layout; give them a valid pointer anyway.
   if (!sparse)
     bufs[abi::Counts] = bufs[abi::Indices] = b.q;
+  bufs[abi::CuSeqQ] = varlen ? b.cuSeqQ : b.q;
+  bufs[abi::CuSeqKV] = varlen ? b.cuSeqKV : b.q;
   void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1 +
                abi::kMaxCaptures + kMaxTensorMaps];
   TensorMap maps[kMaxTensorMaps];

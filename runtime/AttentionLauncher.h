@@ -52,6 +52,10 @@ struct ForwardArgs {
   /// The score modifier's captured tensors (f32, AttentionSpec::captures of
   /// them, in the region's order); their sizes are the caller's promise.
   std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
+  /// Varlen kernels only (AttentionSpec::varlen): i32 [B + 1] offsets of
+  /// the sequences in q (and o) and in k, v (kernels/KernelABI.h); their
+  /// contents are the caller's promise (checkSeqOffsets on the host).
+  CUdeviceptr cuSeqQ = 0, cuSeqKV = 0;
 };
 
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers
@@ -65,6 +69,11 @@ int64_t chooseCopyBytes(const ForwardArgs &args);
 void checkDeviceTensors(std::initializer_list<const DeviceTensor *> tensors,
                         int64_t compiledCopy, int64_t allowedCopy);
 
+/// Throws SpecError unless a varlen kernel (AttentionSpec::varlen) gets
+/// both offset arrays and any other kernel neither.
+void checkSeqOffsetPointers(const AttentionSpec &spec, CUdeviceptr cuSeqQ,
+                            CUdeviceptr cuSeqKV);
+
 class ForwardKernel;
 
 /// The buffers of one forward call: what changes from call to call of a
@@ -74,6 +83,7 @@ struct ForwardBuffers {
   CUdeviceptr counts = 0, indices = 0; ///< block-sparse only
   /// The captured tensors (ForwardArgs::captures).
   std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
+  CUdeviceptr cuSeqQ = 0, cuSeqKV = 0; ///< varlen only (ForwardArgs)
 };
 
 /// A forward launch of one kernel for one problem, strides and layout
@@ -121,6 +131,7 @@ private:
   unsigned shared = 0;
   int64_t copy = 0;
   bool sparse = false;
+  bool varlen = false; ///< AttentionSpec::varlen
   int captureCount = 0; ///< AttentionSpec::captures
   /// Mutable only because cuLaunchKernel takes void **; never written
   /// after construction. The split ABI's kv_splits is the last.

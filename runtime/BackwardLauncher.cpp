@@ -45,6 +45,7 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
       (!a.counts || !a.indices || !a.kvCounts || !a.kvIndices))
     throw SpecError("a block-sparse backward needs the layout and its "
                     "transpose");
+  checkSeqOffsetPointers(spec, a.cuSeqQ, a.cuSeqKV);
 
   bwd::BackwardStrides strides =
       bwd::tensorStrides(a.q, a.k, a.v, a.o, a.dO, a.dq, a.dk, a.dv);
@@ -73,6 +74,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   bufs[bwd::Indices] = a.indices;
   bufs[bwd::KvCounts] = a.kvCounts;
   bufs[bwd::KvIndices] = a.kvIndices;
+  bufs[bwd::CuSeqQ] = a.cuSeqQ;
+  bufs[bwd::CuSeqKV] = a.cuSeqKV;
   // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
   if (dqAccumulation(spec) == DqAccumulation::Atomic)
     bufs[bwd::DqAccum] =

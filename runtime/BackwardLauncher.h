@@ -33,6 +33,8 @@ struct BackwardArgs {
   /// the f32 gradient buffers (each its tensor's size, added into) of those
   /// the spec's captureGrads names.
   std::array<CUdeviceptr, abi::kMaxCaptures> captures{}, captureGrads{};
+  /// Varlen kernels only: the forward's offsets (ForwardArgs::cuSeqQ).
+  CUdeviceptr cuSeqQ = 0, cuSeqKV = 0;
 };
 
 /// The widest global->shared copy (16, 8, 4 or 2 bytes) that the pointers

@@ -223,6 +223,14 @@ MemRef1D view(const HalfTensor &t) {
                   int64_t(t.buffer->size()) - t.offset);
 }
 
+/// A varlen kernel's offsets (AttentionData::cuSeqQ or cuSeqKV), or
+/// \p unused (a valid buffer the kernel never reads) when there are none.
+MemRef1D varlenOffsets(const std::vector<int32_t> &cu, MemRef1D unused) {
+  if (cu.empty())
+    return unused;
+  return describe(const_cast<int32_t *>(cu.data()), int64_t(cu.size()));
+}
+
 /// Checks the layout argument against \p spec and \p p.
 void checkLayoutArg(const AttentionSpec &spec, const Problem &p,
                     const BlockSparseLayout *layout) {
@@ -274,6 +282,7 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
   checkLayoutArg(spec, p, layout);
+  checkVarlenData(spec, p, d);
   d.q.checkLayout("q");
   d.k.checkLayout("k");
   d.v.checkLayout("v");
@@ -305,7 +314,9 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
                                 view(d.o),
                                 describe(d.lse.data(), int64_t(d.lse.size())),
                                 counts,
-                                indices};
+                                indices,
+                                varlenOffsets(d.cuSeqQ, counts),
+                                varlenOffsets(d.cuSeqKV, counts)};
 
   const TileConfig &config = impl->config;
   if (!config.splits) {
@@ -379,6 +390,7 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
   checkLayoutArg(spec, p, layout);
+  checkVarlenData(spec, p, fwd);
   const std::pair<const HalfTensor *, const char *> views[] = {
       {&fwd.q, "q"}, {&fwd.k, "k"}, {&fwd.v, "v"}, {&fwd.o, "o"},
       {&g.dO, "do"}, {&g.dq, "dq"}, {&g.dk, "dk"}, {&g.dv, "dv"}};
@@ -467,6 +479,8 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   bufs[bwd::Indices] = indices;
   bufs[bwd::KvCounts] = kvCounts;
   bufs[bwd::KvIndices] = kvIndices;
+  bufs[bwd::CuSeqQ] = varlenOffsets(fwd.cuSeqQ, counts);
+  bufs[bwd::CuSeqKV] = varlenOffsets(fwd.cuSeqKV, counts);
 
   const TileConfig &c = impl->config;
   auto blocks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };

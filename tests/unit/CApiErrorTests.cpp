@@ -264,19 +264,23 @@ TEST(CApiErrors, AStrideOf2To62IsRefused) {
   EXPECT_EQ(ok.run(h), FLASHJIT_OK) << lastError();
 }
 
-TEST(CApiErrors, ANonzeroReservedFieldIsRefused) {
+TEST(CApiErrors, AVarlenFieldOtherThanZeroOrOneIsRefused) {
   Handle h;
   SmallProblem sp;
-  sp.spec.reserved = 7;
+  sp.spec.varlen = 7;
   EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(lastError().find("spec.reserved must be 0 (flashjit_spec_init "
-                             "sets it), got 7"),
+  EXPECT_NE(lastError().find("spec.varlen must be 0 (B, H, N, d tensors) or "
+                             "1 (variable-length packing), got 7"),
             std::string::npos)
       << lastError();
   int64_t out[4];
   EXPECT_EQ(flashjit_chosen_config(h, &sp.spec, 1, 2, 16, 16, out),
             FLASHJIT_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(lastError().find("spec.reserved"), std::string::npos)
+  EXPECT_NE(lastError().find("spec.varlen"), std::string::npos) << lastError();
+  // A varlen spec needs the varlen call.
+  sp.spec.varlen = 1;
+  EXPECT_EQ(sp.run(h), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("flashjit_forward_varlen"), std::string::npos)
       << lastError();
 }
 

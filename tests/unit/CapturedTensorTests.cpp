@@ -317,14 +317,14 @@ TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
     target.arch = arch;
     std::string ptx = compileToPtx(spec, gpuTiling, target);
     SCOPED_TRACE(arch);
-    const std::string f32 = ".param .f32 attention_param_30,";
+    const std::string f32 = ".param .f32 attention_param_32,";
     size_t at = ptx.find(f32);
     ASSERT_NE(at, std::string::npos);
-    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_31,", at),
+    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_33,", at),
               std::string::npos);
-    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_32\n", at),
+    EXPECT_NE(ptx.find(".param .u64 .ptr .align 1 attention_param_34\n", at),
               std::string::npos);
-    EXPECT_EQ(ptx.find("attention_param_33"), std::string::npos);
+    EXPECT_EQ(ptx.find("attention_param_35"), std::string::npos);
     EXPECT_NE(ptx.find("ld.global.b32"), std::string::npos);
   }
   AttentionSpec tooMany = spec;

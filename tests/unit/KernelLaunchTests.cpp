@@ -229,7 +229,7 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
     ASSERT_EQ(other.kernels.size(), 1u);
     EXPECT_TRUE(other.kernels[0].tensorMaps.empty());
     EXPECT_EQ(other.ptx.find("cp.async.bulk.tensor"), std::string::npos);
-    EXPECT_EQ(other.ptx.find("attention_param_31"), std::string::npos);
+    EXPECT_EQ(other.ptx.find("attention_param_33"), std::string::npos);
   }
 }
 

@@ -131,7 +131,76 @@ FLASHJIT_API void flashjit_spec_init(flashjit_spec *spec) {
   spec->direction = FLASHJIT_DIRECTION_FORWARD;
   spec->sparse_block = 128;
   spec->deterministic = 0;
-  spec->reserved = 0;
+  spec->varlen = 0;
+}
+
+/// The forward calls' body: checks, then the handle's device.
+static void runForward(flashjit_handle *handle, const flashjit_spec *spec,
+                       const flashjit_tensor *q, const flashjit_tensor *k,
+                       const flashjit_tensor *v, const flashjit_tensor *o,
+                       float *lse, double scale, int64_t windowLeft,
+                       int64_t windowRight, const flashjit_layout *layout,
+                       const flashjit_captured *captured, int64_t numCaptured,
+                       const flashjit_varlen *varlen, void *cudaStream) {
+  requireHandle(handle);
+  AttentionSpec s = toSpec(spec);
+  s.direction = Direction::Forward; // the pass this call runs
+  Problem p =
+      toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
+  checkLayoutShape(s, p, layout);
+  checkCaptured(s, captured, numCaptured,
+                varlen ? "flashjit_forward_varlen"
+                       : "flashjit_forward_captured");
+  if (handle->device == FLASHJIT_DEVICE_CPU)
+    forwardCpu(handle, s, p, *q, *k, *v, *o, lse, layout, captured, varlen);
+  else
+    forwardCuda(handle, s, p, *q, *k, *v, *o, lse, layout, captured, varlen,
+                cudaStream);
+}
+
+/// The backward calls' body: checks, then the handle's device.
+static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
+                        const flashjit_tensor *q, const flashjit_tensor *k,
+                        const flashjit_tensor *v, const flashjit_tensor *o,
+                        const flashjit_tensor *d_o, const float *lse,
+                        const flashjit_tensor *dq, const flashjit_tensor *dk,
+                        const flashjit_tensor *dv, double scale,
+                        int64_t windowLeft, int64_t windowRight,
+                        const flashjit_layout *layout, void *workspace,
+                        size_t workspaceBytes,
+                        const flashjit_captured *captured, int64_t numCaptured,
+                        const flashjit_varlen *varlen, void *cudaStream) {
+  requireHandle(handle);
+  AttentionSpec s = toSpec(spec);   // as the forward's: the callees derive
+  s.direction = Direction::Forward; // the backward spec from it
+  Problem p =
+      toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
+  checkLayoutShape(s, p, layout);
+  checkSameShape(d_o, "d_o", *o, "o");
+  checkSameShape(dq, "dq", *q, "q");
+  checkSameShape(dk, "dk", *k, "k");
+  checkSameShape(dv, "dv", *v, "v");
+  if (!lse)
+    invalid("lse is NULL: the backward reads the forward's lse");
+  checkCaptured(s, captured, numCaptured,
+                varlen ? "flashjit_backward_varlen"
+                       : "flashjit_backward_captured");
+  // The gradients asked for (a non-NULL grad) are part of the kernel.
+  for (int64_t c = 0; c < numCaptured; ++c)
+    if (captured[c].grad)
+      s.captureGrads |= int64_t(1) << c;
+  if (s.captureGrads && s.deterministic)
+    invalid("captured[].grad with spec.deterministic: the captured "
+            "tensors' gradients are summed by atomic adds, which a "
+            "deterministic backward cannot give yet");
+  WorkspaceLayout w = workspaceLayout(s, p);
+  checkWorkspace(workspace, workspaceBytes, w);
+  if (handle->device == FLASHJIT_DEVICE_CUDA)
+    backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
+                 layout, workspace, w, captured, varlen, cudaStream);
+  else
+    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
+                layout, captured, varlen);
 }
 
 FLASHJIT_API flashjit_status
@@ -153,17 +222,24 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
     const flashjit_layout *layout, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream) {
   return guarded("flashjit_forward", [&] {
-    requireHandle(handle);
-    AttentionSpec s = toSpec(spec);
-    s.direction = Direction::Forward; // the pass this call runs
-    Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
-    checkLayoutShape(s, p, layout);
-    checkCaptured(s, captured, num_captured, "flashjit_forward_captured");
-    if (handle->device == FLASHJIT_DEVICE_CPU)
-      forwardCpu(handle, s, p, *q, *k, *v, *o, lse, layout, captured);
-    else
-      forwardCuda(handle, s, p, *q, *k, *v, *o, lse, layout, captured,
-                  cuda_stream);
+    runForward(handle, spec, q, k, v, o, lse, scale, window_left, window_right,
+               layout, captured, num_captured, nullptr, cuda_stream);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_forward_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_varlen *varlen, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
+  return guarded("flashjit_forward_varlen", [&] {
+    if (!varlen)
+      invalid("varlen is NULL: flashjit_forward_varlen takes the sequences' "
+              "offsets");
+    runForward(handle, spec, q, k, v, o, lse, scale, window_left, window_right,
+               nullptr, captured, num_captured, varlen, cuda_stream);
   });
 }
 
@@ -191,34 +267,28 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream) {
   return guarded("flashjit_backward", [&] {
-    requireHandle(handle);
-    AttentionSpec s = toSpec(spec);   // as the forward's: the callees derive
-    s.direction = Direction::Forward; // the backward spec from it
-    Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
-    checkLayoutShape(s, p, layout);
-    checkSameShape(d_o, "d_o", *o, "o");
-    checkSameShape(dq, "dq", *q, "q");
-    checkSameShape(dk, "dk", *k, "k");
-    checkSameShape(dv, "dv", *v, "v");
-    if (!lse)
-      invalid("lse is NULL: the backward reads the forward's lse");
-    checkCaptured(s, captured, num_captured, "flashjit_backward_captured");
-    // The gradients asked for (a non-NULL grad) are part of the kernel.
-    for (int64_t c = 0; c < num_captured; ++c)
-      if (captured[c].grad)
-        s.captureGrads |= int64_t(1) << c;
-    if (s.captureGrads && s.deterministic)
-      invalid("captured[].grad with spec.deterministic: the captured "
-              "tensors' gradients are summed by atomic adds, which a "
-              "deterministic backward cannot give yet");
-    WorkspaceLayout w = workspaceLayout(s, p);
-    checkWorkspace(workspace, workspace_bytes, w);
-    if (handle->device == FLASHJIT_DEVICE_CUDA)
-      backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                   layout, workspace, w, captured, cuda_stream);
-    else
-      backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                  layout, captured);
+    runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
+                window_left, window_right, layout, workspace, workspace_bytes,
+                captured, num_captured, nullptr, cuda_stream);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_backward_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_varlen *varlen,
+    void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
+  return guarded("flashjit_backward_varlen", [&] {
+    if (!varlen)
+      invalid("varlen is NULL: flashjit_backward_varlen takes the forward's "
+              "sequence offsets");
+    runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
+                window_left, window_right, nullptr, workspace,
+                workspace_bytes, captured, num_captured, varlen, cuda_stream);
   });
 }
 

@@ -107,10 +107,11 @@ AttentionSpec toSpec(const flashjit_spec *s) {
                         "by a separate pass), got {}",
                         s->deterministic));
   spec.deterministic = s->deterministic == 1;
-  if (s->reserved != 0)
-    invalid(fmt::format("spec.reserved must be 0 (flashjit_spec_init sets "
-                        "it), got {}",
-                        s->reserved));
+  if (s->varlen != 0 && s->varlen != 1)
+    invalid(fmt::format("spec.varlen must be 0 (B, H, N, d tensors) or 1 "
+                        "(variable-length packing), got {}",
+                        s->varlen));
+  spec.varlen = s->varlen == 1;
   if (s->score_mod && *s->score_mod) {
     // A name (at most 255 characters) or a region's text (at most 64 KiB).
     constexpr size_t kLimit = size_t(1) << 16;
@@ -179,11 +180,15 @@ static void checkDim(const flashjit_tensor *t, const char *what, int dim,
 Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
                   const flashjit_tensor *k, const flashjit_tensor *v,
                   const flashjit_tensor *o, double scale, int64_t windowLeft,
-                  int64_t windowRight) {
+                  int64_t windowRight, const flashjit_varlen *varlen) {
   checkTensor(q, "q");
   checkTensor(k, "k");
   checkTensor(v, "v");
   checkTensor(o, "o");
+  if (varlen && q->shape[0] != 1)
+    invalid(fmt::format("varlen: q holds the sequences packed, shape {{1, H, "
+                        "total_q, d}}; got a batch of {}",
+                        q->shape[0]));
   checkDim(q, "q", 3, spec.headDimQK, "spec.head_dim_qk");
   checkDim(k, "k", 3, spec.headDimQK, "spec.head_dim_qk");
   checkDim(v, "v", 3, spec.headDimV, "spec.head_dim_v");
@@ -205,6 +210,19 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
   p.seqLenQ = q->shape[2];
   p.seqLenKV = k->shape[2];
   p.scale = scale;
+  if (spec.varlen && !varlen)
+    invalid("spec.varlen is set: run it with flashjit_forward_varlen or "
+            "flashjit_backward_varlen, which take the sequences' offsets");
+  if (varlen && !spec.varlen)
+    invalid("a flashjit_varlen given for a spec without varlen (set "
+            "spec.varlen = 1)");
+  if (varlen) {
+    if (!varlen->cu_seqlens_q || !varlen->cu_seqlens_kv)
+      invalid("varlen: cu_seqlens_q and cu_seqlens_kv must not be NULL");
+    p.batch = varlen->batch;
+    p.seqLenQ = varlen->max_seqlen_q;
+    p.seqLenKV = varlen->max_seqlen_kv;
+  }
   if (spec.mask == MaskKind::SlidingWindow) {
     auto side = [](const char *name, int64_t w) {
       if (w == -1)

@@ -73,13 +73,25 @@ std::unique_ptr<BlockSparseLayout> hostLayout(const flashjit_layout *layout,
                     });
 }
 
+/// \p varlen's offsets (host memory) into \p d (checked by the kernel's
+/// run: kernels/HostTensor.h checkVarlenData).
+static void setOffsets(AttentionData &d, const Problem &p,
+                       const flashjit_varlen *varlen) {
+  if (!varlen)
+    return;
+  d.cuSeqQ.assign(varlen->cu_seqlens_q, varlen->cu_seqlens_q + p.batch + 1);
+  d.cuSeqKV.assign(varlen->cu_seqlens_kv,
+                   varlen->cu_seqlens_kv + p.batch + 1);
+}
+
 void runCpuForward(const CpuKernel &kernel, const Problem &p,
                    const flashjit_tensor &q, const flashjit_tensor &k,
                    const flashjit_tensor &v, const flashjit_tensor &o,
                    float *lse, const BlockSparseLayout *bcsr,
-                   Captures captures) {
+                   Captures captures, const flashjit_varlen *varlen) {
   AttentionData d;
   d.captures = std::move(captures);
+  setOffsets(d, p, varlen);
   d.q = packedCopy(q);
   d.k = packedCopy(k);
   d.v = packedCopy(v);
@@ -95,13 +107,14 @@ void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
                 const flashjit_tensor &q, const flashjit_tensor &k,
                 const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
                 const flashjit_layout *layout,
-                const flashjit_captured *captured) {
+                const flashjit_captured *captured,
+                const flashjit_varlen *varlen) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, spec.sparseBlock);
   std::shared_ptr<CpuKernel> kernel =
       cpuKernel(h, spec, chooseConfig(spec, p, nullptr));
   runCpuForward(*kernel, p, q, k, v, o, lse, bcsr.get(),
-                hostCaptures(spec, captured));
+                hostCaptures(spec, captured), varlen);
 }
 
 Captures hostCaptures(const AttentionSpec &spec,
@@ -121,7 +134,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
                  const flashjit_layout *layout,
-                 const flashjit_captured *captured) {
+                 const flashjit_captured *captured,
+                 const flashjit_varlen *varlen) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, forwardSpec.sparseBlock);
   AttentionSpec spec = forwardSpec;
@@ -145,11 +159,17 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   fwd.o = packedCopy(o);
   fwd.lse.assign(lse, lse + p.batch * p.heads * p.seqLenQ);
   fwd.captures = hostCaptures(forwardSpec, captured);
+  setOffsets(fwd, p, varlen);
+  checkVarlenData(forwardSpec, p, fwd);
   // A NaN (or +inf) lse is no forward's output; the kernel would read it as
-  // a row that sees no key and give that row a zero dQ. Refused instead.
+  // a row that sees no key and give that row a zero dQ. Refused instead
+  // (varlen: the rows of each sequence; the padding is never read).
   for (size_t i = 0; i < fwd.lse.size(); ++i)
     if (std::isnan(fwd.lse[i]) || fwd.lse[i] == INFINITY) {
       int64_t row = int64_t(i) % p.seqLenQ, bh = int64_t(i) / p.seqLenQ;
+      if (varlen && row >= fwd.cuSeqQ[size_t(bh / p.heads + 1)] -
+                               fwd.cuSeqQ[size_t(bh / p.heads)])
+        continue;
       invalid(fmt::format("lse[{}, {}, {}] is {}: the forward's lse is "
                           "finite, or -inf for a row that sees no key",
                           bh / p.heads, bh % p.heads, row, fwd.lse[i]));

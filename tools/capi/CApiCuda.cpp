@@ -182,7 +182,8 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const flashjit_tensor &k, const flashjit_tensor &v,
                  const flashjit_tensor &o, float *lse,
                  const flashjit_layout *layout,
-                 const flashjit_captured *captured, void *stream) {
+                 const flashjit_captured *captured,
+                 const flashjit_varlen *varlen, void *stream) {
   if (!lse)
     invalid("lse is NULL: on CUDA the kernel always writes lse (fp32 "
             "[B, H, Nq])");
@@ -190,6 +191,10 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
   rt::ForwardArgs args = forwardArgs(q, k, v, o, lse, layout);
   for (int64_t c = 0; c < spec.captures; ++c)
     args.captures[size_t(c)] = devicePtr(captured[c].data);
+  if (varlen) {
+    args.cuSeqQ = devicePtr(varlen->cu_seqlens_q);
+    args.cuSeqKV = devicePtr(varlen->cu_seqlens_kv);
+  }
   CUstream cuStream = static_cast<CUstream>(stream);
   forwardKernelFor(h, spec, p, context, info, args, cuStream)
       ->launch(p, args, cuStream);
@@ -259,7 +264,7 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
                   const flashjit_layout *layout, void *workspace,
                   const WorkspaceLayout &w, const flashjit_captured *captured,
-                  void *stream) {
+                  const flashjit_varlen *varlen, void *stream) {
   auto [context, info] = currentDevice(h);
   CUstream cuStream = static_cast<CUstream>(stream);
   bool capturing = rt::isStreamCapturing(cuStream);
@@ -284,6 +289,10 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   args.dk = deviceTensor(dk);
   args.dv = deviceTensor(dv);
   args.lse = devicePtr(lse);
+  if (varlen) {
+    args.cuSeqQ = devicePtr(varlen->cu_seqlens_q);
+    args.cuSeqKV = devicePtr(varlen->cu_seqlens_kv);
+  }
   setLayoutArgs(args, layout);
   for (int64_t c = 0; c < spec.captures; ++c) {
     args.captures[size_t(c)] = devicePtr(captured[c].data);

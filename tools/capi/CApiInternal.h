@@ -138,11 +138,13 @@ AttentionSpec toSpec(const flashjit_spec *s);
 void checkTensor(const flashjit_tensor *t, const char *what);
 
 /// Checks the four tensors against the spec and each other and returns the
-/// problem they describe.
+/// problem they describe; with \p varlen (required iff spec.varlen) the
+/// batch and the longest sequences are its, the tensors one packed batch.
 Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
                   const flashjit_tensor *k, const flashjit_tensor *v,
                   const flashjit_tensor *o, double scale, int64_t windowLeft,
-                  int64_t windowRight);
+                  int64_t windowRight,
+                  const flashjit_varlen *varlen = nullptr);
 
 /// Checks the layout's presence and dimensions (not its contents).
 void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
@@ -227,7 +229,8 @@ void runCpuForward(const CpuKernel &kernel, const Problem &p,
                    const flashjit_tensor &q, const flashjit_tensor &k,
                    const flashjit_tensor &v, const flashjit_tensor &o,
                    float *lse, const BlockSparseLayout *bcsr,
-                   Captures captures = {});
+                   Captures captures = {},
+                   const flashjit_varlen *varlen = nullptr);
 
 /// \p captured (spec.captures of them; checkCaptured) as host data.
 Captures hostCaptures(const AttentionSpec &spec,
@@ -237,7 +240,8 @@ void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
                 const flashjit_tensor &q, const flashjit_tensor &k,
                 const flashjit_tensor &v, const flashjit_tensor &o, float *lse,
                 const flashjit_layout *layout,
-                const flashjit_captured *captured = nullptr);
+                const flashjit_captured *captured = nullptr,
+                const flashjit_varlen *varlen = nullptr);
 
 void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const Problem &p, const flashjit_tensor &q,
@@ -246,7 +250,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
                  const flashjit_layout *layout,
-                 const flashjit_captured *captured);
+                 const flashjit_captured *captured,
+                 const flashjit_varlen *varlen);
 
 //===----------------------------------------------------------------------===//
 // CUDA (CApiCuda.cpp)
@@ -284,7 +289,8 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const flashjit_tensor &k, const flashjit_tensor &v,
                  const flashjit_tensor &o, float *lse,
                  const flashjit_layout *layout,
-                 const flashjit_captured *captured, void *stream);
+                 const flashjit_captured *captured,
+                 const flashjit_varlen *varlen, void *stream);
 
 void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const Problem &p, const flashjit_tensor &q,
@@ -294,7 +300,7 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
                   const flashjit_layout *layout, void *workspace,
                   const WorkspaceLayout &w, const flashjit_captured *captured,
-                  void *stream);
+                  const flashjit_varlen *varlen, void *stream);
 
 } // namespace flashjit::capi
 

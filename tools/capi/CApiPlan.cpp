@@ -132,6 +132,9 @@ FLASHJIT_API flashjit_status flashjit_plan_create(
     requireHandle(handle);
     AttentionSpec s = toSpec(spec);
     s.direction = Direction::Forward; // the pass a plan runs
+    if (s.varlen)
+      invalid("spec.varlen: plans do not take variable-length batches yet; "
+              "call flashjit_forward_varlen");
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
     if (s.captures > 0)

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 7
+#define FLASHJIT_C_API_VERSION 8
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -166,7 +166,12 @@ typedef struct flashjit_spec {
    *  an fp32 workspace from the dK/dV loop (faster, a larger workspace; the
    *  last bits of dQ may vary run to run). Since version 3. */
   int32_t deterministic;
-  int32_t reserved; /**< 0 (flashjit_spec_init sets it); else refused */
+  /** Nonzero: variable-length packing, the batch's sequences one after
+   *  another in the tensors (run by flashjit_forward_varlen and
+   *  flashjit_backward_varlen, which see flashjit_varlen); 0 (default):
+   *  (B, H, N, d) tensors. Not with block_sparse. Since version 8 (the
+   *  field was `reserved`, which had to be 0). */
+  int32_t varlen;
   /** A score modifier on score = scale * q.k, forward and backward; NULL
    *  or "" for none (flashjit_spec_init sets NULL). Either a named one, at
    *  most 255 characters: "softcap:C" (C * tanh(score / C), C > 0) or
@@ -273,6 +278,44 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
     const flashjit_layout *layout, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream);
 
+/** The sequences of a variable-length batch (spec->varlen; since version
+ *  8). Its tensors hold the sequences one after another: q and o a
+ *  (total_q, H, d) tensor given as shape {1, H, total_q, d} with strides
+ *  {any, its head stride, its token stride, 1}; k, v and their gradients
+ *  likewise over total_kv. Sequence b is rows [cu_seqlens_q[b],
+ *  cu_seqlens_q[b + 1]) of q and o and rows [cu_seqlens_kv[b],
+ *  cu_seqlens_kv[b + 1]) of k and v; masks, windows and score modifiers
+ *  see positions within the sequence (causal is bottom-right aligned per
+ *  sequence), a sequence without keys gives O = 0 and lse = -inf. lse is
+ *  fp32 [batch, H, max_seqlen_q] packed (the rows past a sequence's length
+ *  are not written); the backward's workspace is
+ *  flashjit_backward_workspace_size's for (batch, H, max_seqlen_q,
+ *  max_seqlen_kv). */
+typedef struct flashjit_varlen {
+  /** [batch + 1] int32 offsets, 0 first, non-decreasing, the last at most
+   *  the tensors' rows: device memory on CUDA (not read on the host there:
+   *  offsets out of range are undefined behaviour), host memory on the CPU
+   *  (checked: INVALID_ARGUMENT naming the bad one). */
+  const int32_t *cu_seqlens_q;
+  const int32_t *cu_seqlens_kv; /**< [batch + 1], likewise */
+  int64_t batch;                /**< the number of sequences, >= 1 */
+  /** At least the longest query (key) sequence and at least 1: the grid
+   *  spans it and lse is padded to it. */
+  int64_t max_seqlen_q, max_seqlen_kv;
+} flashjit_varlen;
+
+/** flashjit_forward_captured for a varlen spec (spec->varlen nonzero):
+ *  the sequences in \p varlen (required); no layout. flashjit_forward and
+ *  flashjit_forward_captured refuse a varlen spec, this call a spec
+ *  without. Since version 8. */
+FLASHJIT_API flashjit_status flashjit_forward_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_varlen *varlen, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
+
 /** The backward pass: dq, dk, dv from q, k, v, o, d_o and the forward's lse
  *  (dk and dv shaped as k and v, summed over each GQA group), by
  *  recomputation (FlashAttention-2 order). dQ by spec->deterministic: 0, the
@@ -346,6 +389,19 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
+
+/** flashjit_backward_captured for a varlen spec: the forward's \p varlen
+ *  (required); dq, dk, dv packed as q, k, v; no layout. The other backward
+ *  calls refuse a varlen spec. Since version 8. */
+FLASHJIT_API flashjit_status flashjit_backward_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_varlen *varlen,
     void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream);
 

@@ -5,6 +5,7 @@
 #include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
+#include "kernels/Varlen.h"
 #include "runtime/BackwardLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "tools/cli/GpuCommands.h"
@@ -56,6 +57,8 @@ struct DeviceBackward {
     args.o = fwd.args.o;
     args.lse = fwd.args.lse;
     args.captures = fwd.args.captures;
+    args.cuSeqQ = fwd.args.cuSeqQ;
+    args.cuSeqKV = fwd.args.cuSeqKV;
     captureGrads.resize(g.captureGrads.size());
     for (size_t c = 0; c < g.captureGrads.size(); ++c) {
       if (g.captureGrads[c].empty())
@@ -208,11 +211,19 @@ int runBackward(const CliOptions &o) {
 
   // The forward as the backward got it (sampled rows for large problems),
   // then the gradients.
-  ErrorReport forwardErr = compareWithReference(
-      forwardSpec, p, data,
-      referenceForward(forwardSpec, p, data, layout.get(), checkWork(o)));
-  BackwardCheck check =
-      checkBackward(spec, p, data, grads, layout.get(), checkWork(o));
+  // A varlen batch: every sequence against its own float64 reference.
+  ErrorReport forwardErr;
+  BackwardCheck check;
+  if (spec.varlen) {
+    forwardErr = checkVarlenForward(forwardSpec, p, data);
+    check.err = checkVarlenBackward(forwardSpec, p, data, grads);
+    check.checkedHeads = p.batch * p.heads;
+  } else {
+    forwardErr = compareWithReference(
+        forwardSpec, p, data,
+        referenceForward(forwardSpec, p, data, layout.get(), checkWork(o)));
+    check = checkBackward(spec, p, data, grads, layout.get(), checkWork(o));
+  }
   const BackwardErrorReport &err = check.err;
   double bound = errorBound(spec.dtype);
   double relErr = reportable(err.relErr());
@@ -224,7 +235,7 @@ int runBackward(const CliOptions &o) {
   const char *deviceName = device == Device::Cuda ? "cuda" : "cpu";
   const TileConfig &config = run.gpu ? run.gpu->config : o.config;
   double tflops =
-      run.gpu ? backwardFlops(spec, p) / (run.runMs * 1e-3) / 1e12 : 0.0;
+      run.gpu ? backwardFlops(spec, p, &data) / (run.runMs * 1e-3) / 1e12 : 0.0;
   auto optional = [](const std::optional<int64_t> &v) {
     return v ? std::to_string(*v) : std::string("null");
   };

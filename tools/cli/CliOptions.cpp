@@ -120,6 +120,9 @@ std::string helpText(const std::string &command) {
          "                       0/1 per sparse KV block (broadcast over B, "
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
+         "  --varlen             variable-length packing: the sequences one\n"
+         "                       after another, (total, H, d), with i32\n"
+         "                       offsets (implied by --seqlens-q)\n"
          "  --backward           the backward pass (dQ, dK, dV): `run` runs\n"
          "                       the forward, then the backward on random dO,\n"
          "                       and checks the three gradients (--dump-io\n"
@@ -146,6 +149,10 @@ std::string helpText(const std::string &command) {
          "  --batch B --heads H --seq-len N --seq-len-kv M (default M = N,\n"
          "                       H = the gqa group size: one KV head, or\n"
          "                       alibi:H's H)\n"
+         "  --seqlens-q L1,L2,.. a variable-length batch (--varlen): one\n"
+         "                       query length per sequence (0 allowed);\n"
+         "  --seqlens-kv M1,..   its key lengths (default the query ones);\n"
+         "                       replaces --batch / --seq-len / --seq-len-kv\n"
          "  --scale S            softmax scale (default 1/sqrt(head dim))\n"
          "tiling:\n"
          "  --block-m BR --block-n BC --warps W --stages S (default on the "
@@ -186,7 +193,8 @@ const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
       "--batch", "--heads",   "--seq-len",   "--seq-len-kv",
       "--scale", "--device",  "--repeats",   "--seed",
-      "--tune",  "--dump-io", "--packed-qkv", "--capture"};
+      "--tune",  "--dump-io", "--packed-qkv", "--capture",
+      "--seqlens-q", "--seqlens-kv"};
   return options;
 }
 
@@ -258,6 +266,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     }
   }
   bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
+  bool batchOrLengthGiven = false; ///< --batch, --seq-len or --seq-len-kv
   // --score-mod's value, applied to the whole description at the end.
   std::optional<std::string> scoreModArg;
   bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
@@ -290,18 +299,25 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--input", [&](auto &v) { o.inputPath = v; }},
       {"--sparse-block",
        [&](auto &v) { o.spec.sparseBlock = parseInt("--sparse-block", v); }},
-      {"--batch", [&](auto &v) { o.problem.batch = parseInt("--batch", v); }},
+      {"--batch",
+       [&](auto &v) {
+         o.problem.batch = parseInt("--batch", v);
+         batchOrLengthGiven = true;
+       }},
       {"--heads",
        [&](auto &v) {
          o.problem.heads = parseInt("--heads", v);
          headsGiven = true;
        }},
       {"--seq-len",
-       [&](auto &v) { o.problem.seqLenQ = parseInt("--seq-len", v); }},
+       [&](auto &v) {
+         o.problem.seqLenQ = parseInt("--seq-len", v);
+         batchOrLengthGiven = true;
+       }},
       {"--seq-len-kv",
        [&](auto &v) {
          o.problem.seqLenKV = parseInt("--seq-len-kv", v);
-         seqKVGiven = true;
+         seqKVGiven = batchOrLengthGiven = true;
        }},
       {"--scale",
        [&](auto &v) { o.problem.scale = parseDouble("--scale", v); }},
@@ -357,11 +373,15 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          o.seed = uint64_t(parseInt("--seed", v));
          o.seedGiven = true;
        }},
+      {"--seqlens-q", [&](auto &v) { o.seqLensQ = parseLengths("--seqlens-q", v); }},
+      {"--seqlens-kv",
+       [&](auto &v) { o.seqLensKV = parseLengths("--seqlens-kv", v); }},
   };
   std::map<std::string, std::function<void()>> flags = {
       {"--causal", [&] { o.spec.mask = MaskKind::Causal; }},
       {"--backward", [&] { o.spec.direction = Direction::Backward; }},
       {"--deterministic", [&] { o.spec.deterministic = true; }},
+      {"--varlen", [&] { o.spec.varlen = true; }},
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},
@@ -379,7 +399,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   static const std::set<std::string> kSpecFlags = {
       "--head-dim",      "--head-dim-v",   "--dtype",
       "--gqa",           "--causal",       "--backward",
-      "--deterministic", "--sparse-block", "--score-mod"};
+      "--deterministic", "--sparse-block", "--score-mod", "--varlen"};
   std::vector<std::string> specFlagsSeen, runFlagsSeen;
   const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {
@@ -503,6 +523,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   }
   if (o.density && !o.layoutPath.empty())
     throw SpecError("--block-sparse and --layout are exclusive");
+  applyVarlenOptions(o, batchOrLengthGiven);
   if (o.source.empty())
     o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
   if (o.spec.deterministic && o.spec.direction != Direction::Backward)

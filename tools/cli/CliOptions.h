@@ -52,6 +52,9 @@ struct CliOptions {
   bool tune = false;            ///< --tune: tune before running
   std::string cacheVerb;        ///< `flashjit cache VERB`
   bool packedQKV = false; ///< q, k, v as views of one (B, N, 3, H, d) buffer
+  /// --seqlens-q / --seqlens-kv: a variable-length batch's sequences
+  /// (AttentionSpec::varlen), one length each.
+  std::vector<int64_t> seqLensQ, seqLensKV;
   bool help = false;
   bool version = false; ///< --version: the versions of flashjit and its
                         ///< libraries (never fails)
@@ -73,6 +76,17 @@ struct RandomRun {
   AttentionData data;
 };
 RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
+
+/// "L1,L2,..." of \p flag: one or more lengths, each in [0, 2^24], their
+/// sum below 2^31 (the kernels' int32 offsets).
+std::vector<int64_t> parseLengths(const std::string &flag,
+                                  const std::string &text);
+
+/// --seqlens-q / --seqlens-kv and --varlen: the variable-length batch's
+/// spec and problem (B and the longest sequences), or a SpecError for a
+/// combination that cannot run (\p batchOrLengthGiven: --batch, --seq-len
+/// or --seq-len-kv was given too).
+void applyVarlenOptions(CliOptions &o, bool batchOrLengthGiven);
 
 /// The options only `run`, `bench` and `tune` use (the problem, the
 /// random inputs, the device, the timing), which `compile` refuses.

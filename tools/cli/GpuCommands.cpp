@@ -133,6 +133,14 @@ DeviceProblem::DeviceProblem(const AttentionData &data,
     args.countStrides = layout->countStrides();
     args.indexStrides = layout->indexStrides();
   }
+  if (!data.cuSeqQ.empty()) {
+    cuSeqQ = rt::DeviceBuffer(data.cuSeqQ.size() * 4);
+    cuSeqQ.uploadVector(data.cuSeqQ);
+    cuSeqKV = rt::DeviceBuffer(data.cuSeqKV.size() * 4);
+    cuSeqKV.uploadVector(data.cuSeqKV);
+    args.cuSeqQ = cuSeqQ.ptr();
+    args.cuSeqKV = cuSeqKV.ptr();
+  }
   if (data.captures.size() > args.captures.size())
     throw SpecError(fmt::format("{} captured tensors, at most {}",
                                 data.captures.size(), args.captures.size()));
@@ -155,14 +163,24 @@ void DeviceProblem::download(AttentionData &data) {
   lse.download(data.lse.data(), data.lse.size() * 4);
 }
 
-double forwardFlops(const AttentionSpec &spec, const Problem &p) {
-  double f = 4.0 * double(p.batch) * double(p.heads) * double(p.seqLenQ) *
-             double(p.seqLenKV) * double(spec.headDimQK + spec.headDimV) / 2;
+double forwardFlops(const AttentionSpec &spec, const Problem &p,
+                    const AttentionData *data) {
+  // Query-key pairs: B * Nq * Nkv, or a varlen batch's sum over sequences.
+  double pairs = double(p.batch) * double(p.seqLenQ) * double(p.seqLenKV);
+  if (spec.varlen && data && data->cuSeqQ.size() == size_t(p.batch + 1)) {
+    pairs = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      pairs += double(data->cuSeqQ[size_t(b + 1)] - data->cuSeqQ[size_t(b)]) *
+               double(data->cuSeqKV[size_t(b + 1)] - data->cuSeqKV[size_t(b)]);
+  }
+  double f = 4.0 * pairs * double(p.heads) *
+             double(spec.headDimQK + spec.headDimV) / 2;
   return spec.mask == MaskKind::Causal ? f / 2 : f;
 }
 
-double backwardFlops(const AttentionSpec &spec, const Problem &p) {
-  return 2.5 * forwardFlops(spec, p);
+double backwardFlops(const AttentionSpec &spec, const Problem &p,
+                     const AttentionData *data) {
+  return 2.5 * forwardFlops(spec, p, data);
 }
 
 namespace {

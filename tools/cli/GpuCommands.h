@@ -79,6 +79,7 @@ private:
 struct DeviceProblem {
   DeviceTensors tensors;
   rt::DeviceBuffer lse, counts, indices;
+  rt::DeviceBuffer cuSeqQ, cuSeqKV; ///< a varlen batch's offsets
   std::vector<rt::DeviceBuffer> captures; ///< the score modifier's tensors
   rt::ForwardArgs args;
 
@@ -154,13 +155,16 @@ std::string gpuTextSummary(const GpuRunResult &r, double tflops);
 void printTuneOutcome(const CliOptions &o, const GpuRunResult &r,
                       const Problem &p);
 
-/// FLOPs of the forward pass (4 * B * H * Nq * Nkv * d, halved for causal).
-double forwardFlops(const AttentionSpec &spec, const Problem &p);
+/// FLOPs of the forward pass (4 * B * H * Nq * Nkv * d, halved for causal;
+/// with a varlen \p data, the sum of Nq * Nkv over its sequences).
+double forwardFlops(const AttentionSpec &spec, const Problem &p,
+                    const AttentionData *data = nullptr);
 
 /// FLOPs of the backward pass: 2.5 x the forward's (dV, dP, dQ, dK and the
 /// recomputed S: five matmuls to the forward's two), halved for causal as
 /// the forward's.
-double backwardFlops(const AttentionSpec &spec, const Problem &p);
+double backwardFlops(const AttentionSpec &spec, const Problem &p,
+                     const AttentionData *data = nullptr);
 
 /// `flashjit cache list|clear|path`.
 int runCacheCommand(const CliOptions &o);

@@ -10,7 +10,10 @@
 
 #include "tools/cli/CliOptions.h"
 #include "kernels/HostTensor.h"
+#include "kernels/Varlen.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <random>
 
@@ -75,11 +78,73 @@ RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec) {
   r.inputSeed = o.seedGiven ? o.seed ^ 0x5851f42d4c957f2dull
                             : (uint64_t(entropy()) << 32) ^ entropy();
   std::mt19937_64 rng(r.inputSeed);
-  r.data = makeRandomInputs(
-      forwardSpec, o.problem,
-      o.packedQKV ? QKVLayout::Packed : QKVLayout::Separate, rng);
+  r.data = forwardSpec.varlen
+               ? makeRandomVarlenInputs(forwardSpec, o.problem, o.seqLensQ,
+                                        o.seqLensKV, rng)
+               : makeRandomInputs(forwardSpec, o.problem,
+                                  o.packedQKV ? QKVLayout::Packed
+                                              : QKVLayout::Separate,
+                                  rng);
   r.data.captures = readCaptures(o, forwardSpec);
   return r;
+}
+
+std::vector<int64_t> parseLengths(const std::string &flag,
+                                  const std::string &text) {
+  std::vector<int64_t> out;
+  int64_t total = 0;
+  size_t at = 0;
+  do {
+    const size_t comma = text.find(',', at);
+    const std::string item = text.substr(at, comma - at);
+    char *end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno == ERANGE || v < 0 ||
+        v > (int64_t(1) << 24))
+      throw SpecError(fmt::format("{}: expected comma-separated lengths in "
+                                  "[0, 2^24], got '{}'",
+                                  flag, item));
+    out.push_back(v);
+    total += v;
+    if (total >= (int64_t(1) << 31) || out.size() > (size_t(1) << 20))
+      throw SpecError(fmt::format("{}: at most 2^20 sequences of 2^31 - 1 "
+                                  "tokens in all",
+                                  flag));
+    at = comma == std::string::npos ? comma : comma + 1;
+  } while (at != std::string::npos);
+  return out;
+}
+
+void applyVarlenOptions(CliOptions &o, bool batchOrLengthGiven) {
+  if (o.seqLensQ.empty()) {
+    if (!o.seqLensKV.empty())
+      throw SpecError("--seqlens-kv needs --seqlens-q (the query lengths)");
+    if (o.spec.varlen && o.command != "compile")
+      throw SpecError("a varlen kernel runs on a variable-length batch: give "
+                      "--seqlens-q L1,L2,... (and --seqlens-kv)");
+    return;
+  }
+  if (batchOrLengthGiven)
+    throw SpecError("--seqlens-q gives the batch and the sequence lengths; "
+                    "drop --batch, --seq-len and --seq-len-kv");
+  if (!o.source.empty() && !o.spec.varlen)
+    throw SpecError(fmt::format("--input {}: the kernel is not varlen; drop "
+                                "--seqlens-q / --seqlens-kv",
+                                o.source.name));
+  if (o.seqLensKV.empty())
+    o.seqLensKV = o.seqLensQ;
+  if (o.seqLensKV.size() != o.seqLensQ.size())
+    throw SpecError(fmt::format("--seqlens-q gives {} sequences, "
+                                "--seqlens-kv {}: one length each",
+                                o.seqLensQ.size(), o.seqLensKV.size()));
+  if (o.packedQKV)
+    throw SpecError("--packed-qkv and --seqlens-q: a varlen batch is packed "
+                    "token-major already");
+  if (!o.dumpDir.empty())
+    throw SpecError("--dump-io does not write variable-length batches yet");
+  o.spec.varlen = true;
+  o.problem = varlenProblem(o.problem, o.seqLensQ, o.seqLensKV);
 }
 
 } // namespace flashjit::cli

@@ -119,7 +119,8 @@ class Attn_KernelDescriptionOp<string mnemonic, dag extraArgs = (ins),
     TypeAttr:$element_type,
     StrAttr:$mask,
     DefaultValuedAttr<I64Attr, "1">:$gqa,
-    DefaultValuedAttr<I64Attr, "0">:$sparse_block
+    DefaultValuedAttr<I64Attr, "0">:$sparse_block,
+    DefaultValuedAttr<BoolAttr, "false">:$varlen
   ), extraArgs);
   let assemblyFormat = "$sym_name attr-dict";
   let hasVerifier = 1;
@@ -139,6 +140,13 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
     given at run time; causal is left = inf, right = 0). `sparse_block` > 0
     adds a run-time block-sparse layout (BCSR) over blocks of that many rows
     and columns; 0 means dense.
+
+    `varlen = true` packs the batch's sequences one after another (Q of
+    shape (total_q, H, head_dim_qk), K and V likewise over total_kv): the
+    kernel reads sequence b's rows [cu_q[b], cu_q[b + 1]) from the run-time
+    i32 offsets `cu_seqlens_q` and `cu_seqlens_kv`, and its masks and
+    score_mod see positions and lengths within the sequence. Not with
+    `sparse_block` > 0.
 
     ```mlir
     attn.flash_fwd @attention {element_type = bf16, gqa = 1 : i64,

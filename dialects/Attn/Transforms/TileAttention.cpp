@@ -131,7 +131,9 @@ private:
   func::FuncOp func;
 
   // Scalars of the program, set up in setUpProgram() and loopBounds().
-  Value nq, nkv, scaleLog2, m0, bIdx, hIdx;
+  /// nq and nkv: this program's sequence lengths; nqMax: seq_q, the padded
+  /// rows per (batch, head) of lse and the workspaces (nq but for varlen).
+  Value nq, nqMax, nkv, scaleLog2, m0, bIdx, hIdx;
   /// The rows of the program's row space (Nq, or Nq * gqa packed), the
   /// packed group (an index constant; null unpacked), the split and the
   /// split count (split only).
@@ -153,8 +155,9 @@ func::FuncOp TiledForwardBuilder::build() {
   auto bufTy = MemRefType::get({ShapedType::kDynamic}, elemTy);
   auto f32BufTy = MemRefType::get({ShapedType::kDynamic}, f32);
   auto i32BufTy = MemRefType::get({ShapedType::kDynamic}, b.getI32Type());
-  SmallVector<Type> argTys = {bufTy,    bufTy,    bufTy,   bufTy,
-                              f32BufTy, i32BufTy, i32BufTy};
+  // q, k, v, o; lse; counts, indices, cu_seqlens_q, cu_seqlens_kv.
+  SmallVector<Type> argTys = {bufTy,    bufTy,    bufTy,    bufTy,   f32BufTy,
+                              i32BufTy, i32BufTy, i32BufTy, i32BufTy};
   if (split)
     argTys.append({f32BufTy, f32BufTy});
   SmallVector<Attribute> argNames;
@@ -217,7 +220,7 @@ func::FuncOp TiledForwardBuilder::build() {
 /// Which (batch, head, Q block) this program owns (GQA maps query head h to
 /// KV head h / gqa), the bases of its rows, and the band of keys it sees.
 void TiledForwardBuilder::setUpProgram() {
-  nq = indexArg(abi::SeqQ);
+  nqMax = indexArg(abi::SeqQ);
   nkv = indexArg(abi::SeqKV);
   scaleLog2 = arg(numBufs + numIdx);
   expFactor = op.hasScoreMod() ? cF32(1.0 / std::log(2.0)) : scaleLog2;
@@ -228,7 +231,6 @@ void TiledForwardBuilder::setUpProgram() {
   Value pidBH = arg(numBufs + numIdx + 2);
   Value heads = indexArg(abi::Heads);
   Value hkIdx;
-  nRows = nq;
   if (pack) {
     // pid_bh = b * (H / gqa) + hk; hIdx is the group's first query head.
     Value kvHeads = arith::DivUIOp::create(b, heads, cIdx(op.getGqa()));
@@ -236,28 +238,41 @@ void TiledForwardBuilder::setUpProgram() {
     hkIdx = arith::RemUIOp::create(b, pidBH, kvHeads);
     hIdx = mulC(hkIdx, op.getGqa());
     group = cIdx(op.getGqa());
-    nRows = mulC(nq, op.getGqa());
   } else {
     bIdx = arith::DivUIOp::create(b, pidBH, heads);
     hIdx = arith::RemUIOp::create(b, pidBH, heads);
     hkIdx = arith::DivUIOp::create(b, hIdx, cIdx(op.getGqa()));
   }
+  // Varlen: this batch's sequence, its rows from its first; the padded
+  // rows (lse, the split workspaces) stay nqMax per (batch, head).
+  nq = nqMax;
+  Value startQ = cIdx(0), startKV = cIdx(0);
+  if (op.getVarlen()) {
+    std::tie(startQ, nq) = sequenceOf(arg(abi::CuSeqQ), bIdx);
+    std::tie(startKV, nkv) = sequenceOf(arg(abi::CuSeqKV), bIdx);
+  }
+  nRows = pack ? mulC(nq, op.getGqa()) : nq;
   m0 = mulC(pidM, br);
-  auto base = [&](abi::IndexArg sb, abi::IndexArg sh, Value head) {
-    return add(mul(bIdx, indexArg(sb)), mul(head, indexArg(sh)));
+  // Varlen: the sequence's first row in place of the batch (whose stride
+  // the kernel ignores).
+  auto base = [&](abi::IndexArg sb, abi::IndexArg sh, Value head, Value start,
+                  abi::IndexArg sn) {
+    Value at = op.getVarlen() ? mul(start, indexArg(sn))
+                              : mul(bIdx, indexArg(sb));
+    return add(at, mul(head, indexArg(sh)));
   };
-  qBase = base(abi::QStrideB, abi::QStrideH, hIdx);
-  kBase = base(abi::KStrideB, abi::KStrideH, hkIdx);
-  vBase = base(abi::VStrideB, abi::VStrideH, hkIdx);
-  oBase = base(abi::OStrideB, abi::OStrideH, hIdx);
+  qBase = base(abi::QStrideB, abi::QStrideH, hIdx, startQ, abi::QStrideN);
+  kBase = base(abi::KStrideB, abi::KStrideH, hkIdx, startKV, abi::KStrideN);
+  vBase = base(abi::VStrideB, abi::VStrideH, hkIdx, startKV, abi::VStrideN);
+  oBase = base(abi::OStrideB, abi::OStrideH, hIdx, startQ, abi::OStrideN);
   Value bh = pack ? add(mul(bIdx, heads), hIdx) : pidBH;
-  lseBase = mul(bh, nq);
+  lseBase = mul(bh, nqMax);
   if (split) {
     // Split s's slab of the workspaces: [s, b, h, 0, 0].
     sIdx = arg(numBufs + numIdx + 3);
     nSplits = indexArg(abi::split::KvSplits);
     Value slab = add(mul(sIdx, mul(indexArg(abi::Batch), heads)), bh);
-    lsePartBase = mul(slab, nq);
+    lsePartBase = mul(slab, nqMax);
     oPartBase = mulC(lsePartBase, dv);
   }
 
@@ -301,6 +316,10 @@ void TiledForwardBuilder::loopBounds() {
                   bIdx, hIdx, m0, sparseBlock, bc, tHi);
     tLo = cIdx(0);
   }
+  // Varlen: a program past its sequence's rows (the grid spans the
+  // longest) visits nothing and stores nothing.
+  if (op.getVarlen())
+    tHi = select(cmpI(CmpIPredicate::slt, m0, nRows), tHi, tLo);
   if (!split)
     return;
   Value n = sub(tHi, tLo);
@@ -501,7 +520,7 @@ void TiledForwardBuilder::writeOutput(Value o, Value m, Value l) {
   // Packed rows: heads nq * dv (nq) elements apart in o_part (lse_part).
   if (split)
     storeTile(out, arg(abi::split::OPart), oPartBase, m0, nRows, cIdx(dv),
-              group, group ? mulC(nq, dv) : Value());
+              group, group ? mulC(nqMax, dv) : Value());
   else
     storeTile(truncTile(out, elemTy), arg(abi::O), oBase, m0, nq,
               indexArg(abi::OStrideN));
@@ -510,7 +529,7 @@ void TiledForwardBuilder::writeOutput(Value o, Value m, Value l) {
                constTile(-std::numeric_limits<double>::infinity(), rowTy), lse);
   if (split)
     storeTile(lse, arg(abi::split::LsePart), lsePartBase, m0, nRows, Value(),
-              group, group ? nq : Value());
+              group, group ? nqMax : Value());
   else
     storeTile(lse, arg(abi::Lse), lseBase, m0, nq, Value());
 }

@@ -67,6 +67,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include <cmath>
+#include <tuple>
 #include <limits>
 
 namespace flashjit::attn {
@@ -131,10 +132,10 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
   b.setInsertionPointToStart(func.addEntryBlock());
-  nq = indexArg(bwd::SeqQ);
+  nqMax = nq = indexArg(bwd::SeqQ);
   nkv = indexArg(bwd::SeqKV);
   heads = indexArg(bwd::Heads);
-  bhn = mul(mul(indexArg(bwd::Batch), heads), nq);
+  bhn = mul(mul(indexArg(bwd::Batch), heads), nqMax);
   offset = sub(nkv, nq);
   if (hasBand) {
     winL = clampWindow(indexArg(bwd::WindowLeft));
@@ -142,6 +143,14 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
   }
   scaleLog2 = f32Arg(bwd::ScaleLog2e);
   scale = f32Arg(bwd::Scale);
+}
+
+void TiledBackwardBuilder::enterSequence(Value bI) {
+  if (!op.getVarlen())
+    return;
+  std::tie(startQ, nq) = sequenceOf(buf(bwd::CuSeqQ), bI);
+  std::tie(startKV, nkv) = sequenceOf(buf(bwd::CuSeqKV), bI);
+  offset = sub(nkv, nq);
 }
 
 void TiledBackwardBuilder::storeRows(Value acc, Value factor, bwd::Buffer t,
@@ -175,8 +184,9 @@ void TiledBackwardBuilder::buildPreprocess() {
   const int64_t rows = bwd::kRowBlockRows;
   Value bI = arith::DivUIOp::create(b, pidBH(), heads);
   Value hI = arith::RemUIOp::create(b, pidBH(), heads);
+  enterSequence(bI);
   Value first = mulC(pidM(), rows);
-  Value stat = mul(pidBH(), nq);
+  Value stat = mul(pidBH(), nqMax);
   Value o = loadRows(bwd::O, bwd::OStrideB, bI, hI, rows, dv, first, nq);
   Value dO = loadRows(bwd::DO, bwd::DOStrideB, bI, hI, rows, dv, first, nq);
   Value d = reduce("sum", fmul(extTile(dO), extTile(o)), 1);
@@ -206,9 +216,10 @@ void TiledBackwardBuilder::buildDqConvert() {
   const int64_t rows = bwd::kRowBlockRows;
   Value bI = arith::DivUIOp::create(b, pidBH(), heads);
   Value hI = arith::RemUIOp::create(b, pidBH(), heads);
+  enterSequence(bI);
   Value first = mulC(pidM(), rows);
   Value acc = loadTile(tile({rows, dqk}, f32), buf(bwd::DqAccum),
-                       mulC(mul(pidBH(), nq), dqk), first, nq, cIdx(dqk));
+                       mulC(mul(pidBH(), nqMax), dqk), first, nq, cIdx(dqk));
   storeRows(acc, scale, bwd::DQ, bwd::DQStrideB, bI, hI, first, nq);
   func::ReturnOp::create(b);
 }

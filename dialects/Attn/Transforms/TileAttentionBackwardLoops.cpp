@@ -55,6 +55,7 @@ void TiledBackwardBuilder::buildMain() {
   Value kvHeads = arith::DivUIOp::create(b, heads, cIdx(gqa));
   Value bI = arith::DivUIOp::create(b, pidBH(), kvHeads);
   Value hkI = arith::RemUIOp::create(b, pidBH(), kvHeads);
+  enterSequence(bI);
   n0 = mulC(pidM(), bc);
   kTile = loadRows(bwd::K, bwd::KStrideB, bI, hkI, bc, dqk, n0, nkv);
   vTile = loadRows(bwd::V, bwd::VStrideB, bI, hkI, bc, dv, n0, nkv);
@@ -69,6 +70,7 @@ void TiledBackwardBuilder::buildMain() {
       hi = minI(hi, add(sub(lastKey, offset), winL));
     }
     std::tie(tLo, tHi) = blocksMeeting(clampBound(lo), clampBound(hi), br);
+    tHi = skipPastSequence(tLo, tHi, n0, nkv);
   }
   Value zeroK = constTile(0.0, tile({bc, dqk}, f32));
   Value zeroV = constTile(0.0, tile({bc, dv}, f32));
@@ -295,6 +297,7 @@ void TiledBackwardBuilder::buildDq() {
   Value bI = arith::DivUIOp::create(b, pidBH(), heads);
   Value hI = arith::RemUIOp::create(b, pidBH(), heads);
   Value hkI = arith::DivUIOp::create(b, hI, cIdx(gqa));
+  enterSequence(bI);
   m0 = mulC(pidM(), dqBr);
   Value stat = statBase(bI, hI);
   Tensor rowTy = tile({dqBr}, f32);
@@ -317,6 +320,7 @@ void TiledBackwardBuilder::buildDq() {
   Value tLo, tHi;
   if (sparseBlock == 0) {
     std::tie(tLo, tHi) = blocksMeeting(clampBound(jLo), clampBound(jHi), dqBc);
+    tHi = skipPastSequence(tLo, tHi, m0, nq);
   } else {
     list =
         blockList(buf(bwd::Counts), buf(bwd::Indices),

@@ -37,6 +37,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include <cmath>
+#include <tuple>
 #include <limits>
 
 using namespace mlir;
@@ -84,9 +85,14 @@ void SplitCombineBuilder::build() {
   const int64_t rows = abi::bwd::kRowBlockRows;
   const int pids = abi::split::NumBuffers + abi::split::NumIndexArgs + 1;
   Value pidM = arg(pids), pidBH = arg(pids + 1);
+  // nq: the padded rows per (batch, head) of the workspaces and lse; rows:
+  // this sequence's (varlen), whose O starts at its first row.
   Value heads = indexArg(abi::Heads), nq = indexArg(abi::SeqQ);
   Value bIdx = arith::DivUIOp::create(b, pidBH, heads);
   Value hIdx = arith::RemUIOp::create(b, pidBH, heads);
+  Value startQ, nRows = nq;
+  if (op.getVarlen())
+    std::tie(startQ, nRows) = sequenceOf(arg(abi::CuSeqQ), bIdx);
   Value first = mulC(pidM, rows);
   Value bhCount = mul(indexArg(abi::Batch), heads);
 
@@ -119,13 +125,14 @@ void SplitCombineBuilder::build() {
   Value empty = cmpF(arith::CmpFPredicate::OEQ, l, zero);
   Value inv =
       select(empty, zero, arith::DivFOp::create(b, constTile(1.0, rowTy), l));
-  Value oBase = add(mul(bIdx, indexArg(abi::OStrideB)),
+  Value oBase = add(op.getVarlen() ? mul(startQ, indexArg(abi::OStrideN))
+                                   : mul(bIdx, indexArg(abi::OStrideB)),
                     mul(hIdx, indexArg(abi::OStrideH)));
   storeTile(truncTile(fmul(acc, broadcast(inv, oTy, 1)), op.getElementType()),
-            arg(abi::O), oBase, first, nq, indexArg(abi::OStrideN));
+            arg(abi::O), oBase, first, nRows, indexArg(abi::OStrideN));
   Value lse = fmul(fadd(m, log2(l)), constTile(std::log(2.0), rowTy));
   storeTile(select(empty, negInf, lse), arg(abi::Lse), mul(pidBH, nq), first,
-            nq, Value());
+            nRows, Value());
   func::ReturnOp::create(b);
 }
 

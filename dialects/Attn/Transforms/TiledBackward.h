@@ -71,15 +71,37 @@ private:
     return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
                abi::bwd::NumF32Args + 1);
   }
-  /// b * stride_b + h * stride_h of a strided (B, H, N, d) buffer.
+  /// b * stride_b + h * stride_h of a strided (B, H, N, d) buffer; varlen:
+  /// the first row of the program's sequence times stride_n in place of
+  /// b * stride_b (a query side tensor: Q, O, dO, dQ; else a key side one).
   Value headBase(IndexArg strideB, Value bI, Value hI) {
-    return add(mul(bI, indexArg(strideB)),
-               mul(hI, indexArg(IndexArg(strideB + 1))));
+    Value head = mul(hI, indexArg(IndexArg(strideB + 1)));
+    if (!op.getVarlen())
+      return add(mul(bI, indexArg(strideB)), head);
+    const bool querySide = strideB == IndexArg::QStrideB ||
+                           strideB == IndexArg::OStrideB ||
+                           strideB == IndexArg::DOStrideB ||
+                           strideB == IndexArg::DQStrideB;
+    return add(mul(querySide ? startQ : startKV,
+                   indexArg(IndexArg(strideB + 2))),
+               head);
   }
-  /// (b * H + h) * Nq: where the rows of query head (b, h) start in the
-  /// packed statistics (lse, delta; dq_accum times dqk).
+  /// (b * H + h) * seq_q: where the rows of query head (b, h) start in the
+  /// packed statistics (lse, delta; dq_accum times dqk); padded rows with
+  /// varlen.
   Value statBase(Value bI, Value hI) {
-    return mul(add(mul(bI, heads), hI), nq);
+    return mul(add(mul(bI, heads), hI), nqMax);
+  }
+  /// Varlen: batch \p bI's sequence: sets nq, nkv, offset (its own) and
+  /// startQ, startKV (its first rows). Without varlen nothing changes.
+  void enterSequence(Value bI);
+  /// Varlen: \p hi, or \p lo where \p first (the program's block) lies
+  /// past \p count, the rows of its sequence: the grid spans the longest
+  /// sequence, so such a program has nothing to do.
+  Value skipPastSequence(Value lo, Value hi, Value first, Value count) {
+    if (!op.getVarlen())
+      return hi;
+    return select(cmpI(mlir::arith::CmpIPredicate::slt, first, count), hi, lo);
   }
   /// \p x clamped like a window side (kWindowClamp).
   Value clampWindow(Value x) { return minI(x, cIdx(kWindowClamp)); }
@@ -146,7 +168,11 @@ private:
   // Scalars of the function being built, set up in beginFunc(): the
   // lengths, B * H * Nq (where -lse * log2(e) starts in delta), Nkv - Nq,
   // the windows (clamped; 0 without a band), the scales.
-  Value nq, nkv, heads, bhn, offset, winL, winR, scaleLog2, scale;
+  // With varlen, nq, nkv and offset are the program's sequence's (set by
+  // enterSequence), nqMax the padded rows (seq_q); startQ and startKV its
+  // first rows (null without varlen).
+  Value nq, nqMax, nkv, heads, bhn, offset, winL, winR, scaleLog2, scale;
+  Value startQ, startKV;
   // The program's tiles and scalars (main: the resident key block; dQ
   // pass: the resident Q block).
   Value kTile, vTile, qTile, doTile, negLse, delta;

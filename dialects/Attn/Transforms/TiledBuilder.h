@@ -17,6 +17,7 @@
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 
 #include <array>
+#include <utility>
 
 namespace flashjit::attn::detail {
 
@@ -53,6 +54,14 @@ protected:
   }
   Value indexCast(Value x) {
     return mlir::arith::IndexCastOp::create(b, idxTy, x);
+  }
+  /// Sequence \p batch of a variable-length batch (AttentionSpec::varlen):
+  /// its first row cu[batch] and its length cu[batch + 1] - cu[batch], from
+  /// the i32 offsets \p cu (two scalar loads).
+  std::pair<Value, Value> sequenceOf(Value cu, Value batch) {
+    Value start = indexCast(load(cu, {batch}));
+    Value end = indexCast(load(cu, {add(batch, cIdx(1))}));
+    return {start, sub(end, start)};
   }
 
   mlir::ImplicitLocOpBuilder b;

@@ -28,23 +28,23 @@
 // CHECK-SAME: "scale_log2e", "scale", "pid_m", "pid_bh"]
 // CHECK-SAME: attn.kernel = #attn.kernel<role = "preprocess"
 // CHECK-SAME: block_m = 64, block_n = 32, deterministic = false>
-// CHECK: %[[BHN:.*]] = arith.muli %{{.*}}, %arg17 : index
-// CHECK: %[[FIRST:.*]] = arith.muli %arg57, %c64{{.*}} : index
-// CHECK: %[[STAT:.*]] = arith.muli %arg58, %arg17 : index
-// CHECK: %[[O:.*]] = tile.load %arg3[%{{.*}}] rows %[[FIRST]] of %arg17 stride %arg30 : memref<?xbf16> -> tensor<64x64xbf16>
-// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[FIRST]] of %arg17 stride %arg33 : memref<?xbf16> -> tensor<64x64xbf16>
+// CHECK: %[[BHN:.*]] = arith.muli %{{.*}}, %arg19 : index
+// CHECK: %[[FIRST:.*]] = arith.muli %arg59, %c64{{.*}} : index
+// CHECK: %[[STAT:.*]] = arith.muli %arg60, %arg19 : index
+// CHECK: %[[O:.*]] = tile.load %arg3[%{{.*}}] rows %[[FIRST]] of %arg19 stride %arg32 : memref<?xbf16> -> tensor<64x64xbf16>
+// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[FIRST]] of %arg19 stride %arg35 : memref<?xbf16> -> tensor<64x64xbf16>
 // CHECK-DAG: %[[OF:.*]] = arith.extf %[[O]] : tensor<64x64xbf16> to tensor<64x64xf32>
 // CHECK-DAG: %[[DOF:.*]] = arith.extf %[[DO]] : tensor<64x64xbf16> to tensor<64x64xf32>
 // CHECK: %[[PROD:.*]] = arith.mulf %[[DOF]], %[[OF]] : tensor<64x64xf32>
 // CHECK: %[[D:.*]] = tile.reduce "sum" %[[PROD]] dim 1 : tensor<64x64xf32> -> tensor<64xf32>
-// CHECK: tile.store %[[D]], %arg6[%[[STAT]]] rows %[[FIRST]] of %arg17 : tensor<64xf32>, memref<?xf32>
-// CHECK: %[[LSE:.*]] = tile.load %arg5[%[[STAT]]] rows %[[FIRST]] of %arg17 : memref<?xf32> -> tensor<64xf32>
+// CHECK: tile.store %[[D]], %arg6[%[[STAT]]] rows %[[FIRST]] of %arg19 : tensor<64xf32>, memref<?xf32>
+// CHECK: %[[LSE:.*]] = tile.load %arg5[%[[STAT]]] rows %[[FIRST]] of %arg19 : memref<?xf32> -> tensor<64xf32>
 // CHECK: %[[NEG:.*]] = arith.mulf %[[LSE]], %{{.*}} : tensor<64xf32>
 // CHECK: %[[EMPTY:.*]] = arith.cmpf oeq, %[[LSE]], %{{.*}} : tensor<64xf32>
 // CHECK: %[[NL:.*]] = arith.select %[[EMPTY]], %{{.*}}, %[[NEG]] : tensor<64xi1>, tensor<64xf32>
 // CHECK: %[[AT:.*]] = arith.addi %[[BHN]], %[[STAT]] : index
-// CHECK: tile.store %[[NL]], %arg6[%[[AT]]] rows %[[FIRST]] of %arg17 : tensor<64xf32>, memref<?xf32>
-// CHECK: tile.store %{{.*}}, %arg7[%{{.*}}] rows %[[FIRST]] of %arg17 stride %c96{{.*}} : tensor<64x96xf32>, memref<?xf32>
+// CHECK: tile.store %[[NL]], %arg6[%[[AT]]] rows %[[FIRST]] of %arg19 : tensor<64xf32>, memref<?xf32>
+// CHECK: tile.store %{{.*}}, %arg7[%{{.*}}] rows %[[FIRST]] of %arg19 stride %c96{{.*}} : tensor<64x96xf32>, memref<?xf32>
 // CHECK: return
 
 // The main loop: K, V of the program's 32 keys stay in tiles, dK and dV in
@@ -55,18 +55,18 @@
 // CHECK-LABEL: func.func @causal(
 // CHECK-SAME: role = "main"
 // CHECK-SAME: block_m = 64, block_n = 32, deterministic = false
-// CHECK: %[[K:.*]] = tile.load %arg1[%{{.*}}] rows %[[N0:.*]] of %arg18 stride %arg24 : memref<?xbf16> -> tensor<32x96xbf16>
-// CHECK: %[[V:.*]] = tile.load %arg2[%{{.*}}] rows %[[N0]] of %arg18 stride %arg27 : memref<?xbf16> -> tensor<32x64xbf16>
+// CHECK: %[[K:.*]] = tile.load %arg1[%{{.*}}] rows %[[N0:.*]] of %arg20 stride %arg26 : memref<?xbf16> -> tensor<32x96xbf16>
+// CHECK: %[[V:.*]] = tile.load %arg2[%{{.*}}] rows %[[N0]] of %arg20 stride %arg29 : memref<?xbf16> -> tensor<32x64xbf16>
 // CHECK: %[[R:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %c2{{.*}} step %{{.*}} iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<32x96xf32>, tensor<32x64xf32>) {
 // CHECK: scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[DK:.*]] = %{{.*}}, %[[DV:.*]] = %{{.*}}) -> (tensor<32x96xf32>, tensor<32x64xf32>) {
 // CHECK: %[[M0:.*]] = arith.muli %[[T]], %c64{{.*}} : index
-// CHECK: %[[Q:.*]] = tile.load %arg0[%{{.*}}] rows %[[M0]] of %arg17 stride %arg21 : memref<?xbf16> -> tensor<64x96xbf16>
-// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[M0]] of %arg17 stride %arg33 : memref<?xbf16> -> tensor<64x64xbf16>
-// CHECK: %[[NL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg17 : memref<?xf32> -> tensor<64xf32>
-// CHECK: %[[DL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg17 : memref<?xf32> -> tensor<64xf32>
+// CHECK: %[[Q:.*]] = tile.load %arg0[%{{.*}}] rows %[[M0]] of %arg19 stride %arg23 : memref<?xbf16> -> tensor<64x96xbf16>
+// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[M0]] of %arg19 stride %arg35 : memref<?xbf16> -> tensor<64x64xbf16>
+// CHECK: %[[NL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg19 : memref<?xf32> -> tensor<64xf32>
+// CHECK: %[[DL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg19 : memref<?xf32> -> tensor<64xf32>
 // CHECK: %[[ST:.*]] = tile.dot %[[K]], %[[Q]] {transpose_rhs} : tensor<32x96xbf16>, tensor<64x96xbf16> -> tensor<32x64xf32>
 // CHECK: %[[NLB:.*]] = tile.broadcast %[[NL]] dim 0 : tensor<64xf32> -> tensor<32x64xf32>
-// CHECK: %[[SC:.*]] = tile.splat %arg55 : f32 -> tensor<32x64xf32>
+// CHECK: %[[SC:.*]] = tile.splat %arg57 : f32 -> tensor<32x64xf32>
 // CHECK: %[[FMA:.*]] = math.fma %[[ST]], %[[SC]], %[[NLB]] : tensor<32x64xf32>
 // CHECK: %[[PT:.*]] = math.exp2 %[[FMA]] : tensor<32x64xf32>
 // CHECK: %[[PM:.*]] = scf.if %{{.*}} -> (tensor<32x64xf32>) {
@@ -85,13 +85,13 @@
 // CHECK: %[[DSH:.*]] = arith.truncf %[[DS]] : tensor<32x64xf32> to tensor<32x64xbf16>
 // CHECK: %[[DK2:.*]] = tile.dot %[[DSH]], %[[Q]] acc %[[DK]] : tensor<32x96xf32> : tensor<32x64xbf16>, tensor<64x96xbf16> -> tensor<32x96xf32>
 // CHECK: %[[DQ:.*]] = tile.dot %[[DSH]], %[[K]] {transpose_lhs} : tensor<32x64xbf16>, tensor<32x96xbf16> -> tensor<64x96xf32>
-// CHECK: tile.atomic_add %[[DQ]], %arg7[%{{.*}}] rows %[[M0]] of %arg17 stride %c96{{.*}} : tensor<64x96xf32>, memref<?xf32>
+// CHECK: tile.atomic_add %[[DQ]], %arg7[%{{.*}}] rows %[[M0]] of %arg19 stride %c96{{.*}} : tensor<64x96xf32>, memref<?xf32>
 // CHECK: scf.yield %[[DK2]], %[[DV2]] : tensor<32x96xf32>, tensor<32x64xf32>
 // CHECK: %[[DKS:.*]] = arith.mulf %[[R]]#0, %{{.*}} : tensor<32x96xf32>
 // CHECK: %[[DKH:.*]] = arith.truncf %[[DKS]] : tensor<32x96xf32> to tensor<32x96xbf16>
-// CHECK: tile.store %[[DKH]], %arg9[%{{.*}}] rows %[[N0]] of %arg18 stride %arg39
+// CHECK: tile.store %[[DKH]], %arg9[%{{.*}}] rows %[[N0]] of %arg20 stride %arg41
 // CHECK: %[[DVH:.*]] = arith.truncf %[[R]]#1 : tensor<32x64xf32> to tensor<32x64xbf16>
-// CHECK: tile.store %[[DVH]], %arg10[%{{.*}}] rows %[[N0]] of %arg18 stride %arg42
+// CHECK: tile.store %[[DVH]], %arg10[%{{.*}}] rows %[[N0]] of %arg20 stride %arg44
 // CHECK: return
 
 // The conversion: no KV loop, 64 rows per program, dq = bf16(dq_accum *
@@ -100,12 +100,12 @@
 // CHECK-SAME: role = "dq_convert"
 // CHECK-SAME: deterministic = false
 // CHECK-NOT: math.exp2
-// CHECK: %[[FIRST:.*]] = arith.muli %arg57, %c64{{.*}} : index
-// CHECK: %[[ACC:.*]] = tile.load %arg7[%{{.*}}] rows %[[FIRST]] of %arg17 stride %c96{{.*}} : memref<?xf32> -> tensor<64x96xf32>
-// CHECK: %[[SC:.*]] = tile.splat %arg56 : f32 -> tensor<64x96xf32>
+// CHECK: %[[FIRST:.*]] = arith.muli %arg59, %c64{{.*}} : index
+// CHECK: %[[ACC:.*]] = tile.load %arg7[%{{.*}}] rows %[[FIRST]] of %arg19 stride %c96{{.*}} : memref<?xf32> -> tensor<64x96xf32>
+// CHECK: %[[SC:.*]] = tile.splat %arg58 : f32 -> tensor<64x96xf32>
 // CHECK: %[[SCALED:.*]] = arith.mulf %[[ACC]], %[[SC]] : tensor<64x96xf32>
 // CHECK: %[[DQ:.*]] = arith.truncf %[[SCALED]] : tensor<64x96xf32> to tensor<64x96xbf16>
-// CHECK: tile.store %[[DQ]], %arg8[%{{.*}}] rows %[[FIRST]] of %arg17 stride %arg36 : tensor<64x96xbf16>, memref<?xbf16>
+// CHECK: tile.store %[[DQ]], %arg8[%{{.*}}] rows %[[FIRST]] of %arg19 stride %arg38 : tensor<64x96xbf16>, memref<?xbf16>
 // CHECK-NEXT: return
 
 // LLVM-DAG: llvm.func @causal_preprocess(
@@ -137,15 +137,15 @@ attn.flash_bwd @causal {element_type = bf16, gqa = 2 : i64, head_dim_qk = 96 : i
 // CHECK-SAME: role = "dq"
 // CHECK-SAME: block_m = 64, block_n = 32, deterministic = true
 // CHECK-NOT: tile.atomic_add
-// CHECK: %[[M0:.*]] = arith.muli %arg57, %c64{{.*}} : index
-// CHECK: %[[Q:.*]] = tile.load %arg0[%{{.*}}] rows %[[M0]] of %arg17 stride %arg21 : memref<?xbf16> -> tensor<64x96xbf16>
-// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[M0]] of %arg17 stride %arg33 : memref<?xbf16> -> tensor<64x64xbf16>
-// CHECK: %[[NL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg17 : memref<?xf32> -> tensor<64xf32>
-// CHECK: %[[DL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg17 : memref<?xf32> -> tensor<64xf32>
+// CHECK: %[[M0:.*]] = arith.muli %arg59, %c64{{.*}} : index
+// CHECK: %[[Q:.*]] = tile.load %arg0[%{{.*}}] rows %[[M0]] of %arg19 stride %arg23 : memref<?xbf16> -> tensor<64x96xbf16>
+// CHECK: %[[DO:.*]] = tile.load %arg4[%{{.*}}] rows %[[M0]] of %arg19 stride %arg35 : memref<?xbf16> -> tensor<64x64xbf16>
+// CHECK: %[[NL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg19 : memref<?xf32> -> tensor<64xf32>
+// CHECK: %[[DL:.*]] = tile.load %arg6[%{{.*}}] rows %[[M0]] of %arg19 : memref<?xf32> -> tensor<64xf32>
 // CHECK: %[[R:.*]] = scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (tensor<64x96xf32>) {
 // CHECK: %[[N0:.*]] = arith.muli %[[T]], %c32{{.*}} : index
-// CHECK: %[[K:.*]] = tile.load %arg1[%{{.*}}] rows %[[N0]] of %arg18 stride %arg24 : memref<?xbf16> -> tensor<32x96xbf16>
-// CHECK: %[[V:.*]] = tile.load %arg2[%{{.*}}] rows %[[N0]] of %arg18 stride %arg27 : memref<?xbf16> -> tensor<32x64xbf16>
+// CHECK: %[[K:.*]] = tile.load %arg1[%{{.*}}] rows %[[N0]] of %arg20 stride %arg26 : memref<?xbf16> -> tensor<32x96xbf16>
+// CHECK: %[[V:.*]] = tile.load %arg2[%{{.*}}] rows %[[N0]] of %arg20 stride %arg29 : memref<?xbf16> -> tensor<32x64xbf16>
 // CHECK: %[[S:.*]] = tile.dot %[[Q]], %[[K]] {transpose_rhs} : tensor<64x96xbf16>, tensor<32x96xbf16> -> tensor<64x32xf32>
 // CHECK: %[[NLB:.*]] = tile.broadcast %[[NL]] dim 1 : tensor<64xf32> -> tensor<64x32xf32>
 // CHECK: %[[FMA:.*]] = math.fma %[[S]], %{{.*}}, %[[NLB]] : tensor<64x32xf32>
@@ -164,7 +164,7 @@ attn.flash_bwd @causal {element_type = bf16, gqa = 2 : i64, head_dim_qk = 96 : i
 // CHECK: scf.yield %[[DQ]] : tensor<64x96xf32>
 // CHECK: %[[SCALED:.*]] = arith.mulf %[[R]], %{{.*}} : tensor<64x96xf32>
 // CHECK: %[[DQH:.*]] = arith.truncf %[[SCALED]] : tensor<64x96xf32> to tensor<64x96xbf16>
-// CHECK: tile.store %[[DQH]], %arg8[%{{.*}}] rows %[[M0]] of %arg17 stride %arg36 : tensor<64x96xbf16>, memref<?xbf16>
+// CHECK: tile.store %[[DQH]], %arg8[%{{.*}}] rows %[[M0]] of %arg19 stride %arg38 : tensor<64x96xbf16>, memref<?xbf16>
 // CHECK: return
 
 // dq-block-m / dq-block-n tile the separate pass only (32 rows x 16 keys
@@ -175,13 +175,13 @@ attn.flash_bwd @causal {element_type = bf16, gqa = 2 : i64, head_dim_qk = 96 : i
 // DQB: tile.dot %{{.*}}, %{{.*}} {transpose_rhs} : tensor<32x96xbf16>, tensor<64x96xbf16> -> tensor<32x64xf32>
 // DQB-LABEL: func.func @causal_dq(
 // DQB-SAME: role = "dq_convert"
-// DQB: tile.load %arg7[%{{.*}}] rows %{{.*}} of %arg17 stride %c96{{.*}} : memref<?xf32> -> tensor<64x96xf32>
+// DQB: tile.load %arg7[%{{.*}}] rows %{{.*}} of %arg19 stride %c96{{.*}} : memref<?xf32> -> tensor<64x96xf32>
 // DQB-LABEL: func.func @det(
 // DQB-SAME: block_m = 64, block_n = 32
 // DQB-LABEL: func.func @det_dq(
 // DQB-SAME: role = "dq"
 // DQB-SAME: block_m = 32, block_n = 16, deterministic = true
-// DQB: arith.muli %arg57, %c32{{.*}} : index
+// DQB: arith.muli %arg59, %c32{{.*}} : index
 // DQB: tile.load %arg0[%{{.*}}] rows {{.*}} : memref<?xbf16> -> tensor<32x96xbf16>
 // DQB: scf.for %[[T:.*]] = %{{.*}} iter_args(%{{.*}}) -> (tensor<32x96xf32>) {
 // DQB: arith.muli %[[T]], %c16{{.*}} : index

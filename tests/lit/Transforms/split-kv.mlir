@@ -5,24 +5,24 @@
 // partial, whose 16 rows are the group's query heads (the Q load and the
 // partials' stores take `group %c8`), walks its run of the KV blocks
 // (ceil(blocks / kv_splits) of them, run pid_split) and writes f32 partials
-// into o_part (%arg7) and lse_part (%arg8); the combine merges the
+// into o_part (%arg9) and lse_part (%arg10); the combine merges the
 // kv_splits partials of 64 rows (bwd::kRowBlockRows) into O and lse.
 // CHECK-LABEL: func.func @decode(
-// CHECK-SAME: %arg7: memref<?xf32>, %arg8: memref<?xf32>
-// CHECK-SAME: %arg32: index, %arg33: f32, %arg34: index, %arg35: index, %arg36: index)
+// CHECK-SAME: %arg9: memref<?xf32>, %arg10: memref<?xf32>
+// CHECK-SAME: %arg34: index, %arg35: f32, %arg36: index, %arg37: index, %arg38: index)
 // CHECK-SAME: attn.arg_names = [{{.*}}"o_part", "lse_part"{{.*}}"kv_splits", "scale_log2e", "pid_m", "pid_bh", "pid_split"]
 // CHECK-SAME: attn.kernel = #attn.kernel<role = "forward_split", head_dim_qk = 128, head_dim_v = 128, element_type = bf16, mask = "causal", gqa = 8, sparse_block = 0, block_m = 16, block_n = 64, deterministic = false>
-// CHECK: tile.load %arg0[{{.*}}] rows {{.*}} stride %arg15 group %c8 stride %arg14 : memref<?xbf16> -> tensor<16x128xbf16>
-// CHECK: arith.divui {{.*}}, %arg32 : index
+// CHECK: tile.load %arg0[{{.*}}] rows {{.*}} stride %arg17 group %c8 stride %arg16 : memref<?xbf16> -> tensor<16x128xbf16>
+// CHECK: arith.divui {{.*}}, %arg34 : index
 // CHECK: scf.for {{.*}} -> (tensor<16x128xf32>, tensor<16xf32>, tensor<16xf32>)
 // CHECK: arith.divui {{.*}} : tensor<16xi32>
-// CHECK: tile.store {{.*}}, %arg7[{{.*}}] rows {{.*}} stride %c128 group %c8 stride {{.*}} : tensor<16x128xf32>, memref<?xf32>
-// CHECK: tile.store {{.*}}, %arg8[{{.*}}] rows {{.*}} group %c8 stride %arg11 : tensor<16xf32>, memref<?xf32>
+// CHECK: tile.store {{.*}}, %arg9[{{.*}}] rows {{.*}} stride %c128 group %c8 stride {{.*}} : tensor<16x128xf32>, memref<?xf32>
+// CHECK: tile.store {{.*}}, %arg10[{{.*}}] rows {{.*}} group %c8 stride %arg13 : tensor<16xf32>, memref<?xf32>
 // CHECK-LABEL: func.func @decode_combine(
 // CHECK-SAME: attn.kernel = #attn.kernel<role = "combine"
-// CHECK: scf.for %{{.*}} = %c0 to %arg32 step %c1 {{.*}} -> (tensor<64x128xf32>, tensor<64xf32>, tensor<64xf32>)
-// CHECK: tile.load %arg8[{{.*}} -> tensor<64xf32>
-// CHECK: tile.load %arg7[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x128xf32>
+// CHECK: scf.for %{{.*}} = %c0 to %arg34 step %c1 {{.*}} -> (tensor<64x128xf32>, tensor<64xf32>, tensor<64xf32>)
+// CHECK: tile.load %arg10[{{.*}} -> tensor<64xf32>
+// CHECK: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x128xf32>
 // CHECK: math.exp2
 // CHECK: scf.yield
 // CHECK: tile.store {{.*}}, %arg3[{{.*}} : tensor<64x128xbf16>, memref<?xbf16>

@@ -1,0 +1,218 @@
+//===- Varlen.cpp - Variable-length batches on the host -------------------===//
+//
+/// \file
+/// Implements kernels/Varlen.h: random packed inputs, one sequence as a
+/// dense problem of batch 1, and the float64 checks sequence by sequence.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernels/Varlen.h"
+#include "kernels/HalfFloat.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace flashjit {
+
+std::vector<int32_t> offsetsOf(const std::vector<int64_t> &lengths) {
+  std::vector<int32_t> cu(1, 0);
+  for (int64_t len : lengths)
+    cu.push_back(int32_t(cu.back() + len));
+  return cu;
+}
+
+Problem varlenProblem(const Problem &like, const std::vector<int64_t> &lensQ,
+                      const std::vector<int64_t> &lensKV) {
+  if (lensQ.size() != lensKV.size() || lensQ.empty())
+    throw SpecError(fmt::format("varlen: {} query lengths and {} key lengths; "
+                                "expected one of each per sequence",
+                                lensQ.size(), lensKV.size()));
+  Problem p = like;
+  p.batch = int64_t(lensQ.size());
+  p.seqLenQ = std::max<int64_t>(1, *std::max_element(lensQ.begin(), lensQ.end()));
+  p.seqLenKV =
+      std::max<int64_t>(1, *std::max_element(lensKV.begin(), lensKV.end()));
+  return p;
+}
+
+namespace {
+
+/// A token-major (1, heads, rows, d) view of a fresh (rows, heads, d)
+/// buffer.
+HalfTensor tokenMajor(int64_t heads, int64_t rows, int64_t d) {
+  HalfTensor t;
+  t.buffer = std::make_shared<std::vector<uint16_t>>(
+      size_t(std::max<int64_t>(1, rows * heads * d)));
+  t.shape = {1, heads, rows, d};
+  t.strides = {rows * heads * d, d, heads * d, 1};
+  return t;
+}
+
+/// Rows [start, start + len) of \p t as a tensor of batch 1 (at least one
+/// row: a view's shape must be a problem's).
+HalfTensor rowsOf(const HalfTensor &t, int64_t start, int64_t len) {
+  HalfTensor v = t;
+  v.offset = t.offset + start * t.strides[2];
+  v.shape[2] = std::max<int64_t>(1, len);
+  return v;
+}
+
+/// A score function that sees batch \p b where it is given batch 0: the
+/// sequence's own batch index, as the kernel passes it.
+class ShiftedBatch final : public ScoreFunction {
+public:
+  ShiftedBatch(std::shared_ptr<const ScoreFunction> base, int64_t b)
+      : base(std::move(base)), b(b) {}
+  double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
+               int64_t kvIdx, const Captures *captures,
+               double *dScore) const override {
+    return base->apply(score, batch + b, head, qIdx, kvIdx, captures, dScore);
+  }
+  std::vector<CaptureRead> captureReads(double score, int64_t batch,
+                                        int64_t head, int64_t qIdx,
+                                        int64_t kvIdx,
+                                        const Captures *captures) const override {
+    return base->captureReads(score, batch + b, head, qIdx, kvIdx, captures);
+  }
+
+private:
+  std::shared_ptr<const ScoreFunction> base;
+  int64_t b;
+};
+
+/// Whether every element of rows [0, len) of \p t is exactly 0.
+bool allZero(DType dtype, const HalfTensor &t, int64_t len) {
+  for (int64_t h = 0; h < t.shape[1]; ++h)
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t c = 0; c < t.shape[3]; ++c)
+        if (halfToFloat(dtype, t.at(0, h, i, c)) != 0.0f)
+          return false;
+  return true;
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+} // namespace
+
+AttentionData makeRandomVarlenInputs(const AttentionSpec &spec,
+                                     const Problem &p,
+                                     const std::vector<int64_t> &lensQ,
+                                     const std::vector<int64_t> &lensKV,
+                                     std::mt19937_64 &rng) {
+  AttentionData d;
+  d.cuSeqQ = offsetsOf(lensQ);
+  d.cuSeqKV = offsetsOf(lensKV);
+  const int64_t totalQ = d.cuSeqQ.back(), totalKV = d.cuSeqKV.back();
+  const int64_t hkv = p.kvHeads(spec);
+  d.q = tokenMajor(p.heads, totalQ, spec.headDimQK);
+  d.k = tokenMajor(hkv, totalKV, spec.headDimQK);
+  d.v = tokenMajor(hkv, totalKV, spec.headDimV);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (auto *buf : {d.q.buffer.get(), d.k.buffer.get(), d.v.buffer.get()})
+    for (auto &x : *buf)
+      x = floatToHalf(spec.dtype, normal(rng));
+  d.o = tokenMajor(p.heads, totalQ, spec.headDimV);
+  std::fill(d.o.buffer->begin(), d.o.buffer->end(),
+            floatToHalf(spec.dtype, std::nanf("")));
+  d.lse.assign(size_t(p.batch * p.heads * p.seqLenQ), std::nanf(""));
+  return d;
+}
+
+VarlenSequence sequenceOf(const AttentionSpec &spec, const Problem &p,
+                          const AttentionData &d, int64_t b) {
+  VarlenSequence s;
+  const int64_t startQ = d.cuSeqQ.at(size_t(b)),
+                startKV = d.cuSeqKV.at(size_t(b));
+  s.lenQ = d.cuSeqQ.at(size_t(b + 1)) - startQ;
+  s.lenKV = d.cuSeqKV.at(size_t(b + 1)) - startKV;
+  s.spec = spec;
+  s.spec.varlen = false;
+  if (spec.scoreFunction)
+    s.spec.scoreFunction = std::make_shared<ShiftedBatch>(spec.scoreFunction, b);
+  s.problem = p;
+  s.problem.batch = 1;
+  s.problem.seqLenQ = std::max<int64_t>(1, s.lenQ);
+  s.problem.seqLenKV = std::max<int64_t>(1, s.lenKV);
+  s.data.q = rowsOf(d.q, startQ, s.lenQ);
+  s.data.o = rowsOf(d.o, startQ, s.lenQ);
+  s.data.k = rowsOf(d.k, startKV, s.lenKV);
+  s.data.v = rowsOf(d.v, startKV, s.lenKV);
+  s.data.captures = d.captures;
+  for (int64_t h = 0; h < p.heads; ++h)
+    for (int64_t i = 0; i < s.problem.seqLenQ; ++i)
+      s.data.lse.push_back(
+          d.lse.at(size_t((b * p.heads + h) * p.seqLenQ + i)));
+  return s;
+}
+
+AttentionGrads sequenceGrads(const AttentionData &d, const AttentionGrads &g,
+                             int64_t b) {
+  const int64_t startQ = d.cuSeqQ.at(size_t(b)),
+                startKV = d.cuSeqKV.at(size_t(b));
+  const int64_t lenQ = d.cuSeqQ.at(size_t(b + 1)) - startQ,
+                lenKV = d.cuSeqKV.at(size_t(b + 1)) - startKV;
+  AttentionGrads s;
+  s.dO = rowsOf(g.dO, startQ, lenQ);
+  s.dq = rowsOf(g.dq, startQ, lenQ);
+  s.dk = rowsOf(g.dk, startKV, lenKV);
+  s.dv = rowsOf(g.dv, startKV, lenKV);
+  s.captureGrads = g.captureGrads;
+  return s;
+}
+
+ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
+                               const AttentionData &d) {
+  ErrorReport worst;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    VarlenSequence s = sequenceOf(spec, p, d, b);
+    if (s.lenQ == 0)
+      continue;
+    if (s.lenKV == 0) {
+      // Every row sees no key: O = 0 and lse = -inf.
+      if (!allZero(spec.dtype, s.data.o, s.lenQ))
+        worst.oRelErr = kInf;
+      for (float x : s.data.lse)
+        worst.lseMismatch += !(std::isinf(x) && x < 0);
+      continue;
+    }
+    ReferenceResult ref = referenceForward(s.spec, s.problem, s.data, nullptr);
+    ErrorReport e = compareWithReference(s.spec, s.problem, s.data, ref);
+    worst.oRelErr = std::max(worst.oRelErr, e.oRelErr);
+    worst.lseRelErr = std::max(worst.lseRelErr, e.lseRelErr);
+    worst.nanCount += e.nanCount;
+    worst.lseMismatch += e.lseMismatch;
+  }
+  return worst;
+}
+
+BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
+                                        const Problem &p,
+                                        const AttentionData &d,
+                                        const AttentionGrads &g) {
+  BackwardErrorReport worst;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    VarlenSequence s = sequenceOf(spec, p, d, b);
+    AttentionGrads sg = sequenceGrads(d, g, b);
+    if (s.lenQ == 0 || s.lenKV == 0) {
+      // No query sees a key: zero gradients of the sequence's rows.
+      if (s.lenQ && !allZero(spec.dtype, sg.dq, s.lenQ))
+        worst.dqRelErr = kInf;
+      if (s.lenKV && (!allZero(spec.dtype, sg.dk, s.lenKV) ||
+                      !allZero(spec.dtype, sg.dv, s.lenKV)))
+        worst.dkRelErr = kInf;
+      continue;
+    }
+    BackwardReference ref =
+        referenceBackward(s.spec, s.problem, s.data, sg, nullptr);
+    BackwardErrorReport e = compareBackward(s.spec, s.problem, sg, ref);
+    worst.dqRelErr = std::max(worst.dqRelErr, e.dqRelErr);
+    worst.dkRelErr = std::max(worst.dkRelErr, e.dkRelErr);
+    worst.dvRelErr = std::max(worst.dvRelErr, e.dvRelErr);
+    worst.nanCount += e.nanCount;
+  }
+  return worst;
+}
+
+} // namespace flashjit
