@@ -239,8 +239,9 @@ void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
                            CUstream stream) const {
   PreparedForward prepared(*this, p, a);
   CudaDriver::get().ensureContext();
-  ForwardBuffers b{a.q.ptr, a.k.ptr,  a.v.ptr,  a.o.ptr,
-                   a.lse,   a.counts, a.indices, a.captures};
+  ForwardBuffers b{a.q.ptr,     a.k.ptr,  a.v.ptr,   a.o.ptr,
+                   a.lse,       a.counts, a.indices, a.captures,
+                   a.cuSeqQ,    a.cuSeqKV};
   // As ever: a null buffer (a dense kernel's layout) points at q.
   for (CUdeviceptr *ptr : {&b.lse, &b.counts, &b.indices})
     if (!*ptr)

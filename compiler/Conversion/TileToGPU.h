@@ -116,6 +116,13 @@ lowerScalarElement(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                    Operation *op, mlir::ValueRange operands,
                    mlir::TypeRange types);
 
+/// `memref.load %buf[%i]` of a 1-D buffer (a layout's count, a varlen
+/// offset) as one global load by every thread, its buffer and index
+/// through \p map (TileToGPUMemory.cpp shows the IR).
+LogicalResult lowerScalarBufferLoad(mlir::ImplicitLocOpBuilder &b,
+                                    gpu::GpuBuilder &g, Operation *op,
+                                    mlir::IRMapping &map);
+
 /// Checks \p fn's arguments against the ABI's groups of \p place (a
 /// named error on \p fn): buffers, index arguments, f32 arguments, pid_m
 /// and pid_bh.

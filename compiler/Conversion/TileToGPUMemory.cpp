@@ -473,18 +473,26 @@ LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
 ///
 ///   %p = llvm.getelementptr %counts[%i64] : (!llvm.ptr, i64) -> !llvm.ptr, i32
 ///   %c = llvm.load %p : !llvm.ptr -> i32
-LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op,
-                                                  IRMapping &mapping) {
+LogicalResult flashjit::conversion::lowerScalarBufferLoad(
+    ImplicitLocOpBuilder &b, gpu::GpuBuilder &g, Operation *op,
+    IRMapping &mapping) {
   auto load = cast<memref::LoadOp>(op);
   if (load.getIndices().size() != 1)
-    return fail(op, "buffers are 1-D");
+    return op->emitOpError() << "cannot be lowered to the GPU: buffers are "
+                                "1-D";
   Type elem = load.getType();
-  Value index = toI64(mapping.lookup(load.getIndices()[0]));
+  Value index = arith::IndexCastOp::create(
+      b, g.i64, mapping.lookup(load.getIndices()[0]));
   Value ptr =
       LLVM::GEPOp::create(b, g.ptrGen, elem, mapping.lookup(load.getMemRef()),
                           ArrayRef<LLVM::GEPArg>{index});
   mapping.map(load.getResult(), LLVM::LoadOp::create(b, elem, ptr));
   return success();
+}
+
+LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op,
+                                                  IRMapping &mapping) {
+  return lowerScalarBufferLoad(b, g, op, mapping);
 }
 
 /// A captured tensor's element for each register of the index tile: the

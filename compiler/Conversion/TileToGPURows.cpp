@@ -396,10 +396,13 @@ LogicalResult RowKernelLowering::lowerOp(Operation *op) {
     return op->hasTrait<OpTrait::Elementwise>()
                ? lowerElementwise(op)
                : fail(op, "no GPU lowering for this op on tiles");
-  if (isa<memref::LoadOp>(op) || llvm::any_of(op->getOperands(), [](Value v) {
-        return isa<MemRefType>(v.getType());
-      }))
-    return fail(op, "a row kernel reads buffers by tile.load only");
+  // A scalar of a buffer (a varlen offset): one load by every thread.
+  if (isa<memref::LoadOp>(op))
+    return lowerScalarBufferLoad(b, g, op, map);
+  if (llvm::any_of(op->getOperands(),
+                   [](Value v) { return isa<MemRefType>(v.getType()); }))
+    return fail(op, "a row kernel reads buffers by tile.load and scalar "
+                    "memref.load only");
   b.clone(*op, map);
   return success();
 }

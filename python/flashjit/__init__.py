@@ -10,6 +10,10 @@ are passed in; numpy only for numpy inputs and BlockMask.
     v = torch.randn(2, 2, 1024, 96, device="cuda", dtype=torch.bfloat16)
     o = flashjit.attention(q, k, v, causal=True)      # GQA: 8 / 2 heads
 
+Variable-length batches (sequences of different lengths packed one after
+another, FlashAttention's varlen layout): flashjit.attention_varlen(q, k,
+v, cu_seqlens_q, cu_seqlens_k, ...) (flashjit/varlen.py).
+
 Devices:
   * torch CUDA tensors (bfloat16 or float16) run on the GPU, on torch's
     current stream of the tensors' device, without synchronizing; autograd
@@ -39,6 +43,7 @@ from .block_mask import BlockMask
 from . import score_ops
 from . import sinks as sinks_mod
 from . import variants
+from .varlen import attention_backward_varlen, attention_varlen
 
 __all__ = [
     "attention",
@@ -54,6 +59,8 @@ __all__ = [
     "CudaError",
     "NotImplementedFlashjitError",
     "attention_backward",
+    "attention_varlen",
+    "attention_backward_varlen",
     "LibraryNotFoundError",
     "score_ops",
     "variants",

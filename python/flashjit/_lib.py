@@ -87,7 +87,7 @@ class Spec(ctypes.Structure):
         ("direction", ctypes.c_int32),
         ("sparse_block", ctypes.c_int64),
         ("deterministic", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
+        ("varlen", ctypes.c_int32),
         # C API version 5; None: none. Since version 7 the region may
         # capture tensors (flashjit_forward_captured takes them).
         ("score_mod", ctypes.c_char_p),
@@ -111,6 +111,36 @@ class Layout(ctypes.Structure):
         ("q_blocks", ctypes.c_int64),
         ("kv_blocks", ctypes.c_int64),
     ]
+
+
+class Varlen(ctypes.Structure):
+    """flashjit_varlen (C API version 8): the sequences of a
+    variable-length batch. cu_seqlens_q / cu_seqlens_kv: [batch + 1] int32
+    offsets (0 first, non-decreasing; sequence b is rows [cu[b], cu[b + 1])
+    of the packed tensors), device pointers on CUDA (not read on the host:
+    bad offsets are undefined behaviour there), host pointers on the CPU
+    (checked); max_seqlen_q / max_seqlen_kv: at least the longest query
+    (key) sequence and at least 1 (the grid spans them and lse is padded to
+    max_seqlen_q)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_kv", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_kv", ctypes.c_int64),
+    ]
+
+
+def make_varlen(cu_q, cu_kv, batch, max_q, max_kv):
+    """A Varlen of two offset pointers (ints) and the sizes."""
+    v = Varlen()
+    v.cu_seqlens_q = cu_q
+    v.cu_seqlens_kv = cu_kv
+    v.batch = int64("batch", batch)
+    v.max_seqlen_q = int64("max_seqlen_q", max_q)
+    v.max_seqlen_kv = int64("max_seqlen_kv", max_kv)
+    return v
 
 
 class Captured(ctypes.Structure):
@@ -163,7 +193,8 @@ def make_tensor(data_ptr, shape, strides):
 
 
 def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
-              backward=False, deterministic=False, score_mod=""):
+              backward=False, deterministic=False, score_mod="",
+              varlen=False):
     s = Spec()
     s.head_dim_qk = int64("head_dim", head_dim_qk)
     s.head_dim_v = int64("head_dim_v", head_dim_v)
@@ -175,6 +206,8 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
     s.sparse_block = int64("sparse_block", sparse_block) if sparse_block else 128
     # The backward's dQ: 1, a separate pass (bit-identical); 0, atomic adds.
     s.deterministic = 1 if deterministic else 0
+    # Variable-length packing (flashjit_forward_varlen / _backward_varlen).
+    s.varlen = 1 if varlen else 0
     # A named score modifier ("" none); ctypes keeps the bytes alive.
     s.score_mod = score_mod.encode() if score_mod else None
     return s
@@ -280,6 +313,24 @@ def _declare(lib):
             [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
              P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
              ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Layout),
+             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p],
+        ),
+    })
+    # C API version 8 (variable-length packing): flashjit_varlen by
+    # pointer, the captured array as a void pointer.
+    sigs.update({
+        "flashjit_forward_varlen": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_void_p, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+             P(Varlen), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p],
+        ),
+        "flashjit_backward_varlen": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Varlen),
              ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
              ctypes.c_int64, ctypes.c_void_p],
         ),

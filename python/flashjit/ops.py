@@ -45,6 +45,28 @@ captured tensor that requires grad (it reaches the tensor the function
 indexed through the differentiable .to(): cast back to its dtype and
 device, and summed where a broadcast view was captured).
 
+Variable-length packing (flashjit.attention_varlen; flashjit/varlen.py)
+has two ops of its own, captured tensors included:
+
+    flashjit::attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                   max_seqlen_q, max_seqlen_k, mask, scale,
+                                   window_left, window_right, deterministic,
+                                   score_mod, Tensor[] captures)
+                                   -> (o, lse)
+    flashjit::attention_varlen_bwd(d_o, q, k, v, o, lse, cu_seqlens_q,
+                                   cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   mask, ..., score_mod, Tensor[] captures,
+                                   bool[] capture_needs_grad)
+                                   -> (dq, dk, dv, Tensor[] capture_grads)
+
+q (total_q, H, d), k and v (total_k, Hkv, d|dv) packed, the offsets int32
+[B + 1] on q's device (read on the host on the CPU only), max_seqlen_*
+ints >= 1 (at least the longest sequence); o (total_q, H, dv) and lse
+float32 [B, H, max_seqlen_q] (-inf in its padding rows); o and the
+gradients are 0 in rows that belong to no sequence. Their fakes give
+those shapes; autograd reaches q, k, v and the captured tensors that
+require grad, as attention_fwd_captured's.
+
 Both ops have fake (meta) implementations, so torch.compile, torch.export
 and FakeTensor tracing see o as q's shape with v's head dim and lse as
 float32 [B, H, Nq]; attention_fwd has an autograd formula (register_autograd)
@@ -374,5 +396,154 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
                                             bool(deterministic), score_mod)
 
 
+# -- variable-length packing ----------------------------------------------------
+
+
+@torch.library.custom_op("flashjit::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor,
+                         cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                         max_seqlen_q: int, max_seqlen_k: int, mask: int,
+                         scale: float, window_left: int, window_right: int,
+                         deterministic: bool, score_mod: str,
+                         captures: List[Tensor]) -> Tuple[Tensor, Tensor]:
+    """flashjit.attention_varlen's forward: (o (total_q, H, dv), lse
+    float32 [B, H, max_seqlen_q])."""
+    return _torch_impl.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, mask, scale,
+                                      window_left, window_right, score_mod,
+                                      captures)
+
+
+@attention_varlen_fwd.register_fake
+def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q, max_seqlen_k, mask, scale,
+                               window_left, window_right, deterministic,
+                               score_mod, captures):
+    _, _, B = _torch_impl.check_varlen_inputs(q, k, v, cu_seqlens_q,
+                                              cu_seqlens_k)
+    _torch_impl.check_captures(captures, q, "attention_varlen")
+    o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+    lse = q.new_empty((B, q.shape[1], max_seqlen_q), dtype=torch.float32)
+    return o, lse
+
+
+@torch.library.custom_op("flashjit::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                         o: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                         cu_seqlens_k: Tensor, max_seqlen_q: int,
+                         max_seqlen_k: int, mask: int, scale: float,
+                         window_left: int, window_right: int,
+                         deterministic: bool, score_mod: str,
+                         captures: List[Tensor],
+                         capture_needs_grad: List[bool]
+                         ) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+    """attention_varlen_fwd's backward: (dq, dk, dv packed as q, k, v,
+    the gradients of the captured tensors flagged in capture_needs_grad,
+    in order)."""
+    dq, dk, dv, grads = _torch_impl.backward_varlen(
+        q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        max_seqlen_k, mask, scale, window_left, window_right, deterministic,
+        score_mod, captures, capture_needs_grad)
+    return dq, dk, dv, grads
+
+
+@attention_varlen_bwd.register_fake
+def _attention_varlen_bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q,
+                               cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask,
+                               scale, window_left, window_right,
+                               deterministic, score_mod, captures,
+                               capture_needs_grad):
+    fn = "attention_backward_varlen"
+    _torch_impl.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fn)
+    _torch_impl.check_captures(captures, q, fn)
+    flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
+                                           deterministic, fn)
+    grads = [c.new_empty(c.shape) for c, f in zip(captures, flags) if f]
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            grads)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, det, mod,
+     captures) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, *captures)
+    ctx.options = (max_q, max_k, mask, scale, wl, wr, det, mod)
+    ctx.num_captures = len(captures)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_backward(ctx, d_o, d_lse):
+    # lse is non-differentiable: d_lse is ignored.
+    need = ctx.needs_input_grad
+    flags = _needed(need[13], ctx.num_captures)
+    saved = ctx.saved_tensors
+    q, k, v, o, lse, cu_q, cu_k = saved[:7]
+    captures = list(saved[7:])
+    max_q, max_k, mask, scale, wl, wr, det, mod = ctx.options
+    if d_o is None:
+        d_o = torch.zeros_like(o)
+    dq, dk, dv, grads = torch.ops.flashjit.attention_varlen_bwd(
+        d_o, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
+        det, mod, captures, flags)
+    grads = iter(grads)
+    return ((dq if need[0] else None), (dk if need[1] else None),
+            (dv if need[2] else None)) + (None,) * 10 + (
+                [next(grads) if f else None for f in flags],)
+
+
+attention_varlen_fwd.register_autograd(_varlen_backward,
+                                       setup_context=_varlen_setup_context)
+attention_varlen_bwd.register_autograd(_bwd_backward,
+                                       setup_context=_bwd_setup_context)
+
+
+def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
+                     deterministic, score_mod="", captures=()):
+    """(o, lse) for flashjit.attention_varlen's torch tensors (mask,
+    scale and window checked there): the inputs checked, max_q / max_k
+    computed from the offsets when None (on the host: a synchronization
+    for CUDA offsets, refused while torch.compile traces), the offsets
+    checked wherever they are read on the host; then the op, or eagerly
+    without autograd its kernel directly."""
+    from . import varlen
+
+    fn = "attention_varlen"
+    _torch_impl.check_varlen_inputs(q, k, v, cu_q, cu_k, fn)
+    compiling = torch.compiler.is_compiling()
+    host = (max_q is None or max_k is None
+            or (q.device.type == "cpu" and not compiling))
+    if host:
+        if compiling:
+            raise ValueError(
+                f"flashjit.{fn}: pass max_seqlen_q and max_seqlen_k (ints) "
+                "under torch.compile: computing them reads the offsets on "
+                "the host, which a traced graph cannot")
+        # One copy to the host (CUDA: one synchronization of the stream).
+        both = torch.cat([cu_q.detach(), cu_k.detach()]).cpu().numpy()
+        hq, hk = both[:cu_q.shape[0]], both[cu_q.shape[0]:]
+        lq = varlen.check_offsets(hq, q.shape[0], "cu_seqlens_q", fn)
+        lk = varlen.check_offsets(hk, k.shape[0], "cu_seqlens_k", fn)
+    else:
+        lq = lk = None
+    max_q = varlen.max_seqlen(max_q, lq, "max_seqlen_q", fn)
+    max_k = varlen.max_seqlen(max_k, lk, "max_seqlen_k", fn)
+    if captures:
+        captures = device_captures(captures, q)
+    captures = list(captures)
+    if (not compiling and type(q) is Tensor and type(k) is Tensor
+            and type(v) is Tensor
+            and not (torch.is_grad_enabled() and any(
+                t.requires_grad for t in (q, k, v, *captures)))):
+        # Eager, no gradient: the op's kernel without the dispatcher.
+        return _torch_impl.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
+                                          mask, scale, wl, wr, score_mod,
+                                          captures)
+    return torch.ops.flashjit.attention_varlen_fwd(
+        q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
+        bool(deterministic), score_mod, captures)
+
+
 __all__ = ["attention_fwd", "attention_bwd", "attention_fwd_captured",
-           "attention_bwd_captured", "attention"]
+           "attention_bwd_captured", "attention", "attention_varlen_fwd",
+           "attention_varlen_bwd", "attention_varlen"]

@@ -279,3 +279,97 @@ def capture_grad_by_differences(loss, x, elements=None):
         out.append((loss(up.reshape(x.shape)) - loss(down.reshape(x.shape)))
                    / (2 * step))
     return np.array(out)
+
+
+# -- variable-length packing ---------------------------------------------------
+
+
+def cu_seqlens(lengths):
+    """int32 offsets [0, l0, l0 + l1, ...] of sequence lengths."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def _sequence_mod(score_mod, b):
+    """score_mod for sequence b alone (a [1, H, nq, nkv] problem): a
+    function sees b as its batch index; a name is itself."""
+    if callable(score_mod):
+        return lambda s, _b, h, i, j: score_mod(s, b, h, i, j)
+    return score_mod
+
+
+def _sequences(cu_q, cu_k):
+    for b in range(len(cu_q) - 1):
+        yield b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(
+            int(cu_k[b]), int(cu_k[b + 1]))
+
+
+def _as_bhnd(x):
+    """(n, H, d) -> (1, H, n, d) float64."""
+    return np.asarray(x, dtype=np.float64).transpose(1, 0, 2)[None]
+
+
+def varlen_attention_ref(q, k, v, cu_q, cu_k, scale=None, causal=False,
+                         window=None, score_mod=None, max_q=None):
+    """(o (total_q, H, dv), lse (B, H, max_q)) in float64 of packed q, k,
+    v, each sequence on its own (visible_mask of its own lengths, so
+    causal and windows bottom-right aligned per sequence; a modifier sees
+    positions within the sequence and the sequence's index as b). A
+    sequence without keys: o = 0, lse = -inf; lse's padding and o's rows
+    of no sequence: -inf and 0."""
+    T, H = np.shape(q)[0], np.shape(q)[1]
+    Dv = np.shape(v)[2]
+    lens = np.diff(np.asarray(cu_q, dtype=np.int64))
+    max_q = max(int(lens.max()), 1) if max_q is None else max_q
+    o = np.zeros((T, H, Dv))
+    lse = np.full((len(cu_q) - 1, H, max_q), -np.inf)
+    for b, sq, sk in _sequences(cu_q, cu_k):
+        nq, nkv = sq.stop - sq.start, sk.stop - sk.start
+        if nq == 0 or nkv == 0:
+            continue
+        vis = visible_mask(nq, nkv, causal, window)
+        ob, lb = attention_ref(_as_bhnd(q[sq]), _as_bhnd(k[sk]),
+                               _as_bhnd(v[sk]), scale, vis,
+                               _sequence_mod(score_mod, b))
+        o[sq] = ob[0].transpose(1, 0, 2)
+        lse[b, :, :nq] = lb[0]
+    return o, lse
+
+
+def varlen_grads_ref(q, k, v, o, d_o, cu_q, cu_k, scale=None, causal=False,
+                     window=None, score_mod=None):
+    """(dq, dk, dv) in float64, packed as q, k, v, of
+    varlen_attention_ref for upstream d_o (D from the o given, as
+    attention_grads_ref); 0 in the rows of no sequence and wherever a
+    sequence has no queries or no keys."""
+    dq = np.zeros(np.shape(q))
+    dk = np.zeros(np.shape(k))
+    dv = np.zeros(np.shape(v))
+    for b, sq, sk in _sequences(cu_q, cu_k):
+        nq, nkv = sq.stop - sq.start, sk.stop - sk.start
+        if nq == 0 or nkv == 0:
+            continue
+        vis = visible_mask(nq, nkv, causal, window)
+        g = attention_grads_ref(
+            _as_bhnd(q[sq]), _as_bhnd(k[sk]), _as_bhnd(v[sk]),
+            _as_bhnd(o[sq]), _as_bhnd(d_o[sq]), scale, vis,
+            _sequence_mod(score_mod, b))
+        dq[sq], dk[sk], dv[sk] = (x[0].transpose(1, 0, 2) for x in g)
+    return dq, dk, dv
+
+
+def varlen_score_grads_ref(q, k, v, o, d_o, cu_q, cu_k, scale=None,
+                           causal=False, score_mod=None):
+    """score_grads_ref per sequence: a list of [H, nq, nkv] float64 arrays
+    G_b = d loss / d s' (D from the o given), one per sequence."""
+    out = []
+    for b, sq, sk in _sequences(cu_q, cu_k):
+        nq, nkv = sq.stop - sq.start, sk.stop - sk.start
+        if nq == 0 or nkv == 0:
+            out.append(np.zeros((np.shape(q)[1], nq, nkv)))
+            continue
+        vis = visible_mask(nq, nkv, causal)
+        g = score_grads_ref(_as_bhnd(q[sq]), _as_bhnd(k[sk]),
+                            _as_bhnd(v[sk]), _as_bhnd(d_o[sq]), scale, vis,
+                            _sequence_mod(score_mod, b), o=_as_bhnd(o[sq]))
+        out.append(g[0])
+    return out

@@ -67,7 +67,7 @@ INSTANTIATE_TEST_SUITE_P(Forward, VarlenGpu, ::testing::Values(
   VarlenCase{"--head-dim 256 --head-dim-v 128 --dtype fp16 --heads 4 --causal --seqlens-q 129,400 --seqlens-kv 200,300", ""},
   VarlenCase{"--head-dim 80 --heads 4 --score-mod softcap:20 --causal --seqlens-q 64,513,9", ""},
   VarlenCase{"--head-dim 128 --heads 4 --seqlens-q 40,0,300 --seqlens-kv 0,10,300", ""},
-  VarlenCase{"--head-dim 128 --heads 8 --causal --overlap-softmax --seqlens-q 1025,77,640", ""},
+  VarlenCase{"--head-dim 128 --heads 8 --causal --block-m 128 --block-n 128 --warps 8 --overlap-softmax --seqlens-q 1025,77,640", ""},
   // Warpgroup MMAs without the ring; mma.sync.
   VarlenCase{"--head-dim 128 --heads 4 --gqa 2 --causal --block-m 128 --block-n 64 --warps 8 --seqlens-q 300,1000,5", "FLASHJIT_KV_RING=0"},
   VarlenCase{"--head-dim 96 --heads 4 --block-m 64 --block-n 64 --warps 4 --seqlens-q 200,31,999", "FLASHJIT_WGMMA=0"},

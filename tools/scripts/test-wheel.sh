@@ -65,5 +65,6 @@ print(f"import flashjit: {pkg}, library {lib.name} beside it, version {flashjit.
 PYEOF
 env -u FLASHJIT_LIBRARY -u PYTHONPATH FLASHJIT_TEST_INSTALLED=1 \
   "$TV/venv/bin/python" -m pytest -q -p no:cacheprovider \
-  "$ROOT/python/tests/test_cpu.py" "$ROOT/python/tests/test_bad_inputs.py"
+  "$ROOT/python/tests/test_cpu.py" "$ROOT/python/tests/test_bad_inputs.py" \
+  "$ROOT/python/tests/test_varlen_cpu.py"
 say "ok"

@@ -85,8 +85,9 @@ void SplitCombineBuilder::build() {
   const int64_t rows = abi::bwd::kRowBlockRows;
   const int pids = abi::split::NumBuffers + abi::split::NumIndexArgs + 1;
   Value pidM = arg(pids), pidBH = arg(pids + 1);
-  // nq: the padded rows per (batch, head) of the workspaces and lse; rows:
-  // this sequence's (varlen), whose O starts at its first row.
+  // nq: the padded rows per (batch, head) of the workspaces and lse; nRows:
+  // the rows every access reads or writes (this sequence's with varlen,
+  // whose O starts at its first row; the row kernels' accesses share them).
   Value heads = indexArg(abi::Heads), nq = indexArg(abi::SeqQ);
   Value bIdx = arith::DivUIOp::create(b, pidBH, heads);
   Value hIdx = arith::RemUIOp::create(b, pidBH, heads);
@@ -109,10 +110,10 @@ void SplitCombineBuilder::build() {
           l = loop.getRegionIterArgs()[2];
     Value stat = mul(add(mul(loop.getInductionVar(), bhCount), pidBH), nq);
     Value x = fmul(
-        loadTile(rowTy, arg(abi::split::LsePart), stat, first, nq, Value()),
+        loadTile(rowTy, arg(abi::split::LsePart), stat, first, nRows, Value()),
         constTile(1.0 / std::log(2.0), rowTy));
-    Value o = loadTile(oTy, arg(abi::split::OPart), mulC(stat, dv), first, nq,
-                       cIdx(dv));
+    Value o = loadTile(oTy, arg(abi::split::OPart), mulC(stat, dv), first,
+                       nRows, cIdx(dv));
     Value mNew = maxF(m, x);
     Value mUse =
         select(cmpF(arith::CmpFPredicate::OEQ, mNew, negInf), zero, mNew);

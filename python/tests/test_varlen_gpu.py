@@ -1,0 +1,314 @@
+"""flashjit.attention_varlen on torch CUDA tensors: the forward (o, lse) and
+autograd's backward (dq, dk, dv) of packed variable-length batches, each
+sequence against the float64 reference of that sequence alone
+(reference.varlen_attention_ref / varlen_grads_ref).
+
+Covers bf16 and fp16, causal GQA with Nq != Nkv per sequence, sequences
+without keys or without queries, lengths that do not divide the tiles,
+long sequences beside short ones, decode-shaped batches (one query per
+sequence against long keys), windows, a score modifier and a captured
+tensor's gradient, both dQ modes (deterministic: bit-identical twice),
+explicit max_seqlen_* without any host synchronization
+(torch.cuda.set_sync_debug_mode("error")), a side stream, and the
+forward and backward captured in a CUDA graph (replayed with new
+offsets). The outputs are allocated zeroed (o, dq, dk, dv) or -inf (lse)
+before the kernels run, so a row they do not write shows as a mismatch
+against the reference (whose rows are not 0) or as a wrong -inf pattern.
+
+Fresh random inputs and lengths each run (a failure prints its seed).
+Skips without torch or a GPU; FLASHJIT_TEST_DEVICE=cpu runs the same
+checks in the CPU execution mode (slower; the CUDA-only tests skip).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import flashjit
+import reference
+from reference import cu_seqlens, lse_err, rel_err
+
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed (test_varlen_cpu.py covers the "
+    "numpy path)")
+DEVICE = os.environ.get("FLASHJIT_TEST_DEVICE", "cuda")
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU (torch.cuda.is_available() is False)",
+                allow_module_level=True)
+cuda_only = pytest.mark.skipif(DEVICE != "cuda",
+                               reason="CUDA only (FLASHJIT_TEST_DEVICE=cpu)")
+
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+# As test_torch_gpu.py: the reference's D uses the forward's o as given.
+GRAD_BOUND = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+@pytest.fixture
+def seed():
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    print(f"seed {s}")
+    return s
+
+
+def make(lens_q, lens_k, H, Hkv, d, dv, dtype, grad=False):
+    cq = torch.from_numpy(cu_seqlens(lens_q)).to(DEVICE)
+    ck = torch.from_numpy(cu_seqlens(lens_k)).to(DEVICE)
+    q = torch.randn(int(sum(lens_q)), H, d, dtype=dtype, device=DEVICE)
+    k = torch.randn(int(sum(lens_k)), Hkv, d, dtype=dtype, device=DEVICE)
+    v = torch.randn(int(sum(lens_k)), Hkv, dv, dtype=dtype, device=DEVICE)
+    return (*(t.requires_grad_(grad) for t in (q, k, v)), cq, ck)
+
+
+def host(t):
+    return t.detach().cpu().double().numpy()
+
+
+def check_forward(o, lse, q, k, v, cq, ck, **opts):
+    ro, rl = reference.varlen_attention_ref(
+        host(q), host(k), host(v), cq.cpu().numpy(), ck.cpu().numpy(),
+        max_q=lse.shape[2], **opts)
+    assert o.dtype == q.dtype and o.device == q.device
+    assert o.shape == (q.shape[0], q.shape[1], v.shape[2])
+    assert lse.dtype == torch.float32 and lse.shape == rl.shape
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    bound = BOUND[q.dtype]
+    assert rel_err(host(o), ro) <= bound, rel_err(host(o), ro)
+    assert lse_err(lse.cpu().numpy(), rl) <= bound
+    return ro
+
+
+def check_grads(got, q, k, v, o, d_o, cq, ck, **opts):
+    want = reference.varlen_grads_ref(
+        *(host(t) for t in (q, k, v, o, d_o)), cq.cpu().numpy(),
+        ck.cpu().numpy(), **opts)
+    floor = 1e-3 * max(np.linalg.norm(w) for w in want)
+    for name, g, w, like in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
+        assert g.dtype == like.dtype and g.shape == like.shape, name
+        assert torch.isfinite(g).all(), name
+        err = np.linalg.norm(host(g) - w) / max(np.linalg.norm(w), floor)
+        assert err <= GRAD_BOUND[q.dtype], (name, err)
+
+
+# (lens_q, lens_k, H, Hkv, d, dv, options)
+CASES = {
+    "causal-gqa4-mixed": ([300, 1, 77, 513, 0, 129], [300, 64, 0, 1000, 5,
+                                                       129], 8, 2, 128, 128,
+                          dict(causal=True)),
+    "full-mha-d64": ([1000, 17, 256], [700, 17, 257], 4, 4, 64, 64, {}),
+    "window": ([400, 90], [500, 90], 4, 2, 64, 64, dict(window=(37, 5))),
+    "causal-dv": ([130, 33, 1], [77, 200, 1], 2, 1, 96, 48,
+                  dict(causal=True)),
+    "decode": ([1, 1, 1, 1, 1], [1500, 3, 2048, 700, 1], 8, 2, 128, 128,
+               dict(causal=True)),
+    "softcap": ([200, 50], [260, 50], 4, 2, 64, 64,
+                dict(causal=True, score_mod="softcap:20")),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_backward(case, dtype, seed):
+    lq, lk, H, Hkv, d, dv, opts = CASES[case]
+    q, k, v, cq, ck = make(lq, lk, H, Hkv, d, dv, dtype, grad=True)
+    o, lse = flashjit.attention_varlen(q, k, v, cq, ck, return_lse=True,
+                                       **opts)
+    check_forward(o, lse, q, k, v, cq, ck, **opts)
+    d_o = torch.randn_like(o)
+    got = torch.autograd.grad(o, (q, k, v), d_o)
+    check_grads(got, q, k, v, o, d_o, cq, ck, **opts)
+
+
+@pytest.mark.parametrize("lens", [[128, 128], [1, 4096], [2000, 3, 64, 1]])
+def test_random_lengths_deterministic(lens, seed):
+    """Random per-sequence key lengths around the given query lengths;
+    deterministic=True: the gradients bit-identical twice; the reference
+    with the first boundary moved misses."""
+    rng = np.random.default_rng(seed)
+    lk = [max(0, int(n + rng.integers(-n // 2 - 1, n // 2 + 2)))
+          for n in lens]
+    q, k, v, cq, ck = make(lens, lk, 8, 2, 64, 64, torch.bfloat16, True)
+    o = flashjit.attention_varlen(q, k, v, cq, ck, causal=True,
+                                  deterministic=True)
+    d_o = torch.randn_like(o)
+    g1 = torch.autograd.grad(o, (q, k, v), d_o)
+    o2 = flashjit.attention_varlen(q, k, v, cq, ck, causal=True,
+                                   deterministic=True)
+    g2 = torch.autograd.grad(o2, (q, k, v), d_o)
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    check_grads(g1, q, k, v, o, d_o, cq, ck, causal=True)
+    if lens[0] > 1 and lk[0] > 1:
+        shifted_q, shifted_k = cq.cpu().numpy().copy(), ck.cpu().numpy().copy()
+        shifted_q[1] -= 1
+        shifted_k[1] -= 1
+        wrong, _ = reference.varlen_attention_ref(
+            host(q), host(k), host(v), shifted_q, shifted_k, causal=True)
+        rows = int(cq[2])
+        assert rel_err(host(o)[:rows], wrong[:rows]) > 10 * BOUND[
+            torch.bfloat16]
+
+
+def test_empty_sequences_and_rows_of_no_sequence(seed):
+    """A sequence without keys: o = 0, lse = -inf, zero gradients for its
+    queries; q rows past the last offset: o and dq 0; no keys at all: o =
+    0 without a kernel."""
+    lq, lk = [50, 20, 30], [60, 0, 45]
+    q, k, v, cq, ck = make(lq, lk, 4, 2, 64, 64, torch.bfloat16, True)
+    extra = torch.randn(7, 4, 64, dtype=torch.bfloat16, device=DEVICE)
+    q2 = torch.cat([q.detach(), extra]).requires_grad_()
+    o, lse = flashjit.attention_varlen(q2, k, v, cq, ck, causal=True,
+                                       return_lse=True)
+    assert (o[50:70] == 0).all() and (o[100:] == 0).all()
+    assert torch.isneginf(lse[1]).all()
+    check_forward(o[:100], lse, q, k, v, cq, ck, causal=True)
+    d_o = torch.randn_like(o)
+    dq, dk = torch.autograd.grad(o, (q2, k), d_o)
+    assert (dq[50:70] == 0).all() and (dq[100:] == 0).all()
+    assert torch.isfinite(dk).all()
+    z = k[:0].detach()
+    o, lse = flashjit.attention_varlen(q2, z, z, cq,
+                                       torch.zeros_like(ck), return_lse=True)
+    assert (o == 0).all() and torch.isneginf(lse).all()
+
+
+@cuda_only
+def test_explicit_max_seqlen_never_synchronizes(seed):
+    """With max_seqlen_q and max_seqlen_k given, forward and backward run
+    without a host synchronization (torch's sync debug mode raises on
+    one); without them the offsets are read on the host (one sync) and
+    give the same bits."""
+    q, k, v, cq, ck = make([300, 45, 2], [310, 45, 90], 4, 2, 64, 64,
+                           torch.bfloat16, True)
+    want = flashjit.attention_varlen(q, k, v, cq, ck, causal=True)
+    d_o = torch.randn_like(want)
+    want_g = torch.autograd.grad(want, (q, k, v), d_o)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = flashjit.attention_varlen(q, k, v, cq, ck, 300, 310, causal=True)
+        got_g = torch.autograd.grad(o, (q, k, v), d_o)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            flashjit.attention_varlen(q, k, v, cq, ck, causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(o, want)
+    # The gradients: dk and dv bit-identical; dq by atomic adds (its last
+    # bits may vary).
+    assert torch.equal(got_g[1], want_g[1]) and torch.equal(got_g[2],
+                                                            want_g[2])
+    torch.testing.assert_close(got_g[0], want_g[0], rtol=1e-2, atol=1e-2)
+
+
+@cuda_only
+def test_captured_bias_gradient(seed):
+    lq, lk = [120, 33, 64], [150, 33, 80]
+    H = 4
+    q, k, v, cq, ck = make(lq, lk, H, 2, 64, 64, torch.float16, True)
+    bias = torch.randn(H, max(lq), max(lk), device=DEVICE,
+                       requires_grad=True)
+    o = flashjit.attention_varlen(
+        q, k, v, cq, ck, causal=True,
+        score_mod=lambda s, b, h, i, j: s + bias[h, i, j])
+    d_o = torch.randn_like(o)
+    gq, gb = torch.autograd.grad(o, (q, bias), d_o)
+    bias_n = host(bias)
+
+    def fn_ref(s, b, h, i, j):
+        return s + bias_n[h, i, j]
+
+    G = reference.varlen_score_grads_ref(
+        *(host(t) for t in (q, k, v, o, d_o)), cq.cpu().numpy(),
+        ck.cpu().numpy(), causal=True, score_mod=fn_ref)
+    want = np.zeros(bias.shape)
+    for g in G:
+        want[:, :g.shape[1], :g.shape[2]] += g
+    assert rel_err(host(gb), want) <= 5e-3
+    wq = reference.varlen_grads_ref(
+        *(host(t) for t in (q, k, v, o, d_o)), cq.cpu().numpy(),
+        ck.cpu().numpy(), causal=True, score_mod=fn_ref)[0]
+    assert rel_err(host(gq), wq) <= GRAD_BOUND[torch.float16]
+
+
+@cuda_only
+def test_side_stream(seed):
+    q, k, v, cq, ck = make([257, 31], [257, 90], 4, 4, 64, 64,
+                           torch.bfloat16)
+    want = flashjit.attention_varlen(q, k, v, cq, ck, 257, 257, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        o = flashjit.attention_varlen(q, k, v, cq, ck, 257, 257, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(o, want)
+
+
+@cuda_only
+def test_forward_and_backward_in_a_cuda_graph(seed):
+    """attention_varlen with max_seqlen_* given, forward and autograd's
+    backward captured in one CUDA graph and replayed on new inputs and
+    new offsets (the same total): the bits of uncaptured runs."""
+    lq, lk = [200, 56], [230, 100]
+    q, k, v, cq, ck = make(lq, lk, 4, 2, 64, 64, torch.bfloat16, True)
+    d_o = torch.randn(256, 4, 64, dtype=torch.bfloat16, device=DEVICE)
+
+    def step():  # max_seqlen_* cover both replays' lengths
+        o = flashjit.attention_varlen(q, k, v, cq, ck, 256, 300, causal=True,
+                                      deterministic=True)
+        return (o,) + torch.autograd.grad(o, (q, k, v), d_o)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles, loads the kernels
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static = step()
+    for new_q, new_k in (([200, 56], [230, 100]), ([100, 156], [30, 300])):
+        # (the totals stay 256 and 330)
+        with torch.no_grad():
+            for t in (q, k, v, d_o):
+                t.copy_(torch.randn_like(t))
+            cq.copy_(torch.from_numpy(cu_seqlens(new_q)).to(DEVICE))
+            ck.copy_(torch.from_numpy(cu_seqlens(new_k)).to(DEVICE))
+        g.replay()
+        torch.cuda.synchronize()
+        want = step()
+        for a, b in zip(static, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    check_forward(static[0], flashjit.attention_varlen(
+        q, k, v, cq, ck, causal=True, return_lse=True)[1], q, k, v, cq, ck,
+        causal=True)
+
+
+@cuda_only
+def test_compile_fullgraph(seed):
+    torch._dynamo.reset()
+    q, k, v, cq, ck = make([300, 45, 2], [310, 45, 90], 4, 2, 64, 64,
+                           torch.bfloat16)
+
+    def f(q, k, v):
+        return flashjit.attention_varlen(q, k, v, cq, ck, 300, 310,
+                                         causal=True).float().square().sum()
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    want = f(*leaves)
+    want_g = torch.autograd.grad(want, leaves)
+    leaves2 = [t.detach().requires_grad_() for t in (q, k, v)]
+    got = torch.compile(f, fullgraph=True)(*leaves2)
+    got_g = torch.autograd.grad(got, leaves2)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    for a, b in zip(got_g, want_g):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2,
+                                   atol=2e-2 * b.float().abs().max().item())
+
+
+@cuda_only
+def test_offsets_on_another_device_are_refused():
+    q, k, v, cq, ck = make([10], [10], 1, 1, 64, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match="cu_seqlens_q is on cpu"):
+        flashjit.attention_varlen(q, k, v, cq.cpu(), ck)
