@@ -14,7 +14,8 @@
 #             decode, the backward)
 #   bench     tests/bench/varlen.py beside FA2's varlen and FlexAttention's
 #             document mask -> $OUT/varlen.json
-#   python    the Python varlen tests on CUDA -> $OUT/python.log
+#   python    the Python varlen and Hugging Face tests on CUDA (padded
+#             batches run as varlen) -> $OUT/python.log
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
@@ -58,14 +59,14 @@ fi
 if step bench; then
   echo "== varlen beside FA2 varlen and FlexAttention (+${SECONDS}s)"
   timeout -k 5 ${FLASHJIT_BENCH_S:-300} python3 tests/bench/varlen.py --flashjit "$FJ" \
-    --out $OUT/varlen.json > $OUT/bench.log 2>&1
+    --rounds ${FLASHJIT_BENCH_ROUNDS:-3} --out $OUT/varlen.json > $OUT/bench.log 2>&1
   echo "exit $?" >> $OUT/bench.log
   grep -vE "^\s*$" $OUT/bench.log | tail -12
 fi
 if step python; then
   echo "== python varlen tests (+${SECONDS}s)"
-  timeout -k 5 240 python3 -m pytest -q -p no:cacheprovider -k "varlen or Varlen" \
-    python/tests > $OUT/python.log 2>&1
+  timeout -k 5 ${FLASHJIT_PYTHON_S:-240} python3 -m pytest -q -p no:cacheprovider \
+    python/tests/test_varlen_gpu.py python/tests/test_hf_gpu.py > $OUT/python.log 2>&1
   echo "exit $?" >> $OUT/python.log
   grep -E "FAILED|passed|failed|exit|Error" $OUT/python.log | tail -10
 fi
