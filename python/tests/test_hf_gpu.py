@@ -160,10 +160,16 @@ def padded_batch(batch=3, seq=128):
 
 def padded_step(model, ids, mask):
     """(logits at the real tokens, gradients of every parameter) of one
-    training step on a padded batch: the loss over real tokens only."""
+    training step on a padded batch: the loss over the predictions a real
+    token makes of a real token. (transformers shifts the labels: position
+    t predicts label t + 1, so the last left pad would predict the first
+    real token; a padded row's output is 0 here, as transformers'
+    FlashAttention-2 path gives it, and the eager and sdpa paths' is their
+    softmax over masked keys: not a difference of the attention.)"""
     model.train()
     model.zero_grad(set_to_none=True)
     labels = ids.masked_fill(mask == 0, -100)
+    labels[:, 1:] = labels[:, 1:].masked_fill(mask[:, :-1] == 0, -100)
     out = model(input_ids=ids, attention_mask=mask, labels=labels)
     out.loss.backward()
     grads = torch.cat([p.grad.double().flatten()
