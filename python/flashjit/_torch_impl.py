@@ -53,11 +53,9 @@ _is_compiling = torch.compiler.is_compiling
 _plan_forward = None  # flashjit_plan_forward, once the library is loaded
 
 
-def check_inputs(q, k, v, fn="attention"):
-    """(flashjit dtype, gqa) of three torch tensors on one device; named
-    TypeError / ValueError otherwise."""
-    from . import _check_shapes
-
+def check_torch_qkv(q, k, v, fn):
+    """Named TypeError / ValueError unless q, k, v are torch tensors of one
+    supported dtype on one CUDA (or CPU) device; the flashjit dtype."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(
@@ -80,7 +78,16 @@ def check_inputs(q, k, v, fn="attention"):
         raise TypeError(
             f"flashjit.{fn}: torch tensors must be bfloat16 or float16, "
             f"got {q.dtype}")
-    return _DTYPES[q.dtype], _check_shapes(q.shape, k.shape, v.shape)
+    return _DTYPES[q.dtype]
+
+
+def check_inputs(q, k, v, fn="attention"):
+    """(flashjit dtype, gqa) of three torch tensors on one device; named
+    TypeError / ValueError otherwise."""
+    from . import _check_shapes
+
+    return check_torch_qkv(q, k, v, fn), _check_shapes(q.shape, k.shape,
+                                                       v.shape)
 
 
 def check_captures(captures, q, fn="attention"):
@@ -558,26 +565,7 @@ def check_varlen_inputs(q, k, v, cu_q, cu_k, fn="attention_varlen"):
     dtype, device or shape (no offset is read)."""
     from . import varlen
 
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"flashjit.{fn}: {name} is a {type(t).__name__}, the "
-                "others torch tensors: pass three torch tensors")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type not in ("cuda", "cpu", "meta"):
-            raise ValueError(
-                f"flashjit.{fn}: torch tensors must be on a CUDA device (or "
-                f"the CPU, the CPU execution mode), {name} is on {t.device}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"flashjit.{fn}: q, k, v are on different devices: "
-            f"{q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"flashjit.{fn}: q, k, v dtypes differ: {q.dtype}, "
-                        f"{k.dtype}, {v.dtype}")
-    if q.dtype not in _DTYPES:
-        raise TypeError(f"flashjit.{fn}: torch tensors must be bfloat16 or "
-                        f"float16, got {q.dtype}")
+    dtype = check_torch_qkv(q, k, v, fn)
     gqa = varlen.check_shapes(q.shape, k.shape, v.shape, fn)
     for name, c in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
         if not isinstance(c, torch.Tensor):
@@ -591,7 +579,7 @@ def check_varlen_inputs(q, k, v, cu_q, cu_k, fn="attention_varlen"):
             raise ValueError(f"flashjit.{fn}: {name} is on {c.device}, q on "
                              f"{q.device}: the offsets must be on q's device")
     B = varlen.check_offset_shapes(cu_q.shape, cu_k.shape, fn)
-    return _DTYPES[q.dtype], gqa, B
+    return dtype, gqa, B
 
 
 def _varlen_struct(name, t, fn):
