@@ -263,7 +263,7 @@ int runBackward(const CliOptions &o) {
         "\"deterministic\":{},\"checked_heads\":{},\"checked_rows\":{},"
         "\"checked_keys\":{},\"time_ms\":{:.4f},\"forward_time_ms\":{},"
         "\"compile_ms\":{:.3f},\"input_seed\":{},\"layout_seed\":{},"
-        "\"density\":{}{}}}\n",
+        "\"density\":{}{}{}}}\n",
         spec.toJson(), config.toJson(), p.toJson(spec), deviceName, relErr,
         reportable(err.dqRelErr), reportable(err.dkRelErr),
         reportable(err.dvRelErr),
@@ -278,7 +278,8 @@ int runBackward(const CliOptions &o) {
         run.compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
                                                  : "null",
-        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields);
+        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields,
+        seqLensJson(o));
   } else {
     fmt::print("{} on {}: rel_err {:.3e} (dQ {:.3e}, dK {:.3e}, dV {:.3e}; "
                "forward {:.3e}; bound {}) -> {}\n",

@@ -245,13 +245,14 @@ int runRun(const CliOptions &o) {
         "\"rel_err\":{:.6e},\"o_rel_err\":{:.6e},\"lse_rel_err\":{:.6e},"
         "\"nan_count\":{},\"lse_mismatch\":{},\"bound\":{},\"ok\":{},"
         "\"rows_checked\":{},\"time_ms\":{:.4f},\"compile_ms\":{:.3f},"
-        "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}}}\n",
+        "\"input_seed\":{},\"layout_seed\":{},\"density\":{}{}{}}}\n",
         spec.toJson(), config.toJson(), p.toJson(spec), deviceName, reported,
         err.oRelErr, err.lseRelErr, err.nanCount, err.lseMismatch, bound,
         ok ? "true" : "false", ref.rows.size(), runMs, compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
                                                  : "null",
-        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields);
+        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields,
+        seqLensJson(o));
   } else {
     fmt::print("{} on {}: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}, "
                "{} rows checked) -> {}\n",

@@ -77,6 +77,10 @@ struct RandomRun {
 };
 RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
 
+/// ",\"seqlens_q\":[...],\"seqlens_kv\":[...]" of a varlen run (its
+/// sequences' lengths, for `run --json`), "" otherwise.
+std::string seqLensJson(const CliOptions &o);
+
 /// "L1,L2,..." of \p flag: one or more lengths, each in [0, 2^24], their
 /// sum below 2^31 (the kernels' int32 offsets).
 std::vector<int64_t> parseLengths(const std::string &flag,

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <random>
 
 namespace flashjit::cli {
@@ -114,6 +115,13 @@ std::vector<int64_t> parseLengths(const std::string &flag,
     at = comma == std::string::npos ? comma : comma + 1;
   } while (at != std::string::npos);
   return out;
+}
+
+std::string seqLensJson(const CliOptions &o) {
+  if (o.seqLensQ.empty())
+    return "";
+  return fmt::format(",\"seqlens_q\":[{}],\"seqlens_kv\":[{}]",
+                     fmt::join(o.seqLensQ, ","), fmt::join(o.seqLensKV, ","));
 }
 
 void applyVarlenOptions(CliOptions &o, bool batchOrLengthGiven) {

@@ -93,7 +93,7 @@ public:
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
         hasBand(op.getMask() != "none"), split(split), overlap(overlap),
         pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
-        numBufs(split ? abi::split::NumBuffers : abi::NumBuffers),
+        numBufs(split ? int(abi::split::NumBuffers) : int(abi::NumBuffers)),
         numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
         elemTy(op.getElementType()) {}
 
