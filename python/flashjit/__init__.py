@@ -715,7 +715,7 @@ class Kernel:
 def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
             sliding_window=False, gqa=1, sparse_block=None, arch=None,
             backward=False, deterministic=False, score_mod=None,
-            mask_mod=None):
+            mask_mod=None, varlen=False):
     """Describes a kernel; read its .ptx or .emit(stage). Validation
     (head dims 1..512, ...) happens here: InvalidArgumentError names the
     field. sparse_block: an int for a block-sparse kernel. arch: "sm_80",
@@ -724,7 +724,9 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
     deterministic (with backward=True): dQ by a separate pass instead of
     atomic adds. score_mod: a score modifier, as attention's (a function,
     traced, or a name; its region is in .emit("attn")); mask_mod: a mask
-    function, as attention's."""
+    function, as attention's. varlen: the variable-length kernel that
+    attention_varlen runs (its tiled functions read the sequences'
+    offsets); not with sparse_block."""
     if deterministic and not backward:
         raise ValueError("flashjit.compile: deterministic needs backward=True "
                          "(it chooses how the backward sums dQ)")
@@ -748,7 +750,7 @@ def compile(head_dim, head_dim_v=None, dtype="bf16", causal=False,
     spec = _lib.make_spec(head_dim, head_dim if head_dim_v is None else head_dim_v,
                           dt, mask, gqa, sparse_block or 0, backward=backward,
                           deterministic=deterministic,
-                          score_mod=text)
+                          score_mod=text, varlen=varlen)
     # Validate now: chosen_config checks the spec on the CPU handle (with
     # alibi:H's H heads, the only count it allows).
     heads = max(1, spec.gqa)

@@ -333,3 +333,20 @@ def test_backward_named_errors(rng):
     bad = lse.copy()
     bad[0, 0, 20] = np.nan  # padding (sequence 0 has 10 queries): not read
     flashjit.attention_backward_varlen(q, k, v, o, o, bad, cq, ck)
+
+
+def test_compile_emits_the_varlen_kernel():
+    """flashjit.compile(varlen=True): the description carries varlen, the
+    tiled functions read the offsets (a dense kernel's do not), and a
+    block-sparse varlen kernel is a named error."""
+    k = flashjit.compile(64, causal=True, varlen=True)
+    assert "varlen = true" in k.emit("attn")
+    tile = k.emit("tile")
+    assert '"cu_seqlens_q", "cu_seqlens_kv"' in tile
+    assert "memref.load %arg7" in tile
+    assert "memref.load %arg7" not in flashjit.compile(64, causal=True).emit(
+        "tile")
+    bwd = flashjit.compile(64, varlen=True, backward=True).emit("tile")
+    assert "memref.load %arg15" in bwd
+    with pytest.raises(flashjit.InvalidArgumentError, match="varlen"):
+        flashjit.compile(64, varlen=True, sparse_block=128)
