@@ -83,7 +83,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, _torch_impl
+from . import _lib, _torch_impl, _torch_varlen
 
 
 class _TensorLayout:
@@ -408,7 +408,7 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor,
                          captures: List[Tensor]) -> Tuple[Tensor, Tensor]:
     """flashjit.attention_varlen's forward: (o (total_q, H, dv), lse
     float32 [B, H, max_seqlen_q])."""
-    return _torch_impl.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
+    return _torch_varlen.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, mask, scale,
                                       window_left, window_right, score_mod,
                                       captures)
@@ -419,7 +419,7 @@ def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, mask, scale,
                                window_left, window_right, deterministic,
                                score_mod, captures):
-    _, _, B = _torch_impl.check_varlen_inputs(q, k, v, cu_seqlens_q,
+    _, _, B = _torch_varlen.check_varlen_inputs(q, k, v, cu_seqlens_q,
                                               cu_seqlens_k)
     _torch_impl.check_captures(captures, q, "attention_varlen")
     o = q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
@@ -440,7 +440,7 @@ def attention_varlen_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
     """attention_varlen_fwd's backward: (dq, dk, dv packed as q, k, v,
     the gradients of the captured tensors flagged in capture_needs_grad,
     in order)."""
-    dq, dk, dv, grads = _torch_impl.backward_varlen(
+    dq, dk, dv, grads = _torch_varlen.backward_varlen(
         q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, mask, scale, window_left, window_right, deterministic,
         score_mod, captures, capture_needs_grad)
@@ -454,7 +454,7 @@ def _attention_varlen_bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q,
                                deterministic, score_mod, captures,
                                capture_needs_grad):
     fn = "attention_backward_varlen"
-    _torch_impl.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fn)
+    _torch_varlen.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fn)
     _torch_impl.check_captures(captures, q, fn)
     flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
                                            deterministic, fn)
@@ -509,7 +509,7 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
     from . import varlen
 
     fn = "attention_varlen"
-    _torch_impl.check_varlen_inputs(q, k, v, cu_q, cu_k, fn)
+    _torch_varlen.check_varlen_inputs(q, k, v, cu_q, cu_k, fn)
     compiling = torch.compiler.is_compiling()
     host = (max_q is None or max_k is None
             or (q.device.type == "cpu" and not compiling))
@@ -536,7 +536,7 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
             and not (torch.is_grad_enabled() and any(
                 t.requires_grad for t in (q, k, v, *captures)))):
         # Eager, no gradient: the op's kernel without the dispatcher.
-        return _torch_impl.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
+        return _torch_varlen.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
                                           mask, scale, wl, wr, score_mod,
                                           captures)
     return torch.ops.flashjit.attention_varlen_fwd(
