@@ -18,6 +18,7 @@
 #include "compiler/Compiler.h"
 #include "kernels/HalfFloat.h"
 #include "kernels/Varlen.h"
+#include "tools/cli/CliOptions.h"
 
 #include "tests/unit/AttentionCases.h"
 
@@ -178,6 +179,62 @@ TEST(VarlenCheck, DetectsAWrongRowAndAttentionAcrossSequences) {
   across.cuSeqKV = r.data.cuSeqKV;
   across.lse = r.data.lse;
   EXPECT_GT(checkVarlenForward(r.spec, r.problem, across).oRelErr, 1e-2);
+}
+
+/// `--mask-mod document` (a score_mod region reading segment ids) and a
+/// varlen batch of those segments compute the same O on the same data:
+/// two mechanisms, one answer (a region that compared the wrong ids would
+/// attend across segments and miss by far more than the bound).
+TEST(VarlenDocument, DocumentMaskModMatchesTheVarlenBatch) {
+  const std::vector<int64_t> lens = {37, 1, 90, 16};
+  int64_t n = 0;
+  for (int64_t l : lens)
+    n += l;
+  const std::string seqLen = std::to_string(n);
+  const char *argv[] = {"flashjit",     "run",      "--mask-mod", "document",
+                        "--head-dim",   "32",       "--heads",    "2",
+                        "--dtype",      "fp16",     "--seq-len",  seqLen.c_str()};
+  cli::CliOptions o = cli::parseCommandLine(12, argv);
+  ASSERT_EQ(o.spec.scoreMod, kCustomScoreMod);
+  ASSERT_EQ(o.spec.captures, 1);
+  o.config = tileConfig(32, 32);
+
+  std::mt19937_64 rng(freshSeed());
+  AttentionData doc = makeRandomInputs(o.spec, o.problem, QKVLayout::Separate,
+                                       rng);
+  std::vector<float> seg;
+  for (size_t s = 0; s < lens.size(); ++s)
+    seg.insert(seg.end(), size_t(lens[s]), float(s));
+  doc.captures = {seg};
+  CpuKernel::compile(o.spec, o.config)->run(o.problem, doc, nullptr);
+
+  // The same memory as a varlen batch: (1, H, N, d) views, heads-major
+  // strides, the segments as sequences.
+  AttentionSpec v;
+  v.headDimQK = v.headDimV = 32;
+  v.dtype = DType::FP16;
+  v.varlen = true;
+  Problem like;
+  like.heads = 2;
+  Problem pv = varlenProblem(like, lens, lens);
+  AttentionData packed = doc;
+  packed.captures.clear();
+  packed.o = HalfTensor::packed(doc.o.shape);
+  packed.lse.assign(size_t(pv.batch * pv.heads * pv.seqLenQ), 0.0f);
+  packed.cuSeqQ = packed.cuSeqKV = offsetsOf(lens);
+  CpuKernel::compile(v, o.config)->run(pv, packed, nullptr);
+
+  double num = 0, den = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < 32; ++c) {
+        const double a = halfToFloat(v.dtype, doc.o.at(0, h, i, c));
+        const double b = halfToFloat(v.dtype, packed.o.at(0, h, i, c));
+        num += (a - b) * (a - b);
+        den += b * b;
+      }
+  EXPECT_LT(std::sqrt(num / den), errorBound(v.dtype));
+  EXPECT_LT(checkVarlenForward(v, pv, packed).relErr(), errorBound(v.dtype));
 }
 
 /// Offsets that do not describe the packed tensors are named errors.

@@ -120,6 +120,10 @@ std::string helpText(const std::string &command) {
          "                       0/1 per sparse KV block (broadcast over B, "
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
+         "  --mask-mod M         causal, sliding_window:L,R (as --causal,\n"
+         "                       --window L,R) or document: key j visible\n"
+         "                       from query i iff seg[i] == seg[j], seg from\n"
+         "                       --capture FILE.npy (a score_mod region)\n"
          "  --varlen             variable-length packing: the sequences one\n"
          "                       after another, (total, H, d), with i32\n"
          "                       offsets (implied by --seqlens-q)\n"
@@ -268,7 +272,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   bool headDimVGiven = false, seqKVGiven = false, headsGiven = false;
   bool batchOrLengthGiven = false; ///< --batch, --seq-len or --seq-len-kv
   // --score-mod's value, applied to the whole description at the end.
-  std::optional<std::string> scoreModArg;
+  std::optional<std::string> scoreModArg, maskModArg;
   bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
   std::optional<std::string> window;
 
@@ -365,6 +369,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
       {"--score-mod", [&](auto &v) { scoreModArg = v; }},
+      {"--mask-mod", [&](auto &v) { maskModArg = v; }},
       {"-o", [&](auto &v) { o.outputPath = v; }},
       {"--dump-io", [&](auto &v) { o.dumpDir = v; }},
       {"--capture", [&](auto &v) { o.captureFiles.push_back(v); }},
@@ -399,7 +404,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   static const std::set<std::string> kSpecFlags = {
       "--head-dim",      "--head-dim-v",   "--dtype",
       "--gqa",           "--causal",       "--backward",
-      "--deterministic", "--sparse-block", "--score-mod", "--varlen"};
+      "--deterministic", "--sparse-block", "--score-mod", "--varlen",
+      "--mask-mod"};
   std::vector<std::string> specFlagsSeen, runFlagsSeen;
   const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {
@@ -441,6 +447,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;
+  if (maskModArg)
+    applyMaskMod(*maskModArg, o, window, scoreModArg);
   if (scoreModArg)
     applyScoreMod(o.spec, *scoreModArg);
   // The backward of a region that captures tensors also gives their
