@@ -13,7 +13,8 @@
 #   sanitize  memcheck and racecheck on varlen kernels (the ring, split-KV
 #             decode, the backward)
 #   bench     tests/bench/varlen.py beside FA2's varlen and FlexAttention's
-#             document mask -> $OUT/varlen.json
+#             document mask -> $OUT/varlen.json (FLASHJIT_BENCH_ARGS: e.g.
+#             "--backward", "--peers fa2-varlen", "--cases ...")
 #   python    the Python varlen and Hugging Face tests on CUDA (padded
 #             batches run as varlen) -> $OUT/python.log
 set -u
@@ -59,7 +60,7 @@ fi
 if step bench; then
   echo "== varlen beside FA2 varlen and FlexAttention (+${SECONDS}s)"
   timeout -k 5 ${FLASHJIT_BENCH_S:-300} python3 tests/bench/varlen.py --flashjit "$FJ" \
-    --rounds ${FLASHJIT_BENCH_ROUNDS:-3} --out $OUT/varlen.json > $OUT/bench.log 2>&1
+    --rounds ${FLASHJIT_BENCH_ROUNDS:-3} ${FLASHJIT_BENCH_ARGS:-} --out $OUT/varlen.json > $OUT/bench.log 2>&1
   echo "exit $?" >> $OUT/bench.log
   grep -vE "^\s*$" $OUT/bench.log | tail -12
 fi
