@@ -246,7 +246,7 @@ void TiledForwardBuilder::setUpProgram() {
   // Varlen: this batch's sequence, its rows from its first; the padded
   // rows (lse, the split workspaces) stay nqMax per (batch, head).
   nq = nqMax;
-  Value startQ = cIdx(0), startKV = cIdx(0);
+  Value startQ, startKV; // varlen only
   if (op.getVarlen()) {
     std::tie(startQ, nq) = sequenceOf(arg(abi::CuSeqQ), bIdx);
     std::tie(startKV, nkv) = sequenceOf(arg(abi::CuSeqKV), bIdx);
