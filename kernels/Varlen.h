@@ -56,17 +56,23 @@ AttentionGrads sequenceGrads(const AttentionData &d, const AttentionGrads &g,
 /// The forward's float64 check, sequence by sequence: the largest errors
 /// of any sequence (compareWithReference). A sequence without keys must
 /// give O = 0 and lse = -inf (else counted in lseMismatch / oRelErr inf).
+/// Each sequence's reference is bounded by \p maxWork / B
+/// (referenceForward's budget: past it, sampled rows); \p rowsChecked, if
+/// given, receives the rows compared.
 ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
-                               const AttentionData &d);
+                               const AttentionData &d, double maxWork = 1e300,
+                               int64_t *rowsChecked = nullptr);
 
-/// The backward's float64 check, sequence by sequence (compareBackward):
-/// the largest errors; nanCount over every sequence's gradients. A
-/// sequence without keys must give dQ = 0, one without queries dK = dV =
-/// 0 (else an error of inf).
+/// The backward's float64 check, sequence by sequence (checkBackward, each
+/// within \p maxWork / B): the largest errors of dQ, dK, dV; nanCount over
+/// every sequence's gradients. A sequence without keys must give dQ = 0,
+/// one without queries dK = dV = 0 (else an error of inf). Captured
+/// tensors' gradients, summed over the sequences, are not compared here.
 BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
                                         const Problem &p,
                                         const AttentionData &d,
-                                        const AttentionGrads &g);
+                                        const AttentionGrads &g,
+                                        double maxWork = 1e300);
 
 } // namespace flashjit
 

@@ -25,8 +25,7 @@ causal), for every column.
 With --backward, flashjit's backward (`bench --backward`, after one
 forward) varlen and padded only (the peers' varlen backward is not
 called here). --peers picks the torch peers (fa2-varlen, flex-document;
-"none" for flashjit alone): FlexAttention compiles per case, the slowest
-part of a run.
+"none" for flashjit alone; FlexAttention compiles per case).
 
   varlen.py [--flashjit PATH] [--cases NAME=L1/L2/...:H:HKV:D:c|n,...]
             [--rounds R] [--backward] [--peers fa2-varlen,flex-document|none]

@@ -211,12 +211,14 @@ int runBackward(const CliOptions &o) {
 
   // The forward as the backward got it (sampled rows for large problems),
   // then the gradients.
-  // A varlen batch: every sequence against its own float64 reference.
+  // A varlen batch: every sequence against its own float64 reference,
+  // whole with `run`, within bench's budget with `bench`.
   ErrorReport forwardErr;
   BackwardCheck check;
   if (spec.varlen) {
-    forwardErr = checkVarlenForward(forwardSpec, p, data);
-    check.err = checkVarlenBackward(forwardSpec, p, data, grads);
+    const double work = o.command == "bench" ? checkWork(o) : 1e300;
+    forwardErr = checkVarlenForward(forwardSpec, p, data, work);
+    check.err = checkVarlenBackward(forwardSpec, p, data, grads, work);
     check.checkedHeads = p.batch * p.heads;
   } else {
     forwardErr = compareWithReference(
