@@ -316,10 +316,10 @@ void TiledForwardBuilder::loopBounds() {
                   bIdx, hIdx, m0, sparseBlock, bc, tHi);
     tLo = cIdx(0);
   }
-  // Varlen: a program past its sequence's rows (the grid spans the
-  // longest) visits nothing and stores nothing.
+  // Varlen: a program past its sequence's rows visits nothing and stores
+  // nothing.
   if (op.getVarlen())
-    tHi = select(cmpI(CmpIPredicate::slt, m0, nRows), tHi, tLo);
+    tHi = endWithinSequence(tLo, tHi, m0, nRows);
   if (!split)
     return;
   Value n = sub(tHi, tLo);

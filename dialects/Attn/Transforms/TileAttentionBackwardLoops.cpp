@@ -70,7 +70,8 @@ void TiledBackwardBuilder::buildMain() {
       hi = minI(hi, add(sub(lastKey, offset), winL));
     }
     std::tie(tLo, tHi) = blocksMeeting(clampBound(lo), clampBound(hi), br);
-    tHi = skipPastSequence(tLo, tHi, n0, nkv);
+    if (op.getVarlen())
+      tHi = endWithinSequence(tLo, tHi, n0, nkv);
   }
   Value zeroK = constTile(0.0, tile({bc, dqk}, f32));
   Value zeroV = constTile(0.0, tile({bc, dv}, f32));
@@ -320,7 +321,8 @@ void TiledBackwardBuilder::buildDq() {
   Value tLo, tHi;
   if (sparseBlock == 0) {
     std::tie(tLo, tHi) = blocksMeeting(clampBound(jLo), clampBound(jHi), dqBc);
-    tHi = skipPastSequence(tLo, tHi, m0, nq);
+    if (op.getVarlen())
+      tHi = endWithinSequence(tLo, tHi, m0, nq);
   } else {
     list =
         blockList(buf(bwd::Counts), buf(bwd::Indices),

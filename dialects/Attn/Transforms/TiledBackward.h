@@ -95,14 +95,6 @@ private:
   /// Varlen: batch \p bI's sequence: sets nq, nkv, offset (its own) and
   /// startQ, startKV (its first rows). Without varlen nothing changes.
   void enterSequence(Value bI);
-  /// Varlen: \p hi, or \p lo where \p first (the program's block) lies
-  /// past \p count, the rows of its sequence: the grid spans the longest
-  /// sequence, so such a program has nothing to do.
-  Value skipPastSequence(Value lo, Value hi, Value first, Value count) {
-    if (!op.getVarlen())
-      return hi;
-    return select(cmpI(mlir::arith::CmpIPredicate::slt, first, count), hi, lo);
-  }
   /// \p x clamped like a window side (kWindowClamp).
   Value clampWindow(Value x) { return minI(x, cIdx(kWindowClamp)); }
   /// The rows [row0, row0 + rows) of a strided element-type tensor.

@@ -63,6 +63,12 @@ protected:
     Value end = indexCast(load(cu, {add(batch, cIdx(1))}));
     return {start, sub(end, start)};
   }
+  /// A loop's end for a varlen program: \p hi, or \p lo (no trips) where
+  /// its block at \p first lies past \p count, its sequence's rows (the
+  /// grid spans the longest sequence, so such a program has nothing to do).
+  Value endWithinSequence(Value lo, Value hi, Value first, Value count) {
+    return select(cmpI(mlir::arith::CmpIPredicate::slt, first, count), hi, lo);
+  }
 
   mlir::ImplicitLocOpBuilder b;
   mlir::Type f32, idxTy;
