@@ -82,22 +82,28 @@ static AttentionSpec specFromOp(OpT op, Direction direction,
       op.getSparseBlockAttr().getInt(), deterministic);
 }
 
-/// Thrown for a tile stage whose score_mod is no named variant: its
-/// region is inlined there, so the reference has nothing to evaluate.
-static CompileError customTileScoreMod() {
-  return CompileError("the tile stage's score_mod is no named variant "
-                      "(softcap:C = C * tanh(score / C), alibi:H = score + "
-                      "2^(-8 (h + 1) / H) * (kv_idx - q_idx)) and its region "
-                      "is inlined there, so the float64 reference cannot "
-                      "evaluate it: give the attn stage that holds the "
-                      "region (--emit attn)");
+/// Thrown for a tile stage whose score_mod is no named variant, or that
+/// has inlined a mask_mod: the region is inlined there, so the reference
+/// has nothing to evaluate.
+static CompileError customTileScoreMod(bool mask) {
+  return CompileError(
+      mask ? "the tile stage has inlined a mask_mod region, so the float64 "
+             "reference cannot evaluate it: give the attn stage that holds "
+             "the region (--emit attn)"
+           : "the tile stage's score_mod is no named variant "
+             "(softcap:C = C * tanh(score / C), alibi:H = score + "
+             "2^(-8 (h + 1) / H) * (kv_idx - q_idx)) and its region "
+             "is inlined there, so the float64 reference cannot "
+             "evaluate it: give the attn stage that holds the "
+             "region (--emit attn)");
 }
 
 /// \p op's score modifier into \p spec: the named variant ("softcap:C",
 /// "alibi:H") that its score_mod region is, "" without a region, or
 /// "custom" with the region's float64 evaluation for the reference.
 template <typename OpT> static void readScoreMod(OpT op, AttentionSpec &spec) {
-  describeScoreMod(op, op.namedScoreMod(), op.getScoreMod(), spec);
+  describeModifiers(op, op.namedScoreMod(), op.getScoreMod(), op.getMaskMod(),
+                    spec);
 }
 
 /// The kernel names the runtime looks up for \p direction.
@@ -150,8 +156,8 @@ static SourceInfo describeModule(ModuleOp module, const std::string &name) {
     if (!attr)
       return;
     AttentionSpec spec = conversion::specFromAttr(attr);
-    if (attr.getScoreMod() == kCustomScoreMod)
-      throw customTileScoreMod();
+    if (attr.getScoreMod() == kCustomScoreMod || !attr.getMaskMod().empty())
+      throw customTileScoreMod(!attr.getMaskMod().empty());
     spec.scoreMod = attr.getScoreMod().str();
     expectName(fn.getName(), spec.direction);
     if (specJson && *specJson != spec.toJson())
@@ -277,6 +283,7 @@ KernelSource forwardSourceOf(const KernelSource &backward) {
       state.addAttribute(a.getName(), a.getValue());
   IRMapping mapping;
   bwd.getScoreMod().cloneInto(state.addRegion(), mapping);
+  bwd.getMaskMod().cloneInto(state.addRegion(), mapping);
   b.create(state);
   if (failed(verify(*fwdModule)))
     throw CompileError(fmt::format("{}: its forward does not verify: {}",

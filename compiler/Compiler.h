@@ -85,6 +85,20 @@ KernelSource forwardSourceOf(const KernelSource &backward);
 AttentionSpec withScoreModRegion(const AttentionSpec &spec,
                                  const std::string &region);
 
+/// \p spec with the mask modifier whose mask_mod region is the text
+/// \p region ("{ ^bb0(%b: index, %h: index, %i: index, %j: index): ...
+/// attn.yield %keep : i1 }"): AttentionSpec::maskModRegion, its float64
+/// evaluation and its captured tensors (after the score_mod's). Throws
+/// SpecError as withScoreModRegion.
+AttentionSpec withMaskModRegion(const AttentionSpec &spec,
+                                const std::string &region);
+
+/// Both at once: \p scoreText ("" keeps \p spec's score modifier) and
+/// \p maskText ("" for no mask modifier).
+AttentionSpec withModifierRegions(const AttentionSpec &spec,
+                                  const std::string &scoreText,
+                                  const std::string &maskText);
+
 /// What a GPU compile targets.
 struct GpuTarget {
   std::string arch = "sm_90a"; ///< sm_80, sm_86, sm_89, sm_90, sm_90a, ...

@@ -65,18 +65,25 @@ std::unique_ptr<mlir::ExecutionEngine> jitLoweredModule(mlir::ModuleOp module);
 /// signature and op set are the attn dialect's) for the reference, value
 /// and derivative (ScoreModReference.cpp); throws CompileError for an op
 /// it does not evaluate.
-/// Throws SpecError unless the score_mod regions of \p module capture as
+/// A mask_mod region's evaluation is 1 (keep) or 0. The region's captured
+/// tensors are \p firstCapture.. of the \p totalCaptures the evaluation is
+/// given.
+std::shared_ptr<const ScoreFunction>
+scoreFunctionOf(mlir::Region &region, int64_t firstCapture,
+                int64_t totalCaptures);
+/// Throws SpecError unless the modifier regions of \p module capture as
 /// many tensors as \p spec says (ScoreModText.cpp).
 void checkScoreModCaptures(mlir::ModuleOp module, const AttentionSpec &spec);
-std::shared_ptr<const ScoreFunction> scoreFunctionOf(mlir::Region &region);
 
-/// The score modifier of description \p op (attn.flash_fwd or
-/// attn.flash_bwd) into \p spec: \p named (its namedScoreMod()) when it is
-/// a named variant, else "custom" with its printed \p region and the
-/// region's float64 evaluation; throws CompileError for a region that
+/// The modifiers of description \p op (attn.flash_fwd or attn.flash_bwd)
+/// into \p spec: \p named (its namedScoreMod()) when its \p score region is
+/// a named variant, else "custom" with its printed region and the region's
+/// float64 evaluation; its \p mask region's text and evaluation likewise;
+/// the captured tensors' counts. Throws CompileError for a region that
 /// cannot run on tiles (ScoreModText.cpp).
-void describeScoreMod(mlir::Operation *op, std::optional<std::string> named,
-                      mlir::Region &region, AttentionSpec &spec);
+void describeModifiers(mlir::Operation *op, std::optional<std::string> named,
+                       mlir::Region &score, mlir::Region &mask,
+                       AttentionSpec &spec);
 
 /// Runs the pipeline that \p build assembles on \p module; throws
 /// CompileError with the diagnostics of the failing pass.

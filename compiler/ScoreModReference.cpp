@@ -214,6 +214,10 @@ std::function<Dual(const Dual *)> evaluatorOf(Operation *op) {
         return integer(
             [](double a, double b) { return double(int64_t(a) | int64_t(b)); });
       })
+      .Case<arith::XOrIOp>([&](auto) {
+        return integer(
+            [](double a, double b) { return double(int64_t(a) ^ int64_t(b)); });
+      })
       // Conversions keep the value (the reference does not round).
       .Case<arith::IndexCastOp, arith::IndexCastUIOp, arith::SIToFPOp,
             arith::UIToFPOp, arith::ExtSIOp, arith::ExtUIOp, arith::ExtFOp,
@@ -280,36 +284,45 @@ std::function<Dual(const Dual *)> evaluatorOf(Operation *op) {
       .Default([](Operation *) -> F { return nullptr; });
 }
 
-/// A region's instructions, evaluated per score.
+/// A region's instructions, evaluated per score. A mask_mod region has no
+/// score argument (its value is 1 where it keeps the score, 0 elsewhere);
+/// its captured tensors start at \p firstCapture of the \p totalCaptures
+/// that the evaluation is given.
 class RegionScoreFunction : public ScoreFunction {
 public:
-  explicit RegionScoreFunction(Region &region) {
+  RegionScoreFunction(Region &region, int firstCapture, int totalCaptures)
+      : firstCapture(firstCapture), totalCaptures(totalCaptures),
+        what(attn::isMaskModRegion(region) ? "mask_mod" : "score_mod") {
     Block &body = region.front();
     llvm::DenseMap<Value, int> index;
+    // A mask region's arguments start at slot 1, as a score region's batch
+    // does: slot 0 is the (unused) score.
+    args = attn::isMaskModRegion(region) ? 1 : 0;
     for (BlockArgument arg : body.getArguments())
-      index[arg] = int(index.size());
-    args = int(index.size());
+      index[arg] = args++;
     for (Operation &op : body.without_terminator()) {
       Instr instr;
       if (auto load = dyn_cast<memref::LoadOp>(op)) {
-        instr.capture = int(attn::capturedTensorOf(load.getMemRef()));
+        instr.capture =
+            firstCapture + int(attn::capturedTensorOf(load.getMemRef()));
         instr.in.push_back(index.at(load.getIndices()[0]));
-        index[op.getResult(0)] = int(index.size());
+        index[op.getResult(0)] = args + int(code.size());
         code.push_back(std::move(instr));
         continue;
       }
       instr.eval = evaluatorOf(&op);
       if (!instr.eval || op.getNumResults() != 1)
         throw CompileError("the float64 reference cannot evaluate '" +
-                           op.getName().getStringRef().str() +
-                           "' of the score_mod region (it takes arith and "
+                           op.getName().getStringRef().str() + "' of the " +
+                           what +
+                           " region (it takes arith and "
                            "math ops of one result: add, sub, mul, div, neg, "
                            "min, max, select, compares, casts, tanh, exp, "
                            "exp2, log, log2, sqrt, rsqrt, absf, sin, cos, "
                            "floor, ceil, round, fma)");
       for (Value v : op.getOperands())
         instr.in.push_back(index.at(v));
-      index[op.getResult(0)] = int(index.size());
+      index[op.getResult(0)] = args + int(code.size());
       code.push_back(std::move(instr));
     }
     result = index.at(body.getTerminator()->getOperand(0));
@@ -353,11 +366,11 @@ private:
     const int64_t rest[] = {batch, head, qIdx, kvIdx};
     for (int i = 1; i <= 4; ++i)
       values[i] = constant(double(rest[i - 1]));
-    const int tensors = args - int(attn::kScoreModIndexArgs);
-    if (tensors > 0 && (!captures || int(captures->size()) != tensors))
+    if (totalCaptures > 0 &&
+        (!captures || int(captures->size()) != totalCaptures))
       throw SpecError(fmt::format(
-          "the score_mod region captures {} tensors, the data has {}", tensors,
-          captures ? captures->size() : 0));
+          "the modifier regions capture {} tensors, the data has {}",
+          totalCaptures, captures ? captures->size() : 0));
     Dual in[3];
     for (size_t k = 0; k < code.size(); ++k) {
       const Instr &instr = code[k];
@@ -366,9 +379,9 @@ private:
         const double at = values[size_t(instr.in[0])].v;
         if (at < 0 || at >= double(t.size()))
           throw SpecError(fmt::format(
-              "the score_mod region reads captured tensor {} at {}, outside "
+              "the {} region reads captured tensor {} at {}, outside "
               "its {} elements",
-              instr.capture, at, t.size()));
+              what, instr.capture - firstCapture, at, t.size()));
         values[size_t(args) + k] = {double(t[size_t(at)]),
                                     int(k) == seed ? 1.0 : 0.0};
         continue;
@@ -380,14 +393,18 @@ private:
     return values;
   }
 
+  int firstCapture, totalCaptures;
+  const char *what;
   int args = 0, result = 0;
   std::vector<Instr> code;
 };
 
 } // namespace
 
-std::shared_ptr<const ScoreFunction> scoreFunctionOf(Region &region) {
-  return std::make_shared<RegionScoreFunction>(region);
+std::shared_ptr<const ScoreFunction>
+scoreFunctionOf(Region &region, int64_t firstCapture, int64_t totalCaptures) {
+  return std::make_shared<RegionScoreFunction>(region, int(firstCapture),
+                                               int(totalCaptures));
 }
 
 } // namespace flashjit

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fmt/format.h>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -43,18 +44,29 @@ static void checkRange(const char *field, int64_t value, int64_t lo,
 }
 
 void AttentionSpec::validate() const {
-  if (captures < 0 || (captures > 0 && scoreMod != kCustomScoreMod))
+  if (maskCaptures < 0 || maskCaptures > captures ||
+      (maskCaptures > 0 && maskModRegion.empty()))
+    throw SpecError(fmt::format("mask_captures: {} of {} captured tensors "
+                                "for a mask_mod region{}",
+                                maskCaptures, captures,
+                                maskModRegion.empty() ? " it does not have"
+                                                      : ""));
+  if (captures < 0 ||
+      (captures - maskCaptures > 0 && scoreMod != kCustomScoreMod))
     throw SpecError(fmt::format("captures: {} captured tensors without a "
                                 "score_mod region that reads them",
-                                captures));
+                                captures - maskCaptures));
   if (captures > abi::kMaxCaptures)
     throw SpecError(fmt::format("a score modifier may capture at most {} "
                                 "tensors, this one captures {}",
                                 abi::kMaxCaptures, captures));
-  if (captureGrads < 0 || (captureGrads >> captures) != 0)
+  if (captureGrads < 0 || (captureGrads >> (captures - maskCaptures)) != 0)
     throw SpecError(fmt::format("capture_grads: {:#x} names captured tensors "
-                                "beyond the region's {}",
-                                captureGrads, captures));
+                                "beyond the score_mod region's {}{}",
+                                captureGrads, captures - maskCaptures,
+                                maskCaptures ? " (a mask_mod's take no "
+                                               "gradient)"
+                                             : ""));
   if (captureGrads != 0 && direction == Direction::Backward && deterministic)
     throw SpecError("the gradients of captured tensors are summed by atomic "
                     "adds; a deterministic backward cannot give them yet");
@@ -67,7 +79,7 @@ void AttentionSpec::validate() const {
     throw SpecError("varlen: variable-length packing and a block-sparse "
                     "layout together are not supported (a layout is per "
                     "padded batch)");
-  if (!scoreMod.empty())
+  if (!scoreMod.empty() || !maskModRegion.empty())
     ScoreMod::of(*this);
 }
 
@@ -104,7 +116,64 @@ static ScoreMod checkedScoreMod(ScoreMod::Kind kind,
   return mod;
 }
 
+namespace {
+/// A modifier under a mask_mod region (ScoreMod::of): -inf where the mask
+/// yields false, the modifier elsewhere. The captured tensors it is given
+/// are the spec's (score_mod's, then the mask's).
+class MaskedScoreFunction : public ScoreFunction {
+public:
+  MaskedScoreFunction(ScoreMod inner, std::shared_ptr<const ScoreFunction> mask)
+      : inner(std::move(inner)), mask(std::move(mask)) {}
+
+  double apply(double score, int64_t batch, int64_t head, int64_t qIdx,
+               int64_t kvIdx, const Captures *captures,
+               double *dScore) const override {
+    if (!keeps(batch, head, qIdx, kvIdx, captures)) {
+      *dScore = 0;
+      return -std::numeric_limits<double>::infinity();
+    }
+    ScoreMod m = inner.reading(captures);
+    *dScore = m.derivative(score, head, qIdx, kvIdx, batch);
+    return m.apply(score, head, qIdx, kvIdx, batch);
+  }
+
+  std::vector<CaptureRead>
+  captureReads(double score, int64_t batch, int64_t head, int64_t qIdx,
+               int64_t kvIdx, const Captures *captures) const override {
+    if (!keeps(batch, head, qIdx, kvIdx, captures))
+      return {};
+    return inner.reading(captures).captureReads(score, head, qIdx, kvIdx,
+                                                batch);
+  }
+
+private:
+  bool keeps(int64_t batch, int64_t head, int64_t qIdx, int64_t kvIdx,
+             const Captures *captures) const {
+    double d;
+    return mask->apply(0.0, batch, head, qIdx, kvIdx, captures, &d) != 0.0;
+  }
+
+  ScoreMod inner;
+  std::shared_ptr<const ScoreFunction> mask;
+};
+} // namespace
+
 ScoreMod ScoreMod::of(const AttentionSpec &spec) {
+  if (!spec.maskModRegion.empty()) {
+    if (!spec.maskFunction)
+      throw SpecError("a mask_mod region comes from its text or a "
+                      "description, with its evaluation "
+                      "(withModifierRegions)");
+    AttentionSpec unmasked = spec;
+    unmasked.maskModRegion.clear();
+    unmasked.maskFunction.reset();
+    ScoreMod mod;
+    mod.kind = Kind::Custom;
+    mod.custom = std::make_shared<MaskedScoreFunction>(
+        unmasked.scoreMod.empty() ? ScoreMod() : of(unmasked),
+        spec.maskFunction);
+    return mod;
+  }
   if (spec.scoreMod != kCustomScoreMod)
     return parse(spec.scoreMod);
   if (!spec.scoreFunction)
@@ -215,12 +284,16 @@ std::string AttentionSpec::name() const {
     s += "_" + mod;
   }
   // A custom region's FNV-1a hash: names key the C API's kernel maps.
-  if (!scoreModRegion.empty()) {
+  auto hashOf = [](const std::string &text) {
     uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : scoreModRegion)
+    for (unsigned char c : text)
       h = (h ^ c) * 1099511628211ull;
-    s += fmt::format("_{:016x}", h);
-  }
+    return h;
+  };
+  if (!scoreModRegion.empty())
+    s += fmt::format("_{:016x}", hashOf(scoreModRegion));
+  if (!maskModRegion.empty())
+    s += fmt::format("_mask_{:016x}", hashOf(maskModRegion));
   return s;
 }
 
@@ -245,7 +318,7 @@ std::string AttentionSpec::toJson() const {
   return fmt::format(
       "{{\"direction\":\"{}\",\"head_dim_qk\":{},\"head_dim_v\":{},"
       "\"dtype\":\"{}\",\"mask\":\"{}\",\"gqa\":{},\"block_sparse\":{},"
-      "\"sparse_block\":{}{}{}{}{}{}}}",
+      "\"sparse_block\":{}{}{}{}{}{}{}}}",
       direction == Direction::Forward ? "forward" : "backward", headDimQK,
       headDimV, toString(dtype), toString(mask), gqaGroup,
       blockSparse ? "true" : "false", sparseBlock,
@@ -260,7 +333,10 @@ std::string AttentionSpec::toJson() const {
                        : fmt::format(",\"score_mod\":\"{}\"", scoreMod),
       scoreModRegion.empty() ? std::string()
                              : fmt::format(",\"score_mod_region\":\"{}\"",
-                                           jsonEscaped(scoreModRegion)));
+                                           jsonEscaped(scoreModRegion)),
+      maskModRegion.empty() ? std::string()
+                            : fmt::format(",\"mask_mod_region\":\"{}\"",
+                                          jsonEscaped(maskModRegion)));
 }
 
 void TileConfig::validate(const AttentionSpec &spec) const {
@@ -508,7 +584,9 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
       backward && spec.captureGrads
           ? fmt::format(", capture_grads = {} : i64", spec.captureGrads)
           : std::string(),
-      scoreModRegionText(spec));
+      scoreModRegionText(spec) +
+          (spec.maskModRegion.empty() ? std::string()
+                                      : " mask_mod " + spec.maskModRegion));
 }
 
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p) {

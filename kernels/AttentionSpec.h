@@ -87,10 +87,23 @@ struct AttentionSpec {
   /// The float64 evaluation of a "custom" score_mod region (its value and
   /// derivative), for the reference; null otherwise.
   std::shared_ptr<const class ScoreFunction> scoreFunction;
-  /// How many tensors a "custom" region captures (its arguments after
-  /// kv_idx, memref<?xf32>): the kernel's buffers after its ABI's
-  /// (AttentionData::captures on the CPU). Set with scoreFunction.
+  /// How many tensors the modifier regions capture (their arguments after
+  /// kv_idx, memref<?xf32>): the score_mod region's, then the mask_mod
+  /// region's; the kernel's buffers after its ABI's
+  /// (AttentionData::captures on the CPU). Set with the regions.
   int64_t captures = 0;
+  /// A mask modifier (the description's mask_mod region: (batch, head,
+  /// q_idx, kv_idx, captured tensors) -> i1, false makes the score -inf
+  /// after the score modifier), as MLIR prints it canonically; "" for
+  /// none. Part of the name and the JSON (`mask_mod_region`), hence of
+  /// every cache key. withModifierRegions (compiler/Compiler.h) sets it
+  /// with maskFunction and maskCaptures.
+  std::string maskModRegion;
+  /// The float64 evaluation of the mask_mod region (value 1 keeps, 0
+  /// masks; the score argument is ignored), for the reference.
+  std::shared_ptr<const class ScoreFunction> maskFunction;
+  /// How many of `captures` are the mask_mod region's (the last ones).
+  int64_t maskCaptures = 0;
   /// Backward only: the captured tensors whose gradient the backward adds
   /// into their gradient buffers (bit c: capture c; the rest are constants
   /// there). Part of the backward's name and JSON (`capture_grads`).
@@ -254,7 +267,9 @@ struct ScoreMod {
   /// for an unknown name or a bad argument.
   static ScoreMod parse(const std::string &text);
   /// \p spec's modifier: its region's evaluation for "custom" (a SpecError
-  /// without one), else parse(spec.scoreMod).
+  /// without one), else parse(spec.scoreMod); with a mask_mod region, a
+  /// custom modifier that is -inf (derivative 0, no capture reads) where
+  /// the mask yields false and that modifier elsewhere.
   static ScoreMod of(const AttentionSpec &spec);
   /// The modifier of \p kind (not None) with \p argument (softcap's C,
   /// alibi's H); throws SpecError when it is no argument of that kind.

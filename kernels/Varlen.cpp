@@ -131,6 +131,8 @@ VarlenSequence sequenceOf(const AttentionSpec &spec, const Problem &p,
   s.spec.varlen = false;
   if (spec.scoreFunction)
     s.spec.scoreFunction = std::make_shared<ShiftedBatch>(spec.scoreFunction, b);
+  if (spec.maskFunction)
+    s.spec.maskFunction = std::make_shared<ShiftedBatch>(spec.maskFunction, b);
   s.problem = p;
   s.problem.batch = 1;
   s.problem.seqLenQ = std::max<int64_t>(1, s.lenQ);

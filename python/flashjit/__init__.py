@@ -40,6 +40,7 @@ from ._lib import (
     library_path,
 )
 from .block_mask import BlockMask
+from . import mask_mods
 from . import score_ops
 from . import sinks as sinks_mod
 from . import variants
@@ -235,10 +236,11 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     mask_mod: a function fn(b, h, i, j) -> predicate (comparisons of the
         positions combined with & | ~), e.g. lambda b, h, i, j: (i - j <
         256) & (j <= i): keys where it does not hold are masked (on top of
-        causal / window / block_mask). Traced into the score_mod region
-        (score_ops.with_mask); blocks it masks whole are still visited. It
-        may index captured tensors too (a document mask: seg[i] ==
-        seg[j]).
+        causal / window / block_mask). Traced into the description's
+        mask_mod region (flashjit.mask_mods), which the kernel evaluates
+        after the score_mod; blocks it masks whole are skipped only where
+        a block_mask says so. It may index captured tensors too (a document
+        mask: seg[i] == seg[j]); they take no gradient.
     sinks: attention sinks, one learnable logit per query head (shape (H,),
         any float dtype; gpt-oss): each row's softmax denominator gains
         exp(sinks[h]), as a key whose value is 0; lse includes it. Autograd
@@ -279,19 +281,32 @@ def _score_mod(score_mod, mask_mod=None):
     """score_mod as the C API takes it: "" for None, a function traced
     into its region's text (flashjit.score_ops), else the name or region
     text given (which the C API checks and canonicalises: a bad one is its
-    InvalidArgumentError, a ValueError). A mask_mod joins it as -inf where
-    the mask does not hold (score_ops.with_mask). The tensors a function
-    captures are dropped: compile() describes a kernel, which takes any
-    data; running one needs _score_mod_and_captures."""
+    InvalidArgumentError, a ValueError). A mask_mod's region (traced by
+    flashjit.mask_mods, or given as text) joins it (_lib.join_modifiers;
+    make_spec gives it to the C API's spec.mask_mod). The tensors a
+    function captures are dropped: compile() describes a kernel, which
+    takes any data; running one needs _score_mod_and_captures."""
     return _score_mod_and_captures(score_mod, mask_mod)[0]
 
 
 def _score_mod_and_captures(score_mod, mask_mod=None):
     """(text, captures): _score_mod's text and the tensors the traced
-    function captures (score_ops.trace_with_captures: a tuple, in the
-    region's argument order; () for a name, region text or None)."""
-    if mask_mod is not None:
-        score_mod = score_ops.with_mask(score_mod, mask_mod)
+    functions capture (score_ops.trace_with_captures, then
+    mask_mods.trace_mask_with_captures: a tuple, in the kernel's argument
+    order; () for names, region text or None)."""
+    text, captures = _score_text_and_captures(score_mod)
+    if mask_mod is None:
+        return text, captures
+    if isinstance(mask_mod, str) and mask_mod.lstrip().startswith("{"):
+        mask_text, mask_captures = mask_mod, ()
+    else:
+        mask_text, mask_captures = mask_mods.trace_mask_with_captures(mask_mod)
+    return (_lib.join_modifiers(text, mask_text),
+            captures + tuple(mask_captures))
+
+
+def _score_text_and_captures(score_mod):
+    """The score modifier's part of _score_mod_and_captures."""
     if score_mod is None:
         return "", ()
     if callable(score_mod):
@@ -485,7 +500,10 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     if sinks is not None:
         sinks_mod.check_sinks(sinks, q.shape[1], "attention_backward")
     text, captures = _score_mod_and_captures(score_mod, mask_mod)
-    wanted = ([_differentiable_capture(c) for c in captures]
+    # A mask_mod's captured tensors (the last ones) take no gradient.
+    masked = _lib.mask_capture_count(text)
+    wanted = ([_differentiable_capture(c) and n < len(captures) - masked
+               for n, c in enumerate(captures)]
               if capture_grads else None)
     dq, dk, dv, cgrads = _backward_numpy(
         q, k, v, o, d_o, lse, mask, _scale(scale), wl, wr, _block(block_mask),

@@ -91,7 +91,37 @@ class Spec(ctypes.Structure):
         # C API version 5; None: none. Since version 7 the region may
         # capture tensors (flashjit_forward_captured takes them).
         ("score_mod", ctypes.c_char_p),
+        # C API version 9: a mask_mod region's text; None: none.
+        ("mask_mod", ctypes.c_char_p),
     ]
+
+
+# The binding passes a score modifier and a mask modifier as one string
+# through its layers (the torch ops take one `score_mod: str`): the
+# score_mod text, then this separator and the mask_mod region's text when
+# there is one. make_spec splits it into the C API's two fields.
+MASK_MOD_SEPARATOR = "\n// mask_mod\n"
+
+
+def join_modifiers(score_text, mask_text):
+    """One string for a score_mod text ("" none) and a mask_mod region's
+    text ("" none): what make_spec's score_mod takes."""
+    return score_text + (MASK_MOD_SEPARATOR + mask_text if mask_text else "")
+
+
+def split_modifiers(text):
+    """(score_text, mask_text) of join_modifiers' string."""
+    score, sep, mask = (text or "").partition(MASK_MOD_SEPARATOR)
+    return score, mask
+
+
+def mask_capture_count(text):
+    """How many of the captured tensors of join_modifiers' string are the
+    mask_mod region's (the last ones; they take no gradient): its
+    memref<?xf32> arguments."""
+    mask = split_modifiers(text)[1]
+    header = mask[mask.find("^bb0("):mask.find(")", mask.find("^bb0("))]
+    return header.count("memref<")
 
 
 class Tensor(ctypes.Structure):
@@ -208,8 +238,11 @@ def make_spec(head_dim_qk, head_dim_v, dtype, mask, gqa, sparse_block,
     s.deterministic = 1 if deterministic else 0
     # Variable-length packing (flashjit_forward_varlen / _backward_varlen).
     s.varlen = 1 if varlen else 0
-    # A named score modifier ("" none); ctypes keeps the bytes alive.
-    s.score_mod = score_mod.encode() if score_mod else None
+    # The score modifier ("" none) and the mask modifier (join_modifiers);
+    # ctypes keeps the bytes alive.
+    score_text, mask_text = split_modifiers(score_mod)
+    s.score_mod = score_text.encode() if score_text else None
+    s.mask_mod = mask_text.encode() if mask_text else None
     return s
 
 

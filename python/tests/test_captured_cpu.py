@@ -113,9 +113,11 @@ def test_bias_and_document_mask_with_gqa(causal):
 
 def test_document_mask_as_mask_mod_with_a_bias_score_mod():
     """The same tensors split over score_mod (the bias) and mask_mod (the
-    documents): both traced into one region, the mask's captures too;
-    and the block mask from that mask_mod (evaluated eagerly on numpy
-    positions through the same captured wrapper) skips whole blocks."""
+    documents): the mask traced into a mask_mod region of its own whose
+    captured tensor follows the score_mod's (with_mask still folds both
+    into one score_mod region); and the block mask from that mask_mod
+    (evaluated eagerly on numpy positions through the same captured
+    wrapper) skips whole blocks."""
     rng = np.random.default_rng()
     B, H, Nq, Nkv, bs = 1, 2, 96, 96, 32
     q, k, v = make(rng, B, H, H, Nq, Nkv)
@@ -131,6 +133,11 @@ def test_document_mask_as_mask_mod_with_a_bias_score_mod():
 
     text, caps = F.trace_with_captures(F.with_mask(score_mod, same_document))
     assert len(caps) == 2 and "%c1: memref<?xf32>" in text
+    text, caps = flashjit._score_mod_and_captures(score_mod, same_document)
+    score_text, mask_text = flashjit._lib.split_modifiers(text)
+    assert "attn.yield %v1 : f32" in score_text or ": f32\n  }" in score_text
+    assert mask_text.rstrip().endswith("}") and ": i1\n" in mask_text
+    assert caps[0] is bias and caps[1] is seg
     check(q, k, v, True, None, score_mod, same_document,
           wrong=[(None, same_document), (score_mod, None)])
     bm = flashjit.BlockMask.from_mask_mod(same_document, B, H, Nq, Nkv,
@@ -454,8 +461,8 @@ def test_gradient_of_a_broadcast_bias_with_a_document_mask():
     """bias (1, H, 1, Nkv) (size-1 dimensions read at 0) with a document
     mask_mod on int segment ids: the bias's gradient is shaped as the bias
     (G summed over the batch and the queries); the segment ids get None
-    (integers: no gradient). The list is in the region's order (with_mask
-    traces the mask first)."""
+    (integers: no gradient). The list is in the kernel's order: the
+    score_mod's captured tensors, then the mask_mod's."""
     rng = np.random.default_rng()
     B, H, Nq, Nkv = 2, 2, 26, 26
     q, k, v = make(rng, B, H, H, Nq, Nkv)
@@ -470,11 +477,10 @@ def test_gradient_of_a_broadcast_bias_with_a_document_mask():
         t = F.captured(x)
         return lambda s, b, h, i, j: s + t[b, h, i, j]
 
-    _, caps = F.trace_with_captures(F.with_mask(row_bias(bias),
-                                                same_document))
-    assert caps[0] is seg and caps[1] is bias
+    _, caps = flashjit._score_mod_and_captures(row_bias(bias), same_document)
+    assert caps[0] is bias and caps[1] is seg
     run = Run(q, k, v, True, None, row_bias, bias, mask_mod=same_document)
-    none, g = run.grads
+    g, none = run.grads
     assert none is None and g.shape == bias.shape and g.dtype == np.float64
     G = reference.score_grads_ref(q, k, v, run.d_o, None, run.vis,
                                   score_mod=row_bias(bias), o=run.o)

@@ -52,9 +52,16 @@ def test_mask_errors():
         flashjit.attention(q, k, v, mask_mod=lambda b, h, i, j: i - j)
     with pytest.raises(TypeError, match="batch, head, q_idx, kv_idx"):
         flashjit.attention(q, k, v, mask_mod=lambda s, b, h, i, j: True)
-    with pytest.raises(TypeError, match="region text"):
-        flashjit.attention(q, k, v, score_mod=F.trace(relative_bias),
-                           mask_mod=prefix_lm)
+    # A score_mod given as region text goes beside a mask_mod now (the
+    # mask is a region of its own): the same output as the traced function.
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((1, 1, 16, 16)).astype(np.float16)
+               for _ in range(3))
+    by_text = flashjit.attention(q, k, v, score_mod=F.trace(relative_bias),
+                                 mask_mod=prefix_lm)
+    by_fn = flashjit.attention(q, k, v, score_mod=relative_bias,
+                               mask_mod=prefix_lm)
+    assert np.array_equal(by_text, by_fn) and not np.isnan(by_text).any()
 
 
 def test_rows_emptied_by_the_modifier_give_zero_and_minus_inf():

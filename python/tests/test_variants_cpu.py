@@ -480,9 +480,9 @@ def test_and_or_masks():
 
 
 def test_a_score_variant_under_masks_and_its_gradient():
-    """alibi under and_masks(causal(), document(seg)): one region, two
-    captured tensors in the region's order (the mask's first: the ids,
-    None; then the slopes' gradient)."""
+    """alibi under and_masks(causal(), document(seg)): a score_mod and a
+    mask_mod region, two captured tensors in the kernel's order (the
+    score_mod's first: the slopes' gradient; then the mask's ids, None)."""
     rng = np.random.default_rng()
     B, H, N = 2, 2, 40
     q, k, v = make(rng, B, H, H, N, N)
@@ -500,8 +500,8 @@ def test_a_score_variant_under_masks_and_its_gradient():
 
     grads = check_capture_grad(q, k, v, None, False, V.alibi(slopes),
                                sloped, reduce, slopes, -slopes, np.arange(H),
-                               mask_mod=m, ref_vis=vis, position=1)
-    assert grads[0] is None and len(grads) == 2
+                               mask_mod=m, ref_vis=vis, position=0)
+    assert grads[1] is None and len(grads) == 2
 
 
 def test_masks_evaluate_on_numpy_positions():

@@ -39,6 +39,11 @@ AttentionSpec flashjit::withScoreModRegion(const AttentionSpec &,
                                            const std::string &) {
   throw SpecError("score_mod region: not compiled in the fuzz target");
 }
+/// A --mask-mod region (or document): refused the same way.
+AttentionSpec flashjit::withMaskModRegion(const AttentionSpec &,
+                                          const std::string &) {
+  throw SpecError("mask_mod region: not compiled in the fuzz target");
+}
 /// (Never reached: inspectSource refuses every file first.)
 KernelSource flashjit::forwardSourceOf(const KernelSource &backward) {
   throw CompileError(backward.name + ": not compiled in the fuzz target");

@@ -13,6 +13,7 @@
 
 #include <ostream>
 #include <random>
+#include <vector>
 
 namespace flashjit::test {
 
@@ -82,6 +83,16 @@ inline BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
 
 /// Br x Bc with \p warps warps and the other TileConfig defaults: the
 /// tiling the unit suites name inline.
+/// \p n floats drawn uniformly from [lo, hi) (captured tensors' data).
+inline std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo,
+                                  float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float &x : v)
+    x = u(rng);
+  return v;
+}
+
 inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
                              int64_t warps = 4) {
   TileConfig config;

@@ -172,4 +172,100 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
   EXPECT_EQ(call(nullptr, 0), FLASHJIT_OK) << lastError();
 }
 
+/// keep where seg[i] == seg[j], seg captured tensor 1 (after the bias).
+class SameSegment : public ScoreFunction {
+public:
+  double apply(double, int64_t, int64_t, int64_t i, int64_t j,
+               const Captures *captures, double *dScore) const override {
+    *dScore = 0;
+    const std::vector<float> &seg = (*captures)[1];
+    return seg[size_t(i)] == seg[size_t(j)] ? 1.0 : 0.0;
+  }
+};
+
+const char *kSameSegment = R"({
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+})";
+
+TEST(CApiCaptured, MaskModBesideTheBiasOnTheCpu) {
+  Handle h;
+  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33, gqa 2
+  sp.spec.score_mod = kFullBias;
+  sp.spec.mask_mod = kSameSegment;
+  sp.specCpp.scoreMod = kCustomScoreMod;
+  sp.specCpp.scoreFunction = std::make_shared<FullBias>(20, 33);
+  sp.specCpp.maskModRegion = "(evaluated by SameSegment)";
+  sp.specCpp.maskFunction = std::make_shared<SameSegment>();
+  sp.specCpp.captures = 2;
+  sp.specCpp.maskCaptures = 1;
+  uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  std::vector<float> bias(size_t(4 * 20 * 33));
+  for (float &x : bias)
+    x = u(rng);
+  std::vector<float> seg(33), shifted(33);
+  for (int64_t j = 0; j < 33; ++j) {
+    seg[size_t(j)] = float(j / 7);
+    shifted[size_t(j)] = float((j + 3) / 7);
+  }
+  flashjit_captured captured[2] = {{bias.data(), int64_t(bias.size())},
+                                   {seg.data(), int64_t(seg.size())}};
+  // The bias alone is not enough: the mask's tensor is counted too.
+  EXPECT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      sp.d.lse.data(), 0.0, -1, -1, nullptr,
+                                      captured, 1, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.score_mod and spec.mask_mod capture 2"),
+            std::string::npos)
+      << lastError();
+  ASSERT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      sp.d.lse.data(), 0.0, -1, -1, nullptr,
+                                      captured, 2, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  sp.d.captures = {bias, seg};
+  ErrorReport same = compareWithReference(
+      sp.specCpp, sp.p, sp.d, referenceForward(sp.specCpp, sp.p, sp.d, nullptr));
+  EXPECT_EQ(same.nanCount, 0);
+  EXPECT_LT(same.relErr(), errorBound(sp.specCpp.dtype));
+  AttentionData other = sp.d;
+  other.captures = {bias, shifted};
+  EXPECT_GT(compareWithReference(sp.specCpp, sp.p, sp.d,
+                                 referenceForward(sp.specCpp, sp.p, other,
+                                                  nullptr))
+                .relErr(),
+            errorBound(sp.specCpp.dtype));
+  // A gradient for the mask's tensor is refused by name.
+  AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
+  flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                  dv = toC(g.dv);
+  std::vector<float> dseg(seg.size());
+  captured[1].grad = dseg.data();
+  EXPECT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                       &dO, sp.d.lse.data(), &dq, &dk, &dv,
+                                       0.0, -1, -1, nullptr, nullptr, 0,
+                                       captured, 2, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("no gradient"), std::string::npos)
+      << lastError();
+  captured[1].grad = nullptr;
+  ASSERT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                       &dO, sp.d.lse.data(), &dq, &dk, &dv,
+                                       0.0, -1, -1, nullptr, nullptr, 0,
+                                       captured, 2, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  BackwardErrorReport err = compareBackward(
+      sp.specCpp, sp.p, g,
+      referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr));
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype));
+}
+
 } // namespace

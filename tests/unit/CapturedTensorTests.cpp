@@ -72,14 +72,6 @@ Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
   return p;
 }
 
-std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float &x : v)
-    x = u(rng);
-  return v;
-}
-
 /// Runs \p spec on the CPU with \p captures; its relative error against
 /// the reference on the same data, and against the reference on
 /// \p other (a check that can fail).

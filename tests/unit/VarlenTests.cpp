@@ -195,8 +195,10 @@ TEST(VarlenDocument, DocumentMaskModMatchesTheVarlenBatch) {
                         "--head-dim",   "32",       "--heads",    "2",
                         "--dtype",      "fp16",     "--seq-len",  seqLen.c_str()};
   cli::CliOptions o = cli::parseCommandLine(12, argv);
-  ASSERT_EQ(o.spec.scoreMod, kCustomScoreMod);
+  ASSERT_TRUE(o.spec.scoreMod.empty());
+  ASSERT_FALSE(o.spec.maskModRegion.empty()); // a mask_mod region
   ASSERT_EQ(o.spec.captures, 1);
+  ASSERT_EQ(o.spec.maskCaptures, 1);
   o.config = tileConfig(32, 32);
 
   std::mt19937_64 rng(freshSeed());

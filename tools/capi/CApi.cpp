@@ -189,6 +189,12 @@ static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
   for (int64_t c = 0; c < numCaptured; ++c)
     if (captured[c].grad)
       s.captureGrads |= int64_t(1) << c;
+  for (int64_t c = s.captures - s.maskCaptures; c < numCaptured; ++c)
+    if (captured[c].grad)
+      invalid(fmt::format("captured[{}].grad: that tensor is spec.mask_mod's, "
+                          "read by a predicate: it takes no gradient (pass "
+                          "NULL)",
+                          c));
   if (s.captureGrads && s.deterministic)
     invalid("captured[].grad with spec.deterministic: the captured "
             "tensors' gradients are summed by atomic adds, which a "

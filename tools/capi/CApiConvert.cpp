@@ -135,6 +135,18 @@ AttentionSpec toSpec(const flashjit_spec *s) {
       invalid(fmt::format("spec.score_mod: {}", e.what()));
     }
   }
+  if (s->mask_mod && *s->mask_mod) {
+    constexpr size_t kLimit = size_t(1) << 16;
+    const size_t n = strnlen(s->mask_mod, kLimit + 1);
+    if (n > kLimit)
+      invalid("spec.mask_mod: the region text is longer than 65536 "
+              "characters (or not terminated)");
+    try {
+      spec = withMaskModRegion(spec, std::string(s->mask_mod, n));
+    } catch (const SpecError &e) {
+      invalid(fmt::format("spec.mask_mod: {}", e.what()));
+    }
+  }
   try {
     spec.validate();
   } catch (const SpecError &e) {
@@ -249,7 +261,11 @@ void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
                    int64_t count, const char *capturedCall) {
   if (count != spec.captures)
     invalid(fmt::format(
-        "spec.score_mod captures {} tensors, the call gives {}{}",
+        "spec.{} {} tensors, the call gives {}{}",
+        spec.maskCaptures == 0              ? "score_mod captures"
+        : spec.maskCaptures == spec.captures ? "mask_mod captures"
+                                             : "score_mod and spec.mask_mod "
+                                               "capture",
         spec.captures, count,
         spec.captures > 0 && count == 0
             ? fmt::format(" (give them with {})", capturedCall)

@@ -138,7 +138,8 @@ FLASHJIT_API flashjit_status flashjit_plan_create(
     Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
     checkLayoutShape(s, p, layout);
     if (s.captures > 0)
-      invalid(fmt::format("spec.score_mod captures {} tensors: plans do not "
+      invalid(fmt::format("spec.score_mod / spec.mask_mod capture {} tensors: "
+                          "plans do not "
                           "take captured tensors yet; call "
                           "flashjit_forward_captured",
                           s.captures));

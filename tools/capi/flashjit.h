@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 8
+#define FLASHJIT_C_API_VERSION 9
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -184,6 +184,16 @@ typedef struct flashjit_spec {
    *  compiler. Read during the call only (a plan keeps a copy). Since
    *  version 5. */
   const char *score_mod;
+  /** A mask modifier, forward and backward; NULL or "" for none
+   *  (flashjit_spec_init sets NULL): the text of a mask_mod region, at
+   *  most 65536 characters, "{ ^bb0(%b: index, %h: index, %i: index, %j:
+   *  index): ... attn.yield %keep : i1 }" with arith and math ops on
+   *  scalars and memref.load of captured tensors (arguments after %j,
+   *  memref<?xf32>). Where it yields false the score is -inf after the
+   *  score modifier (a row that keeps no key gives 0 and lse -inf). Its
+   *  captured tensors follow score_mod's in the calls' `captured` arrays
+   *  and take no gradient. Read during the call only. Since version 9. */
+  const char *mask_mod;
 } flashjit_spec;
 
 /** Defaults: head dims 128, bf16, no mask, gqa 1, dense, sparse block 128,

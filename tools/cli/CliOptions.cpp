@@ -121,9 +121,13 @@ std::string helpText(const std::string &command) {
          "H)\n"
          "  --sparse-block S     sparse block size (default 128)\n"
          "  --mask-mod M         causal, sliding_window:L,R (as --causal,\n"
-         "                       --window L,R) or document: key j visible\n"
+         "                       --window L,R); document: key j visible\n"
          "                       from query i iff seg[i] == seg[j], seg from\n"
-         "                       --capture FILE.npy (a score_mod region)\n"
+         "                       --capture FILE.npy; or a mask_mod region's\n"
+         "                       text {...} / @FILE ((%b, %h, %i, %j: index)\n"
+         "                       -> i1; false masks the score); with\n"
+         "                       --score-mod, its captures come after that\n"
+         "                       region's\n"
          "  --varlen             variable-length packing: the sequences one\n"
          "                       after another, (total, H, d), with i32\n"
          "                       offsets (implied by --seqlens-q)\n"
@@ -447,16 +451,17 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;
-  if (maskModArg)
-    applyMaskMod(*maskModArg, o, window, scoreModArg);
   if (scoreModArg)
     applyScoreMod(o.spec, *scoreModArg);
-  // The backward of a region that captures tensors also gives their
+  if (maskModArg)
+    applyMaskMod(*maskModArg, o, window);
+  // The backward of a score_mod that captures tensors also gives their
   // gradients (atomic adds: not with --deterministic), checked with dQ, dK
-  // and dV.
-  if (o.spec.direction == Direction::Backward && o.spec.captures > 0 &&
-      !o.spec.deterministic)
-    o.spec.captureGrads = (int64_t(1) << o.spec.captures) - 1;
+  // and dV; a mask_mod's captured tensors take none.
+  if (o.spec.direction == Direction::Backward &&
+      o.spec.captures > o.spec.maskCaptures && !o.spec.deterministic)
+    o.spec.captureGrads =
+        (int64_t(1) << (o.spec.captures - o.spec.maskCaptures)) - 1;
   std::optional<TileConfig> fileTiling;
   if (!o.inputPath.empty()) {
     if (o.command != "compile" && o.command != "run" && o.command != "bench")

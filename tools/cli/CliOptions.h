@@ -77,13 +77,14 @@ struct RandomRun {
 };
 RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
 
-/// `--mask-mod NAME` (MaskMods.cpp): causal and sliding_window:L,R set the
-/// description's mask (\p window takes L,R as --window's), document sets
-/// \p scoreModArg to the document mask's region; a SpecError for an
-/// unknown name or a clash with --window, --causal or --score-mod.
+/// `--mask-mod M` (MaskMods.cpp): causal and sliding_window:L,R set the
+/// description's mask (\p window takes L,R as --window's); document, a
+/// region's text or @FILE set its mask_mod region (after the score
+/// modifier: its captured tensors come after the score_mod's); a
+/// SpecError for an unknown name, a bad region or a clash with --window
+/// or --causal.
 void applyMaskMod(const std::string &name, CliOptions &o,
-                  std::optional<std::string> &window,
-                  std::optional<std::string> &scoreModArg);
+                  std::optional<std::string> &window);
 
 /// ",\"seqlens_q\":[...],\"seqlens_kv\":[...]" of a varlen run (its
 /// sequences' lengths, for `run --json`), "" otherwise.

@@ -1,43 +1,46 @@
-//===- MaskMods.cpp - The CLI's named mask modifiers ----------------------===//
+//===- MaskMods.cpp - The CLI's mask modifiers ----------------------------===//
 //
 /// \file
-/// `--mask-mod NAME` (issue 14): which keys a query sees, by name. The
-/// band masks are the description's own (`mask = "causal"` /
-/// `"sliding_window"`, whose blocks the tiling skips); a document mask is
-/// a score_mod region that reads a captured tensor of segment ids, so the
+/// `--mask-mod M` (issue 14): which keys a query sees. The band masks by
+/// name are the description's own (`mask = "causal"` /
+/// `"sliding_window"`, whose blocks the tiling skips); a document mask and
+/// any region given as text are the description's mask_mod region, so the
 /// CPU mode, every GPU path and the float64 reference (which evaluates the
-/// region itself) run it with no code of its own:
+/// region itself) run it with no code of their own, beside any
+/// --score-mod:
 ///
 ///   --mask-mod causal               --causal
 ///   --mask-mod sliding_window:L,R   --window L,R
-///   --mask-mod document             score = s where seg[i] == seg[j],
-///                                   -inf elsewhere; seg from --capture
-///                                   FILE.npy (one id per position,
-///                                   indexed by query and key positions)
+///   --mask-mod document             keep where seg[i] == seg[j]; seg from
+///                                   --capture FILE.npy (one id per
+///                                   position, indexed by query and key
+///                                   positions; after --score-mod's
+///                                   captured tensors)
+///   --mask-mod '{ ^bb0(...) ... }'  a mask_mod region's text
+///   --mask-mod @FILE                a file that holds one
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/Compiler.h"
+#include "kernels/HostTensor.h"
 #include "tools/cli/CliOptions.h"
 
 #include <fmt/format.h>
 
 namespace flashjit::cli {
 
-/// The document mask's region: s where the query's and the key's segment
-/// ids agree, -inf elsewhere.
+/// The document mask's region: keep where the query's and the key's
+/// segment ids agree.
 static const char *kDocumentRegion = R"({
-^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
   %si = memref.load %seg[%i] : memref<?xf32>
   %sj = memref.load %seg[%j] : memref<?xf32>
   %same = arith.cmpf oeq, %si, %sj : f32
-  %ninf = arith.constant 0xFF800000 : f32
-  %y = arith.select %same, %s, %ninf : f32
-  attn.yield %y : f32
+  attn.yield %same : i1
 })";
 
 void applyMaskMod(const std::string &name, CliOptions &o,
-                  std::optional<std::string> &window,
-                  std::optional<std::string> &scoreModArg) {
+                  std::optional<std::string> &window) {
   const std::string kWindow = "sliding_window:";
   if (name == "causal") {
     if (window)
@@ -54,18 +57,20 @@ void applyMaskMod(const std::string &name, CliOptions &o,
     window = name.substr(kWindow.size());
     return;
   }
-  if (name == "document") {
-    if (scoreModArg)
-      throw SpecError("--mask-mod document with --score-mod: a document mask "
-                      "is a score_mod region of its own; write one region "
-                      "that does both (--score-mod {...} reading the segment "
-                      "ids)");
-    scoreModArg = kDocumentRegion;
-    return;
-  }
-  throw SpecError(fmt::format("--mask-mod '{}': expected causal, "
-                              "sliding_window:L,R or document",
-                              name));
+  std::string text = name;
+  if (name == "document")
+    text = kDocumentRegion;
+  else if (!name.empty() && name[0] == '@')
+    text = readBoundedFile(name.substr(1), "--mask-mod", 1 << 16);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || text[first] != '{')
+    throw SpecError(fmt::format("--mask-mod '{}': expected causal, "
+                                "sliding_window:L,R, document, a mask_mod "
+                                "region's text ('{{ ^bb0(%b: index, %h: "
+                                "index, %i: index, %j: index): ... attn.yield "
+                                "%keep : i1 }}') or @FILE",
+                                name));
+  o.spec = withMaskModRegion(o.spec, text);
 }
 
 } // namespace flashjit::cli

@@ -63,7 +63,7 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  StringRef mask, int64_t gqa,
                                  int64_t sparseBlock, int64_t blockM,
                                  int64_t blockN, bool deterministic,
-                                 StringRef scoreMod) {
+                                 StringRef scoreMod, StringRef maskMod) {
   if (!isKnownRole(role))
     return emitError() << "#attn.kernel: role must be \"forward\", "
                           "\"preprocess\", \"main\", \"dq\" or "
@@ -102,6 +102,10 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (role == "dq_convert" && deterministic)
     return emitError() << "#attn.kernel: role \"dq_convert\" (atomic dQ) "
                           "needs deterministic = false";
+  if (!maskMod.empty() && maskMod != "custom")
+    return emitError() << "#attn.kernel: mask_mod must be \"custom\" or "
+                          "\"\", got \""
+                       << maskMod << "\"";
   return verifyKernelScoreMod(emitError, scoreMod);
 }
 
@@ -157,56 +161,70 @@ template <typename OpT> static LogicalResult verifyKernelDescription(OpT op) {
   return success();
 }
 
-/// The names of a score modifier's block arguments, in order.
+/// The names of a score modifier's block arguments, in order; a mask
+/// modifier's are the same without the score.
 static constexpr const char *kScoreModArgs[] = {"score", "batch", "head",
                                                 "q_idx", "kv_idx"};
 static_assert(std::size(kScoreModArgs) == kScoreModIndexArgs);
+static_assert(std::size(kScoreModArgs) - 1 == kMaskModIndexArgs);
 
 /// The checks of a score_mod region: one block of (score: f32, batch,
 /// head, q_idx, kv_idx: index, then any captured tensors: memref<?xf32>),
 /// arith and math ops on scalars and memref.load of a captured tensor at
-/// one index, ending in attn.yield of an f32.
-static LogicalResult verifyScoreMod(Operation *op, Region &region) {
+/// one index, ending in attn.yield of an f32. A mask_mod region (\p mask)
+/// takes the same arguments without the score and yields an i1.
+static LogicalResult verifyModifier(Operation *op, Region &region, bool mask) {
+  const char *what = mask ? "mask_mod" : "score_mod";
   if (!region.hasOneBlock())
-    return op->emitOpError() << "score_mod must have one block, got "
-                            << region.getBlocks().size();
+    return op->emitOpError() << what << " must have one block, got "
+                             << region.getBlocks().size();
   Block &body = region.front();
-  // The message keeps the five arguments' spelling that tools match on;
+  auto names = ArrayRef<const char *>(kScoreModArgs).drop_front(mask ? 1 : 0);
+  // The message keeps the arguments' spelling that tools match on;
   // captured tensors follow in parentheses.
   auto signature = [&](const std::string &got) {
     return op->emitOpError()
-           << "score_mod must take (score: f32, batch: index, head: index, "
-              "q_idx: index, kv_idx: index), got "
+           << what
+           << (mask ? " must take (batch: index, head: index, q_idx: index, "
+                      "kv_idx: index), got "
+                    : " must take (score: f32, batch: index, head: index, "
+                      "q_idx: index, kv_idx: index), got ")
            << got << " (then any captured tensors, memref<?xf32>)";
   };
-  if (body.getNumArguments() < std::size(kScoreModArgs))
+  if (body.getNumArguments() < names.size())
     return signature(std::to_string(body.getNumArguments()) + " arguments");
   Builder b(op->getContext());
   auto captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
   for (auto [i, arg] : llvm::enumerate(body.getArguments())) {
-    Type want = i == 0                         ? Type(b.getF32Type())
-                : i < std::size(kScoreModArgs) ? Type(b.getIndexType())
-                                               : Type(captured);
+    Type want = i >= names.size()              ? Type(captured)
+                : StringRef(names[i]) == "score" ? Type(b.getF32Type())
+                                                 : Type(b.getIndexType());
     if (arg.getType() == want)
       continue;
     std::string type;
     llvm::raw_string_ostream os(type);
     os << "'" << arg.getType() << "' for "
-       << (i < std::size(kScoreModArgs)
-               ? std::string(kScoreModArgs[i])
-               : "captured tensor " +
-                     std::to_string(i - std::size(kScoreModArgs)));
+       << (i < names.size()
+               ? std::string(names[i])
+               : "captured tensor " + std::to_string(i - names.size()));
     return signature(type);
   }
-  if (body.empty() || !isa<YieldOp>(body.back()))
-    return op->emitOpError() << "score_mod must end in attn.yield";
+  auto yield = body.empty() ? YieldOp() : dyn_cast<YieldOp>(body.back());
+  if (!yield)
+    return op->emitOpError() << what << " must end in attn.yield";
+  Type yielded = yield.getValue().getType();
+  if (mask ? !yielded.isInteger(1) : !yielded.isF32())
+    return op->emitOpError()
+           << what << " must yield " << (mask ? "an i1 (keep the score)"
+                                              : "an f32 (the new score)")
+           << ", got " << yielded;
   for (Operation &inner : body.without_terminator()) {
     if (auto load = dyn_cast<memref::LoadOp>(inner)) {
       auto arg = dyn_cast<BlockArgument>(load.getMemRef());
       if (!arg || arg.getOwner() != &body ||
-          arg.getArgNumber() < std::size(kScoreModArgs) ||
-          load.getIndices().size() != 1)
-        return op->emitOpError() << "score_mod: memref.load reads a captured "
+          arg.getArgNumber() < names.size() || load.getIndices().size() != 1)
+        return op->emitOpError() << what
+                                 << ": memref.load reads a captured "
                                     "tensor (an argument after kv_idx) at "
                                     "one index";
       continue;
@@ -214,14 +232,25 @@ static LogicalResult verifyScoreMod(Operation *op, Region &region) {
     StringRef ns = inner.getDialect() ? inner.getDialect()->getNamespace() : "";
     if ((ns != "arith" && ns != "math") || inner.getNumRegions() != 0)
       return op->emitOpError()
-             << "score_mod may hold only arith and math ops, got '"
+             << what << " may hold only arith and math ops, got '"
              << inner.getName() << "' (and memref.load of a captured tensor)";
     for (Type t : inner.getResultTypes())
       if (!t.isIntOrIndexOrFloat())
         return op->emitOpError()
-               << "score_mod computes on scalars only, got " << t << " from '"
+               << what << " computes on scalars only, got " << t << " from '"
                << inner.getName() << "'";
   }
+  return success();
+}
+
+/// Both modifier regions of description \p op, where it has them.
+template <typename OpT> static LogicalResult verifyModifiers(OpT op) {
+  if (op.hasScoreMod() &&
+      failed(verifyModifier(op, op.getScoreMod(), /*mask=*/false)))
+    return failure();
+  if (op.hasMaskMod() &&
+      failed(verifyModifier(op, op.getMaskMod(), /*mask=*/true)))
+    return failure();
   return success();
 }
 
@@ -266,12 +295,21 @@ std::optional<std::string> FlashBwdOp::namedScoreMod() {
 LogicalResult FlashFwdOp::verify() {
   if (failed(verifyKernelDescription(*this)))
     return failure();
-  return hasScoreMod() ? verifyScoreMod(*this, getScoreMod()) : success();
+  return verifyModifiers(*this);
 }
 LogicalResult FlashBwdOp::verify() {
-  if (failed(verifyKernelDescription(*this)))
+  if (failed(verifyKernelDescription(*this)) || failed(verifyModifiers(*this)))
     return failure();
-  return hasScoreMod() ? verifyScoreMod(*this, getScoreMod()) : success();
+  // A mask's captured tensors are read by a predicate: no gradient.
+  int64_t scoreCaptures = capturedTensors(getScoreMod());
+  int64_t grads = getCaptureGradsAttr().getInt();
+  if (grads >= 0 && (grads >> scoreCaptures) != 0 && hasMaskMod())
+    return emitOpError() << "capture_grads " << grads
+                         << " names captured tensors past score_mod's "
+                         << scoreCaptures
+                         << " (a mask_mod's captured tensors take no "
+                            "gradient)";
+  return success();
 }
 
 #define GET_OP_CLASSES

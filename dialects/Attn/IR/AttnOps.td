@@ -67,8 +67,10 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     ("softcap:20", "alibi:8"; FlashFwdOp::namedScoreMod), or "custom" for
     a region that is none of them, so that a reader of the tiled function
     (`flashjit run --input`) checks it against the reference of the same
-    modifier. The verifier checks every field, so a later stage never meets
-    a head dim of 0 or an unknown mask.
+    modifier. `mask_mod` is "custom" when the function has inlined the
+    description's mask_mod region ("" without one). The verifier checks
+    every field, so a later stage never meets a head dim of 0 or an unknown
+    mask.
 
     ```mlir
     func.func @attention(...) attributes {attn.kernel = #attn.kernel<
@@ -90,7 +92,9 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     "int64_t":$block_n,
     Attn_BoolParameter:$deterministic,
     StringRefParameter<"the inlined score modifier, \"\" for none",
-                       [{""}]>:$score_mod
+                       [{""}]>:$score_mod,
+    StringRefParameter<"\"custom\" when a mask_mod region is inlined, "
+                       "\"\" for none", [{""}]>:$mask_mod
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
@@ -178,12 +182,34 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
       attn.yield %y : f32
     }
     ```
+
+    The optional `mask_mod` region decides which elements are attended to,
+    as FlexAttention's mask_mod does: it takes the element's batch, head,
+    query index and key index (index), then any captured tensors (as
+    score_mod's, read with `memref.load`), holds the same ops, and yields
+    an i1 with `attn.yield`: true keeps the score, false makes it -inf
+    after the score_mod (a row that keeps no key gives 0 and lse -inf).
+    Its captured tensors follow score_mod's in the kernel's arguments. A
+    document mask over captured segment ids:
+
+    ```mlir
+    attn.flash_fwd @attention {element_type = bf16, ...} mask_mod {
+    ^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+      %si = memref.load %seg[%i] : memref<?xf32>
+      %sj = memref.load %seg[%j] : memref<?xf32>
+      %keep = arith.cmpf oeq, %si, %sj : f32
+      attn.yield %keep : i1
+    }
+    ```
   }];
-  let regions = (region AnyRegion:$score_mod);
-  let assemblyFormat = "$sym_name attr-dict (`score_mod` $score_mod^)?";
+  let regions = (region AnyRegion:$score_mod, AnyRegion:$mask_mod);
+  let assemblyFormat =
+      "$sym_name attr-dict (`score_mod` $score_mod^)? (`mask_mod` $mask_mod^)?";
   let extraClassDeclaration = [{
     /// Whether the description carries a score modifier.
     bool hasScoreMod() { return !getScoreMod().empty(); }
+    /// Whether the description carries a mask modifier.
+    bool hasMaskMod() { return !getMaskMod().empty(); }
     /// The named variant (AttentionSpec::scoreMod, e.g. "alibi:8") that
     /// the score_mod region is: "" without a region, std::nullopt for a
     /// region that is none of them. A region is a named variant when it is
@@ -195,8 +221,9 @@ def Attn_FlashFwdOp : Attn_KernelDescriptionOp<"flash_fwd", (ins),
 
 def Attn_YieldOp : Attn_Op<"yield",
     [Pure, Terminator, ParentOneOf<["FlashFwdOp", "FlashBwdOp"]>]> {
-  let summary = "The modified score of a score_mod region";
-  let arguments = (ins F32:$value);
+  let summary = "The modified score (f32) of a score_mod region, or the "
+                "verdict (i1) of a mask_mod region";
+  let arguments = (ins AnyTypeOf<[F32, I1]>:$value);
   let assemblyFormat = "$value attr-dict `:` type($value)";
 }
 
@@ -240,12 +267,20 @@ def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
     x into it at the index each load x of that tensor read, G = P * (dO V^T
     - D) the gradient of the modified score (atomic adds, so not with
     `deterministic`).
+
+
+    The optional `mask_mod` region is the forward's: P is 0 where it
+    yields false, so dS is too; its captured tensors take no gradient
+    (capture_grads names only score_mod's).
   }];
-  let regions = (region AnyRegion:$score_mod);
-  let assemblyFormat = "$sym_name attr-dict (`score_mod` $score_mod^)?";
+  let regions = (region AnyRegion:$score_mod, AnyRegion:$mask_mod);
+  let assemblyFormat =
+      "$sym_name attr-dict (`score_mod` $score_mod^)? (`mask_mod` $mask_mod^)?";
   let extraClassDeclaration = [{
     /// Whether the description carries a score modifier.
     bool hasScoreMod() { return !getScoreMod().empty(); }
+    /// Whether the description carries a mask modifier.
+    bool hasMaskMod() { return !getMaskMod().empty(); }
     /// As FlashFwdOp::namedScoreMod.
     std::optional<std::string> namedScoreMod();
   }];

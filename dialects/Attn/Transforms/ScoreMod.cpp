@@ -72,14 +72,17 @@ LogicalResult checkScoreModTileable(Operation *op, Region &region) {
           (v.getInt() < std::numeric_limits<int32_t>::min() ||
            v.getInt() > std::numeric_limits<int32_t>::max()))
         return op->emitOpError()
-               << "score_mod: the index constant " << v.getInt()
+               << (isMaskModRegion(region) ? "mask_mod" : "score_mod")
+               << ": the index constant " << v.getInt()
                << " does not fit in i32 (index values are i32 on tiles)";
       continue;
     }
     if (isa<memref::LoadOp>(inner)) // a captured tensor's: a tile.gather
       continue;
     if (!OpTrait::hasElementwiseMappableTraits(&inner))
-      return op->emitOpError() << "score_mod: '" << inner.getName()
+      return op->emitOpError()
+             << (isMaskModRegion(region) ? "mask_mod" : "score_mod") << ": '"
+             << inner.getName()
                                << "' is not elementwise; it cannot run on "
                                   "tiles";
   }
@@ -87,7 +90,8 @@ LogicalResult checkScoreModTileable(Operation *op, Region &region) {
 }
 
 bool scoreModUses(Region &region, unsigned i) {
-  return !region.front().getArgument(i).use_empty();
+  unsigned arg = isMaskModRegion(region) ? i - 1 : i;
+  return !region.front().getArgument(arg).use_empty();
 }
 
 /// The integer tile \p v as the integer tile type \p to: sign- (or, for
@@ -107,26 +111,30 @@ static Value castInteger(OpBuilder &b, Location loc, Value v,
 
 /// inlineScoreMod's clone of \p region on tiles; \p each sees every op it
 /// cloned (but constants and index casts) with its tiled clone, in order.
+/// A mask_mod region (no score argument) clones the same way on tiles of
+/// \p shape, \p scores null.
 static FailureOr<Value>
-cloneOnTiles(OpBuilder &b, Location loc, Region &region, Value scores,
-             const ScoreModIndices &indices,
+cloneOnTiles(OpBuilder &b, Location loc, Region &region, ArrayRef<int64_t> shape,
+             Value scores, const ScoreModIndices &indices,
              function_ref<LogicalResult(Operation &, Operation *)> each) {
   Block &body = region.front();
-  auto shape = cast<RankedTensorType>(scores.getType()).getShape();
   Type i32 = b.getI32Type();
   auto onTiles = [&](Type t) {
     return RankedTensorType::get(shape, t.isIndex() ? i32 : t);
   };
   IRMapping map;
-  map.map(body.getArgument(0), scores);
+  const unsigned lead = modifierIndexArgs(region);
+  if (scores)
+    map.map(body.getArgument(0), scores);
   const Value args[] = {indices.batch, indices.head, indices.qIdx,
                         indices.kvIdx};
-  for (auto [arg, tile] : llvm::zip(body.getArguments().drop_front(), args))
+  for (auto [arg, tile] :
+       llvm::zip(body.getArguments().slice(lead - 4, 4), args))
     if (!arg.use_empty()) {
       assert(tile && "the tiling builds every index tile the region uses");
       map.map(arg, tile);
     }
-  auto captured = body.getArguments().drop_front(kScoreModIndexArgs);
+  auto captured = body.getArguments().drop_front(lead);
   assert(captured.size() == indices.captures.size() &&
          "the tiling gives the kernel a buffer per captured tensor");
   for (auto [arg, buffer] : llvm::zip_equal(captured, indices.captures))
@@ -174,7 +182,13 @@ cloneOnTiles(OpBuilder &b, Location loc, Region &region, Value scores,
 
 Value inlineScoreMod(OpBuilder &b, Location loc, Region &region, Value scores,
                      const ScoreModIndices &indices) {
-  return *cloneOnTiles(b, loc, region, scores, indices, nullptr);
+  auto shape = cast<RankedTensorType>(scores.getType()).getShape();
+  return *cloneOnTiles(b, loc, region, shape, scores, indices, nullptr);
+}
+
+Value inlineMaskMod(OpBuilder &b, Location loc, Region &region,
+                    ArrayRef<int64_t> shape, const ScoreModIndices &indices) {
+  return *cloneOnTiles(b, loc, region, shape, Value(), indices, nullptr);
 }
 
 /// The ops whose derivative Tangents::derive builds (and comparisons,
@@ -358,7 +372,9 @@ inlineScoreModWithDerivatives(OpBuilder &b, Location loc, Region &region,
         return failure();
     return success();
   };
-  FailureOr<Value> y = cloneOnTiles(b, loc, region, scores, indices, each);
+  auto shape = cast<RankedTensorType>(scores.getType()).getShape();
+  FailureOr<Value> y =
+      cloneOnTiles(b, loc, region, shape, scores, indices, each);
   if (failed(y))
     return failure();
   out.value = *y;

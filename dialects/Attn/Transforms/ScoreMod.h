@@ -30,7 +30,8 @@ struct ScoreModIndices {
 };
 
 /// Whether \p region uses its index argument \p i (1 = batch, 2 = head,
-/// 3 = q_idx, 4 = kv_idx): the tiling builds only the tiles it uses.
+/// 3 = q_idx, 4 = kv_idx, in a mask_mod region too, whose arguments start
+/// at batch): the tiling builds only the tiles it uses.
 bool scoreModUses(mlir::Region &region, unsigned i);
 
 /// The score_mod \p region (checked by checkScoreModTileable) applied
@@ -40,6 +41,13 @@ bool scoreModUses(mlir::Region &region, unsigned i);
 mlir::Value inlineScoreMod(mlir::OpBuilder &b, mlir::Location loc,
                            mlir::Region &region, mlir::Value scores,
                            const ScoreModIndices &indices);
+
+/// The mask_mod \p region (checked by checkScoreModTileable) evaluated
+/// elementwise on tiles of \p shape, built at \p b's insertion point: its
+/// i1 result tile (true: keep the score). Index values as inlineScoreMod's.
+mlir::Value inlineMaskMod(mlir::OpBuilder &b, mlir::Location loc,
+                          mlir::Region &region, llvm::ArrayRef<int64_t> shape,
+                          const ScoreModIndices &indices);
 
 /// Succeeds when the backward can differentiate \p region (of \p op) with
 /// respect to the score: every op that depends on it is one that

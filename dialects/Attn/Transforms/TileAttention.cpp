@@ -47,6 +47,10 @@
 /// and P = exp2(S' * log2(e) - m) then use log2(e) in place of
 /// scale_log2e, so m and lse are those of the modified scores.
 /// `attn.kernel` names the modifier (score_mod = "alibi:8").
+///
+/// A mask_mod region is inlined after it (applyMaskMod): its i1 tile
+/// selects -inf where it yields false, on the raw or the modified scores,
+/// and `attn.kernel` says mask_mod = "custom".
 //
 //===----------------------------------------------------------------------===//
 
@@ -116,7 +120,10 @@ private:
                             Value l);
   scf::ForOp buildLoop(ArrayRef<Value> init);
   scf::ForOp buildOverlappedLoop(ArrayRef<Value> init);
+  flashjit::attn::detail::ScoreModIndices modifierIndices(Region &region,
+                                                          Value n0);
   Value modifyScores(Value s, Value n0);
+  Value applyMaskMod(Value s, Value n0);
   Value maskScores(Value s, Value n0);
   void writeOutput(Value o, Value m, Value l);
 
@@ -175,10 +182,9 @@ func::FuncOp TiledForwardBuilder::build() {
     argTys.push_back(idxTy);
     argNames.push_back(b.getStringAttr("pid_split"));
   }
-  // The score modifier's captured tensors, after everything else (the
-  // kernel ABI's positions stay as they are).
-  const int64_t captures =
-      op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
+  // The modifiers' captured tensors (score_mod's, then mask_mod's), after
+  // everything else (the kernel ABI's positions stay as they are).
+  const int64_t captures = totalCapturedTensors(op);
   for (int64_t c = 0; c < captures; ++c) {
     argTys.push_back(f32BufTy);
     argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
@@ -192,7 +198,8 @@ func::FuncOp TiledForwardBuilder::build() {
                 KernelAttr::get(ctx, split ? "forward_split" : "forward", dqk,
                                 dv, elemTy, op.getMask(), op.getGqa(),
                                 sparseBlock, br, bc,
-                                /*deterministic=*/false, scoreMod));
+                                /*deterministic=*/false, scoreMod,
+                                op.hasMaskMod() ? "custom" : ""));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
   b.setInsertionPointToStart(func.addEntryBlock());
 
@@ -424,6 +431,8 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
                                                Value o, Value m, Value l) {
   if (op.hasScoreMod())
     s = modifyScores(fmul(s, splat(scale, tile({br, bc}, f32))), n0);
+  if (op.hasMaskMod())
+    s = applyMaskMod(s, n0);
 
   // Only blocks that cross Nkv or the band's edge pay for the mask.
   Value n1 = add(n0, cIdx(bc - 1));
@@ -450,12 +459,13 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
   return {oNew, mNew, lNew};
 }
 
-/// The score_mod region on the scaled scores \p s of keys [n0, n0 + Bc):
-/// element (r, c) is query m0 + r and key n0 + c of (batch, query head)
-/// (bIdx, hIdx). Builds only the index tiles the region uses.
-Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
+/// The index tiles and captured buffers of modifier \p region on the
+/// scores of keys [n0, n0 + Bc): element (r, c) is query m0 + r and key
+/// n0 + c of (batch, query head) (bIdx, hIdx). Builds only the index tiles
+/// the region uses.
+flashjit::attn::detail::ScoreModIndices
+TiledForwardBuilder::modifierIndices(Region &region, Value n0) {
   using flashjit::attn::detail::scoreModUses;
-  Region &region = op.getScoreMod();
   Tensor iTy = tile({br, bc}, b.getI32Type());
   flashjit::attn::detail::ScoreModIndices indices;
   if (scoreModUses(region, 1))
@@ -479,11 +489,34 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
     indices.qIdx = inside(queryOf(indexTile(iTy, 0, m0)), nq);
   if (scoreModUses(region, 4))
     indices.kvIdx = inside(indexTile(iTy, 1, n0), nkv);
+  // The kernel's captured buffers: score_mod's, then mask_mod's, last.
+  unsigned first = func.getNumArguments() - unsigned(totalCapturedTensors(op));
+  if (isMaskModRegion(region))
+    first += unsigned(capturedTensors(op.getScoreMod()));
   for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(
-        func.getArgument(func.getNumArguments() - captures + c));
-  return flashjit::attn::detail::inlineScoreMod(b, b.getLoc(), region, s,
-                                                indices);
+    indices.captures.push_back(func.getArgument(first + c));
+  return indices;
+}
+
+/// The score_mod region on the scaled scores \p s of keys [n0, n0 + Bc).
+Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
+  Region &region = op.getScoreMod();
+  return flashjit::attn::detail::inlineScoreMod(
+      b, b.getLoc(), region, s, modifierIndices(region, n0));
+}
+
+/// -inf where the mask_mod region yields false for the scores \p s (raw or
+/// modified) of keys [n0, n0 + Bc):
+///
+///   %keep = <mask_mod on the index tiles> : tensor<BrxBcxi1>
+///   %s2 = arith.select %keep, %s, splat(-inf)
+Value TiledForwardBuilder::applyMaskMod(Value s, Value n0) {
+  Region &region = op.getMaskMod();
+  Value keep = flashjit::attn::detail::inlineMaskMod(
+      b, b.getLoc(), region, {br, bc}, modifierIndices(region, n0));
+  Tensor sTy = tile({br, bc}, f32);
+  return select(keep, s,
+                constTile(-std::numeric_limits<double>::infinity(), sTy));
 }
 
 /// -inf where key n0 + c is past Nkv or outside row m0 + r's band.
@@ -541,10 +574,10 @@ struct TileAttentionPass
 
   void runOnOperation() override {
     WalkResult checked = getOperation().walk([](FlashFwdOp op) {
-      if (op.hasScoreMod() &&
-          failed(flashjit::attn::detail::checkScoreModTileable(
-              op, op.getScoreMod())))
-        return WalkResult::interrupt();
+      for (Region *region : {&op.getScoreMod(), &op.getMaskMod()})
+        if (!region->empty() &&
+            failed(flashjit::attn::detail::checkScoreModTileable(op, *region)))
+          return WalkResult::interrupt();
       return WalkResult::advance();
     });
     if (checked.wasInterrupted())

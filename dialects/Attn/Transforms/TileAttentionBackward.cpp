@@ -110,10 +110,10 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
     argTys.push_back(idxTy);
     argNames.push_back(b.getStringAttr(n));
   }
-  // The score modifier's captured tensors, after everything else (as the
-  // forward's: the ABI's positions stay as they are).
-  const int64_t captures =
-      op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
+  // The modifiers' captured tensors (score_mod's, then mask_mod's), after
+  // everything else (as the forward's: the ABI's positions stay as they
+  // are).
+  const int64_t captures = totalCapturedTensors(op);
   for (int64_t c = 0; c < captures; ++c) {
     argTys.push_back(f32Buf);
     argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
@@ -128,7 +128,8 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
                                 sparseBlock, blockM, blockN,
                                 op.getDeterministic(),
-                                op.namedScoreMod().value_or("custom")));
+                                op.namedScoreMod().value_or("custom"),
+                                op.hasMaskMod() ? "custom" : ""));
   func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
 
   b.setInsertionPointToStart(func.addEntryBlock());
@@ -252,11 +253,13 @@ struct TileAttentionBackwardPass
     const bool ownDqTiling = dqM || dqN;
     WalkResult walk = module.walk([&](FlashBwdOp op) {
       using namespace flashjit::attn::detail;
-      const int64_t captures =
-          op.hasScoreMod() ? capturedTensors(op.getScoreMod()) : 0;
+      // Only score_mod's captured tensors take gradients (a mask_mod's
+      // are read by a predicate).
+      const int64_t captures = capturedTensors(op.getScoreMod());
       if (op.getCaptureGrads() < 0 || (op.getCaptureGrads() >> captures)) {
         op.emitOpError() << "capture_grads (" << op.getCaptureGrads()
-                         << ") names captured tensors beyond the region's "
+                         << ") names captured tensors beyond the score_mod "
+                            "region's "
                          << captures;
         return WalkResult::interrupt();
       }
@@ -269,6 +272,8 @@ struct TileAttentionBackwardPass
           (failed(checkScoreModTileable(op, op.getScoreMod())) ||
            failed(checkScoreModDifferentiable(op, op.getScoreMod(),
                                               op.getCaptureGrads()))))
+        return WalkResult::interrupt();
+      if (op.hasMaskMod() && failed(checkScoreModTileable(op, op.getMaskMod())))
         return WalkResult::interrupt();
       int64_t sb = op.getSparseBlock();
       if (!ownDqTiling || !op.getDeterministic() || sb == 0 ||

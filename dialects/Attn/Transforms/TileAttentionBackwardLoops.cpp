@@ -170,14 +170,17 @@ Value TiledBackwardBuilder::exponent(Value raw, Value negLse, Value q0,
                                      Value hI, Value &dmod,
                                      SmallVector<CaptureRead> *reads) {
   auto ty = cast<Tensor>(raw.getType());
+  auto masked = [&](Value s) {
+    return op.hasMaskMod() ? applyMaskMod(s, q0, kv0, keysOnRows, bI, hI) : s;
+  };
   if (!op.hasScoreMod())
-    return fma(raw, splat(scaleLog2, ty), negLse);
+    return fma(masked(raw), splat(scaleLog2, ty), negLse);
   ScoreModDerivatives mod = modifyScores(raw, q0, kv0, keysOnRows, bI, hI,
                                          reads ? op.getCaptureGrads() : 0);
   dmod = mod.dScore;
   if (reads)
     *reads = std::move(mod.reads);
-  return fma(mod.value, constTile(1.0 / std::log(2.0), ty), negLse);
+  return fma(masked(mod.value), constTile(1.0 / std::log(2.0), ty), negLse);
 }
 
 /// For each read: tile.scatter_add select(valid, g * d, 0), grad[index],
@@ -198,18 +201,17 @@ void TiledBackwardBuilder::addCaptureGrads(ArrayRef<CaptureRead> reads,
 }
 
 Value TiledBackwardBuilder::captureBuf(unsigned c, bool grad) {
-  const unsigned captures = unsigned(capturedTensors(op.getScoreMod()));
+  const unsigned captures = unsigned(totalCapturedTensors(op));
   return func.getArgument(func.getNumArguments() - 2 * captures + c +
                           (grad ? captures : 0));
 }
 
-ScoreModDerivatives
-TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
-                                   bool keysOnRows, Value bI, Value hI,
-                                   int64_t gradCaptures) {
+flashjit::attn::detail::ScoreModIndices
+TiledBackwardBuilder::modifierIndices(Region &region, Value like, Value q0,
+                                      Value kv0, bool keysOnRows, Value bI,
+                                      Value hI) {
   using namespace flashjit::attn::detail;
-  auto ty = cast<Tensor>(raw.getType());
-  Region &region = op.getScoreMod();
+  auto ty = cast<Tensor>(like.getType());
   Tensor iTy = tile(ty.getShape(), b.getI32Type());
   ScoreModIndices indices;
   if (scoreModUses(region, 1))
@@ -227,13 +229,42 @@ TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
     indices.qIdx = inside(indexTile(iTy, keysOnRows ? 1 : 0, q0), nq);
   if (scoreModUses(region, 4))
     indices.kvIdx = inside(indexTile(iTy, keysOnRows ? 0 : 1, kv0), nkv);
+  // score_mod's captured tensors first, then mask_mod's.
+  unsigned first =
+      isMaskModRegion(region) ? unsigned(capturedTensors(op.getScoreMod())) : 0;
   for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(captureBuf(c));
+    indices.captures.push_back(captureBuf(first + c));
+  return indices;
+}
+
+ScoreModDerivatives
+TiledBackwardBuilder::modifyScores(Value raw, Value q0, Value kv0,
+                                   bool keysOnRows, Value bI, Value hI,
+                                   int64_t gradCaptures) {
+  using namespace flashjit::attn::detail;
+  auto ty = cast<Tensor>(raw.getType());
+  Region &region = op.getScoreMod();
+  ScoreModIndices indices =
+      modifierIndices(region, raw, q0, kv0, keysOnRows, bI, hI);
   // The pass checked the region (checkScoreModDifferentiable, by the score
   // and by the captured tensors of capture_grads).
   return *inlineScoreModWithDerivatives(b, b.getLoc(), region,
                                         fmul(raw, splat(scale, ty)), indices,
                                         gradCaptures);
+}
+
+///   %keep = <mask_mod on the index tiles> : tensor<..xi1>
+///   %s2 = arith.select %keep, %s, splat(-inf)
+Value TiledBackwardBuilder::applyMaskMod(Value s, Value q0, Value kv0,
+                                         bool keysOnRows, Value bI, Value hI) {
+  using namespace flashjit::attn::detail;
+  auto ty = cast<Tensor>(s.getType());
+  Region &region = op.getMaskMod();
+  Value keep = inlineMaskMod(
+      b, b.getLoc(), region, ty.getShape(),
+      modifierIndices(region, s, q0, kv0, keysOnRows, bI, hI));
+  return select(keep, s,
+                constTile(-std::numeric_limits<double>::infinity(), ty));
 }
 
 /// P^T with 0 where key n0 + r does not see query first + c: outside the

@@ -78,7 +78,8 @@ void SplitCombineBuilder::build() {
       KernelAttr::get(ctx, "combine", attr.getHeadDimQk(), attr.getHeadDimV(),
                       attr.getElementType(), attr.getMask(), attr.getGqa(),
                       attr.getSparseBlock(), attr.getBlockM(), attr.getBlockN(),
-                      attr.getDeterministic(), attr.getScoreMod()));
+                      attr.getDeterministic(), attr.getScoreMod(),
+                      attr.getMaskMod()));
   func->setAttr("attn.arg_names", partial->getAttr("attn.arg_names"));
   b.setInsertionPointToStart(func.addEntryBlock());
 

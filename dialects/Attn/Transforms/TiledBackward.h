@@ -128,8 +128,18 @@ private:
   ScoreModDerivatives modifyScores(Value raw, Value q0, Value kv0,
                                    bool keysOnRows, Value bI, Value hI,
                                    int64_t gradCaptures = 0);
+  /// The index tiles and captured buffers of modifier \p region on a tile
+  /// shaped as \p like (positions as modifyScores').
+  flashjit::attn::detail::ScoreModIndices
+  modifierIndices(mlir::Region &region, Value like, Value q0, Value kv0,
+                  bool keysOnRows, Value bI, Value hI);
+  /// \p s (raw or modified scores of \p modifierIndices' tile) with -inf
+  /// where the mask_mod region yields false.
+  Value applyMaskMod(Value s, Value q0, Value kv0, bool keysOnRows, Value bI,
+                     Value hI);
   /// P's exponent: raw * scale * log2(e) + negLse (its broadcast), or
   /// mod(raw * scale) * log2(e) + negLse with its derivative in \p dmod;
+  /// -inf where a mask_mod masks the element (so P = 0 there);
   /// with \p reads, the loads of the captured tensors whose gradient the
   /// description asks for (capture_grads) in it.
   Value exponent(Value raw, Value negLse, Value q0, Value kv0, bool keysOnRows,

@@ -1,0 +1,113 @@
+// RUN: flashjit-opt %s --split-input-file --verify-diagnostics --flashjit-tile-attention="block-m=64 block-n=32" | FileCheck %s
+
+// A mask_mod region (a document mask over captured segment ids), inlined
+// on the score tile after the raw scores: its loads are gathers at the
+// query and key index tiles, its i1 result selects -inf. Without a
+// score_mod the scores stay raw (scale_log2e in the exponent). The
+// captured tensor is the function's last argument.
+// CHECK-LABEL: func.func @document(
+// CHECK-SAME: %[[SL2E:arg[0-9]+]]: f32, %{{.*}}: index, %{{.*}}: index, %[[SEG:arg[0-9]+]]: memref<?xf32>)
+// CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, mask_mod = "custom">
+// CHECK: scf.for
+// CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
+// CHECK: %[[SI:.*]] = tile.gather %[[SEG]][%{{.*}}] : memref<?xf32>, tensor<64x32xi32> -> tensor<64x32xf32>
+// CHECK: %[[SJ:.*]] = tile.gather %[[SEG]][%{{.*}}] : memref<?xf32>, tensor<64x32xi32> -> tensor<64x32xf32>
+// CHECK: %[[K:.*]] = arith.cmpf oeq, %[[SI]], %[[SJ]] : tensor<64x32xf32>
+// CHECK: %[[M:.*]] = arith.select %[[K]], %[[S]], %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+// CHECK: tile.reduce "max"
+// CHECK: tile.splat %[[SL2E]] : f32 -> tensor<64x32xf32>
+// CHECK: return
+module {
+attn.flash_fwd @document {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+}
+}
+
+// -----
+
+// With both: the score_mod first (on the scaled scores), then the mask on
+// its result; score_mod's captured tensor comes before mask_mod's.
+// CHECK-LABEL: func.func @both(
+// CHECK-SAME: %[[SLOPES:arg[0-9]+]]: memref<?xf32>, %[[SEG2:arg[0-9]+]]: memref<?xf32>)
+// CHECK: tile.gather %[[SLOPES]]
+// CHECK: %[[Y:.*]] = arith.addf
+// CHECK: tile.gather %[[SEG2]]
+// CHECK: arith.select %{{.*}}, %[[Y]], %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+module {
+attn.flash_fwd @both {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "causal", sparse_block = 0 : i64} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %t: memref<?xf32>):
+  %x = memref.load %t[%h] : memref<?xf32>
+  %y = arith.addf %s, %x : f32
+  attn.yield %y : f32
+} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+}
+}
+
+// -----
+
+// expected-error @+2 {{mask_mod must yield an i1 (keep the score), got 'f32'}}
+module {
+attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant 1.0 : f32
+  attn.yield %c : f32
+}
+}
+
+// -----
+
+// expected-error @+2 {{mask_mod must take (batch: index, head: index, q_idx: index, kv_idx: index), got 3 arguments}}
+module {
+attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} mask_mod {
+^bb0(%b: index, %h: index, %i: index):
+  %c = arith.constant true
+  attn.yield %c : i1
+}
+}
+
+// -----
+
+// expected-error @+2 {{mask_mod may hold only arith and math ops, got 'memref.alloc'}}
+module {
+attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %m = memref.alloc() : memref<4xf32>
+  %c = arith.constant true
+  attn.yield %c : i1
+}
+}
+
+// -----
+
+// A score_mod must not yield a predicate either.
+// expected-error @+2 {{score_mod must yield an f32 (the new score), got 'i1'}}
+module {
+attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant true
+  attn.yield %c : i1
+}
+}
+
+// -----
+
+// A mask's captured tensors take no gradient.
+// expected-error @+2 {{capture_grads 1 names captured tensors past score_mod's 0 (a mask_mod's captured tensors take no gradient)}}
+module {
+attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", capture_grads = 1 : i64} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+}
+}

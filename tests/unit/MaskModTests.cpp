@@ -1,0 +1,369 @@
+//===- MaskModTests.cpp - Mask modifiers: the mask_mod region -------------===//
+//
+/// \file
+/// A description's mask_mod region ((batch, head, q_idx, kv_idx, captured
+/// tensors) -> i1) masks the scores where it yields false, after any
+/// score_mod. Checked on the CPU mode (the tile programs the GPU compiles
+/// too): forward and backward against the float64 reference, which
+/// evaluates the region itself and fails the kernel under another mask; a
+/// score_mod with a learned bias (and its gradient) beside a document mask
+/// over captured segment ids, against the same attention written as one
+/// score_mod region; rows the mask empties (0, lse -inf, no NaN); the
+/// spec's name, JSON and canonical text; the named errors; and the GPU
+/// kernels (sm_80, sm_90a) that read the mask's captured tensor.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Compiler.h"
+#include "kernels/HostTensor.h"
+
+#include "tests/unit/AttentionCases.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+using namespace flashjit;
+using namespace flashjit::test;
+
+namespace {
+
+/// Stripes under a causal band: keep j <= i with i = j (mod 3).
+const char *kStripes = R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c3 = arith.constant 3 : index
+  %a = arith.remui %i, %c3 : index
+  %c = arith.remui %j, %c3 : index
+  %same = arith.cmpi eq, %a, %c : index
+  %le = arith.cmpi sle, %j, %i : index
+  %keep = arith.andi %same, %le : i1
+  attn.yield %keep : i1
+})";
+
+/// The same stripes with i = j + 1 (mod 3): another mask, for the check
+/// that can fail.
+const char *kOtherStripes = R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c1 = arith.constant 1 : index
+  %c3 = arith.constant 3 : index
+  %j1 = arith.addi %j, %c1 : index
+  %a = arith.remui %i, %c3 : index
+  %c = arith.remui %j1, %c3 : index
+  %same = arith.cmpi eq, %a, %c : index
+  %le = arith.cmpi sle, %j, %i : index
+  %keep = arith.andi %same, %le : i1
+  attn.yield %keep : i1
+})";
+
+/// A document mask: keep where seg[i] == seg[j].
+const char *kDocument = R"({
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+})";
+
+/// s + bias[(h * Nq + i) * Nkv + j] (Nq = 70, Nkv = 90).
+const char *kBias = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>):
+  %nq = arith.constant 70 : index
+  %nkv = arith.constant 90 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %x = memref.load %bias[%at] : memref<?xf32>
+  %y = arith.addf %s, %x : f32
+  attn.yield %y : f32
+})";
+
+/// kBias and kDocument as one score_mod region (the way masks were
+/// written before mask_mod): the same attention.
+const char *kBiasAndDocumentAsOneRegion = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>, %seg: memref<?xf32>):
+  %nq = arith.constant 70 : index
+  %nkv = arith.constant 90 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %x = memref.load %bias[%at] : memref<?xf32>
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  %biased = arith.addf %s, %x : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %y = arith.select %same, %biased, %ninf : f32
+  attn.yield %y : f32
+})";
+
+Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
+  Problem p;
+  p.batch = 2;
+  p.heads = heads;
+  p.seqLenQ = nq;
+  p.seqLenKV = nkv;
+  return p;
+}
+
+/// Segment ids for 90 positions: documents of 25, 30 and 35.
+std::vector<float> segments() {
+  std::vector<float> seg(90);
+  for (int64_t j = 0; j < 90; ++j)
+    seg[size_t(j)] = j < 25 ? 0.f : j < 55 ? 1.f : 2.f;
+  return seg;
+}
+
+TEST(MaskMods, ForwardMatchesTheReferenceAndNotAnotherMask) {
+  AttentionSpec spec = withMaskModRegion(AttentionSpec(), kStripes);
+  ASSERT_TRUE(spec.scoreMod.empty());
+  ASSERT_FALSE(spec.maskModRegion.empty());
+  ASSERT_EQ(spec.captures, 0);
+  spec.headDimQK = spec.headDimV = 32;
+  AttentionSpec other = withMaskModRegion(spec, kOtherStripes);
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (auto [mask, gqa] : {std::pair{MaskKind::None, 1}, {MaskKind::Causal, 2}}) {
+    spec.mask = other.mask = mask;
+    spec.gqaGroup = other.gqaGroup = gqa;
+    Problem p = problem(4, 77, 100);
+    AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+    CpuKernel::compile(spec, tileConfig(32, 32))->run(p, data, nullptr);
+    ErrorReport same = compareWithReference(
+        spec, p, data, referenceForward(spec, p, data, nullptr));
+    EXPECT_EQ(same.nanCount, 0);
+    EXPECT_EQ(same.lseMismatch, 0);
+    EXPECT_LT(same.relErr(), 1e-2);
+    EXPECT_GT(compareWithReference(spec, p, data,
+                                   referenceForward(other, p, data, nullptr))
+                  .relErr(),
+              1e-1);
+  }
+}
+
+/// A learned bias (score_mod, with its gradient) beside a document mask
+/// (mask_mod over captured segment ids) is the attention of the one region
+/// that does both; forward, dQ, dK, dV and the bias's gradient match the
+/// float64 reference, in both dQ modes (the bias's gradient with atomic
+/// dQ only: it is summed by atomic adds).
+TEST(MaskMods, ScoreModBesideAMaskIsTheOneRegionAttention) {
+  AttentionSpec two = withMaskModRegion(
+      withScoreModRegion(AttentionSpec(), kBias), kDocument);
+  ASSERT_EQ(two.captures, 2);
+  ASSERT_EQ(two.maskCaptures, 1);
+  AttentionSpec one =
+      withScoreModRegion(AttentionSpec(), kBiasAndDocumentAsOneRegion);
+  for (AttentionSpec *s : {&two, &one}) {
+    s->headDimQK = s->headDimV = 32;
+    s->mask = MaskKind::Causal;
+    s->gqaGroup = 2;
+  }
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int64_t H = 2, Nq = 70, Nkv = 90;
+  Problem p = problem(H, Nq, Nkv);
+  AttentionData data = makeRandomInputs(two, p, QKVLayout::Separate, rng);
+  data.captures = {uniform(rng, size_t(H * Nq * Nkv), -2.f, 2.f), segments()};
+  AttentionData oneData = data;
+  oneData.o = HalfTensor::packed(data.o.shape);
+  oneData.lse.assign(data.lse.size(), 0.f);
+  CpuKernel::compile(two, tileConfig(32, 32))->run(p, data, nullptr);
+  CpuKernel::compile(one, tileConfig(32, 32))->run(p, oneData, nullptr);
+  ErrorReport err = compareWithReference(
+      two, p, data, referenceForward(two, p, data, nullptr));
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), 1e-2);
+  // The two descriptions compute the same scores: the same bits.
+  int64_t differ = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t n = 0; n < Nq; ++n)
+        for (int64_t d = 0; d < 32; ++d)
+          differ += data.o.at(b, h, n, d) != oneData.o.at(b, h, n, d);
+  EXPECT_EQ(differ, 0);
+
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "atomic dQ");
+    AttentionSpec bwd = two;
+    bwd.direction = Direction::Backward;
+    bwd.deterministic = deterministic;
+    bwd.captureGrads = deterministic ? 0 : 1; // the bias, not the ids
+    AttentionSpec fwd = two;
+    fwd.captureGrads = bwd.captureGrads;
+    AttentionGrads g = makeRandomGrads(two, p, data, rng);
+    for (const std::vector<float> &c : data.captures)
+      g.captureGrads.push_back(std::vector<float>(c.size()));
+    CpuBackwardKernel::compile(bwd, tileConfig(32, 32))
+        ->run(p, data, g, nullptr);
+    BackwardErrorReport e =
+        compareBackward(fwd, p, g, referenceBackward(fwd, p, data, g, nullptr));
+    EXPECT_EQ(e.nanCount, 0);
+    EXPECT_LT(e.relErr(), 1e-2);
+    if (!deterministic) {
+      EXPECT_GT(e.captureRelErr, 0);
+      EXPECT_LT(e.captureRelErr, 1e-2);
+    }
+    for (float x : g.captureGrads[1])
+      EXPECT_EQ(x, 0.f); // the segment ids take no gradient
+    // Against another document layout the gradients differ.
+    AttentionData shifted = data;
+    std::rotate(shifted.captures[1].begin(), shifted.captures[1].begin() + 10,
+                shifted.captures[1].end());
+    EXPECT_GT(
+        compareBackward(fwd, p, g,
+                        referenceBackward(fwd, p, shifted, g, nullptr))
+            .relErr(),
+        1e-2);
+  }
+}
+
+/// Rows whose mask keeps no key: O = 0 and lse = -inf, forward; their
+/// gradients are finite (0) too.
+TEST(MaskMods, RowsTheMaskEmptiesGiveZeroAndMinusInfinity) {
+  // Queries below 20 see nothing; the others see keys j <= i.
+  AttentionSpec spec = withMaskModRegion(AttentionSpec(), R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c20 = arith.constant 20 : index
+  %late = arith.cmpi sge, %i, %c20 : index
+  %le = arith.cmpi sle, %j, %i : index
+  %keep = arith.andi %late, %le : i1
+  attn.yield %keep : i1
+})");
+  spec.headDimQK = spec.headDimV = 32;
+  std::mt19937_64 rng(freshSeed());
+  Problem p = problem(2, 50, 50);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  CpuKernel::compile(spec, tileConfig(32, 32))->run(p, data, nullptr);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t n = 0; n < 50; ++n) {
+      float lse = data.lse[size_t(h * 50 + n)];
+      if (n < 20) {
+        EXPECT_TRUE(std::isinf(lse) && lse < 0) << "row " << n;
+        for (int64_t d = 0; d < 32; ++d)
+          EXPECT_EQ(data.o.at(0, h, n, d) & 0x7fff, 0) << "row " << n;
+      } else {
+        EXPECT_TRUE(std::isfinite(lse)) << "row " << n;
+      }
+    }
+  ErrorReport err = compareWithReference(
+      spec, p, data, referenceForward(spec, p, data, nullptr));
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), 1e-2);
+  AttentionSpec bwd = spec;
+  bwd.direction = Direction::Backward;
+  AttentionGrads g = makeRandomGrads(spec, p, data, rng);
+  CpuBackwardKernel::compile(bwd, tileConfig(32, 32))->run(p, data, g, nullptr);
+  BackwardErrorReport e =
+      compareBackward(spec, p, g, referenceBackward(spec, p, data, g, nullptr));
+  EXPECT_EQ(e.nanCount, 0);
+  EXPECT_LT(e.relErr(), 1e-2);
+}
+
+TEST(MaskMods, TheRegionIsPartOfTheNameJsonAndDescription) {
+  AttentionSpec a = withMaskModRegion(AttentionSpec(), kStripes);
+  // Another spelling of the same region (names, a constant written twice).
+  AttentionSpec b = withMaskModRegion(AttentionSpec(), R"({
+^bb0(%batch: index, %head: index, %q: index, %k: index):
+  %three = arith.constant 3 : index
+  %again = arith.constant 3 : index
+  %x = arith.remui %q, %three : index
+  %y = arith.remui %k, %again : index
+  %eq = arith.cmpi eq, %x, %y : index
+  %causal = arith.cmpi sle, %k, %q : index
+  %keep = arith.andi %eq, %causal : i1
+  attn.yield %keep : i1
+})");
+  AttentionSpec c = withMaskModRegion(AttentionSpec(), kOtherStripes);
+  EXPECT_EQ(a.maskModRegion, b.maskModRegion);
+  EXPECT_EQ(a.name(), b.name());
+  EXPECT_NE(a.name(), c.name());
+  EXPECT_NE(a.name(), AttentionSpec().name());
+  EXPECT_NE(a.toJson().find("\"mask_mod_region\":"), std::string::npos);
+  // The description round-trips: its text read back is the same spec.
+  KernelSource src;
+  src.text = attnModuleText(a, "attention");
+  src.name = "described";
+  SourceInfo info = inspectSource(src);
+  EXPECT_EQ(info.spec.toJson(), a.toJson());
+  EXPECT_NE(src.text.find("mask_mod {"), std::string::npos);
+}
+
+TEST(MaskMods, BadRegionsAreNamedErrors) {
+  auto message = [](const std::string &region) -> std::string {
+    try {
+      withMaskModRegion(AttentionSpec(), region);
+    } catch (const SpecError &e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant 1.0 : f32
+  attn.yield %c : f32
+})")
+                .find("must yield an i1"),
+            std::string::npos);
+  EXPECT_NE(message(R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant true
+  attn.yield %c : i1
+})")
+                .find("'f32' for batch"),
+            std::string::npos);
+  EXPECT_NE(message("stripes").find("expected its text"), std::string::npos);
+  EXPECT_NE(message(R"({
+^bb0(%b: index, %h: index, %i: index, %j: index, %t: memref<?xf32>):
+  %c = arith.constant 0 : index
+  %x = memref.load %t[%c, %c] : memref<?xf32>
+  %k = arith.cmpf ogt, %x, %x : f32
+  attn.yield %k : i1
+})")
+                .find("at one index"),
+            std::string::npos);
+  // The mask's captured tensors take no gradient; the data must match the
+  // count.
+  AttentionSpec spec = withMaskModRegion(AttentionSpec(), kDocument);
+  spec.direction = Direction::Backward;
+  spec.captureGrads = 1;
+  EXPECT_THROW(spec.validate(), SpecError);
+  spec.direction = Direction::Forward;
+  spec.captureGrads = 0;
+  Problem p = problem(1, 20, 20);
+  std::mt19937_64 rng(1);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  EXPECT_THROW(CpuKernel::compile(spec, tileConfig(32, 32))
+                   ->run(p, data, nullptr),
+               SpecError);
+  // A tile stage that has inlined a mask cannot be checked: a named error.
+  KernelSource tiled;
+  tiled.text = emitStage(spec, tileConfig(32, 32), Stage::Tile);
+  tiled.name = "tiled";
+  EXPECT_THROW(inspectSource(tiled), CompileError);
+}
+
+TEST(MaskMods, GpuKernelsReadTheMasksCapturedTensor) {
+  AttentionSpec spec = withMaskModRegion(
+      withScoreModRegion(AttentionSpec(), kBias), kDocument);
+  TileConfig tiling = tileConfig(64, 64);
+  tiling.warps = 4;
+  for (const char *arch : {"sm_80", "sm_90a"}) {
+    SCOPED_TRACE(arch);
+    GpuTarget target;
+    target.arch = arch;
+    std::string ptx = compileToPtx(spec, tiling, target);
+    // Two captured pointers after the f32 scale argument.
+    const std::string f32 = ".param .f32 attention_param_32,";
+    size_t at = ptx.find(f32);
+    ASSERT_NE(at, std::string::npos);
+    EXPECT_NE(ptx.find("attention_param_34\n", at), std::string::npos);
+    EXPECT_EQ(ptx.find("attention_param_35"), std::string::npos);
+    EXPECT_NE(ptx.find("setp.eq.f32"), std::string::npos);
+  }
+}
+
+} // namespace

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# On the device machine (after gpu-prepare.sh here): mask_mod regions on the
+# GPU (issue 14 item 1). Device call: carry [".carry"], command:
+#   bash tools/scripts/gpu-maskmod.sh
+# Steps (FLASHJIT_MASKMOD_STEPS, comma-separated; default all but flex):
+#   runs      `flashjit run --device cuda` on mask_mod descriptions, each
+#             checked against the float64 reference (exit 1 on a mismatch):
+#             every GPU path (the sm_90a ring default, wgmma without the
+#             ring, mma.sync fp16, split-KV decode, block-sparse), forward
+#             and backward, beside a score_mod with a learned bias
+#   sanitize  memcheck on two mask kernels whose tiles have padding
+#   regress   the captured-tensor GPU tests and the forward / backward
+#             score-modifier suites (the captured buffers moved into one
+#             helper) -> $OUT/captured.log, tests.log, backward.log
+#   python    the Python CUDA tests with masks and captured tensors
+#   flex      tests/bench/variants.py plain,causal,document beside
+#             FlexAttention (document: the mask_mod region now)
+set -u
+cd "$(dirname "$0")/../.." || exit 2
+source tools/scripts/gpu-env.sh
+STEPS=${FLASHJIT_MASKMOD_STEPS:-runs,sanitize,regress,python}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+D=$(mktemp -d)
+python3 - "$D" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]
+rng = np.random.default_rng()
+for n in (300, 700, 1000, 3000, 4096):
+    cuts = np.sort(rng.choice(np.arange(1, n), 5, replace=False))
+    np.save(f"{d}/seg{n}.npy", np.searchsorted(cuts, np.arange(n), side="right").astype(np.float32))
+np.save(d + "/bias.npy", rng.uniform(-2, 2, 4 * 700 * 700).astype(np.float32))
+open(d + "/bias.mlir", "w").write("""{
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>):
+  %n = arith.constant 700 : index
+  %hn = arith.muli %h, %n : index
+  %r = arith.addi %hn, %i : index
+  %rn = arith.muli %r, %n : index
+  %x = arith.addi %rn, %j : index
+  %v = memref.load %bias[%x] : memref<?xf32>
+  %y = arith.addf %s, %v : f32
+  attn.yield %y : f32
+}""")
+PY
+M=tests/lit/Inputs/mask-mod-stripes.mlir
+if step runs; then
+  echo "== mask_mod runs on the GPU (+${SECONDS}s)"
+  i=0
+  while IFS= read -r a; do
+    [[ -z $a ]] && continue
+    i=$((i + 1))
+    timeout 60 $FJ run $a --device cuda > $OUT/run$i.log 2>&1
+    echo "run $i exit $? [$a] $(grep -E -- '-> |error' $OUT/run$i.log | head -1 | cut -c1-150)"
+  done <<EOC
+--head-dim 128 --heads 16 --seq-len 4096 --mask-mod document --capture $D/seg4096.npy
+--head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
+--head-dim 64 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M
+--head-dim 96 --heads 4 --window 100,20 --seq-len 1000 --mask-mod @$M
+--head-dim 256 --heads 2 --causal --seq-len 1000 --mask-mod document --capture $D/seg1000.npy
+--head-dim 128 --heads 4 --seq-len 700 --mask-mod document --capture $D/seg700.npy --block-m 64 --block-n 64 --warps 4
+--head-dim 128 --heads 32 --gqa 8 --seq-len 1 --seq-len-kv 4096 --mask-mod document --capture $D/seg4096.npy
+--head-dim 128 --heads 4 --seq-len 1000 --mask-mod @$M --block-sparse 0.5 --sparse-block 128
+--head-dim 64 --heads 4 --seq-len 700 --score-mod @$D/bias.mlir --capture $D/bias.npy --mask-mod document --capture $D/seg700.npy
+--backward --head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
+--backward --head-dim 64 --heads 4 --seq-len 700 --score-mod @$D/bias.mlir --capture $D/bias.npy --mask-mod document --capture $D/seg700.npy
+--backward --deterministic --head-dim 96 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M
+EOC
+  FLASHJIT_WGMMA=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod @$M 2>&1 | grep -E -- '-> |error' | sed 's/^/[mma.sync] /'
+  FLASHJIT_KV_RING=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod document --capture $D/seg1000.npy 2>&1 | grep -E -- '-> |error' | sed 's/^/[no ring] /'
+fi
+if step sanitize; then
+  echo "== memcheck on mask kernels (+${SECONDS}s)"
+  sanitize memcheck \
+    "--head-dim 64 --causal --heads 2 --seq-len 300 --seq-len-kv 700 --mask-mod document --capture $D/seg700.npy" \
+    "--backward --head-dim 64 --heads 4 --seq-len 700 --score-mod @$D/bias.mlir --capture $D/bias.npy --mask-mod document --capture $D/seg700.npy"
+fi
+if step regress; then
+  echo "== captured-tensor GPU tests (+${SECONDS}s)"
+  timeout 150 $C/bin/flashjit-captured-gpu-tests --gtest_brief=1 --gtest_color=no \
+    > $OUT/captured.log 2>&1
+  echo "exit $?" >> $OUT/captured.log
+  grep -E "FAILED|PASSED|tests ran|exit" $OUT/captured.log | head -10
+  forward_tests 120 "ScoreMods/*"
+  timeout 120 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no \
+    --gtest_filter="*mod_*" > $OUT/backward.log 2>&1
+  echo "exit $?" >> $OUT/backward.log
+  grep -E "FAILED|PASSED|tests ran|exit" $OUT/backward.log | head -10
+fi
+if step python; then
+  echo "== python mask / captured tests on CUDA (+${SECONDS}s)"
+  timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider -k "mask or captured or Captured or document" \
+    python/tests/test_torch_gpu.py python/tests/test_torch_ops.py > $OUT/python.log 2>&1
+  echo "exit $?" >> $OUT/python.log
+  grep -E "FAILED|passed|failed|exit|Error" $OUT/python.log | tail -8
+fi
+if step flex; then
+  echo "== variants beside FlexAttention (+${SECONDS}s)"
+  timeout -k 5 ${FLASHJIT_FLEX_S:-240} python3 tests/bench/variants.py \
+    --variants ${FLASHJIT_FLEX_VARIANTS:-plain,causal,document} --json $OUT/variants.json > $OUT/variants.log 2>&1
+  echo "exit $?" >> $OUT/variants.log
+  grep -E "^\||exit|Error" $OUT/variants.log | tail -12
+fi
+echo "== done (+${SECONDS}s)"
