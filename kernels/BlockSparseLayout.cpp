@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/HostTensor.h"
+#include "kernels/KernelABI.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -42,8 +43,9 @@ BlockSparseLayout::fromDense(int64_t batch, int64_t heads, int64_t qBlocks,
   for (int64_t row = 0; row < batch * heads * qBlocks; ++row) {
     int32_t n = 0;
     for (int64_t kb = 0; kb < kvBlocks; ++kb)
-      if (dense[row * kvBlocks + kb])
-        l.indices[row * kvBlocks + n++] = int32_t(kb);
+      if (uint8_t d = dense[row * kvBlocks + kb])
+        l.indices[row * kvBlocks + n++] =
+            d == 2 ? abi::fullBlockEntry(int32_t(kb)) : int32_t(kb);
     l.counts[row] = n;
   }
   return l;
@@ -130,11 +132,11 @@ BlockSparseLayout BlockSparseLayout::readText(const std::string &path) {
     int64_t n = 0;
     std::string tok;
     while (ss >> tok) {
-      if (tok != "0" && tok != "1")
-        throw SpecError(
-            fmt::format("layout: '{}' line {}: expected 0 or 1, got '{}'", path,
-                        rows + 1, shownToken(tok)));
-      dense.push_back(tok == "1");
+      if (tok != "0" && tok != "1" && tok != "2")
+        throw SpecError(fmt::format(
+            "layout: '{}' line {}: expected 0, 1 or 2 (full), got '{}'", path,
+            rows + 1, shownToken(tok)));
+      dense.push_back(uint8_t(tok[0] - '0'));
       ++n;
     }
     if (cols >= 0 && n != cols)
@@ -155,7 +157,9 @@ bool BlockSparseLayout::contains(int64_t b, int64_t h, int64_t qb,
   auto is = indexStrides();
   int64_t n = counts[b * cs[0] + h * cs[1] + qb * cs[2]];
   const int32_t *idx = &indices[b * is[0] + h * is[1] + qb * is[2]];
-  return std::find(idx, idx + n, int32_t(kb)) != idx + n;
+  return std::find_if(idx, idx + n, [&](int32_t e) {
+           return abi::blockOfEntry(e) == kb;
+         }) != idx + n;
 }
 
 std::array<int64_t, 3> BlockSparseLayout::countStrides() const {
@@ -191,7 +195,7 @@ void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
         counts.size(), indices.size(), batch, heads, qBlocks, kvBlocks,
         batch * heads * qBlocks, batch * heads * qBlocks * kvBlocks));
   for (int32_t v : indices)
-    if (v < 0 || v >= kvBlocks)
+    if (abi::blockOfEntry(v) >= kvBlocks)
       throw SpecError("layout: a KV block index is out of range");
   // A KV block listed twice would count twice in the forward's softmax (lse
   // high by ln 2): refused, as transposed() refuses it for the backward.
@@ -199,14 +203,15 @@ void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
   for (size_t row = 0; row < counts.size(); ++row) {
     const int32_t *idx = &indices[row * size_t(kvBlocks)];
     for (int32_t j = 0; j < counts[row]; ++j) {
-      if (lastRow[size_t(idx[j])] == int64_t(row)) {
+      int32_t kb = abi::blockOfEntry(idx[j]);
+      if (lastRow[size_t(kb)] == int64_t(row)) {
         int64_t qb = int64_t(row) % qBlocks, bh = int64_t(row) / qBlocks;
         throw SpecError(fmt::format(
             "layout: KV block {} is listed twice for batch {}, head {}, Q "
             "block {}",
-            idx[j], bh / heads, bh % heads, qb));
+            kb, bh / heads, bh % heads, qb));
       }
-      lastRow[size_t(idx[j])] = int64_t(row);
+      lastRow[size_t(kb)] = int64_t(row);
     }
   }
 }
@@ -228,17 +233,22 @@ BlockSparseLayout BlockSparseLayout::transposed() const {
         int64_t n = counts[b * cs[0] + h * cs[1] + qb * cs[2]];
         const int32_t *idx = &indices[b * is[0] + h * is[1] + qb * is[2]];
         for (int64_t t2 = 0; t2 < n; ++t2) {
-          int64_t row = (b * heads + h) * kvBlocks + idx[t2];
+          int32_t kb = abi::blockOfEntry(idx[t2]);
+          int64_t row = (b * heads + h) * kvBlocks + kb;
           // Q blocks are visited in increasing order: lists stay sorted, and
           // a KV block listed twice by one Q block shows as qb already last
           // (it would overflow the row of qBlocks entries).
+          // A full block pair is full in both orientations.
           int32_t &count = t.counts[row];
-          if (count > 0 && t.indices[row * qBlocks + count - 1] == qb)
+          if (count > 0 &&
+              abi::blockOfEntry(t.indices[row * qBlocks + count - 1]) == qb)
             throw SpecError(fmt::format(
                 "layout: KV block {} is listed twice for batch {}, head {}, Q "
                 "block {}",
-                idx[t2], b, h, qb));
-          t.indices[row * qBlocks + count++] = int32_t(qb);
+                kb, b, h, qb));
+          t.indices[row * qBlocks + count++] =
+              abi::isFullEntry(idx[t2]) ? abi::fullBlockEntry(int32_t(qb))
+                                        : int32_t(qb);
         }
       }
   return t;

@@ -94,7 +94,9 @@ struct BlockSparseLayout {
   std::vector<int32_t> counts;  ///< [batch, heads, qBlocks]
   std::vector<int32_t> indices; ///< [batch, heads, qBlocks, kvBlocks]
 
-  /// From a dense 0/1 block matrix [batch][heads][qBlocks][kvBlocks].
+  /// From a dense block matrix [batch][heads][qBlocks][kvBlocks]: 0 not
+  /// listed, 1 listed, 2 listed as full (abi::fullBlockEntry: a mask_mod
+  /// keeps all its elements, so the kernel does not evaluate it there).
   static BlockSparseLayout fromDense(int64_t batch, int64_t heads,
                                      int64_t qBlocks, int64_t kvBlocks,
                                      const std::vector<uint8_t> &dense);
@@ -103,11 +105,12 @@ struct BlockSparseLayout {
                                   int64_t kvBlocks, double density,
                                   uint64_t seed);
   /// Reads the text format: one line per sparse Q block, whitespace-
-  /// separated 0/1 per KV block; broadcast over batch and heads. Throws
+  /// separated 0/1/2 (2: full) per KV block; broadcast over batch and
+  /// heads. Throws
   /// SpecError for a directory, a missing file or one that holds more than
   /// kMaxLayoutFileBytes (read no further: /dev/zero is refused at once).
   static BlockSparseLayout readText(const std::string &path);
-  /// Is KV block \p kb listed for (b, h, qb)?
+  /// Is KV block \p kb listed (full or not) for (b, h, qb)?
   bool contains(int64_t b, int64_t h, int64_t qb, int64_t kb) const;
   /// Element strides of counts (b, h, qb); 0 where broadcast.
   std::array<int64_t, 3> countStrides() const;

@@ -35,6 +35,16 @@
 
 namespace flashjit::abi {
 
+/// A block-sparse layout's entry (indices) lists KV block k as k, or, when
+/// the description's mask_mod keeps every element of the block pair (a
+/// "full" block: the kernel skips the mask there), as ~k = -k - 1. Kernels
+/// without a mask_mod treat both alike.
+inline constexpr int32_t fullBlockEntry(int32_t block) { return ~block; }
+/// The block of entry \p e, full or not.
+inline constexpr int32_t blockOfEntry(int32_t e) { return e < 0 ? ~e : e; }
+/// Whether entry \p e marks a full block.
+inline constexpr bool isFullEntry(int32_t e) { return e < 0; }
+
 enum Buffer : int {
   Q,
   K,

@@ -8,8 +8,17 @@ counts[b, h, qb] entries of a row are the listed key blocks). A batch or
 head dimension of 1 broadcasts.
 
 Build one from a dense boolean block matrix (numpy or torch) with
-BlockMask.from_dense, or from torch.nn.attention.flex_attention's BlockMask
-with BlockMask.from_flex. Needs numpy; torch only for torch inputs and for
+BlockMask.from_dense, from a mask function with BlockMask.from_mask_mod, or
+from torch.nn.attention.flex_attention's BlockMask with
+BlockMask.from_flex.
+
+A listed block may be marked "full": the mask_mod that the attention is
+given keeps every element of it, so the kernel does not evaluate the mask
+there (FlexAttention's full blocks). An index entry k >= 0 lists block k
+as partial, ~k = -k - 1 as full (the C API's encoding); without a
+mask_mod both are attended to alike. from_mask_mod finds the full blocks
+itself; a block marked full where the mask is not all true gives a wrong
+result (the mask is not evaluated there). Needs numpy; torch only for torch inputs and for
 use with torch tensors.
 """
 
@@ -117,14 +126,16 @@ class BlockMask:
             raise ValueError("flashjit.BlockMask: a count is out of range "
                              f"[0, {kv_blocks}]: {int(bad)}")
         listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
-        bad = listed & ((indices < 0) | (indices >= kv_blocks))
+        blocks = np.where(indices < 0, ~indices, indices)  # ~k: k, full
+        bad = listed & (blocks >= kv_blocks)
         if bad.any():
             raise ValueError("flashjit.BlockMask: a key block index is out of "
                              f"range [0, {kv_blocks}): "
-                             f"{int(indices[bad].flat[0])}")
+                             f"{int(indices[bad].flat[0])} (~k, a negative "
+                             "entry, marks block k full)")
         # Unlisted slots are never read; keep them in range anyway.
         indices = np.where(listed, indices, 0)
-        _check_no_repeats(indices, counts, kv_blocks)
+        _check_no_repeats(np.where(listed, blocks, 0), counts, kv_blocks)
         self.indices = np.ascontiguousarray(indices, dtype=np.int32)
         self.counts = np.ascontiguousarray(counts, dtype=np.int32)
         self.block_size = block_size
@@ -133,10 +144,12 @@ class BlockMask:
     # -- construction -----------------------------------------------------
 
     @classmethod
-    def from_dense(cls, mask, block_size=128):
+    def from_dense(cls, mask, block_size=128, full=None):
         """From a boolean block matrix [Qb, KVb], [H, Qb, KVb] or
         [B, H, Qb, KVb] (numpy or torch; nonzero = attend). Missing leading
-        dimensions broadcast."""
+        dimensions broadcast. full: None, or a boolean matrix of the same
+        shape marking the listed blocks whose elements the mask_mod keeps
+        all (the kernel skips the mask there)."""
         _need_numpy()
         dense = _to_numpy(mask)
         if dense.ndim < 2 or dense.ndim > 4:
@@ -150,15 +163,21 @@ class BlockMask:
         counts = dense.sum(axis=-1, dtype=np.int64).astype(np.int32)
         # Listed blocks first, in increasing order (a stable sort of "not").
         indices = np.argsort(~dense, axis=-1, kind="stable").astype(np.int32)
+        if full is not None:
+            full = np.broadcast_to(_to_numpy(full).astype(bool), dense.shape)
+            marked = np.take_along_axis(full, indices.astype(np.int64), -1)
+            indices = np.where(marked, ~indices, indices).astype(np.int32)
         return cls(counts, indices, block_size)
 
     @classmethod
     def from_mask_mod(cls, mask_mod, batch=None, heads=None, seq_len=128,
                       seq_len_kv=None, block_size=128, device=None):
         """The blocks a mask function ``mask_mod(b, h, i, j)`` (as
-        flashjit.attention's mask_mod) keeps any element of: with it passed
-        as mask_mod too, the kernel skips the blocks it masks whole and
-        masks the elements of the others. Evaluated one row of query blocks
+        flashjit.attention's mask_mod) keeps any element of, those it keeps
+        every element of marked full: with it passed as mask_mod too, the
+        kernel skips the blocks it masks whole, evaluates no mask in the
+        full ones and masks the elements of the others. Evaluated one row of
+        query blocks
         at a time (block_size x Nkv positions per batch and head, never
         N x N), by numpy, or by torch on ``device`` ("cuda": fast for long
         sequences). batch / heads None: the mask is taken not to depend on
@@ -185,6 +204,7 @@ class BlockMask:
         h = put(np.arange(H).reshape(1, H, 1, 1))
         j = put(np.arange(nkv).reshape(1, 1, 1, nkv))
         dense = np.zeros((B, H, qb, kvb), dtype=bool)
+        full = np.zeros((B, H, qb, kvb), dtype=bool)
         pad = kvb * bs - nkv
         for r in range(qb):
             rows = np.arange(r * bs, min(nq, (r + 1) * bs))
@@ -193,15 +213,20 @@ class BlockMask:
             shape = (B, H, rows.size, nkv)
             if device is None:
                 keep = np.broadcast_to(np.asarray(keep, bool), shape)
-                keep = keep.any(axis=2)
+                every, keep = keep.all(axis=2), keep.any(axis=2)
             else:
                 keep = torch.as_tensor(keep, device=device).to(torch.bool)
-                keep = keep.expand(shape).any(dim=2).cpu().numpy()
-            if pad:
+                keep = keep.expand(shape)
+                every = keep.all(dim=2).cpu().numpy()
+                keep = keep.any(dim=2).cpu().numpy()
+            if pad:  # positions past Nkv: never attended, never masked
                 keep = np.concatenate(
                     [keep, np.zeros((B, H, pad), dtype=bool)], axis=-1)
+                every = np.concatenate(
+                    [every, np.ones((B, H, pad), dtype=bool)], axis=-1)
             dense[:, :, r] = keep.reshape(B, H, kvb, bs).any(axis=-1)
-        return cls.from_dense(dense, block_size=bs)
+            full[:, :, r] = every.reshape(B, H, kvb, bs).all(axis=-1)
+        return cls.from_dense(dense, block_size=bs, full=full & dense)
 
     @classmethod
     def from_flex(cls, flex_mask, include_partial=True):
@@ -209,11 +234,10 @@ class BlockMask:
 
         FlexAttention lists "full" blocks (full_kv_num_blocks/indices) and
         "partial" ones (kv_num_blocks/indices) whose elements its mask_mod
-        decides. flashjit has no mask_mod: a block is attended to entirely or
-        not at all. With include_partial=True (default) partial blocks are
-        attended to entirely -- exact when the mask_mod is constant on each
-        block -- otherwise they are dropped. Q and KV block sizes must be
-        equal."""
+        decides; so does this mask (full blocks marked full). Given to
+        flashjit.attention with the same mask_mod, it is exact. With
+        include_partial=False the partial blocks are dropped. Q and KV block
+        sizes must be equal."""
         _need_numpy()
         bs = getattr(flex_mask, "BLOCK_SIZE", None)
         if bs is None:
@@ -231,25 +255,34 @@ class BlockMask:
         full_i = getattr(flex_mask, "full_kv_indices", None)
         if full_n is not None and full_i is not None:
             parts.append((_to_numpy(full_n), _to_numpy(full_i)))
+        has_full = bool(parts)
         if include_partial or not parts:
             parts.append((_to_numpy(flex_mask.kv_num_blocks),
                           _to_numpy(flex_mask.kv_indices)))
         shape = parts[-1][1].shape  # [B, H, Qb, KVb]
         kv_blocks = shape[3]
         dense = np.zeros(shape[:3] + (kv_blocks + 1,), dtype=bool)
-        for num, idx in parts:
+        full = None
+        for n, (num, idx) in enumerate(parts):
+            if has_full and n == 1:
+                full = dense.copy()  # what the full lists listed
             num = np.broadcast_to(num, shape[:3])
             idx = np.broadcast_to(idx, shape)
             listed = np.arange(idx.shape[3])[None, None, None, :] < num[..., None]
             cols = np.where(listed, idx, kv_blocks).astype(np.int64)
             np.put_along_axis(dense, cols, True, axis=-1)
+        if has_full and full is None:
+            full = dense.copy()
         dense = dense[..., :kv_blocks]
+        full = None if full is None else full[..., :kv_blocks]
         lengths = getattr(flex_mask, "seq_lengths", None)
         if lengths is not None:  # FlexAttention may pad the block grid
             q_blocks = -(-int(lengths[0]) // block)
             kv_blocks = -(-int(lengths[1]) // block)
             dense = dense[:, :, :q_blocks, :kv_blocks]
-        return cls.from_dense(dense, block)
+            if full is not None:
+                full = full[:, :, :q_blocks, :kv_blocks]
+        return cls.from_dense(dense, block, full=full)
 
     # -- inspection -------------------------------------------------------
 
@@ -278,11 +311,15 @@ class BlockMask:
         """Fraction of blocks attended to."""
         return float(self.counts.sum()) / max(1, self.counts.size * self.kv_blocks)
 
-    def to_dense(self):
-        """The boolean block matrix [B, H, Qb, KVb]."""
+    def to_dense(self, full_only=False):
+        """The boolean block matrix [B, H, Qb, KVb] of the listed blocks (of
+        those marked full with full_only=True)."""
         dense = np.zeros(self.shape[:3] + (self.kv_blocks + 1,), dtype=bool)
         listed = np.arange(self.kv_blocks)[None, None, None, :] < self.counts[..., None]
-        cols = np.where(listed, self.indices, self.kv_blocks).astype(np.int64)
+        if full_only:
+            listed &= self.indices < 0
+        blocks = np.where(self.indices < 0, ~self.indices, self.indices)
+        cols = np.where(listed, blocks, self.kv_blocks).astype(np.int64)
         np.put_along_axis(dense, cols, True, axis=-1)
         return dense[..., :self.kv_blocks]
 

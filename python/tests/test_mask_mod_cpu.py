@@ -117,3 +117,49 @@ def test_bad_masks_are_named_errors():
         flashjit.attention(q, k, v, mask_mod=lambda b, h, i: i > 0)
     with pytest.raises(flashjit.InvalidArgumentError, match="mask_mod"):
         flashjit.attention(q, k, v, mask_mod="{ ^bb0(%b: index): }")
+
+
+def test_full_blocks_skip_the_mask_bit_for_bit():
+    """from_mask_mod marks the blocks a document mask keeps whole as full
+    (~k entries); the kernel skips the mask there: the same bits as with
+    every listed block partial, forward and backward. A block marked full
+    where the mask is not all true gives a wrong result (the skip is real)."""
+    rng = np.random.default_rng()
+    B, H, N, bs = 1, 2, 256, 32
+    q, k, v = make(rng, B, H, N, N)
+    seg = np.repeat([0, 1, 2], [90, 70, 96])  # edges inside blocks
+    s_ = F.captured(seg)
+
+    def doc(b, h, i, j):
+        return s_[i] == s_[j]
+
+    bm = flashjit.BlockMask.from_mask_mod(doc, None, None, N, N,
+                                          block_size=bs)
+    full = bm.to_dense(full_only=True)
+    assert full.any() and (bm.indices < 0).any()
+    assert (full <= bm.to_dense()).all() and (full != bm.to_dense()).any()
+    partial = flashjit.BlockMask.from_dense(bm.to_dense(), bs)
+    assert not (partial.indices < 0).any()
+    o1, l1 = flashjit.attention(q, k, v, mask_mod=doc, block_mask=bm,
+                                return_lse=True)
+    o2, l2 = flashjit.attention(q, k, v, mask_mod=doc, block_mask=partial,
+                                return_lse=True)
+    assert np.array_equal(o1, o2) and np.array_equal(l1, l2)
+    vis = score_mods.visible_by(doc, (B, H, N, N))
+    assert rel_err(o1, attention_ref(q, k, v, None, vis)[0]) <= BOUND
+    d_o = rng.standard_normal(o1.shape).astype(np.float16)
+    for det in (False, True):
+        g1 = flashjit.attention_backward(q, k, v, o1, d_o, l1, mask_mod=doc,
+                                         block_mask=bm, deterministic=det)
+        g2 = flashjit.attention_backward(q, k, v, o2, d_o, l2, mask_mod=doc,
+                                         block_mask=partial,
+                                         deterministic=det)
+        want = reference.attention_grads_ref(q, k, v, o1, d_o, None, vis)
+        score_mods.check_grads(g1, want, BOUND)
+        if det:
+            assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
+    # Every listed block marked full: the documents' edges go unmasked.
+    lie = flashjit.BlockMask.from_dense(bm.to_dense(), bs,
+                                        full=bm.to_dense())
+    o3 = flashjit.attention(q, k, v, mask_mod=doc, block_mask=lie)
+    assert rel_err(o3, attention_ref(q, k, v, None, vis)[0]) > BOUND

@@ -226,7 +226,7 @@ TEST_F(LayoutFile, ALargeRegularFileIsRefusedUnread) {
     f << "1 " << '\0' << "0\n";
   }
   EXPECT_CONTAINS(errorOf([&] { BlockSparseLayout::readText(nul); }),
-                  "expected 0 or 1, got '\\x000'");
+                  "expected 0, 1 or 2 (full), got '\\x000'");
   // A good file still reads.
   std::string good = (dir / "good.txt").string();
   {

@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/HostTensor.h"
 
 #include "tests/unit/AttentionCases.h"
@@ -363,6 +364,104 @@ TEST(MaskMods, GpuKernelsReadTheMasksCapturedTensor) {
     EXPECT_NE(ptx.find("attention_param_34\n", at), std::string::npos);
     EXPECT_EQ(ptx.find("attention_param_35"), std::string::npos);
     EXPECT_NE(ptx.find("setp.eq.f32"), std::string::npos);
+  }
+}
+
+/// The GPU's default kernels of a block-sparse mask (the ring on sm_90a,
+/// a branch around the mask for full blocks) compile to PTX, forward and
+/// backward: the scf.if on the decoded entry lowers on every path.
+TEST(MaskMods, GpuKernelsWithFullBlocksCompile) {
+  AttentionSpec spec = withMaskModRegion(AttentionSpec(), kDocument);
+  spec.blockSparse = true;
+  spec.sparseBlock = 128;
+  for (Direction dir : {Direction::Forward, Direction::Backward})
+    for (const char *arch : {"sm_80", "sm_90a"}) {
+      SCOPED_TRACE(::testing::Message()
+                   << arch << (dir == Direction::Forward ? " fwd" : " bwd"));
+      AttentionSpec s = spec;
+      s.direction = dir;
+      GpuTarget target;
+      target.arch = arch;
+      const bool hopper = std::string(arch) == "sm_90a";
+      std::string ptx = compileToPtx(
+          s,
+          dir == Direction::Forward ? defaultGpuConfig(s, hopper, hopper)
+                                    : defaultGpuBackwardConfig(s),
+          target);
+      EXPECT_NE(ptx.find("shr.s32"), std::string::npos);
+      EXPECT_NE(ptx.find("setp.eq.f32"), std::string::npos);
+    }
+}
+
+/// A layout's full blocks (entries ~k, abi::fullBlockEntry): the kernel
+/// skips the mask_mod there. A causal mask_mod over 4 x 4 blocks of 32
+/// with the blocks below the diagonal full and the diagonal partial: the
+/// same bits as every block partial (forward, both backward modes; the
+/// mask is the identity on a full block), matching the reference; the
+/// diagonal marked full too goes unmasked (the check can fail). The full
+/// marks survive the backward's transposition.
+TEST(MaskMods, FullBlocksSkipTheMaskBitForBit) {
+  AttentionSpec spec = withMaskModRegion(AttentionSpec(), R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %le = arith.cmpi sle, %j, %i : index
+  attn.yield %le : i1
+})");
+  spec.headDimQK = spec.headDimV = 32;
+  spec.blockSparse = true;
+  spec.sparseBlock = 32;
+  auto layout = [](uint8_t below, uint8_t diagonal) {
+    std::vector<uint8_t> dense(16, 0);
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c <= r; ++c)
+        dense[size_t(r * 4 + c)] = c == r ? diagonal : below;
+    return BlockSparseLayout::fromDense(1, 1, 4, 4, dense);
+  };
+  BlockSparseLayout full = layout(2, 1), partial = layout(1, 1),
+                    lie = layout(2, 2);
+  EXPECT_LT(full.indices[4], 0); // row 1 lists block 0 as ~0
+  EXPECT_TRUE(full.contains(0, 0, 1, 0));
+  BlockSparseLayout t = full.transposed();
+  EXPECT_LT(t.indices[0 * 4 + 1], 0); // KV block 0: Q block 1, full
+  EXPECT_GE(t.indices[0 * 4 + 0], 0); // ... Q block 0, the diagonal
+  std::mt19937_64 rng(freshSeed());
+  Problem p = problem(2, 128, 128);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  auto forward = [&](const BlockSparseLayout &l) {
+    AttentionData d = data;
+    d.o = HalfTensor::packed(data.o.shape);
+    CpuKernel::compile(spec, tileConfig(32, 32))->run(p, d, &l);
+    return d;
+  };
+  AttentionData a = forward(full), b = forward(partial), c = forward(lie);
+  EXPECT_EQ(a.lse, b.lse);
+  EXPECT_EQ(*a.o.buffer, *b.o.buffer);
+  ReferenceResult ref = referenceForward(spec, p, a, &full);
+  EXPECT_LT(compareWithReference(spec, p, a, ref).relErr(), 1e-2);
+  EXPECT_GT(compareWithReference(spec, p, c, ref).relErr(), 1e-1);
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "atomic dQ");
+    AttentionSpec bwd = spec;
+    bwd.direction = Direction::Backward;
+    bwd.deterministic = deterministic;
+    AttentionGrads g = makeRandomGrads(spec, p, a, rng);
+    auto backward = [&](const BlockSparseLayout &l) {
+      AttentionGrads out = g;
+      for (HalfTensor *x : {&out.dq, &out.dk, &out.dv})
+        *x = HalfTensor::packed(x->shape);
+      CpuBackwardKernel::compile(bwd, tileConfig(32, 32))
+          ->run(p, a, out, &l);
+      return out;
+    };
+    AttentionGrads ga = backward(full), gc = backward(lie);
+    BackwardReference want = referenceBackward(spec, p, a, g, &full);
+    EXPECT_LT(compareBackward(spec, p, ga, want).relErr(), 1e-2);
+    EXPECT_GT(compareBackward(spec, p, gc, want).relErr(), 1e-1);
+    if (deterministic) {
+      AttentionGrads gb = backward(partial);
+      EXPECT_EQ(*ga.dq.buffer, *gb.dq.buffer);
+      EXPECT_EQ(*ga.dk.buffer, *gb.dk.buffer);
+      EXPECT_EQ(*ga.dv.buffer, *gb.dv.buffer);
+    }
   }
 }
 

@@ -161,7 +161,14 @@ TEST(Layout, ReadsTextAndRejectsGarbage) {
   EXPECT_EQ(l.qBlocks, 2);
   EXPECT_EQ(l.kvBlocks, 3);
   EXPECT_EQ(l.counts, (std::vector<int32_t>{2, 1}));
+  // 2: listed as full (abi::fullBlockEntry), ~1 for KV block 1.
   { std::ofstream(path) << "1 0\n1 2\n"; }
+  l = BlockSparseLayout::readText(path);
+  EXPECT_EQ(l.counts, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(l.indices[2], 0);
+  EXPECT_EQ(l.indices[3], ~1);
+  EXPECT_TRUE(l.contains(0, 0, 1, 1));
+  { std::ofstream(path) << "1 0\n1 3\n"; }
   EXPECT_THROW(BlockSparseLayout::readText(path), SpecError);
   { std::ofstream(path) << "1 0\n1\n"; }
   EXPECT_THROW(BlockSparseLayout::readText(path), SpecError);

@@ -222,7 +222,11 @@ typedef struct flashjit_tensor {
  *  ceil(Nkv / sparse_block). Device pointers on CUDA (the forward does not
  *  check them: a count or index out of range is undefined behaviour; the
  *  backward reads and checks them on the host), host pointers on the CPU
- *  (checked). */
+ *  (checked). An entry k >= 0 lists KV block k; ~k (= -k - 1) lists it as
+ *  full: the spec's mask_mod keeps every element of that block pair, so the
+ *  kernel does not evaluate the mask there (FlexAttention's full blocks;
+ *  a block marked full where the mask is not all true is computed
+ *  unmasked). Without a mask_mod both mean the same. */
 typedef struct flashjit_layout {
   const int32_t *counts;
   const int32_t *indices;

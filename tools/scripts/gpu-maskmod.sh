@@ -13,12 +13,17 @@
 #             score-modifier suites (the captured buffers moved into one
 #             helper) -> $OUT/captured.log, tests.log, backward.log
 #   python    the Python CUDA tests with masks and captured tensors
+#   full      layouts with full blocks (2 in a --layout file): a causal
+#             mask_mod region with the blocks below the diagonal full must
+#             pass, the diagonal marked full too must fail (exit 1: the
+#             kernel skipped the mask there), forward and both backwards
 #   flex      tests/bench/variants.py plain,causal,document beside
-#             FlexAttention (document: the mask_mod region now)
+#             FlexAttention (document: the mask_mod region, its block mask
+#             from from_mask_mod with the full blocks marked)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
-STEPS=${FLASHJIT_MASKMOD_STEPS:-runs,sanitize,regress,python}
+STEPS=${FLASHJIT_MASKMOD_STEPS:-runs,full,sanitize,regress,python}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 D=$(mktemp -d)
 python3 - "$D" <<'PY'
@@ -39,6 +44,15 @@ open(d + "/bias.mlir", "w").write("""{
   %v = memref.load %bias[%x] : memref<?xf32>
   %y = arith.addf %s, %v : f32
   attn.yield %y : f32
+}""")
+for name, diag in (("ok", 1), ("lie", 2)):
+    with open(f"{d}/lay_{name}.txt", "w") as f:
+        for r in range(8):
+            f.write(" ".join("0" if c > r else str(diag) if c == r else "2" for c in range(8)) + "\n")
+open(d + "/causal.mlir", "w").write("""{
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %le = arith.cmpi sle, %j, %i : index
+  attn.yield %le : i1
 }""")
 PY
 M=tests/lit/Inputs/mask-mod-stripes.mlir
@@ -66,6 +80,16 @@ if step runs; then
 EOC
   FLASHJIT_WGMMA=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod @$M 2>&1 | grep -E -- '-> |error' | sed 's/^/[mma.sync] /'
   FLASHJIT_KV_RING=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod document --capture $D/seg1000.npy 2>&1 | grep -E -- '-> |error' | sed 's/^/[no ring] /'
+fi
+if step full; then
+  echo "== full blocks (+${SECONDS}s)"
+  for lay in ok lie; do
+    for extra in "" "--backward" "--backward --deterministic" "--block-m 64 --block-n 64 --warps 4"; do
+      timeout 60 $FJ run --device cuda --head-dim 128 --heads 8 --seq-len 1024 --mask-mod @$D/causal.mlir \
+        --layout $D/lay_$lay.txt --sparse-block 128 $extra > $OUT/full.log 2>&1
+      echo "layout $lay [$extra]: exit $? $(grep -E -- '-> |error' $OUT/full.log | head -1 | cut -c1-120)"
+    done
+  done
 fi
 if step sanitize; then
   echo "== memcheck on mask kernels (+${SECONDS}s)"

@@ -117,7 +117,8 @@ private:
   Value scores(Value k);
   SmallVector<Value> step(Value t, Value o, Value m, Value l);
   SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
-                            Value l);
+                            Value l, Value partial);
+  Value maskModPartial(Value t);
   scf::ForOp buildLoop(ArrayRef<Value> init);
   scf::ForOp buildOverlappedLoop(ArrayRef<Value> init);
   flashjit::attn::detail::ScoreModIndices modifierIndices(Region &region,
@@ -385,8 +386,8 @@ scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value kNext = loadK(blockStart(next));
   Value v = loadV(n0);
   Value sNext = scores(kNext);
-  SmallVector<Value> results =
-      update(args[3], n0, v, args[0], args[1], args[2]);
+  SmallVector<Value> results = update(args[3], n0, v, args[0], args[1],
+                                      args[2], maskModPartial(t));
   results.push_back(sNext);
   scf::YieldOp::create(b, results);
   return loop;
@@ -421,18 +422,31 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   Value n0 = blockStart(t);
   Value k = loadK(n0);
   Value v = loadV(n0);
-  return update(scores(k), n0, v, o, m, l);
+  return update(scores(k), n0, v, o, m, l, maskModPartial(t));
+}
+
+/// Whether iteration \p t needs the mask_mod: false where the layout
+/// lists its block as full (abi::fullBlockEntry); null (always) without a
+/// layout or a mask_mod.
+Value TiledForwardBuilder::maskModPartial(Value t) {
+  if (sparseBlock == 0 || !op.hasMaskMod())
+    return Value();
+  return arith::XOrIOp::create(b, listedBlockFull(list, t),
+                               arith::ConstantOp::create(b, b.getBoolAttr(true)));
 }
 
 /// The online-softmax update by raw scores \p s of keys [n0, n0 + Bc) and
-/// their V tile \p v: the score modifier, the mask, the new row max and
-/// sum, and O += P V.
+/// their V tile \p v: the score modifier, the mask_mod (only where
+/// \p partial holds, when given: a full block needs none), the mask, the
+/// new row max and sum, and O += P V.
 SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
-                                               Value o, Value m, Value l) {
+                                               Value o, Value m, Value l,
+                                               Value partial) {
   if (op.hasScoreMod())
     s = modifyScores(fmul(s, splat(scale, tile({br, bc}, f32))), n0);
   if (op.hasMaskMod())
-    s = applyMaskMod(s, n0);
+    s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
+                : applyMaskMod(s, n0);
 
   // Only blocks that cross Nkv or the band's edge pay for the mask.
   Value n1 = add(n0, cIdx(bc - 1));

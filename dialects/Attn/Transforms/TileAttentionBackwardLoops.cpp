@@ -92,7 +92,8 @@ void TiledBackwardBuilder::buildMain() {
         return forCarrying(lo, hi, in, [&](Value t, ValueRange carried) {
           Value first =
               sparseBlock == 0 ? mulC(t, br) : listedBlockStart(list, t);
-          return mainStep(first, bI, hI, carried[0], carried[1]);
+          return mainStep(first, bI, hI, carried[0], carried[1],
+                          maskModPartial(t));
         });
       });
   storeRows(acc[0], scale, bwd::DK, bwd::DKStrideB, bI, hkI, n0, nkv);
@@ -122,7 +123,7 @@ void TiledBackwardBuilder::buildMain() {
 ///   tile.atomic_add %dq, %DQACC[%stat * dqk] rows %m0 of %nq stride %dqk
 SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
                                                   Value hI, Value dk,
-                                                  Value dvAcc) {
+                                                  Value dvAcc, Value partial) {
   Value stat = statBase(bI, hI);
   Tensor rowTy = tile({br}, f32), sTy = tile({bc, br}, f32);
   Value q = loadRows(bwd::Q, bwd::QStrideB, bI, hI, br, dqk, first, nq);
@@ -134,7 +135,8 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
   Value st = dot(kTile, q, Value(), false, /*transposeRhs=*/true), dmod;
   SmallVector<CaptureRead> reads;
   Value pt = exp2(exponent(st, broadcast(nl, sTy, /*dim=*/0), first, n0,
-                           /*keysOnRows=*/true, bI, hI, dmod, &reads));
+                           /*keysOnRows=*/true, bI, hI, dmod, &reads,
+                           partial));
   Value pm = maskMain(pt, first);
   Value pth = truncTile(pm, elemTy);
   Value dvNew = dot(pth, dO, dvAcc, false, false);
@@ -168,10 +170,14 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
 Value TiledBackwardBuilder::exponent(Value raw, Value negLse, Value q0,
                                      Value kv0, bool keysOnRows, Value bI,
                                      Value hI, Value &dmod,
-                                     SmallVector<CaptureRead> *reads) {
+                                     SmallVector<CaptureRead> *reads,
+                                     Value partial) {
   auto ty = cast<Tensor>(raw.getType());
   auto masked = [&](Value s) {
-    return op.hasMaskMod() ? applyMaskMod(s, q0, kv0, keysOnRows, bI, hI) : s;
+    if (!op.hasMaskMod())
+      return s;
+    auto apply = [&] { return applyMaskMod(s, q0, kv0, keysOnRows, bI, hI); };
+    return partial ? ifElse(partial, s, apply) : apply();
   };
   if (!op.hasScoreMod())
     return fma(masked(raw), splat(scaleLog2, ty), negLse);
@@ -198,6 +204,13 @@ void TiledBackwardBuilder::addCaptureGrads(ArrayRef<CaptureRead> reads,
   for (const CaptureRead &r : reads)
     tile::ScatterAddOp::create(b, select(valid, fmul(g, r.derivative), zero),
                                captureBuf(r.capture, /*grad=*/true), r.index);
+}
+
+Value TiledBackwardBuilder::maskModPartial(Value t) {
+  if (sparseBlock == 0 || !op.hasMaskMod())
+    return Value();
+  return arith::XOrIOp::create(b, listedBlockFull(list, t),
+                               arith::ConstantOp::create(b, b.getBoolAttr(true)));
 }
 
 Value TiledBackwardBuilder::captureBuf(unsigned c, bool grad) {
@@ -368,7 +381,8 @@ void TiledBackwardBuilder::buildDq() {
       forCarrying(tLo, tHi, ValueRange{zero}, [&](Value t, ValueRange carried) {
         Value first =
             sparseBlock == 0 ? mulC(t, dqBc) : listedBlockStart(list, t);
-        return SmallVector<Value>{dqStep(first, bI, hI, hkI, carried[0])};
+        return SmallVector<Value>{
+            dqStep(first, bI, hI, hkI, carried[0], maskModPartial(t))};
       });
   storeRows(dq[0], scale, bwd::DQ, bwd::DQStrideB, bI, hI, m0, nq);
   func::ReturnOp::create(b);
@@ -387,13 +401,14 @@ void TiledBackwardBuilder::buildDq() {
 ///                                   (%dp - bcast(%dl) dim 1))
 ///   %dq2 = tile.dot %dsh, %k acc %dq
 Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hI, Value hkI,
-                                   Value dq) {
+                                   Value dq, Value partial) {
   Tensor sTy = tile({dqBr, dqBc}, f32);
   Value k = loadRows(bwd::K, bwd::KStrideB, bI, hkI, dqBc, dqk, first, nkv);
   Value v = loadRows(bwd::V, bwd::VStrideB, bI, hkI, dqBc, dv, first, nkv);
   Value s = dot(qTile, k, Value(), false, /*transposeRhs=*/true), dmod;
   Value p = exp2(exponent(s, broadcast(negLse, sTy, /*dim=*/1), m0, first,
-                          /*keysOnRows=*/false, bI, hI, dmod));
+                          /*keysOnRows=*/false, bI, hI, dmod, nullptr,
+                          partial));
   Value ph = truncTile(maskDq(p, first), elemTy);
   Value dp = dot(doTile, v, Value(), false, /*transposeRhs=*/true);
   Value ds = fmul(extTile(ph), fsub(dp, broadcast(delta, sTy, /*dim=*/1)));

@@ -175,12 +175,27 @@ protected:
     iterations = mul(indexCast(load(counts, {countAt})), l.perSparse);
     return l;
   }
-  /// The first row of iteration \p t of \p l (a scalar load of the list).
-  Value listedBlockStart(const BlockList &l, Value t) {
+  /// The list's i32 entry of iteration \p t (a scalar load): the sparse
+  /// block, or ~block for a full one (abi::fullBlockEntry).
+  Value listedEntry(const BlockList &l, Value t) {
     Value entry = mlir::arith::DivUIOp::create(b, t, l.perSparse);
-    Value listed = indexCast(load(l.indices, {add(l.listBase, entry)}));
+    return load(l.indices, {add(l.listBase, entry)});
+  }
+  /// The first row of iteration \p t of \p l: the entry's block (e ^ (e >>
+  /// 31), which is ~e for a full block's e < 0).
+  Value listedBlockStart(const BlockList &l, Value t) {
+    Value e = listedEntry(l, t);
+    Value sign = mlir::arith::ShRSIOp::create(
+        b, e, mlir::arith::ConstantOp::create(b, b.getI32IntegerAttr(31)));
+    Value listed = indexCast(mlir::arith::XOrIOp::create(b, e, sign));
     Value within = mlir::arith::RemUIOp::create(b, t, l.perSparse);
     return add(mulC(listed, l.sparseBlock), mulC(within, l.step));
+  }
+  /// Whether iteration \p t's block is listed as full (its entry < 0): a
+  /// mask_mod keeps all its elements, so the tiling skips the mask there.
+  Value listedBlockFull(const BlockList &l, Value t) {
+    return cmpI(mlir::arith::CmpIPredicate::slt, listedEntry(l, t),
+                mlir::arith::ConstantOp::create(b, b.getI32IntegerAttr(0)));
   }
 
   /// `scf.for iv = lb to ub iter_args(init) { yield body(iv, carried) }`,

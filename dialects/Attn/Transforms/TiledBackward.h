@@ -118,7 +118,11 @@ private:
   // TileAttentionBackwardLoops.cpp: the loops.
   void buildMain();
   llvm::SmallVector<Value> mainStep(Value first, Value bI, Value hI, Value dk,
-                                    Value dvAcc);
+                                    Value dvAcc, Value partial = Value());
+  /// Whether iteration \p t of the layout's list needs the mask_mod: false
+  /// where the block is listed as full; null (always) without a layout or
+  /// a mask_mod.
+  Value maskModPartial(Value t);
   Value maskMain(Value pt, Value first);
   /// With a score_mod: the modified scores of the product tile \p raw
   /// (scaled first) and their derivative with respect to the scaled
@@ -139,12 +143,14 @@ private:
                      Value hI);
   /// P's exponent: raw * scale * log2(e) + negLse (its broadcast), or
   /// mod(raw * scale) * log2(e) + negLse with its derivative in \p dmod;
-  /// -inf where a mask_mod masks the element (so P = 0 there);
+  /// -inf where a mask_mod masks the element (so P = 0 there; only where
+  /// \p partial holds, when given);
   /// with \p reads, the loads of the captured tensors whose gradient the
   /// description asks for (capture_grads) in it.
   Value exponent(Value raw, Value negLse, Value q0, Value kv0, bool keysOnRows,
                  Value bI, Value hI, Value &dmod,
-                 llvm::SmallVector<CaptureRead> *reads = nullptr);
+                 llvm::SmallVector<CaptureRead> *reads = nullptr,
+                 Value partial = Value());
   /// Adds \p g (the gradient of the modified scores of the S^T tile at key
   /// n0 and query \p first) times each read's derivative into its captured
   /// tensor's gradient buffer, at the read's indices (0 where the key or
@@ -155,7 +161,8 @@ private:
   /// function takes the captured tensors, then a gradient buffer each).
   Value captureBuf(unsigned c, bool grad = false);
   void buildDq();
-  Value dqStep(Value first, Value bI, Value hI, Value hkI, Value dq);
+  Value dqStep(Value first, Value bI, Value hI, Value hkI, Value dq,
+               Value partial = Value());
   Value maskDq(Value p, Value first);
 
   FlashBwdOp op;

@@ -111,3 +111,27 @@ attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
   attn.yield %same : i1
 }
 }
+
+// -----
+
+// With a block-sparse layout, a listed entry ~k (< 0) marks block k full:
+// the block's start decodes the entry (e ^ (e >> 31)) and the mask_mod runs
+// only where the entry is >= 0 (scf.if around its select).
+// CHECK-LABEL: func.func @sparse(
+// CHECK: scf.for
+// CHECK: %[[E:.*]] = memref.load %{{.*}} : memref<?xi32>
+// CHECK: %[[SIGN:.*]] = arith.shrsi %[[E]], %{{.*}} : i32
+// CHECK: arith.xori %[[E]], %[[SIGN]] : i32
+// CHECK: %[[E2:.*]] = memref.load %{{.*}} : memref<?xi32>
+// CHECK: %[[FULL:.*]] = arith.cmpi slt, %[[E2]], %{{.*}} : i32
+// CHECK: %[[PARTIAL:.*]] = arith.xori %[[FULL]], %{{.*}} : i1
+// CHECK: scf.if %[[PARTIAL]] -> (tensor<64x32xf32>)
+// CHECK: arith.cmpi sle
+// CHECK: arith.select %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+module {
+attn.flash_fwd @sparse {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 64 : i64} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %le = arith.cmpi sle, %j, %i : index
+  attn.yield %le : i1
+}
+}
