@@ -294,13 +294,21 @@ def _fwd_captured_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
+def _score_mod_flags(flags, mod):
+    """flags without the mask_mod's captured tensors (the last ones of
+    mod's, _lib.mask_capture_count): a predicate's inputs take no gradient
+    (None), even where they require one."""
+    keep = len(flags) - _lib.mask_capture_count(mod)
+    return [f and n < keep for n, f in enumerate(flags)]
+
+
 def _fwd_captured_backward(ctx, d_o, d_lse):
     need = ctx.needs_input_grad
-    flags = _needed(need[12], ctx.num_captures)
     saved = ctx.saved_tensors
     q, k, v, o, lse, counts, indices = saved[:7]
     captures = list(saved[7:])
     mask, scale, wl, wr, block, det, mod = ctx.options
+    flags = _score_mod_flags(_needed(need[12], ctx.num_captures), mod)
     if d_o is None:
         d_o = torch.zeros_like(o)
     dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
@@ -476,11 +484,11 @@ def _varlen_setup_context(ctx, inputs, output):
 def _varlen_backward(ctx, d_o, d_lse):
     # lse is non-differentiable: d_lse is ignored.
     need = ctx.needs_input_grad
-    flags = _needed(need[13], ctx.num_captures)
     saved = ctx.saved_tensors
     q, k, v, o, lse, cu_q, cu_k = saved[:7]
     captures = list(saved[7:])
     max_q, max_k, mask, scale, wl, wr, det, mod = ctx.options
+    flags = _score_mod_flags(_needed(need[13], ctx.num_captures), mod)
     if d_o is None:
         d_o = torch.zeros_like(o)
     dq, dk, dv, grads = torch.ops.flashjit.attention_varlen_bwd(

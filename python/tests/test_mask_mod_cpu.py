@@ -163,3 +163,37 @@ def test_full_blocks_skip_the_mask_bit_for_bit():
                                         full=bm.to_dense())
     o3 = flashjit.attention(q, k, v, mask_mod=doc, block_mask=lie)
     assert rel_err(o3, attention_ref(q, k, v, None, vis)[0]) > BOUND
+
+
+def test_torch_autograd_reaches_the_score_mods_tensor_not_the_masks():
+    """torch CPU tensors: a float segment-id tensor that requires grad,
+    read by the mask_mod, gets no gradient (None); the score_mod's bias
+    gets its gradient, which matches float64 autograd of the same math."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(int(np.random.default_rng().integers(1 << 30)))
+    B, H, N, d = 1, 2, 48, 32
+    q, k, v = (torch.randn(B, H, N, d, generator=g).to(torch.float16)
+               .requires_grad_() for _ in range(3))
+    bias = torch.randn(H, N, N, generator=g, requires_grad=True)
+    seg = torch.tensor(np.repeat([0.0, 1.0, 2.0], [13, 20, 15]),
+                       dtype=torch.float32, requires_grad=True)
+
+    def score_mod(s, b, h, i, j):
+        return s + bias[h, i, j]
+
+    def mask_mod(b, h, i, j):
+        return seg[i] == seg[j]
+
+    o = flashjit.attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+    d_o = torch.randn(o.shape, generator=g).to(o.dtype)
+    (o.float() * d_o.float()).sum().backward()
+    assert seg.grad is None and bias.grad is not None
+    q64, k64, v64, b64 = (x.detach().double().requires_grad_()
+                          for x in (q, k, v, bias))
+    keep = (seg[:, None] == seg[None, :]).detach()
+    s = q64 @ k64.transpose(-1, -2) / d ** 0.5 + b64
+    o64 = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v64
+    (o64 * d_o.double()).sum().backward()
+    assert rel_err(o.detach().double().numpy(), o64.detach().numpy()) <= BOUND
+    for got, want in ((q.grad, q64.grad), (bias.grad, b64.grad)):
+        assert rel_err(got.double().numpy(), want.numpy()) <= BOUND

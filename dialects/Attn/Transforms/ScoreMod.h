@@ -49,6 +49,33 @@ mlir::Value inlineMaskMod(mlir::OpBuilder &b, mlir::Location loc,
                           mlir::Region &region, llvm::ArrayRef<int64_t> shape,
                           const ScoreModIndices &indices);
 
+/// The positions of a block pair, as index scalars (inclusive bounds):
+/// batch and head (lo = hi but where GQA packing spans a group's heads),
+/// query and key positions.
+struct BlockPositions {
+  mlir::Value batchLo, batchHi, headLo, headHi, qLo, qHi, kvLo, kvHi;
+};
+
+/// Whether mask_mod \p region is one maskModKeepsBlock bounds: positions
+/// only (no captured tensors), index arithmetic and signed comparisons,
+/// predicates combined by and, or, xor (MaskModBounds.cpp).
+bool maskModIsBounded(mlir::Region &region);
+
+/// An i1 scalar, built at \p b's insertion point, that holds where the
+/// mask_mod \p region surely keeps every element of the block pair \p at
+/// (interval bounds over its ops); null where the region is not bounded
+/// (then nothing is proven and the mask runs on every block).
+mlir::Value maskModKeepsBlock(mlir::OpBuilder &b, mlir::Location loc,
+                              mlir::Region &region, const BlockPositions &at);
+
+/// Whether a block pair \p at needs the mask_mod \p region: not where
+/// \p layoutFull (the layout's full mark, an i1; null without a layout)
+/// holds or maskModKeepsBlock proves it; an i1 built at \p b's insertion
+/// point, or null when neither can say (the mask runs on every block).
+mlir::Value maskModNeeded(mlir::OpBuilder &b, mlir::Location loc,
+                          mlir::Region &region, mlir::Value layoutFull,
+                          const BlockPositions &at);
+
 /// Succeeds when the backward can differentiate \p region (of \p op) with
 /// respect to the score: every op that depends on it is one that
 /// inlineScoreModWithDerivative derives; else a named error on \p op.

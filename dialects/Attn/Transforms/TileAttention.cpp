@@ -58,6 +58,7 @@
 #include "dialects/Attn/Transforms/Passes.h"
 #include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
+#include "dialects/Attn/Transforms/TiledForward.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -81,82 +82,9 @@ using namespace flashjit::attn;
 using arith::CmpFPredicate;
 using arith::CmpIPredicate;
 
-namespace {
-
 using flashjit::attn::detail::kWindowClamp;
+using flashjit::attn::detail::TiledForwardBuilder;
 
-/// Builds the tiled function for one attn.flash_fwd op.
-class TiledForwardBuilder : flashjit::attn::detail::TileIRBuilderBase {
-public:
-  /// \p split: the split-KV partial (role "forward_split"), followed by
-  /// its combine function (TileAttentionSplit.cpp).
-  /// \p overlap: the software-pipelined KV loop (buildOverlappedLoop).
-  TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split,
-                      bool overlap)
-      : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
-        dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
-        hasBand(op.getMask() != "none"), split(split), overlap(overlap),
-        pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
-        numBufs(split ? int(abi::split::NumBuffers) : int(abi::NumBuffers)),
-        numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
-        elemTy(op.getElementType()) {}
-
-  func::FuncOp build();
-
-private:
-  Value arg(int i) { return func.getArgument(i); }
-  Value indexArg(int i) { return arg(numBufs + i); }
-  /// Row p's query position (p / gqa when GQA-packed) of an i32 index tile.
-  Value queryOf(Value rows);
-
-  void setUpProgram();
-  void loopBounds();
-  Value blockStart(Value t);
-  Value loadK(Value n0);
-  Value loadV(Value n0);
-  Value scores(Value k);
-  SmallVector<Value> step(Value t, Value o, Value m, Value l);
-  SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
-                            Value l, Value partial);
-  Value maskModPartial(Value t);
-  scf::ForOp buildLoop(ArrayRef<Value> init);
-  scf::ForOp buildOverlappedLoop(ArrayRef<Value> init);
-  flashjit::attn::detail::ScoreModIndices modifierIndices(Region &region,
-                                                          Value n0);
-  Value modifyScores(Value s, Value n0);
-  Value applyMaskMod(Value s, Value n0);
-  Value maskScores(Value s, Value n0);
-  void writeOutput(Value o, Value m, Value l);
-
-  FlashFwdOp op;
-  const int64_t br, bc, dqk, dv, sparseBlock;
-  const bool hasBand;
-  /// Split-KV; and GQA packing (split, gqa > 1, dense): the group's query
-  /// heads are the rows of one tile (kernels/KernelABI.h, abi::split).
-  const bool split, overlap, pack;
-  const int numBufs, numIdx;
-  Type elemTy;
-  func::FuncOp func;
-
-  // Scalars of the program, set up in setUpProgram() and loopBounds().
-  /// nq and nkv: this program's sequence lengths; nqMax: seq_q, the padded
-  /// rows per (batch, head) of lse and the workspaces (nq but for varlen).
-  Value nq, nqMax, nkv, scaleLog2, m0, bIdx, hIdx;
-  /// The rows of the program's row space (Nq, or Nq * gqa packed), the
-  /// packed group (an index constant; null unpacked), the split and the
-  /// split count (split only).
-  Value nRows, group, sIdx, nSplits;
-  /// The factor of the row max and of P's exponent: scale_log2e, or
-  /// log2(e) when a score_mod has already scaled the scores.
-  Value expFactor, scale;
-  Value qBase, kBase, vBase, oBase, lseBase, oPartBase, lsePartBase;
-  Value offset, winL, winR, jLo, jHi, fullLo, fullHi;
-  Value tLo, tHi;
-  BlockList list;
-  Value qTile;
-};
-
-} // namespace
 
 func::FuncOp TiledForwardBuilder::build() {
   MLIRContext *ctx = b.getContext();
@@ -387,7 +315,7 @@ scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value v = loadV(n0);
   Value sNext = scores(kNext);
   SmallVector<Value> results = update(args[3], n0, v, args[0], args[1],
-                                      args[2], maskModPartial(t));
+                                      args[2], maskModPartial(t, n0));
   results.push_back(sNext);
   scf::YieldOp::create(b, results);
   return loop;
@@ -422,17 +350,7 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   Value n0 = blockStart(t);
   Value k = loadK(n0);
   Value v = loadV(n0);
-  return update(scores(k), n0, v, o, m, l, maskModPartial(t));
-}
-
-/// Whether iteration \p t needs the mask_mod: false where the layout
-/// lists its block as full (abi::fullBlockEntry); null (always) without a
-/// layout or a mask_mod.
-Value TiledForwardBuilder::maskModPartial(Value t) {
-  if (sparseBlock == 0 || !op.hasMaskMod())
-    return Value();
-  return arith::XOrIOp::create(b, listedBlockFull(list, t),
-                               arith::ConstantOp::create(b, b.getBoolAttr(true)));
+  return update(scores(k), n0, v, o, m, l, maskModPartial(t, n0));
 }
 
 /// The online-softmax update by raw scores \p s of keys [n0, n0 + Bc) and
@@ -471,87 +389,6 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
   Value oScaled = fmul(o, broadcast(alpha, oTy, 1));
   Value oNew = dot(truncTile(p, elemTy), v, oScaled, false, false);
   return {oNew, mNew, lNew};
-}
-
-/// The index tiles and captured buffers of modifier \p region on the
-/// scores of keys [n0, n0 + Bc): element (r, c) is query m0 + r and key
-/// n0 + c of (batch, query head) (bIdx, hIdx). Builds only the index tiles
-/// the region uses.
-flashjit::attn::detail::ScoreModIndices
-TiledForwardBuilder::modifierIndices(Region &region, Value n0) {
-  using flashjit::attn::detail::scoreModUses;
-  Tensor iTy = tile({br, bc}, b.getI32Type());
-  flashjit::attn::detail::ScoreModIndices indices;
-  if (scoreModUses(region, 1))
-    indices.batch = splat(toI32(bIdx), iTy);
-  if (scoreModUses(region, 2)) {
-    indices.head = splat(toI32(hIdx), iTy);
-    if (pack) // head hIdx + p % gqa of row p
-      indices.head = arith::AddIOp::create(
-          b, indices.head,
-          arith::RemUIOp::create(b, indexTile(iTy, 0, m0),
-                                 splat(toI32(group), iTy)));
-  }
-  const unsigned captures = unsigned(capturedTensors(region));
-  // A region that reads captured tensors sees only positions inside the
-  // problem: the tile's rows past Nq and columns past Nkv (masked or never
-  // stored) take the last ones', so that their loads stay in the tensors.
-  auto inside = [&](Value positions, Value count) {
-    return captures ? insideProblem(positions, count) : positions;
-  };
-  if (scoreModUses(region, 3))
-    indices.qIdx = inside(queryOf(indexTile(iTy, 0, m0)), nq);
-  if (scoreModUses(region, 4))
-    indices.kvIdx = inside(indexTile(iTy, 1, n0), nkv);
-  // The kernel's captured buffers: score_mod's, then mask_mod's, last.
-  unsigned first = func.getNumArguments() - unsigned(totalCapturedTensors(op));
-  if (isMaskModRegion(region))
-    first += unsigned(capturedTensors(op.getScoreMod()));
-  for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(func.getArgument(first + c));
-  return indices;
-}
-
-/// The score_mod region on the scaled scores \p s of keys [n0, n0 + Bc).
-Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
-  Region &region = op.getScoreMod();
-  return flashjit::attn::detail::inlineScoreMod(
-      b, b.getLoc(), region, s, modifierIndices(region, n0));
-}
-
-/// -inf where the mask_mod region yields false for the scores \p s (raw or
-/// modified) of keys [n0, n0 + Bc):
-///
-///   %keep = <mask_mod on the index tiles> : tensor<BrxBcxi1>
-///   %s2 = arith.select %keep, %s, splat(-inf)
-Value TiledForwardBuilder::applyMaskMod(Value s, Value n0) {
-  Region &region = op.getMaskMod();
-  Value keep = flashjit::attn::detail::inlineMaskMod(
-      b, b.getLoc(), region, {br, bc}, modifierIndices(region, n0));
-  Tensor sTy = tile({br, bc}, f32);
-  return select(keep, s,
-                constTile(-std::numeric_limits<double>::infinity(), sTy));
-}
-
-/// -inf where key n0 + c is past Nkv or outside row m0 + r's band.
-Value TiledForwardBuilder::maskScores(Value s, Value n0) {
-  Type i32 = b.getI32Type();
-  Tensor sTy = tile({br, bc}, i32), rowTy = tile({br}, i32);
-  Value cols = indexTile(sTy, 1, n0); // kv_idx of each element
-  Value ok = cmpI(CmpIPredicate::slt, cols, splat(toI32(nkv), sTy));
-  if (hasBand) {
-    Value diag =
-        pack ? arith::AddIOp::create(b, queryOf(indexTile(rowTy, 0, m0)),
-                                     splat(toI32(offset), rowTy))
-             : indexTile(rowTy, 0, add(m0, offset));
-    Value lo = arith::SubIOp::create(b, diag, splat(toI32(winL), rowTy));
-    Value hi = arith::AddIOp::create(b, diag, splat(toI32(winR), rowTy));
-    ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));
-    ok = andI(ok, cmpI(CmpIPredicate::sle, cols, broadcast(hi, sTy, 1)));
-  }
-  Value negInf =
-      constTile(-std::numeric_limits<double>::infinity(), tile({br, bc}, f32));
-  return select(ok, s, negInf);
 }
 
 /// O = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key (l = 0)

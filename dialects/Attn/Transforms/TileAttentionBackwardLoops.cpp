@@ -93,7 +93,7 @@ void TiledBackwardBuilder::buildMain() {
           Value first =
               sparseBlock == 0 ? mulC(t, br) : listedBlockStart(list, t);
           return mainStep(first, bI, hI, carried[0], carried[1],
-                          maskModPartial(t));
+                          maskModPartial(t, first, br, n0, bc, bI, hI));
         });
       });
   storeRows(acc[0], scale, bwd::DK, bwd::DKStrideB, bI, hkI, n0, nkv);
@@ -206,11 +206,17 @@ void TiledBackwardBuilder::addCaptureGrads(ArrayRef<CaptureRead> reads,
                                captureBuf(r.capture, /*grad=*/true), r.index);
 }
 
-Value TiledBackwardBuilder::maskModPartial(Value t) {
-  if (sparseBlock == 0 || !op.hasMaskMod())
+Value TiledBackwardBuilder::maskModPartial(Value t, Value q0, int64_t rows,
+                                           Value kv0, int64_t cols, Value bI,
+                                           Value hI) {
+  if (!op.hasMaskMod())
     return Value();
-  return arith::XOrIOp::create(b, listedBlockFull(list, t),
-                               arith::ConstantOp::create(b, b.getBoolAttr(true)));
+  Value full = sparseBlock ? listedBlockFull(list, t) : Value();
+  flashjit::attn::detail::BlockPositions at{
+      bI, bI, hI, hI, q0, add(q0, cIdx(rows - 1)), kv0,
+      add(kv0, cIdx(cols - 1))};
+  return flashjit::attn::detail::maskModNeeded(b, b.getLoc(), op.getMaskMod(),
+                                               full, at);
 }
 
 Value TiledBackwardBuilder::captureBuf(unsigned c, bool grad) {
@@ -382,7 +388,8 @@ void TiledBackwardBuilder::buildDq() {
         Value first =
             sparseBlock == 0 ? mulC(t, dqBc) : listedBlockStart(list, t);
         return SmallVector<Value>{
-            dqStep(first, bI, hI, hkI, carried[0], maskModPartial(t))};
+            dqStep(first, bI, hI, hkI, carried[0],
+                   maskModPartial(t, m0, dqBr, first, dqBc, bI, hI))};
       });
   storeRows(dq[0], scale, bwd::DQ, bwd::DQStrideB, bI, hI, m0, nq);
   func::ReturnOp::create(b);

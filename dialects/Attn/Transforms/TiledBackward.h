@@ -119,10 +119,12 @@ private:
   void buildMain();
   llvm::SmallVector<Value> mainStep(Value first, Value bI, Value hI, Value dk,
                                     Value dvAcc, Value partial = Value());
-  /// Whether iteration \p t of the layout's list needs the mask_mod: false
-  /// where the block is listed as full; null (always) without a layout or
-  /// a mask_mod.
-  Value maskModPartial(Value t);
+  /// Whether iteration \p t (queries [q0, q0 + rows), keys [kv0, kv0 +
+  /// cols) of (bI, hI)) needs the mask_mod: false where the layout lists
+  /// its block as full or the region's bounds prove it keeps the block
+  /// whole; null (always) where neither can say.
+  Value maskModPartial(Value t, Value q0, int64_t rows, Value kv0,
+                       int64_t cols, Value bI, Value hI);
   Value maskMain(Value pt, Value first);
   /// With a score_mod: the modified scores of the product tile \p raw
   /// (scaled first) and their derivative with respect to the scaled

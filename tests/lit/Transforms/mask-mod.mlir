@@ -116,7 +116,8 @@ attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 
 // With a block-sparse layout, a listed entry ~k (< 0) marks block k full:
 // the block's start decodes the entry (e ^ (e >> 31)) and the mask_mod runs
-// only where the entry is >= 0 (scf.if around its select).
+// only where the entry is >= 0 (scf.if around its select). A mask that
+// reads captured tensors is not bounded: the layout alone decides.
 // CHECK-LABEL: func.func @sparse(
 // CHECK: scf.for
 // CHECK: %[[E:.*]] = memref.load %{{.*}} : memref<?xi32>
@@ -126,10 +127,34 @@ attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK: %[[FULL:.*]] = arith.cmpi slt, %[[E2]], %{{.*}} : i32
 // CHECK: %[[PARTIAL:.*]] = arith.xori %[[FULL]], %{{.*}} : i1
 // CHECK: scf.if %[[PARTIAL]] -> (tensor<64x32xf32>)
-// CHECK: arith.cmpi sle
+// CHECK: tile.gather
 // CHECK: arith.select %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
 module {
 attn.flash_fwd @sparse {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 64 : i64} mask_mod {
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+}
+}
+
+// -----
+
+// A mask of positions only is bounded on each block pair
+// (MaskModBounds.cpp): j <= i holds for the whole block where its last key
+// is at most its first query, so the mask runs only where not n0 + Bc - 1
+// <= m0, with no layout.
+// CHECK-LABEL: func.func @bounded(
+// CHECK: scf.for
+// CHECK: %[[N0:.*]] = arith.muli %{{.*}}, %{{.*}} : index
+// CHECK: %[[LAST:.*]] = arith.addi %[[N0]], %{{.*}} : index
+// CHECK: %[[FULL:.*]] = arith.cmpi sle, %[[LAST]], %{{.*}} : index
+// CHECK: %[[PART:.*]] = arith.xori %[[FULL]], %{{.*}} : i1
+// CHECK: scf.if %[[PART]] -> (tensor<64x32xf32>)
+// CHECK: arith.cmpi sle, %{{.*}}, %{{.*}} : tensor<64x32xi32>
+module {
+attn.flash_fwd @bounded {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} mask_mod {
 ^bb0(%b: index, %h: index, %i: index, %j: index):
   %le = arith.cmpi sle, %j, %i : index
   attn.yield %le : i1
