@@ -75,10 +75,6 @@ void AttentionSpec::validate() const {
   checkRange("gqa", gqaGroup, 1, 1 << 16);
   if (blockSparse)
     checkRange("sparse_block", sparseBlock, 1, 1 << 16);
-  if (varlen && blockSparse)
-    throw SpecError("varlen: variable-length packing and a block-sparse "
-                    "layout together are not supported (a layout is per "
-                    "padded batch)");
   if (!scoreMod.empty() || !maskModRegion.empty())
     ScoreMod::of(*this);
 }

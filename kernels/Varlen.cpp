@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/Varlen.h"
+#include "kernels/KernelABI.h"
 #include "kernels/HalfFloat.h"
 
 #include <algorithm>
@@ -120,8 +121,41 @@ AttentionData makeRandomVarlenInputs(const AttentionSpec &spec,
   return d;
 }
 
+/// Sequence \p b's part of varlen layout \p l: its batch row (or the
+/// broadcast one), the first ceil(lenQ / S) Q blocks, and of each the
+/// listed blocks below ceil(lenKV / S) (entries and full marks kept).
+static BlockSparseLayout sequenceLayout(const BlockSparseLayout &l, int64_t b,
+                                        int64_t lenQ, int64_t lenKV,
+                                        int64_t sparseBlock) {
+  const int64_t qb = (std::max<int64_t>(1, lenQ) + sparseBlock - 1) / sparseBlock;
+  const int64_t kvb =
+      (std::max<int64_t>(1, lenKV) + sparseBlock - 1) / sparseBlock;
+  BlockSparseLayout s;
+  s.batch = 1;
+  s.heads = l.heads;
+  s.qBlocks = qb;
+  s.kvBlocks = kvb;
+  s.counts.assign(size_t(l.heads * qb), 0);
+  s.indices.assign(size_t(l.heads * qb * kvb), 0);
+  auto cs = l.countStrides();
+  auto is = l.indexStrides();
+  const int64_t lb = l.batch == 1 ? 0 : b;
+  for (int64_t h = 0; h < l.heads; ++h)
+    for (int64_t r = 0; r < qb && r < l.qBlocks; ++r) {
+      const int32_t *idx = &l.indices[lb * is[0] + h * is[1] + r * is[2]];
+      int32_t n = 0;
+      for (int32_t t = 0; t < l.counts[lb * cs[0] + h * cs[1] + r * cs[2]];
+           ++t)
+        if (abi::blockOfEntry(idx[t]) < kvb)
+          s.indices[size_t((h * qb + r) * kvb + n++)] = idx[t];
+      s.counts[size_t(h * qb + r)] = n;
+    }
+  return s;
+}
+
 VarlenSequence sequenceOf(const AttentionSpec &spec, const Problem &p,
-                          const AttentionData &d, int64_t b) {
+                          const AttentionData &d, int64_t b,
+                          const BlockSparseLayout *layout) {
   VarlenSequence s;
   const int64_t startQ = d.cuSeqQ.at(size_t(b)),
                 startKV = d.cuSeqKV.at(size_t(b));
@@ -137,6 +171,8 @@ VarlenSequence sequenceOf(const AttentionSpec &spec, const Problem &p,
   s.problem.batch = 1;
   s.problem.seqLenQ = std::max<int64_t>(1, s.lenQ);
   s.problem.seqLenKV = std::max<int64_t>(1, s.lenKV);
+  if (layout && spec.blockSparse)
+    s.layout = sequenceLayout(*layout, b, s.lenQ, s.lenKV, spec.sparseBlock);
   s.data.q = rowsOf(d.q, startQ, s.lenQ);
   s.data.o = rowsOf(d.o, startQ, s.lenQ);
   s.data.k = rowsOf(d.k, startKV, s.lenKV);
@@ -166,11 +202,12 @@ AttentionGrads sequenceGrads(const AttentionData &d, const AttentionGrads &g,
 
 ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
                                const AttentionData &d, double maxWork,
-                               int64_t *rowsChecked) {
+                               int64_t *rowsChecked,
+                               const BlockSparseLayout *layout) {
   ErrorReport worst;
   int64_t rows = 0;
   for (int64_t b = 0; b < p.batch; ++b) {
-    VarlenSequence s = sequenceOf(spec, p, d, b);
+    VarlenSequence s = sequenceOf(spec, p, d, b, layout);
     if (s.lenQ == 0)
       continue;
     if (s.lenKV == 0) {
@@ -182,8 +219,10 @@ ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
       rows += int64_t(s.data.lse.size());
       continue;
     }
-    ReferenceResult ref = referenceForward(s.spec, s.problem, s.data, nullptr,
-                                           maxWork / double(p.batch));
+    ReferenceResult ref =
+        referenceForward(s.spec, s.problem, s.data,
+                         s.layout ? &*s.layout : nullptr,
+                         maxWork / double(p.batch));
     rows += int64_t(ref.rows.size());
     ErrorReport e = compareWithReference(s.spec, s.problem, s.data, ref);
     worst.oRelErr = std::max(worst.oRelErr, e.oRelErr);
@@ -200,10 +239,11 @@ BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
                                         const Problem &p,
                                         const AttentionData &d,
                                         const AttentionGrads &g,
-                                        double maxWork) {
+                                        double maxWork,
+                                        const BlockSparseLayout *layout) {
   BackwardErrorReport worst;
   for (int64_t b = 0; b < p.batch; ++b) {
-    VarlenSequence s = sequenceOf(spec, p, d, b);
+    VarlenSequence s = sequenceOf(spec, p, d, b, layout);
     AttentionGrads sg = sequenceGrads(d, g, b);
     if (s.lenQ == 0 || s.lenKV == 0) {
       // No query sees a key: zero gradients of the sequence's rows.
@@ -214,9 +254,11 @@ BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
         worst.dkRelErr = kInf;
       continue;
     }
-    BackwardErrorReport e = checkBackward(s.spec, s.problem, s.data, sg,
-                                          nullptr, maxWork / double(p.batch))
-                                .err;
+    BackwardErrorReport e =
+        checkBackward(s.spec, s.problem, s.data, sg,
+                      s.layout ? &*s.layout : nullptr,
+                      maxWork / double(p.batch))
+            .err;
     worst.dqRelErr = std::max(worst.dqRelErr, e.dqRelErr);
     worst.dkRelErr = std::max(worst.dkRelErr, e.dkRelErr);
     worst.dvRelErr = std::max(worst.dvRelErr, e.dvRelErr);

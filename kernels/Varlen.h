@@ -15,6 +15,7 @@
 #include "kernels/HostTensor.h"
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -46,9 +47,15 @@ struct VarlenSequence {
   Problem problem;    ///< batch 1, the sequence's lengths (if both >= 1)
   /// Views of the sequence's rows of q, k, v, o; its rows of lse (copied).
   AttentionData data;
+  /// With a block-sparse layout: the sequence's (its batch row, its
+  /// blocks; blocks the layout lists past its keys dropped, full marks
+  /// kept). A varlen layout is [B, H, ceil(max_q / S), ceil(max_kv / S)],
+  /// blocks counted from each sequence's start.
+  std::optional<BlockSparseLayout> layout;
 };
 VarlenSequence sequenceOf(const AttentionSpec &spec, const Problem &p,
-                          const AttentionData &d, int64_t b);
+                          const AttentionData &d, int64_t b,
+                          const BlockSparseLayout *layout = nullptr);
 /// The gradients' views of sequence \p b (dO, dq like q; dk, dv like k).
 AttentionGrads sequenceGrads(const AttentionData &d, const AttentionGrads &g,
                              int64_t b);
@@ -61,7 +68,8 @@ AttentionGrads sequenceGrads(const AttentionData &d, const AttentionGrads &g,
 /// given, receives the rows compared.
 ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
                                const AttentionData &d, double maxWork = 1e300,
-                               int64_t *rowsChecked = nullptr);
+                               int64_t *rowsChecked = nullptr,
+                               const BlockSparseLayout *layout = nullptr);
 
 /// The backward's float64 check, sequence by sequence (checkBackward, each
 /// within \p maxWork / B): the largest errors of dQ, dK, dV; nanCount over
@@ -72,7 +80,8 @@ BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
                                         const Problem &p,
                                         const AttentionData &d,
                                         const AttentionGrads &g,
-                                        double maxWork = 1e300);
+                                        double maxWork = 1e300,
+                                        const BlockSparseLayout *layout = nullptr);
 
 } // namespace flashjit
 

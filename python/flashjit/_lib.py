@@ -159,6 +159,9 @@ class Varlen(ctypes.Structure):
         ("batch", ctypes.c_int64),
         ("max_seqlen_q", ctypes.c_int64),
         ("max_seqlen_kv", ctypes.c_int64),
+        # C API version 9: a block-sparse layout (flashjit_layout *), NULL
+        # without; the binding's varlen calls take none yet.
+        ("layout", ctypes.c_void_p),
     ]
 
 

@@ -17,7 +17,9 @@ run is reported with its error, never left out silently.
 
 Variants: plain, softcap (30 tanh(s / 30)), alibi (slopes 2^(-8 (h+1) / H)
 as a function of h), causal, window (a sliding window of 1024 keys to the
-left, as a mask_mod), document (segments of 1024..3072 tokens: mask_mod
+left, as a mask_mod), causal-mod and window-mod (not in the default set:
+the same masks as flashjit mask_mod regions with their block masks, full
+blocks marked), document (segments of 1024..3072 tokens: mask_mod
 seg[i] == seg[j] on a captured segment-id tensor, with the block mask of
 that mask_mod on both sides, forward and backward), bias (score_mod s +
 bias[h, i, j], a learned (H, N, N) float32 bias that requires grad: the
@@ -39,6 +41,10 @@ sys.path.insert(0, HERE)
 import side_by_side as sbs  # noqa: E402
 
 ALL = ("plain", "softcap", "alibi", "causal", "window", "document", "bias")
+# Not in the default set: causal and the window as flashjit mask_mod regions
+# with the block mask of that mask_mod (its full blocks marked), as flex
+# runs them; the kernels skip the mask on blocks it keeps whole.
+EXTRA = ("causal-mod", "window-mod")
 
 
 def build(name, torch, fj, n, h, device):
@@ -61,6 +67,15 @@ def build(name, torch, fj, n, h, device):
         def window(b, hh, i, j):
             return (i >= j) & (i - j <= 1024)
         return None, window, {"window": (1024, 0)}, ()
+    if name in EXTRA:
+        if name == "causal-mod":
+            def mod(b, hh, i, j):
+                return i >= j
+        else:
+            def mod(b, hh, i, j):
+                return (i >= j) & (i - j <= 1024)
+        bm = fj.create_block_mask(mod, None, None, n, n, device=device)
+        return None, mod, {"mask_mod": mod, "block_mask": bm}, ()
     if name == "document":
         lengths, total, k = [], 0, 0
         while total < n:
@@ -82,7 +97,8 @@ def build(name, torch, fj, n, h, device):
         def add_bias(s, b, hh, i, j):
             return s + bias[hh, i, j]
         return add_bias, None, {"score_mod": add_bias}, (bias,)
-    raise SystemExit(f"unknown variant {name!r}; choose from {','.join(ALL)}")
+    raise SystemExit(f"unknown variant {name!r}; choose from "
+                     f"{','.join(ALL + EXTRA)}")
 
 
 def timed(torch, fn, q, k, v, learned=()):

@@ -56,6 +56,17 @@ struct VarlenProblem {
     return flashjit_forward_varlen(h, &s, &q, &k, &vt, &o, data.lse.data(),
                                    0.0, -1, -1, v, nullptr, 0, nullptr);
   }
+  /// The backward of forward()'s output for \p g's dO, into \p g.
+  flashjit_status backward(flashjit_handle *h, AttentionGrads &g) {
+    flashjit_spec s = toC(spec);
+    s.varlen = 1;
+    flashjit_tensor q = toC(data.q), k = toC(data.k), v = toC(data.v),
+                    o = toC(data.o), dO = toC(g.dO), dq = toC(g.dq),
+                    dk = toC(g.dk), dv = toC(g.dv);
+    return flashjit_backward_varlen(h, &s, &q, &k, &v, &o, &dO,
+                                    data.lse.data(), &dq, &dk, &dv, 0.0, -1,
+                                    -1, &c, nullptr, 0, nullptr, 0, nullptr);
+  }
 };
 
 TEST(CApiVarlen, ForwardAndBackwardOnTheCpu) {
@@ -68,17 +79,7 @@ TEST(CApiVarlen, ForwardAndBackwardOnTheCpu) {
 
   std::mt19937_64 rng(std::random_device{}());
   AttentionGrads g = makeRandomGrads(vp.spec, vp.problem, vp.data, rng);
-  flashjit_spec s = toC(vp.spec);
-  s.varlen = 1;
-  flashjit_tensor q = toC(vp.data.q), k = toC(vp.data.k), v = toC(vp.data.v),
-                  o = toC(vp.data.o), dO = toC(g.dO), dq = toC(g.dq),
-                  dk = toC(g.dk), dv = toC(g.dv);
-  ASSERT_EQ(flashjit_backward_varlen(h, &s, &q, &k, &v, &o, &dO,
-                                     vp.data.lse.data(), &dq, &dk, &dv, 0.0,
-                                     -1, -1, &vp.c, nullptr, 0, nullptr, 0,
-                                     nullptr),
-            FLASHJIT_OK)
-      << lastError();
+  ASSERT_EQ(vp.backward(h, g), FLASHJIT_OK) << lastError();
   BackwardErrorReport be =
       checkVarlenBackward(vp.spec, vp.problem, vp.data, g);
   EXPECT_EQ(be.nanCount, 0);
@@ -90,6 +91,39 @@ TEST(CApiVarlen, ForwardAndBackwardOnTheCpu) {
   shifted.cuSeqQ[1] += 3;
   shifted.cuSeqKV[1] += 3;
   EXPECT_GT(checkVarlenForward(vp.spec, vp.problem, shifted).relErr(), 1e-2);
+}
+
+/// flashjit_varlen.layout (version 9): a block-sparse varlen spec runs
+/// under a layout per sequence, forward and backward, each sequence
+/// against its part of the layout; checked without it, the output fails.
+TEST(CApiVarlen, BlockSparseLayoutPerSequence) {
+  Handle h;
+  VarlenProblem vp;
+  vp.spec.blockSparse = true;
+  vp.spec.sparseBlock = 16;
+  BlockSparseLayout l = BlockSparseLayout::random(
+      vp.problem.batch, vp.problem.heads, (vp.problem.seqLenQ + 15) / 16,
+      (vp.problem.seqLenKV + 15) / 16, 0.5, std::random_device{}());
+  flashjit_layout cl = toC(l);
+  vp.c.layout = &cl;
+  ASSERT_EQ(vp.forward(h, &vp.c), FLASHJIT_OK) << lastError();
+  ErrorReport e = checkVarlenForward(vp.spec, vp.problem, vp.data, 1e300,
+                                     nullptr, &l);
+  EXPECT_EQ(e.nanCount, 0);
+  EXPECT_LT(e.relErr(), errorBound(vp.spec.dtype));
+  AttentionSpec dense = vp.spec;
+  dense.blockSparse = false;
+  EXPECT_GT(checkVarlenForward(dense, vp.problem, vp.data).relErr(), 1e-2);
+  std::mt19937_64 rng(std::random_device{}());
+  AttentionGrads g = makeRandomGrads(vp.spec, vp.problem, vp.data, rng);
+  ASSERT_EQ(vp.backward(h, g), FLASHJIT_OK) << lastError();
+  BackwardErrorReport be =
+      checkVarlenBackward(vp.spec, vp.problem, vp.data, g, 1e300, &l);
+  EXPECT_EQ(be.nanCount, 0);
+  EXPECT_LT(be.relErr(), errorBound(vp.spec.dtype));
+  // A block-sparse spec without the layout: a named error.
+  vp.c.layout = nullptr;
+  EXPECT_EQ(vp.forward(h, &vp.c), FLASHJIT_ERROR_INVALID_ARGUMENT);
 }
 
 TEST(CApiVarlen, NamedErrors) {

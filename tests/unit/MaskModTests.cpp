@@ -368,12 +368,24 @@ TEST(MaskMods, GpuKernelsReadTheMasksCapturedTensor) {
 }
 
 /// The GPU's default kernels of a block-sparse mask (the ring on sm_90a,
-/// a branch around the mask for full blocks) compile to PTX, forward and
-/// backward: the scf.if on the decoded entry lowers on every path.
+/// a branch around the mask for full blocks) and of a bounded mask of
+/// positions compile to PTX, forward and backward: the scf.if on the
+/// decoded entry or the bounds lowers on every path.
 TEST(MaskMods, GpuKernelsWithFullBlocksCompile) {
-  AttentionSpec spec = withMaskModRegion(AttentionSpec(), kDocument);
-  spec.blockSparse = true;
-  spec.sparseBlock = 128;
+  AttentionSpec sparse = withMaskModRegion(AttentionSpec(), kDocument);
+  sparse.blockSparse = true;
+  sparse.sparseBlock = 128;
+  // A mask of positions, bounded per block without a layout.
+  AttentionSpec bounded = withMaskModRegion(AttentionSpec(), R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %c256 = arith.constant 256 : index
+  %d = arith.subi %i, %j : index
+  %near = arith.cmpi slt, %d, %c256 : index
+  %past = arith.cmpi sle, %j, %i : index
+  %keep = arith.andi %near, %past : i1
+  attn.yield %keep : i1
+})");
+  for (const AttentionSpec &spec : {sparse, bounded})
   for (Direction dir : {Direction::Forward, Direction::Backward})
     for (const char *arch : {"sm_80", "sm_90a"}) {
       SCOPED_TRACE(::testing::Message()
@@ -388,8 +400,12 @@ TEST(MaskMods, GpuKernelsWithFullBlocksCompile) {
           dir == Direction::Forward ? defaultGpuConfig(s, hopper, hopper)
                                     : defaultGpuBackwardConfig(s),
           target);
-      EXPECT_NE(ptx.find("shr.s32"), std::string::npos);
-      EXPECT_NE(ptx.find("setp.eq.f32"), std::string::npos);
+      if (spec.blockSparse) {
+        EXPECT_NE(ptx.find("shr.s32"), std::string::npos);
+        EXPECT_NE(ptx.find("setp.eq.f32"), std::string::npos);
+      } else {
+        EXPECT_NE(ptx.find(".entry attention"), std::string::npos);
+      }
     }
 }
 

@@ -268,9 +268,50 @@ TEST(VarlenInputs, BadOffsetsAreNamedErrors) {
   EXPECT_THROW(CpuKernel::compile(dense, r.config)
                    ->run(r.problem, r.data, nullptr),
                SpecError);
-  AttentionSpec sparse = r.spec;
-  sparse.blockSparse = true;
-  EXPECT_THROW(sparse.validate(), SpecError);
+}
+
+/// A block-sparse layout per sequence: [B, H, ceil(max_q / S), ceil(max_kv
+/// / S)], blocks counted from each sequence's start. Forward and both
+/// backward modes match each sequence's float64 reference under its own
+/// part of the layout (blocks listed past a sequence's keys are masked
+/// there); the same outputs checked without the layout fail (the kernel
+/// skipped the blocks it does not list).
+TEST(VarlenBlockSparse, EachSequenceUnderItsPartOfTheLayout) {
+  VarlenCase c{"d64_sparse", 64, 64, BF, CAUSAL, 2, 4, 32, 32,
+               {200, 1, 0, 130}, {150, 40, 7, 260}};
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  VarlenRun r = prepare(c, seed);
+  r.spec.blockSparse = true;
+  r.spec.sparseBlock = 64;
+  const int64_t qb = (r.problem.seqLenQ + 63) / 64,
+                kvb = (r.problem.seqLenKV + 63) / 64;
+  BlockSparseLayout layout = BlockSparseLayout::random(
+      r.problem.batch, r.problem.heads, qb, kvb, 0.5, seed);
+  layout.checkFits(r.problem, 64);
+  CpuKernel::compile(r.spec, r.config)->run(r.problem, r.data, &layout);
+  ErrorReport err = checkVarlenForward(r.spec, r.problem, r.data, 1e300,
+                                       nullptr, &layout);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), 1e-2);
+  AttentionSpec dense = r.spec;
+  dense.blockSparse = false;
+  EXPECT_GT(checkVarlenForward(dense, r.problem, r.data).relErr(), 1e-2);
+  std::mt19937_64 rng(seed);
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "atomic dQ");
+    AttentionSpec bwd = r.spec;
+    bwd.direction = Direction::Backward;
+    bwd.deterministic = deterministic;
+    AttentionGrads g = makeRandomGrads(r.spec, r.problem, r.data, rng);
+    CpuBackwardKernel::compile(bwd, r.config)
+        ->run(r.problem, r.data, g, &layout);
+    BackwardErrorReport e = checkVarlenBackward(r.spec, r.problem, r.data, g,
+                                                1e300, &layout);
+    EXPECT_EQ(e.nanCount, 0);
+    EXPECT_LT(e.relErr(), 1e-2);
+    EXPECT_GT(checkVarlenBackward(dense, r.problem, r.data, g).relErr(), 1e-2);
+  }
 }
 
 } // namespace

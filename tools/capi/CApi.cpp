@@ -245,7 +245,7 @@ FLASHJIT_API flashjit_status flashjit_forward_varlen(
       invalid("varlen is NULL: flashjit_forward_varlen takes the sequences' "
               "offsets");
     runForward(handle, spec, q, k, v, o, lse, scale, window_left, window_right,
-               nullptr, captured, num_captured, varlen, cuda_stream);
+               varlen->layout, captured, num_captured, varlen, cuda_stream);
   });
 }
 
@@ -293,7 +293,7 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
       invalid("varlen is NULL: flashjit_backward_varlen takes the forward's "
               "sequence offsets");
     runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
-                window_left, window_right, nullptr, workspace,
+                window_left, window_right, varlen->layout, workspace,
                 workspace_bytes, captured, num_captured, varlen, cuda_stream);
   });
 }

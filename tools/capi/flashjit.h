@@ -169,7 +169,8 @@ typedef struct flashjit_spec {
   /** Nonzero: variable-length packing, the batch's sequences one after
    *  another in the tensors (run by flashjit_forward_varlen and
    *  flashjit_backward_varlen, which see flashjit_varlen); 0 (default):
-   *  (B, H, N, d) tensors. Not with block_sparse. Since version 8 (the
+   *  (B, H, N, d) tensors. With block_sparse (since version 9): the
+   *  layout in flashjit_varlen, per sequence. Since version 8 (the
    *  field was `reserved`, which had to be 0). */
   int32_t varlen;
   /** A score modifier on score = scale * q.k, forward and backward; NULL
@@ -316,10 +317,17 @@ typedef struct flashjit_varlen {
   /** At least the longest query (key) sequence and at least 1: the grid
    *  spans it and lse is padded to it. */
   int64_t max_seqlen_q, max_seqlen_kv;
+  /** A block-sparse layout for a spec with block_sparse (since version 9;
+   *  NULL without): [batch, H (or 1), ceil(max_seqlen_q / sparse_block),
+   *  ceil(max_seqlen_kv / sparse_block)], each sequence's blocks counted
+   *  from its own start (blocks listed past a sequence's keys are masked
+   *  there). Zero-initialise the struct: older callers' NULL. */
+  const flashjit_layout *layout;
 } flashjit_varlen;
 
 /** flashjit_forward_captured for a varlen spec (spec->varlen nonzero):
- *  the sequences in \p varlen (required); no layout. flashjit_forward and
+ *  the sequences in \p varlen (required; its layout for a block-sparse
+ *  spec). flashjit_forward and
  *  flashjit_forward_captured refuse a varlen spec, this call a spec
  *  without. Since version 8. */
 FLASHJIT_API flashjit_status flashjit_forward_varlen(

@@ -217,8 +217,10 @@ int runBackward(const CliOptions &o) {
   BackwardCheck check;
   if (spec.varlen) {
     const double work = o.command == "bench" ? checkWork(o) : 1e300;
-    forwardErr = checkVarlenForward(forwardSpec, p, data, work);
-    check.err = checkVarlenBackward(forwardSpec, p, data, grads, work);
+    forwardErr = checkVarlenForward(forwardSpec, p, data, work, nullptr,
+                                    layout.get());
+    check.err =
+        checkVarlenBackward(forwardSpec, p, data, grads, work, layout.get());
     check.checkedHeads = p.batch * p.heads;
   } else {
     forwardErr = compareWithReference(

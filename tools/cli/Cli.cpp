@@ -202,7 +202,7 @@ int runRun(const CliOptions &o) {
   int64_t rowsChecked = 0;
   if (spec.varlen) {
     err = checkVarlenForward(spec, p, data, bench ? checkWork : 1e300,
-                             &rowsChecked);
+                             &rowsChecked, layout.get());
   } else {
     ReferenceResult ref =
         referenceForward(spec, p, data, layout.get(), checkWork);

@@ -7,7 +7,9 @@
 #             checked against the float64 reference (exit 1 on a mismatch):
 #             every GPU path (the sm_90a ring default, wgmma without the
 #             ring, mma.sync fp16, split-KV decode, block-sparse), forward
-#             and backward, beside a score_mod with a learned bias
+#             and backward, beside a score_mod with a learned bias; varlen
+#             with a block-sparse layout; a causal mask_mod bounded per
+#             block (no layout)
 #   sanitize  memcheck on two mask kernels whose tiles have padding
 #   regress   the captured-tensor GPU tests and the forward / backward
 #             score-modifier suites (the captured buffers moved into one
@@ -17,7 +19,7 @@
 #             mask_mod region with the blocks below the diagonal full must
 #             pass, the diagonal marked full too must fail (exit 1: the
 #             kernel skipped the mask there), forward and both backwards
-#   flex      tests/bench/variants.py plain,causal,document beside
+#   flex      tests/bench/variants.py plain,causal(-mod),window(-mod),document beside
 #             FlexAttention (document: the mask_mod region, its block mask
 #             from from_mask_mod with the full blocks marked)
 set -u
@@ -77,6 +79,10 @@ if step runs; then
 --backward --head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
 --backward --head-dim 64 --heads 4 --seq-len 700 --score-mod @$D/bias.mlir --capture $D/bias.npy --mask-mod document --capture $D/seg700.npy
 --backward --deterministic --head-dim 96 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M
+--head-dim 128 --heads 8 --gqa 2 --causal --seqlens-q 300,1,1000,0 --seqlens-kv 200,40,1000,7 --block-sparse 0.5
+--backward --head-dim 128 --heads 8 --gqa 2 --causal --seqlens-q 300,1,1000,0 --seqlens-kv 200,40,1000,7 --block-sparse 0.5
+--head-dim 128 --heads 8 --seq-len 2048 --mask-mod @$D/causal.mlir
+--backward --head-dim 128 --heads 8 --seq-len 2048 --mask-mod @$D/causal.mlir
 EOC
   FLASHJIT_WGMMA=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod @$M 2>&1 | grep -E -- '-> |error' | sed 's/^/[mma.sync] /'
   FLASHJIT_KV_RING=0 timeout 60 $FJ run --device cuda --head-dim 128 --heads 4 --seq-len 1000 --mask-mod document --capture $D/seg1000.npy 2>&1 | grep -E -- '-> |error' | sed 's/^/[no ring] /'
@@ -119,7 +125,7 @@ fi
 if step flex; then
   echo "== variants beside FlexAttention (+${SECONDS}s)"
   timeout -k 5 ${FLASHJIT_FLEX_S:-240} python3 tests/bench/variants.py \
-    --variants ${FLASHJIT_FLEX_VARIANTS:-plain,causal,document} --json $OUT/variants.json > $OUT/variants.log 2>&1
+    --variants ${FLASHJIT_FLEX_VARIANTS:-plain,causal,causal-mod,window,window-mod,document} --json $OUT/variants.json > $OUT/variants.log 2>&1
   echo "exit $?" >> $OUT/variants.log
   grep -E "^\||exit|Error" $OUT/variants.log | tail -12
 fi

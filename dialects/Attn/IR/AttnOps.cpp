@@ -154,10 +154,6 @@ template <typename OpT> static LogicalResult verifyKernelDescription(OpT op) {
   if (sb < 0)
     return op.emitOpError()
            << "sparse_block must be >= 0 (0 = dense), got " << sb;
-  if (op.getVarlen() && sb > 0)
-    return op.emitOpError() << "varlen (variable-length packing) cannot take "
-                               "a block-sparse layout (sparse_block = "
-                            << sb << ")";
   return success();
 }
 
