@@ -64,11 +64,12 @@ def _host_offsets(cu_q, cu_k, q, k, fn):
 
 
 def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
-                   score_mod="", captures=()):
+                   score_mod="", captures=(), bm=None):
     """(o, lse) of packed torch tensors: o (total_q, H, dv), zero in the
     rows of no sequence; lse float32 [B, H, max_q], -inf in the padding
     rows. CUDA: flashjit_forward_varlen on torch's current stream (the
-    offsets not read on the host); CPU: the CPU execution mode."""
+    offsets not read on the host); CPU: the CPU execution mode. bm: a
+    block mask (a BlockMask or the op's block tensors) or None."""
     fn = "attention_varlen"
     dtype, gqa, B = check_varlen_inputs(q, k, v, cu_q, cu_k, fn)
     caps = check_captures(captures, q, fn)
@@ -80,7 +81,8 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
         hq, hk = _host_offsets(cu_q, cu_k, q, k, fn)
         o, lse = varlen.forward_numpy(
             _to_numpy(q), _to_numpy(k), _to_numpy(v), hq, hk, max_q, max_k,
-            mask, scale, wl, wr, score_mod, [c.detach() for c in caps], fn)
+            mask, scale, wl, wr, score_mod, [c.detach() for c in caps], fn,
+            bm=bm)
         return _from_numpy(o, q.dtype), torch.from_numpy(lse)
     if q.device.type != "cuda":
         raise ValueError(f"flashjit.{fn}: needs CUDA or CPU tensors, got "
@@ -90,12 +92,13 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
                      device=q.device)
     if T == 0 or k.shape[0] == 0:  # nothing to compute: no query or no key
         return o, lse
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, 0, score_mod=score_mod,
-                          varlen=True)
     structs = [_varlen_struct(n, t, fn) for n, t in
                (("q", q), ("k", k), ("v", v), ("o", o))]
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     vl = _lib.make_varlen(cu_q.data_ptr(), cu_k.data_ptr(), B, max_q, max_k)
+    sparse, layout = _device_layout(vl, bm, q.device)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
+                          score_mod=score_mod, varlen=True)
     array, count = _captured_structs(caps)
     run = _lib.lib().flashjit_forward_varlen
 
@@ -107,13 +110,23 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
             _lib.check(status)
 
     _on_device(q.device.index if q.device.index is not None else 0, launch)
-    del caps, array
+    del caps, array, layout
     return o, lse
+
+
+def _device_layout(vl, bm, device):
+    """(sparse_block, objects to keep alive): bm's layout on device set
+    into Varlen vl; (0, ()) without one."""
+    if bm is None:
+        return 0, ()
+    layout, keep = bm._device_layout(device)
+    vl.layout = ctypes.addressof(layout)
+    return bm.block_size, (layout, keep)
 
 
 def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
                     scale, wl, wr, deterministic, score_mod="", captures=(),
-                    capture_grads=None):
+                    capture_grads=None, bm=None):
     """(dq, dk, dv, capture_grads) of packed torch tensors: the gradients
     packed as q, k, v (zero in the rows of no sequence), and the flagged
     captured tensors' gradients (backward_cuda's convention). CUDA:
@@ -141,7 +154,8 @@ def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
         *grads, cgrads = varlen.backward_numpy(
             *(_to_numpy(t) for t in (q, k, v, o, d_o)),
             lse.detach().numpy(), hq, hk, max_q, max_k, mask, scale, wl, wr,
-            deterministic, score_mod, [c.detach() for c in caps], flags, fn)
+            deterministic, score_mod, [c.detach() for c in caps], flags, fn,
+            bm=bm)
         return tuple(torch.empty_like(t).copy_(_from_numpy(g, q.dtype))
                      for t, g in zip((q, k, v), grads)) + (
                          [torch.from_numpy(g) for g in cgrads
@@ -160,15 +174,16 @@ def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
     out = [g for g in grads if g is not None]
     if T == 0 or k.shape[0] == 0:  # no query or no key: all gradients 0
         return dq, dk, dv, out
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, 0,
-                          deterministic=deterministic, score_mod=score_mod,
-                          varlen=True)
     structs = [_varlen_struct(n, t, fn) for n, t in
                (("q", q), ("k", k), ("v", v), ("o", o), ("d_o", d_o),
                 ("dq", dq), ("dk", dk), ("dv", dv))]
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     lse = lse.contiguous()
     vl = _lib.make_varlen(cu_q.data_ptr(), cu_k.data_ptr(), B, max_q, max_k)
+    sparse, layout = _device_layout(vl, bm, q.device)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
+                          deterministic=deterministic, score_mod=score_mod,
+                          varlen=True)
     index = q.device.index if q.device.index is not None else 0
 
     def launch(index):

@@ -412,20 +412,24 @@ def attention_varlen_fwd(q: Tensor, k: Tensor, v: Tensor,
                          cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, mask: int,
                          scale: float, window_left: int, window_right: int,
+                         block_counts: Optional[Tensor],
+                         block_indices: Optional[Tensor], block_size: int,
                          deterministic: bool, score_mod: str,
                          captures: List[Tensor]) -> Tuple[Tensor, Tensor]:
     """flashjit.attention_varlen's forward: (o (total_q, H, dv), lse
-    float32 [B, H, max_seqlen_q])."""
-    return _torch_varlen.forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                      max_seqlen_q, max_seqlen_k, mask, scale,
-                                      window_left, window_right, score_mod,
-                                      captures)
+    float32 [B, H, max_seqlen_q]); block_counts / block_indices: a block
+    mask over the sequences (None: dense)."""
+    return _torch_varlen.forward_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask,
+        scale, window_left, window_right, score_mod, captures,
+        _block_mask(block_counts, block_indices, block_size))
 
 
 @attention_varlen_fwd.register_fake
 def _attention_varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                max_seqlen_q, max_seqlen_k, mask, scale,
-                               window_left, window_right, deterministic,
+                               window_left, window_right, block_counts,
+                               block_indices, block_size, deterministic,
                                score_mod, captures):
     _, _, B = _torch_varlen.check_varlen_inputs(q, k, v, cu_seqlens_q,
                                               cu_seqlens_k)
@@ -441,6 +445,8 @@ def attention_varlen_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
                          cu_seqlens_k: Tensor, max_seqlen_q: int,
                          max_seqlen_k: int, mask: int, scale: float,
                          window_left: int, window_right: int,
+                         block_counts: Optional[Tensor],
+                         block_indices: Optional[Tensor], block_size: int,
                          deterministic: bool, score_mod: str,
                          captures: List[Tensor],
                          capture_needs_grad: List[bool]
@@ -451,7 +457,8 @@ def attention_varlen_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
     dq, dk, dv, grads = _torch_varlen.backward_varlen(
         q, k, v, o, lse, d_o, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         max_seqlen_k, mask, scale, window_left, window_right, deterministic,
-        score_mod, captures, capture_needs_grad)
+        score_mod, captures, capture_needs_grad,
+        _block_mask(block_counts, block_indices, block_size))
     return dq, dk, dv, grads
 
 
@@ -459,6 +466,7 @@ def attention_varlen_bwd(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor,
 def _attention_varlen_bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q,
                                cu_seqlens_k, max_seqlen_q, max_seqlen_k, mask,
                                scale, window_left, window_right,
+                               block_counts, block_indices, block_size,
                                deterministic, score_mod, captures,
                                capture_needs_grad):
     fn = "attention_backward_varlen"
@@ -472,11 +480,12 @@ def _attention_varlen_bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q,
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, det, mod,
-     captures) = inputs
+    (q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
+     block, det, mod, captures) = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, *captures)
-    ctx.options = (max_q, max_k, mask, scale, wl, wr, det, mod)
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k, counts, indices,
+                          *captures)
+    ctx.options = (max_q, max_k, mask, scale, wl, wr, block, det, mod)
     ctx.num_captures = len(captures)
     ctx.mark_non_differentiable(lse)
 
@@ -485,18 +494,18 @@ def _varlen_backward(ctx, d_o, d_lse):
     # lse is non-differentiable: d_lse is ignored.
     need = ctx.needs_input_grad
     saved = ctx.saved_tensors
-    q, k, v, o, lse, cu_q, cu_k = saved[:7]
-    captures = list(saved[7:])
-    max_q, max_k, mask, scale, wl, wr, det, mod = ctx.options
-    flags = _score_mod_flags(_needed(need[13], ctx.num_captures), mod)
+    q, k, v, o, lse, cu_q, cu_k, counts, indices = saved[:9]
+    captures = list(saved[9:])
+    max_q, max_k, mask, scale, wl, wr, block, det, mod = ctx.options
+    flags = _score_mod_flags(_needed(need[16], ctx.num_captures), mod)
     if d_o is None:
         d_o = torch.zeros_like(o)
     dq, dk, dv, grads = torch.ops.flashjit.attention_varlen_bwd(
         d_o, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
-        det, mod, captures, flags)
+        counts, indices, block, det, mod, captures, flags)
     grads = iter(grads)
     return ((dq if need[0] else None), (dk if need[1] else None),
-            (dv if need[2] else None)) + (None,) * 10 + (
+            (dv if need[2] else None)) + (None,) * 13 + (
                 [next(grads) if f else None for f in flags],)
 
 
@@ -507,7 +516,7 @@ attention_varlen_bwd.register_autograd(_bwd_backward,
 
 
 def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
-                     deterministic, score_mod="", captures=()):
+                     deterministic, score_mod="", captures=(), bm=None):
     """(o, lse) for flashjit.attention_varlen's torch tensors (mask,
     scale and window checked there): the inputs checked, max_q / max_k
     computed from the offsets when None (on the host: a synchronization
@@ -546,10 +555,14 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
         # Eager, no gradient: the op's kernel without the dispatcher.
         return _torch_varlen.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
                                           mask, scale, wl, wr, score_mod,
-                                          captures)
+                                          captures, bm)
+    counts = indices = None
+    if bm is not None:
+        counts, indices = bm._device_tensors(q.device)
     return torch.ops.flashjit.attention_varlen_fwd(
-        q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
-        bool(deterministic), score_mod, captures)
+        q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts,
+        indices, bm.block_size if bm is not None else 0, bool(deterministic),
+        score_mod, captures)
 
 
 __all__ = ["attention_fwd", "attention_bwd", "attention_fwd_captured",

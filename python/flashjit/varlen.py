@@ -188,7 +188,7 @@ def pad_lse(lse, cu_q):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
                      max_seqlen_k=None, causal=False, scale=None,
                      window=None, score_mod=None, return_lse=False,
-                     deterministic=False, mask_mod=None):
+                     deterministic=False, mask_mod=None, block_mask=None):
     """attention() over a batch of sequences of different lengths, packed
     one after another (FlashAttention's flash_attn_varlen_func layout).
 
@@ -216,6 +216,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
         per sequence: positions (q_idx, kv_idx) are within the sequence and
         the batch index b is the sequence's index. Captured tensors work
         (autograd reaches a torch one that requires grad).
+    block_mask: a flashjit.BlockMask (or FlexAttention's) over the
+        sequences: [B or 1, H or 1, ceil(max_seqlen_q / S), ceil(max_seqlen_k
+        / S)], each sequence's blocks counted from its own start (a block
+        listed past a sequence's keys is masked there); full blocks as in
+        attention().
     return_lse: also return lse, float32 (B, H, max_seqlen_q): the
         natural-log logsumexp of each row (-inf for a row that sees no key,
         whose output row is 0, e.g. a sequence without keys); the rows past
@@ -230,23 +235,24 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
     current stream, torch CPU tensors and numpy arrays (float16, or
     float32 via bf16) in the CPU execution mode; torch tensors get autograd
     (flashjit::attention_varlen_fwd / _bwd), numpy arrays
-    attention_backward_varlen. No attention sinks, no block_mask.
+    attention_backward_varlen. No attention sinks.
     """
     fj = _pkg()
     text, captures = fj._score_mod_and_captures(score_mod, mask_mod)
     mask, wl, wr = fj._mask_and_window(causal, window)
     scale = fj._scale(scale)
+    bm = fj._block(block_mask)
     if _is_torch(q) or _is_torch(k) or _is_torch(v):
         from . import ops
 
         o, lse = ops.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            mask, scale, wl, wr, bool(deterministic), text, captures)
+            mask, scale, wl, wr, bool(deterministic), text, captures, bm)
         return (o, lse) if return_lse else o
     cu_q, cu_k, B, mq, mk = _numpy_offsets(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     o, lse = forward_numpy(q, k, v, cu_q, cu_k, mq, mk, mask, scale, wl, wr,
-                           text, captures)
+                           text, captures, bm=bm)
     return (o, lse) if return_lse else o
 
 
@@ -275,15 +281,16 @@ def attention_backward_varlen(q, k, v, o, d_o, lse, cu_seqlens_q,
                               max_seqlen_k=None, causal=False, scale=None,
                               window=None, score_mod=None,
                               deterministic=False, mask_mod=None,
-                              capture_grads=False):
+                              capture_grads=False, block_mask=None):
     """dq, dk, dv of attention_varlen(q, k, v, cu_seqlens_q, ...) for the
     upstream gradient d_o, recomputed from its o and lse (return_lse=True;
     the same offsets, max_seqlen_q and options), on the CPU for numpy
     arrays (attention_backward's dtypes and dq modes). dq, dk and dv are
     packed as q, k and v; dk and dv summed over each GQA group; rows that
     belong to no sequence get 0. capture_grads: as attention_backward's
-    (one more element, the captured tensors' gradients). torch tensors get
-    their backward from autograd."""
+    (one more element, the captured tensors' gradients; None for a
+    mask_mod's). block_mask: the forward's. torch tensors get their
+    backward from autograd."""
     fj = _pkg()
     mask, wl, wr = fj._mask_and_window(causal, window)
     text, captures = fj._score_mod_and_captures(score_mod, mask_mod)
@@ -294,11 +301,13 @@ def attention_backward_varlen(q, k, v, o, d_o, lse, cu_seqlens_q,
                         "(attention_varlen(...).backward())")
     cu_q, cu_k, B, mq, mk = _numpy_offsets(
         q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, fn)
-    wanted = ([fj._differentiable_capture(c) for c in captures]
+    masked = _lib.mask_capture_count(text)  # a mask's: no gradient
+    wanted = ([fj._differentiable_capture(c) and n < len(captures) - masked
+               for n, c in enumerate(captures)]
               if capture_grads else None)
     dq, dk, dv, cgrads = backward_numpy(
         q, k, v, o, d_o, lse, cu_q, cu_k, mq, mk, mask, fj._scale(scale), wl,
-        wr, deterministic, text, captures, wanted)
+        wr, deterministic, text, captures, wanted, bm=fj._block(block_mask))
     grads = (dq, dk, dv)
     if capture_grads:
         grads += ([None if g is None else fj._grad_like(g, c)
@@ -333,10 +342,22 @@ def numpy_tensor(name, a, fn="attention_varlen"):
                             (0, st[1], st[0], 1))
 
 
+def with_layout(vl, bm):
+    """(sparse_block, objects to keep alive): bm's layout (a BlockMask,
+    or the torch ops' block tensors) set into Varlen vl (host memory:
+    the CPU handle's); (0, ()) without one."""
+    if bm is None:
+        return 0, ()
+    layout, keep = bm._host_layout()
+    vl.layout = ctypes.addressof(layout)
+    return bm.block_size, (layout, keep)
+
+
 def forward_numpy(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
-                  score_mod="", captures=(), fn="attention_varlen"):
+                  score_mod="", captures=(), fn="attention_varlen", bm=None):
     """(o, lse) of numpy arrays on the CPU handle; cu_q, cu_k: checked
-    int32 host offsets; lse's padding rows -inf."""
+    int32 host offsets; lse's padding rows -inf; bm: a block mask (or
+    None)."""
     import numpy as np
 
     fj = _pkg()
@@ -352,12 +373,13 @@ def forward_numpy(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
         lse.fill(-np.inf)  # (the C API refuses tensors without rows)
         return from_kernel(o), lse
     ins = [as_kernel(a) for a in (q, k, v)]
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, 0, score_mod=score_mod,
-                          varlen=True)
     t = [numpy_tensor(n, a, fn) for n, a in zip("qkvo", ins + [o])]
     cu_q = np.ascontiguousarray(cu_q, dtype=np.int32)
     cu_k = np.ascontiguousarray(cu_k, dtype=np.int32)
     vl = _lib.make_varlen(cu_q.ctypes.data, cu_k.ctypes.data, B, max_q, max_k)
+    sparse, layout = with_layout(vl, bm)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
+                          score_mod=score_mod, varlen=True)
     held = ()
     caps, count = None, 0
     if captures:
@@ -366,13 +388,13 @@ def forward_numpy(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
         _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
         *(ctypes.byref(x) for x in t), lse.ctypes.data_as(ctypes.c_void_p),
         scale, wl, wr, ctypes.byref(vl), caps, count, None))
-    del held, ins
+    del held, ins, layout
     return from_kernel(o), pad_lse(lse, cu_q)
 
 
 def backward_numpy(q, k, v, o, d_o, lse, cu_q, cu_k, max_q, max_k, mask,
                    scale, wl, wr, deterministic, score_mod="", captures=(),
-                   wanted=None, fn="attention_backward_varlen"):
+                   wanted=None, fn="attention_backward_varlen", bm=None):
     """(dq, dk, dv, capture_grads) of numpy arrays on the CPU handle
     (flashjit_backward_varlen); capture_grads as
     flashjit._backward_numpy's."""
@@ -404,14 +426,15 @@ def backward_numpy(q, k, v, o, d_o, lse, cu_q, cu_k, max_q, max_k, mask,
     if T == 0 or k.shape[0] == 0:  # no query or no key: all gradients 0
         return tuple(from_kernel(g) for g in grads) + (cgrads,)
     ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
-    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, 0,
-                          deterministic=deterministic, score_mod=score_mod,
-                          varlen=True)
     t = [numpy_tensor(n, a, fn) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     cu_q = np.ascontiguousarray(cu_q, dtype=np.int32)
     cu_k = np.ascontiguousarray(cu_k, dtype=np.int32)
     vl = _lib.make_varlen(cu_q.ctypes.data, cu_k.ctypes.data, B, max_q, max_k)
+    sparse, layout = with_layout(vl, bm)
+    spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
+                          deterministic=deterministic, score_mod=score_mod,
+                          varlen=True)
     caps, count, host = None, 0, ()
     if captures:
         host = fj._host_captures(captures, fn)
@@ -426,5 +449,5 @@ def backward_numpy(q, k, v, o, d_o, lse, cu_q, cu_k, max_q, max_k, mask,
         lse.ctypes.data_as(ctypes.c_void_p),
         *(ctypes.byref(x) for x in t[5:]), scale, wl, wr, ctypes.byref(vl),
         None, 0, caps, count, None))
-    del host, ins
+    del host, ins, layout
     return tuple(from_kernel(g) for g in grads) + (cgrads,)

@@ -122,21 +122,28 @@ def test_opcheck(rng):
 
     q, k, v, cq, ck = torch_packed(rng, [9, 30, 5], [20, 30, 0], 4, 2, 32,
                                    48, torch.bfloat16, True)
-    fwd = (q, k, v, cq, ck, 30, 30, 1, 0.0, -1, -1, False, "", [])
+    fwd = (q, k, v, cq, ck, 30, 30, 1, 0.0, -1, -1, None, None, 0, False, "",
+           [])
     opcheck(torch.ops.flashjit.attention_varlen_fwd.default, fwd)
     bias = torch.randn(4, 30, 30)
     text, _ = flashjit.score_ops.trace_with_captures(
         lambda s, b, h, i, j: s + bias[h, i, j])
     opcheck(torch.ops.flashjit.attention_varlen_fwd.default,
-            fwd[:12] + (text, [bias]))
+            fwd[:15] + (text, [bias]))
+    # With a block mask over the sequences (blocks of 16).
+    bm = flashjit.BlockMask.from_dense(
+        np.random.default_rng().random((3, 1, 2, 2)) < 0.7, 16)
+    counts, indices = bm._device_tensors(q.device)
+    opcheck(torch.ops.flashjit.attention_varlen_fwd.default,
+            fwd[:11] + (counts, indices, 16) + fwd[14:])
     with torch.no_grad():
         o, lse = torch.ops.flashjit.attention_varlen_fwd(*fwd)
     d_o = torch.randn_like(o)
     bwd = (d_o, q.detach(), k.detach(), v.detach(), o, lse, cq, ck, 30, 30, 1,
-           0.0, -1, -1, True, "", [], [])
+           0.0, -1, -1, None, None, 0, True, "", [], [])
     opcheck(torch.ops.flashjit.attention_varlen_bwd.default, bwd)
     opcheck(torch.ops.flashjit.attention_varlen_bwd.default,
-            bwd[:14] + (False, text, [bias], [True]))
+            bwd[:17] + (False, text, [bias], [True]))
 
 
 @needs_torch
@@ -146,12 +153,14 @@ def test_fake_shapes():
     v = torch.empty(300, 2, 48, dtype=torch.bfloat16, device="meta")
     cu = torch.empty(4, dtype=torch.int32, device="meta")
     o, lse = torch.ops.flashjit.attention_varlen_fwd(
-        q, k, v, cu, cu, 77, 200, 1, 0.0, -1, -1, False, "", [])
+        q, k, v, cu, cu, 77, 200, 1, 0.0, -1, -1, None, None, 0, False, "",
+        [])
     assert o.shape == (100, 8, 48) and o.device.type == "meta"
     assert lse.shape == (3, 8, 77) and lse.dtype == torch.float32
     with pytest.raises(TypeError, match="cu_seqlens_k must be int32"):
         torch.ops.flashjit.attention_varlen_fwd(
-            q, k, v, cu, cu.long(), 77, 200, 1, 0.0, -1, -1, False, "", [])
+            q, k, v, cu, cu.long(), 77, 200, 1, 0.0, -1, -1, None, None, 0,
+            False, "", [])
 
 
 @needs_torch
