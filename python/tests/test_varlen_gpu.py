@@ -6,7 +6,8 @@ sequence against the float64 reference of that sequence alone
 Covers bf16 and fp16, causal GQA with Nq != Nkv per sequence, sequences
 without keys or without queries, lengths that do not divide the tiles,
 long sequences beside short ones, decode-shaped batches (one query per
-sequence against long keys), windows, a score modifier and a captured
+sequence against long keys), windows, a block mask over the sequences
+with a causal mask_mod and full blocks, a score modifier and a captured
 tensor's gradient, both dQ modes (deterministic: bit-identical twice),
 explicit max_seqlen_* without any host synchronization
 (torch.cuda.set_sync_debug_mode("error")), a side stream, and the
@@ -312,3 +313,46 @@ def test_offsets_on_another_device_are_refused():
     q, k, v, cq, ck = make([10], [10], 1, 1, 64, 64, torch.bfloat16)
     with pytest.raises(ValueError, match="cu_seqlens_q is on cpu"):
         flashjit.attention_varlen(q, k, v, cq.cpu(), ck)
+
+
+def test_block_mask_over_the_sequences(seed):
+    """block_mask= over a varlen batch ([B, H, ceil(max_q / S),
+    ceil(max_k / S)], each sequence's blocks from its start), with a causal
+    mask_mod whose full blocks are marked: each sequence against its float64
+    reference under its part of the mask, forward and gradients."""
+    lq, lk, H, d, S = [300, 1, 0, 700], [200, 40, 7, 1000], 4, 64, 128
+    q, k, v, cq, ck = make(lq, lk, H, H, d, d, torch.bfloat16, grad=True)
+    rng = np.random.default_rng(seed)
+    B, qb, kb = len(lq), -(-max(lq) // S), -(-max(lk) // S)
+    dense = rng.random((B, H, qb, kb)) < 0.6
+    bm = flashjit.BlockMask.from_dense(dense, S, full=dense & (
+        np.arange(qb)[:, None] > np.arange(kb)[None, :]))
+
+    def causal(b, h, i, j):
+        return j <= i
+
+    o = flashjit.attention_varlen(q, k, v, cq, ck, mask_mod=causal,
+                                  block_mask=bm)
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    hq, hk = cq.cpu().numpy(), ck.cpu().numpy()
+    for b in range(B):
+        if lq[b] == 0 or lk[b] == 0:
+            continue
+        rows, keys = slice(hq[b], hq[b + 1]), slice(hk[b], hk[b + 1])
+        seq = [x.detach()[s].float().cpu().numpy().transpose(1, 0, 2)[None]
+               for x, s in ((q, rows), (k, keys), (v, keys))]
+        i = np.arange(lq[b])[:, None]
+        j = np.arange(lk[b])[None, :]
+        blocks = np.repeat(np.repeat(dense[b], S, 1), S, 2)
+        vis = ((j <= i)[None] & blocks[:, :lq[b], :lk[b]])[None]
+        ro, _ = reference.attention_ref(*seq, None, vis)
+        got = o.detach()[rows].float().cpu().numpy().transpose(1, 0, 2)[None]
+        assert rel_err(got, ro) <= BOUND[torch.bfloat16]
+        want = reference.attention_grads_ref(
+            *seq, got, d_o[rows].float().cpu().numpy().transpose(1, 0, 2)[None],
+            None, vis)
+        for g, w, s in ((q.grad, want[0], rows), (k.grad, want[1], keys),
+                        (v.grad, want[2], keys)):
+            assert rel_err(g[s].float().cpu().numpy().transpose(1, 0, 2)[None],
+                           w) <= GRAD_BOUND[torch.bfloat16]
