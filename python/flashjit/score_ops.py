@@ -892,9 +892,9 @@ def with_mask(score_mod, mask_mod):
     """One score modifier: ``score_mod``'s value (a function, a name, or
     None for the score itself) where ``mask_mod(batch, head, q_idx,
     kv_idx)`` holds, -inf where it does not (a row that keeps no key gives
-    0 and lse -inf). The mask is part of the score_mod region; blocks it
-    masks whole are still visited (block skipping from a mask_mod is not
-    there yet)."""
+    0 and lse -inf), folded into one score_mod region. attention's mask_mod=
+    makes a mask_mod region instead (flashjit.mask_mods), which full blocks
+    and per-block bounds skip; this is for a text that carries its mask."""
     if not callable(mask_mod):
         raise TraceError("flashjit.mask_mod: expected a function of (batch, "
                          f"head, q_idx, kv_idx), got {mask_mod!r}")

@@ -4,8 +4,8 @@ Every function here returns a plain Python function in FlexAttention's
 signatures, ``score_mod(score, batch, head, q_idx, kv_idx)`` or
 ``mask_mod(batch, head, q_idx, kv_idx)``, written with
 ``flashjit.score_ops``: ``flashjit.attention(q, k, v, score_mod=...,
-mask_mod=...)`` traces it into the attn dialect's ``score_mod`` region
-like any function of your own. No variant has kernel code of its own: the
+mask_mod=...)`` traces it into the attn dialect's ``score_mod`` (or
+``mask_mod``) region like any function of your own. No variant has kernel code of its own: the
 compiler inlines the region on each score tile and derives its backward
 (the gradients of the captured tensors too) from it::
 
@@ -22,8 +22,9 @@ tensors"): numpy arrays, or torch tensors on any device, passed to the
 kernel at each call as float32 copies on q's device. A float tensor is
 trainable: torch's autograd reaches it when it requires grad, and numpy's
 ``flashjit.attention_backward(..., capture_grads=True)`` returns its
-gradient (a list, one entry per captured tensor in the region's order;
-``None`` for integer data such as segment ids). Nothing checks an index
+gradient (a list, one entry per captured tensor in the kernel's order,
+score_mod's then mask_mod's; ``None`` for integer data such as segment
+ids and for a mask_mod's tensors). Nothing checks an index
 at run time: a tensor too small for the problem's (b, h, i, j) is an
 out-of-bounds read (each function's doc says what size is needed; the
 region reads it wherever the score is computed, masked or not).
@@ -33,8 +34,11 @@ positions as well, as FlexAttention's do: ``create_block_mask(mask_mod,
 B, H, Nq, Nkv)`` (``BlockMask.from_mask_mod``) evaluates a mask here on
 numpy positions to find the blocks to skip; pass the block mask together
 with the same mask_mod: ``attention(q, k, v, mask_mod=m,
-block_mask=create_block_mask(m, B, H, Nq, Nkv))``. Without one, a mask_mod
-masks elements but every block is still visited.
+block_mask=create_block_mask(m, B, H, Nq, Nkv))``; its full blocks (the
+mask keeps them whole) are marked and skip the mask. Without one, a
+mask_mod masks elements and every block is visited, but a mask of
+positions only (causal, windows) is still skipped on the blocks it keeps
+whole (the compiler bounds it per block).
 
 Positions are absolute and top-left aligned, as FlexAttention's: query
 ``i`` and key ``j`` are rows ``i`` of q and ``j`` of k. flashjit's own
