@@ -22,7 +22,7 @@ no gradient.
 """
 
 from .score_ops import (TraceError, _I1, _INDEX, _Tracer, _Value,
-                        _capturing_torch_indexing, _tracing_with)
+                        _region_text, _trace_call)
 
 
 def trace_mask_with_captures(fn):
@@ -36,25 +36,13 @@ def trace_mask_with_captures(fn):
                          f"head, q_idx, kv_idx), got {fn!r}")
     t = _Tracer()
     args = [_Value(t, n, _INDEX) for n in ("%b", "%h", "%i", "%j")]
-    with _capturing_torch_indexing(), _tracing_with(t):
-        try:
-            keep = fn(*args)
-        except TypeError as e:
-            if isinstance(e, TraceError):
-                raise
-            raise TraceError(f"flashjit.mask_mod: calling {fn!r} failed: "
-                             f"{e} (a mask takes (batch, head, q_idx, "
-                             "kv_idx))") from e
-        if isinstance(keep, bool):  # a constant mask
-            keep = args[0]._lift(keep)
+    keep = _trace_call(fn, t, args, "flashjit.mask_mod: calling",
+                      "a mask takes (batch, head, q_idx, kv_idx)")
+    if isinstance(keep, bool):  # a constant mask
+        keep = args[0]._lift(keep)
     if not isinstance(keep, _Value) or keep._type != _I1:
         raise TraceError(f"flashjit.mask_mod: {fn!r} returned {keep!r}; a "
                          "mask returns a predicate (a comparison, or & | ~ "
                          "of comparisons)")
-    body = "\n".join(t.lines)
-    captures = "".join(", %%c%d: memref<?xf32>" % n
-                       for n in range(len(t.captures)))
-    text = ("{\n  ^bb0(%b: index, %h: index, %i: index, %j: index"
-            + captures + "):\n" + (body + "\n" if body else "")
-            + "    attn.yield %s : i1\n  }" % keep._name)
-    return text, list(t.captures)
+    return (_region_text(t, "%b: index, %h: index, %i: index, %j: index",
+                        keep, "i1"), list(t.captures))

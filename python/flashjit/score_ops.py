@@ -850,27 +850,40 @@ def trace_with_captures(fn):
     t = _Tracer()
     names = ("%s", "%b", "%h", "%i", "%j")
     args = [_Value(t, n, _F32 if n == "%s" else _INDEX) for n in names]
-    with _capturing_torch_indexing(), _tracing_with(t):
-        try:
-            out = fn(*args)
-        except TypeError as e:
-            if isinstance(e, TraceError):
-                raise
-            raise TraceError(f"flashjit.score_mod: tracing {fn!r} failed: "
-                             f"{e} (a modifier takes (score, batch, head, "
-                             "q_idx, kv_idx); see flashjit.score_ops's "
-                             "doc)") from e
+    out = _trace_call(fn, t, args, "flashjit.score_mod: tracing",
+                     "a modifier takes (score, batch, head, q_idx, kv_idx); "
+                     "see flashjit.score_ops's doc")
     if out is None or isinstance(out, (complex, str)):
         raise TraceError(f"flashjit.score_mod: {fn!r} returned {out!r}; a "
                          "modifier returns the modified score")
     v = args[0]._lift(out)._as_f32()
+    return _region_text(t, "%s: f32, %b: index, %h: index, %i: index, "
+                       "%j: index", v, "f32"), list(t.captures)
+
+
+def _trace_call(fn, t, args, doing, takes):
+    """fn(*args) traced into tracer t (torch tensors indexed meanwhile are
+    captured); a TypeError of the call becomes a TraceError "<doing>
+    <fn> failed: <error> (<takes>)"."""
+    with _capturing_torch_indexing(), _tracing_with(t):
+        try:
+            return fn(*args)
+        except TypeError as e:
+            if isinstance(e, TraceError):
+                raise
+            raise TraceError(f"{doing} {fn!r} failed: {e} ({takes})") from e
+
+
+def _region_text(t, params, result, type_):
+    """The region tracer t built: ``{ ^bb0(<params>, %c0: memref<?xf32>,
+    ...): <its lines> attn.yield <result> : <type_> }``, one captured
+    tensor argument per tensor it captured."""
     body = "\n".join(t.lines)
     captures = "".join(", %%c%d: memref<?xf32>" % n
                        for n in range(len(t.captures)))
-    text = ("{\n  ^bb0(%s: f32, %b: index, %h: index, %i: index, "
-            "%j: index" + captures + "):\n" + (body + "\n" if body else "")
-            + "    attn.yield %s : f32\n  }" % v._name)
-    return text, list(t.captures)
+    return ("{\n  ^bb0(" + params + captures + "):\n"
+            + (body + "\n" if body else "")
+            + "    attn.yield %s : %s\n  }" % (result._name, type_))
 
 
 def named(name):
