@@ -137,18 +137,26 @@ def _check_shapes(q_shape, k_shape, v_shape):
         raise ValueError(
             f"flashjit: batch sizes differ: q {tuple(q_shape)}, "
             f"k {tuple(k_shape)}, v {tuple(v_shape)}")
-    if tuple(k_shape[:3]) != tuple(v_shape[:3]):
-        raise ValueError(
-            f"flashjit: k and v must agree in (batch, heads, seq_len): "
-            f"k {tuple(k_shape)}, v {tuple(v_shape)}")
-    if k_shape[3] != q_shape[3]:
-        raise ValueError(
-            f"flashjit: q and k head dims differ: {q_shape[3]} and {k_shape[3]}")
+    return _kv_group(q_shape, k_shape, v_shape, "(batch, heads, seq_len)",
+                     "flashjit")
+
+
+def _kv_group(q_shape, k_shape, v_shape, dims, prefix):
+    """gqa group size of q, k, v shapes whose heads are dimension 1 and
+    head dims the last (dense (B, H, N, d), packed (total, H, d)): k and v
+    agree in every other dimension (dims names them), q and k in the
+    head dim, q's heads are a multiple of k's; else a ValueError starting
+    with prefix."""
+    if tuple(k_shape[:-1]) != tuple(v_shape[:-1]):
+        raise ValueError(f"{prefix}: k and v must agree in {dims}: "
+                         f"k {tuple(k_shape)}, v {tuple(v_shape)}")
+    if k_shape[-1] != q_shape[-1]:
+        raise ValueError(f"{prefix}: q and k head dims differ: "
+                         f"{q_shape[-1]} and {k_shape[-1]}")
     hq, hkv = q_shape[1], k_shape[1]
     if hkv < 1 or hq % hkv != 0:
-        raise ValueError(
-            f"flashjit: q's heads ({hq}) must be a multiple of k's and v's "
-            f"({hkv}) (GQA)")
+        raise ValueError(f"{prefix}: q's heads ({hq}) must be a multiple of "
+                         f"k's and v's ({hkv}) (GQA)")
     return hq // hkv
 
 

@@ -57,20 +57,8 @@ def check_shapes(q_shape, k_shape, v_shape, fn="attention_varlen"):
                 f"flashjit.{fn}: {name} must be 3-D (total_tokens, heads, "
                 f"head_dim): the sequences packed one after another, got "
                 f"shape {tuple(s)}")
-    if k_shape[0] != v_shape[0] or k_shape[1] != v_shape[1]:
-        raise ValueError(
-            f"flashjit.{fn}: k and v must agree in (total_k, heads): "
-            f"k {tuple(k_shape)}, v {tuple(v_shape)}")
-    if k_shape[2] != q_shape[2]:
-        raise ValueError(
-            f"flashjit.{fn}: q and k head dims differ: {q_shape[2]} and "
-            f"{k_shape[2]}")
-    hq, hkv = q_shape[1], k_shape[1]
-    if hkv < 1 or hq % hkv != 0:
-        raise ValueError(
-            f"flashjit.{fn}: q's heads ({hq}) must be a multiple of k's and "
-            f"v's ({hkv}) (GQA)")
-    return hq // hkv
+    return _pkg()._kv_group(q_shape, k_shape, v_shape, "(total_k, heads)",
+                            f"flashjit.{fn}")
 
 
 def check_offset_shapes(cu_q_shape, cu_k_shape, fn="attention_varlen"):
