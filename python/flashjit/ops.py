@@ -267,9 +267,17 @@ def _attention_bwd_captured_fake(d_o, q, k, v, o, lse, mask, scale,
                                  block_indices, block_size, deterministic,
                                  score_mod, captures, capture_needs_grad):
     _torch_impl.check_inputs(q, k, v, "attention_backward")
-    _torch_impl.check_captures(captures, q, "attention_backward")
+    return _fake_backward(q, k, v, captures, capture_needs_grad,
+                          deterministic, "attention_backward")
+
+
+def _fake_backward(q, k, v, captures, capture_needs_grad, deterministic, fn):
+    """A captured backward op's fake result: dq, dk, dv shaped as q, k, v
+    and a gradient per captured tensor flagged (captures and flags checked
+    as the op checks them)."""
+    _torch_impl.check_captures(captures, q, fn)
     flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
-                                           deterministic)
+                                           deterministic, fn)
     grads = [c.new_empty(c.shape) for c, f in zip(captures, flags) if f]
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             grads)
@@ -471,12 +479,8 @@ def _attention_varlen_bwd_fake(d_o, q, k, v, o, lse, cu_seqlens_q,
                                capture_needs_grad):
     fn = "attention_backward_varlen"
     _torch_varlen.check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, fn)
-    _torch_impl.check_captures(captures, q, fn)
-    flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
-                                           deterministic, fn)
-    grads = [c.new_empty(c.shape) for c, f in zip(captures, flags) if f]
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            grads)
+    return _fake_backward(q, k, v, captures, capture_needs_grad,
+                          deterministic, fn)
 
 
 def _varlen_setup_context(ctx, inputs, output):
