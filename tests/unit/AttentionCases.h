@@ -102,6 +102,28 @@ inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
   return config;
 }
 
+/// A score_mod region with two captured tensors (CapturedTensorTests,
+/// MaskModTests): s + bias[(h * Nq + i) * Nkv + j] where seg[i] == seg[j],
+/// else -inf
+/// (Nq = 70, Nkv = 90 written in: the bias tensor is (H, Nq, Nkv)).
+inline const char *kBiasAndDocumentsRegion = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>, %seg: memref<?xf32>):
+  %nq = arith.constant 70 : index
+  %nkv = arith.constant 90 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %x = memref.load %bias[%at] : memref<?xf32>
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  %biased = arith.addf %s, %x : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %y = arith.select %same, %biased, %ninf : f32
+  attn.yield %y : f32
+})";
+
 } // namespace flashjit::test
 
 #endif // FLASHJIT_TESTS_UNIT_ATTENTIONCASES_H

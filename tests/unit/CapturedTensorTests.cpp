@@ -43,26 +43,6 @@ const char *kSlopes = R"({
   attn.yield %y : f32
 })";
 
-/// s + bias[(h * Nq + i) * Nkv + j] where seg[i] == seg[j], else -inf
-/// (Nq = 70, Nkv = 90 written in: the bias tensor is (H, Nq, Nkv)).
-const char *kBiasAndDocuments = R"({
-^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>, %seg: memref<?xf32>):
-  %nq = arith.constant 70 : index
-  %nkv = arith.constant 90 : index
-  %hq = arith.muli %h, %nq : index
-  %row = arith.addi %hq, %i : index
-  %rk = arith.muli %row, %nkv : index
-  %at = arith.addi %rk, %j : index
-  %x = memref.load %bias[%at] : memref<?xf32>
-  %si = memref.load %seg[%i] : memref<?xf32>
-  %sj = memref.load %seg[%j] : memref<?xf32>
-  %same = arith.cmpf oeq, %si, %sj : f32
-  %biased = arith.addf %s, %x : f32
-  %ninf = arith.constant 0xFF800000 : f32
-  %y = arith.select %same, %biased, %ninf : f32
-  attn.yield %y : f32
-})";
-
 Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
   Problem p;
   p.batch = 1;
@@ -106,7 +86,7 @@ TEST(CapturedTensors, LearnedSlopesMatchTheReference) {
 }
 
 TEST(CapturedTensors, BiasAndDocumentMaskMatchTheReference) {
-  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocuments);
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocumentsRegion);
   ASSERT_EQ(spec.captures, 2);
   spec.mask = MaskKind::Causal;
   uint64_t seed = freshSeed();
@@ -176,7 +156,7 @@ TEST(CapturedTensors, BadCapturesAreNamedErrors) {
 /// other data; with a bias, a document mask, causal, GQA and Nq != Nkv, in
 /// both dQ modes.
 TEST(CapturedTensors, GradientsMatchTheReference) {
-  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocuments);
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocumentsRegion);
   spec.mask = MaskKind::Causal;
   spec.gqaGroup = 2;
   spec.headDimQK = spec.headDimV = 32;
@@ -301,7 +281,7 @@ TEST(CapturedTensors, TheirGradientsMatchTheReference) {
 TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
   // One pointer parameter per captured tensor after the f32 argument (the
   // launcher's order: kernels/KernelABI.h), read by global loads.
-  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocuments);
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kBiasAndDocumentsRegion);
   TileConfig gpuTiling = tileConfig(32, 32);
   gpuTiling.warps = 2;
   for (const char *arch : {"sm_80", "sm_90a"}) {
@@ -333,7 +313,7 @@ TEST(CapturedTensors, GpuKernelTakesThemAfterTheAbi) {
       ++n;
     return n;
   };
-  for (const char *region : {kSlopes, kBiasAndDocuments}) {
+  for (const char *region : {kSlopes, kBiasAndDocumentsRegion}) {
     SCOPED_TRACE(region);
     AttentionSpec bwd = withScoreModRegion(AttentionSpec(), region);
     bwd.direction = Direction::Backward;

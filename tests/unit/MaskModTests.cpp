@@ -80,26 +80,6 @@ const char *kBias = R"({
   attn.yield %y : f32
 })";
 
-/// kBias and kDocument as one score_mod region (the way masks were
-/// written before mask_mod): the same attention.
-const char *kBiasAndDocumentAsOneRegion = R"({
-^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>, %seg: memref<?xf32>):
-  %nq = arith.constant 70 : index
-  %nkv = arith.constant 90 : index
-  %hq = arith.muli %h, %nq : index
-  %row = arith.addi %hq, %i : index
-  %rk = arith.muli %row, %nkv : index
-  %at = arith.addi %rk, %j : index
-  %x = memref.load %bias[%at] : memref<?xf32>
-  %si = memref.load %seg[%i] : memref<?xf32>
-  %sj = memref.load %seg[%j] : memref<?xf32>
-  %same = arith.cmpf oeq, %si, %sj : f32
-  %biased = arith.addf %s, %x : f32
-  %ninf = arith.constant 0xFF800000 : f32
-  %y = arith.select %same, %biased, %ninf : f32
-  attn.yield %y : f32
-})";
-
 Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
   Problem p;
   p.batch = 2;
@@ -147,7 +127,7 @@ TEST(MaskMods, ForwardMatchesTheReferenceAndNotAnotherMask) {
 
 /// A learned bias (score_mod, with its gradient) beside a document mask
 /// (mask_mod over captured segment ids) is the attention of the one region
-/// that does both; forward, dQ, dK, dV and the bias's gradient match the
+/// that does both (kBiasAndDocumentsRegion, AttentionCases.h); forward, dQ, dK, dV and the bias's gradient match the
 /// float64 reference, in both dQ modes (the bias's gradient with atomic
 /// dQ only: it is summed by atomic adds).
 TEST(MaskMods, ScoreModBesideAMaskIsTheOneRegionAttention) {
@@ -156,7 +136,7 @@ TEST(MaskMods, ScoreModBesideAMaskIsTheOneRegionAttention) {
   ASSERT_EQ(two.captures, 2);
   ASSERT_EQ(two.maskCaptures, 1);
   AttentionSpec one =
-      withScoreModRegion(AttentionSpec(), kBiasAndDocumentAsOneRegion);
+      withScoreModRegion(AttentionSpec(), kBiasAndDocumentsRegion);
   for (AttentionSpec *s : {&two, &one}) {
     s->headDimQK = s->headDimV = 32;
     s->mask = MaskKind::Causal;
