@@ -110,7 +110,7 @@ struct GpuTarget {
 /// every cubin and tuning cache key, so that entries written by an earlier
 /// code generator are rebuilt, not reused. Change it with every change to
 /// a lowering that can alter the PTX of an unchanged pipeline.
-inline constexpr const char *kCodegenRevision = "tile-ir-4";
+inline constexpr const char *kCodegenRevision = "tile-ir-5";
 
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";
@@ -206,6 +206,17 @@ public:
   /// required iff the spec is block-sparse.
   void run(const Problem &problem, AttentionData &data,
            const BlockSparseLayout *layout) const;
+
+  /// The layout of the spec's mask_mod region for \p problem (the spec
+  /// block-sparse with a mask_mod, not varlen; else SpecError): its
+  /// classification function `@f_blocks` (kernels/KernelABI.h abi::blocks)
+  /// evaluates the mask, with \p data's captured tensors, on every block
+  /// pair. \p batch and \p heads: the layout's (the problem's, or 1 for a
+  /// mask that does not depend on them, evaluated at 0). Entries past a
+  /// count are 0.
+  BlockSparseLayout classifyBlocks(const Problem &problem,
+                                   const AttentionData &data, int64_t batch,
+                                   int64_t heads) const;
 
   const AttentionSpec &spec() const;
   const TileConfig &config() const;

@@ -194,16 +194,17 @@ void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
         "and {}",
         counts.size(), indices.size(), batch, heads, qBlocks, kvBlocks,
         batch * heads * qBlocks, batch * heads * qBlocks * kvBlocks));
-  for (int32_t v : indices)
-    if (abi::blockOfEntry(v) >= kvBlocks)
-      throw SpecError("layout: a KV block index is out of range");
-  // A KV block listed twice would count twice in the forward's softmax (lse
-  // high by ln 2): refused, as transposed() refuses it for the backward.
+  // The entries a row lists (the kernels read no others): in range, and
+  // none twice, since a KV block listed twice would count twice in the
+  // forward's softmax (lse high by ln 2), as transposed() refuses it for the
+  // backward.
   std::vector<int64_t> lastRow(size_t(kvBlocks), -1);
   for (size_t row = 0; row < counts.size(); ++row) {
     const int32_t *idx = &indices[row * size_t(kvBlocks)];
     for (int32_t j = 0; j < counts[row]; ++j) {
       int32_t kb = abi::blockOfEntry(idx[j]);
+      if (kb >= kvBlocks)
+        throw SpecError("layout: a KV block index is out of range");
       if (lastRow[size_t(kb)] == int64_t(row)) {
         int64_t qb = int64_t(row) % qBlocks, bh = int64_t(row) / qBlocks;
         throw SpecError(fmt::format(
@@ -214,6 +215,76 @@ void BlockSparseLayout::checkFits(const Problem &p, int64_t sparseBlock) const {
       lastRow[size_t(kb)] = int64_t(row);
     }
   }
+}
+
+void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &p,
+                         int64_t batch, int64_t heads) {
+  if (!spec.blockSparse || spec.maskModRegion.empty())
+    throw SpecError("mask blocks: only a block-sparse kernel with a mask_mod "
+                    "region classifies its blocks (--mask-mod with "
+                    "--block-sparse / --mask-blocks)");
+  if (spec.varlen)
+    throw SpecError("mask blocks: a variable-length batch's layout is not "
+                    "classified on the device; give it a layout "
+                    "(BlockMask.from_mask_mod, --layout)");
+  if ((batch != 1 && batch != p.batch) || (heads != 1 && heads != p.heads))
+    throw SpecError(fmt::format("mask blocks: a layout of batch {} and heads "
+                                "{} does not broadcast to {} x {}",
+                                batch, heads, p.batch, p.heads));
+}
+
+BlockSparseLayout emptyMaskBlocksLayout(const AttentionSpec &spec,
+                                        const Problem &p, int64_t batch,
+                                        int64_t heads) {
+  BlockSparseLayout l;
+  l.batch = batch;
+  l.heads = heads;
+  l.qBlocks = (p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock;
+  l.kvBlocks = (p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock;
+  l.counts.assign(size_t(batch * heads * l.qBlocks), 0);
+  l.indices.assign(l.counts.size() * size_t(l.kvBlocks), 0);
+  return l;
+}
+
+BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
+                                      const Problem &p,
+                                      const Captures &captures, int64_t batch,
+                                      int64_t heads) {
+  const int64_t s = spec.sparseBlock;
+  BlockSparseLayout shape = emptyMaskBlocksLayout(spec, p, batch, heads);
+  const int64_t qb = shape.qBlocks, kb = shape.kvBlocks;
+  std::vector<uint8_t> dense(size_t(batch * heads * qb * kb), 0);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < qb; ++r)
+        for (int64_t c = 0; c < kb; ++c) {
+          bool any = false, all = true;
+          for (int64_t i = r * s; i < std::min(p.seqLenQ, (r + 1) * s); ++i)
+            for (int64_t j = c * s; j < std::min(p.seqLenKV, (c + 1) * s);
+                 ++j) {
+              double unused = 0;
+              bool keep = spec.maskFunction->apply(0.0, b, h, i, j, &captures,
+                                                   &unused) != 0.0;
+              any |= keep;
+              all &= keep;
+            }
+          dense[size_t(((b * heads + h) * qb + r) * kb + c)] =
+              any ? (all ? 2 : 1) : 0;
+        }
+  return BlockSparseLayout::fromDense(batch, heads, qb, kb, dense);
+}
+
+bool sameListedBlocks(const BlockSparseLayout &a, const BlockSparseLayout &b) {
+  if (a.batch != b.batch || a.heads != b.heads || a.qBlocks != b.qBlocks ||
+      a.kvBlocks != b.kvBlocks || a.counts != b.counts)
+    return false;
+  for (size_t row = 0; row < a.counts.size(); ++row)
+    if (!std::equal(a.indices.begin() + std::ptrdiff_t(row * a.kvBlocks),
+                    a.indices.begin() +
+                        std::ptrdiff_t(row * a.kvBlocks + a.counts[row]),
+                    b.indices.begin() + std::ptrdiff_t(row * b.kvBlocks)))
+      return false;
+  return true;
 }
 
 double BlockSparseLayout::density() const {

@@ -130,6 +130,31 @@ struct BlockSparseLayout {
   BlockSparseLayout transposed() const;
 };
 
+/// Throws SpecError unless \p spec's mask_mod can classify blocks for
+/// \p problem into a \p batch x \p heads layout (kernels/KernelABI.h
+/// abi::blocks): block-sparse with a mask_mod region, not varlen, and each
+/// of batch, heads the problem's or 1.
+void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &problem,
+                         int64_t batch, int64_t heads);
+/// A \p batch x \p heads layout of \p problem's blocks at \p spec's
+/// sparse block, counts and indices zero: what a classification fills.
+BlockSparseLayout emptyMaskBlocksLayout(const AttentionSpec &spec,
+                                        const Problem &problem, int64_t batch,
+                                        int64_t heads);
+
+/// The float64 reference's classification of \p spec's mask_mod (its
+/// maskFunction, with \p captures) on every element of every block pair of
+/// a \p batch x \p heads layout of \p problem: listed where it keeps an
+/// element, full where it keeps all. Cost: batch * heads * Nq * Nkv
+/// evaluations.
+BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
+                                      const Problem &problem,
+                                      const Captures &captures, int64_t batch,
+                                      int64_t heads);
+/// Whether \p a and \p b have the same shape, counts and entries up to
+/// each count (what a kernel reads).
+bool sameListedBlocks(const BlockSparseLayout &a, const BlockSparseLayout &b);
+
 /// Fresh random inputs: normal(0, 1) rounded to the dtype; outputs poisoned
 /// with NaN so that an element the kernel never writes fails the check.
 AttentionData makeRandomInputs(const AttentionSpec &spec,

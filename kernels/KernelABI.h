@@ -219,6 +219,26 @@ inline int64_t launchSplits(const AttentionSpec &spec, const Problem &p,
 }
 } // namespace split
 
+/// The block classification of a mask_mod region, `@f_blocks` (role
+/// "mask_blocks"), built beside the forward of a block-sparse description
+/// with a mask_mod (dialects/Attn/Transforms/TileAttentionBlocks.cpp): the
+/// forward's arguments (not the split ABI's); it reads only the index
+/// arguments and the captured tensors, and writes the layout: for each
+/// (b, h) of the launch's batch x heads (the layout's: 1 where it
+/// broadcasts, the mask then evaluated at 0) and sparse Q block qb,
+/// counts[b, h, qb] and indices[b, h, qb, 0 .. count) the KV blocks with
+/// an element the mask keeps, ascending, ~k for a block it keeps whole
+/// (fullBlockEntry); the entries past count are not written. pid_m = a
+/// group of kRows Q blocks, pid_bh = b * heads + h; grid.x = ceil(seq_q /
+/// (kRows * sparse_block)).
+namespace blocks {
+inline constexpr const char *kSuffix = "_blocks";
+/// Q blocks per program (one per warp on the GPU).
+constexpr int64_t kRows = 4;
+/// Keys per tile of the evaluation (a block's keys in chunks of these).
+constexpr int64_t kMaxColumns = 128;
+} // namespace blocks
+
 /// The backward kernels' argument list, shared by its three functions:
 ///
 ///   buffers:  q, k, v, o, do (element type; do shaped as o),

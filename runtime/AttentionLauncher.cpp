@@ -1,6 +1,7 @@
 //===- AttentionLauncher.cpp - Launch a compiled forward kernel -----------===//
 
 #include "runtime/AttentionLauncher.h"
+#include "kernels/HostTensor.h"
 #include "kernels/KernelABI.h"
 #include "runtime/Error.h"
 
@@ -82,6 +83,12 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
     combineOf = recordedLaunch(image, combineName);
     combine = module.function(combineName);
   }
+  const std::string blocksName =
+      std::string("attention") + abi::blocks::kSuffix;
+  if (findKernelLaunch(image.kernels, blocksName)) {
+    blocksOf = recordedLaunch(image, blocksName);
+    blocks = module.function(blocksName);
+  }
   if (launchOf.kvSplit || launchOf.persistent) {
     CudaDriver &driver = CudaDriver::get();
     smCount = queryDevice(driver.currentDevice(), driver).smCount;
@@ -90,6 +97,52 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
 
 int64_t ForwardKernel::splitsFor(const Problem &p) const {
   return combine ? abi::split::launchSplits(spec, p, config, smCount) : 0;
+}
+
+void ForwardKernel::classifyBlocks(
+    const Problem &p, int64_t batch, int64_t heads, CUdeviceptr counts,
+    CUdeviceptr indices,
+    const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
+    CUstream stream) const {
+  p.validate(spec);
+  checkMaskBlocksArgs(spec, p, batch, heads);
+  if (!blocks)
+    throw SpecError("mask blocks: this kernel image holds no classification "
+                    "(compiled by an older flashjit?)");
+  if (!counts || !indices)
+    throw SpecError("mask blocks: the layout's counts and indices are null");
+  for (int c = 0; c < int(spec.captures); ++c)
+    if (!captures[size_t(c)])
+      throw SpecError(
+          fmt::format("mask blocks: captured tensor {} is null", c));
+  BlockSparseLayout shape; // the dims only: its strides
+  shape.batch = batch;
+  shape.heads = heads;
+  shape.qBlocks = (p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock;
+  shape.kvBlocks = (p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock;
+  abi::TensorStrides strides;
+  strides.counts = shape.countStrides();
+  strides.indices = shape.indexStrides();
+  Problem lp = p;
+  lp.batch = batch;
+  lp.heads = heads;
+  std::array<int64_t, abi::NumIndexArgs> index =
+      abi::indexArgs(spec, lp, strides);
+  CUdeviceptr bufs[abi::NumBuffers] = {};
+  bufs[abi::Counts] = counts;
+  bufs[abi::Indices] = indices;
+  float unusedScale = 0;
+  std::array<CUdeviceptr, abi::kMaxCaptures> captured = captures;
+  void *params[abi::NumBuffers + abi::NumIndexArgs + 1 + abi::kMaxCaptures];
+  size_t n = 0;
+  for (CUdeviceptr &ptr : bufs)
+    params[n++] = &ptr;
+  for (int64_t &i : index)
+    params[n++] = &i;
+  params[n++] = &unusedScale;
+  for (int c = 0; c < int(spec.captures); ++c)
+    params[n++] = &captured[size_t(c)];
+  launchRecorded(blocks, blocksOf, lp, 1, stream, params);
 }
 
 std::shared_ptr<DeviceBuffer>

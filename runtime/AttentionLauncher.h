@@ -181,6 +181,17 @@ public:
   /// The split count for \p p: abi::split::launchSplits on the device's
   /// SMs (0 for a one-pass kernel).
   int64_t splitsFor(const Problem &p) const;
+  /// The mask_mod's block classification (kernels/KernelABI.h abi::blocks;
+  /// the image of a block-sparse spec with a mask_mod holds it): writes the
+  /// \p batch x \p heads layout of \p p (checkMaskBlocksArgs) into the
+  /// packed device arrays \p counts [batch, heads, q blocks] and \p indices
+  /// [batch, heads, q blocks, kv blocks] (entries past a count untouched),
+  /// the mask reading \p captures. Queued on \p stream; throws SpecError.
+  void
+  classifyBlocks(const Problem &p, int64_t batch, int64_t heads,
+                 CUdeviceptr counts, CUdeviceptr indices,
+                 const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
+                 CUstream stream) const;
   /// A persistent kernel's programs (KernelLaunch::persistent): the
   /// device's SMs; 0 for any other.
   int64_t persistentPrograms() const {
@@ -192,9 +203,9 @@ public:
 
 private:
   Module module;
-  CUfunction function = nullptr, combine = nullptr;
+  CUfunction function = nullptr, combine = nullptr, blocks = nullptr;
   AttentionSpec spec;
-  KernelLaunch launchOf, combineOf;
+  KernelLaunch launchOf, combineOf, blocksOf;
   int64_t copy;
   TileConfig config;
   int smCount = 0;

@@ -13,7 +13,9 @@
 ///   - "dq" (the separate dQ pass): its own tiles (dqPassTiles);
 ///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp);
 ///   - "forward_split": as "forward", over the split ABI with pid_split on
-///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h).
+///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h);
+///   - "mask_blocks": a mask_mod's block classification, a row kernel of a
+///     warp per sparse Q block (abi::blocks).
 /// And the kernel's arguments that follow from it: the ABI's groups, then
 /// a score modifier's captured tensors (and, in the backward, their
 /// gradient buffers) as pointer parameters after the f32 group.
@@ -181,6 +183,18 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.numCaptures = capturedArguments(fn, p);
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;
+    return lowerRowKernel(fn, gpuModule, spec, p);
+  }
+  if (attr.getRole() == "mask_blocks") {
+    // A mask_mod's block classification: a row kernel over the forward's
+    // arguments, a warp per sparse Q block (abi::blocks).
+    KernelPlacement p;
+    p.numBuffers = abi::NumBuffers;
+    p.numIndexArgs = abi::NumIndexArgs;
+    p.numF32Args = 1;
+    p.numCaptures = capturedArguments(fn, p);
+    p.threads = 32 * abi::blocks::kRows;
+    p.gridRows = attr.getBlockM();
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   const bool kvRing = wgmma && ringStages >= 2;

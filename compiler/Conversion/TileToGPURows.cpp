@@ -74,6 +74,9 @@ private:
   LogicalResult lowerLoad(tile::LoadOp op);
   LogicalResult lowerStore(tile::StoreOp op);
   LogicalResult lowerReduce(tile::ReduceOp op);
+  LogicalResult lowerIota(tile::IotaOp op);
+  LogicalResult lowerGather(tile::GatherOp op);
+  LogicalResult lowerScatter(tile::ScatterOp op);
   LogicalResult lowerElementwise(Operation *op);
   LogicalResult lowerFor(scf::ForOp loop);
   /// A row's registers of tile \p v as a loop carries them: every column
@@ -120,10 +123,10 @@ LogicalResult RowKernelLowering::analyse() {
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
     if (op == fn.getOperation())
       return WalkResult::advance();
-    if (isa<tile::DotOp, tile::AtomicAddOp, tile::IotaOp>(op) ||
+    if (isa<tile::DotOp, tile::AtomicAddOp>(op) ||
         (op->getNumRegions() > 0 && !isa<scf::ForOp>(op)))
-      return fail(op, "a row kernel has no product, index tile or branch "
-                      "(loops are scf.for)");
+      return fail(op, "a row kernel has no product or branch (loops are "
+                      "scf.for)");
     for (Value v : op->getResults())
       if (auto ty = dyn_cast<RankedTensorType>(v.getType())) {
         if (rows == 0)
@@ -172,9 +175,9 @@ Value RowKernelLowering::loadAt(Value base, Type elem, Value index) {
 }
 
 void RowKernelLowering::storeAt(Value base, Type elem, Value index, Value v) {
-  if (elem.isF32()) {
+  if (elem.isF32() || elem.isInteger(32)) {
     LLVM::StoreOp::create(b, v,
-                          LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+                          LLVM::GEPOp::create(b, g.ptrGen, elem, base,
                                               ArrayRef<LLVM::GEPArg>{index}));
     return;
   }
@@ -212,7 +215,7 @@ LogicalResult RowKernelLowering::lowerStore(tile::StoreOp op) {
   Value v = op.getValue();
   const RowRegs &in = regs[v];
   Type elem = cast<MemRefType>(op.getBase().getType()).getElementType();
-  if (elem.isF32() == in.pendingRound)
+  if ((elem.isBF16() || elem.isF16()) != in.pendingRound)
     return fail(op, "a 16-bit tile must come from arith.truncf");
   Value base = map.lookup(op.getBase());
   Value offset = toI64(map.lookup(op.getOffset()));
@@ -258,6 +261,56 @@ LogicalResult RowKernelLowering::lowerReduce(tile::ReduceOp op) {
     acc = isMax ? g.fmax(acc, other) : g.fadd(acc, other);
   }
   regs[op.getResult()].regs.push_back(acc);
+  return success();
+}
+
+/// The tile row (dim 0, and a rank-1 iota) or each register's column
+/// (dim 1, lane + 32 j; past the tile's columns too, where no store or
+/// reduction reads it).
+LogicalResult RowKernelLowering::lowerIota(tile::IotaOp op) {
+  RowRegs &out = regs[op.getResult()];
+  if (op.getDim() == 0) {
+    out.regs.push_back(row);
+    return success();
+  }
+  for (int64_t j = 0; j < ceilDiv(cols(op.getResult()), 32); ++j)
+    out.regs.push_back(column(j));
+  return success();
+}
+
+/// Each register loaded at its index (the tiling keeps indices inside the
+/// captured tensor, padding columns included).
+LogicalResult RowKernelLowering::lowerGather(tile::GatherOp op) {
+  Value base = map.lookup(op.getBase());
+  RowRegs &out = regs[op.getResult()];
+  for (Value index : regs[op.getIndex()].regs)
+    out.regs.push_back(loadAt(base, g.f32, g.ext64(index)));
+  return success();
+}
+
+/// A rank-1 tile's row value written by lane 0, a 2-D tile's registers by
+/// their lanes, each where its mask holds (and its column exists).
+LogicalResult RowKernelLowering::lowerScatter(tile::ScatterOp op) {
+  Type elem = cast<MemRefType>(op.getBase().getType()).getElementType();
+  Value base = map.lookup(op.getBase());
+  const RowRegs &value = regs[op.getValue()], &index = regs[op.getIndex()],
+                &mask = regs[op.getMask()];
+  if (value.pendingRound)
+    return fail(op, "a rounded tile is consumed only by tile.store");
+  const int64_t n = cols(op.getValue());
+  if (n == 0) {
+    Value write = g.andI(g.cmp(CmpIPredicate::eq, lane, g.c32(0)), mask.at(0));
+    g.ifThen(write,
+             [&] { storeAt(base, elem, g.ext64(index.at(0)), value.at(0)); });
+    return success();
+  }
+  for (int64_t j = 0; j < ceilDiv(n, 32); ++j) {
+    Value write = mask.at(j);
+    if (Value ok = columnOk(j, n))
+      write = g.andI(write, ok);
+    g.ifThen(write,
+             [&] { storeAt(base, elem, g.ext64(index.at(j)), value.at(j)); });
+  }
   return success();
 }
 
@@ -363,6 +416,12 @@ LogicalResult RowKernelLowering::lowerOp(Operation *op) {
     return lowerStore(s);
   if (auto r = dyn_cast<tile::ReduceOp>(op))
     return lowerReduce(r);
+  if (auto i = dyn_cast<tile::IotaOp>(op))
+    return lowerIota(i);
+  if (auto gather = dyn_cast<tile::GatherOp>(op))
+    return lowerGather(gather);
+  if (auto scatter = dyn_cast<tile::ScatterOp>(op))
+    return lowerScatter(scatter);
   if (auto bc = dyn_cast<tile::BroadcastOp>(op)) {
     if (bc.getDim() != 1)
       return fail(op, "a row kernel broadcasts along its rows only");

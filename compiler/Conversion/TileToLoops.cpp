@@ -269,6 +269,8 @@ LogicalResult TileLowering::lowerOp(Operation *op) {
           .Case([&](tile::ScatterAddOp o) {
             return lowerScatterAdd(b, o), success();
           })
+          .Case(
+              [&](tile::ScatterOp o) { return lowerScatter(b, o), success(); })
           .Case([&](arith::ConstantOp o) {
             return lowerConstant(b, o), success();
           })

@@ -63,6 +63,7 @@ private:
   void lowerIota(mlir::OpBuilder &b, tile::IotaOp op);
   void lowerGather(mlir::OpBuilder &b, tile::GatherOp op);
   void lowerScatterAdd(mlir::OpBuilder &b, tile::ScatterAddOp op);
+  void lowerScatter(mlir::OpBuilder &b, tile::ScatterOp op);
   void lowerConstant(mlir::OpBuilder &b, mlir::arith::ConstantOp op);
   void lowerElementwise(mlir::OpBuilder &b, mlir::Operation *op);
 

@@ -372,6 +372,36 @@ void TileLowering::lowerScatterAdd(OpBuilder &b, tile::ScatterAddOp op) {
       });
 }
 
+/// Each element whose mask holds written at its index (a mask's block
+/// classification listing its kept blocks).
+///
+///   tile.scatter %e, %IDX[%pos] if %kept
+///       : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+///
+/// becomes
+///
+///   scf.for %r ... {
+///     scf.if (memref.load %KEPT[%r]) {
+///       %i = arith.index_cast (memref.load %POS[%r]) : i32 to index
+///       memref.store (memref.load %E[%r]), %IDX[%i]
+///   } }
+void TileLowering::lowerScatter(OpBuilder &b, tile::ScatterOp op) {
+  forEachIndex(
+      b, op.getLoc(),
+      cast<RankedTensorType>(op.getValue().getType()).getShape(),
+      [&](OpBuilder &b, Location loc, ValueRange ivs) {
+        auto kept =
+            scf::IfOp::create(b, loc, element(b, loc, op.getMask(), ivs),
+                              /*withElseRegion=*/false);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(kept.thenBlock());
+        Value i = arith::IndexCastOp::create(
+            b, loc, b.getIndexType(), element(b, loc, op.getIndex(), ivs));
+        memref::StoreOp::create(b, loc, element(b, loc, op.getValue(), ivs),
+                                op.getBase(), ValueRange{i});
+      });
+}
+
 /// A splat constant tile is its scalar (like tile.splat): elementwise users
 /// take the scalar; a buffer is filled only where an op needs one.
 ///

@@ -250,6 +250,7 @@ struct CpuKernel::Impl {
   std::unique_ptr<ExecutionEngine> engine;
   PackedEntry entry = nullptr;
   PackedEntry combine = nullptr; ///< split-KV only
+  PackedEntry blocks = nullptr;  ///< block-sparse with a mask_mod only
 };
 
 CpuKernel::CpuKernel(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
@@ -274,7 +275,46 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
   if (config.splits)
     impl->combine = lookupEntry(*impl->engine, std::string(kKernelName) +
                                                    abi::split::kCombineSuffix);
+  if (spec.blockSparse && !spec.maskModRegion.empty())
+    impl->blocks = lookupEntry(*impl->engine,
+                               std::string(kKernelName) + abi::blocks::kSuffix);
   return std::unique_ptr<CpuKernel>(new CpuKernel(std::move(impl)));
+}
+
+BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
+                                            const AttentionData &d,
+                                            int64_t batch,
+                                            int64_t heads) const {
+  const AttentionSpec &spec = impl->spec;
+  p.validate(spec);
+  checkMaskBlocksArgs(spec, p, batch, heads);
+  std::vector<MemRef1D> captured = capturedBuffers(spec, d);
+  BlockSparseLayout layout = emptyMaskBlocksLayout(spec, p, batch, heads);
+  Problem lp = p;
+  lp.batch = batch;
+  lp.heads = heads;
+  abi::TensorStrides strides;
+  strides.counts = layout.countStrides();
+  strides.indices = layout.indexStrides();
+  auto idxArray = abi::indexArgs(spec, lp, strides);
+  std::vector<int64_t> idx(idxArray.begin(), idxArray.end());
+  std::vector<int32_t> unused(1, 0);
+  MemRef1D none = describe(unused.data(), 1);
+  std::vector<MemRef1D> bufs = {
+      none,
+      none,
+      none,
+      none,
+      none,
+      describe(layout.counts.data(), int64_t(layout.counts.size())),
+      describe(layout.indices.data(), int64_t(layout.indices.size())),
+      none,
+      none};
+  const int64_t programs =
+      (layout.qBlocks + abi::blocks::kRows - 1) / abi::blocks::kRows;
+  runGrid(impl->blocks, bufs, idx, {0.0f}, programs, batch * heads, 0,
+          captured);
+  return layout;
 }
 
 void CpuKernel::run(const Problem &p, AttentionData &d,

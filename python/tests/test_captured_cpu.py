@@ -105,7 +105,17 @@ def test_bias_and_document_mask_with_gqa(causal):
     fn = document_bias(bias, seg, Nkv - Nq)
     text, caps = F.trace_with_captures(fn)
     assert len(caps) == 2 and caps[0] is seg and caps[1] is bias
-    other_seg = documents(rng, Nkv, pieces=5)
+    # The wrong documents must change the mask where the queries look (at
+    # least Nq visible pairs), else the check that can fail could not: a
+    # random draw may agree with seg on every visible pair.
+    i = np.arange(Nq)[:, None] + (Nkv - Nq)
+    j = np.arange(Nkv)[None, :]
+    seen = (j <= i) if causal else np.ones((Nq, Nkv), bool)
+    while True:
+        other_seg = documents(rng, Nkv, pieces=5)
+        moved = (seg[i] == seg[j]) != (other_seg[i] == other_seg[j])
+        if np.count_nonzero(moved & seen) >= Nq:
+            break
     check(q, k, v, causal, 0.4, fn,
           wrong=[(document_bias(bias * -1.0, seg, Nkv - Nq), None),
                  (document_bias(bias, other_seg, Nkv - Nq), None)])

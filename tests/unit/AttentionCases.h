@@ -81,8 +81,6 @@ inline BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
   return {};
 }
 
-/// Br x Bc with \p warps warps and the other TileConfig defaults: the
-/// tiling the unit suites name inline.
 /// \p n floats drawn uniformly from [lo, hi) (captured tensors' data).
 inline std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo,
                                   float hi) {
@@ -93,6 +91,8 @@ inline std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo,
   return v;
 }
 
+/// Br x Bc with \p warps warps and the other TileConfig defaults: the
+/// tiling the unit suites name inline.
 inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
                              int64_t warps = 4) {
   TileConfig config;

@@ -175,12 +175,17 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
 /// keep where seg[i] == seg[j], seg captured tensor 1 (after the bias).
 class SameSegment : public ScoreFunction {
 public:
+  /// The segment ids are captured tensor \p at.
+  explicit SameSegment(size_t at = 1) : at(at) {}
   double apply(double, int64_t, int64_t, int64_t i, int64_t j,
                const Captures *captures, double *dScore) const override {
     *dScore = 0;
-    const std::vector<float> &seg = (*captures)[1];
+    const std::vector<float> &seg = (*captures)[at];
     return seg[size_t(i)] == seg[size_t(j)] ? 1.0 : 0.0;
   }
+
+private:
+  size_t at;
 };
 
 const char *kSameSegment = R"({
@@ -269,3 +274,60 @@ TEST(CApiCaptured, MaskModBesideTheBiasOnTheCpu) {
 }
 
 } // namespace
+
+/// flashjit_mask_blocks on the CPU: the layout of a document mask over
+/// captured segment ids, broadcast over batch and heads, listed and marked
+/// full as the segments say (entries past a count untouched); the forward
+/// on it matches the reference; bad layouts and specs are named errors.
+TEST(CApiCaptured, MaskBlocksClassifyOnTheCpu) {
+  Handle h;
+  SmallProblem sp; // B 2, H 4, Nq 20, Nkv 33, gqa 2
+  sp.spec.mask_mod = kSameSegment;
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = 16;
+  sp.specCpp.maskModRegion = "(evaluated by SameSegment)";
+  sp.specCpp.maskFunction = std::make_shared<SameSegment>(0);
+  sp.specCpp.captures = sp.specCpp.maskCaptures = 1;
+  // Segments 0..15, 16..24, 25..32; Q blocks [0, 16), [16, 20); KV blocks
+  // [0, 16), [16, 32), [32, 33).
+  std::vector<float> seg(33);
+  for (int64_t j = 0; j < 33; ++j)
+    seg[size_t(j)] = j < 16 ? 0.f : j < 25 ? 1.f : 2.f;
+  flashjit_captured captured[1] = {{seg.data(), int64_t(seg.size())}};
+  std::vector<int32_t> counts(2, 77), indices(2 * 3, 77);
+  flashjit_layout layout = {counts.data(), indices.data(), 1, 1, 2, 3};
+  ASSERT_EQ(flashjit_mask_blocks(h, &sp.spec, 2, 4, 20, 33, &layout, captured,
+                                 1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  // Q block 0 (segment 0): KV block 0, whole. Q block 1 (rows 16..19,
+  // segment 1): KV block 1, partly (keys 16..24 of 16..31).
+  EXPECT_EQ(counts, (std::vector<int32_t>{1, 1}));
+  EXPECT_EQ(indices, (std::vector<int32_t>{~0, 77, 77, 1, 77, 77}));
+  ASSERT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      sp.d.lse.data(), 0.0, -1, -1, &layout,
+                                      captured, 1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  sp.d.captures = {seg};
+  ErrorReport same =
+      compareWithReference(sp.specCpp, sp.p, sp.d,
+                           referenceForward(sp.specCpp, sp.p, sp.d, nullptr));
+  EXPECT_EQ(same.nanCount, 0);
+  EXPECT_LT(same.relErr(), errorBound(sp.specCpp.dtype));
+  // A layout that does not broadcast, a missing one, a dense spec: named.
+  flashjit_layout wide = layout;
+  wide.batch = 3;
+  EXPECT_EQ(flashjit_mask_blocks(h, &sp.spec, 2, 4, 20, 33, &wide, captured, 1,
+                                 nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(flashjit_mask_blocks(h, &sp.spec, 2, 4, 20, 33, nullptr, captured,
+                                 1, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  sp.spec.block_sparse = 0;
+  EXPECT_EQ(flashjit_mask_blocks(h, &sp.spec, 2, 4, 20, 33, &layout, captured,
+                                 1, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("spec.block_sparse is 0"), std::string::npos)
+      << lastError();
+}

@@ -233,6 +233,36 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
   });
 }
 
+FLASHJIT_API flashjit_status flashjit_mask_blocks(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_q, int64_t seq_kv, const flashjit_layout *layout,
+    const flashjit_captured *captured, int64_t num_captured,
+    void *cuda_stream) {
+  return guarded("flashjit_mask_blocks", [&] {
+    requireHandle(handle);
+    AttentionSpec s = toSpec(spec);
+    if (s.direction != Direction::Forward)
+      invalid("flashjit_mask_blocks: spec->direction must be forward (the "
+              "layout serves both passes)");
+    Problem p;
+    p.batch = batch;
+    p.heads = heads;
+    p.seqLenQ = seq_q;
+    p.seqLenKV = seq_kv;
+    p.validate(s);
+    checkLayoutShape(s, p, layout);
+    if (!layout->counts || !layout->indices)
+      invalid("flashjit_mask_blocks: layout->counts and layout->indices are "
+              "written: both must be given");
+    checkMaskBlocksArgs(s, p, layout->batch, layout->heads);
+    checkCaptured(s, captured, num_captured, "flashjit_mask_blocks");
+    if (handle->device == FLASHJIT_DEVICE_CPU)
+      maskBlocksCpu(handle, s, p, *layout, captured);
+    else
+      maskBlocksCuda(handle, s, p, *layout, captured, cuda_stream);
+  });
+}
+
 FLASHJIT_API flashjit_status flashjit_forward_varlen(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,

@@ -117,6 +117,22 @@ void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
                 hostCaptures(spec, captured), varlen);
 }
 
+void maskBlocksCpu(flashjit_handle *h, const AttentionSpec &spec,
+                   const Problem &p, const flashjit_layout &layout,
+                   const flashjit_captured *captured) {
+  AttentionData d;
+  d.captures = hostCaptures(spec, captured);
+  BlockSparseLayout l = cpuKernel(h, spec, chooseConfig(spec, p, nullptr))
+                            ->classifyBlocks(p, d, layout.batch, layout.heads);
+  // Only the listed entries: the others stay as the caller left them.
+  std::copy(l.counts.begin(), l.counts.end(),
+            const_cast<int32_t *>(layout.counts));
+  int32_t *indices = const_cast<int32_t *>(layout.indices);
+  for (size_t row = 0; row < l.counts.size(); ++row)
+    std::copy_n(l.indices.begin() + std::ptrdiff_t(row * l.kvBlocks),
+                l.counts[row], indices + row * size_t(l.kvBlocks));
+}
+
 Captures hostCaptures(const AttentionSpec &spec,
                       const flashjit_captured *captured) {
   Captures out;

@@ -200,6 +200,24 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
       ->launch(p, args, cuStream);
 }
 
+void maskBlocksCuda(flashjit_handle *h, const AttentionSpec &spec,
+                    const Problem &p, const flashjit_layout &layout,
+                    const flashjit_captured *captured, void *stream) {
+  auto [context, info] = currentDevice(h);
+  CUstream cuStream = static_cast<CUstream>(stream);
+  // The forward's kernel for 16-byte copies: the one an aligned forward of
+  // the same spec and problem loads, so a later forward finds it compiled.
+  GpuTarget target = gpuTarget(info, 16);
+  TileConfig config =
+      chooseGpuConfig(h, spec, p, info, target, cuStream, nullptr);
+  std::array<CUdeviceptr, abi::kMaxCaptures> captures{};
+  for (int64_t c = 0; c < spec.captures; ++c)
+    captures[size_t(c)] = devicePtr(captured[c].data);
+  gpuKernel(h, h->gpuKernels, spec, config, target, context)
+      ->classifyBlocks(p, layout.batch, layout.heads, devicePtr(layout.counts),
+                       devicePtr(layout.indices), captures, cuStream);
+}
+
 /// Runs \p launch(base) on the handle's workspace of at least \p bytes in
 /// \p context (grown if needed), in stream order with every other call that
 /// uses it: \p stream first waits, on the device, for the work the previous

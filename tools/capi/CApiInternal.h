@@ -284,6 +284,18 @@ forwardKernelFor(flashjit_handle *h, const AttentionSpec &spec,
                  const rt::DeviceInfo &info, const rt::ForwardArgs &args,
                  CUstream stream, TileConfig *config = nullptr);
 
+/// flashjit_mask_blocks on the CPU: the classification of \p spec's CPU
+/// kernel copied into the host arrays of \p layout.
+void maskBlocksCpu(flashjit_handle *h, const AttentionSpec &spec,
+                   const Problem &p, const flashjit_layout &layout,
+                   const flashjit_captured *captured);
+
+/// flashjit_mask_blocks on CUDA: the classification of \p spec's kernel
+/// (checked arguments) into the device arrays of \p layout.
+void maskBlocksCuda(flashjit_handle *h, const AttentionSpec &spec,
+                    const Problem &p, const flashjit_layout &layout,
+                    const flashjit_captured *captured, void *stream);
+
 void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const Problem &p, const flashjit_tensor &q,
                  const flashjit_tensor &k, const flashjit_tensor &v,

@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 9
+#define FLASHJIT_C_API_VERSION 10
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -292,6 +292,29 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
     double scale, int64_t window_left, int64_t window_right,
     const flashjit_layout *layout, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream);
+
+/** The block-sparse layout of spec->mask_mod (since version 10): the
+ *  library's classification kernel, built with the forward of \p spec
+ *  (block_sparse, a mask_mod region, not varlen), evaluates the mask on
+ *  every sparse_block x sparse_block block pair of a problem of \p batch x
+ *  \p heads query heads, \p seq_q x \p seq_kv positions, never
+ *  materialising an N x N mask, on the handle's device (CUDA: queued on
+ *  \p cuda_stream; the CPU: done when the call returns), and WRITES
+ *  layout->counts and layout->indices (device memory on CUDA, host memory
+ *  on the CPU; packed [layout->batch, layout->heads, q_blocks, kv_blocks]):
+ *  for each row the KV blocks with an element the mask keeps, ascending,
+ *  ~k (= -k - 1) for a block it keeps whole (full: the forward and the
+ *  backward skip the mask there); the entries past a row's count are left
+ *  as they were. layout->batch, layout->heads: \p batch, \p heads or 1
+ *  (for a mask that does not depend on them, evaluated at 0);
+ *  layout->q_blocks, kv_blocks: ceil(seq / sparse_block). \p captured:
+ *  the regions' captured tensors, as flashjit_forward_captured's. The
+ *  layout then serves flashjit_forward* and flashjit_backward* of the same
+ *  spec and problem. */
+FLASHJIT_API flashjit_status flashjit_mask_blocks(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_q, int64_t seq_kv, const flashjit_layout *layout,
+    const flashjit_captured *captured, int64_t num_captured, void *cuda_stream);
 
 /** The sequences of a variable-length batch (spec->varlen; since version
  *  8). Its tensors hold the sequences one after another: q and o a

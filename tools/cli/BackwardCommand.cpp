@@ -9,6 +9,7 @@
 #include "runtime/BackwardLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "tools/cli/GpuCommands.h"
+#include "tools/cli/MaskBlocksRun.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <chrono>
@@ -196,6 +197,14 @@ int runBackward(const CliOptions &o) {
   const uint64_t layoutSeed = inputs.layoutSeed, inputSeed = inputs.inputSeed;
   std::unique_ptr<BlockSparseLayout> layout = std::move(inputs.layout);
   AttentionData &data = inputs.data;
+  std::optional<MaskBlocksRun> blocks;
+  if (o.maskBlocks) {
+    blocks = classifyMaskBlocks(o, forwardSpec, data, device == Device::Cuda,
+                                bench ? o.repeats : 5);
+    layout = std::move(blocks->layout);
+  }
+  // --mask-blocks: the references of the mask alone, with no layout.
+  const BlockSparseLayout *checkLayout = blocks ? nullptr : layout.get();
   // dO from a stream derived from the reported input seed (replayable).
   std::mt19937_64 rng(inputSeed ^ 0x9e3779b97f4a7c15ull);
   AttentionGrads grads = makeRandomGrads(spec, p, data, rng);
@@ -225,14 +234,15 @@ int runBackward(const CliOptions &o) {
   } else {
     forwardErr = compareWithReference(
         forwardSpec, p, data,
-        referenceForward(forwardSpec, p, data, layout.get(), checkWork(o)));
-    check = checkBackward(spec, p, data, grads, layout.get(), checkWork(o));
+        referenceForward(forwardSpec, p, data, checkLayout, checkWork(o)));
+    check = checkBackward(spec, p, data, grads, checkLayout, checkWork(o));
   }
   const BackwardErrorReport &err = check.err;
   double bound = errorBound(spec.dtype);
   double relErr = reportable(err.relErr());
   double forwardRelErr = reportable(forwardErr.relErr());
-  bool ok = relErr < bound && forwardRelErr < bound;
+  bool ok = relErr < bound && forwardRelErr < bound &&
+            (!blocks || !blocks->checked || blocks->matches);
   if (!o.dumpDir.empty())
     dumpBackwardIO(o.dumpDir, spec, p, data, grads, layout.get());
 
@@ -274,16 +284,15 @@ int runBackward(const CliOptions &o) {
         err.capturesChecked
             ? fmt::format("{:.6e}", reportable(err.captureRelErr))
             : std::string("null"),
-        err.nanCount, forwardRelErr, bound,
-        ok ? "true" : "false", toString(dqAccumulation(spec)),
-        spec.deterministic, check.checkedHeads, optional(check.sampledRows),
-        optional(check.sampledKeys), run.runMs,
+        err.nanCount, forwardRelErr, bound, ok ? "true" : "false",
+        toString(dqAccumulation(spec)), spec.deterministic, check.checkedHeads,
+        optional(check.sampledRows), optional(check.sampledKeys), run.runMs,
         run.forwardMs ? fmt::format("{:.4f}", *run.forwardMs) : "null",
         run.compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
                                                  : "null",
-        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields,
-        seqLensJson(o));
+        layout ? fmt::format("{:.4f}", layout->density()) : "null",
+        gpuFields + (blocks ? maskBlocksJson(*blocks) : ""), seqLensJson(o));
   } else {
     fmt::print("{} on {}: rel_err {:.3e} (dQ {:.3e}, dK {:.3e}, dV {:.3e}; "
                "forward {:.3e}; bound {}) -> {}\n",
@@ -308,6 +317,8 @@ int runBackward(const CliOptions &o) {
     if (run.gpu)
       fmt::print("{}", gpuTextSummary(*run.gpu, tflops));
     fmt::print("\n");
+    if (blocks)
+      fmt::print("{}", maskBlocksText(*blocks));
   }
   if (!ok && !o.source.empty())
     fmt::print(stderr,

@@ -18,6 +18,7 @@
 #include "tools/cli/BackwardCommand.h"
 #include "tools/cli/CliOptions.h"
 #include "tools/cli/GpuCommands.h"
+#include "tools/cli/MaskBlocksRun.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <cerrno>
@@ -29,6 +30,7 @@
 #include <fmt/format.h>
 #include <fstream>
 #include <llvm/Config/llvm-config.h>
+#include <optional>
 #include <random>
 
 namespace flashjit::cli {
@@ -176,6 +178,12 @@ int runRun(const CliOptions &o) {
   const uint64_t layoutSeed = inputs.layoutSeed, inputSeed = inputs.inputSeed;
   std::unique_ptr<BlockSparseLayout> layout = std::move(inputs.layout);
   AttentionData &data = inputs.data;
+  std::optional<MaskBlocksRun> blocks;
+  if (o.maskBlocks) {
+    blocks = classifyMaskBlocks(o, spec, data, device == Device::Cuda,
+                                bench ? o.repeats : 5);
+    layout = std::move(blocks->layout);
+  }
 
   double compileMs = 0, runMs = 0;
   GpuRunResult gpu;
@@ -204,14 +212,16 @@ int runRun(const CliOptions &o) {
     err = checkVarlenForward(spec, p, data, bench ? checkWork : 1e300,
                              &rowsChecked, layout.get());
   } else {
-    ReferenceResult ref =
-        referenceForward(spec, p, data, layout.get(), checkWork);
+    // --mask-blocks: the reference of the mask alone (no layout), so that a
+    // block the classification got wrong fails the check.
+    ReferenceResult ref = referenceForward(
+        spec, p, data, blocks ? nullptr : layout.get(), checkWork);
     rowsChecked = int64_t(ref.rows.size());
     err = compareWithReference(spec, p, data, ref);
   }
   double bound = errorBound(spec.dtype);
   double relErr = err.relErr();
-  bool ok = relErr < bound;
+  bool ok = relErr < bound && (!blocks || !blocks->checked || blocks->matches);
   if (!o.dumpDir.empty())
     dumpForwardIO(o.dumpDir, spec, p, data, layout.get());
 
@@ -255,8 +265,8 @@ int runRun(const CliOptions &o) {
         ok ? "true" : "false", rowsChecked, runMs, compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)
                                                  : "null",
-        layout ? fmt::format("{:.4f}", layout->density()) : "null", gpuFields,
-        seqLensJson(o));
+        layout ? fmt::format("{:.4f}", layout->density()) : "null",
+        gpuFields + (blocks ? maskBlocksJson(*blocks) : ""), seqLensJson(o));
   } else {
     fmt::print("{} on {}: rel_err {:.3e} (O {:.3e}, lse {:.3e}, bound {}, "
                "{} rows checked) -> {}\n",
@@ -267,6 +277,8 @@ int runRun(const CliOptions &o) {
     if (device == Device::Cuda)
       fmt::print("{}", gpuTextSummary(gpu, tflops));
     fmt::print("\n");
+    if (blocks)
+      fmt::print("{}", maskBlocksText(*blocks));
   }
   if (!ok && !o.source.empty())
     fmt::print(stderr,

@@ -121,6 +121,8 @@ std::string helpText(const std::string &command) {
          "H);\n"
          "                       2: listed and full (--mask-mod keeps all\n"
          "                       its elements: the mask is not evaluated)\n"
+         "  --mask-blocks        the layout of --mask-mod's region, found by\n"
+         "                       the kernel on the run's device\n"
          "  --sparse-block S     sparse block size (default 128)\n"
          "  --mask-mod M         causal, sliding_window:L,R (as --causal,\n"
          "                       --window L,R); document: key j visible\n"
@@ -393,6 +395,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--backward", [&] { o.spec.direction = Direction::Backward; }},
       {"--deterministic", [&] { o.spec.deterministic = true; }},
       {"--varlen", [&] { o.spec.varlen = true; }},
+      {"--mask-blocks", [&] { o.maskBlocks = true; }},
       {"--json", [&] { o.json = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},
@@ -408,10 +411,9 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
 
   // The flags that describe the kernel: with --input the file does.
   static const std::set<std::string> kSpecFlags = {
-      "--head-dim",      "--head-dim-v",   "--dtype",
-      "--gqa",           "--causal",       "--backward",
-      "--deterministic", "--sparse-block", "--score-mod", "--varlen",
-      "--mask-mod"};
+      "--head-dim",  "--head-dim-v", "--dtype",         "--gqa",
+      "--causal",    "--backward",   "--deterministic", "--sparse-block",
+      "--score-mod", "--varlen",     "--mask-mod",      "--mask-blocks"};
   std::vector<std::string> specFlagsSeen, runFlagsSeen;
   const std::vector<std::string> &runOnly = runOnlyOptions();
   for (; i < args.size(); ++i) {
@@ -486,7 +488,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
     } catch (const CompileError &e) {
       throw SpecError(e.what());
     }
-    const bool wantSparse = o.density.has_value() || !o.layoutPath.empty();
+    const bool wantSparse =
+        o.density.has_value() || !o.layoutPath.empty() || o.maskBlocks;
     if (info.spec.blockSparse && !wantSparse)
       throw SpecError(fmt::format("--input {}: the kernel is block-sparse; "
                                   "give --block-sparse DENSITY or --layout "
@@ -541,6 +544,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   applyVarlenOptions(o, batchOrLengthGiven);
   if (o.source.empty())
     o.spec.blockSparse = o.density.has_value() || !o.layoutPath.empty();
+  applyMaskBlocks(o);
   if (o.spec.deterministic && o.spec.direction != Direction::Backward)
     throw SpecError("--deterministic needs --backward (it chooses how the "
                     "backward sums dQ)");

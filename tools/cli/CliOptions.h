@@ -55,6 +55,9 @@ struct CliOptions {
   /// --seqlens-q / --seqlens-kv: a variable-length batch's sequences
   /// (AttentionSpec::varlen), one length each.
   std::vector<int64_t> seqLensQ, seqLensKV;
+  /// --mask-blocks: the block-sparse layout of the --mask-mod region,
+  /// classified by the kernel's `@f_blocks` on the run's device.
+  bool maskBlocks = false;
   bool help = false;
   bool version = false; ///< --version: the versions of flashjit and its
                         ///< libraries (never fails)
@@ -85,6 +88,12 @@ RandomRun makeRandomRun(const CliOptions &o, const AttentionSpec &forwardSpec);
 /// or --causal.
 void applyMaskMod(const std::string &name, CliOptions &o,
                   std::optional<std::string> &window);
+
+/// `--mask-blocks` (MaskMods.cpp), after the description is complete: the
+/// description becomes block-sparse, its layout classified from the
+/// mask_mod region at run time; a SpecError without a mask_mod region,
+/// with --block-sparse / --layout, or with a variable-length batch.
+void applyMaskBlocks(CliOptions &o);
 
 /// ",\"seqlens_q\":[...],\"seqlens_kv\":[...]" of a varlen run (its
 /// sequences' lengths, for `run --json`), "" otherwise.

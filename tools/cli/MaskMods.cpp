@@ -18,6 +18,10 @@
 ///                                   captured tensors)
 ///   --mask-mod '{ ^bb0(...) ... }'  a mask_mod region's text
 ///   --mask-mod @FILE                a file that holds one
+///
+/// `--mask-blocks` makes the description block-sparse with the layout of
+/// its mask_mod region, classified at run time by the kernel's own
+/// `@f_blocks` (MaskBlocksRun.cpp).
 //
 //===----------------------------------------------------------------------===//
 
@@ -71,6 +75,24 @@ void applyMaskMod(const std::string &name, CliOptions &o,
                                 "%keep : i1 }}') or @FILE",
                                 name));
   o.spec = withMaskModRegion(o.spec, text);
+}
+
+void applyMaskBlocks(CliOptions &o) {
+  if (!o.maskBlocks)
+    return;
+  if (o.spec.maskModRegion.empty())
+    throw SpecError("--mask-blocks classifies the blocks of a mask_mod "
+                    "region: give --mask-mod document, {...} or @FILE (the "
+                    "tiling skips the blocks of --causal and --window "
+                    "itself)");
+  if (o.density || !o.layoutPath.empty())
+    throw SpecError("--mask-blocks finds the layout itself: drop "
+                    "--block-sparse / --layout");
+  if (o.spec.varlen)
+    throw SpecError("--mask-blocks: a variable-length batch's layout is not "
+                    "classified on the device; give --layout or "
+                    "--block-sparse");
+  o.spec.blockSparse = true;
 }
 
 } // namespace flashjit::cli

@@ -26,7 +26,7 @@ std::unique_ptr<BlockSparseLayout> layoutFromOptions(const CliOptions &o,
                                                      uint64_t seed) {
   const AttentionSpec &spec = o.spec;
   const Problem &p = o.problem;
-  if (!spec.blockSparse)
+  if (!spec.blockSparse || o.maskBlocks) // --mask-blocks: classified later
     return nullptr;
   int64_t sb = spec.sparseBlock;
   if (o.layoutPath.empty()) {

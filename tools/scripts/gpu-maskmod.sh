@@ -19,6 +19,12 @@
 #             mask_mod region with the blocks below the diagonal full must
 #             pass, the diagonal marked full too must fail (exit 1: the
 #             kernel skipped the mask there), forward and both backwards
+#   blocks    --mask-blocks: the layout classified by the kernel's @f_blocks
+#             on the GPU, checked against the float64 classification
+#             (small problems) and the attention against the mask's
+#             reference with no layout, forward and backward; memcheck of
+#             a classification; bench at B 1, H 16, N 8192, d 128 (the
+#             classification's time beside the attention's)
 #   flex      tests/bench/variants.py plain,causal(-mod),window(-mod),document beside
 #             FlexAttention (document: the mask_mod region, its block mask
 #             from from_mask_mod with the full blocks marked)
@@ -35,6 +41,11 @@ rng = np.random.default_rng()
 for n in (300, 700, 1000, 3000, 4096):
     cuts = np.sort(rng.choice(np.arange(1, n), 5, replace=False))
     np.save(f"{d}/seg{n}.npy", np.searchsorted(cuts, np.arange(n), side="right").astype(np.float32))
+lens, n = [], 0
+while n < 8192:
+    lens.append(int(rng.integers(1024, 3073)))
+    n += lens[-1]
+np.save(f"{d}/seg8192.npy", np.repeat(np.arange(len(lens)), lens)[:8192].astype(np.float32))
 np.save(d + "/bias.npy", rng.uniform(-2, 2, 4 * 700 * 700).astype(np.float32))
 open(d + "/bias.mlir", "w").write("""{
 ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %bias: memref<?xf32>):
@@ -95,6 +106,30 @@ if step full; then
         --layout $D/lay_$lay.txt --sparse-block 128 $extra > $OUT/full.log 2>&1
       echo "layout $lay [$extra]: exit $? $(grep -E -- '-> |error' $OUT/full.log | head -1 | cut -c1-120)"
     done
+  done
+fi
+if step blocks; then
+  echo "== mask blocks classified on the GPU (+${SECONDS}s)"
+  : > $OUT/blocks.log
+  while IFS= read -r a; do
+    [[ -z $a ]] && continue
+    timeout 90 $FJ run $a --device cuda --mask-blocks > $D/b.log 2>&1
+    echo "exit $? [$a] $(grep -E -- '-> |error|mask blocks' $D/b.log | tr '\n' ' ' | cut -c1-260)" | tee -a $OUT/blocks.log
+  done <<EOC
+--head-dim 128 --heads 4 --seq-len 4096 --mask-mod document --capture $D/seg4096.npy
+--head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
+--head-dim 64 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M --sparse-block 64
+--head-dim 128 --heads 2 --seq-len 1000 --mask-mod @$D/causal.mlir --sparse-block 160 --block-m 32 --block-n 32 --warps 2
+--head-dim 128 --heads 32 --gqa 8 --seq-len 1 --seq-len-kv 4096 --mask-mod document --capture $D/seg4096.npy
+--backward --head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
+--backward --deterministic --head-dim 96 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M
+EOC
+  sanitize memcheck "--head-dim 64 --heads 2 --seq-len 700 --seq-len-kv 300 --mask-mod document --capture $D/seg700.npy --mask-blocks --sparse-block 64"
+  for dir in "" "--backward"; do
+    timeout 120 $FJ bench $dir --head-dim 128 --heads 16 --seq-len 8192 --mask-mod document --capture $D/seg8192.npy --mask-blocks --json > $D/bb.json 2>&1
+    echo "bench [$dir] exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'], 'density', d['density'], 'mask_blocks', d['mask_blocks'])" $D/bb.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log
+    timeout 120 $FJ bench $dir --head-dim 128 --heads 16 --seq-len 8192 --mask-mod document --capture $D/seg8192.npy --json > $D/bd.json 2>&1
+    echo "bench no layout [$dir] exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'])" $D/bd.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log
   done
 fi
 if step sanitize; then

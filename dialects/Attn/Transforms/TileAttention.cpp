@@ -85,40 +85,49 @@ using arith::CmpIPredicate;
 using flashjit::attn::detail::kWindowClamp;
 using flashjit::attn::detail::TiledForwardBuilder;
 
-
-func::FuncOp TiledForwardBuilder::build() {
-  MLIRContext *ctx = b.getContext();
+flashjit::attn::detail::ForwardArguments
+flashjit::attn::detail::forwardArguments(OpBuilder &b, FlashFwdOp op,
+                                         bool split) {
+  Type elemTy = op.getElementType(), f32 = b.getF32Type(),
+       idxTy = b.getIndexType();
   auto bufTy = MemRefType::get({ShapedType::kDynamic}, elemTy);
   auto f32BufTy = MemRefType::get({ShapedType::kDynamic}, f32);
   auto i32BufTy = MemRefType::get({ShapedType::kDynamic}, b.getI32Type());
+  ForwardArguments a;
   // q, k, v, o; lse; counts, indices, cu_seqlens_q, cu_seqlens_kv.
-  SmallVector<Type> argTys = {bufTy,    bufTy,    bufTy,    bufTy,   f32BufTy,
-                              i32BufTy, i32BufTy, i32BufTy, i32BufTy};
+  a.types = {bufTy,    bufTy,    bufTy,    bufTy,   f32BufTy,
+             i32BufTy, i32BufTy, i32BufTy, i32BufTy};
   if (split)
-    argTys.append({f32BufTy, f32BufTy});
-  SmallVector<Attribute> argNames;
+    a.types.append({f32BufTy, f32BufTy});
+  const int numBufs = split ? int(abi::split::NumBuffers) : abi::NumBuffers;
+  const int numIdx = split ? abi::split::NumIndexArgs : abi::NumIndexArgs;
   for (int i = 0; i < numBufs; ++i)
-    argNames.push_back(b.getStringAttr(abi::split::bufferName(i)));
+    a.names.push_back(b.getStringAttr(abi::split::bufferName(i)));
   for (int i = 0; i < numIdx; ++i) {
-    argTys.push_back(idxTy);
-    argNames.push_back(b.getStringAttr(
+    a.types.push_back(idxTy);
+    a.names.push_back(b.getStringAttr(
         i < abi::NumIndexArgs ? abi::indexArgName(i) : "kv_splits"));
   }
-  argTys.append({f32, idxTy, idxTy});
+  a.types.append({f32, idxTy, idxTy});
   for (const char *n : {"scale_log2e", "pid_m", "pid_bh"})
-    argNames.push_back(b.getStringAttr(n));
+    a.names.push_back(b.getStringAttr(n));
   if (split) {
-    argTys.push_back(idxTy);
-    argNames.push_back(b.getStringAttr("pid_split"));
+    a.types.push_back(idxTy);
+    a.names.push_back(b.getStringAttr("pid_split"));
   }
   // The modifiers' captured tensors (score_mod's, then mask_mod's), after
   // everything else (the kernel ABI's positions stay as they are).
   const int64_t captures = totalCapturedTensors(op);
   for (int64_t c = 0; c < captures; ++c) {
-    argTys.push_back(f32BufTy);
-    argNames.push_back(b.getStringAttr("capture" + std::to_string(c)));
+    a.types.push_back(f32BufTy);
+    a.names.push_back(b.getStringAttr("capture" + std::to_string(c)));
   }
+  return a;
+}
 
+func::FuncOp TiledForwardBuilder::build() {
+  MLIRContext *ctx = b.getContext();
+  auto [argTys, argNames] = forwardArguments(b, op, split);
   func = func::FuncOp::create(b, op.getSymName(),
                               FunctionType::get(ctx, argTys, {}));
   // The modifier by name, so that a reader of this stage checks it.
@@ -149,6 +158,10 @@ func::FuncOp TiledForwardBuilder::build() {
   if (split) {
     b.setInsertionPointAfter(func);
     flashjit::attn::detail::buildSplitCombine(b, op, func);
+  }
+  if (op.hasMaskMod() && sparseBlock > 0) {
+    b.setInsertionPointAfter(func);
+    flashjit::attn::detail::buildMaskBlocks(b, op);
   }
   return func;
 }

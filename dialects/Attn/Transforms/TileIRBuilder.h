@@ -224,6 +224,22 @@ protected:
   }
 };
 
+/// The tiled forward's arguments for \p op (kernels/KernelABI.h: the
+/// buffers, index arguments, scale_log2e, pid_m, pid_bh, and with \p split
+/// the split-KV ABI's), then the modifiers' captured tensors: their types
+/// and the names recorded as `attn.arg_names`.
+struct ForwardArguments {
+  llvm::SmallVector<mlir::Type> types;
+  llvm::SmallVector<mlir::Attribute> names;
+};
+ForwardArguments forwardArguments(mlir::OpBuilder &b, FlashFwdOp op,
+                                  bool split);
+
+/// Builds `@f_blocks` (role "mask_blocks") at \p at: the block-sparse
+/// layout of \p op's mask_mod region, evaluated per block pair
+/// (TileAttentionBlocks.cpp).
+void buildMaskBlocks(mlir::OpBuilder &at, FlashFwdOp op);
+
 /// Builds `@f_combine`, the lse merge of the split-KV partial function
 /// \p partial (role "forward_split") of \p op, at \p at
 /// (TileAttentionSplit.cpp).

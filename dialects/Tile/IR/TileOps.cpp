@@ -171,12 +171,30 @@ LogicalResult ScatterAddOp::verify() {
   return success();
 }
 
+LogicalResult ScatterOp::verify() {
+  auto value = cast<RankedTensorType>(getValue().getType());
+  auto index = cast<RankedTensorType>(getIndex().getType());
+  auto mask = cast<RankedTensorType>(getMask().getType());
+  if (!index.getElementType().isInteger(32))
+    return emitOpError() << "indices are i32, got " << index;
+  if (!mask.getElementType().isInteger(1))
+    return emitOpError() << "the mask is i1, got " << mask;
+  if (value.getShape() != index.getShape() ||
+      mask.getShape() != index.getShape() ||
+      value.getElementType() != getBase().getType().getElementType())
+    return emitOpError() << "the value and the mask must be the index tile's "
+                            "shape, the value in the buffer's element type, "
+                            "got "
+                         << value << " and " << mask;
+  return success();
+}
+
 LogicalResult flashjit::tile::verifyWritesOutput(Operation *kernel) {
   bool writes = false;
   kernel->walk([&](Operation *op) {
     StringRef name = op->getName().getStringRef();
-    writes |= isa<StoreOp, AtomicAddOp>(op) || name == "memref.store" ||
-              name == "memref.atomic_rmw";
+    writes |= isa<StoreOp, AtomicAddOp, ScatterOp>(op) ||
+              name == "memref.store" || name == "memref.atomic_rmw";
   });
   if (writes)
     return success();

@@ -306,4 +306,28 @@ def Tile_ScatterAddOp : Tile_Op<"scatter_add"> {
   let hasVerifier = 1;
 }
 
+def Tile_ScatterOp : Tile_Op<"scatter"> {
+  let summary = "Writes each element where its mask holds, at its own index";
+  let description = [{
+    `base[index[e]] = value[e]` for every element e whose `mask[e]` is true;
+    the others write nothing. Elements written by more than one program or
+    element must hold the same value (the writes are not ordered). The
+    block classification of a mask_mod (role "mask_blocks") lists each kept
+    KV block at its q block's running count this way.
+
+    ```mlir
+    tile.scatter %entry, %INDICES[%pos] if %kept
+        : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+    ```
+  }];
+  let arguments = (ins Tile_Tile:$value,
+                   Arg<MemRefRankOf<[F32, I32], [1]>, "", [MemWrite]>:$base,
+                   Tile_Tile:$index, Tile_Tile:$mask);
+  let assemblyFormat = [{
+    $value `,` $base `[` $index `]` `if` $mask attr-dict `:` type($value) `,`
+    type($base) `,` type($index) `,` type($mask)
+  }];
+  let hasVerifier = 1;
+}
+
 #endif // FLASHJIT_TILE_OPS

@@ -129,6 +129,25 @@ attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK: scf.if %[[PARTIAL]] -> (tensor<64x32xf32>)
 // CHECK: tile.gather
 // CHECK: arith.select %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+//
+// Beside it, the layout's classification (TileAttentionBlocks.cpp): 4 Q
+// blocks of 64 rows per program, the keys of each KV block 64 at a time,
+// the mask on positions clamped into the problem, any / all per row, each
+// kept block written at its row's running count (~kb when full), the
+// counts stored for the rows that exist.
+// CHECK-LABEL: func.func @sparse_blocks(
+// CHECK-SAME: role = "mask_blocks"
+// CHECK-SAME: sparse_block = 64, block_m = 256, block_n = 64
+// CHECK: %[[CNT:.*]] = scf.for %[[KB:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[N:.*]] = %{{.*}}) -> (tensor<4xi32>)
+// CHECK: scf.for %{{.*}} iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<4x64xf32>, tensor<4x64xf32>)
+// CHECK: arith.minsi %{{.*}} : tensor<4x64xi32>
+// CHECK: tile.gather %{{.*}} : memref<?xf32>, tensor<4x64xi32> -> tensor<4x64xf32>
+// CHECK: arith.maxnumf %{{.*}} : tensor<4x64xf32>
+// CHECK: tile.reduce "max" %{{.*}} dim 1 : tensor<4x64xf32> -> tensor<4xf32>
+// CHECK: tile.reduce "max" %{{.*}} dim 1 : tensor<4x64xf32> -> tensor<4xf32>
+// CHECK: arith.xori %{{.*}}, %{{.*}} : i32
+// CHECK: tile.scatter %{{.*}}, %{{.*}}[%{{.*}}] if %{{.*}} : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+// CHECK: tile.store %[[CNT]], %{{.*}}[%{{.*}}] rows %{{.*}} of %{{.*}} : tensor<4xi32>, memref<?xi32>
 module {
 attn.flash_fwd @sparse {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 64 : i64} mask_mod {
 ^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):

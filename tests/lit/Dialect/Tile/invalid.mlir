@@ -151,3 +151,19 @@ func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xf32>, %idx: tensor<16x16xi64>)
   tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi64>
   return
 }
+
+// -----
+
+func.func @f(%e: tensor<4xi32>, %list: memref<?xi32>, %at: tensor<4xi32>, %kept: tensor<4xi32>) {
+  // expected-error @+1 {{the mask is i1}}
+  tile.scatter %e, %list[%at] if %kept : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi32>
+  return
+}
+
+// -----
+
+func.func @f(%e: tensor<4xf32>, %list: memref<?xi32>, %at: tensor<4xi32>, %kept: tensor<4xi1>) {
+  // expected-error @+1 {{the value and the mask must be the index tile's shape, the value in the buffer's element type}}
+  tile.scatter %e, %list[%at] if %kept : tensor<4xf32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+  return
+}

@@ -36,3 +36,11 @@ func.func @captured(%t: memref<?xf32>, %idx: tensor<16x16xi32>, %dt: memref<?xf3
   tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi32>
   return
 }
+
+// A masked store at each element's own index (a mask's block list).
+// CHECK-LABEL: func.func @listed
+// CHECK: tile.scatter %arg0, %arg1[%arg2] if %arg3 : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+func.func @listed(%e: tensor<4xi32>, %list: memref<?xi32>, %at: tensor<4xi32>, %kept: tensor<4xi1>) {
+  tile.scatter %e, %list[%at] if %kept : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
+  return
+}
