@@ -213,7 +213,7 @@ public:
   /// evaluates the mask, with \p data's captured tensors, on every block
   /// pair. \p batch and \p heads: the layout's (the problem's, or 1 for a
   /// mask that does not depend on them, evaluated at 0). Entries past a
-  /// count are 0.
+  /// count hold the classes the lists were compacted from (abi::blocks).
   BlockSparseLayout classifyBlocks(const Problem &problem,
                                    const AttentionData &data, int64_t batch,
                                    int64_t heads) const;

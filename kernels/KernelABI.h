@@ -219,21 +219,30 @@ inline int64_t launchSplits(const AttentionSpec &spec, const Problem &p,
 }
 } // namespace split
 
-/// The block classification of a mask_mod region, `@f_blocks` (role
-/// "mask_blocks"), built beside the forward of a block-sparse description
-/// with a mask_mod (dialects/Attn/Transforms/TileAttentionBlocks.cpp): the
-/// forward's arguments (not the split ABI's); it reads only the index
-/// arguments and the captured tensors, and writes the layout: for each
-/// (b, h) of the launch's batch x heads (the layout's: 1 where it
-/// broadcasts, the mask then evaluated at 0) and sparse Q block qb,
-/// counts[b, h, qb] and indices[b, h, qb, 0 .. count) the KV blocks with
-/// an element the mask keeps, ascending, ~k for a block it keeps whole
-/// (fullBlockEntry); the entries past count are not written. pid_m = a
-/// group of kRows Q blocks, pid_bh = b * heads + h; grid.x = ceil(seq_q /
-/// (kRows * sparse_block)).
+/// The block classification of a mask_mod region, built beside the
+/// forward of a block-sparse description with a mask_mod
+/// (dialects/Attn/Transforms/TileAttentionBlocks.cpp): two functions of
+/// the forward's arguments (not the split ABI's) that read only the index
+/// arguments and the captured tensors and write the layout, for each (b,
+/// h) of the launch's batch x heads (the layout's: 1 where it broadcasts,
+/// the mask then evaluated at 0), run one after the other:
+///   @f_blocks       (role "mask_blocks") pid_m = qb * ceil(KB / kRows) +
+///                   chunk: the class of KV blocks chunk * kRows + r of Q
+///                   block qb, 0 (no element kept), 1 (some) or 2 (all),
+///                   written to indices[b, h, qb, kb]; grid.x = QB *
+///                   ceil(KB / kRows) (the launch's, recorded rows 1);
+///   @f_blocks_list  (role "mask_blocks_list") pid_m = a group of kRows Q
+///                   blocks: each row's classes compacted in place into the
+///                   list of the KV blocks with a kept element, ascending,
+///                   ~k for a full one (fullBlockEntry), and counts[b, h,
+///                   qb]; the entries past a count keep their classes.
+///                   grid.x = ceil(seq_q / (kRows * sparse_block)).
+/// pid_bh = b * heads + h for both.
 namespace blocks {
 inline constexpr const char *kSuffix = "_blocks";
-/// Q blocks per program (one per warp on the GPU).
+inline constexpr const char *kListSuffix = "_blocks_list";
+/// KV blocks (@f_blocks) or Q blocks (@f_blocks_list) per program: one per
+/// warp on the GPU.
 constexpr int64_t kRows = 4;
 /// Keys per tile of the evaluation (a block's keys in chunks of these).
 constexpr int64_t kMaxColumns = 128;

@@ -86,8 +86,12 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
   const std::string blocksName =
       std::string("attention") + abi::blocks::kSuffix;
   if (findKernelLaunch(image.kernels, blocksName)) {
+    const std::string listName =
+        std::string("attention") + abi::blocks::kListSuffix;
     blocksOf = recordedLaunch(image, blocksName);
     blocks = module.function(blocksName);
+    blockListsOf = recordedLaunch(image, listName);
+    blockLists = module.function(listName);
   }
   if (launchOf.kvSplit || launchOf.persistent) {
     CudaDriver &driver = CudaDriver::get();
@@ -142,7 +146,13 @@ void ForwardKernel::classifyBlocks(
   params[n++] = &unusedScale;
   for (int c = 0; c < int(spec.captures); ++c)
     params[n++] = &captured[size_t(c)];
-  launchRecorded(blocks, blocksOf, lp, 1, stream, params);
+  // The classes: grid.x is Q blocks x groups of KV blocks (recorded rows
+  // 1); then the lists, over groups of Q blocks.
+  Problem classes = lp;
+  classes.seqLenQ = shape.qBlocks * ((shape.kvBlocks + abi::blocks::kRows - 1) /
+                                     abi::blocks::kRows);
+  launchRecorded(blocks, blocksOf, classes, 1, stream, params);
+  launchRecorded(blockLists, blockListsOf, lp, 1, stream, params);
 }
 
 std::shared_ptr<DeviceBuffer>

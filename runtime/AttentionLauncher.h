@@ -185,7 +185,7 @@ public:
   /// the image of a block-sparse spec with a mask_mod holds it): writes the
   /// \p batch x \p heads layout of \p p (checkMaskBlocksArgs) into the
   /// packed device arrays \p counts [batch, heads, q blocks] and \p indices
-  /// [batch, heads, q blocks, kv blocks] (entries past a count untouched),
+  /// [batch, heads, q blocks, kv blocks] (entries past a count: classes),
   /// the mask reading \p captures. Queued on \p stream; throws SpecError.
   void
   classifyBlocks(const Problem &p, int64_t batch, int64_t heads,
@@ -203,9 +203,10 @@ public:
 
 private:
   Module module;
-  CUfunction function = nullptr, combine = nullptr, blocks = nullptr;
+  CUfunction function = nullptr, combine = nullptr, blocks = nullptr,
+             blockLists = nullptr;
   AttentionSpec spec;
-  KernelLaunch launchOf, combineOf, blocksOf;
+  KernelLaunch launchOf, combineOf, blocksOf, blockListsOf;
   int64_t copy;
   TileConfig config;
   int smCount = 0;

@@ -510,6 +510,8 @@ LogicalResult TileKernelLowering::lowerScalarLoad(Operation *op,
 /// The tiling keeps every index of a padding element inside the problem
 /// (TileAttention.cpp, modifyScores), so no load leaves the tensor.
 LogicalResult TileKernelLowering::lowerGather(tile::GatherOp op) {
+  if (!op.getType().getElementType().isF32())
+    return fail(op, "the attention kernels gather f32 (captured tensors)");
   auto it = frags.find(op.getIndex());
   if (it == frags.end())
     return fail(op, "its index tile is not in registers");

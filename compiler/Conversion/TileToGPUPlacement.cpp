@@ -14,8 +14,8 @@
 ///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp);
 ///   - "forward_split": as "forward", over the split ABI with pid_split on
 ///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h);
-///   - "mask_blocks": a mask_mod's block classification, a row kernel of a
-///     warp per sparse Q block (abi::blocks).
+///   - "mask_blocks", "mask_blocks_list": a mask_mod's block classes and
+///     their lists, row kernels of a warp per KV or Q block (abi::blocks).
 /// And the kernel's arguments that follow from it: the ABI's groups, then
 /// a score modifier's captured tensors (and, in the backward, their
 /// gradient buffers) as pointer parameters after the f32 group.
@@ -185,16 +185,19 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.gridRows = abi::bwd::kRowBlockRows;
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
-  if (attr.getRole() == "mask_blocks") {
-    // A mask_mod's block classification: a row kernel over the forward's
-    // arguments, a warp per sparse Q block (abi::blocks).
+  if (attr.getRole() == "mask_blocks" || attr.getRole() == "mask_blocks_list") {
+    // A mask_mod's block classification and its lists: row kernels over the
+    // forward's arguments, a warp per KV block (the classes; the launch
+    // gives grid.x) or per sparse Q block (the lists), abi::blocks.
     KernelPlacement p;
     p.numBuffers = abi::NumBuffers;
     p.numIndexArgs = abi::NumIndexArgs;
     p.numF32Args = 1;
     p.numCaptures = capturedArguments(fn, p);
     p.threads = 32 * abi::blocks::kRows;
-    p.gridRows = attr.getBlockM();
+    p.gridRows = attr.getRole() == "mask_blocks"
+                     ? 1
+                     : abi::blocks::kRows * attr.getSparseBlock();
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   const bool kvRing = wgmma && ringStages >= 2;

@@ -166,10 +166,10 @@ LogicalResult RowKernelLowering::analyse() {
 }
 
 Value RowKernelLowering::loadAt(Value base, Type elem, Value index) {
-  if (elem.isF32())
+  if (elem.isF32() || elem.isInteger(32))
     return LLVM::LoadOp::create(
-        b, g.f32,
-        LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+        b, elem,
+        LLVM::GEPOp::create(b, g.ptrGen, elem, base,
                             ArrayRef<LLVM::GEPArg>{index}));
   return g.loadElement(base, index);
 }
@@ -279,12 +279,13 @@ LogicalResult RowKernelLowering::lowerIota(tile::IotaOp op) {
 }
 
 /// Each register loaded at its index (the tiling keeps indices inside the
-/// captured tensor, padding columns included).
+/// buffer, padding columns included): f32 captured data, i32 block classes.
 LogicalResult RowKernelLowering::lowerGather(tile::GatherOp op) {
   Value base = map.lookup(op.getBase());
   RowRegs &out = regs[op.getResult()];
+  Type elem = op.getType().getElementType();
   for (Value index : regs[op.getIndex()].regs)
-    out.regs.push_back(loadAt(base, g.f32, g.ext64(index)));
+    out.regs.push_back(loadAt(base, elem, g.ext64(index)));
   return success();
 }
 

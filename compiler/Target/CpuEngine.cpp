@@ -250,7 +250,8 @@ struct CpuKernel::Impl {
   std::unique_ptr<ExecutionEngine> engine;
   PackedEntry entry = nullptr;
   PackedEntry combine = nullptr; ///< split-KV only
-  PackedEntry blocks = nullptr;  ///< block-sparse with a mask_mod only
+  /// Block-sparse with a mask_mod only: its block classes and lists.
+  PackedEntry blocks = nullptr, blockLists = nullptr;
 };
 
 CpuKernel::CpuKernel(std::unique_ptr<Impl> impl) : impl(std::move(impl)) {}
@@ -275,9 +276,12 @@ std::unique_ptr<CpuKernel> CpuKernel::compile(const AttentionSpec &spec,
   if (config.splits)
     impl->combine = lookupEntry(*impl->engine, std::string(kKernelName) +
                                                    abi::split::kCombineSuffix);
-  if (spec.blockSparse && !spec.maskModRegion.empty())
+  if (spec.blockSparse && !spec.maskModRegion.empty()) {
     impl->blocks = lookupEntry(*impl->engine,
                                std::string(kKernelName) + abi::blocks::kSuffix);
+    impl->blockLists = lookupEntry(*impl->engine, std::string(kKernelName) +
+                                                      abi::blocks::kListSuffix);
+  }
   return std::unique_ptr<CpuKernel>(new CpuKernel(std::move(impl)));
 }
 
@@ -310,10 +314,12 @@ BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
       describe(layout.indices.data(), int64_t(layout.indices.size())),
       none,
       none};
-  const int64_t programs =
-      (layout.qBlocks + abi::blocks::kRows - 1) / abi::blocks::kRows;
-  runGrid(impl->blocks, bufs, idx, {0.0f}, programs, batch * heads, 0,
-          captured);
+  const int64_t rows = abi::blocks::kRows;
+  runGrid(impl->blocks, bufs, idx, {0.0f},
+          layout.qBlocks * ((layout.kvBlocks + rows - 1) / rows), batch * heads,
+          0, captured);
+  runGrid(impl->blockLists, bufs, idx, {0.0f},
+          (layout.qBlocks + rows - 1) / rows, batch * heads, 0, captured);
   return layout;
 }
 

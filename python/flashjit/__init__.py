@@ -72,11 +72,36 @@ __version__ = "0.1.0"
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
-                      BLOCK_SIZE=128):
+                      BLOCK_SIZE=128, *, kernel=False, like=None):
     """FlexAttention's create_block_mask, for flashjit: the BlockMask of
     the blocks where mask_mod(b, h, i, j) keeps any element
     (BlockMask.from_mask_mod; B or H None broadcasts). Pass it with the
-    same mask_mod: attention(q, k, v, mask_mod=fn, block_mask=bm)."""
+    same mask_mod: attention(q, k, v, mask_mod=fn, block_mask=bm).
+
+    kernel=True: the layout comes from flashjit's own block-classification
+    kernel (the C API's flashjit_mask_blocks) rather than from evaluating
+    mask_mod in Python: mask_mod (a function, traced as attention's, or a
+    mask_mod region's text starting with "{") is compiled with a
+    block-sparse forward spec (sparse_block = BLOCK_SIZE, the mask_mod
+    region, gqa 1, head dims and dtype of like=q, a numpy array or torch
+    tensor shaped (B, H, N, d); without like head dim 64 and bf16) and
+    evaluated per block pair, never N x N, on the CPU (device None or
+    "cpu") or on a CUDA device (torch's current stream). The result equals
+    from_mask_mod's (the same blocks and full marks). That kernel is
+    compiled once per spec and cached in the process; with like=q, a later
+    attention(q, k, v, mask_mod=fn, block_mask=bm) on the same device (k
+    and v with q's heads and head dim, no other mask or score_mod) finds
+    it compiled. What the C API refuses (no mask_mod, a bad BLOCK_SIZE or
+    size) is its InvalidArgumentError with its message."""
+    if kernel:
+        from .mask_blocks import kernel_block_mask
+
+        return kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device,
+                                 BLOCK_SIZE, like)
+    if like is not None:
+        raise ValueError("flashjit.create_block_mask: like= chooses the "
+                         "spec of the classification kernel: it needs "
+                         "kernel=True")
     return BlockMask.from_mask_mod(mask_mod, B, H, Q_LEN, KV_LEN,
                                    block_size=BLOCK_SIZE, device=device)
 

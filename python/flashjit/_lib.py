@@ -371,6 +371,17 @@ def _declare(lib):
              ctypes.c_int64, ctypes.c_void_p],
         ),
     })
+    # C API version 10: the block classification of a mask_mod region
+    # (handle, spec, batch, heads, seq_q, seq_kv, the layout it writes,
+    # the captured array as a void pointer, its count, the CUDA stream).
+    sigs.update({
+        "flashjit_mask_blocks": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_int64, ctypes.c_int64,
+             ctypes.c_int64, ctypes.c_int64, P(Layout), ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p],
+        ),
+    })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res

@@ -12,7 +12,9 @@ tensor's gradient, both dQ modes (deterministic: bit-identical twice),
 explicit max_seqlen_* without any host synchronization
 (torch.cuda.set_sync_debug_mode("error")), a side stream, and the
 forward and backward captured in a CUDA graph (replayed with new
-offsets). The outputs are allocated zeroed (o, dq, dk, dv) or -inf (lse)
+offsets); and, beside them, create_block_mask(..., kernel=True) on the
+device (flashjit's block-classification kernel) against the default
+evaluation of the mask. The outputs are allocated zeroed (o, dq, dk, dv) or -inf (lse)
 before the kernels run, so a row they do not write shows as a mismatch
 against the reference (whose rows are not 0) or as a wrong -inf pattern.
 
@@ -356,3 +358,45 @@ def test_block_mask_over_the_sequences(seed):
                         (v.grad, want[2], keys)):
             assert rel_err(g[s].float().cpu().numpy().transpose(1, 0, 2)[None],
                            w) <= GRAD_BOUND[torch.bfloat16]
+
+
+def test_create_block_mask_by_the_kernel(seed):
+    """create_block_mask(..., kernel=True) on DEVICE (flashjit_mask_blocks
+    queued on torch's current stream) equals the default evaluation of the
+    mask function by torch on DEVICE: the same blocks and full marks, for
+    a mask over captured segment ids, an offset, the batch and the head,
+    lengths that are no multiple of the block; the copy the mask keeps on
+    the device is the same, and attention runs alike with either mask."""
+    rng = np.random.default_rng(seed)
+    B, H, Nq, Nkv, d = 2, 3, 1000, 777, 64
+    cuts = torch.from_numpy(np.sort(rng.choice(np.arange(1, 700), 5, False)))
+    sq = torch.bucketize(torch.arange(Nq), cuts, right=True).to(DEVICE)
+    skv = torch.bucketize(torch.arange(Nkv), cuts, right=True).to(DEVICE)
+
+    def fn(b, h, i, j):
+        return ((sq[i] == skv[j]) & (j <= i + 50 * h - 30 * b)) | (
+            j < 24 * (h + b))
+
+    q, k, v = (torch.randn(B, H, n, d, dtype=torch.bfloat16, device=DEVICE)
+               for n in (Nq, Nkv, Nkv))
+    for S in (64, 128):
+        got = flashjit.create_block_mask(fn, B, H, Nq, Nkv, device=DEVICE,
+                                         BLOCK_SIZE=S, kernel=True, like=q)
+        want = flashjit.create_block_mask(fn, B, H, Nq, Nkv, device=DEVICE,
+                                          BLOCK_SIZE=S)
+        assert got.shape == want.shape == (B, H, -(-Nq // S), -(-Nkv // S))
+        assert np.array_equal(got.counts, want.counts)
+        assert np.array_equal(got.indices, want.indices)  # full marks too
+        assert (got.indices < 0).any() and 0.1 < got.density() < 0.9
+        counts, indices = got._device_tensors(q.device)
+        assert counts.device == q.device
+        assert torch.equal(counts.cpu(), torch.from_numpy(want.counts))
+        assert torch.equal(indices.cpu(), torch.from_numpy(want.indices))
+        o = flashjit.attention(q, k, v, mask_mod=fn, block_mask=got)
+        assert torch.equal(o, flashjit.attention(q, k, v, mask_mod=fn,
+                                                 block_mask=want))
+    b, h, i, j = reference.positions((B, H, Nq, Nkv))
+    hq, hkv = sq.cpu().numpy(), skv.cpu().numpy()
+    vis = ((hq[i] == hkv[j]) & (j <= i + 50 * h - 30 * b)) | (j < 24 * (h + b))
+    ro, _ = reference.attention_ref(host(q), host(k), host(v), None, vis)
+    assert rel_err(host(o), ro) <= BOUND[torch.bfloat16]

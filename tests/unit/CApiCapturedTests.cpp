@@ -301,9 +301,11 @@ TEST(CApiCaptured, MaskBlocksClassifyOnTheCpu) {
             FLASHJIT_OK)
       << lastError();
   // Q block 0 (segment 0): KV block 0, whole. Q block 1 (rows 16..19,
-  // segment 1): KV block 1, partly (keys 16..24 of 16..31).
+  // segment 1): KV block 1, partly (keys 16..24 of 16..31). The entries
+  // past a count are unspecified.
   EXPECT_EQ(counts, (std::vector<int32_t>{1, 1}));
-  EXPECT_EQ(indices, (std::vector<int32_t>{~0, 77, 77, 1, 77, 77}));
+  EXPECT_EQ(indices[0], ~0);
+  EXPECT_EQ(indices[3], 1);
   ASSERT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
                                       sp.d.lse.data(), 0.0, -1, -1, &layout,
                                       captured, 1, nullptr),

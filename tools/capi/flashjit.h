@@ -304,9 +304,9 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
  *  on the CPU; packed [layout->batch, layout->heads, q_blocks, kv_blocks]):
  *  for each row the KV blocks with an element the mask keeps, ascending,
  *  ~k (= -k - 1) for a block it keeps whole (full: the forward and the
- *  backward skip the mask there); the entries past a row's count are left
- *  as they were. layout->batch, layout->heads: \p batch, \p heads or 1
- *  (for a mask that does not depend on them, evaluated at 0);
+ *  backward skip the mask there); the entries past a row's count are
+ *  unspecified (no kernel reads them). layout->batch, layout->heads: \p batch,
+ * \p heads or 1 (for a mask that does not depend on them, evaluated at 0);
  *  layout->q_blocks, kv_blocks: ceil(seq / sparse_block). \p captured:
  *  the regions' captured tensors, as flashjit_forward_captured's. The
  *  layout then serves flashjit_forward* and flashjit_backward* of the same

@@ -34,8 +34,9 @@ void AttnDialect::initialize() {
 /// The roles a tiled function can have (KernelAttr's `role`).
 static bool isKnownRole(StringRef role) {
   return role == "forward" || role == "forward_split" || role == "combine" ||
-         role == "mask_blocks" || role == "preprocess" || role == "main" ||
-         role == "dq" || role == "dq_convert";
+         role == "mask_blocks" || role == "mask_blocks_list" ||
+         role == "preprocess" || role == "main" || role == "dq" ||
+         role == "dq_convert";
 }
 
 /// KernelAttr's `score_mod`: "" (none), "custom" or a named variant (the

@@ -58,8 +58,8 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     function they make (`attn.kernel = #attn.kernel<...>`). `role` says
     which program the function is: "forward" (one Q block of the forward),
     "forward_split" and "combine" (the split-KV forward's partial and its
-    lse merge, kernels/KernelABI.h), "mask_blocks" (a mask_mod's block
-    classification, abi::blocks), or one of the backward's "preprocess", "main" (dK, dV of one KV block),
+    lse merge, kernels/KernelABI.h), "mask_blocks" and "mask_blocks_list"
+    (a mask_mod's block classification and its lists, abi::blocks), or one of the backward's "preprocess", "main" (dK, dV of one KV block),
     "dq" (the deterministic dQ pass) or "dq_convert" (atomic dQ's
     conversion). The other fields are the description's (attn.flash_fwd /
     attn.flash_bwd) and the tile sizes Br x Bc. `score_mod` (forward only,
@@ -103,7 +103,8 @@ def Attn_KernelAttr : AttrDef<Attn_Dialect, "Kernel"> {
     /// Whether the function belongs to the backward pass.
     bool isBackward() const {
       return getRole() != "forward" && getRole() != "forward_split" &&
-             getRole() != "combine" && getRole() != "mask_blocks";
+             getRole() != "combine" && getRole() != "mask_blocks" &&
+             getRole() != "mask_blocks_list";
     }
   }];
 }

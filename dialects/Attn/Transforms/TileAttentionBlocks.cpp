@@ -3,44 +3,50 @@
 /// \file
 /// The block classification of a mask_mod region (issue 14 item 4): beside
 /// the forward `@f` of a block-sparse attn.flash_fwd with a mask_mod, the
-/// tiling builds `@f_blocks` (role "mask_blocks", kernels/KernelABI.h
-/// abi::blocks), which evaluates the region on every element of every
-/// block pair, never more than a tile at a time, and writes the layout the
-/// forward and the backward read: the KV blocks with a kept element, the
-/// ones kept whole marked full. One program owns kRows sparse Q blocks, one
-/// per tile row, and walks the KV blocks in order, counting; the CPU runs
-/// it as loops, the GPU as a row kernel (a warp per Q block). Before: the
-/// op's mask_mod region. After, beside `@f` (S = sparse_block, C = min(S,
-/// 128) keys per tile):
+/// tiling builds two functions (kernels/KernelABI.h abi::blocks) that write
+/// the layout the forward and the backward read, evaluating the region on
+/// every element of every block pair, never more than a tile at a time:
+/// `@f_blocks` classifies kRows KV blocks of one Q block per program (a
+/// tile row per KV block, so the work spreads over Q x KV blocks), and
+/// `@f_blocks_list` compacts each Q block's classes, in place, into the
+/// list of the blocks with a kept element, the ones kept whole marked
+/// full. The CPU runs both as loops, the GPU as row kernels (a warp per
+/// tile row). Before: the op's mask_mod region. After, beside `@f` (S =
+/// sparse_block, C = min(S, 128) keys per tile, list = the (b, h, qb) row
+/// of indices):
 ///
 ///   func.func @f_blocks(<the forward's arguments>) attributes {
-///       attn.kernel = #attn.kernel<role = "mask_blocks", block_m = 4 * S,
-///       block_n = S, ...>} {
-///     %qb = pid_m * 4 + iota : tensor<4xi32>         // the rows' Q blocks
-///     %n = scf.for %kb = 0 to ceil(nkv / S) iter_args(%cnt = 0) {
-///       %a:2 = scf.for %t = 0 to S iter_args(%any = 0, %miss = 0) {
-///         scf.for %u = 0 to ceil(S / C) ... {        // C keys at a time
-///           %i = min(%qb * S + %t, nq - 1)           // tensor<4xCxi32>
-///           %j = min(%kb * S + min(%u * C + iota dim 1, S - 1), nkv - 1)
-///           %keep = <mask_mod on %i, %j>             // tensor<4xCxi1>
-///           %any = max(%any, select(%keep, 1, 0))
-///           %miss = max(%miss, select(!%keep, 1, 0))
-///       } }
-///       %kept = reduce "max" %a#0 dim 1 > 0 & %qb < ceil(nq / S)
-///       %full = reduce "max" %a#1 dim 1 == 0
-///       tile.scatter select(%full, ~%kb, %kb), %INDICES[%list + %cnt]
-///           if %kept
-///       scf.yield %cnt + zext(%kept)
+///       attn.kernel = #attn.kernel<role = "mask_blocks", ...>} {
+///     %qb = pid_m / ceil(KB / 4);  %kb = (pid_m % ceil(KB / 4)) * 4 + iota
+///     %a:2 = scf.for %t = 0 to S iter_args(%any = 0, %miss = 0) {
+///       scf.for %u = 0 to ceil(S / C) ... {          // C keys at a time
+///         %i = min(%qb * S + %t, nq - 1)             // tensor<4xCxi32>
+///         %j = min(%kb * S + min(%u * C + iota dim 1, S - 1), nkv - 1)
+///         %keep = <mask_mod on %i, %j>               // tensor<4xCxi1>
+///         %any = max(%any, select(%keep, 1, 0))
+///         %miss = max(%miss, select(!%keep, 1, 0))
+///     } }
+///     %class = reduce "max" %a#0 > 0 ? (reduce "max" %a#1 == 0 ? 2 : 1) : 0
+///     tile.store %class, %INDICES[list(%qb)] rows %kb0 of KB
+///   }
+///   func.func @f_blocks_list(...) attributes {role = "mask_blocks_list"} {
+///     %qb = pid_m * 4 + iota                         // tensor<4xi32>
+///     %n = scf.for %kb = 0 to KB iter_args(%cnt = 0) {
+///       %class = tile.gather %INDICES[list(%qb) + %kb]
+///       tile.scatter (%class == 2 ? ~%kb : %kb), %INDICES[list(%qb) + %cnt]
+///           if %class != 0 & %qb < QB
+///       scf.yield %cnt + (%class != 0)
 ///     }
-///     tile.store %n, %COUNTS[b * counts_sb + h * counts_sh]
-///         rows pid_m * 4 of ceil(nq / S)
+///     tile.store %n, %COUNTS[b * counts_sb + h * counts_sh] rows pid_m * 4
+///         of QB
 ///   }
 ///
-/// The positions past Nq, Nkv or the block (the last chunk when C does not
-/// divide S) are clamped to the block's last real ones: they repeat an
-/// element's verdict, so they neither keep a block nor make it partial, as
-/// the forward's padding neither attends nor masks.
-//
+/// The compaction is safe in place: a row's count never passes kb, so no
+/// class still to be read is overwritten. The positions past Nq, Nkv or
+/// the block (the last chunk when C does not divide S) are clamped to the
+/// block's last real ones: they repeat an element's verdict, so they
+/// neither keep a block nor make it partial, as the forward's padding
+/// neither attends nor masks.
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
@@ -60,7 +66,7 @@ using arith::CmpIPredicate;
 
 namespace {
 
-/// Builds @f_blocks for the op's mask_mod region.
+/// Builds @f_blocks and @f_blocks_list for the op's mask_mod region.
 class MaskBlocksBuilder : flashjit::attn::detail::TileIRBuilderBase {
 public:
   MaskBlocksBuilder(OpBuilder &at, FlashFwdOp op)
@@ -69,48 +75,98 @@ public:
     b.setInsertionPoint(at.getInsertionBlock(), at.getInsertionPoint());
   }
 
-  void build();
+  /// @f_blocks: one program per R KV blocks of one Q block.
+  void buildClasses();
+  /// @f_blocks_list: one program per R Q blocks.
+  void buildLists();
 
 private:
   Value arg(int i) { return func.getArgument(i); }
   Value indexArg(int i) { return arg(abi::NumBuffers + i); }
   Value splatI32(Value index, Tensor ty) { return splat(toI32(index), ty); }
-  Value zext(Value keep, Tensor ty) {
-    return select(keep, splat(arith::ConstantIntOp::create(b, 1, 32), ty),
-                  splat(arith::ConstantIntOp::create(b, 0, 32), ty));
+  Value constI32(int64_t v, Tensor ty) {
+    return splat(arith::ConstantIntOp::create(b, v, 32), ty);
   }
   /// 1.0 where \p x holds, else 0.0 (an f32 tile the reductions take).
   Value indicator(Value x, Tensor ty) {
     return select(x, constTile(1.0, ty), constTile(0.0, ty));
   }
-  /// The positions of chunk \p u of KV block \p kb for query row \p t of
-  /// each tile row's Q block: whether the running maxima of kept and of
-  /// masked elements grow.
-  std::pair<Value, Value> evaluate(Value kb, Value t, Value u, Value any,
-                                   Value miss);
+  /// A function of the forward's arguments named @f<suffix>, its role
+  /// \p role, its body's insertion point set; the program's (b, h), the
+  /// lengths and block counts.
+  void begin(llvm::StringRef suffix, llvm::StringRef role);
+  /// The offset of (b, h, \p qb)'s list in indices (i32, \p qb a tile).
+  Value listOf(Value qb, Tensor ty);
+  /// Chunk \p u of the keys of each row's KV block \p kb0 (a rank-1 tile)
+  /// for query row \p t of Q block \p qb: the running maxima of kept and of
+  /// masked elements.
+  std::pair<Value, Value> evaluate(Value qb, Value kb0, Value t, Value u,
+                                   Value any, Value miss);
 
   FlashFwdOp op;
   func::FuncOp func;
   const int64_t s, c; ///< the sparse block; keys per tile
   const int64_t rows = abi::blocks::kRows;
-  Value bIdx, hIdx, nq, nkv, q0;
+  Value pidM, bIdx, hIdx, nq, nkv, qBlocks, kvBlocks;
 };
 
 } // namespace
 
-std::pair<Value, Value> MaskBlocksBuilder::evaluate(Value kb, Value t, Value u,
-                                                    Value any, Value miss) {
+void MaskBlocksBuilder::begin(llvm::StringRef suffix, llvm::StringRef role) {
+  MLIRContext *ctx = b.getContext();
+  auto [argTys, argNames] =
+      flashjit::attn::detail::forwardArguments(b, op, /*split=*/false);
+  func = func::FuncOp::create(b, (op.getSymName() + suffix).str(),
+                              FunctionType::get(ctx, argTys, {}));
+  func->setAttr("attn.kernel",
+                KernelAttr::get(ctx, role, op.getHeadDimQk(), op.getHeadDimV(),
+                                op.getElementType(), op.getMask(), op.getGqa(),
+                                s, s, s, /*deterministic=*/false,
+                                op.namedScoreMod().value_or("custom"),
+                                "custom"));
+  func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
+  b.setInsertionPointToStart(func.addEntryBlock());
+  b.setInsertionPoint(func::ReturnOp::create(b));
+
+  const int pids = abi::NumBuffers + abi::NumIndexArgs + 1;
+  pidM = arg(pids);
+  Value pidBH = arg(pids + 1), heads = indexArg(abi::Heads);
+  bIdx = arith::DivUIOp::create(b, pidBH, heads);
+  hIdx = arith::RemUIOp::create(b, pidBH, heads);
+  nq = indexArg(abi::SeqQ);
+  nkv = indexArg(abi::SeqKV);
+  auto blocksOf = [&](Value n) {
+    return arith::DivUIOp::create(b, add(n, cIdx(s - 1)), cIdx(s));
+  };
+  qBlocks = blocksOf(nq);
+  kvBlocks = blocksOf(nkv);
+}
+
+Value MaskBlocksBuilder::listOf(Value qb, Tensor ty) {
+  Value base = add(mul(bIdx, indexArg(abi::IndicesStrideB)),
+                   mul(hIdx, indexArg(abi::IndicesStrideH)));
+  return arith::AddIOp::create(
+      b, splatI32(base, ty),
+      arith::MulIOp::create(b, qb,
+                            splatI32(indexArg(abi::IndicesStrideM), ty)));
+}
+
+std::pair<Value, Value> MaskBlocksBuilder::evaluate(Value qb, Value kb0,
+                                                    Value t, Value u, Value any,
+                                                    Value miss) {
   Tensor iTy = tile({rows, c}, b.getI32Type()), fTy = tile({rows, c}, f32);
   // Positions past Nq, Nkv or the block (the last chunk's columns when C
   // does not divide S) repeat the block's last real ones, which change
   // neither whether it keeps an element nor whether it keeps all.
-  Value i = insideProblem(
-      arith::AddIOp::create(b, broadcast(q0, iTy, 1), splatI32(t, iTy)), nq);
+  Value i = insideProblem(splatI32(add(mulC(qb, s), t), iTy), nq);
   Value inBlock = indexTile(iTy, 1, mulC(u, c));
   if (s % c != 0)
-    inBlock = arith::MinSIOp::create(b, inBlock, splatI32(cIdx(s - 1), iTy));
+    inBlock = arith::MinSIOp::create(b, inBlock, constI32(s - 1, iTy));
   Value j = insideProblem(
-      arith::AddIOp::create(b, inBlock, splatI32(mulC(kb, s), iTy)), nkv);
+      arith::AddIOp::create(
+          b, inBlock,
+          arith::MulIOp::create(b, broadcast(kb0, iTy, 1), constI32(s, iTy))),
+      nkv);
 
   Region &region = op.getMaskMod();
   flashjit::attn::detail::ScoreModIndices at;
@@ -128,7 +184,6 @@ std::pair<Value, Value> MaskBlocksBuilder::evaluate(Value kb, Value t, Value u,
     at.captures.push_back(func.getArgument(first + k));
   Value keep = flashjit::attn::detail::inlineMaskMod(b, b.getLoc(), region,
                                                      {rows, c}, at);
-
   Value no = arith::XOrIOp::create(
       b, keep,
       arith::ConstantOp::create(
@@ -136,89 +191,77 @@ std::pair<Value, Value> MaskBlocksBuilder::evaluate(Value kb, Value t, Value u,
   return {maxF(any, indicator(keep, fTy)), maxF(miss, indicator(no, fTy))};
 }
 
-void MaskBlocksBuilder::build() {
-  MLIRContext *ctx = b.getContext();
-  auto [argTys, argNames] =
-      flashjit::attn::detail::forwardArguments(b, op, /*split=*/false);
-  func = func::FuncOp::create(b, (op.getSymName() + abi::blocks::kSuffix).str(),
-                              FunctionType::get(ctx, argTys, {}));
-  func->setAttr("attn.kernel",
-                KernelAttr::get(ctx, "mask_blocks", op.getHeadDimQk(),
-                                op.getHeadDimV(), op.getElementType(),
-                                op.getMask(), op.getGqa(), s, rows * s, s,
-                                /*deterministic=*/false,
-                                op.namedScoreMod().value_or("custom"),
-                                "custom"));
-  func->setAttr("attn.arg_names", b.getArrayAttr(argNames));
-  b.setInsertionPointToStart(func.addEntryBlock());
-
-  const int pids = abi::NumBuffers + abi::NumIndexArgs + 1;
-  Value pidM = arg(pids), pidBH = arg(pids + 1);
-  Value heads = indexArg(abi::Heads);
-  bIdx = arith::DivUIOp::create(b, pidBH, heads);
-  hIdx = arith::RemUIOp::create(b, pidBH, heads);
-  nq = indexArg(abi::SeqQ);
-  nkv = indexArg(abi::SeqKV);
-  auto blocksOf = [&](Value n) {
-    return arith::DivUIOp::create(b, add(n, cIdx(s - 1)), cIdx(s));
-  };
-  Value qBlocks = blocksOf(nq), kvBlocks = blocksOf(nkv);
-  Value first = mulC(pidM, rows);
-
+void MaskBlocksBuilder::buildClasses() {
+  begin(abi::blocks::kSuffix, "mask_blocks");
+  // pid_m = qb * ceil(KB / R) + chunk: rows are KV blocks chunk * R + r.
+  Value chunks =
+      arith::DivUIOp::create(b, add(kvBlocks, cIdx(rows - 1)), cIdx(rows));
+  Value qb = arith::DivUIOp::create(b, pidM, chunks);
+  Value firstKv = mulC(arith::RemUIOp::create(b, pidM, chunks), rows);
   Tensor rowTy = tile({rows}, b.getI32Type()), fTy = tile({rows, c}, f32);
-  Value qb = indexTile(rowTy, 0, first);
-  q0 = arith::MulIOp::create(b, qb, splatI32(cIdx(s), rowTy));
-  Value listAt = arith::AddIOp::create(
-      b,
-      splatI32(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
-                   mul(hIdx, indexArg(abi::IndicesStrideH))),
-               rowTy),
-      arith::MulIOp::create(b, qb,
-                            splatI32(indexArg(abi::IndicesStrideM), rowTy)));
+  Value kb0 = indexTile(rowTy, 0, firstKv);
+  SmallVector<Value> seen = forCarrying(
+      cIdx(0), cIdx(s), ValueRange{constTile(0.0, fTy), constTile(0.0, fTy)},
+      [&](Value t, ValueRange acc) {
+        return forCarrying(cIdx(0), cIdx((s + c - 1) / c), acc,
+                           [&](Value u, ValueRange acc) -> SmallVector<Value> {
+                             auto [any, miss] =
+                                 evaluate(qb, kb0, t, u, acc[0], acc[1]);
+                             return {any, miss};
+                           });
+      });
+  Tensor fRow = tile({rows}, f32);
+  Value kept =
+      cmpF(CmpFPredicate::OGT, reduce("max", seen[0], 1), constTile(0.0, fRow));
+  Value full =
+      cmpF(CmpFPredicate::OEQ, reduce("max", seen[1], 1), constTile(0.0, fRow));
+  // 0: skipped, 1: partial, 2: full; at (b, h, qb)'s list, position kb.
+  Value cls = select(kept, select(full, constI32(2, rowTy), constI32(1, rowTy)),
+                     constI32(0, rowTy));
+  Value list = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
+                       mul(hIdx, indexArg(abi::IndicesStrideH))),
+                   mul(qb, indexArg(abi::IndicesStrideM)));
+  storeTile(cls, arg(abi::Indices), list, firstKv, kvBlocks, Value());
+}
 
-  Value rowExists = cmpI(CmpIPredicate::slt, qb, splatI32(qBlocks, rowTy));
-  Value zero = splatI32(cIdx(0), rowTy);
+void MaskBlocksBuilder::buildLists() {
+  begin(abi::blocks::kListSuffix, "mask_blocks_list");
+  Tensor rowTy = tile({rows}, b.getI32Type());
+  Value first = mulC(pidM, rows);
+  Value qb = indexTile(rowTy, 0, first);
+  // A tile row past the last Q block (the CPU runs all of them; the GPU
+  // skips them) reads the last block's list and writes nothing.
+  Value exists = cmpI(CmpIPredicate::slt, qb, splatI32(qBlocks, rowTy));
+  Value list = listOf(
+      arith::MinSIOp::create(b, qb, splatI32(sub(qBlocks, cIdx(1)), rowTy)),
+      rowTy);
   SmallVector<Value> counted = forCarrying(
-      cIdx(0), kvBlocks, ValueRange{zero}, [&](Value kb, ValueRange carried) {
-        SmallVector<Value> seen = forCarrying(
-            cIdx(0), cIdx(s),
-            ValueRange{constTile(0.0, fTy), constTile(0.0, fTy)},
-            [&](Value t, ValueRange acc) {
-              return forCarrying(
-                  cIdx(0), cIdx((s + c - 1) / c), acc,
-                  [&](Value u, ValueRange acc) -> SmallVector<Value> {
-                    auto [any, miss] = evaluate(kb, t, u, acc[0], acc[1]);
-                    return {any, miss};
-                  });
-            });
-        Tensor fRow = tile({rows}, f32);
-        // A tile row past the last Q block (the CPU runs all of them; the
-        // GPU skips them) lists nothing: its writes would leave the layout.
-        Value kept = andI(cmpF(CmpFPredicate::OGT, reduce("max", seen[0], 1),
-                               constTile(0.0, fRow)),
-                          rowExists);
-        Value full = cmpF(CmpFPredicate::OEQ, reduce("max", seen[1], 1),
-                          constTile(0.0, fRow));
-        Value k32 = toI32(kb);
+      cIdx(0), kvBlocks, ValueRange{constI32(0, rowTy)},
+      [&](Value kb, ValueRange carried) {
+        Value k32 = splatI32(kb, rowTy);
+        Value cls = tile::GatherOp::create(b, rowTy, arg(abi::Indices),
+                                           arith::AddIOp::create(b, list, k32));
+        Value kept =
+            andI(exists, cmpI(CmpIPredicate::ne, cls, constI32(0, rowTy)));
         Value entry =
-            select(full,
-                   splat(arith::XOrIOp::create(
-                             b, k32, arith::ConstantIntOp::create(b, -1, 32)),
-                         rowTy),
-                   splat(k32, rowTy));
+            select(cmpI(CmpIPredicate::eq, cls, constI32(2, rowTy)),
+                   arith::XOrIOp::create(b, k32, constI32(-1, rowTy)), k32);
+        // In place: the count never passes kb, so no class still to be
+        // read is overwritten.
         tile::ScatterOp::create(b, entry, arg(abi::Indices),
-                                arith::AddIOp::create(b, listAt, carried[0]),
+                                arith::AddIOp::create(b, list, carried[0]),
                                 kept);
-        return SmallVector<Value>{
-            arith::AddIOp::create(b, carried[0], zext(kept, rowTy))};
+        return SmallVector<Value>{arith::AddIOp::create(
+            b, carried[0],
+            select(kept, constI32(1, rowTy), constI32(0, rowTy)))};
       });
   storeTile(counted[0], arg(abi::Counts),
             add(mul(bIdx, indexArg(abi::CountsStrideB)),
                 mul(hIdx, indexArg(abi::CountsStrideH))),
             first, qBlocks, Value());
-  func::ReturnOp::create(b);
 }
 
 void flashjit::attn::detail::buildMaskBlocks(OpBuilder &at, FlashFwdOp op) {
-  MaskBlocksBuilder(at, op).build();
+  MaskBlocksBuilder(at, op).buildClasses();
+  MaskBlocksBuilder(at, op).buildLists();
 }

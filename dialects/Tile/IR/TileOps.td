@@ -262,7 +262,8 @@ def Tile_GatherOp : Tile_Op<"gather"> {
   let description = [{
     `result[e] = base[index[e]]` for every element e of the i32 tile
     `index`: a score modifier's load of a captured tensor (a bias table, a
-    segment id) on a whole score tile. Indices outside the buffer are the
+    segment id) on a whole score tile, or (i32) a block class a mask's
+    block lists read. Indices outside the buffer are the
     description's fault, as any out-of-bounds load would be.
 
     ```mlir
@@ -270,7 +271,7 @@ def Tile_GatherOp : Tile_Op<"gather"> {
         -> tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Arg<MemRefRankOf<[F32], [1]>, "", [MemRead]>:$base,
+  let arguments = (ins Arg<MemRefRankOf<[F32, I32], [1]>, "", [MemRead]>:$base,
                    Tile_Tile:$index);
   let results = (outs Tile_Tile:$result);
   let assemblyFormat = [{

@@ -130,22 +130,26 @@ attn.flash_bwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK: tile.gather
 // CHECK: arith.select %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
 //
-// Beside it, the layout's classification (TileAttentionBlocks.cpp): 4 Q
-// blocks of 64 rows per program, the keys of each KV block 64 at a time,
-// the mask on positions clamped into the problem, any / all per row, each
-// kept block written at its row's running count (~kb when full), the
-// counts stored for the rows that exist.
+// Beside it, the layout's classification (TileAttentionBlocks.cpp): the
+// class of 4 KV blocks of one Q block per program (the keys 64 at a time,
+// the mask on positions clamped into the problem, any / all per row),
+// stored at the blocks' places in the list; then the lists compacted in
+// place, 4 Q blocks per program: each kept block at its row's running
+// count (~kb when full), and the counts.
 // CHECK-LABEL: func.func @sparse_blocks(
 // CHECK-SAME: role = "mask_blocks"
-// CHECK-SAME: sparse_block = 64, block_m = 256, block_n = 64
-// CHECK: %[[CNT:.*]] = scf.for %[[KB:.*]] = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%[[N:.*]] = %{{.*}}) -> (tensor<4xi32>)
 // CHECK: scf.for %{{.*}} iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (tensor<4x64xf32>, tensor<4x64xf32>)
 // CHECK: arith.minsi %{{.*}} : tensor<4x64xi32>
 // CHECK: tile.gather %{{.*}} : memref<?xf32>, tensor<4x64xi32> -> tensor<4x64xf32>
 // CHECK: arith.maxnumf %{{.*}} : tensor<4x64xf32>
 // CHECK: tile.reduce "max" %{{.*}} dim 1 : tensor<4x64xf32> -> tensor<4xf32>
 // CHECK: tile.reduce "max" %{{.*}} dim 1 : tensor<4x64xf32> -> tensor<4xf32>
-// CHECK: arith.xori %{{.*}}, %{{.*}} : i32
+// CHECK: tile.store %{{.*}}, %{{.*}}[%{{.*}}] rows %{{.*}} of %{{.*}} : tensor<4xi32>, memref<?xi32>
+// CHECK-LABEL: func.func @sparse_blocks_list(
+// CHECK-SAME: role = "mask_blocks_list"
+// CHECK: %[[CNT:.*]] = scf.for %{{.*}} iter_args(%{{.*}} = %{{.*}}) -> (tensor<4xi32>)
+// CHECK: tile.gather %{{.*}} : memref<?xi32>, tensor<4xi32> -> tensor<4xi32>
+// CHECK: arith.xori %{{.*}}, %{{.*}} : tensor<4xi32>
 // CHECK: tile.scatter %{{.*}}, %{{.*}}[%{{.*}}] if %{{.*}} : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
 // CHECK: tile.store %[[CNT]], %{{.*}}[%{{.*}}] rows %{{.*}} of %{{.*}} : tensor<4xi32>, memref<?xi32>
 module {

@@ -1,0 +1,162 @@
+"""A BlockMask classified by flashjit's own kernel.
+
+``flashjit.create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN,
+kernel=True)`` does not evaluate the mask function in Python (as
+BlockMask.from_mask_mod does): it traces it (flashjit.mask_mods) into the
+description's mask_mod region and runs the block-classification kernel
+that flashjit compiles beside the forward of a block-sparse spec with that
+region (the C API's flashjit_mask_blocks, C API version 10), on the CPU
+handle or on a CUDA device. The kernel evaluates the region on every
+BLOCK_SIZE x BLOCK_SIZE block pair, never an N x N mask, and writes the
+layout in BCSR form: per (batch, head, query block) the key blocks with an
+element the mask keeps, ascending, ~k for a block it keeps whole (full).
+The result is the BlockMask that from_mask_mod gives for the same mask
+(the same blocks and full marks).
+"""
+
+import ctypes
+import sys
+
+from . import _lib
+from .block_mask import BlockMask, _need_numpy, np
+
+_FN = "create_block_mask"
+
+
+def _spec_dims(like):
+    """(head_dim, flashjit dtype) of like: None (64, bf16), a numpy array
+    (float16, or float32 as bf16, as attention's numpy path) or a torch
+    tensor (bfloat16 or float16), shaped (B, H, N, d)."""
+    if like is None:
+        return 64, _lib.DTYPE_BF16
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        dtypes = {torch.bfloat16: _lib.DTYPE_BF16,
+                  torch.float16: _lib.DTYPE_FP16}
+        dtype = dtypes.get(like.dtype)
+        if dtype is None:
+            raise TypeError(f"flashjit.{_FN}: like must be a bfloat16 or "
+                            f"float16 torch tensor, got {like.dtype}")
+    elif isinstance(like, np.ndarray):
+        dtypes = {np.dtype(np.float16): _lib.DTYPE_FP16,
+                  np.dtype(np.float32): _lib.DTYPE_BF16}
+        dtype = dtypes.get(like.dtype)
+        if dtype is None:
+            raise TypeError(f"flashjit.{_FN}: like must be a float16 or "
+                            "float32 (rounded to bf16) numpy array, got "
+                            f"{like.dtype}")
+    else:
+        raise TypeError(f"flashjit.{_FN}: like must be a numpy array or a "
+                        f"torch tensor (the attention's q), got "
+                        f"{type(like).__name__}")
+    if len(like.shape) != 4:
+        raise ValueError(f"flashjit.{_FN}: like must be 4-D (batch, heads, "
+                         f"seq_len, head_dim) as q, got shape "
+                         f"{tuple(like.shape)}")
+    return int(like.shape[3]), dtype
+
+
+def _cuda_device(device):
+    """None for the CPU handle (device None, "cpu" or a torch CPU device),
+    else the torch CUDA device with its index (the current one when not
+    given); ValueError for another kind."""
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        return None
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None
+    if dev.type != "cuda":
+        raise ValueError(f"flashjit.{_FN}: kernel=True runs on the CPU or a "
+                         f"CUDA device, got device {device!r}")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _size(name, value, default):
+    return default if value is None else _lib.int64(name, value)
+
+
+def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
+                      BLOCK_SIZE=128, like=None):
+    """create_block_mask(..., kernel=True): the BlockMask that
+    flashjit_mask_blocks writes for mask_mod (a function of (b, h, i, j),
+    traced, or a mask_mod region's text starting with "{"), B x H (None:
+    1, the mask evaluated at 0; the layout broadcasts) by Q_LEN x KV_LEN
+    positions in BLOCK_SIZE blocks, on the CPU handle (device None or
+    "cpu") or on a CUDA device (queued on torch's current stream there,
+    then copied to the host for the BlockMask, whose copy on that device
+    is kept). The spec: block_sparse, sparse_block = BLOCK_SIZE, the
+    mask_mod region, no other mask, gqa 1, head dims and dtype of like
+    (None: 64 and bf16). What the C API refuses is its
+    InvalidArgumentError with its message."""
+    _need_numpy()
+    from . import _host_captures, _score_mod_and_captures
+
+    text, captures = _score_mod_and_captures(None, mask_mod)
+    head_dim, dtype = _spec_dims(like)
+    batch, heads = _size("B", B, 1), _size("H", H, 1)
+    nq, nkv = _lib.int64("Q_LEN", Q_LEN), _lib.int64("KV_LEN", KV_LEN)
+    bs = _lib.int64("BLOCK_SIZE", BLOCK_SIZE)
+    spec = _lib.make_spec(head_dim, head_dim, dtype, _lib.MASK_NONE, 1, 1,
+                          score_mod=text)
+    # BLOCK_SIZE as given (0 and negatives too): the C API names a bad one.
+    spec.block_sparse, spec.sparse_block = 1, bs
+    # The layout's shape; out-of-range sizes give an empty one, which the
+    # C API does not reach (it refuses the sizes first).
+    qb = max(0, -(-nq // bs)) if bs >= 1 else 0
+    kvb = max(0, -(-nkv // bs)) if bs >= 1 else 0
+    shape = (max(0, batch), max(0, heads), qb, kvb)
+    layout = _lib.Layout()
+    layout.batch, layout.heads, layout.q_blocks, layout.kv_blocks = (
+        batch, heads, qb, kvb)
+    dev = _cuda_device(device)
+    run = _lib.lib().flashjit_mask_blocks
+    if dev is None:
+        counts = np.zeros(shape[:3], np.int32)
+        indices = np.zeros(shape, np.int32)
+        layout.counts = counts.ctypes.data
+        layout.indices = indices.ctypes.data
+        host = _host_captures(captures, _FN)
+        caps, count = _lib.make_captured([(a.ctypes.data, a.size)
+                                          for a in host])
+        _lib.check(run(_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
+                       batch, heads, nq, nkv, ctypes.byref(layout), caps,
+                       count, None))
+        return BlockMask(counts, indices, bs)
+    return _cuda_block_mask(dev, run, spec, layout, shape, captures,
+                            (batch, heads, nq, nkv), bs)
+
+
+def _cuda_block_mask(dev, run, spec, layout, shape, captures, sizes, bs):
+    """kernel_block_mask on CUDA device dev: counts and indices zeroed on
+    it, the captured tensors as float32 copies on it, the kernel queued on
+    torch's current stream of dev."""
+    import torch
+
+    from . import _torch_impl
+    from .ops import device_captures
+
+    class _On:  # device_captures reads q.device only
+        device = dev
+
+    caps = [c.contiguous() for c in device_captures(captures, _On)]
+    with torch.cuda.device(dev):
+        counts = torch.zeros(shape[:3], dtype=torch.int32, device=dev)
+        indices = torch.zeros(shape, dtype=torch.int32, device=dev)
+        layout.counts = counts.data_ptr() or None
+        layout.indices = indices.data_ptr() or None
+        array, count = _lib.make_captured([(c.data_ptr(), c.numel())
+                                           for c in caps])
+        status = run(_torch_impl.cuda_handle(dev.index), ctypes.byref(spec),
+                     *sizes, ctypes.byref(layout), array, count,
+                     _torch_impl._raw_stream(dev.index))
+        _lib.check(status)
+        bm = BlockMask(counts.cpu().numpy(), indices.cpu().numpy(), bs)
+    # The kernel left the unlisted entries 0, as BlockMask keeps them: the
+    # device copies are the mask's own (attention finds them there).
+    bm._device_cache[str(dev)] = (counts, indices)
+    del caps, array
+    return bm
