@@ -232,28 +232,22 @@ TiledBackwardBuilder::modifierIndices(Region &region, Value like, Value q0,
   using namespace flashjit::attn::detail;
   auto ty = cast<Tensor>(like.getType());
   Tensor iTy = tile(ty.getShape(), b.getI32Type());
-  ScoreModIndices indices;
-  if (scoreModUses(region, 1))
-    indices.batch = splat(toI32(bI), iTy);
-  if (scoreModUses(region, 2))
-    indices.head = splat(toI32(hI), iTy);
-  // As the forward's: a region that reads captured tensors sees only
-  // positions inside the problem (padding rows and columns take the last
-  // ones'), so that its loads stay in the tensors.
-  const unsigned captures = unsigned(capturedTensors(region));
-  auto inside = [&](Value positions, Value count) {
-    return captures ? insideProblem(positions, count) : positions;
-  };
-  if (scoreModUses(region, 3))
-    indices.qIdx = inside(indexTile(iTy, keysOnRows ? 1 : 0, q0), nq);
-  if (scoreModUses(region, 4))
-    indices.kvIdx = inside(indexTile(iTy, keysOnRows ? 0 : 1, kv0), nkv);
+  ModifierPositions at;
+  at.batch = bI;
+  at.head = hI;
+  auto q = [&] { return indexTile(iTy, keysOnRows ? 1 : 0, q0); };
+  auto kv = [&] { return indexTile(iTy, keysOnRows ? 0 : 1, kv0); };
+  at.qIdx = q;
+  at.kvIdx = kv;
+  at.nq = nq;
+  at.nkv = nkv;
   // score_mod's captured tensors first, then mask_mod's.
   unsigned first =
       isMaskModRegion(region) ? unsigned(capturedTensors(op.getScoreMod())) : 0;
-  for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(captureBuf(first + c));
-  return indices;
+  SmallVector<Value> captures;
+  for (unsigned c = 0; c < unsigned(capturedTensors(region)); ++c)
+    captures.push_back(captureBuf(first + c));
+  return modifierIndicesAt(region, iTy, at, captures);
 }
 
 ScoreModDerivatives

@@ -158,32 +158,33 @@ std::pair<Value, Value> MaskBlocksBuilder::evaluate(Value qb, Value kb0,
   // Positions past Nq, Nkv or the block (the last chunk's columns when C
   // does not divide S) repeat the block's last real ones, which change
   // neither whether it keeps an element nor whether it keeps all.
-  Value i = insideProblem(splatI32(add(mulC(qb, s), t), iTy), nq);
-  Value inBlock = indexTile(iTy, 1, mulC(u, c));
-  if (s % c != 0)
-    inBlock = arith::MinSIOp::create(b, inBlock, constI32(s - 1, iTy));
-  Value j = insideProblem(
-      arith::AddIOp::create(
-          b, inBlock,
-          arith::MulIOp::create(b, broadcast(kb0, iTy, 1), constI32(s, iTy))),
-      nkv);
-
   Region &region = op.getMaskMod();
-  flashjit::attn::detail::ScoreModIndices at;
-  if (flashjit::attn::detail::scoreModUses(region, 1))
-    at.batch = splatI32(bIdx, iTy);
-  if (flashjit::attn::detail::scoreModUses(region, 2))
-    at.head = splatI32(hIdx, iTy);
-  if (flashjit::attn::detail::scoreModUses(region, 3))
-    at.qIdx = i;
-  if (flashjit::attn::detail::scoreModUses(region, 4))
-    at.kvIdx = j;
+  ModifierPositions at;
+  at.batch = bIdx;
+  at.head = hIdx;
+  auto q = [&] { return splatI32(add(mulC(qb, s), t), iTy); };
+  auto kv = [&]() -> Value {
+    Value inBlock = indexTile(iTy, 1, mulC(u, c));
+    if (s % c != 0)
+      inBlock = arith::MinSIOp::create(b, inBlock, constI32(s - 1, iTy));
+    return arith::AddIOp::create(
+        b, inBlock,
+        arith::MulIOp::create(b, broadcast(kb0, iTy, 1), constI32(s, iTy)));
+  };
+  at.qIdx = q;
+  at.kvIdx = kv;
+  at.nq = nq;
+  at.nkv = nkv;
+  at.clampAlways = true;
   unsigned first = func.getNumArguments() - unsigned(totalCapturedTensors(op)) +
                    unsigned(capturedTensors(op.getScoreMod()));
+  SmallVector<Value> captures;
   for (unsigned k = 0; k < unsigned(capturedTensors(region)); ++k)
-    at.captures.push_back(func.getArgument(first + k));
+    captures.push_back(func.getArgument(first + k));
+  flashjit::attn::detail::ScoreModIndices indices =
+      modifierIndicesAt(region, iTy, at, captures);
   Value keep = flashjit::attn::detail::inlineMaskMod(b, b.getLoc(), region,
-                                                     {rows, c}, at);
+                                                     {rows, c}, indices);
   Value no = arith::XOrIOp::create(
       b, keep,
       arith::ConstantOp::create(

@@ -64,35 +64,31 @@ Value TiledForwardBuilder::maskModPartial(Value t, Value n0) {
 ScoreModIndices
 TiledForwardBuilder::modifierIndices(Region &region, Value n0) {
   Tensor iTy = tile({br, bc}, b.getI32Type());
-  ScoreModIndices indices;
-  if (scoreModUses(region, 1))
-    indices.batch = splat(toI32(bIdx), iTy);
-  if (scoreModUses(region, 2)) {
-    indices.head = splat(toI32(hIdx), iTy);
-    if (pack) // head hIdx + p % gqa of row p
-      indices.head = arith::AddIOp::create(
-          b, indices.head,
-          arith::RemUIOp::create(b, indexTile(iTy, 0, m0),
-                                 splat(toI32(group), iTy)));
-  }
-  const unsigned captures = unsigned(capturedTensors(region));
-  // A region that reads captured tensors sees only positions inside the
-  // problem: the tile's rows past Nq and columns past Nkv (masked or never
-  // stored) take the last ones', so that their loads stay in the tensors.
-  auto inside = [&](Value positions, Value count) {
-    return captures ? insideProblem(positions, count) : positions;
+  ModifierPositions at;
+  at.batch = bIdx;
+  at.head = hIdx;
+  auto packedHead = [&]() -> Value { // head hIdx + p % gqa of row p
+    return arith::AddIOp::create(
+        b, splat(toI32(hIdx), iTy),
+        arith::RemUIOp::create(b, indexTile(iTy, 0, m0),
+                               splat(toI32(group), iTy)));
   };
-  if (scoreModUses(region, 3))
-    indices.qIdx = inside(queryOf(indexTile(iTy, 0, m0)), nq);
-  if (scoreModUses(region, 4))
-    indices.kvIdx = inside(indexTile(iTy, 1, n0), nkv);
+  if (pack)
+    at.headTile = packedHead;
+  auto q = [&] { return queryOf(indexTile(iTy, 0, m0)); };
+  auto kv = [&] { return indexTile(iTy, 1, n0); };
+  at.qIdx = q;
+  at.kvIdx = kv;
+  at.nq = nq;
+  at.nkv = nkv;
   // The kernel's captured buffers: score_mod's, then mask_mod's, last.
   unsigned first = func.getNumArguments() - unsigned(totalCapturedTensors(op));
   if (isMaskModRegion(region))
     first += unsigned(capturedTensors(op.getScoreMod()));
-  for (unsigned c = 0; c < captures; ++c)
-    indices.captures.push_back(func.getArgument(first + c));
-  return indices;
+  SmallVector<Value> captures;
+  for (unsigned c = 0; c < unsigned(capturedTensors(region)); ++c)
+    captures.push_back(func.getArgument(first + c));
+  return modifierIndicesAt(region, iTy, at, captures);
 }
 
 /// The score_mod region on the scaled scores \p s of keys [n0, n0 + Bc).

@@ -13,6 +13,7 @@
 #define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEIRBUILDER_H
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TiledBuilder.h"
 #include "dialects/Tile/IR/TileDialect.h"
 
@@ -196,6 +197,42 @@ protected:
   Value listedBlockFull(const BlockList &l, Value t) {
     return cmpI(mlir::arith::CmpIPredicate::slt, listedEntry(l, t),
                 mlir::arith::ConstantOp::create(b, b.getI32IntegerAttr(0)));
+  }
+
+  /// Where a modifier region runs: its index arguments on tiles of i32.
+  struct ModifierPositions {
+    Value batch, head; ///< index scalars, splat over the tile
+    /// Replaces \p head where the head varies along the tile (an i32 tile:
+    /// the query heads of a GQA-packed tile), built when used.
+    llvm::function_ref<Value()> headTile;
+    /// q_idx and kv_idx tiles (i32), built only when the region uses them.
+    llvm::function_ref<Value()> qIdx, kvIdx;
+    /// The positions are clamped below these (index) where the region
+    /// reads captured tensors, or always with \p clampAlways: the tile's
+    /// padding then takes the last real position's, so that its loads stay
+    /// in the tensors.
+    Value nq, nkv;
+    bool clampAlways = false;
+  };
+  /// The index tiles of \p region of shape \p iTy at \p at (the ones it
+  /// uses) and its captured buffers \p captures: what inlineScoreMod and
+  /// inlineMaskMod take, the same for every tiling (forward, backward,
+  /// the mask's block classification).
+  ScoreModIndices modifierIndicesAt(mlir::Region &region, Tensor iTy,
+                                    const ModifierPositions &at,
+                                    llvm::ArrayRef<Value> captures) {
+    ScoreModIndices indices;
+    if (scoreModUses(region, 1))
+      indices.batch = splat(toI32(at.batch), iTy);
+    if (scoreModUses(region, 2))
+      indices.head = at.headTile ? at.headTile() : splat(toI32(at.head), iTy);
+    const bool clamp = at.clampAlways || !captures.empty();
+    if (scoreModUses(region, 3))
+      indices.qIdx = clamp ? insideProblem(at.qIdx(), at.nq) : at.qIdx();
+    if (scoreModUses(region, 4))
+      indices.kvIdx = clamp ? insideProblem(at.kvIdx(), at.nkv) : at.kvIdx();
+    indices.captures.assign(captures.begin(), captures.end());
+    return indices;
   }
 
   /// `scf.for iv = lb to ub iter_args(init) { yield body(iv, carried) }`,
