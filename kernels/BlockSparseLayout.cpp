@@ -231,6 +231,17 @@ void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &p,
     throw SpecError(fmt::format("mask blocks: a layout of batch {} and heads "
                                 "{} does not broadcast to {} x {}",
                                 batch, heads, p.batch, p.heads));
+  // The classification addresses the indices in i32.
+  const double entries =
+      double(batch * heads) *
+      double((p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock) *
+      double((p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock);
+  if (entries >= double(int64_t(1) << 31))
+    throw SpecError(fmt::format(
+        "mask blocks: a layout of {:.0f} entries (batch * heads * q_blocks * "
+        "kv_blocks) is past the classification's 2^31; use a larger "
+        "sparse_block or a broadcast layout",
+        entries));
 }
 
 BlockSparseLayout emptyMaskBlocksLayout(const AttentionSpec &spec,

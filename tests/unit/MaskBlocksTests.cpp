@@ -184,6 +184,16 @@ TEST(MaskBlocks, BadRequestsAreNamedErrors) {
   EXPECT_THROW(CpuKernel::compile(dense, tileConfig(32, 32))
                    ->classifyBlocks(p, AttentionData(), 1, 1),
                SpecError);
+  // Past the i32 the classification addresses its layout with.
+  Problem huge = problem(64, 64, 1 << 20, 1 << 20);
+  try {
+    kernel->classifyBlocks(huge, AttentionData(), 64, 64);
+    ADD_FAILURE() << "a layout past 2^31 entries was classified";
+  } catch (const SpecError &e) {
+    EXPECT_NE(std::string(e.what()).find("past the classification's 2^31"),
+              std::string::npos)
+        << e.what();
+  }
   // The mask's captured tensor is required.
   AttentionSpec seg = sparseMask(kEveryArgument, 32);
   EXPECT_THROW(CpuKernel::compile(seg, tileConfig(32, 32))
