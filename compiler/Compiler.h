@@ -93,6 +93,12 @@ AttentionSpec withScoreModRegion(const AttentionSpec &spec,
 AttentionSpec withMaskModRegion(const AttentionSpec &spec,
                                 const std::string &region);
 
+/// Whether \p spec's mask_mod region reads its batch and its head
+/// argument ({false, false} without a region): a layout classified from a
+/// mask that reads neither may broadcast over both (flashjit_mask_blocks,
+/// `--mask-blocks`).
+std::pair<bool, bool> maskModReadsBatchHead(const AttentionSpec &spec);
+
 /// Both at once: \p scoreText ("" keeps \p spec's score modifier) and
 /// \p maskText ("" for no mask modifier).
 AttentionSpec withModifierRegions(const AttentionSpec &spec,

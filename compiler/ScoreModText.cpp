@@ -273,6 +273,27 @@ AttentionSpec withMaskModRegion(const AttentionSpec &spec,
   return withModifierRegions(spec, "", region);
 }
 
+std::pair<bool, bool> maskModReadsBatchHead(const AttentionSpec &spec) {
+  if (spec.maskModRegion.empty())
+    return {false, false};
+  AttentionSpec forward = spec;
+  forward.direction = Direction::Forward;
+  auto ctx = createContext();
+  DiagnosticCollector diags(*ctx, /*oneLine=*/true);
+  auto module = parseSourceString<ModuleOp>(
+      attnModuleText(forward, kKernelName), ctx.get(), "mask_mod");
+  if (!module)
+    throw SpecError("mask_mod region: " +
+                    (diags.str().empty() ? "does not parse" : diags.str()));
+  std::pair<bool, bool> reads{true, true};
+  module->walk([&](attn::FlashFwdOp op) {
+    Region &region = op.getMaskMod();
+    reads = {!region.getArgument(0).use_empty(),
+             !region.getArgument(1).use_empty()};
+  });
+  return reads;
+}
+
 /// Throws SpecError unless the modifier regions of \p module capture
 /// \p spec's count of tensors (the buffers the CPU mode passes after the
 /// kernel ABI's: a spec whose region was set by hand without its count

@@ -201,6 +201,23 @@ TEST(MaskBlocks, BadRequestsAreNamedErrors) {
                SpecError);
 }
 
+/// Which of batch and head a mask reads decides whether its layout may
+/// broadcast over them (`--mask-blocks`).
+TEST(MaskBlocks, TheRegionSaysWhetherItReadsBatchAndHead) {
+  using Reads = std::pair<bool, bool>;
+  EXPECT_EQ(maskModReadsBatchHead(sparseMask(kEveryArgument, 32)),
+            Reads(true, true));
+  EXPECT_EQ(maskModReadsBatchHead(sparseMask(kBand, 32)), Reads(false, false));
+  EXPECT_EQ(maskModReadsBatchHead(sparseMask(R"({
+^bb0(%b: index, %h: index, %i: index, %j: index):
+  %k = arith.cmpi sle, %j, %h : index
+  attn.yield %k : i1
+})",
+                                             32)),
+            Reads(false, true));
+  EXPECT_EQ(maskModReadsBatchHead(AttentionSpec()), Reads(false, false));
+}
+
 /// The GPU modules (sm_80's mma.sync and sm_90a's wgmma forwards) hold the
 /// classification beside the forward, a row kernel of a warp per Q block.
 TEST(MaskBlocks, GpuModulesHoldTheClassification) {

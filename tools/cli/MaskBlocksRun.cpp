@@ -35,6 +35,7 @@ static constexpr double kCheckEvaluations = 2e8;
 static BlockSparseLayout classifyOnGpu(const CliOptions &o,
                                        const AttentionSpec &spec,
                                        const AttentionData &data,
+                                       int64_t batch, int64_t heads,
                                        int64_t repeats, double &ms) {
   const Problem &p = o.problem;
   GpuSession session;
@@ -45,7 +46,7 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
                                 spec, usesWgmma(target), usesKvRing(target)));
   CubinBuild build = engine::buildCubin(spec, config, target, session.cache);
   rt::ForwardKernel kernel(build.image, spec, 16, config);
-  BlockSparseLayout out = emptyMaskBlocksLayout(spec, p, p.batch, p.heads);
+  BlockSparseLayout out = emptyMaskBlocksLayout(spec, p, batch, heads);
   rt::DeviceBuffer counts(out.counts.size() * 4),
       indices(out.indices.size() * 4);
   counts.memset8(0xff); // -1 everywhere: what is not written shows
@@ -59,8 +60,8 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
   }
   rt::CudaDriver &driver = rt::CudaDriver::get();
   auto launch = [&] {
-    kernel.classifyBlocks(p, p.batch, p.heads, counts.ptr(), indices.ptr(),
-                          ptrs, nullptr);
+    kernel.classifyBlocks(p, batch, heads, counts.ptr(), indices.ptr(), ptrs,
+                          nullptr);
   };
   launch();
   driver.synchronize();
@@ -84,42 +85,50 @@ MaskBlocksRun classifyMaskBlocks(const CliOptions &o,
                                  int64_t repeats) {
   const Problem &p = o.problem;
   MaskBlocksRun r;
+  // A mask that reads neither its batch nor its head is classified once
+  // and broadcast.
+  auto [readsBatch, readsHead] = maskModReadsBatchHead(forwardSpec);
+  const int64_t batch = readsBatch ? p.batch : 1,
+                heads = readsHead ? p.heads : 1;
   if (onGpu) {
-    r.layout = std::make_unique<BlockSparseLayout>(
-        classifyOnGpu(o, forwardSpec, data, repeats, r.ms));
+    r.layout = std::make_unique<BlockSparseLayout>(classifyOnGpu(
+        o, forwardSpec, data, batch, heads, repeats, r.ms));
   } else {
     auto kernel = CpuKernel::compile(forwardSpec, o.config);
     auto t0 = std::chrono::steady_clock::now();
     r.layout = std::make_unique<BlockSparseLayout>(
-        kernel->classifyBlocks(p, data, p.batch, p.heads));
+        kernel->classifyBlocks(p, data, batch, heads));
     r.ms = engine::msSince(t0);
   }
   r.layout->checkFits(p, forwardSpec.sparseBlock);
+  r.batch = batch;
+  r.heads = heads;
   r.density = r.layout->density();
   for (size_t row = 0; row < r.layout->counts.size(); ++row)
     for (int32_t t = 0; t < r.layout->counts[row]; ++t)
       r.full += r.layout->indices[row * size_t(r.layout->kvBlocks) + t] < 0;
   const double evaluations =
-      double(p.batch * p.heads) * double(p.seqLenQ) * double(p.seqLenKV);
+      double(batch * heads) * double(p.seqLenQ) * double(p.seqLenKV);
   r.checked = o.command == "run" && evaluations <= kCheckEvaluations;
   if (r.checked)
     r.matches = sameListedBlocks(
         *r.layout,
-        referenceMaskBlocks(forwardSpec, p, data.captures, p.batch, p.heads));
+        referenceMaskBlocks(forwardSpec, p, data.captures, batch, heads));
   return r;
 }
 
 std::string maskBlocksJson(const MaskBlocksRun &r) {
   return fmt::format(",\"mask_blocks\":{{\"ms\":{:.4f},\"density\":{:.4f},"
-                     "\"full_blocks\":{},\"checked\":{},\"matches\":{}}}",
-                     r.ms, r.density, r.full, r.checked ? "true" : "false",
+                     "\"full_blocks\":{},\"batch\":{},\"heads\":{},"
+                     "\"checked\":{},\"matches\":{}}}",
+                     r.ms, r.density, r.full, r.batch, r.heads, r.checked ? "true" : "false",
                      r.checked ? (r.matches ? "true" : "false") : "null");
 }
 
 std::string maskBlocksText(const MaskBlocksRun &r) {
   return fmt::format("mask blocks: classified in {:.3f} ms, density {:.3f}, "
-                     "{} full; {}\n",
-                     r.ms, r.density, r.full,
+                     "{} full, a {} x {} layout; {}\n",
+                     r.ms, r.density, r.full, r.batch, r.heads,
                      !r.checked  ? "not checked (too large)"
                      : r.matches ? "the float64 classification's"
                                  : "NOT the float64 classification's");

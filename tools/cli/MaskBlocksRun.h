@@ -21,6 +21,8 @@ struct MaskBlocksRun {
   double ms = 0;      ///< the classification's time (median on the GPU)
   double density = 0; ///< of the layout (kept when the run takes it)
   int64_t full = 0;   ///< listed entries marked full
+  /// The layout's batch and heads: 1 where the mask reads neither.
+  int64_t batch = 1, heads = 1;
   /// Compared with the float64 classification (`run`, small problems), and
   /// equal to it.
   bool checked = false, matches = false;
