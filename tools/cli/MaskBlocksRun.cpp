@@ -34,9 +34,9 @@ static constexpr double kCheckEvaluations = 2e8;
 /// run's tiling), timed over \p repeats launches after a first one.
 static BlockSparseLayout classifyOnGpu(const CliOptions &o,
                                        const AttentionSpec &spec,
-                                       const AttentionData &data,
-                                       int64_t batch, int64_t heads,
-                                       int64_t repeats, double &ms) {
+                                       const AttentionData &data, int64_t batch,
+                                       int64_t heads, int64_t repeats,
+                                       double &ms) {
   const Problem &p = o.problem;
   GpuSession session;
   GpuTarget target = session.target(o, 16);
@@ -91,8 +91,8 @@ MaskBlocksRun classifyMaskBlocks(const CliOptions &o,
   const int64_t batch = readsBatch ? p.batch : 1,
                 heads = readsHead ? p.heads : 1;
   if (onGpu) {
-    r.layout = std::make_unique<BlockSparseLayout>(classifyOnGpu(
-        o, forwardSpec, data, batch, heads, repeats, r.ms));
+    r.layout = std::make_unique<BlockSparseLayout>(
+        classifyOnGpu(o, forwardSpec, data, batch, heads, repeats, r.ms));
   } else {
     auto kernel = CpuKernel::compile(forwardSpec, o.config);
     auto t0 = std::chrono::steady_clock::now();
@@ -121,7 +121,8 @@ std::string maskBlocksJson(const MaskBlocksRun &r) {
   return fmt::format(",\"mask_blocks\":{{\"ms\":{:.4f},\"density\":{:.4f},"
                      "\"full_blocks\":{},\"batch\":{},\"heads\":{},"
                      "\"checked\":{},\"matches\":{}}}",
-                     r.ms, r.density, r.full, r.batch, r.heads, r.checked ? "true" : "false",
+                     r.ms, r.density, r.full, r.batch, r.heads,
+                     r.checked ? "true" : "false",
                      r.checked ? (r.matches ? "true" : "false") : "null");
 }
 
