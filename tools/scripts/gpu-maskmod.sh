@@ -24,7 +24,8 @@
 #             (small problems) and the attention against the mask's
 #             reference with no layout, forward and backward; memcheck of
 #             a classification; bench at B 1, H 16, N 8192, d 128 (the
-#             classification's time beside the attention's)
+#             classification's time beside the attention's); block masks
+#             built by the kernel, by torch and by flex (block_masks.py)
 #   flex      tests/bench/variants.py plain,causal(-mod),window(-mod),document beside
 #             FlexAttention (document: the mask_mod region, its block mask
 #             from from_mask_mod with the full blocks marked)
@@ -131,6 +132,11 @@ EOC
     timeout 120 $FJ bench $dir --head-dim 128 --heads 16 --seq-len 8192 --mask-mod document --capture $D/seg8192.npy --json > $D/bd.json 2>&1
     echo "bench no layout [$dir] exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'])" $D/bd.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log
   done
+  # The layouts built three ways (the kernel, flashjit's torch evaluation,
+  # flex's create_block_mask), timed in this run.
+  timeout -k 5 180 python3 tests/bench/block_masks.py --n 8192,32768 > $D/bm.log 2>&1
+  echo "block_masks.py exit $?" | tee -a $OUT/blocks.log
+  grep -E "^\||Error" $D/bm.log | tee -a $OUT/blocks.log
 fi
 if step sanitize; then
   echo "== memcheck on mask kernels (+${SECONDS}s)"
