@@ -155,8 +155,9 @@ def _cuda_block_mask(dev, run, spec, layout, shape, captures, sizes, bs):
                      _torch_impl._raw_stream(dev.index))
         _lib.check(status)
         bm = BlockMask(counts.cpu().numpy(), indices.cpu().numpy(), bs)
-    # The kernel left the unlisted entries 0, as BlockMask keeps them: the
-    # device copies are the mask's own (attention finds them there).
+    # The device copies are the mask's own (attention finds them there):
+    # their entries past a count hold the kernel's block classes, which no
+    # kernel reads (the host copy's are 0, as BlockMask keeps them).
     bm._device_cache[str(dev)] = (counts, indices)
     del caps, array
     return bm
