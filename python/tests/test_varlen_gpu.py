@@ -366,7 +366,8 @@ def test_create_block_mask_by_the_kernel(seed):
     mask function by torch on DEVICE: the same blocks and full marks, for
     a mask over captured segment ids, an offset, the batch and the head,
     lengths that are no multiple of the block; the copy the mask keeps on
-    the device is the same, and attention runs alike with either mask."""
+    the device lists the same blocks, and attention runs alike with either
+    mask."""
     rng = np.random.default_rng(seed)
     B, H, Nq, Nkv, d = 2, 3, 1000, 777, 64
     cuts = torch.from_numpy(np.sort(rng.choice(np.arange(1, 700), 5, False)))
@@ -391,7 +392,11 @@ def test_create_block_mask_by_the_kernel(seed):
         counts, indices = got._device_tensors(q.device)
         assert counts.device == q.device
         assert torch.equal(counts.cpu(), torch.from_numpy(want.counts))
-        assert torch.equal(indices.cpu(), torch.from_numpy(want.indices))
+        # The entries past a count are unspecified (on CUDA the kernel's
+        # block classes stay there): the listed ones must agree.
+        listed = np.arange(indices.shape[-1]) < want.counts[..., None]
+        assert np.array_equal(indices.cpu().numpy()[listed],
+                              want.indices[listed])
         o = flashjit.attention(q, k, v, mask_mod=fn, block_mask=got)
         assert torch.equal(o, flashjit.attention(q, k, v, mask_mod=fn,
                                                  block_mask=want))
