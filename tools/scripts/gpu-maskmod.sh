@@ -132,6 +132,14 @@ EOC
     timeout 120 $FJ bench $dir --head-dim 128 --heads 16 --seq-len 8192 --mask-mod document --capture $D/seg8192.npy --json > $D/bd.json 2>&1
     echo "bench no layout [$dir] exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'])" $D/bd.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log
   done
+  # Where the document forward's time goes (T22-A: 0.401 ms where its
+  # visited blocks predict 0.27): a random layout of the same density and
+  # no mask (the sparse walk alone), then the document's classified layout
+  # with the mask (the mask's partial blocks on top).
+  for dens in 0.28; do
+    timeout 120 $FJ bench --head-dim 128 --heads 16 --seq-len 8192 --block-sparse $dens --json > $D/br.json 2>&1
+    echo "bench random layout $dens, no mask: exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'], 'density', d['density'])" $D/br.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log
+  done
   # The layouts built three ways (the kernel, flashjit's torch evaluation,
   # flex's create_block_mask), timed in this run.
   timeout -k 5 180 python3 tests/bench/block_masks.py --n 8192,32768 > $D/bm.log 2>&1
