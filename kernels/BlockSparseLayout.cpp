@@ -231,30 +231,40 @@ void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &p,
     throw SpecError(fmt::format("mask blocks: a layout of batch {} and heads "
                                 "{} does not broadcast to {} x {}",
                                 batch, heads, p.batch, p.heads));
+}
+
+MaskBlocksLaunch maskBlocksLaunch(const AttentionSpec &spec, const Problem &p,
+                                  int64_t batch, int64_t heads) {
+  checkMaskBlocksArgs(spec, p, batch, heads);
+  MaskBlocksLaunch l;
+  l.shape.batch = batch;
+  l.shape.heads = heads;
+  l.shape.qBlocks = (p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock;
+  l.shape.kvBlocks = (p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock;
   // The classification addresses the indices in i32.
-  const double entries =
-      double(batch * heads) *
-      double((p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock) *
-      double((p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock);
+  const double entries = double(batch * heads) * double(l.shape.qBlocks) *
+                         double(l.shape.kvBlocks);
   if (entries >= double(int64_t(1) << 31))
     throw SpecError(fmt::format(
         "mask blocks: a layout of {:.0f} entries (batch * heads * q_blocks * "
         "kv_blocks) is past the classification's 2^31; use a larger "
         "sparse_block or a broadcast layout",
         entries));
+  Problem lp = p;
+  lp.batch = batch;
+  lp.heads = heads;
+  abi::TensorStrides strides;
+  strides.counts = l.shape.countStrides();
+  strides.indices = l.shape.indexStrides();
+  l.index = abi::indexArgs(spec, lp, strides);
+  const int64_t rows = abi::blocks::kRows;
+  l.classPrograms = l.shape.qBlocks * ((l.shape.kvBlocks + rows - 1) / rows);
+  l.listPrograms = (l.shape.qBlocks + rows - 1) / rows;
+  return l;
 }
 
-BlockSparseLayout emptyMaskBlocksLayout(const AttentionSpec &spec,
-                                        const Problem &p, int64_t batch,
-                                        int64_t heads) {
-  BlockSparseLayout l;
-  l.batch = batch;
-  l.heads = heads;
-  l.qBlocks = (p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock;
-  l.kvBlocks = (p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock;
-  l.counts.assign(size_t(batch * heads * l.qBlocks), 0);
-  l.indices.assign(l.counts.size() * size_t(l.kvBlocks), 0);
-  return l;
+BlockSparseLayout MaskBlocksLaunch::layout() const {
+  return emptyLayout(shape.batch, shape.heads, shape.qBlocks, shape.kvBlocks);
 }
 
 BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
@@ -262,7 +272,7 @@ BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
                                       const Captures &captures, int64_t batch,
                                       int64_t heads) {
   const int64_t s = spec.sparseBlock;
-  BlockSparseLayout shape = emptyMaskBlocksLayout(spec, p, batch, heads);
+  BlockSparseLayout shape = maskBlocksLaunch(spec, p, batch, heads).shape;
   const int64_t qb = shape.qBlocks, kb = shape.kvBlocks;
   std::vector<uint8_t> dense(size_t(batch * heads * qb * kb), 0);
   for (int64_t b = 0; b < batch; ++b)

@@ -10,6 +10,7 @@
 #define FLASHJIT_KERNELS_HOSTTENSOR_H
 
 #include "kernels/AttentionSpec.h"
+#include "kernels/KernelABI.h"
 
 #include <array>
 #include <cstdint>
@@ -136,11 +137,24 @@ struct BlockSparseLayout {
 /// of batch, heads the problem's or 1.
 void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &problem,
                          int64_t batch, int64_t heads);
-/// A \p batch x \p heads layout of \p problem's blocks at \p spec's
-/// sparse block, counts and indices zero: what a classification fills.
-BlockSparseLayout emptyMaskBlocksLayout(const AttentionSpec &spec,
-                                        const Problem &problem, int64_t batch,
-                                        int64_t heads);
+/// A classification of a \p batch x \p heads layout of \p problem
+/// (kernels/KernelABI.h abi::blocks), the same on the CPU and the GPU: the
+/// layout's dims (no storage), the index arguments (the problem with the
+/// layout's batch, heads and strides) and the programs along grid.x of
+/// @f_blocks (Q blocks x groups of kRows KV blocks) and of @f_blocks_list
+/// (groups of kRows Q blocks); grid.y is batch * heads. SpecError as
+/// checkMaskBlocksArgs, and for a layout past 2^31 entries (the
+/// classification addresses it in i32).
+struct MaskBlocksLaunch {
+  BlockSparseLayout shape;
+  std::array<int64_t, abi::NumIndexArgs> index{};
+  int64_t classPrograms = 0, listPrograms = 0;
+  /// The layout of shape, counts and indices zero: what it fills.
+  BlockSparseLayout layout() const;
+};
+MaskBlocksLaunch maskBlocksLaunch(const AttentionSpec &spec,
+                                  const Problem &problem, int64_t batch,
+                                  int64_t heads);
 
 /// The float64 reference's classification of \p spec's mask_mod (its
 /// maskFunction, with \p captures) on every element of every block pair of

@@ -236,8 +236,10 @@ inline int64_t launchSplits(const AttentionSpec &spec, const Problem &p,
 ///                   list of the KV blocks with a kept element, ascending,
 ///                   ~k for a full one (fullBlockEntry), and counts[b, h,
 ///                   qb]; the entries past a count keep their classes.
-///                   grid.x = ceil(seq_q / (kRows * sparse_block)).
-/// pid_bh = b * heads + h for both.
+///                   grid.x = ceil(QB / kRows) (the launch's, recorded
+///                   rows 1).
+/// pid_bh = b * heads + h for both (kernels/HostTensor.h MaskBlocksLaunch
+/// holds the index arguments and both program counts).
 namespace blocks {
 inline constexpr const char *kSuffix = "_blocks";
 inline constexpr const char *kListSuffix = "_blocks_list";

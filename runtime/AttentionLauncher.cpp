@@ -109,7 +109,7 @@ void ForwardKernel::classifyBlocks(
     const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
     CUstream stream) const {
   p.validate(spec);
-  checkMaskBlocksArgs(spec, p, batch, heads);
+  MaskBlocksLaunch launch = maskBlocksLaunch(spec, p, batch, heads);
   if (!blocks)
     throw SpecError("mask blocks: this kernel image holds no classification "
                     "(compiled by an older flashjit?)");
@@ -119,19 +119,6 @@ void ForwardKernel::classifyBlocks(
     if (!captures[size_t(c)])
       throw SpecError(
           fmt::format("mask blocks: captured tensor {} is null", c));
-  BlockSparseLayout shape; // the dims only: its strides
-  shape.batch = batch;
-  shape.heads = heads;
-  shape.qBlocks = (p.seqLenQ + spec.sparseBlock - 1) / spec.sparseBlock;
-  shape.kvBlocks = (p.seqLenKV + spec.sparseBlock - 1) / spec.sparseBlock;
-  abi::TensorStrides strides;
-  strides.counts = shape.countStrides();
-  strides.indices = shape.indexStrides();
-  Problem lp = p;
-  lp.batch = batch;
-  lp.heads = heads;
-  std::array<int64_t, abi::NumIndexArgs> index =
-      abi::indexArgs(spec, lp, strides);
   CUdeviceptr bufs[abi::NumBuffers] = {};
   bufs[abi::Counts] = counts;
   bufs[abi::Indices] = indices;
@@ -141,18 +128,23 @@ void ForwardKernel::classifyBlocks(
   size_t n = 0;
   for (CUdeviceptr &ptr : bufs)
     params[n++] = &ptr;
-  for (int64_t &i : index)
+  for (int64_t &i : launch.index)
     params[n++] = &i;
   params[n++] = &unusedScale;
   for (int c = 0; c < int(spec.captures); ++c)
     params[n++] = &captured[size_t(c)];
-  // The classes: grid.x is Q blocks x groups of KV blocks (recorded rows
-  // 1); then the lists, over groups of Q blocks.
-  Problem classes = lp;
-  classes.seqLenQ = shape.qBlocks * ((shape.kvBlocks + abi::blocks::kRows - 1) /
-                                     abi::blocks::kRows);
-  launchRecorded(blocks, blocksOf, classes, 1, stream, params);
-  launchRecorded(blockLists, blockListsOf, lp, 1, stream, params);
+  // Both record rows 1: grid.x is the launch's program count.
+  auto grid = [&](int64_t programs) {
+    Problem g;
+    g.batch = batch;
+    g.heads = heads;
+    g.seqLenQ = programs;
+    return g;
+  };
+  launchRecorded(blocks, blocksOf, grid(launch.classPrograms), 1, stream,
+                 params);
+  launchRecorded(blockLists, blockListsOf, grid(launch.listPrograms), 1, stream,
+                 params);
 }
 
 std::shared_ptr<DeviceBuffer>

@@ -187,17 +187,16 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   }
   if (attr.getRole() == "mask_blocks" || attr.getRole() == "mask_blocks_list") {
     // A mask_mod's block classification and its lists: row kernels over the
-    // forward's arguments, a warp per KV block (the classes; the launch
-    // gives grid.x) or per sparse Q block (the lists), abi::blocks.
+    // forward's arguments, a warp per KV block (the classes) or per sparse
+    // Q block (the lists); grid.x is the launch's program count
+    // (MaskBlocksLaunch), so the recorded rows are 1.
     KernelPlacement p;
     p.numBuffers = abi::NumBuffers;
     p.numIndexArgs = abi::NumIndexArgs;
     p.numF32Args = 1;
     p.numCaptures = capturedArguments(fn, p);
     p.threads = 32 * abi::blocks::kRows;
-    p.gridRows = attr.getRole() == "mask_blocks"
-                     ? 1
-                     : abi::blocks::kRows * attr.getSparseBlock();
+    p.gridRows = 1;
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   const bool kvRing = wgmma && ringStages >= 2;

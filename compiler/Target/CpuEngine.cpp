@@ -291,17 +291,10 @@ BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
                                             int64_t heads) const {
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
-  checkMaskBlocksArgs(spec, p, batch, heads);
+  MaskBlocksLaunch launch = maskBlocksLaunch(spec, p, batch, heads);
   std::vector<MemRef1D> captured = capturedBuffers(spec, d);
-  BlockSparseLayout layout = emptyMaskBlocksLayout(spec, p, batch, heads);
-  Problem lp = p;
-  lp.batch = batch;
-  lp.heads = heads;
-  abi::TensorStrides strides;
-  strides.counts = layout.countStrides();
-  strides.indices = layout.indexStrides();
-  auto idxArray = abi::indexArgs(spec, lp, strides);
-  std::vector<int64_t> idx(idxArray.begin(), idxArray.end());
+  BlockSparseLayout layout = launch.layout();
+  std::vector<int64_t> idx(launch.index.begin(), launch.index.end());
   std::vector<int32_t> unused(1, 0);
   MemRef1D none = describe(unused.data(), 1);
   std::vector<MemRef1D> bufs = {
@@ -314,12 +307,10 @@ BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
       describe(layout.indices.data(), int64_t(layout.indices.size())),
       none,
       none};
-  const int64_t rows = abi::blocks::kRows;
-  runGrid(impl->blocks, bufs, idx, {0.0f},
-          layout.qBlocks * ((layout.kvBlocks + rows - 1) / rows), batch * heads,
+  runGrid(impl->blocks, bufs, idx, {0.0f}, launch.classPrograms, batch * heads,
           0, captured);
-  runGrid(impl->blockLists, bufs, idx, {0.0f},
-          (layout.qBlocks + rows - 1) / rows, batch * heads, 0, captured);
+  runGrid(impl->blockLists, bufs, idx, {0.0f}, launch.listPrograms,
+          batch * heads, 0, captured);
   return layout;
 }
 

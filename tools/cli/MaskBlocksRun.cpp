@@ -46,7 +46,7 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
                                 spec, usesWgmma(target), usesKvRing(target)));
   CubinBuild build = engine::buildCubin(spec, config, target, session.cache);
   rt::ForwardKernel kernel(build.image, spec, 16, config);
-  BlockSparseLayout out = emptyMaskBlocksLayout(spec, p, batch, heads);
+  BlockSparseLayout out = maskBlocksLaunch(spec, p, batch, heads).layout();
   rt::DeviceBuffer counts(out.counts.size() * 4),
       indices(out.indices.size() * 4);
   counts.memset8(0xff); // -1 everywhere: what is not written shows

@@ -95,6 +95,8 @@ private:
   /// \p role, its body's insertion point set; the program's (b, h), the
   /// lengths and block counts.
   void begin(llvm::StringRef suffix, llvm::StringRef role);
+  /// The offset of (b, h)'s lists in indices (index).
+  Value listBase();
   /// The offset of (b, h, \p qb)'s list in indices (i32, \p qb a tile).
   Value listOf(Value qb, Tensor ty);
   /// Chunk \p u of the keys of each row's KV block \p kb0 (a rank-1 tile)
@@ -142,9 +144,13 @@ void MaskBlocksBuilder::begin(llvm::StringRef suffix, llvm::StringRef role) {
   kvBlocks = blocksOf(nkv);
 }
 
+Value MaskBlocksBuilder::listBase() {
+  return add(mul(bIdx, indexArg(abi::IndicesStrideB)),
+             mul(hIdx, indexArg(abi::IndicesStrideH)));
+}
+
 Value MaskBlocksBuilder::listOf(Value qb, Tensor ty) {
-  Value base = add(mul(bIdx, indexArg(abi::IndicesStrideB)),
-                   mul(hIdx, indexArg(abi::IndicesStrideH)));
+  Value base = listBase();
   return arith::AddIOp::create(
       b, splatI32(base, ty),
       arith::MulIOp::create(b, qb,
@@ -219,9 +225,7 @@ void MaskBlocksBuilder::buildClasses() {
   // 0: skipped, 1: partial, 2: full; at (b, h, qb)'s list, position kb.
   Value cls = select(kept, select(full, constI32(2, rowTy), constI32(1, rowTy)),
                      constI32(0, rowTy));
-  Value list = add(add(mul(bIdx, indexArg(abi::IndicesStrideB)),
-                       mul(hIdx, indexArg(abi::IndicesStrideH))),
-                   mul(qb, indexArg(abi::IndicesStrideM)));
+  Value list = add(listBase(), mul(qb, indexArg(abi::IndicesStrideM)));
   storeTile(cls, arg(abi::Indices), list, firstKv, kvBlocks, Value());
 }
 
