@@ -27,17 +27,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import side_by_side as sbs  # noqa: E402
+import variants  # noqa: E402
 
 
 def masks(torch, n, device):
-    """name -> mask_mod (FlexAttention's signature)."""
-    lengths, total, k = [], 0, 0
-    while total < n:
-        lengths.append(min(1024 + 1024 * (k % 3), n - total))
-        total += lengths[-1]
-        k += 1
-    seg = torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                  torch.tensor(lengths, device=device))
+    """name -> mask_mod (FlexAttention's signature); the documents are
+    variants.py's."""
+    seg = variants.document_ids(torch, n, device)
     return {
         "document": lambda b, h, i, j: seg[i] == seg[j],
         "causal": lambda b, h, i, j: j <= i,

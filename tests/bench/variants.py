@@ -47,6 +47,18 @@ ALL = ("plain", "softcap", "alibi", "causal", "window", "document", "bias")
 EXTRA = ("causal-mod", "window-mod")
 
 
+def document_ids(torch, n, device):
+    """The document id of each of n positions: segments of 1024, 2048,
+    3072, 1024, ... tokens (the last one cut at n)."""
+    lengths, total, k = [], 0, 0
+    while total < n:
+        lengths.append(min(1024 + 1024 * (k % 3), n - total))
+        total += lengths[-1]
+        k += 1
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.tensor(lengths, device=device))
+
+
 def build(name, torch, fj, n, h, device):
     """(score_mod, mask_mod, flashjit keyword arguments, learned) of one
     variant: the mods are FlexAttention's signatures, fj is the flashjit
@@ -77,13 +89,7 @@ def build(name, torch, fj, n, h, device):
         bm = fj.create_block_mask(mod, None, None, n, n, device=device)
         return None, mod, {"mask_mod": mod, "block_mask": bm}, ()
     if name == "document":
-        lengths, total, k = [], 0, 0
-        while total < n:
-            lengths.append(min(1024 + 1024 * (k % 3), n - total))
-            total += lengths[-1]
-            k += 1
-        seg = torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                      torch.tensor(lengths, device=device))
+        seg = document_ids(torch, n, device)
 
         def document(b, hh, i, j):
             return seg[i] == seg[j]
