@@ -102,6 +102,16 @@ inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
   return config;
 }
 
+/// A document mask_mod region (MaskModTests, CApiCapturedTests): keep
+/// where seg[i] == seg[j], the segment ids its captured tensor.
+inline const char *kDocumentMaskRegion = R"({
+^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
+  %si = memref.load %seg[%i] : memref<?xf32>
+  %sj = memref.load %seg[%j] : memref<?xf32>
+  %same = arith.cmpf oeq, %si, %sj : f32
+  attn.yield %same : i1
+})";
+
 /// A score_mod region with two captured tensors (CapturedTensorTests,
 /// MaskModTests): s + bias[(h * Nq + i) * Nkv + j] where seg[i] == seg[j],
 /// else -inf

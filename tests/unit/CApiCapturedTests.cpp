@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tests/unit/AttentionCases.h"
 #include "tests/unit/CApiTestUtil.h"
 
 #include <gtest/gtest.h>
@@ -188,13 +189,8 @@ private:
   size_t at;
 };
 
-const char *kSameSegment = R"({
-^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
-  %si = memref.load %seg[%i] : memref<?xf32>
-  %sj = memref.load %seg[%j] : memref<?xf32>
-  %same = arith.cmpf oeq, %si, %sj : f32
-  attn.yield %same : i1
-})";
+/// The document mask as a mask_mod region (AttentionCases.h).
+const char *kSameSegment = test::kDocumentMaskRegion;
 
 TEST(CApiCaptured, MaskModBesideTheBiasOnTheCpu) {
   Handle h;

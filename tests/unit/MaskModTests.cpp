@@ -58,13 +58,7 @@ const char *kOtherStripes = R"({
 })";
 
 /// A document mask: keep where seg[i] == seg[j].
-const char *kDocument = R"({
-^bb0(%b: index, %h: index, %i: index, %j: index, %seg: memref<?xf32>):
-  %si = memref.load %seg[%i] : memref<?xf32>
-  %sj = memref.load %seg[%j] : memref<?xf32>
-  %same = arith.cmpf oeq, %si, %sj : f32
-  attn.yield %same : i1
-})";
+const char *kDocument = kDocumentMaskRegion;
 
 /// s + bias[(h * Nq + i) * Nkv + j] (Nq = 70, Nkv = 90).
 const char *kBias = R"({
