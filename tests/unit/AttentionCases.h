@@ -81,6 +81,18 @@ inline BlockSparseLayout makeLayout(const Case &c, uint64_t seed) {
   return {};
 }
 
+/// A problem of \p batch x \p heads, \p nq queries and \p nkv keys (the
+/// other fields their defaults).
+inline Problem makeProblem(int64_t batch, int64_t heads, int64_t nq,
+                           int64_t nkv) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.seqLenQ = nq;
+  p.seqLenKV = nkv;
+  return p;
+}
+
 /// \p n floats drawn uniformly from [lo, hi) (captured tensors' data).
 inline std::vector<float> uniform(std::mt19937_64 &rng, size_t n, float lo,
                                   float hi) {

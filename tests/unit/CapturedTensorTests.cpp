@@ -44,12 +44,7 @@ const char *kSlopes = R"({
 })";
 
 Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
-  Problem p;
-  p.batch = 1;
-  p.heads = heads;
-  p.seqLenQ = nq;
-  p.seqLenKV = nkv;
-  return p;
+  return makeProblem(1, heads, nq, nkv);
 }
 
 /// Runs \p spec on the CPU with \p captures; its relative error against

@@ -96,15 +96,6 @@ AttentionSpec sparseMask(const char *region, int64_t sparseBlock) {
   return spec;
 }
 
-Problem problem(int64_t batch, int64_t heads, int64_t nq, int64_t nkv) {
-  Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.seqLenQ = nq;
-  p.seqLenKV = nkv;
-  return p;
-}
-
 } // namespace
 
 /// Every argument of the region matters: per batch and head the layout is
@@ -112,7 +103,7 @@ Problem problem(int64_t batch, int64_t heads, int64_t nq, int64_t nkv) {
 /// divides neither Nq nor Nkv.
 TEST(MaskBlocks, EqualTheReferencePerBatchAndHead) {
   AttentionSpec spec = sparseMask(kEveryArgument, 32);
-  Problem p = problem(2, 2, 150, 130);
+  Problem p = makeProblem(2, 2, 150, 130);
   AttentionData data;
   data.captures = {documents(150)};
   auto kernel = CpuKernel::compile(spec, tileConfig(32, 32));
@@ -142,7 +133,7 @@ TEST(MaskBlocks, BroadcastAndBlocksWiderThanATile) {
   for (int64_t block : {int64_t(32), int64_t(160)}) {
     SCOPED_TRACE(block);
     AttentionSpec spec = sparseMask(kBand, block);
-    Problem p = problem(3, 2, 700, 500);
+    Problem p = makeProblem(3, 2, 700, 500);
     BlockSparseLayout got = CpuKernel::compile(spec, tileConfig(32, 32))
                                 ->classifyBlocks(p, AttentionData(), 1, 1);
     EXPECT_EQ(got.batch, 1);
@@ -156,7 +147,7 @@ TEST(MaskBlocks, BroadcastAndBlocksWiderThanATile) {
 /// up to each count).
 TEST(MaskBlocks, TheForwardRunsOnTheClassifiedLayout) {
   AttentionSpec spec = sparseMask(kEveryArgument, 32);
-  Problem p = problem(2, 2, 150, 130);
+  Problem p = makeProblem(2, 2, 150, 130);
   std::mt19937_64 rng(freshSeed());
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
   data.captures = {documents(150)};
@@ -175,7 +166,7 @@ TEST(MaskBlocks, TheForwardRunsOnTheClassifiedLayout) {
 
 TEST(MaskBlocks, BadRequestsAreNamedErrors) {
   AttentionSpec spec = sparseMask(kBand, 32);
-  Problem p = problem(2, 2, 64, 64);
+  Problem p = makeProblem(2, 2, 64, 64);
   auto kernel = CpuKernel::compile(spec, tileConfig(32, 32));
   EXPECT_THROW(kernel->classifyBlocks(p, AttentionData(), 3, 1), SpecError);
   EXPECT_THROW(kernel->classifyBlocks(p, AttentionData(), 1, 4), SpecError);
@@ -185,7 +176,7 @@ TEST(MaskBlocks, BadRequestsAreNamedErrors) {
                    ->classifyBlocks(p, AttentionData(), 1, 1),
                SpecError);
   // Past the i32 the classification addresses its layout with.
-  Problem huge = problem(64, 64, 1 << 20, 1 << 20);
+  Problem huge = makeProblem(64, 64, 1 << 20, 1 << 20);
   try {
     kernel->classifyBlocks(huge, AttentionData(), 64, 64);
     ADD_FAILURE() << "a layout past 2^31 entries was classified";

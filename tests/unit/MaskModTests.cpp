@@ -75,12 +75,7 @@ const char *kBias = R"({
 })";
 
 Problem problem(int64_t heads, int64_t nq, int64_t nkv) {
-  Problem p;
-  p.batch = 2;
-  p.heads = heads;
-  p.seqLenQ = nq;
-  p.seqLenKV = nkv;
-  return p;
+  return makeProblem(2, heads, nq, nkv);
 }
 
 /// Segment ids for 90 positions: documents of 25, 30 and 35.
