@@ -67,9 +67,6 @@ void AttentionSpec::validate() const {
                                 maskCaptures ? " (a mask_mod's take no "
                                                "gradient)"
                                              : ""));
-  if (captureGrads != 0 && direction == Direction::Backward && deterministic)
-    throw SpecError("the gradients of captured tensors are summed by atomic "
-                    "adds; a deterministic backward cannot give them yet");
   checkRange("head_dim_qk", headDimQK, 1, 512);
   checkRange("head_dim_v", headDimV, 1, 512);
   checkRange("gqa", gqaGroup, 1, 1 << 16);

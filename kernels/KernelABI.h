@@ -376,6 +376,57 @@ constexpr int64_t kRowBlockRows = 64;
 inline constexpr const char *kPreprocessSuffix = "_preprocess";
 inline constexpr const char *kDqSuffix = "_dq";
 
+/// Deterministic gradients of captured tensors (`deterministic` with
+/// capture_grads: fixedPointCaptureGrads). Every function then takes, after
+/// the captured tensors and their gradient buffers, two i64 accumulators
+/// per captured tensor (`capture_hi<c>`, `capture_lo<c>`, each of
+/// captureWords(size) elements, zero before the call) and then each
+/// tensor's size (`capture_size<c>`, index). The main function splits each
+/// contribution v exactly into hi = roundeven(v * 2^kCaptureHiBits) and
+/// lo = roundeven((v - hi * 2^-kCaptureHiBits) * 2^kCaptureLoBits) and adds
+/// them with integer adds, whose sum is the same bits in any order; then
+/// `@f_capture_grad<c>` (role "capture_convert", one per captured tensor
+/// with a gradient; pid_m = block of kRowBlockRows x kCaptureColumns
+/// elements, pid_bh = 0) adds fma(float(hi), 2^-kCaptureHiBits, float(lo) *
+/// 2^-kCaptureLoBits) into the gradient. Range: |gradient| < 2^38 (a
+/// larger word saturates); resolution 2^-56.
+constexpr int kCaptureHiBits = 24;
+constexpr int kCaptureLoBits = 56;
+constexpr int64_t kCaptureColumns = 32;
+inline constexpr const char *kCaptureGradSuffix = "_capture_grad";
+
+/// Whether \p spec's captured gradients are summed in fixed point.
+inline bool fixedPointCaptureGrads(const AttentionSpec &spec) {
+  return spec.deterministic && spec.captureGrads != 0;
+}
+/// Elements of each accumulator word of a captured tensor of \p size
+/// elements: whole rows of kCaptureColumns, which the conversion reads.
+inline int64_t captureWords(int64_t size) {
+  return (size + kCaptureColumns - 1) / kCaptureColumns * kCaptureColumns;
+}
+/// Programs of `@f_capture_grad<c>` for a tensor of \p size elements.
+inline int64_t captureConvertPrograms(int64_t size) {
+  return (captureWords(size) / kCaptureColumns + kRowBlockRows - 1) /
+         kRowBlockRows;
+}
+/// Where the words live in one device workspace: captured tensor c's hi
+/// words at hi[c] bytes (its lo words right after them), for each c with
+/// a gradient, in order, 256-byte aligned; \p bytes in all.
+struct CaptureWordLayout {
+  std::array<int64_t, kMaxCaptures> hi{};
+  int64_t bytes = 0;
+};
+inline CaptureWordLayout captureWordLayout(const AttentionSpec &spec,
+                                           const int64_t *sizes) {
+  CaptureWordLayout l;
+  for (int64_t c = 0; fixedPointCaptureGrads(spec) && c < spec.captures; ++c)
+    if ((spec.captureGrads >> c) & 1) {
+      l.hi[size_t(c)] = l.bytes;
+      l.bytes += (2 * 8 * captureWords(sizes[c]) + 255) / 256 * 256;
+    }
+  return l;
+}
+
 inline const char *bufferName(int i) {
   static const char *names[] = {"q",       "k",         "v",         "o",
                                 "do",      "lse",       "delta",     "dq_accum",

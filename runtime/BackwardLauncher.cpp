@@ -31,6 +31,15 @@ BackwardKernel::BackwardKernel(const KernelImage &image,
   preprocess = module.function(preprocessLaunch.name);
   main = module.function(mainLaunch.name);
   dq = module.function(dqLaunch.name);
+  for (int64_t c = 0;
+       abi::bwd::fixedPointCaptureGrads(spec) && c < spec.captures; ++c) {
+    if (!((spec.captureGrads >> c) & 1))
+      continue;
+    const std::string name = std::string("attention") +
+                             abi::bwd::kCaptureGradSuffix + std::to_string(c);
+    captureConvertLaunch = recordedLaunch(image, name);
+    captureConvert[size_t(c)] = module.function(name);
+  }
 }
 
 void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
@@ -99,8 +108,32 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
                                   spec.captures, c,
                                   grad ? " or its gradient" : ""));
   }
+  // Deterministic: each one's hi and lo words (zeroed here), then every
+  // captured tensor's size.
+  const bool fixedPoint = bwd::fixedPointCaptureGrads(spec);
+  std::array<CUdeviceptr, 2 * abi::kMaxCaptures> words{};
+  std::array<int64_t, abi::kMaxCaptures> sizes = a.captureSizes;
+  if (fixedPoint) {
+    bwd::CaptureWordLayout l = bwd::captureWordLayout(spec, sizes.data());
+    if (!a.captureWords)
+      throw SpecError("deterministic captured gradients need a workspace "
+                      "for their fixed-point words (captureWords)");
+    zeroAsync(a.captureWords, size_t(l.bytes), stream);
+    for (int64_t c = 0; c < spec.captures; ++c) {
+      const bool grad = (spec.captureGrads >> c) & 1;
+      if (grad && (sizes[size_t(c)] < 1 || sizes[size_t(c)] > INT32_MAX))
+        throw SpecError(fmt::format("captured tensor {} has {} elements; its "
+                                    "gradient takes 1 .. 2^31 - 1",
+                                    c, sizes[size_t(c)]));
+      CUdeviceptr hi = grad ? a.captureWords + CUdeviceptr(l.hi[size_t(c)])
+                            : a.captures[size_t(c)];
+      words[size_t(2 * c)] = hi;
+      words[size_t(2 * c + 1)] =
+          grad ? hi + CUdeviceptr(8 * bwd::captureWords(sizes[size_t(c)])) : hi;
+    }
+  }
   void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args +
-               2 * abi::kMaxCaptures];
+               5 * abi::kMaxCaptures];
   int n = 0;
   for (CUdeviceptr &b : bufs)
     params[n++] = &b;
@@ -110,11 +143,24 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     params[n++] = &f;
   for (int64_t c = 0; c < 2 * spec.captures; ++c)
     params[n++] = &captured[size_t(c)];
+  for (int64_t c = 0; fixedPoint && c < 2 * spec.captures; ++c)
+    params[n++] = &words[size_t(c)];
+  for (int64_t c = 0; fixedPoint && c < spec.captures; ++c)
+    params[n++] = &sizes[size_t(c)];
 
   for (auto [fn, launch] : {std::pair{preprocess, &preprocessLaunch},
                             {main, &mainLaunch},
                             {dq, &dqLaunch}})
     launchRecorded(fn, *launch, p, spec.gqaGroup, stream, params);
+  // The conversions: grid.x is the program count (recorded rows 1).
+  for (int64_t c = 0; c < spec.captures; ++c)
+    if (CUfunction fn = captureConvert[size_t(c)]) {
+      Problem programs;
+      programs.batch = programs.heads = 1;
+      programs.seqLenQ = programs.seqLenKV =
+          bwd::captureConvertPrograms(sizes[size_t(c)]);
+      launchRecorded(fn, captureConvertLaunch, programs, 1, stream, params);
+    }
 }
 
 } // namespace flashjit::rt

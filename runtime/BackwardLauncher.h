@@ -5,8 +5,9 @@
 /// abi::bwd) in stream order: `attention_preprocess` (delta = rowsum(dO *
 /// O)), then `attention` (dK, dV: a program per KV block) and
 /// `attention_dq` (dQ: a program per Q block, deterministic by
-/// construction). Grids, blocks and shared memory come from
-/// kernels/GpuGeometry.h (gpuBackwardGeometry). No MLIR here.
+/// construction); with deterministic captured gradients then
+/// `attention_capture_grad<c>` for each. Grids, blocks and shared memory come
+/// from kernels/GpuGeometry.h (gpuBackwardGeometry). No MLIR here.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_RUNTIME_BACKWARDLAUNCHER_H
@@ -33,6 +34,12 @@ struct BackwardArgs {
   /// the f32 gradient buffers (each its tensor's size, added into) of those
   /// the spec's captureGrads names.
   std::array<CUdeviceptr, abi::kMaxCaptures> captures{}, captureGrads{};
+  /// Deterministic captured gradients (abi::bwd::fixedPointCaptureGrads):
+  /// each captured tensor's size in elements, and a device workspace of
+  /// abi::bwd::captureWordLayout(spec, sizes).bytes for their fixed-point
+  /// words, which launch() zeroes in stream order.
+  std::array<int64_t, abi::kMaxCaptures> captureSizes{};
+  CUdeviceptr captureWords = 0;
   /// Varlen kernels only: the forward's offsets (ForwardArgs::cuSeqQ).
   CUdeviceptr cuSeqQ = 0, cuSeqKV = 0;
 };
@@ -61,6 +68,10 @@ private:
   Module module;
   CUfunction preprocess = nullptr, main = nullptr, dq = nullptr;
   KernelLaunch preprocessLaunch, mainLaunch, dqLaunch;
+  /// `attention_capture_grad<c>` of each captured gradient summed in fixed
+  /// point (null where captured tensor c takes none).
+  std::array<CUfunction, abi::kMaxCaptures> captureConvert{};
+  KernelLaunch captureConvertLaunch;
   AttentionSpec spec;
   int64_t copy;
 };

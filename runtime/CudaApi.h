@@ -58,6 +58,7 @@
   X(cuMemcpyDtoHAsync)                                                         \
   X(cuMemsetD8)                                                                \
   X(cuMemsetD32)                                                               \
+  X(cuMemsetD32Async)                                                          \
   X(cuEventCreate)                                                             \
   X(cuEventRecord)                                                             \
   X(cuEventSynchronize)                                                        \

@@ -282,6 +282,11 @@ void launchKernel(CUfunction function, Dim3 grid, Dim3 block,
                   unsigned sharedBytes, CUstream stream, void **params,
                   CudaDriver &driver = CudaDriver::get());
 
+/// Zeroes \p bytes (a multiple of 4) at \p ptr in stream order on
+/// \p stream (cuMemsetD32Async: capturable into a CUDA graph).
+void zeroAsync(CUdeviceptr ptr, std::size_t bytes, CUstream stream,
+               CudaDriver &driver = CudaDriver::get());
+
 /// A tensor map (the driver's CUtensorMap: 128 opaque bytes, 128-byte
 /// aligned), passed to a kernel by value.
 struct alignas(128) TensorMap {

@@ -248,6 +248,14 @@ void flashjit::rt::allowSharedBytes(CUfunction function, unsigned sharedBytes,
       result);
 }
 
+void flashjit::rt::zeroAsync(CUdeviceptr ptr, std::size_t bytes,
+                             CUstream stream, CudaDriver &driver) {
+  if (bytes == 0)
+    return;
+  driver.check(driver.api().cuMemsetD32Async(ptr, 0, bytes / 4, stream),
+               "cuMemsetD32Async");
+}
+
 void flashjit::rt::launchKernel(CUfunction function, Dim3 grid, Dim3 block,
                                 unsigned sharedBytes, CUstream stream,
                                 void **params, CudaDriver &driver) {

@@ -56,6 +56,19 @@ Value GpuBuilder::log2(Value x) {
   return intrinsic("llvm.nvvm.lg2.approx.ftz.f", {f32}, {x});
 }
 Value GpuBuilder::shuffleXor(Value x, int64_t laneMask) {
+  if (x.getType() == i64) {
+    // Two 32-bit shuffles: the low and the high word.
+    auto half = [&](Value w) {
+      return intrinsic("llvm.nvvm.shfl.sync.bfly.i32", {i32},
+                       {c32(-1), w, c32(laneMask), c32(31)});
+    };
+    Value lo = half(arith::TruncIOp::create(b, i32, x));
+    Value hi = half(
+        arith::TruncIOp::create(b, i32, arith::ShRUIOp::create(b, x, c64(32))));
+    return arith::OrIOp::create(
+        b, arith::ExtUIOp::create(b, i64, lo),
+        arith::ShLIOp::create(b, arith::ExtUIOp::create(b, i64, hi), c64(32)));
+  }
   return intrinsic("llvm.nvvm.shfl.sync.bfly.f32", {f32},
                    {c32(-1), x, c32(laneMask), c32(31)});
 }
@@ -81,10 +94,14 @@ static void sideEffectAsm(GpuBuilder &g, StringRef text, StringRef constraints,
 
 void GpuBuilder::reduceAdd(Value pred, Value ptr, Value v) {
   Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(ptr));
+  const bool integer = v.getType() == i64;
   sideEffectAsm(*this,
-                "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
-                "@p red.global.add.f32 [$1], $2; }",
-                "r,l,f", {arith::ExtUIOp::create(b, i32, pred), addr, v});
+                integer ? "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
+                          "@p red.global.add.u64 [$1], $2; }"
+                        : "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
+                          "@p red.global.add.f32 [$1], $2; }",
+                integer ? "r,l,l" : "r,l,f",
+                {arith::ExtUIOp::create(b, i32, pred), addr, v});
 }
 
 void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {

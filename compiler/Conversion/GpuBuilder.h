@@ -94,7 +94,7 @@ public:
   Value exp2(Value x);
   /// lg2.approx.ftz.
   Value log2(Value x);
-  /// shfl.sync.bfly with all 32 lanes.
+  /// shfl.sync.bfly with all 32 lanes (an f32, or an i64 as two words).
   Value shuffleXor(Value x, int64_t laneMask);
 
   /// \p x (i32) through an opaque `mov`: values derived from the result
@@ -159,8 +159,9 @@ public:
 
   // Pointers.
   Value toGlobal(Value genericPtr);
-  /// If \p pred (i1): *ptr += v without a result (red.global.add.f32);
-  /// \p ptr generic, to global memory. A predicated instruction, no branch.
+  /// If \p pred (i1): *ptr += v without a result (red.global.add.f32; an
+  /// i64 \p v: red.global.add.u64, two's complement so signed too); \p ptr
+  /// generic, to global memory. A predicated instruction, no branch.
   void reduceAdd(Value pred, Value ptr, Value v);
   /// If \p pred: ptr[0] += v0, ptr[1] += v1 in one red.global.add.v2.f32
   /// (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.

@@ -44,8 +44,12 @@ struct KernelPlacement {
   /// The ABI's argument groups (kernels/KernelABI.h), before pid_m, pid_bh.
   int numBuffers = 0, numIndexArgs = 0, numF32Args = 0;
   /// A score modifier's captured tensors: f32 buffers after the pids
-  /// (TileAttention.cpp), kernel parameters after the f32 group.
-  int numCaptures = 0;
+  /// (TileAttention.cpp), kernel parameters after the f32 group; in a
+  /// backward with deterministic captured gradients also their i64
+  /// accumulators (abi::bwd::fixedPointCaptureGrads), and after all of
+  /// them numCaptureSizes index arguments (the tensors' sizes, i64
+  /// parameters).
+  int numCaptures = 0, numCaptureSizes = 0;
   /// Split-KV (abi::split): a third pid, pid_split = grid.z; and for the
   /// partial (not the combine, whose grid.z is 1) a grid.z whose size the
   /// launcher chooses (recorded as the grid's `split`).

@@ -429,9 +429,9 @@ static Value reduceTwoPi(ImplicitLocOpBuilder &b, flashjit::gpu::GpuBuilder &g,
 }
 
 /// ex2 / lg2 / tanh / sin / cos .approx (sin and cos after reduceTwoPi),
-/// rsqrt.approx, sqrt.rn, abs, cvt's roundings for floor and ceil (the GPU
-/// conversion sends LLVM's intrinsics for those to libdevice), and LLVM's
-/// for fma, min and max.
+/// rsqrt.approx, sqrt.rn, abs, cvt's roundings for floor, ceil and
+/// roundeven (the GPU conversion sends LLVM's intrinsics for those to
+/// libdevice), and LLVM's for fma, min and max.
 Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                                   Operation *op, ValueRange x) {
   Type f32 = g.f32;
@@ -443,6 +443,8 @@ Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
     return approx(b, f32, x[0], "cvt.rmi.f32.f32 $0, $1;");
   if (isa<math::CeilOp>(op))
     return approx(b, f32, x[0], "cvt.rpi.f32.f32 $0, $1;");
+  if (isa<math::RoundEvenOp>(op))
+    return approx(b, f32, x[0], "cvt.rni.f32.f32 $0, $1;");
   if (isa<math::RsqrtOp>(op))
     return approx(b, f32, x[0], "rsqrt.approx.f32 $0, $1;");
   if (isa<math::Exp2Op>(op))

@@ -535,7 +535,9 @@ LogicalResult TileKernelLowering::lowerGather(tile::GatherOp op) {
 /// (the gather's index tile, so the same layout), atomically. Registers
 /// that share an index register are summed first; a uniform index (a splat:
 /// a per-head slope's gradient) is summed over the warp by shuffles and
-/// added by lane 0, one atomic per warp instead of one per element.
+/// added by lane 0, one atomic per warp instead of one per element. An i64
+/// tile (a fixed-point word of a deterministic gradient) the same way with
+/// integer adds and red.global.add.u64.
 ///
 ///   tile.scatter_add %g, %dt[%idx]
 ///       : tensor<64x128xf32>, memref<?xf32>, tensor<64x128xi32>
@@ -549,20 +551,26 @@ LogicalResult TileKernelLowering::lowerScatterAdd(tile::ScatterAddOp op) {
   if (idx == frags.end() || val == frags.end())
     return fail(op, "its value and index tiles are not in registers");
   Value base = map.lookup(op.getBase());
+  // An i64 tile holds a deterministic gradient's fixed-point words: exact
+  // integer sums, so the order of the adds leaves no trace.
+  const bool integer = tileType(op.getValue()).getElementType().isInteger(64);
+  auto plus = [&](Value x, Value y) -> Value {
+    return integer ? Value(arith::AddIOp::create(b, x, y)) : g.fadd(x, y);
+  };
   llvm::MapVector<Value, Value> sums;
   for (auto [index, v] : llvm::zip_equal(idx->second.regs, val->second.regs)) {
     Value &sum = sums[index];
-    sum = sum ? g.fadd(sum, v) : v;
+    sum = sum ? plus(sum, v) : v;
   }
   Value pred = g.cBool(true);
   if (idx->second.uniform && sums.size() == 1) {
     Value &sum = sums.front().second;
     for (int64_t mask = 16; mask >= 1; mask /= 2)
-      sum = g.fadd(sum, g.shuffleXor(sum, mask));
+      sum = plus(sum, g.shuffleXor(sum, mask));
     pred = g.cmp(arith::CmpIPredicate::eq, lane, g.c32(0));
   }
   for (auto [index, sum] : sums) {
-    Value ptr = LLVM::GEPOp::create(b, g.ptrGen, g.f32, base,
+    Value ptr = LLVM::GEPOp::create(b, g.ptrGen, integer ? g.i64 : g.f32, base,
                                     ArrayRef<LLVM::GEPArg>{g.ext64(index)});
     g.reduceAdd(pred, ptr, sum);
   }

@@ -11,7 +11,8 @@
 ///     Br = 64 and atomic dQ, the 2-D warp grid of two column parts); dK and
 ///     dV split over grid.z when both do not fit one program;
 ///   - "dq" (the separate dQ pass): its own tiles (dqPassTiles);
-///   - "preprocess", "dq_convert": row kernels (TileToGPURows.cpp);
+///   - "preprocess", "dq_convert", "capture_convert": row kernels
+///     (TileToGPURows.cpp);
 ///   - "forward_split": as "forward", over the split ABI with pid_split on
 ///     grid.z; "combine": a row kernel over it (kernels/KernelABI.h);
 ///   - "mask_blocks", "mask_blocks_list": a mask_mod's block classes and
@@ -39,11 +40,19 @@ static TileConfig tilingOf(attn::KernelAttr attr, int64_t warps) {
   return config;
 }
 
-/// The arguments of \p fn after its pids (\p p's ABI groups): a score
-/// modifier's captured tensors (TileAttention.cpp puts them last), which
-/// checkPlacedArguments checks to be f32 buffers.
-static int capturedArguments(func::FuncOp fn, const KernelPlacement &p) {
-  return std::max(0, int(fn.getNumArguments()) - p.firstCaptureArg());
+/// Sets \p p's numCaptures and numCaptureSizes from the arguments of \p fn
+/// after its pids (\p p's ABI groups): a score modifier's captured tensors
+/// (TileAttention.cpp puts them last) and, in a backward with deterministic
+/// captured gradients, their accumulators, then their sizes (the index
+/// arguments at the end), which checkPlacedArguments checks.
+static void placeCaptures(func::FuncOp fn, KernelPlacement &p) {
+  int all = std::max(0, int(fn.getNumArguments()) - p.firstCaptureArg());
+  int sizes = 0;
+  while (sizes < all &&
+         fn.getArgument(fn.getNumArguments() - 1 - sizes).getType().isIndex())
+    ++sizes;
+  p.numCaptures = all - sizes;
+  p.numCaptureSizes = sizes;
 }
 
 /// The forward's placement: gpuGeometry's threads, m-tiles, shared memory
@@ -87,20 +96,27 @@ LogicalResult conversion::checkPlacedArguments(func::FuncOp fn,
   const int firstF32 = firstIndex + place.numIndexArgs;
   const int pidArg = firstF32 + place.numF32Args;
   const int firstCapture = place.firstCaptureArg();
-  const int all = firstCapture + place.numCaptures;
+  const int firstSize = firstCapture + place.numCaptures;
+  const int all = firstSize + place.numCaptureSizes;
   if (fn.getNumArguments() != unsigned(all))
     return fn.emitError() << "this kernel takes " << all
                           << " arguments (kernels/KernelABI.h), got "
                           << fn.getNumArguments();
   Builder b(fn.getContext());
   Type captured = MemRefType::get({ShapedType::kDynamic}, b.getF32Type());
+  Type words = MemRefType::get({ShapedType::kDynamic}, b.getI64Type());
   for (int i = 0; i < all; ++i) {
-    Type want = i < firstIndex                ? Type()
-                : i >= firstCapture           ? captured
-                : i < firstF32 || i >= pidArg ? Type(b.getIndexType())
-                                              : Type(b.getF32Type());
+    Type want = i < firstIndex   ? Type()
+                : i >= firstSize ? Type(b.getIndexType())
+                : i >= firstCapture
+                    ? captured
+                    : (i < firstF32 || i >= pidArg ? Type(b.getIndexType())
+                                                   : Type(b.getF32Type()));
     Type got = fn.getArgument(i).getType();
-    if (want ? got != want : !isa<MemRefType>(got))
+    // The accumulators of deterministic captured gradients are i64.
+    bool ok = want ? got == want || (want == captured && got == words)
+                   : isa<MemRefType>(got);
+    if (!ok)
       return fn.emitError()
              << "argument " << i << " has type " << got << ", not the ABI's";
   }
@@ -116,6 +132,7 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   argTys.append(place.numIndexArgs, g.i64);
   argTys.append(place.numF32Args, g.f32);
   argTys.append(place.numCaptures, g.ptrGen);
+  argTys.append(place.numCaptureSizes, g.i64);
   int64_t programsZ = 0;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
@@ -146,6 +163,12 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   for (int c = 0; c < place.numCaptures; ++c)
     map.map(fn.getArgument(place.firstCaptureArg() + c),
             kernel.getArgument(pidArg + c));
+  for (int c = 0; c < place.numCaptureSizes; ++c) {
+    const int at = place.numCaptures + c;
+    map.map(fn.getArgument(place.firstCaptureArg() + at),
+            arith::IndexCastOp::create(b, b.getIndexType(),
+                                       kernel.getArgument(pidArg + at)));
+  }
   // A persistent kernel maps pid_m and pid_bh per tile (forEachTile).
   if (place.persistent)
     return;
@@ -180,7 +203,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.numIndexArgs = abi::split::NumIndexArgs;
     p.numF32Args = 1;
     p.kvSplit = true;
-    p.numCaptures = capturedArguments(fn, p);
+    placeCaptures(fn, p);
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;
     return lowerRowKernel(fn, gpuModule, spec, p);
@@ -194,7 +217,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.numBuffers = abi::NumBuffers;
     p.numIndexArgs = abi::NumIndexArgs;
     p.numF32Args = 1;
-    p.numCaptures = capturedArguments(fn, p);
+    placeCaptures(fn, p);
     p.threads = 32 * abi::blocks::kRows;
     p.gridRows = 1;
     return lowerRowKernel(fn, gpuModule, spec, p);
@@ -221,7 +244,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.persistent = false; // its grid.z is the splits'; one pass each
     p.tma = 0;            // its tensor maps would need the split ABI's
   }
-  p.numCaptures = capturedArguments(fn, p);
+  placeCaptures(fn, p);
   ImplicitLocOpBuilder b(fn.getLoc(), fn.getContext());
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }
@@ -241,10 +264,14 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.numBuffers = abi::bwd::NumBuffers;
   p.numIndexArgs = abi::bwd::NumIndexArgs;
   p.numF32Args = abi::bwd::NumF32Args;
-  p.numCaptures = capturedArguments(fn, p);
-  if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert") {
+  placeCaptures(fn, p);
+  if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert" ||
+      attr.getRole() == "capture_convert") {
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
-    p.gridRows = abi::bwd::kRowBlockRows;
+    // A captured gradient's conversion: grid.x is the launcher's program
+    // count (abi::bwd::captureConvertPrograms), so the recorded rows are 1.
+    p.gridRows =
+        attr.getRole() == "capture_convert" ? 1 : abi::bwd::kRowBlockRows;
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   GpuBackwardGeometry geo = gpuBackwardGeometry(spec, config);

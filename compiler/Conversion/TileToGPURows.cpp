@@ -100,7 +100,8 @@ private:
   Value toI64(Value index) {
     return arith::IndexCastOp::create(b, g.i64, index);
   }
-  /// Element \p index (i64) of an f32 or 16-bit buffer \p base, as f32.
+  /// Element \p index (i64) of an f32, i32, i64 or 16-bit buffer \p base
+  /// (a 16-bit one as f32).
   Value loadAt(Value base, Type elem, Value index);
   void storeAt(Value base, Type elem, Value index, Value v);
 
@@ -166,7 +167,7 @@ LogicalResult RowKernelLowering::analyse() {
 }
 
 Value RowKernelLowering::loadAt(Value base, Type elem, Value index) {
-  if (elem.isF32() || elem.isInteger(32))
+  if (elem.isF32() || elem.isInteger(32) || elem.isInteger(64))
     return LLVM::LoadOp::create(
         b, elem,
         LLVM::GEPOp::create(b, g.ptrGen, elem, base,
@@ -175,7 +176,7 @@ Value RowKernelLowering::loadAt(Value base, Type elem, Value index) {
 }
 
 void RowKernelLowering::storeAt(Value base, Type elem, Value index, Value v) {
-  if (elem.isF32() || elem.isInteger(32)) {
+  if (elem.isF32() || elem.isInteger(32) || elem.isInteger(64)) {
     LLVM::StoreOp::create(b, v,
                           LLVM::GEPOp::create(b, g.ptrGen, elem, base,
                                               ArrayRef<LLVM::GEPArg>{index}));
@@ -204,7 +205,8 @@ LogicalResult RowKernelLowering::lowerLoad(tile::LoadOp op) {
     Value ok = columnOk(j, n);
     Value col = ok ? g.select(ok, column(j), g.c32(0)) : column(j);
     Value v = loadAt(base, elem, g.add(rowAt, g.ext64(col)));
-    out.regs.push_back(ok ? g.select(ok, v, g.cf(0.0)) : v);
+    Value zero = elem.isInteger(64) ? g.c64(0) : g.cf(0.0);
+    out.regs.push_back(ok ? g.select(ok, v, zero) : v);
   }
   return success();
 }

@@ -349,7 +349,8 @@ void TileLowering::lowerGather(OpBuilder &b, tile::GatherOp op) {
 }
 
 /// Each element added into the buffer at its index, atomically (the host
-/// threads of the CPU grid add at once): a captured tensor's gradient.
+/// threads of the CPU grid add at once): a captured tensor's gradient; an
+/// i64 tile (a deterministic gradient's fixed-point word) by integer adds.
 ///
 ///   tile.scatter_add %g, %dt[%idx]
 ///       : tensor<64x32xf32>, memref<?xf32>, tensor<64x32xi32>
@@ -358,17 +359,19 @@ void TileLowering::lowerGather(OpBuilder &b, tile::GatherOp op) {
 ///
 ///   scf.for %r ... { scf.for %c ... {
 ///     %i = arith.index_cast (memref.load %IDX[%r, %c]) : i32 to index
-///     memref.atomic_rmw addf (memref.load %G[%r, %c]), %dt[%i]
+///     memref.atomic_rmw addf (memref.load %G[%r, %c]), %dt[%i]   // addi
 ///   } }
 void TileLowering::lowerScatterAdd(OpBuilder &b, tile::ScatterAddOp op) {
+  const bool integer = op.getBase().getType().getElementType().isInteger(64);
   forEachIndex(
       b, op.getLoc(), cast<RankedTensorType>(op.getValue().getType()).getShape(),
       [&](OpBuilder &b, Location loc, ValueRange ivs) {
         Value i = arith::IndexCastOp::create(
             b, loc, b.getIndexType(), element(b, loc, op.getIndex(), ivs));
-        memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf,
-                                    element(b, loc, op.getValue(), ivs),
-                                    op.getBase(), ValueRange{i});
+        memref::AtomicRMWOp::create(
+            b, loc,
+            integer ? arith::AtomicRMWKind::addi : arith::AtomicRMWKind::addf,
+            element(b, loc, op.getValue(), ivs), op.getBase(), ValueRange{i});
       });
 }
 

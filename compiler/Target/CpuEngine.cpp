@@ -3,8 +3,10 @@
 /// \file
 /// Lowers the tiled IR to host LLVM IR, JIT-compiles it with MLIR's
 /// ExecutionEngine (inside libflashjit.so, statically linked) and runs every
-/// program of the grid on host threads. This is how CI, which has no GPU,
-/// tests tiling, online softmax, masks and block-sparse skipping on numbers.
+/// program of the grid on host threads (CpuGrid.h); the forward and its
+/// block classification here, the backward in CpuBackwardEngine.cpp. This
+/// is how CI, which has no GPU, tests tiling, online softmax, masks and
+/// block-sparse skipping on numbers.
 ///
 /// Two traps of static linking are handled here: x86 lowers bf16/f16
 /// conversions to compiler-rt builtins (__truncsfbf2, __truncsfhf2,
@@ -15,8 +17,9 @@
 
 #include "compiler/CompilerInternal.h"
 #include "compiler/Pipelines/Pipelines.h"
-#include "kernels/HalfFloat.h"
+#include "compiler/Target/CpuGrid.h"
 #include "kernels/GpuGeometry.h"
+#include "kernels/HalfFloat.h"
 #include "kernels/KernelABI.h"
 
 #include "mlir/ExecutionEngine/ExecutionEngine.h"
@@ -70,22 +73,11 @@ extern "C" float flashjit_gnu_h2f_ieee(uint16_t h) {
   return flashjit::fp16ToFloat(h);
 }
 
-/// A (allocated, aligned, offset, size, stride) memref<?xT> descriptor.
-struct MemRef1D {
-  void *allocated;
-  void *aligned;
-  int64_t offset, size, stride;
-};
-
-MemRef1D describe(void *data, int64_t size) { return {data, data, 0, size, 1}; }
 } // namespace
 
 namespace flashjit {
 
 namespace {
-/// The packed entry point the ExecutionEngine makes for a function.
-using PackedEntry = void (*)(void **);
-
 void initializeNativeTarget() {
   static bool done = [] {
     llvm::InitializeNativeTarget();
@@ -125,10 +117,8 @@ std::unique_ptr<ExecutionEngine> jitLoweredModule(ModuleOp module) {
   return std::move(*engine);
 }
 
-namespace {
+namespace cpu {
 
-/// Runs the CPU pipeline on \p source (the attn stage of \p spec when
-/// empty) and JIT-compiles it.
 std::unique_ptr<ExecutionEngine> jitCompile(MLIRContext &ctx,
                                             const AttentionSpec &spec,
                                             const TileConfig &config,
@@ -147,10 +137,8 @@ PackedEntry lookupEntry(ExecutionEngine &engine, const std::string &name) {
   return *entry;
 }
 
-/// The memrefs of \p d's captured tensors, after checking that they are
-/// \p spec's (its count, none empty).
-static std::vector<MemRef1D> capturedBuffers(const AttentionSpec &spec,
-                                             const AttentionData &d) {
+std::vector<MemRef1D> capturedBuffers(const AttentionSpec &spec,
+                                      const AttentionData &d) {
   if (int64_t(d.captures.size()) != spec.captures)
     throw SpecError(fmt::format("the score modifier captures {} tensors, "
                                 "the call gives {}",
@@ -165,15 +153,11 @@ static std::vector<MemRef1D> capturedBuffers(const AttentionSpec &spec,
   return captured;
 }
 
-/// Runs \p entry for every (pid_m, pid_bh) in [0, gridM) x [0, gridBH) on
-/// host threads. The argument list is: the buffers, the index arguments, the
-/// f32 arguments, pid_m, pid_bh (kernels/KernelABI.h); with \p gridZ > 0
-/// also pid_split, every one of [0, gridZ) (abi::split); then the
-/// buffers of \p tail (a score modifier's captured tensors).
 void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
              const std::vector<int64_t> &idx, const std::vector<float> &f32s,
-             int64_t gridM, int64_t gridBH, int64_t gridZ = 0,
-             const std::vector<MemRef1D> &tail = {}) {
+             int64_t gridM, int64_t gridBH, int64_t gridZ,
+             const std::vector<MemRef1D> &tail,
+             const std::vector<int64_t> &tailIdx) {
   const int64_t programs = gridM * gridBH * std::max<int64_t>(gridZ, 1);
   std::atomic<int64_t> next{0};
   auto worker = [&] {
@@ -183,6 +167,7 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     std::vector<int64_t> myIdx = idx;
     std::vector<float> myF32s = f32s;
     std::vector<MemRef1D> myTail = tail;
+    std::vector<int64_t> myTailIdx = tailIdx;
     int64_t pidM = 0, pidBH = 0, pidZ = 0;
     std::vector<void *> args;
     // A memref expands to five packed arguments.
@@ -200,6 +185,8 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     if (gridZ > 0)
       args.push_back(&pidZ);
     pushMemRefs(myTail);
+    for (int64_t &v : myTailIdx)
+      args.push_back(&v);
     for (int64_t t; (t = next.fetch_add(1)) < programs;) {
       pidM = t % gridM;
       pidBH = (t / gridM) % gridBH;
@@ -217,21 +204,17 @@ void runGrid(PackedEntry entry, const std::vector<MemRef1D> &bufs,
     t.join();
 }
 
-/// The whole buffer behind a view, from the view's offset on.
 MemRef1D view(const HalfTensor &t) {
   return describe(t.buffer->data() + t.offset,
                   int64_t(t.buffer->size()) - t.offset);
 }
 
-/// A varlen kernel's offsets (AttentionData::cuSeqQ or cuSeqKV), or
-/// \p unused (a valid buffer the kernel never reads) when there are none.
 MemRef1D varlenOffsets(const std::vector<int32_t> &cu, MemRef1D unused) {
   if (cu.empty())
     return unused;
   return describe(const_cast<int32_t *>(cu.data()), int64_t(cu.size()));
 }
 
-/// Checks the layout argument against \p spec and \p p.
 void checkLayoutArg(const AttentionSpec &spec, const Problem &p,
                     const BlockSparseLayout *layout) {
   if (spec.blockSparse != (layout != nullptr))
@@ -241,7 +224,9 @@ void checkLayoutArg(const AttentionSpec &spec, const Problem &p,
   if (layout)
     layout->checkFits(p, spec.sparseBlock);
 }
-} // namespace
+} // namespace cpu
+
+using namespace cpu;
 
 struct CpuKernel::Impl {
   AttentionSpec spec;
@@ -378,186 +363,6 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   runGrid(impl->combine, bufs, idx, {scaleLog2},
           (p.seqLenQ + abi::bwd::kRowBlockRows - 1) / abi::bwd::kRowBlockRows,
           p.batch * p.heads, 1);
-}
-
-//===----------------------------------------------------------------------===//
-// The backward
-//===----------------------------------------------------------------------===//
-
-struct CpuBackwardKernel::Impl {
-  AttentionSpec spec;
-  TileConfig config;
-  std::unique_ptr<MLIRContext> ctx;
-  std::unique_ptr<ExecutionEngine> engine;
-  PackedEntry preprocess = nullptr, main = nullptr, dq = nullptr;
-};
-
-CpuBackwardKernel::CpuBackwardKernel(std::unique_ptr<Impl> impl)
-    : impl(std::move(impl)) {}
-CpuBackwardKernel::~CpuBackwardKernel() = default;
-const AttentionSpec &CpuBackwardKernel::spec() const { return impl->spec; }
-const TileConfig &CpuBackwardKernel::config() const { return impl->config; }
-
-std::unique_ptr<CpuBackwardKernel>
-CpuBackwardKernel::compile(const AttentionSpec &spec, const TileConfig &config,
-                           const KernelSource &source) {
-  spec.validate();
-  config.validate(spec);
-  if (spec.direction != Direction::Backward)
-    throw SpecError("CpuBackwardKernel needs a backward spec (direction "
-                    "Backward)");
-  auto impl = std::make_unique<Impl>();
-  impl->spec = spec;
-  impl->config = config;
-  impl->ctx = createContext();
-  impl->engine = jitCompile(*impl->ctx, spec, config, source);
-  std::string name = kKernelName;
-  impl->preprocess =
-      lookupEntry(*impl->engine, name + abi::bwd::kPreprocessSuffix);
-  impl->main = lookupEntry(*impl->engine, name);
-  impl->dq = lookupEntry(*impl->engine, name + abi::bwd::kDqSuffix);
-  return std::unique_ptr<CpuBackwardKernel>(
-      new CpuBackwardKernel(std::move(impl)));
-}
-
-void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
-                            AttentionGrads &g, const BlockSparseLayout *layout,
-                            void *workspace, int64_t workspaceBytes) const {
-  namespace bwd = abi::bwd;
-  const AttentionSpec &spec = impl->spec;
-  p.validate(spec);
-  checkLayoutArg(spec, p, layout);
-  checkVarlenData(spec, p, fwd);
-  const std::pair<const HalfTensor *, const char *> views[] = {
-      {&fwd.q, "q"}, {&fwd.k, "k"}, {&fwd.v, "v"}, {&fwd.o, "o"},
-      {&g.dO, "do"}, {&g.dq, "dq"}, {&g.dk, "dk"}, {&g.dv, "dv"}};
-  for (auto [t, name] : views)
-    t->checkLayout(name);
-  auto checkShape = [](const HalfTensor &t, const HalfTensor &like,
-                       const char *what) {
-    if (t.shape != like.shape)
-      throw SpecError(fmt::format("{}: shape ({}, {}, {}, {}) differs from "
-                                  "({}, {}, {}, {})",
-                                  what, t.shape[0], t.shape[1], t.shape[2],
-                                  t.shape[3], like.shape[0], like.shape[1],
-                                  like.shape[2], like.shape[3]));
-  };
-  checkShape(g.dO, fwd.o, "do (shaped as o)");
-  checkShape(g.dq, fwd.q, "dq (shaped as q)");
-  checkShape(g.dk, fwd.k, "dk (shaped as k)");
-  checkShape(g.dv, fwd.v, "dv (shaped as v)");
-  const int64_t rows = p.batch * p.heads * p.seqLenQ;
-  if (int64_t(fwd.lse.size()) < rows)
-    throw SpecError(fmt::format("lse: {} values, the problem has {} rows",
-                                fwd.lse.size(), rows));
-  // The workspace: delta (f32 [2, B, H, Nq]: rowsum(dO * O), then -lse *
-  // log2(e)), then, for atomic dQ, dq_accum (f32 [B, H, Nq, dqk]).
-  const int64_t needBytes = backwardWorkspaceBytes(spec, p);
-  std::vector<float> ownWorkspace;
-  float *delta = static_cast<float *>(workspace);
-  if (!workspace) {
-    ownWorkspace.resize(size_t(needBytes / 4));
-    delta = ownWorkspace.data();
-  } else if (workspaceBytes < needBytes) {
-    throw SpecError(fmt::format("workspace: {} bytes given, the backward "
-                                "needs {} ({})",
-                                workspaceBytes, needBytes,
-                                spec.deterministic
-                                    ? "deterministic: delta"
-                                    : "atomic dQ: delta and dq_accum"));
-  }
-  const bool atomicDq = dqAccumulation(spec) == DqAccumulation::Atomic;
-
-  abi::bwd::BackwardStrides strides = abi::bwd::tensorStrides(
-      fwd.q, fwd.k, fwd.v, fwd.o, g.dO, g.dq, g.dk, g.dv);
-  std::vector<int32_t> noLayout(1, 0);
-  MemRef1D counts = describe(noLayout.data(), 1), indices = counts;
-  MemRef1D kvCounts = counts, kvIndices = counts;
-  BlockSparseLayout kvMajor;
-  if (layout) {
-    kvMajor = layout->transposed();
-    strides.counts = layout->countStrides();
-    strides.indices = layout->indexStrides();
-    strides.kvCounts = kvMajor.countStrides();
-    strides.kvIndices = kvMajor.indexStrides();
-    auto describeI32 = [](const std::vector<int32_t> &v) {
-      return describe(const_cast<int32_t *>(v.data()), int64_t(v.size()));
-    };
-    counts = describeI32(layout->counts);
-    indices = describeI32(layout->indices);
-    kvCounts = describeI32(kvMajor.counts);
-    kvIndices = describeI32(kvMajor.indices);
-  }
-  std::array<int64_t, bwd::NumIndexArgs> idxArgs =
-      bwd::indexArgs(spec, p, strides);
-  std::vector<int64_t> idx(idxArgs.begin(), idxArgs.end());
-  double scale = p.effectiveScale(spec);
-  std::vector<float> f32s(bwd::NumF32Args);
-  f32s[bwd::ScaleLog2e] = float(scale / std::log(2.0));
-  f32s[bwd::Scale] = float(scale);
-
-  // Deterministic kernels neither read nor write dq_accum.
-  float noAccum = 0;
-  std::vector<MemRef1D> bufs(bwd::NumBuffers);
-  bufs[bwd::Q] = view(fwd.q);
-  bufs[bwd::K] = view(fwd.k);
-  bufs[bwd::V] = view(fwd.v);
-  bufs[bwd::O] = view(fwd.o);
-  bufs[bwd::DO] = view(g.dO);
-  bufs[bwd::Lse] = describe(const_cast<float *>(fwd.lse.data()), rows);
-  bufs[bwd::Delta] = describe(delta, 2 * rows);
-  bufs[bwd::DqAccum] = atomicDq
-                           ? describe(delta + 2 * rows, rows * spec.headDimQK)
-                           : describe(&noAccum, 1);
-  bufs[bwd::DQ] = view(g.dq);
-  bufs[bwd::DK] = view(g.dk);
-  bufs[bwd::DV] = view(g.dv);
-  bufs[bwd::Counts] = counts;
-  bufs[bwd::Indices] = indices;
-  bufs[bwd::KvCounts] = kvCounts;
-  bufs[bwd::KvIndices] = kvIndices;
-  bufs[bwd::CuSeqQ] = varlenOffsets(fwd.cuSeqQ, counts);
-  bufs[bwd::CuSeqKV] = varlenOffsets(fwd.cuSeqKV, counts);
-
-  const TileConfig &c = impl->config;
-  auto blocks = [](int64_t n, int64_t per) { return (n + per - 1) / per; };
-  const int64_t rowBlocks = blocks(p.seqLenQ, bwd::kRowBlockRows);
-  const int64_t kvBlocks = blocks(p.seqLenKV, c.blockN);
-  // The separate dQ pass: Q blocks of the rows the tiling pipeline gives
-  // it (dqPassTiles, as on the GPU); atomic dQ's conversion: kRowBlockRows
-  // rows.
-  const int64_t dqRows =
-      dqPassTiles(spec.headDimQK, spec.blockSparse ? spec.sparseBlock : 0, c)
-          .rows;
-  const int64_t dqBlocks = atomicDq ? rowBlocks : blocks(p.seqLenQ, dqRows);
-  // In this order: the preprocessing writes delta (and zeroes dq_accum),
-  // the main loop reads delta (and adds into dq_accum), @f_dq writes dQ.
-  std::vector<MemRef1D> captured = capturedBuffers(spec, fwd);
-  // Then a gradient buffer per captured tensor: g.captureGrads' for those
-  // of spec.captureGrads, a dummy the kernel never touches for the others.
-  float unused = 0;
-  if (spec.captureGrads && g.captureGrads.size() != fwd.captures.size())
-    throw SpecError(fmt::format("capture_grads: {} gradient buffers for {} "
-                                "captured tensors",
-                                g.captureGrads.size(), fwd.captures.size()));
-  for (size_t c = 0; c < fwd.captures.size(); ++c) {
-    if (!((spec.captureGrads >> c) & 1)) {
-      captured.push_back(describe(&unused, 1));
-      continue;
-    }
-    std::vector<float> &grad = g.captureGrads[c];
-    if (grad.size() != fwd.captures[c].size())
-      throw SpecError(fmt::format("the gradient of captured tensor {} has {} "
-                                  "elements, the tensor {}",
-                                  c, grad.size(), fwd.captures[c].size()));
-    captured.push_back(describe(grad.data(), int64_t(grad.size())));
-  }
-  runGrid(impl->preprocess, bufs, idx, f32s, rowBlocks, p.batch * p.heads, 0,
-          captured);
-  runGrid(impl->main, bufs, idx, f32s, kvBlocks, p.batch * p.kvHeads(spec), 0,
-          captured);
-  runGrid(impl->dq, bufs, idx, f32s, dqBlocks, p.batch * p.heads, 0,
-          captured);
 }
 
 } // namespace flashjit

@@ -260,8 +260,9 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
         numpy array; they are passed to the kernel as float32 copies on q's
         device at each call (flashjit.score_ops, "Captured tensors").
         Autograd reaches a captured torch tensor that requires grad (a
-        learned bias or slopes; summed by atomic adds, so not with
-        deterministic=True: a ValueError in the backward); numpy:
+        learned bias or slopes; summed by atomic adds, or with
+        deterministic=True in 64-bit fixed point, the same bits run to
+        run); numpy:
         attention_backward(..., capture_grads=True). flashjit.variants
         makes the common ones (softcap, alibi, relative_position_bias,
         bias; masks causal, sliding_window, document, and_masks,
@@ -523,12 +524,11 @@ def attention_backward(q, k, v, o, d_o, lse, causal=False, scale=None,
     score_ops.trace_with_captures lists them): d loss / d tensor, shaped as
     the tensor and of its dtype (a numpy array; a torch tensor for a
     captured torch tensor), computed by the compiler's derivative of the
-    region at each read and summed by atomic adds (float32); None for an
-    integer or bool tensor (segment ids: no gradient). So
-    (dq, dk, dv[, dsinks], [d_capture, ...]). A gradient is summed in an
-    order that varies, so capture_grads=True with deterministic=True is a
-    ValueError (when a captured tensor is float); [] when nothing is
-    captured."""
+    region at each read and summed by atomic adds (float32; with
+    deterministic=True in 64-bit fixed point, two words 2^-56 apart from
+    2^38, so the same bits run to run); None for an integer or bool tensor
+    (segment ids: no gradient). So (dq, dk, dv[, dsinks], [d_capture,
+    ...]); [] when nothing is captured."""
     mask, wl, wr = _mask_and_window(causal, window)
     if sinks is not None:
         sinks_mod.check_sinks(sinks, q.shape[1], "attention_backward")
@@ -572,24 +572,6 @@ def _grad_like(g, c):
     return g.astype(np.asarray(c).dtype, copy=False)
 
 
-def check_capture_grads_deterministic(wanted, deterministic,
-                                      fn="attention_backward"):
-    """ValueError if a captured tensor's gradient is asked for (wanted:
-    one bool per captured tensor) with deterministic=True: the C API sums
-    it by atomic adds, whose order varies run to run, and refuses the
-    pair; raised here, before any call."""
-    if deterministic and any(wanted):
-        n = [i for i, w in enumerate(wanted) if w]
-        raise ValueError(
-            f"flashjit.{fn}: the gradient of captured tensor"
-            f"{'s' if len(n) > 1 else ''} {', '.join(map(str, n))} is asked "
-            "for with deterministic=True, which promises bit-identical "
-            "gradients; captured tensors' gradients are summed by atomic "
-            "adds (their order varies run to run): use deterministic=False, "
-            "or treat the tensor as a constant (numpy: capture_grads=False; "
-            "torch: detach it)")
-
-
 def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
                     deterministic, score_mod="", captures=(), wanted=None):
     """(dq, dk, dv, capture_grads) of numpy arrays on the CPU handle;
@@ -618,7 +600,6 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
         raise ValueError(f"flashjit.attention_backward: {len(wanted)} "
                          f"gradient flags for {len(captures)} captured "
                          "tensors")
-    check_capture_grads_deterministic(wanted, deterministic)
     ins = [as_kernel(a) for a in (q, k, v, o, d_o)]
     grads = [np.empty(a.shape, dtype=np.uint16) for a in (q, k, v)]
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa, bm.block_size if bm else 0,

@@ -382,6 +382,17 @@ def _declare(lib):
              ctypes.c_int64, ctypes.c_void_p],
         ),
     })
+    # C API version 11: the backward's workspace for its captured tensors
+    # (a deterministic backward holds their gradients' words there): the
+    # captured array as a void pointer, its count.
+    sigs.update({
+        "flashjit_backward_captured_workspace_size": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_int64, ctypes.c_int64,
+             ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+             P(ctypes.c_size_t)],
+        ),
+    })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res

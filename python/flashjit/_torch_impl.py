@@ -113,20 +113,14 @@ def check_captures(captures, q, fn="attention"):
     return out
 
 
-def capture_grad_flags(flags, captures, deterministic,
-                       fn="attention_backward"):
+def capture_grad_flags(flags, captures, fn="attention_backward"):
     """flags (one bool per captured tensor: whether the backward computes
-    its gradient) as a list of bools, checked: one per tensor, and none
-    set with deterministic (the gradients are summed by atomic adds;
-    ValueError before any call, flashjit.check_capture_grads_deterministic)."""
-    from . import check_capture_grads_deterministic
-
+    its gradient) as a list of bools, checked: one per tensor."""
     flags = [bool(f) for f in flags]
     if len(flags) != len(captures):
         raise ValueError(f"flashjit.{fn}: capture_needs_grad has "
                          f"{len(flags)} flags for {len(captures)} captured "
                          "tensors (one per tensor)")
-    check_capture_grads_deterministic(flags, deterministic, fn)
     return flags
 
 
@@ -418,7 +412,7 @@ def backward_cuda(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
     ([] without flags)."""
     flags = (capture_grad_flags(
         [False] * len(captures) if capture_grads is None else capture_grads,
-        captures, deterministic) if captures or capture_grads else [])
+        captures) if captures or capture_grads else [])
     if d_o.dtype != o.dtype:
         d_o = d_o.to(o.dtype)
     if d_o.stride(-1) != 1:  # e.g. autograd's expanded grad of o.sum()
@@ -481,15 +475,32 @@ def _backward_plan(key, q, k, v, o, d_o, mask, bm, deterministic,
     return p
 
 
+def captured_workspace_size(handle, spec_ref, shape, array, count):
+    """flashjit_backward_captured_workspace_size's bytes for (B, H, Nq,
+    Nkv) = shape and the captured structs (their sizes and grads)."""
+    size = ctypes.c_size_t()
+    _lib.check(_lib.lib().flashjit_backward_captured_workspace_size(
+        handle, spec_ref, *shape, array, count, _by(size)))
+    return size.value
+
+
 def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
-    workspace = torch.empty(p.workspace, dtype=torch.uint8, device=p.device)
+    array = None
+    size = p.workspace
+    if captures:
+        array, count = _captured_structs(captures, grads)
+        if p.spec.deterministic and any(g is not None for g in grads or ()):
+            # The gradients' fixed-point words live in the workspace too.
+            size = captured_workspace_size(
+                cuda_handle(index), p.spec_ref,
+                (p.batch, p.heads, p.nq, p.nkv), array, count)
+    workspace = torch.empty(size, dtype=torch.uint8, device=p.device)
     layout_ref, keep = _layout_ref(bm, p.device)
     r = p.refs
     args = (cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
             lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
-            workspace.data_ptr(), p.workspace)
+            workspace.data_ptr(), size)
     if captures:
-        array, count = _captured_structs(captures, grads)
         status = _lib.lib().flashjit_backward_captured(
             *args, array, count, _raw_stream(index))
         del array
@@ -541,7 +552,7 @@ def backward_cpu(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
             check_captures(captures, q, "attention_backward")]
     flags = capture_grad_flags(
         [False] * len(caps) if capture_grads is None else capture_grads,
-        caps, deterministic)
+        caps)
     *grads, cgrads = _backward_numpy(
         *(_to_numpy(t) for t in (q, k, v, o, d_o)), lse.detach().numpy(),
         mask, scale, wl, wr, bm, deterministic, score_mod, caps, flags)

@@ -137,7 +137,7 @@ def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
     caps = check_captures(captures, q, fn)
     flags = capture_grad_flags(
         [False] * len(caps) if capture_grads is None else capture_grads,
-        caps, deterministic, fn)
+        caps, fn)
     T, H, D = q.shape
     Dv = v.shape[2]
     if tuple(o.shape) != (T, H, Dv) or tuple(d_o.shape) != (T, H, Dv):
@@ -188,16 +188,15 @@ def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
 
     def launch(index):
         h = cuda_handle(index)
-        size = ctypes.c_size_t()
-        _lib.check(_lib.lib().flashjit_backward_workspace_size(
-            h, _by(spec), B, H, max_q, max_k, _by(size)))
-        workspace = torch.empty(size.value, dtype=torch.uint8,
-                                device=q.device)
         array, count = _captured_structs(caps, grads)
+        # With deterministic captured gradients, their words too.
+        size = captured_workspace_size(h, _by(spec), (B, H, max_q, max_k),
+                                       array, count)
+        workspace = torch.empty(size, dtype=torch.uint8, device=q.device)
         status = _lib.lib().flashjit_backward_varlen(
             h, _by(spec), *(_by(t) for t in structs[:5]), lse.data_ptr(),
             *(_by(t) for t in structs[5:]), scale, wl, wr, _by(vl),
-            workspace.data_ptr(), size.value, array, count,
+            workspace.data_ptr(), size, array, count,
             _raw_stream(index))
         del workspace, array
         if status:

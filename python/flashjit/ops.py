@@ -31,9 +31,8 @@ indexed: torch tensors by .to(q.device, float32), differentiably, numpy
 arrays by a copy). capture_needs_grad: one bool per captured tensor, whose
 gradient the backward computes; capture_grads holds those gradients, in
 order, for the flagged tensors only (float32, each shaped as its tensor;
-[] when none is flagged). A flag set together with deterministic=True is
-a ValueError (the gradients are summed by atomic adds, whose order varies
-run to run), in the op and in its fake. (Signature change: until the C
+[] when none is flagged); with deterministic=True they are summed in
+fixed point, the same bits run to run. (Signature change: until the C
 API derived these gradients, attention_bwd_captured took no
 capture_needs_grad and returned (dq, dk, dv).) They are separate ops
 rather than a `Tensor[] captures = []` argument of the first two because
@@ -276,8 +275,7 @@ def _fake_backward(q, k, v, captures, capture_needs_grad, deterministic, fn):
     and a gradient per captured tensor flagged (captures and flags checked
     as the op checks them)."""
     _torch_impl.check_captures(captures, q, fn)
-    flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures,
-                                           deterministic, fn)
+    flags = _torch_impl.capture_grad_flags(capture_needs_grad, captures, fn)
     grads = [c.new_empty(c.shape) for c, f in zip(captures, flags) if f]
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
             grads)

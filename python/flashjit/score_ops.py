@@ -81,8 +81,8 @@ capture_grads=True)`` returns them as a list (first-use order, None for
 integer or bool data). The compiler derives them from the region (the
 derivative of the modified score at each captured read, times d loss /
 d score, added into a zeroed float32 buffer of the tensor's size by
-atomic adds: their order varies, so they are refused with
-deterministic=True, a ValueError). A ``captured(array)`` indexed with
+atomic adds, whose order varies; with deterministic=True in 64-bit fixed
+point, the same bits run to run). A ``captured(array)`` indexed with
 ints only inside the traced function (``temp[0]``) is a captured read as
 well, not its value baked into the region. A capturing modifier under
 torch.compile is untested (tracing wraps a torch method while it runs).

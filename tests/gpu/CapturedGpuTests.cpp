@@ -1,4 +1,5 @@
-//===- CapturedGpuTests.cpp - Score modifiers that read tensors, on the GPU ===//
+//===- CapturedGpuTests.cpp - Score modifiers that read tensors, on the GPU
+//===//
 //
 /// \file
 /// A score_mod region that captures tensors (TileAttention.cpp gathers them
@@ -9,7 +10,9 @@
 /// on any other data, see CapturedTensors.* on the CPU). Covers the sm_90a
 /// default (the K/V ring), wgmma without the ring, mma.sync tilings,
 /// split-KV decode with GQA packing, masks, GQA and Nq != Nkv; forward, and
-/// the backward's dQ, dK, dV (the region recomputed on the same data).
+/// the backward's dQ, dK, dV (the region recomputed on the same data) and
+/// the captured tensors' gradients, atomic and deterministic (fixed point:
+/// the same bits in two runs).
 /// Skipped, and shown as skipped, without a driver.
 //
 //===----------------------------------------------------------------------===//
@@ -131,12 +134,21 @@ protected:
       std::system(("rm -rf '" + dir + "'").c_str());
   }
   void runCase(const Case &c, bool backward);
+  /// Writes \p c's region and fresh captured data into dir; the run's
+  /// --capture flags.
+  std::string writeInputs(const Case &c);
+  /// Runs \p c on the inputs \p captures (writeInputs') with \p extra
+  /// flags and checks it against the float64 reference; its JSON.
+  std::string check(const Case &c, bool backward, const std::string &captures,
+                    const std::string &extra = "");
   std::string dir;
 };
 
-/// Runs case \p c (its forward, or with \p backward its gradients too) on
-/// fresh captured data and checks it against the float64 reference.
 void CapturedGpu::runCase(const Case &c, bool backward) {
+  check(c, backward, writeInputs(c));
+}
+
+std::string CapturedGpu::writeInputs(const Case &c) {
   std::string region = replaceAll(c.region, "{N}", std::to_string(c.nq));
   region = replaceAll(region, "{M}", std::to_string(c.nkv));
   region = replaceAll(region, "{N1}", std::to_string(c.nq - 1));
@@ -165,9 +177,16 @@ void CapturedGpu::runCase(const Case &c, bool backward) {
     writeNpy(path, v);
     captures += " --capture " + path;
   }
-  std::string flags = c.flags;
+  return captures;
+}
+
+std::string CapturedGpu::check(const Case &c, bool backward,
+                               const std::string &captures,
+                               const std::string &extra) {
+  std::string flags = c.flags + (" " + extra);
   if (backward && *c.backwardTiling) // the problem flags, the tiling's own
-    flags = flags.substr(0, flags.find(" --block-m")) + " " + c.backwardTiling;
+    flags = flags.substr(0, flags.find(" --block-m")) + " " + c.backwardTiling +
+            " " + extra;
   std::string args = std::string("run --device cuda --json ") +
                      (backward ? "--backward " : "") + "--score-mod @" + dir +
                      "/region.mlir" + captures + " --heads " +
@@ -189,6 +208,14 @@ void CapturedGpu::runCase(const Case &c, bool backward) {
   if (backward)
     EXPECT_LT(jsonNumber(r.out, "capture_grads_rel_err"),
               jsonNumber(r.out, "bound"));
+  return r.out;
+}
+
+/// The "capture_grads_fnv" string of a run's JSON ("" if absent).
+std::string gradientBits(const std::string &json) {
+  const std::string key = "\"capture_grads_fnv\":\"";
+  size_t at = json.find(key);
+  return at == std::string::npos ? "" : json.substr(at + key.size(), 16);
 }
 
 TEST_P(CapturedGpu, MatchesFloat64Reference) { runCase(GetParam(), false); }
@@ -198,6 +225,18 @@ TEST_P(CapturedGpu, MatchesFloat64Reference) { runCase(GetParam(), false); }
 /// their gradients.
 TEST_P(CapturedGpu, GradientsMatchFloat64Reference) {
   runCase(GetParam(), true);
+}
+
+/// --deterministic: the captured tensors' gradients in fixed point, against
+/// float64 as above, and the same bits in two runs of one seed on the same
+/// data (their FNV-1a in the JSON).
+TEST_P(CapturedGpu, DeterministicGradientsAreTheSameBits) {
+  const Case &c = GetParam();
+  std::string captures = writeInputs(c);
+  std::string first = check(c, true, captures, "--deterministic --seed 11");
+  std::string second = check(c, true, captures, "--deterministic --seed 11");
+  EXPECT_EQ(gradientBits(first).size(), 16u);
+  EXPECT_EQ(gradientBits(first), gradientBits(second));
 }
 
 std::string caseName(const ::testing::TestParamInfo<Case> &info) {

@@ -114,6 +114,15 @@ inline TileConfig tileConfig(int64_t blockM, int64_t blockN,
   return config;
 }
 
+/// Occurrences of \p what in \p text (an op in IR, an instruction in PTX).
+inline int occurrences(const std::string &text, const std::string &what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
 /// A document mask_mod region (MaskModTests, CApiCapturedTests): keep
 /// where seg[i] == seg[j], the segment ids its captured tensor.
 inline const char *kDocumentMaskRegion = R"({
@@ -143,6 +152,32 @@ inline const char *kBiasAndDocumentsRegion = R"({
   %biased = arith.addf %s, %x : f32
   %ninf = arith.constant 0xFF800000 : f32
   %y = arith.select %same, %biased, %ninf : f32
+  attn.yield %y : f32
+})";
+
+/// s * temp[0] + slopes[h] * (j - i) + bias[(h * Nq + i) * Nkv + j]:
+/// three captured tensors, one read per score each (a learned temperature,
+/// trainable ALiBi, a full bias; Nq = 50, Nkv = 70 written in).
+/// CapturedTensorTests, DeterministicCaptureGradTests.
+inline const char *kLearnedRegion = R"({
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index, %temp: memref<?xf32>, %slopes: memref<?xf32>, %bias: memref<?xf32>):
+  %c0 = arith.constant 0 : index
+  %t = memref.load %temp[%c0] : memref<?xf32>
+  %st = arith.mulf %s, %t : f32
+  %slope = memref.load %slopes[%h] : memref<?xf32>
+  %d = arith.subi %j, %i : index
+  %di = arith.index_cast %d : index to i32
+  %df = arith.sitofp %di : i32 to f32
+  %x = arith.mulf %slope, %df : f32
+  %nq = arith.constant 50 : index
+  %nkv = arith.constant 70 : index
+  %hq = arith.muli %h, %nq : index
+  %row = arith.addi %hq, %i : index
+  %rk = arith.muli %row, %nkv : index
+  %at = arith.addi %rk, %j : index
+  %bv = memref.load %bias[%at] : memref<?xf32>
+  %y0 = arith.addf %st, %x : f32
+  %y = arith.addf %y0, %bv : f32
   attn.yield %y : f32
 })";
 

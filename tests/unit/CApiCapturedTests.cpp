@@ -7,8 +7,9 @@
 /// by hand, forward and (flashjit_backward_captured) gradients; the
 /// reference on other data fails the kernel (the check can fail); and the
 /// named errors: flashjit_forward / flashjit_backward of a capturing spec,
-/// a wrong count, NULL data, a bad size, a plan, a gradient with a
-/// deterministic backward. The bias's own gradient (grad: added into) too.
+/// a wrong count, NULL data, a bad size, a plan, a deterministic gradient
+/// without its workspace. The bias's own gradient (grad: added into) too,
+/// atomic and deterministic (the same bits on every call).
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 using namespace flashjit;
@@ -91,33 +93,53 @@ TEST(CApiCaptured, FullBiasOnTheCpu) {
             errorBound(sp.specCpp.dtype));
 
   // The backward on the same data (flashjit_backward_captured), the bias's
-  // gradient added into what grad holds (here 1 everywhere).
+  // gradient added into what grad holds (here 1 everywhere); deterministic:
+  // in the workspace flashjit_backward_captured_workspace_size gives, the
+  // same bits on a second call.
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);
-  flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
-                  dv = toC(g.dv);
-  std::vector<float> dbias(bias.size(), 1.f);
-  captured.grad = dbias.data();
-  ASSERT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
-                                       &dO, sp.d.lse.data(), &dq, &dk, &dv,
-                                       0.0, -1, -1, nullptr, nullptr, 0,
-                                       &captured, 1, nullptr),
-            FLASHJIT_OK)
-      << lastError();
-  for (float &x : dbias)
-    x -= 1.f;
-  g.captureGrads = {dbias};
   sp.specCpp.captureGrads = 1;
-  BackwardErrorReport err = compareBackward(
-      sp.specCpp, sp.p, g, referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr));
-  EXPECT_EQ(err.nanCount, 0);
-  EXPECT_TRUE(err.capturesChecked);
-  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype));
-  EXPECT_LT(err.captureRelErr, errorBound(sp.specCpp.dtype));
-  EXPECT_GT(compareBackward(sp.specCpp, sp.p, g,
-                            referenceBackward(sp.specCpp, sp.p, swapped, g,
-                                              nullptr))
-                .relErr(),
-            errorBound(sp.specCpp.dtype));
+  std::vector<float> first;
+  for (int call = 0; call < 3; ++call) {
+    const bool deterministic = call > 0;
+    SCOPED_TRACE(::testing::Message() << "call " << call);
+    sp.spec.deterministic = deterministic;
+    sp.specCpp.deterministic = deterministic;
+    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                    dv = toC(g.dv);
+    std::vector<float> dbias(bias.size(), 1.f);
+    captured.grad = dbias.data();
+    size_t bytes = 0;
+    ASSERT_EQ(flashjit_backward_captured_workspace_size(
+                  h, &sp.spec, 2, 4, 20, 33, &captured, 1, &bytes),
+              FLASHJIT_OK)
+        << lastError();
+    std::vector<uint64_t> workspace(bytes / 8 + 1);
+    ASSERT_EQ(flashjit_backward_captured(
+                  h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &dO, sp.d.lse.data(),
+                  &dq, &dk, &dv, 0.0, -1, -1, nullptr, workspace.data(), bytes,
+                  &captured, 1, nullptr),
+              FLASHJIT_OK)
+        << lastError();
+    for (float &x : dbias)
+      x -= 1.f;
+    g.captureGrads = {dbias};
+    BackwardErrorReport err =
+        compareBackward(sp.specCpp, sp.p, g,
+                        referenceBackward(sp.specCpp, sp.p, sp.d, g, nullptr));
+    EXPECT_EQ(err.nanCount, 0);
+    EXPECT_TRUE(err.capturesChecked);
+    EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype));
+    EXPECT_LT(err.captureRelErr, errorBound(sp.specCpp.dtype));
+    EXPECT_GT(compareBackward(
+                  sp.specCpp, sp.p, g,
+                  referenceBackward(sp.specCpp, sp.p, swapped, g, nullptr))
+                  .relErr(),
+              errorBound(sp.specCpp.dtype));
+    if (call == 1)
+      first = dbias;
+    if (call == 2)
+      EXPECT_EQ(std::memcmp(first.data(), dbias.data(), 4 * dbias.size()), 0);
+  }
 }
 
 TEST(CApiCaptured, BadCallsAreNamedErrors) {
@@ -161,11 +183,37 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
                                       -1, -1, nullptr, nullptr, 0, c, n,
                                       nullptr);
   };
+  // Deterministic captured gradients take their words from the workspace:
+  // flashjit_backward_workspace_size's bytes are too few.
   std::vector<float> grad(bias.size());
   flashjit_captured withGrad = {bias.data(), int64_t(bias.size()), grad.data()};
   sp.spec.deterministic = 1;
-  expectError(backward(&withGrad, 1), "captured[].grad with "
-                                      "spec.deterministic");
+  size_t plain = 0, withWords = 0;
+  ASSERT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 2, 4, 20, 33, &plain),
+            FLASHJIT_OK);
+  ASSERT_EQ(flashjit_backward_captured_workspace_size(h, &sp.spec, 2, 4, 20, 33,
+                                                      &withGrad, 1, &withWords),
+            FLASHJIT_OK)
+      << lastError();
+  EXPECT_GE(withWords, plain + 16 * bias.size());
+  std::vector<uint64_t> workspace(withWords / 8 + 1);
+  {
+    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                    dv = toC(g.dv);
+    expectError(flashjit_backward_captured(
+                    h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o, &dO,
+                    sp.d.lse.data(), &dq, &dk, &dv, 0.0, -1, -1, nullptr,
+                    workspace.data(), plain, &withGrad, 1, nullptr),
+                "flashjit_backward_captured_workspace_size: deterministic "
+                "captured gradients");
+  }
+  flashjit_captured huge = {bias.data(), int64_t(1) << 31, grad.data()};
+  expectError(flashjit_backward_captured_workspace_size(
+                  h, &sp.spec, 2, 4, 20, 33, &huge, 1, &withWords),
+              "captured[0].size is 2147483648");
+  expectError(flashjit_backward_captured_workspace_size(
+                  h, &sp.spec, 2, 4, 20, 33, &withGrad, 2, &withWords),
+              "num_captured is 2, the spec's regions capture 1");
   sp.spec.deterministic = 0;
   // A spec without captured tensors takes none.
   sp.spec.score_mod = nullptr;

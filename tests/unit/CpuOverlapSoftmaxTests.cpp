@@ -75,17 +75,12 @@ std::string tiled(bool overlap) {
 /// loop) and one more carried tile.
 TEST(OverlapSoftmax, TheLoopCarriesTheNextScores) {
   const std::string plain = tiled(false), overlapped = tiled(true);
-  auto count = [](const std::string &text, const std::string &what) {
-    size_t n = 0;
-    for (size_t at = text.find(what); at != std::string::npos;
-         at = text.find(what, at + 1))
-      ++n;
-    return n;
-  };
-  EXPECT_EQ(count(plain, "tile.dot"), 2u);
-  EXPECT_EQ(count(overlapped, "tile.dot"), 3u);
-  EXPECT_EQ(count(overlapped, "tile.load"), count(plain, "tile.load") + 1);
-  EXPECT_EQ(count(overlapped, "math.exp2"), count(plain, "math.exp2"));
+  EXPECT_EQ(occurrences(plain, "tile.dot"), 2);
+  EXPECT_EQ(occurrences(overlapped, "tile.dot"), 3);
+  EXPECT_EQ(occurrences(overlapped, "tile.load"),
+            occurrences(plain, "tile.load") + 1);
+  EXPECT_EQ(occurrences(overlapped, "math.exp2"),
+            occurrences(plain, "math.exp2"));
   EXPECT_NE(overlapped.find("-> (tensor<64x64xf32>, tensor<64xf32>, "
                             "tensor<64xf32>, tensor<64x64xf32>)"),
             std::string::npos)

@@ -277,16 +277,6 @@ TEST(ScoreModSpec, BadModifiersAreNamedErrorsAndTheBackwardCarriesThem) {
 
 } // namespace
 
-namespace {
-/// Occurrences of \p what in \p text.
-int occurrences(const std::string &text, const std::string &what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos;
-       at = text.find(what, at + 1))
-    ++n;
-  return n;
-}
-} // namespace
 
 /// On the GPU a division by a constant (softcap's s / C) is a multiply by
 /// its reciprocal, not IEEE division (div.rn.f32, a subroutine: T19-C's

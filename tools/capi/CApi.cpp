@@ -195,11 +195,12 @@ static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
                           "read by a predicate: it takes no gradient (pass "
                           "NULL)",
                           c));
-  if (s.captureGrads && s.deterministic)
-    invalid("captured[].grad with spec.deterministic: the captured "
-            "tensors' gradients are summed by atomic adds, which a "
-            "deterministic backward cannot give yet");
-  WorkspaceLayout w = workspaceLayout(s, p);
+  // Deterministic: the gradients are summed in fixed point, in words that
+  // the workspace holds (flashjit_backward_captured_workspace_size).
+  std::array<int64_t, abi::kMaxCaptures> sizes{};
+  for (int64_t c = 0; c < numCaptured && c < abi::kMaxCaptures; ++c)
+    sizes[size_t(c)] = captured[c].size;
+  WorkspaceLayout w = workspaceLayout(s, p, sizes.data());
   checkWorkspace(workspace, workspaceBytes, w);
   if (handle->device == FLASHJIT_DEVICE_CUDA)
     backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
@@ -339,6 +340,32 @@ FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
     AttentionSpec s = toSpec(spec);
     Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
     *bytes = workspaceLayout(s, p).total;
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_backward_captured_workspace_size(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv,
+    const flashjit_captured *captured, int64_t num_captured, size_t *bytes) {
+  return guarded("flashjit_backward_captured_workspace_size", [&] {
+    requireHandle(handle);
+    if (!bytes)
+      invalid("bytes is NULL");
+    *bytes = 0;
+    AttentionSpec s = toSpec(spec);
+    Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
+    if (num_captured != s.captures)
+      invalid(fmt::format("num_captured is {}, the spec's regions capture {}",
+                          num_captured, s.captures));
+    if (num_captured > 0 && !captured)
+      invalid("captured is NULL");
+    std::array<int64_t, abi::kMaxCaptures> sizes{};
+    for (int64_t c = 0; c < s.captures - s.maskCaptures; ++c)
+      if (captured[c].grad) {
+        s.captureGrads |= int64_t(1) << c;
+        sizes[size_t(c)] = captured[c].size;
+      }
+    *bytes = workspaceLayout(s, p, sizes.data()).total;
   });
 }
 

@@ -360,27 +360,45 @@ static size_t checkedBytes(std::initializer_list<int64_t> factors) {
   return size_t(bytes);
 }
 
-WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p) {
+WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p,
+                                const int64_t *captureSizes) {
   // backwardWorkspaceBytes() multiplies in int64: at most two statistics
   // and a dQ accumulator of head_dim_qk floats per row.
   checkedBytes({p.batch, p.heads, p.seqLenQ, 4 * (2 + spec.headDimQK)});
   WorkspaceLayout w;
   w.total = size_t(backwardWorkspaceBytes(spec, p));
+  auto add = [](size_t a, size_t b) {
+    size_t sum;
+    if (__builtin_add_overflow(a, b, &sum) || sum > size_t(INT64_MAX))
+      workspaceTooLarge();
+    return sum;
+  };
+  auto align = [&](size_t x) { return add(x, 255) / 256 * 256; };
   if (spec.blockSparse) {
     int64_t qBlocks = ceilDiv(p.seqLenQ, spec.sparseBlock);
     int64_t kvBlocks = ceilDiv(p.seqLenKV, spec.sparseBlock);
     size_t counts = checkedBytes({p.batch, p.heads, kvBlocks, 4});
     size_t indices = checkedBytes({p.batch, p.heads, kvBlocks, qBlocks, 4});
-    auto add = [](size_t a, size_t b) {
-      size_t sum;
-      if (__builtin_add_overflow(a, b, &sum) || sum > size_t(INT64_MAX))
-        workspaceTooLarge();
-      return sum;
-    };
-    auto align = [&](size_t x) { return add(x, 255) / 256 * 256; };
     w.kvCounts = align(w.total);
     w.kvIndices = align(add(w.kvCounts, counts));
     w.total = add(w.kvIndices, indices);
+  }
+  if (abi::bwd::fixedPointCaptureGrads(spec)) {
+    if (!captureSizes)
+      invalid("a deterministic backward with captured gradients needs the "
+              "captured tensors' sizes for its workspace "
+              "(flashjit_backward_captured_workspace_size)");
+    for (int64_t c = 0; c < spec.captures; ++c)
+      if (((spec.captureGrads >> c) & 1) &&
+          (captureSizes[c] < 1 || captureSizes[c] > INT32_MAX))
+        invalid(fmt::format("captured[{}].size is {}: a tensor whose "
+                            "gradient is summed deterministically has 1 .. "
+                            "2^31 - 1 elements",
+                            c, captureSizes[c]));
+    w.captureWords = align(w.total);
+    w.total =
+        add(w.captureWords,
+            size_t(abi::bwd::captureWordLayout(spec, captureSizes).bytes));
   }
   return w;
 }
@@ -397,8 +415,12 @@ void checkWorkspace(const void *workspace, size_t bytes,
   }
   if (bytes < w.total)
     invalid(fmt::format("workspace_bytes ({}) is less than the {} bytes this "
-                        "backward needs (flashjit_backward_workspace_size)",
-                        bytes, w.total));
+                        "backward needs ({})",
+                        bytes, w.total,
+                        w.captureWords
+                            ? "flashjit_backward_captured_workspace_size: "
+                              "deterministic captured gradients"
+                            : "flashjit_backward_workspace_size"));
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0)
     invalid(fmt::format("workspace ({}) must be 16-byte aligned", workspace));
 }

@@ -315,6 +315,7 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   for (int64_t c = 0; c < spec.captures; ++c) {
     args.captures[size_t(c)] = devicePtr(captured[c].data);
     args.captureGrads[size_t(c)] = devicePtr(captured[c].grad);
+    args.captureSizes[size_t(c)] = captured[c].size;
   }
   GpuTarget target = gpuTarget(info, rt::chooseCopyBytes(args));
   TileConfig config =
@@ -340,6 +341,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   }
   auto launch = [&](CUdeviceptr base) {
     args.delta = base + w.delta;
+    if (abi::bwd::fixedPointCaptureGrads(spec))
+      args.captureWords = base + w.captureWords;
     if (kvMajor) {
       args.kvCounts = base + w.kvCounts;
       args.kvIndices = base + w.kvIndices;

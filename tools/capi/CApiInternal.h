@@ -180,10 +180,17 @@ struct WorkspaceLayout {
   /// Block-sparse: the layout's KV-major transpose (int32 counts [B, H,
   /// KVb], indices [B, H, KVb, Qb]), each 256-byte aligned.
   size_t kvCounts = 0, kvIndices = 0;
+  /// Deterministic captured gradients (abi::bwd::fixedPointCaptureGrads):
+  /// their fixed-point words (abi::bwd::captureWordLayout), 256-byte
+  /// aligned.
+  size_t captureWords = 0;
   size_t total = 0;
 };
 
-WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p);
+/// \p captureSizes: each captured tensor's elements, needed (and read)
+/// only when the spec's captured gradients are summed in fixed point.
+WorkspaceLayout workspaceLayout(const AttentionSpec &spec, const Problem &p,
+                                const int64_t *captureSizes = nullptr);
 
 /// Checks a caller's workspace (NULL and 0: the library's) against \p w.
 void checkWorkspace(const void *workspace, size_t bytes,

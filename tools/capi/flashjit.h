@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 10
+#define FLASHJIT_C_API_VERSION 11
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -164,7 +164,9 @@ typedef struct flashjit_spec {
   /** Backward only (the forward ignores it): 1, dQ by a separate pass over
    *  Q blocks, bit-identical run to run; 0 (default), dQ by atomic adds into
    *  an fp32 workspace from the dK/dV loop (faster, a larger workspace; the
-   *  last bits of dQ may vary run to run). Since version 3. */
+   *  last bits of dQ may vary run to run). Since version 3. With captured
+   *  gradients (flashjit_backward_captured), 1 also sums those in fixed
+   *  point, the same bits run to run (since version 11). */
   int32_t deterministic;
   /** Nonzero: variable-length packing, the batch's sequences one after
    *  another in the tensors (run by flashjit_forward_varlen and
@@ -425,8 +427,14 @@ FLASHJIT_API flashjit_status flashjit_backward(
  *  such a spec). The region is evaluated on the captured data to recompute
  *  P and its derivative with respect to the score; where a captured
  *  tensor's grad is not NULL, d loss / d data (derived by the compiler from
- *  the region) is added into it, by atomic adds, so not with
- *  spec->deterministic (INVALID_ARGUMENT). Since version 7. */
+ *  the region) is added into it, by atomic adds. With spec->deterministic
+ *  (since version 11) the contributions are summed in 64-bit fixed point
+ *  instead (two words, 2^-56 apart from 2^38: exact integer adds, so the
+ *  gradient is the same bits run to run; a larger gradient saturates),
+ *  whose words the workspace holds: size it with
+ *  flashjit_backward_captured_workspace_size (flashjit_backward_workspace_
+ *  size's bytes are then too few, INVALID_ARGUMENT); a tensor with a grad
+ *  has 1 .. 2^31 - 1 elements. Since version 7. */
 FLASHJIT_API flashjit_status flashjit_backward_captured(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,
@@ -461,6 +469,17 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
 FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes);
+
+/** flashjit_backward_workspace_size for flashjit_backward_captured (and
+ *  _varlen) with \p captured (the call's, \p num_captured of them: the
+ *  spec's count): with spec->deterministic and a non-NULL grad, the bytes
+ *  also hold each such tensor's fixed-point words (16 bytes per element,
+ *  rounded up); otherwise flashjit_backward_workspace_size's. Since
+ *  version 11. */
+FLASHJIT_API flashjit_status flashjit_backward_captured_workspace_size(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
+    int64_t heads, int64_t seq_len_q, int64_t seq_len_kv,
+    const flashjit_captured *captured, int64_t num_captured, size_t *bytes);
 
 /* ---------------------------------------------------------------------- */
 /* Prepared forward calls (since version 4)                                */

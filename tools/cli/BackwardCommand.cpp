@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
 #include <optional>
@@ -43,7 +44,8 @@ double reportable(double e) { return std::isfinite(e) ? e : 1e30; }
 /// buffer), the delta workspace, and for a block-sparse spec the layout's
 /// KV-major transpose next to the forward's layout.
 struct DeviceBackward {
-  rt::DeviceBuffer delta, kvCounts, kvIndices;
+  /// captureWords: deterministic captured gradients' fixed-point words.
+  rt::DeviceBuffer delta, kvCounts, kvIndices, captureWords;
   /// Per captured tensor, its zeroed gradient buffer (empty where the
   /// spec's captureGrads does not name it).
   std::vector<rt::DeviceBuffer> captureGrads;
@@ -67,6 +69,12 @@ struct DeviceBackward {
       captureGrads[c] = rt::DeviceBuffer(g.captureGrads[c].size() * 4);
       captureGrads[c].uploadVector(g.captureGrads[c]);
       args.captureGrads[c] = captureGrads[c].ptr();
+      args.captureSizes[c] = int64_t(g.captureGrads[c].size());
+    }
+    if (abi::bwd::fixedPointCaptureGrads(spec)) {
+      captureWords = rt::DeviceBuffer(size_t(
+          abi::bwd::captureWordLayout(spec, args.captureSizes.data()).bytes));
+      args.captureWords = captureWords.ptr();
     }
     args.dO = fwd.tensors.map(g.dO);
     args.dq = fwd.tensors.map(g.dq, /*upload=*/false);
@@ -91,6 +99,26 @@ struct DeviceBackward {
     }
   }
 };
+
+/// FNV-1a (64-bit) of the bits of \p g's captured tensors' gradients, in
+/// order, as a JSON string of 16 hex digits; null when there are none. Two
+/// runs of one seed give the same digits where the gradients are the same
+/// bits (--deterministic).
+std::string capturedGradsFnv(const AttentionGrads &g) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  bool any = false;
+  for (const std::vector<float> &c : g.captureGrads)
+    for (float x : c) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      for (int i = 0; i < 4; ++i) {
+        h ^= (bits >> (8 * i)) & 0xffu;
+        h *= 0x100000001b3ull;
+      }
+      any = true;
+    }
+  return any ? fmt::format("\"{:016x}\"", h) : std::string("null");
+}
 
 /// What the forward and the backward of one run measured.
 struct BackwardRunResult {
@@ -272,6 +300,7 @@ int runBackward(const CliOptions &o) {
         "{{\"spec\":{},\"config\":{},\"problem\":{},\"device\":\"{}\","
         "\"rel_err\":{:.6e},\"dq_rel_err\":{:.6e},\"dk_rel_err\":{:.6e},"
         "\"dv_rel_err\":{:.6e},\"capture_grads_rel_err\":{},"
+        "\"capture_grads_fnv\":{},"
         "\"nan_count\":{},\"forward_rel_err\":{:.6e},"
         "\"bound\":{},\"ok\":{},\"dq_mode\":\"{}\","
         "\"deterministic\":{},\"checked_heads\":{},\"checked_rows\":{},"
@@ -284,9 +313,10 @@ int runBackward(const CliOptions &o) {
         err.capturesChecked
             ? fmt::format("{:.6e}", reportable(err.captureRelErr))
             : std::string("null"),
-        err.nanCount, forwardRelErr, bound, ok ? "true" : "false",
-        toString(dqAccumulation(spec)), spec.deterministic, check.checkedHeads,
-        optional(check.sampledRows), optional(check.sampledKeys), run.runMs,
+        capturedGradsFnv(grads), err.nanCount, forwardRelErr, bound,
+        ok ? "true" : "false", toString(dqAccumulation(spec)),
+        spec.deterministic, check.checkedHeads, optional(check.sampledRows),
+        optional(check.sampledKeys), run.runMs,
         run.forwardMs ? fmt::format("{:.4f}", *run.forwardMs) : "null",
         run.compileMs, inputSeed,
         spec.blockSparse && o.layoutPath.empty() ? std::to_string(layoutSeed)

@@ -460,10 +460,10 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (maskModArg)
     applyMaskMod(*maskModArg, o, window);
   // The backward of a score_mod that captures tensors also gives their
-  // gradients (atomic adds: not with --deterministic), checked with dQ, dK
-  // and dV; a mask_mod's captured tensors take none.
+  // gradients (atomic adds; summed in fixed point with --deterministic),
+  // checked with dQ, dK and dV; a mask_mod's captured tensors take none.
   if (o.spec.direction == Direction::Backward &&
-      o.spec.captures > o.spec.maskCaptures && !o.spec.deterministic)
+      o.spec.captures > o.spec.maskCaptures)
     o.spec.captureGrads =
         (int64_t(1) << (o.spec.captures - o.spec.maskCaptures)) - 1;
   std::optional<TileConfig> fileTiling;

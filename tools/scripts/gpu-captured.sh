@@ -4,12 +4,14 @@
 # 13). Device call: carry [".carry"], command:
 #   bash tools/scripts/gpu-captured.sh
 # Steps (FLASHJIT_CAPTURED_STEPS, comma-separated; default all but flex):
-#   captured  flashjit-captured-gpu-tests (every case) -> $OUT/captured.log
+#   captured  flashjit-captured-gpu-tests (every case; the deterministic
+#             captured gradients twice each) -> $OUT/captured.log
 #   regress   the forward GPU suites the argument change touches (score
 #             modifiers, split-KV, the ring, persistent) -> $OUT/tests.log
 #   backward  flashjit-backward-gpu-tests' score-modifier cases
 #   sanitize  memcheck on captured kernels whose tiles have padding rows and
-#             columns (the gathers must stay inside the tensors)
+#             columns (the gathers must stay inside the tensors), and on
+#             deterministic captured gradients (their words' conversion)
 #   decode    tests/bench/decode.py: FLASHJIT_DECODE_RUNS, CASE@SPLITS,...
 #             (each case's default split count, then those)
 #   python    the Python captured-tensor tests on CUDA -> $OUT/python.log
@@ -21,7 +23,7 @@ STEPS=${FLASHJIT_CAPTURED_STEPS:-captured,regress,backward,sanitize,decode,pytho
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 if step captured; then
   echo "== captured-tensor GPU tests (+${SECONDS}s)"
-  timeout 200 $C/bin/flashjit-captured-gpu-tests --gtest_brief=1 --gtest_color=no \
+  timeout 330 $C/bin/flashjit-captured-gpu-tests --gtest_brief=1 --gtest_color=no \
     > $OUT/captured.log 2>&1
   echo "exit $?" >> $OUT/captured.log
   grep -E "FAILED|PASSED|tests ran|exit|rel_err" $OUT/captured.log | head -20
@@ -54,7 +56,9 @@ PY
     "--head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy" \
     "--head-dim 64 --gqa 4 --heads 4 --seq-len 1 --seq-len-kv 3000 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy" \
     "--backward --head-dim 64 --causal --heads 2 --seq-len 70 --seq-len-kv 90 --score-mod @$D/bias.mlir --capture $D/bias.npy --capture $D/seg.npy" \
-    "--backward --head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy"
+    "--backward --head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy" \
+    "--backward --deterministic --head-dim 64 --causal --heads 2 --seq-len 70 --seq-len-kv 90 --score-mod @$D/bias.mlir --capture $D/bias.npy --capture $D/seg.npy" \
+    "--backward --deterministic --head-dim 128 --heads 4 --seq-len 70 --seq-len-kv 90 --score-mod @tests/lit/Inputs/score-mod-slopes.mlir --capture tests/lit/Inputs/slopes4.npy"
 fi
 if step decode; then
   # CASE:SPLITS... pairs; the first run of each case is its default.

@@ -36,7 +36,7 @@ static bool isKnownRole(StringRef role) {
   return role == "forward" || role == "forward_split" || role == "combine" ||
          role == "mask_blocks" || role == "mask_blocks_list" ||
          role == "preprocess" || role == "main" || role == "dq" ||
-         role == "dq_convert";
+         role == "dq_convert" || role == "capture_convert";
 }
 
 /// KernelAttr's `score_mod`: "" (none), "custom" or a named variant (the
@@ -67,8 +67,10 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  StringRef scoreMod, StringRef maskMod) {
   if (!isKnownRole(role))
     return emitError() << "#attn.kernel: role must be \"forward\", "
-                          "\"preprocess\", \"main\", \"dq\" or "
-                          "\"dq_convert\", got \""
+                          "\"forward_split\", \"combine\", "
+                          "\"mask_blocks\", \"mask_blocks_list\", "
+                          "\"preprocess\", \"main\", \"dq\", "
+                          "\"dq_convert\" or \"capture_convert\", got \""
                        << role << "\"";
   for (auto [name, v] :
        {std::pair<const char *, int64_t>{"head_dim_qk", headDimQk},
@@ -100,6 +102,10 @@ LogicalResult KernelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (role == "dq" && !deterministic)
     return emitError() << "#attn.kernel: role \"dq\" (the separate dQ pass) "
                           "needs deterministic = true";
+  if (role == "capture_convert" && !deterministic)
+    return emitError() << "#attn.kernel: role \"capture_convert\" (captured "
+                          "gradients in fixed point) needs deterministic = "
+                          "true";
   if (role == "dq_convert" && deterministic)
     return emitError() << "#attn.kernel: role \"dq_convert\" (atomic dQ) "
                           "needs deterministic = false";

@@ -267,8 +267,10 @@ def Attn_FlashBwdOp : Attn_KernelDescriptionOp<"flash_bwd",
     function takes a gradient buffer per captured tensor after the captured
     tensors (`capture_grad0`, ...), and the dK/dV loop adds G * d(score')/d
     x into it at the index each load x of that tensor read, G = P * (dO V^T
-    - D) the gradient of the modified score (atomic adds, so not with
-    `deterministic`).
+    - D) the gradient of the modified score (atomic adds; with
+    `deterministic`, integer adds of fixed-point words into accumulators
+    after the gradient buffers, which `@f_capture_grad<c>` functions then
+    convert: kernels/KernelABI.h, abi::bwd::fixedPointCaptureGrads).
 
 
     The optional `mask_mod` region is the forward's: P is 0 where it

@@ -123,6 +123,19 @@ void TiledBackwardBuilder::beginFunc(StringRef name, StringRef role,
     argTys.push_back(f32Buf);
     argNames.push_back(b.getStringAttr("capture_grad" + std::to_string(c)));
   }
+  // Deterministic: each one's fixed-point accumulators, then the sizes.
+  if (fixedPoint) {
+    auto i64Buf = MemRefType::get({ShapedType::kDynamic}, b.getI64Type());
+    for (int64_t c = 0; c < captures; ++c)
+      for (const char *word : {"capture_hi", "capture_lo"}) {
+        argTys.push_back(i64Buf);
+        argNames.push_back(b.getStringAttr(word + std::to_string(c)));
+      }
+    for (int64_t c = 0; c < captures; ++c) {
+      argTys.push_back(idxTy);
+      argNames.push_back(b.getStringAttr("capture_size" + std::to_string(c)));
+    }
+  }
   func = func::FuncOp::create(b, name, FunctionType::get(ctx, argTys, {}));
   func->setAttr("attn.kernel",
                 KernelAttr::get(ctx, role, dqk, dv, elemTy, op.getMask(), gqa,
@@ -261,11 +274,6 @@ struct TileAttentionBackwardPass
                          << ") names captured tensors beyond the score_mod "
                             "region's "
                          << captures;
-        return WalkResult::interrupt();
-      }
-      if (op.getCaptureGrads() && op.getDeterministic()) {
-        op.emitOpError() << "capture_grads are summed by atomic adds: not "
-                            "with deterministic (yet)";
         return WalkResult::interrupt();
       }
       if (op.hasScoreMod() &&

@@ -189,7 +189,8 @@ Value TiledBackwardBuilder::exponent(Value raw, Value negLse, Value q0,
   return fma(masked(mod.value), constTile(1.0 / std::log(2.0), ty), negLse);
 }
 
-/// For each read: tile.scatter_add select(valid, g * d, 0), grad[index],
+/// For each read: tile.scatter_add select(valid, g * d, 0), grad[index]
+/// (deterministic: its fixed-point words into the accumulators),
 /// valid: key n0 + r < Nkv and query first + c < Nq (the positions the
 /// region saw were clamped there, so padding elements would add into a real
 /// element's gradient).
@@ -201,9 +202,14 @@ void TiledBackwardBuilder::addCaptureGrads(ArrayRef<CaptureRead> reads,
       andI(cmpI(Pred::slt, indexTile(iTy, 0, n0), splat(toI32(nkv), iTy)),
            cmpI(Pred::slt, indexTile(iTy, 1, first), splat(toI32(nq), iTy)));
   Value zero = constTile(0.0, ty);
-  for (const CaptureRead &r : reads)
-    tile::ScatterAddOp::create(b, select(valid, fmul(g, r.derivative), zero),
-                               captureBuf(r.capture, /*grad=*/true), r.index);
+  for (const CaptureRead &r : reads) {
+    Value v = select(valid, fmul(g, r.derivative), zero);
+    if (fixedPoint)
+      addFixedPoint(v, r.capture, r.index);
+    else
+      tile::ScatterAddOp::create(b, v, captureBuf(r.capture, /*grad=*/true),
+                                 r.index);
+  }
 }
 
 Value TiledBackwardBuilder::maskModPartial(Value t, Value q0, int64_t rows,
@@ -221,8 +227,7 @@ Value TiledBackwardBuilder::maskModPartial(Value t, Value q0, int64_t rows,
 
 Value TiledBackwardBuilder::captureBuf(unsigned c, bool grad) {
   const unsigned captures = unsigned(totalCapturedTensors(op));
-  return func.getArgument(func.getNumArguments() - 2 * captures + c +
-                          (grad ? captures : 0));
+  return arg(firstCaptureArg() + c + (grad ? captures : 0));
 }
 
 flashjit::attn::detail::ScoreModIndices

@@ -2,11 +2,13 @@
 //
 /// \file
 /// The builder of flashjit-tile-attention-backward: three tile-IR functions
-/// per attn.flash_bwd, sharing one argument list (kernels/KernelABI.h,
-/// abi::bwd). The row kernels (the preprocessing and atomic dQ's
-/// conversion) and the pass are in TileAttentionBackward.cpp, the loops
-/// (the KV-major main loop and the deterministic dQ pass) in
-/// TileAttentionBackwardLoops.cpp. Internal to dialects/Attn/Transforms.
+/// per attn.flash_bwd (and one per captured gradient summed in fixed
+/// point), sharing one argument list (kernels/KernelABI.h, abi::bwd). The
+/// row kernels (the preprocessing and atomic dQ's conversion) and the pass
+/// are in TileAttentionBackward.cpp, the loops (the KV-major main loop and
+/// the deterministic dQ pass) in TileAttentionBackwardLoops.cpp, the
+/// deterministic captured gradients in TileAttentionCaptureGrads.cpp.
+/// Internal to dialects/Attn/Transforms.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
@@ -34,7 +36,9 @@ public:
         dqBc(dqBc ? dqBc : dqTiles(op, br, bc, warps).keys),
         dqk(op.getHeadDimQk()), dv(op.getHeadDimV()), gqa(op.getGqa()),
         sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
-        atomicDq(!op.getDeterministic()), elemTy(op.getElementType()) {}
+        atomicDq(!op.getDeterministic()),
+        fixedPoint(op.getDeterministic() && op.getCaptureGrads() != 0),
+        elemTy(op.getElementType()) {}
 
   static DqPassTiles dqTiles(FlashBwdOp op, int64_t br, int64_t bc,
                              int64_t warps) {
@@ -52,6 +56,9 @@ public:
       buildDqConvert();
     else
       buildDq();
+    for (unsigned c = 0; fixedPoint && c < 64; ++c)
+      if ((op.getCaptureGrads() >> c) & 1)
+        buildCaptureConvert(c);
   }
 
 private:
@@ -70,6 +77,11 @@ private:
   Value pidBH() {
     return arg(abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
                abi::bwd::NumF32Args + 1);
+  }
+  /// The first captured tensor's argument (after the pids).
+  static int firstCaptureArg() {
+    return abi::bwd::NumBuffers + abi::bwd::NumIndexArgs +
+           abi::bwd::NumF32Args + 2;
   }
   /// b * stride_b + h * stride_h of a strided (B, H, N, d) buffer; varlen:
   /// the first row of the program's sequence times stride_n in place of
@@ -162,6 +174,19 @@ private:
   /// The buffer of captured tensor \p c, and of its gradient (every
   /// function takes the captured tensors, then a gradient buffer each).
   Value captureBuf(unsigned c, bool grad = false);
+
+  // TileAttentionCaptureGrads.cpp: deterministic captured gradients
+  // (abi::bwd::fixedPointCaptureGrads), summed in fixed point.
+  /// Captured tensor \p c's accumulator of hi (\p lo false) or lo words,
+  /// and its size (index): the arguments after the gradient buffers.
+  Value captureWords(unsigned c, bool lo);
+  Value captureSize(unsigned c);
+  /// \p v (f32) split exactly into its two fixed-point words, each added
+  /// at \p index into captured tensor \p c's accumulators.
+  void addFixedPoint(Value v, unsigned c, Value index);
+  /// `@f_capture_grad<c>` (role "capture_convert"): the words of captured
+  /// tensor \p c back to f32, added into its gradient.
+  void buildCaptureConvert(unsigned c);
   void buildDq();
   Value dqStep(Value first, Value bI, Value hI, Value hkI, Value dq,
                Value partial = Value());
@@ -173,6 +198,9 @@ private:
   /// dQ by atomic adds into dq_accum (not `deterministic`): the main loop
   /// adds dS K, @f_dq only converts; else @f_dq is the separate pass.
   const bool atomicDq;
+  /// Captured tensors' gradients in fixed point (deterministic with
+  /// capture_grads); else by f32 atomic adds.
+  const bool fixedPoint;
   mlir::Type elemTy;
   mlir::func::FuncOp func;
 

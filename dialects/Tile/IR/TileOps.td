@@ -79,7 +79,7 @@ def Tile_Tile : Type<And<[HasStaticShapePred, HasAnyRankOfPred<[1, 2]>,
 def Tile_Matrix : Type<And<[HasStaticShapePred, HasAnyRankOfPred<[2]>,
                             IsTensorTypePred]>,
                        "a 2-D tile", "::mlir::RankedTensorType">;
-def Tile_Buffer : MemRefRankOf<[BF16, F16, F32, I32], [1]>;
+def Tile_Buffer : MemRefRankOf<[BF16, F16, F32, I32, I64], [1]>;
 
 /// The addressing every global access shares: element (r, c) of the tile is
 /// base[offset + (row0 + r) * stride + c] (rank 1: base[offset + row0 + r]),
@@ -292,13 +292,21 @@ def Tile_ScatterAddOp : Tile_Op<"scatter_add"> {
     tiles. Indices outside the buffer are the description's fault, as for
     tile.gather.
 
+    An i64 tile into an i64 buffer adds integers: the fixed-point words of
+    a deterministic gradient (attn.flash_bwd's `deterministic`; the tiling
+    rounds each element to them), whose sum does not depend on the order
+    of the adds, so it is the same bits run to run.
+
     ```mlir
     tile.scatter_add %g, %dtable[%idx]
         : tensor<64x32xf32>, memref<?xf32>, tensor<64x32xi32>
+    tile.scatter_add %hi, %dtable_hi[%idx]
+        : tensor<64x32xi64>, memref<?xi64>, tensor<64x32xi32>
     ```
   }];
   let arguments = (ins Tile_Tile:$value,
-                   Arg<MemRefRankOf<[F32], [1]>, "", [MemRead, MemWrite]>:$base,
+                   Arg<MemRefRankOf<[F32, I64], [1]>, "",
+                       [MemRead, MemWrite]>:$base,
                    Tile_Tile:$index);
   let assemblyFormat = [{
     $value `,` $base `[` $index `]` attr-dict `:` type($value) `,`

@@ -146,6 +146,22 @@ func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xf32>, %idx: tensor<16x8xi32>) 
 
 // -----
 
+func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xi64>, %idx: tensor<16x16xi32>) {
+  // expected-error @+1 {{the value must be the index tile's shape in the buffer's element type}}
+  tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xi64>, tensor<16x16xi32>
+  return
+}
+
+// -----
+
+func.func @f(%g: tensor<16x16xi32>, %dt: memref<?xi32>, %idx: tensor<16x16xi32>) {
+  // expected-error @+1 {{operand #1 must be 1D memref of 32-bit float or 64-bit signless integer values}}
+  tile.scatter_add %g, %dt[%idx] : tensor<16x16xi32>, memref<?xi32>, tensor<16x16xi32>
+  return
+}
+
+// -----
+
 func.func @f(%g: tensor<16x16xf32>, %dt: memref<?xf32>, %idx: tensor<16x16xi64>) {
   // expected-error @+1 {{indices are i32}}
   tile.scatter_add %g, %dt[%idx] : tensor<16x16xf32>, memref<?xf32>, tensor<16x16xi64>

@@ -37,6 +37,17 @@ func.func @captured(%t: memref<?xf32>, %idx: tensor<16x16xi32>, %dt: memref<?xf3
   return
 }
 
+// A deterministic gradient's fixed-point word: i64 adds into an i64 buffer,
+// which a row kernel later reads back with tile.load.
+// CHECK-LABEL: func.func @fixed_point
+// CHECK: tile.scatter_add %arg0, %arg1[%arg2] : tensor<16x16xi64>, memref<?xi64>, tensor<16x16xi32>
+// CHECK: tile.load %arg1[%arg3] rows %arg3 of %arg3 stride %arg3 : memref<?xi64> -> tensor<64x32xi64>
+func.func @fixed_point(%w: tensor<16x16xi64>, %acc: memref<?xi64>, %idx: tensor<16x16xi32>, %n: index) {
+  tile.scatter_add %w, %acc[%idx] : tensor<16x16xi64>, memref<?xi64>, tensor<16x16xi32>
+  %a = tile.load %acc[%n] rows %n of %n stride %n : memref<?xi64> -> tensor<64x32xi64>
+  return
+}
+
 // A masked store at each element's own index (a mask's block list).
 // CHECK-LABEL: func.func @listed
 // CHECK: tile.scatter %arg0, %arg1[%arg2] if %arg3 : tensor<4xi32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
