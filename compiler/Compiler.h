@@ -214,12 +214,15 @@ public:
            const BlockSparseLayout *layout) const;
 
   /// The layout of the spec's mask_mod region for \p problem (the spec
-  /// block-sparse with a mask_mod, not varlen; else SpecError): its
-  /// classification function `@f_blocks` (kernels/KernelABI.h abi::blocks)
-  /// evaluates the mask, with \p data's captured tensors, on every block
-  /// pair. \p batch and \p heads: the layout's (the problem's, or 1 for a
-  /// mask that does not depend on them, evaluated at 0). Entries past a
-  /// count hold the classes the lists were compacted from (abi::blocks).
+  /// block-sparse with a mask_mod; else SpecError): its classification
+  /// function `@f_blocks` (kernels/KernelABI.h abi::blocks) evaluates the
+  /// mask, with \p data's captured tensors, on every block pair. \p batch
+  /// and \p heads: the layout's (the problem's, or 1 for a mask that does
+  /// not depend on them, evaluated at 0). Varlen: a row per sequence
+  /// (batch the problem's), each sequence's blocks from \p data's offsets
+  /// (cuSeqQ, cuSeqKV; nothing else of data but the captured tensors is
+  /// read). Entries past a count hold the classes the lists were compacted
+  /// from (abi::blocks).
   BlockSparseLayout classifyBlocks(const Problem &problem,
                                    const AttentionData &data, int64_t batch,
                                    int64_t heads) const;

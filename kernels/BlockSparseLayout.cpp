@@ -223,10 +223,11 @@ void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &p,
     throw SpecError("mask blocks: only a block-sparse kernel with a mask_mod "
                     "region classifies its blocks (--mask-mod with "
                     "--block-sparse / --mask-blocks)");
-  if (spec.varlen)
-    throw SpecError("mask blocks: a variable-length batch's layout is not "
-                    "classified on the device; give it a layout "
-                    "(BlockMask.from_mask_mod, --layout)");
+  if (spec.varlen && batch != p.batch)
+    throw SpecError(fmt::format("mask blocks: a variable-length batch's "
+                                "layout has a row per sequence: batch {}, "
+                                "not {}",
+                                p.batch, batch));
   if ((batch != 1 && batch != p.batch) || (heads != 1 && heads != p.heads))
     throw SpecError(fmt::format("mask blocks: a layout of batch {} and heads "
                                 "{} does not broadcast to {} x {}",
@@ -270,19 +271,32 @@ BlockSparseLayout MaskBlocksLaunch::layout() const {
 BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
                                       const Problem &p,
                                       const Captures &captures, int64_t batch,
-                                      int64_t heads) {
+                                      int64_t heads,
+                                      const std::vector<int32_t> &cuSeqQ,
+                                      const std::vector<int32_t> &cuSeqKV) {
   const int64_t s = spec.sparseBlock;
   BlockSparseLayout shape = maskBlocksLaunch(spec, p, batch, heads).shape;
   const int64_t qb = shape.qBlocks, kb = shape.kvBlocks;
+  if (spec.varlen && (int64_t(cuSeqQ.size()) != batch + 1 ||
+                      int64_t(cuSeqKV.size()) != batch + 1))
+    throw SpecError("mask blocks: a variable-length batch's reference "
+                    "takes the sequences' offsets");
+  // Sequence b's lengths (varlen), else the problem's.
+  auto lengths = [&](int64_t b) -> std::pair<int64_t, int64_t> {
+    if (!spec.varlen)
+      return {p.seqLenQ, p.seqLenKV};
+    return {cuSeqQ[size_t(b + 1)] - cuSeqQ[size_t(b)],
+            cuSeqKV[size_t(b + 1)] - cuSeqKV[size_t(b)]};
+  };
   std::vector<uint8_t> dense(size_t(batch * heads * qb * kb), 0);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t r = 0; r < qb; ++r)
         for (int64_t c = 0; c < kb; ++c) {
+          auto [nq, nkv] = lengths(b);
           bool any = false, all = true;
-          for (int64_t i = r * s; i < std::min(p.seqLenQ, (r + 1) * s); ++i)
-            for (int64_t j = c * s; j < std::min(p.seqLenKV, (c + 1) * s);
-                 ++j) {
+          for (int64_t i = r * s; i < std::min(nq, (r + 1) * s); ++i)
+            for (int64_t j = c * s; j < std::min(nkv, (c + 1) * s); ++j) {
               double unused = 0;
               bool keep = spec.maskFunction->apply(0.0, b, h, i, j, &captures,
                                                    &unused) != 0.0;

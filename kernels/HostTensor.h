@@ -133,8 +133,8 @@ struct BlockSparseLayout {
 
 /// Throws SpecError unless \p spec's mask_mod can classify blocks for
 /// \p problem into a \p batch x \p heads layout (kernels/KernelABI.h
-/// abi::blocks): block-sparse with a mask_mod region, not varlen, and each
-/// of batch, heads the problem's or 1.
+/// abi::blocks): block-sparse with a mask_mod region, and each of batch,
+/// heads the problem's or 1 (varlen: batch the sequences').
 void checkMaskBlocksArgs(const AttentionSpec &spec, const Problem &problem,
                          int64_t batch, int64_t heads);
 /// A classification of a \p batch x \p heads layout of \p problem
@@ -159,12 +159,15 @@ MaskBlocksLaunch maskBlocksLaunch(const AttentionSpec &spec,
 /// The float64 reference's classification of \p spec's mask_mod (its
 /// maskFunction, with \p captures) on every element of every block pair of
 /// a \p batch x \p heads layout of \p problem: listed where it keeps an
-/// element, full where it keeps all. Cost: batch * heads * Nq * Nkv
-/// evaluations.
+/// element, full where it keeps all. Varlen: sequence b's blocks from
+/// \p cuSeqQ, \p cuSeqKV (AttentionData's), its positions its own; none
+/// past its end. Cost: batch * heads * Nq * Nkv evaluations.
 BlockSparseLayout referenceMaskBlocks(const AttentionSpec &spec,
                                       const Problem &problem,
                                       const Captures &captures, int64_t batch,
-                                      int64_t heads);
+                                      int64_t heads,
+                                      const std::vector<int32_t> &cuSeqQ = {},
+                                      const std::vector<int32_t> &cuSeqKV = {});
 /// Whether \p a and \p b have the same shape, counts and entries up to
 /// each count (what a kernel reads).
 bool sameListedBlocks(const BlockSparseLayout &a, const BlockSparseLayout &b);

@@ -106,8 +106,8 @@ int64_t ForwardKernel::splitsFor(const Problem &p) const {
 void ForwardKernel::classifyBlocks(
     const Problem &p, int64_t batch, int64_t heads, CUdeviceptr counts,
     CUdeviceptr indices,
-    const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
-    CUstream stream) const {
+    const std::array<CUdeviceptr, abi::kMaxCaptures> &captures, CUstream stream,
+    CUdeviceptr cuSeqQ, CUdeviceptr cuSeqKV) const {
   p.validate(spec);
   MaskBlocksLaunch launch = maskBlocksLaunch(spec, p, batch, heads);
   if (!blocks)
@@ -119,9 +119,12 @@ void ForwardKernel::classifyBlocks(
     if (!captures[size_t(c)])
       throw SpecError(
           fmt::format("mask blocks: captured tensor {} is null", c));
+  checkSeqOffsetPointers(spec, cuSeqQ, cuSeqKV);
   CUdeviceptr bufs[abi::NumBuffers] = {};
   bufs[abi::Counts] = counts;
   bufs[abi::Indices] = indices;
+  bufs[abi::CuSeqQ] = cuSeqQ;
+  bufs[abi::CuSeqKV] = cuSeqKV;
   float unusedScale = 0;
   std::array<CUdeviceptr, abi::kMaxCaptures> captured = captures;
   void *params[abi::NumBuffers + abi::NumIndexArgs + 1 + abi::kMaxCaptures];

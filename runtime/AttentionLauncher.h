@@ -186,12 +186,15 @@ public:
   /// \p batch x \p heads layout of \p p (checkMaskBlocksArgs) into the
   /// packed device arrays \p counts [batch, heads, q blocks] and \p indices
   /// [batch, heads, q blocks, kv blocks] (entries past a count: classes),
-  /// the mask reading \p captures. Queued on \p stream; throws SpecError.
+  /// the mask reading \p captures; varlen: a row per sequence, whose
+  /// lengths the device offsets \p cuSeqQ, \p cuSeqKV give (batch + 1
+  /// each, as the forward's). Queued on \p stream; throws SpecError.
   void
   classifyBlocks(const Problem &p, int64_t batch, int64_t heads,
                  CUdeviceptr counts, CUdeviceptr indices,
                  const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
-                 CUstream stream) const;
+                 CUstream stream, CUdeviceptr cuSeqQ = 0,
+                 CUdeviceptr cuSeqKV = 0) const;
   /// A persistent kernel's programs (KernelLaunch::persistent): the
   /// device's SMs; 0 for any other.
   int64_t persistentPrograms() const {

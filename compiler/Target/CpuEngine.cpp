@@ -277,6 +277,12 @@ BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
   const AttentionSpec &spec = impl->spec;
   p.validate(spec);
   MaskBlocksLaunch launch = maskBlocksLaunch(spec, p, batch, heads);
+  if (spec.varlen) {
+    checkSeqOffsets("mask blocks: cu_seqlens_q", d.cuSeqQ, p.batch, p.seqLenQ,
+                    INT32_MAX);
+    checkSeqOffsets("mask blocks: cu_seqlens_kv", d.cuSeqKV, p.batch,
+                    p.seqLenKV, INT32_MAX);
+  }
   std::vector<MemRef1D> captured = capturedBuffers(spec, d);
   BlockSparseLayout layout = launch.layout();
   std::vector<int64_t> idx(launch.index.begin(), launch.index.end());
@@ -290,8 +296,8 @@ BlockSparseLayout CpuKernel::classifyBlocks(const Problem &p,
       none,
       describe(layout.counts.data(), int64_t(layout.counts.size())),
       describe(layout.indices.data(), int64_t(layout.indices.size())),
-      none,
-      none};
+      varlenOffsets(d.cuSeqQ, none),
+      varlenOffsets(d.cuSeqKV, none)};
   runGrid(impl->blocks, bufs, idx, {0.0f}, launch.classPrograms, batch * heads,
           0, captured);
   runGrid(impl->blockLists, bufs, idx, {0.0f}, launch.listPrograms,

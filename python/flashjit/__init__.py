@@ -72,7 +72,8 @@ __version__ = "0.1.0"
 
 
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
-                      BLOCK_SIZE=128, *, kernel=False, like=None):
+                      BLOCK_SIZE=128, *, kernel=False, like=None,
+                      cu_seqlens_q=None, cu_seqlens_k=None):
     """FlexAttention's create_block_mask, for flashjit: the BlockMask of
     the blocks where mask_mod(b, h, i, j) keeps any element
     (BlockMask.from_mask_mod; B or H None broadcasts). Pass it with the
@@ -91,17 +92,22 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
     compiled once per spec and cached in the process; with like=q, a later
     attention(q, k, v, mask_mod=fn, block_mask=bm) on the same device (k
     and v with q's heads and head dim, no other mask or score_mod) finds
-    it compiled. What the C API refuses (no mask_mod, a bad BLOCK_SIZE or
-    size) is its InvalidArgumentError with its message."""
+    it compiled. With cu_seqlens_q and cu_seqlens_k (kernel=True only):
+    the layout of a varlen batch for attention_varlen, a row per sequence
+    (B None or their count; Q_LEN, KV_LEN the longest), each sequence
+    classified on its own lengths and positions. What the C API refuses
+    (no mask_mod, a bad BLOCK_SIZE or size) is its InvalidArgumentError
+    with its message."""
     if kernel:
         from .mask_blocks import kernel_block_mask
 
         return kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device,
-                                 BLOCK_SIZE, like)
-    if like is not None:
-        raise ValueError("flashjit.create_block_mask: like= chooses the "
-                         "spec of the classification kernel: it needs "
-                         "kernel=True")
+                                 BLOCK_SIZE, like, cu_seqlens_q, cu_seqlens_k)
+    if like is not None or cu_seqlens_q is not None or \
+            cu_seqlens_k is not None:
+        raise ValueError("flashjit.create_block_mask: like= and "
+                         "cu_seqlens_* are the classification kernel's: "
+                         "each needs kernel=True")
     return BlockMask.from_mask_mod(mask_mod, B, H, Q_LEN, KV_LEN,
                                    block_size=BLOCK_SIZE, device=device)
 

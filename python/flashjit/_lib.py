@@ -382,10 +382,16 @@ def _declare(lib):
              ctypes.c_int64, ctypes.c_void_p],
         ),
     })
-    # C API version 11: the backward's workspace for its captured tensors
-    # (a deterministic backward holds their gradients' words there): the
+    # C API version 11: a varlen batch's mask blocks (the layout in the
+    # Varlen); the backward's workspace for its captured tensors (a
+    # deterministic backward holds their gradients' words there). The
     # captured array as a void pointer, its count.
     sigs.update({
+        "flashjit_mask_blocks_varlen": (
+            ctypes.c_int,
+            [c_handle, P(Spec), ctypes.c_int64, P(Varlen), ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p],
+        ),
         "flashjit_backward_captured_workspace_size": (
             ctypes.c_int,
             [c_handle, P(Spec), ctypes.c_int64, ctypes.c_int64,

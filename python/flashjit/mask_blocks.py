@@ -80,7 +80,8 @@ def _size(name, value, default):
 
 
 def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
-                      BLOCK_SIZE=128, like=None):
+                      BLOCK_SIZE=128, like=None, cu_seqlens_q=None,
+                      cu_seqlens_k=None):
     """create_block_mask(..., kernel=True): the BlockMask that
     flashjit_mask_blocks writes for mask_mod (a function of (b, h, i, j),
     traced, or a mask_mod region's text starting with "{"), B x H (None:
@@ -90,18 +91,32 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
     then copied to the host for the BlockMask, whose copy on that device
     is kept). The spec: block_sparse, sparse_block = BLOCK_SIZE, the
     mask_mod region, no other mask, gqa 1, head dims and dtype of like
-    (None: 64 and bf16). What the C API refuses is its
-    InvalidArgumentError with its message."""
+    (None: 64 and bf16). With cu_seqlens_q and cu_seqlens_k (a varlen
+    batch's int32 offsets, on the classification's device; Q_LEN, KV_LEN
+    the longest sequences, B None or the sequences' count): a row per
+    sequence, each classified on its own lengths and positions
+    (flashjit_mask_blocks_varlen), for attention_varlen. What the C API
+    refuses is its InvalidArgumentError with its message."""
     _need_numpy()
     from . import _host_captures, _score_mod_and_captures
 
     text, captures = _score_mod_and_captures(None, mask_mod)
     head_dim, dtype = _spec_dims(like)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+        raise ValueError(f"flashjit.{_FN}: a varlen batch takes both "
+                         "cu_seqlens_q and cu_seqlens_k")
+    if varlen:
+        sequences = len(cu_seqlens_q) - 1
+        if B is not None and B != sequences:
+            raise ValueError(f"flashjit.{_FN}: B is {B}, the offsets give "
+                             f"{sequences} sequences (a row each)")
+        B = sequences
     batch, heads = _size("B", B, 1), _size("H", H, 1)
     nq, nkv = _lib.int64("Q_LEN", Q_LEN), _lib.int64("KV_LEN", KV_LEN)
     bs = _lib.int64("BLOCK_SIZE", BLOCK_SIZE)
     spec = _lib.make_spec(head_dim, head_dim, dtype, _lib.MASK_NONE, 1, 1,
-                          score_mod=text)
+                          score_mod=text, varlen=varlen)
     # BLOCK_SIZE as given (0 and negatives too): the C API names a bad one.
     spec.block_sparse, spec.sparse_block = 1, bs
     # The layout's shape; out-of-range sizes give an empty one, which the
@@ -112,8 +127,21 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
     layout = _lib.Layout()
     layout.batch, layout.heads, layout.q_blocks, layout.kv_blocks = (
         batch, heads, qb, kvb)
+
+    def call(handle, offsets, array, count, stream):
+        """flashjit_mask_blocks(_varlen) of layout; offsets: the two
+        offset pointers (varlen)."""
+        if not varlen:
+            return _lib.lib().flashjit_mask_blocks(
+                handle, ctypes.byref(spec), batch, heads, nq, nkv,
+                ctypes.byref(layout), array, count, stream)
+        vl = _lib.make_varlen(*offsets, batch, nq, nkv)
+        vl.layout = ctypes.addressof(layout)
+        return _lib.lib().flashjit_mask_blocks_varlen(
+            handle, ctypes.byref(spec), heads, ctypes.byref(vl), array, count,
+            stream)
+
     dev = _cuda_device(device)
-    run = _lib.lib().flashjit_mask_blocks
     if dev is None:
         counts = np.zeros(shape[:3], np.int32)
         indices = np.zeros(shape, np.int32)
@@ -122,18 +150,27 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
         host = _host_captures(captures, _FN)
         caps, count = _lib.make_captured([(a.ctypes.data, a.size)
                                           for a in host])
-        _lib.check(run(_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
-                       batch, heads, nq, nkv, ctypes.byref(layout), caps,
-                       count, None))
+        cu = [np.ascontiguousarray(_host_array(c), np.int32)
+              for c in (cu_seqlens_q, cu_seqlens_k)] if varlen else []
+        _lib.check(call(_lib.handle(_lib.DEVICE_CPU),
+                        [c.ctypes.data for c in cu], caps, count, None))
         return BlockMask(counts, indices, bs)
-    return _cuda_block_mask(dev, run, spec, layout, shape, captures,
-                            (batch, heads, nq, nkv), bs)
+    return _cuda_block_mask(dev, call, layout, shape, captures, bs,
+                            (cu_seqlens_q, cu_seqlens_k) if varlen else ())
 
 
-def _cuda_block_mask(dev, run, spec, layout, shape, captures, sizes, bs):
+def _host_array(a):
+    """A torch tensor's values as a numpy array (a CPU copy), else a."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return a.detach().cpu().numpy()
+    return a
+
+
+def _cuda_block_mask(dev, call, layout, shape, captures, bs, offsets):
     """kernel_block_mask on CUDA device dev: counts and indices zeroed on
-    it, the captured tensors as float32 copies on it, the kernel queued on
-    torch's current stream of dev."""
+    it, the captured tensors as float32 copies on it (and a varlen batch's
+    offsets, int32), the kernel queued on torch's current stream of dev."""
     import torch
 
     from . import _torch_impl
@@ -150,14 +187,16 @@ def _cuda_block_mask(dev, run, spec, layout, shape, captures, sizes, bs):
         layout.indices = indices.data_ptr() or None
         array, count = _lib.make_captured([(c.data_ptr(), c.numel())
                                            for c in caps])
-        status = run(_torch_impl.cuda_handle(dev.index), ctypes.byref(spec),
-                     *sizes, ctypes.byref(layout), array, count,
-                     _torch_impl._raw_stream(dev.index))
+        cu = [torch.as_tensor(c, dtype=torch.int32, device=dev).contiguous()
+              for c in offsets]
+        status = call(_torch_impl.cuda_handle(dev.index),
+                      [c.data_ptr() for c in cu], array, count,
+                      _torch_impl._raw_stream(dev.index))
         _lib.check(status)
         bm = BlockMask(counts.cpu().numpy(), indices.cpu().numpy(), bs)
     # The device copies are the mask's own (attention finds them there):
     # their entries past a count hold the kernel's block classes, which no
     # kernel reads (the host copy's are 0, as BlockMask keeps them).
     bm._device_cache[str(dev)] = (counts, indices)
-    del caps, array
+    del caps, array, cu
     return bm

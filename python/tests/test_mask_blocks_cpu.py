@@ -179,6 +179,51 @@ def test_attention_with_the_kernels_layout_matches_the_reference():
     assert rel_err(wrong, ro) > BOUND
 
 
+def test_varlen_rows_are_each_sequences_own():
+    """cu_seqlens_q / cu_seqlens_k (flashjit_mask_blocks_varlen): a row
+    per sequence, each classified on its own lengths and positions with b
+    its index: each row is from_mask_mod's of that sequence alone, count 0
+    past its Q blocks; attention_varlen with it gives the mask's attention
+    without a layout (a layout over the longest sequence's lengths for
+    every row does not); B that is not the sequences' count, or one of the
+    offsets alone, is a ValueError."""
+    lq, lk, H, bs = [100, 7, 200], [300, 40, 150], 2, 32
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    fn = by_batch_and_head(0, 0)
+    bm = kernel_mask(fn, None, H, max(lq), max(lk), bs, cu_seqlens_q=cu_q,
+                     cu_seqlens_k=cu_k)
+    assert bm.shape == (3, H, -(-max(lq) // bs), -(-max(lk) // bs))
+    for b in range(3):
+        want = python_mask(lambda _, h, i, j, b=b: fn(b, h, i, j), 1, H,
+                           lq[b], lk[b], bs)
+        qb, kb = want.shape[2], want.shape[3]
+        assert np.array_equal(bm.counts[b, :, :qb], want.counts[0]), b
+        assert not bm.counts[b, :, qb:].any(), b
+        for h in range(H):
+            for r in range(qb):
+                n = want.counts[0, h, r]
+                assert np.array_equal(bm.indices[b, h, r, :n],
+                                      want.indices[0, h, r, :n]), (b, h, r)
+        assert kb <= bm.shape[3]
+    rng = np.random.default_rng()
+    q, k, v = [rng.standard_normal((sum(n), H, 32)).astype(np.float16)
+               for n in (lq, lk, lk)]
+    plain = flashjit.attention_varlen(q, k, v, cu_q, cu_k, mask_mod=fn)
+    got = flashjit.attention_varlen(q, k, v, cu_q, cu_k, mask_mod=fn,
+                                    block_mask=bm)
+    assert rel_err(got, plain) <= BOUND, rel_err(got, plain)
+    # Every row classified over the longest lengths (sequence 1's blocks
+    # past its 40 keys listed, its queries' beyond 7): another layout.
+    longest = kernel_mask(fn, 3, H, max(lq), max(lk), bs)
+    assert not np.array_equal(longest.counts, bm.counts)
+    with pytest.raises(ValueError, match="a row each"):
+        kernel_mask(fn, 2, H, max(lq), max(lk), bs, cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match="both"):
+        kernel_mask(fn, None, H, max(lq), max(lk), bs, cu_seqlens_q=cu_q)
+
+
 def test_torch_cpu_tensors():
     """Captured torch CPU tensors and like=q a torch CPU tensor, device
     "cpu" (and torch.device("cpu")): the kernel's layout equals

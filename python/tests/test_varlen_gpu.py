@@ -405,3 +405,46 @@ def test_create_block_mask_by_the_kernel(seed):
     vis = ((hq[i] == hkv[j]) & (j <= i + 50 * h - 30 * b)) | (j < 24 * (h + b))
     ro, _ = reference.attention_ref(host(q), host(k), host(v), None, vis)
     assert rel_err(host(o), ro) <= BOUND[torch.bfloat16]
+
+
+def test_create_block_mask_varlen_by_the_kernel(seed):
+    """create_block_mask(..., kernel=True, cu_seqlens_q=, cu_seqlens_k=)
+    on DEVICE (flashjit_mask_blocks_varlen, the offsets on the device): a
+    row per sequence, each equal to the mask's blocks for that sequence
+    alone (b its index, its own positions), count 0 past its Q blocks;
+    attention_varlen with it equals attention_varlen with the mask and no
+    layout."""
+    rng = np.random.default_rng(seed)
+    H, d, S = 3, 64, 64
+    lq = [int(x) for x in rng.integers(1, 600, 4)]
+    lk = [int(x) for x in rng.integers(1, 600, 4)]
+    cu_q = torch.tensor([0] + list(np.cumsum(lq)), dtype=torch.int32,
+                        device=DEVICE)
+    cu_k = torch.tensor([0] + list(np.cumsum(lk)), dtype=torch.int32,
+                        device=DEVICE)
+
+    def fn(b, h, i, j):
+        return ((j <= i + 50 * h - 30 * b) & (i < j + 300)) | (
+            j < 24 * (h + b))
+
+    bm = flashjit.create_block_mask(fn, None, H, max(lq), max(lk),
+                                    device=DEVICE, BLOCK_SIZE=S, kernel=True,
+                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert bm.shape == (4, H, -(-max(lq) // S), -(-max(lk) // S))
+    for b in range(4):
+        want = flashjit.create_block_mask(
+            lambda _, h, i, j, b=b: fn(b, h, i, j), 1, H, lq[b], lk[b],
+            device=DEVICE, BLOCK_SIZE=S)
+        qb = want.shape[2]
+        assert np.array_equal(bm.counts[b, :, :qb], want.counts[0]), b
+        assert not bm.counts[b, :, qb:].any(), b
+        listed = np.arange(want.shape[3]) < want.counts[0][..., None]
+        assert np.array_equal(bm.indices[b, :, :qb, :want.shape[3]][listed],
+                              want.indices[0][listed]), b
+    q, k, v = (torch.randn(sum(n), H, d, dtype=torch.bfloat16, device=DEVICE)
+               for n in (lq, lk, lk))
+    plain = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk),
+                                      mask_mod=fn)
+    got = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk),
+                                    mask_mod=fn, block_mask=bm)
+    assert rel_err(host(got), host(plain)) <= BOUND[torch.bfloat16]

@@ -376,4 +376,37 @@ TEST(CApiCaptured, MaskBlocksClassifyOnTheCpu) {
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("spec.block_sparse is 0"), std::string::npos)
       << lastError();
+
+  // A varlen batch (flashjit_mask_blocks_varlen): sequences of 20 and 9
+  // queries, 33 and 12 keys, each classified on its own positions. Sequence
+  // 1 (keys 0..11 all in segment 0) keeps every key of its one Q block.
+  sp.spec.block_sparse = 1;
+  sp.spec.varlen = 1;
+  const int32_t cuQ[] = {0, 20, 29}, cuKV[] = {0, 33, 45};
+  std::vector<int32_t> vcounts(2 * 2, 77), vindices(2 * 2 * 3, 77);
+  flashjit_layout vlayout = {vcounts.data(), vindices.data(), 2, 1, 2, 3};
+  flashjit_varlen varlen = {cuQ, cuKV, 2, 20, 33, &vlayout};
+  ASSERT_EQ(flashjit_mask_blocks_varlen(h, &sp.spec, 4, &varlen, captured, 1,
+                                        nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  EXPECT_EQ(vcounts, (std::vector<int32_t>{1, 1, 1, 0}));
+  EXPECT_EQ(vindices[0], ~0);
+  EXPECT_EQ(vindices[3], 1);
+  EXPECT_EQ(vindices[6], ~0);
+  // The dense entry point refuses a varlen spec, this one a missing layout
+  // or a layout that broadcasts over the sequences.
+  EXPECT_EQ(flashjit_mask_blocks(h, &sp.spec, 2, 4, 20, 33, &layout, captured,
+                                 1, nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("flashjit_mask_blocks_varlen"), std::string::npos)
+      << lastError();
+  varlen.layout = &layout;
+  EXPECT_EQ(flashjit_mask_blocks_varlen(h, &sp.spec, 4, &varlen, captured, 1,
+                                        nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  varlen.layout = nullptr;
+  EXPECT_EQ(flashjit_mask_blocks_varlen(h, &sp.spec, 4, &varlen, captured, 1,
+                                        nullptr),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
 }

@@ -9,12 +9,14 @@
 /// of captured tensors, per batch and head and broadcast, with padding past
 /// Nq and Nkv and blocks wider than one tile; the forward with that layout
 /// matches the reference and gives the same bits as with the host's; bad
-/// requests are named errors; and the GPU modules hold the function.
+/// requests are named errors; a varlen batch's sequences are classified
+/// each on its own; and the GPU modules hold the function.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
 #include "kernels/HostTensor.h"
+#include "kernels/Varlen.h"
 
 #include "tests/unit/AttentionCases.h"
 
@@ -164,6 +166,49 @@ TEST(MaskBlocks, TheForwardRunsOnTheClassifiedLayout) {
   EXPECT_LT(compareWithReference(spec, p, a, ref).relErr(), 1e-2);
 }
 
+/// A varlen batch: each sequence (a row of the layout) classified on its
+/// own lengths and positions, as the forward sees them: the reference's
+/// per-sequence classification, count 0 past a sequence's Q blocks, the
+/// attention on that layout the mask's with no layout; over the longest
+/// sequence's lengths the layout would differ (the check can fail).
+TEST(MaskBlocks, VarlenSequencesAreClassifiedAlone) {
+  AttentionSpec spec = sparseMask(kBand, 32);
+  spec.varlen = true;
+  const std::vector<int64_t> lensQ = {150, 1, 70, 33},
+                             lensKV = {130, 40, 200, 1};
+  Problem p = varlenProblem(makeProblem(1, 2, 1, 1), lensQ, lensKV);
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  AttentionData data = makeRandomVarlenInputs(spec, p, lensQ, lensKV, rng);
+  auto kernel = CpuKernel::compile(spec, tileConfig(32, 32));
+  for (int64_t heads : {int64_t(2), int64_t(1)}) {
+    SCOPED_TRACE(heads);
+    BlockSparseLayout got = kernel->classifyBlocks(p, data, 4, heads);
+    expectSameLayout(got, referenceMaskBlocks(spec, p, {}, 4, heads,
+                                              data.cuSeqQ, data.cuSeqKV));
+    // Sequence 1 has one query: one Q block; the others count 0.
+    for (int64_t qb = 1; qb < got.qBlocks; ++qb)
+      EXPECT_EQ(got.counts[size_t((1 * heads) * got.qBlocks + qb)], 0);
+    AttentionSpec dense = spec;
+    dense.varlen = false;
+    EXPECT_NE(referenceMaskBlocks(dense, p, {}, 4, heads).counts, got.counts);
+  }
+  BlockSparseLayout layout = kernel->classifyBlocks(p, data, 4, 2);
+  layout.checkFits(p, spec.sparseBlock);
+  kernel->run(p, data, &layout);
+  AttentionSpec maskOnly = spec;
+  maskOnly.blockSparse = false;
+  ErrorReport err = checkVarlenForward(maskOnly, p, data);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), 1e-2);
+  // A row per sequence: no broadcast over them.
+  EXPECT_THROW(kernel->classifyBlocks(p, data, 1, 2), SpecError);
+  AttentionData noOffsets = data;
+  noOffsets.cuSeqKV.clear();
+  EXPECT_THROW(kernel->classifyBlocks(p, noOffsets, 4, 2), SpecError);
+}
+
 TEST(MaskBlocks, BadRequestsAreNamedErrors) {
   AttentionSpec spec = sparseMask(kBand, 32);
   Problem p = makeProblem(2, 2, 64, 64);
@@ -214,12 +259,16 @@ TEST(MaskBlocks, TheRegionSaysWhetherItReadsBatchAndHead) {
 TEST(MaskBlocks, GpuModulesHoldTheClassification) {
   AttentionSpec spec = sparseMask(kEveryArgument, 64);
   spec.headDimQK = spec.headDimV = 128;
-  for (const char *arch : {"sm_80", "sm_90a"}) {
-    SCOPED_TRACE(arch);
-    GpuTarget target;
-    target.arch = arch;
-    std::string ptx = emitStage(spec, tileConfig(64, 64), Stage::Ptx, target);
-    EXPECT_NE(ptx.find(".entry attention_blocks("), std::string::npos);
-    EXPECT_NE(ptx.find(".entry attention("), std::string::npos);
+  for (bool varlen : {false, true}) {
+    spec.varlen = varlen;
+    for (const char *arch : {"sm_80", "sm_90a"}) {
+      SCOPED_TRACE(::testing::Message() << arch << (varlen ? " varlen" : ""));
+      GpuTarget target;
+      target.arch = arch;
+      std::string ptx = emitStage(spec, tileConfig(64, 64), Stage::Ptx, target);
+      EXPECT_NE(ptx.find(".entry attention_blocks("), std::string::npos);
+      EXPECT_NE(ptx.find(".entry attention_blocks_list("), std::string::npos);
+      EXPECT_NE(ptx.find(".entry attention("), std::string::npos);
+    }
   }
 }

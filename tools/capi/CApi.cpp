@@ -234,6 +234,36 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
   });
 }
 
+/// flashjit_mask_blocks(_varlen)'s body after the entry point's own checks:
+/// the problem of \p batch x \p heads x \p seqQ x \p seqKV (varlen: the
+/// sequences and the longest), \p layout checked and written on the
+/// handle's device.
+static void classifyMaskBlocks(const char *fn, flashjit_handle *handle,
+                               const AttentionSpec &s, int64_t batch,
+                               int64_t heads, int64_t seqQ, int64_t seqKV,
+                               const flashjit_layout *layout,
+                               const flashjit_captured *captured,
+                               int64_t numCaptured,
+                               const flashjit_varlen *varlen, void *stream) {
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.seqLenQ = seqQ;
+  p.seqLenKV = seqKV;
+  p.validate(s);
+  checkLayoutShape(s, p, layout);
+  if (!layout->counts || !layout->indices)
+    invalid(fmt::format("{}: layout->counts and layout->indices are "
+                        "written: both must be given",
+                        fn));
+  checkMaskBlocksArgs(s, p, layout->batch, layout->heads);
+  checkCaptured(s, captured, numCaptured, fn);
+  if (handle->device == FLASHJIT_DEVICE_CPU)
+    maskBlocksCpu(handle, s, p, *layout, captured, varlen);
+  else
+    maskBlocksCuda(handle, s, p, *layout, captured, varlen, stream);
+}
+
 FLASHJIT_API flashjit_status flashjit_mask_blocks(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_q, int64_t seq_kv, const flashjit_layout *layout,
@@ -245,22 +275,35 @@ FLASHJIT_API flashjit_status flashjit_mask_blocks(
     if (s.direction != Direction::Forward)
       invalid("flashjit_mask_blocks: spec->direction must be forward (the "
               "layout serves both passes)");
-    Problem p;
-    p.batch = batch;
-    p.heads = heads;
-    p.seqLenQ = seq_q;
-    p.seqLenKV = seq_kv;
-    p.validate(s);
-    checkLayoutShape(s, p, layout);
-    if (!layout->counts || !layout->indices)
-      invalid("flashjit_mask_blocks: layout->counts and layout->indices are "
-              "written: both must be given");
-    checkMaskBlocksArgs(s, p, layout->batch, layout->heads);
-    checkCaptured(s, captured, num_captured, "flashjit_mask_blocks");
-    if (handle->device == FLASHJIT_DEVICE_CPU)
-      maskBlocksCpu(handle, s, p, *layout, captured);
-    else
-      maskBlocksCuda(handle, s, p, *layout, captured, cuda_stream);
+    if (s.varlen)
+      invalid("flashjit_mask_blocks: a varlen spec's layout is "
+              "flashjit_mask_blocks_varlen's (it takes the sequences)");
+    classifyMaskBlocks("flashjit_mask_blocks", handle, s, batch, heads, seq_q,
+                       seq_kv, layout, captured, num_captured, nullptr,
+                       cuda_stream);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_mask_blocks_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t heads,
+    const flashjit_varlen *varlen, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
+  return guarded("flashjit_mask_blocks_varlen", [&] {
+    requireHandle(handle);
+    AttentionSpec s = toSpec(spec);
+    if (s.direction != Direction::Forward || !s.varlen)
+      invalid("flashjit_mask_blocks_varlen: spec->direction must be forward "
+              "and spec->varlen set (flashjit_mask_blocks takes the others)");
+    if (!varlen || !varlen->cu_seqlens_q || !varlen->cu_seqlens_kv)
+      invalid("flashjit_mask_blocks_varlen: varlen and its cu_seqlens_q and "
+              "cu_seqlens_kv must not be NULL");
+    if (!varlen->layout)
+      invalid("flashjit_mask_blocks_varlen: varlen->layout is NULL: it is "
+              "the layout the call writes");
+    classifyMaskBlocks("flashjit_mask_blocks_varlen", handle, s, varlen->batch,
+                       heads, varlen->max_seqlen_q, varlen->max_seqlen_kv,
+                       varlen->layout, captured, num_captured, varlen,
+                       cuda_stream);
   });
 }
 

@@ -119,9 +119,15 @@ void forwardCpu(flashjit_handle *h, const AttentionSpec &spec, const Problem &p,
 
 void maskBlocksCpu(flashjit_handle *h, const AttentionSpec &spec,
                    const Problem &p, const flashjit_layout &layout,
-                   const flashjit_captured *captured) {
+                   const flashjit_captured *captured,
+                   const flashjit_varlen *varlen) {
   AttentionData d;
   d.captures = hostCaptures(spec, captured);
+  if (varlen) { // checked by classifyBlocks
+    d.cuSeqQ.assign(varlen->cu_seqlens_q, varlen->cu_seqlens_q + p.batch + 1);
+    d.cuSeqKV.assign(varlen->cu_seqlens_kv,
+                     varlen->cu_seqlens_kv + p.batch + 1);
+  }
   BlockSparseLayout l = cpuKernel(h, spec, chooseConfig(spec, p, nullptr))
                             ->classifyBlocks(p, d, layout.batch, layout.heads);
   // Only the listed entries: the others stay as the caller left them.

@@ -202,7 +202,8 @@ void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
 
 void maskBlocksCuda(flashjit_handle *h, const AttentionSpec &spec,
                     const Problem &p, const flashjit_layout &layout,
-                    const flashjit_captured *captured, void *stream) {
+                    const flashjit_captured *captured,
+                    const flashjit_varlen *varlen, void *stream) {
   auto [context, info] = currentDevice(h);
   CUstream cuStream = static_cast<CUstream>(stream);
   // The forward's kernel for 16-byte copies: the one an aligned forward of
@@ -215,7 +216,9 @@ void maskBlocksCuda(flashjit_handle *h, const AttentionSpec &spec,
     captures[size_t(c)] = devicePtr(captured[c].data);
   gpuKernel(h, h->gpuKernels, spec, config, target, context)
       ->classifyBlocks(p, layout.batch, layout.heads, devicePtr(layout.counts),
-                       devicePtr(layout.indices), captures, cuStream);
+                       devicePtr(layout.indices), captures, cuStream,
+                       varlen ? devicePtr(varlen->cu_seqlens_q) : 0,
+                       varlen ? devicePtr(varlen->cu_seqlens_kv) : 0);
 }
 
 /// Runs \p launch(base) on the handle's workspace of at least \p bytes in

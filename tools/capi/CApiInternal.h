@@ -291,17 +291,20 @@ forwardKernelFor(flashjit_handle *h, const AttentionSpec &spec,
                  const rt::DeviceInfo &info, const rt::ForwardArgs &args,
                  CUstream stream, TileConfig *config = nullptr);
 
-/// flashjit_mask_blocks on the CPU: the classification of \p spec's CPU
-/// kernel copied into the host arrays of \p layout.
+/// flashjit_mask_blocks(_varlen) on the CPU: the classification of
+/// \p spec's CPU kernel copied into the host arrays of \p layout (\p varlen:
+/// the sequences of a varlen spec, else null).
 void maskBlocksCpu(flashjit_handle *h, const AttentionSpec &spec,
                    const Problem &p, const flashjit_layout &layout,
-                   const flashjit_captured *captured);
+                   const flashjit_captured *captured,
+                   const flashjit_varlen *varlen);
 
-/// flashjit_mask_blocks on CUDA: the classification of \p spec's kernel
-/// (checked arguments) into the device arrays of \p layout.
+/// flashjit_mask_blocks(_varlen) on CUDA: the classification of \p spec's
+/// kernel (checked arguments) into the device arrays of \p layout.
 void maskBlocksCuda(flashjit_handle *h, const AttentionSpec &spec,
                     const Problem &p, const flashjit_layout &layout,
-                    const flashjit_captured *captured, void *stream);
+                    const flashjit_captured *captured,
+                    const flashjit_varlen *varlen, void *stream);
 
 void forwardCuda(flashjit_handle *h, const AttentionSpec &spec,
                  const Problem &p, const flashjit_tensor &q,

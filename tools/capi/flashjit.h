@@ -297,7 +297,8 @@ FLASHJIT_API flashjit_status flashjit_forward_captured(
 
 /** The block-sparse layout of spec->mask_mod (since version 10): the
  *  library's classification kernel, built with the forward of \p spec
- *  (block_sparse, a mask_mod region, not varlen), evaluates the mask on
+ *  (block_sparse, a mask_mod region, not varlen: see
+ *  flashjit_mask_blocks_varlen), evaluates the mask on
  *  every sparse_block x sparse_block block pair of a problem of \p batch x
  *  \p heads query heads, \p seq_q x \p seq_kv positions, never
  *  materialising an N x N mask, on the handle's device (CUDA: queued on
@@ -349,6 +350,18 @@ typedef struct flashjit_varlen {
    *  there). Zero-initialise the struct: older callers' NULL. */
   const flashjit_layout *layout;
 } flashjit_varlen;
+
+/** flashjit_mask_blocks for a varlen spec (since version 11): the layout
+ *  of \p varlen (varlen->layout, required, [varlen->batch, \p heads or 1,
+ *  ceil(max_seqlen_q / sparse_block), ceil(max_seqlen_kv / sparse_block)])
+ *  WRITTEN for its sequences, each classified on its own lengths and
+ *  positions (as the forward sees them), a Q block past a sequence's end
+ *  with count 0. The offsets are device memory on CUDA (not read on the
+ *  host), host memory on the CPU (checked). */
+FLASHJIT_API flashjit_status flashjit_mask_blocks_varlen(
+    flashjit_handle *handle, const flashjit_spec *spec, int64_t heads,
+    const flashjit_varlen *varlen, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
 
 /** flashjit_forward_captured for a varlen spec (spec->varlen nonzero):
  *  the sequences in \p varlen (required; its layout for a block-sparse

@@ -254,10 +254,10 @@ int runBackward(const CliOptions &o) {
   BackwardCheck check;
   if (spec.varlen) {
     const double work = o.command == "bench" ? checkWork(o) : 1e300;
-    forwardErr = checkVarlenForward(forwardSpec, p, data, work, nullptr,
-                                    layout.get());
+    forwardErr =
+        checkVarlenForward(forwardSpec, p, data, work, nullptr, checkLayout);
     check.err =
-        checkVarlenBackward(forwardSpec, p, data, grads, work, layout.get());
+        checkVarlenBackward(forwardSpec, p, data, grads, work, checkLayout);
     check.checkedHeads = p.batch * p.heads;
   } else {
     forwardErr = compareWithReference(

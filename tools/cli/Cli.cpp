@@ -209,11 +209,11 @@ int runRun(const CliOptions &o) {
   ErrorReport err;
   int64_t rowsChecked = 0;
   if (spec.varlen) {
-    err = checkVarlenForward(spec, p, data, bench ? checkWork : 1e300,
-                             &rowsChecked, layout.get());
-  } else {
     // --mask-blocks: the reference of the mask alone (no layout), so that a
     // block the classification got wrong fails the check.
+    err = checkVarlenForward(spec, p, data, bench ? checkWork : 1e300,
+                             &rowsChecked, blocks ? nullptr : layout.get());
+  } else {
     ReferenceResult ref = referenceForward(
         spec, p, data, blocks ? nullptr : layout.get(), checkWork);
     rowsChecked = int64_t(ref.rows.size());

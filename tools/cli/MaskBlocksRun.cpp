@@ -8,7 +8,8 @@
 /// layout downloaded for the float64 check), timed. `run` compares it with
 /// the float64 classification of every element when that is cheap enough,
 /// and the attention's check then uses no layout at all: a block the
-/// classification drops, or marks full wrongly, fails the run.
+/// classification drops, or marks full wrongly, fails the run. A varlen
+/// batch's layout has a row per sequence, each classified on its own.
 //
 //===----------------------------------------------------------------------===//
 
@@ -58,10 +59,18 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
     captured.back().uploadVector(t);
     ptrs[captured.size() - 1] = captured.back().ptr();
   }
+  // Varlen: the sequences' offsets on the device.
+  rt::DeviceBuffer cuQ, cuKV;
+  if (spec.varlen) {
+    cuQ = rt::DeviceBuffer(data.cuSeqQ.size() * 4);
+    cuQ.uploadVector(data.cuSeqQ);
+    cuKV = rt::DeviceBuffer(data.cuSeqKV.size() * 4);
+    cuKV.uploadVector(data.cuSeqKV);
+  }
   rt::CudaDriver &driver = rt::CudaDriver::get();
   auto launch = [&] {
     kernel.classifyBlocks(p, batch, heads, counts.ptr(), indices.ptr(), ptrs,
-                          nullptr);
+                          nullptr, cuQ.ptr(), cuKV.ptr());
   };
   launch();
   driver.synchronize();
@@ -86,9 +95,9 @@ MaskBlocksRun classifyMaskBlocks(const CliOptions &o,
   const Problem &p = o.problem;
   MaskBlocksRun r;
   // A mask that reads neither its batch nor its head is classified once
-  // and broadcast.
+  // and broadcast (varlen: a row per sequence, whatever it reads).
   auto [readsBatch, readsHead] = maskModReadsBatchHead(forwardSpec);
-  const int64_t batch = readsBatch ? p.batch : 1,
+  const int64_t batch = readsBatch || forwardSpec.varlen ? p.batch : 1,
                 heads = readsHead ? p.heads : 1;
   if (onGpu) {
     r.layout = std::make_unique<BlockSparseLayout>(
@@ -112,8 +121,8 @@ MaskBlocksRun classifyMaskBlocks(const CliOptions &o,
   r.checked = o.command == "run" && evaluations <= kCheckEvaluations;
   if (r.checked)
     r.matches = sameListedBlocks(
-        *r.layout,
-        referenceMaskBlocks(forwardSpec, p, data.captures, batch, heads));
+        *r.layout, referenceMaskBlocks(forwardSpec, p, data.captures, batch,
+                                       heads, data.cuSeqQ, data.cuSeqKV));
   return r;
 }
 

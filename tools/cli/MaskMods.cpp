@@ -88,10 +88,6 @@ void applyMaskBlocks(CliOptions &o) {
   if (o.density || !o.layoutPath.empty())
     throw SpecError("--mask-blocks finds the layout itself: drop "
                     "--block-sparse / --layout");
-  if (o.spec.varlen)
-    throw SpecError("--mask-blocks: a variable-length batch's layout is not "
-                    "classified on the device; give --layout or "
-                    "--block-sparse");
   o.spec.blockSparse = true;
 }
 

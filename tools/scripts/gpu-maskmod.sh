@@ -22,8 +22,8 @@
 #   blocks    --mask-blocks: the layout classified by the kernel's @f_blocks
 #             on the GPU, checked against the float64 classification
 #             (small problems) and the attention against the mask's
-#             reference with no layout, forward and backward; memcheck of
-#             a classification; bench at B 1, H 16, N 8192, d 128 (the
+#             reference with no layout, forward and backward, dense and
+#             varlen (a row per sequence); memcheck of classifications; bench at B 1, H 16, N 8192, d 128 (the
 #             classification's time beside the attention's); block masks
 #             built by the kernel, by torch and by flex (block_masks.py)
 #   flex      tests/bench/variants.py plain,causal(-mod),window(-mod),document beside
@@ -124,8 +124,11 @@ if step blocks; then
 --head-dim 128 --heads 32 --gqa 8 --seq-len 1 --seq-len-kv 4096 --mask-mod document --capture $D/seg4096.npy
 --backward --head-dim 128 --heads 8 --gqa 2 --causal --seq-len 3000 --mask-mod document --capture $D/seg3000.npy
 --backward --deterministic --head-dim 96 --dtype fp16 --heads 4 --seq-len 1000 --seq-len-kv 700 --mask-mod @$M
+--head-dim 128 --heads 4 --mask-mod @$M --seqlens-q 1000,7,3000,200 --seqlens-kv 900,4000,3000,1
+--backward --head-dim 64 --heads 4 --mask-mod @$D/causal.mlir --seqlens-q 1000,7,3000,200 --seqlens-kv 900,4000,3000,1 --sparse-block 64
 EOC
-  sanitize memcheck "--head-dim 64 --heads 2 --seq-len 700 --seq-len-kv 300 --mask-mod document --capture $D/seg700.npy --mask-blocks --sparse-block 64"
+  sanitize memcheck "--head-dim 64 --heads 2 --seq-len 700 --seq-len-kv 300 --mask-mod document --capture $D/seg700.npy --mask-blocks --sparse-block 64" \
+    "--head-dim 64 --heads 2 --mask-mod @$M --mask-blocks --seqlens-q 300,7,100 --seqlens-kv 200,400,1 --sparse-block 64"
   for dir in "" "--backward"; do
     timeout 120 $FJ bench $dir --head-dim 128 --heads 16 --seq-len 8192 --mask-mod document --capture $D/seg8192.npy --mask-blocks --json > $D/bb.json 2>&1
     echo "bench [$dir] exit $? $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('time_ms', d['time_ms'], 'density', d['density'], 'mask_blocks', d['mask_blocks'])" $D/bb.json 2>&1 | tail -1)" | tee -a $OUT/blocks.log

@@ -41,6 +41,10 @@
 ///         of QB
 ///   }
 ///
+/// Varlen: batch b is sequence b (its lengths from cu_seqlens_q/kv, its
+/// positions its own, as the forward's); the layout spans the longest
+/// sequence, and a Q block past a sequence's end gets count 0.
+///
 /// The compaction is safe in place: a row's count never passes kb, so no
 /// class still to be read is overwritten. The positions past Nq, Nkv or
 /// the block (the last chunk when C does not divide S) are clamped to the
@@ -109,7 +113,9 @@ private:
   func::FuncOp func;
   const int64_t s, c; ///< the sparse block; keys per tile
   const int64_t rows = abi::blocks::kRows;
-  Value pidM, bIdx, hIdx, nq, nkv, qBlocks, kvBlocks;
+  /// The program's lengths and blocks (varlen: its sequence's), and the
+  /// layout's Q blocks (the longest sequence's).
+  Value pidM, bIdx, hIdx, nq, nkv, qBlocks, kvBlocks, qBlocksMax;
 };
 
 } // namespace
@@ -140,7 +146,15 @@ void MaskBlocksBuilder::begin(llvm::StringRef suffix, llvm::StringRef role) {
   auto blocksOf = [&](Value n) {
     return arith::DivUIOp::create(b, add(n, cIdx(s - 1)), cIdx(s));
   };
-  qBlocks = blocksOf(nq);
+  qBlocks = qBlocksMax = blocksOf(nq);
+  // Varlen: batch b is sequence b, its lengths from the offsets; the
+  // layout spans the longest (the problem's), and its positions are the
+  // sequence's own, as the forward's.
+  if (op.getVarlen()) {
+    nq = sequenceOf(arg(abi::CuSeqQ), bIdx).second;
+    nkv = sequenceOf(arg(abi::CuSeqKV), bIdx).second;
+    qBlocks = blocksOf(nq);
+  }
   kvBlocks = blocksOf(nkv);
 }
 
@@ -207,8 +221,16 @@ void MaskBlocksBuilder::buildClasses() {
   Value firstKv = mulC(arith::RemUIOp::create(b, pidM, chunks), rows);
   Tensor rowTy = tile({rows}, b.getI32Type()), fTy = tile({rows, c}, f32);
   Value kb0 = indexTile(rowTy, 0, firstKv);
+  // Varlen: a Q block past its sequence evaluates and writes nothing (the
+  // grid spans the longest sequence).
+  Value rowsEnd = cIdx(s), kvEnd = kvBlocks;
+  if (op.getVarlen()) {
+    Value inside = cmpI(CmpIPredicate::slt, qb, qBlocks);
+    rowsEnd = select(inside, rowsEnd, cIdx(0));
+    kvEnd = select(inside, kvEnd, cIdx(0));
+  }
   SmallVector<Value> seen = forCarrying(
-      cIdx(0), cIdx(s), ValueRange{constTile(0.0, fTy), constTile(0.0, fTy)},
+      cIdx(0), rowsEnd, ValueRange{constTile(0.0, fTy), constTile(0.0, fTy)},
       [&](Value t, ValueRange acc) {
         return forCarrying(cIdx(0), cIdx((s + c - 1) / c), acc,
                            [&](Value u, ValueRange acc) -> SmallVector<Value> {
@@ -226,7 +248,7 @@ void MaskBlocksBuilder::buildClasses() {
   Value cls = select(kept, select(full, constI32(2, rowTy), constI32(1, rowTy)),
                      constI32(0, rowTy));
   Value list = add(listBase(), mul(qb, indexArg(abi::IndicesStrideM)));
-  storeTile(cls, arg(abi::Indices), list, firstKv, kvBlocks, Value());
+  storeTile(cls, arg(abi::Indices), list, firstKv, kvEnd, Value());
 }
 
 void MaskBlocksBuilder::buildLists() {
@@ -235,10 +257,11 @@ void MaskBlocksBuilder::buildLists() {
   Value first = mulC(pidM, rows);
   Value qb = indexTile(rowTy, 0, first);
   // A tile row past the last Q block (the CPU runs all of them; the GPU
-  // skips them) reads the last block's list and writes nothing.
+  // skips them) reads the last block's list and writes nothing; varlen: one
+  // past its sequence's (but inside the layout) counts 0.
   Value exists = cmpI(CmpIPredicate::slt, qb, splatI32(qBlocks, rowTy));
   Value list = listOf(
-      arith::MinSIOp::create(b, qb, splatI32(sub(qBlocks, cIdx(1)), rowTy)),
+      arith::MinSIOp::create(b, qb, splatI32(sub(qBlocksMax, cIdx(1)), rowTy)),
       rowTy);
   SmallVector<Value> counted = forCarrying(
       cIdx(0), kvBlocks, ValueRange{constI32(0, rowTy)},
@@ -263,7 +286,7 @@ void MaskBlocksBuilder::buildLists() {
   storeTile(counted[0], arg(abi::Counts),
             add(mul(bIdx, indexArg(abi::CountsStrideB)),
                 mul(hIdx, indexArg(abi::CountsStrideH))),
-            first, qBlocks, Value());
+            first, qBlocksMax, Value());
 }
 
 void flashjit::attn::detail::buildMaskBlocks(OpBuilder &at, FlashFwdOp op) {
