@@ -264,6 +264,12 @@ BackwardErrorReport compareBackward(const AttentionSpec &spec,
                                     const Problem &problem,
                                     const AttentionGrads &grads,
                                     const BackwardReference &ref);
+/// The captured tensors' part of compareBackward: \p got against \p want
+/// (BackwardReference::captureGrads; empty entries are not compared) into
+/// \p e's captureRelErr (the largest), capturesChecked and nanCount.
+void compareCaptureGrads(const Captures &got,
+                         const std::vector<std::vector<double>> &want,
+                         BackwardErrorReport &e);
 
 /// A float64 check of chosen gradient entries, for problems too large for
 /// referenceBackward: dQ of the query rows \p rows (as (b * H + h) * Nq + i)

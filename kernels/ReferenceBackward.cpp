@@ -163,29 +163,34 @@ BackwardErrorReport compareBackward(const AttentionSpec &spec, const Problem &,
   e.dqRelErr = gradientRelErr(spec.dtype, g.dq, nullptr, ref.dq, e.nanCount);
   e.dkRelErr = gradientRelErr(spec.dtype, g.dk, nullptr, ref.dk, e.nanCount);
   e.dvRelErr = gradientRelErr(spec.dtype, g.dv, nullptr, ref.dv, e.nanCount);
-  for (size_t c = 0; c < ref.captureGrads.size(); ++c) {
-    const std::vector<double> &want = ref.captureGrads[c];
-    if (want.empty())
+  compareCaptureGrads(g.captureGrads, ref.captureGrads, e);
+  return e;
+}
+
+void compareCaptureGrads(const Captures &got,
+                         const std::vector<std::vector<double>> &want,
+                         BackwardErrorReport &e) {
+  for (size_t c = 0; c < want.size(); ++c) {
+    if (want[c].empty())
       continue;
     e.capturesChecked = true;
-    if (c >= g.captureGrads.size() || g.captureGrads[c].size() != want.size())
+    if (c >= got.size() || got[c].size() != want[c].size())
       throw SpecError(fmt::format("the gradient of captured tensor {} is "
                                   "missing or of another size",
                                   c));
     double num = 0, den = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double x = g.captureGrads[c][i];
+    for (size_t i = 0; i < want[c].size(); ++i) {
+      const double x = got[c][i];
       if (std::isnan(x)) {
         ++e.nanCount;
         continue;
       }
-      num += (x - want[i]) * (x - want[i]);
-      den += want[i] * want[i];
+      num += (x - want[c][i]) * (x - want[c][i]);
+      den += want[c][i] * want[c][i];
     }
-    e.captureRelErr =
-        std::max(e.captureRelErr, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+    e.captureRelErr = std::max(e.captureRelErr,
+                               den > 0 ? std::sqrt(num / den) : std::sqrt(num));
   }
-  return e;
 }
 
 namespace {

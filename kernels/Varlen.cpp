@@ -242,9 +242,35 @@ BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
                                         double maxWork,
                                         const BlockSparseLayout *layout) {
   BackwardErrorReport worst;
+  // The captured tensors' gradients sum over the sequences: compared with
+  // the sum of every sequence's float64 ones, when every sequence's whole
+  // reference fits the budget (a sampled one has none).
+  double work = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    work += double(d.cuSeqQ.at(size_t(b + 1)) - d.cuSeqQ.at(size_t(b))) *
+            double(d.cuSeqKV.at(size_t(b + 1)) - d.cuSeqKV.at(size_t(b))) *
+            double(p.heads * std::max(spec.headDimQK, spec.headDimV));
+  const bool captures = spec.captureGrads != 0 && work <= maxWork;
+  std::vector<std::vector<double>> captureSum;
   for (int64_t b = 0; b < p.batch; ++b) {
     VarlenSequence s = sequenceOf(spec, p, d, b, layout);
     AttentionGrads sg = sequenceGrads(d, g, b);
+    if (captures && s.lenQ && s.lenKV) {
+      BackwardReference ref = referenceBackward(
+          s.spec, s.problem, s.data, sg, s.layout ? &*s.layout : nullptr);
+      BackwardErrorReport e = compareBackward(s.spec, s.problem, sg, ref);
+      worst.dqRelErr = std::max(worst.dqRelErr, e.dqRelErr);
+      worst.dkRelErr = std::max(worst.dkRelErr, e.dkRelErr);
+      worst.dvRelErr = std::max(worst.dvRelErr, e.dvRelErr);
+      worst.nanCount += e.nanCount;
+      captureSum.resize(ref.captureGrads.size());
+      for (size_t c = 0; c < ref.captureGrads.size(); ++c) {
+        captureSum[c].resize(ref.captureGrads[c].size());
+        for (size_t i = 0; i < ref.captureGrads[c].size(); ++i)
+          captureSum[c][i] += ref.captureGrads[c][i];
+      }
+      continue;
+    }
     if (s.lenQ == 0 || s.lenKV == 0) {
       // No query sees a key: zero gradients of the sequence's rows.
       if (s.lenQ && !allZero(spec.dtype, sg.dq, s.lenQ))
@@ -263,6 +289,14 @@ BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
     worst.dkRelErr = std::max(worst.dkRelErr, e.dkRelErr);
     worst.dvRelErr = std::max(worst.dvRelErr, e.dvRelErr);
     worst.nanCount += e.nanCount;
+  }
+  if (captures) {
+    // Sequences without a query or a key add nothing: zeros.
+    captureSum.resize(g.captureGrads.size());
+    for (size_t c = 0; c < g.captureGrads.size(); ++c)
+      if ((spec.captureGrads >> c) & 1)
+        captureSum[c].resize(g.captureGrads[c].size());
+    compareCaptureGrads(g.captureGrads, captureSum, worst);
   }
   return worst;
 }

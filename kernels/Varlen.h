@@ -74,8 +74,10 @@ ErrorReport checkVarlenForward(const AttentionSpec &spec, const Problem &p,
 /// The backward's float64 check, sequence by sequence (checkBackward, each
 /// within \p maxWork / B): the largest errors of dQ, dK, dV; nanCount over
 /// every sequence's gradients. A sequence without keys must give dQ = 0,
-/// one without queries dK = dV = 0 (else an error of inf). Captured
-/// tensors' gradients, summed over the sequences, are not compared here.
+/// one without queries dK = dV = 0 (else an error of inf). The captured
+/// tensors' gradients (spec.captureGrads), which sum over the sequences,
+/// are compared with the sum of the sequences' float64 ones when every
+/// sequence's whole reference fits \p maxWork (capturesChecked).
 BackwardErrorReport checkVarlenBackward(const AttentionSpec &spec,
                                         const Problem &p,
                                         const AttentionData &d,

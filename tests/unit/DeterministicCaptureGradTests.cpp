@@ -20,6 +20,7 @@
 #include "kernels/HalfFloat.h"
 #include "kernels/HostTensor.h"
 #include "kernels/KernelABI.h"
+#include "kernels/Varlen.h"
 
 #include "tests/unit/AttentionCases.h"
 
@@ -146,6 +147,59 @@ TEST(DeterministicCaptureGrads, TinyGradientsKeepTheirValue) {
   BackwardErrorReport err = lc.compare(g, lc.data);
   EXPECT_EQ(err.nanCount, 0);
   EXPECT_LT(err.captureRelErr, 1e-2);
+}
+
+/// A varlen batch (sequences of 50, 7 and 30 queries, 70, 1 and 44 keys)
+/// with kLearnedRegion: each captured tensor's gradient sums over the
+/// sequences, checked against the sum of every sequence's float64 ones
+/// (checkVarlenBackward), atomic and deterministic (the same bits for two
+/// tilings); the reference on other data fails them.
+TEST(DeterministicCaptureGrads, VarlenGradientsSumOverTheSequences) {
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  AttentionSpec spec = withScoreModRegion(AttentionSpec(), kLearnedRegion);
+  spec.mask = MaskKind::Causal;
+  spec.gqaGroup = 2;
+  spec.headDimQK = spec.headDimV = 32;
+  spec.varlen = true;
+  spec.captureGrads = 0b111;
+  const std::vector<int64_t> lensQ = {50, 7, 30}, lensKV = {70, 1, 44};
+  Problem p = varlenProblem(makeProblem(1, 4, 1, 1), lensQ, lensKV);
+  AttentionData data = makeRandomVarlenInputs(spec, p, lensQ, lensKV, rng);
+  data.captures = {{0.8f},
+                   uniform(rng, 4, -0.2f, 0.2f),
+                   uniform(rng, size_t(4 * 50 * 70), -1.f, 1.f)};
+  AttentionSpec fwd = spec;
+  fwd.captureGrads = 0;
+  CpuKernel::compile(fwd, tileConfig(32, 32))->run(p, data, nullptr);
+  AttentionGrads g = makeRandomGrads(spec, p, data, rng);
+  Captures fixed;
+  for (int run = 0; run < 3; ++run) {
+    const bool deterministic = run > 0;
+    SCOPED_TRACE(::testing::Message() << "run " << run);
+    AttentionSpec bwd = spec;
+    bwd.direction = Direction::Backward;
+    bwd.deterministic = deterministic;
+    g.captureGrads.clear();
+    for (const std::vector<float> &c : data.captures)
+      g.captureGrads.push_back(std::vector<float>(c.size()));
+    CpuBackwardKernel::compile(bwd, run == 2 ? tileConfig(16, 64)
+                                             : tileConfig(32, 32))
+        ->run(p, data, g, nullptr);
+    BackwardErrorReport err = checkVarlenBackward(spec, p, data, g);
+    EXPECT_EQ(err.nanCount, 0);
+    EXPECT_TRUE(err.capturesChecked);
+    EXPECT_LT(err.relErr(), 1e-2);
+    EXPECT_LT(err.captureRelErr, 1e-2);
+    if (run == 1)
+      fixed = g.captureGrads;
+    if (run == 2)
+      EXPECT_TRUE(sameBits(fixed, g.captureGrads));
+  }
+  AttentionData other = data;
+  other.captures[2] = uniform(rng, size_t(4 * 50 * 70), -1.f, 1.f);
+  EXPECT_GT(checkVarlenBackward(spec, p, other, g).captureRelErr, 1e-2);
 }
 
 /// The kernels of a deterministic backward with the gradients of captured
