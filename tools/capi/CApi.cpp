@@ -245,12 +245,7 @@ static void classifyMaskBlocks(const char *fn, flashjit_handle *handle,
                                const flashjit_captured *captured,
                                int64_t numCaptured,
                                const flashjit_varlen *varlen, void *stream) {
-  Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.seqLenQ = seqQ;
-  p.seqLenKV = seqKV;
-  p.validate(s);
+  Problem p = sizedProblem(s, batch, heads, seqQ, seqKV);
   checkLayoutShape(s, p, layout);
   if (!layout->counts || !layout->indices)
     invalid(fmt::format("{}: layout->counts and layout->indices are "
@@ -372,17 +367,43 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
   });
 }
 
+/// The two workspace-size entry points' body: with \p withCaptured (the
+/// captured variant) \p captured, \p numCaptured of them (the spec's
+/// count), whose non-NULL grads and sizes decide the deterministic words.
+static void backwardWorkspaceSize(flashjit_handle *handle,
+                                  const flashjit_spec *spec, int64_t batch,
+                                  int64_t heads, int64_t seqQ, int64_t seqKV,
+                                  bool withCaptured,
+                                  const flashjit_captured *captured,
+                                  int64_t numCaptured, size_t *bytes) {
+  requireHandle(handle);
+  if (!bytes)
+    invalid("bytes is NULL");
+  *bytes = 0;
+  AttentionSpec s = toSpec(spec);
+  Problem p = sizedProblem(s, batch, heads, seqQ, seqKV);
+  std::array<int64_t, abi::kMaxCaptures> sizes{};
+  if (withCaptured) {
+    if (numCaptured != s.captures)
+      invalid(fmt::format("num_captured is {}, the spec's regions capture {}",
+                          numCaptured, s.captures));
+    if (numCaptured > 0 && !captured)
+      invalid("captured is NULL");
+    for (int64_t c = 0; c < s.captures - s.maskCaptures; ++c)
+      if (captured[c].grad) {
+        s.captureGrads |= int64_t(1) << c;
+        sizes[size_t(c)] = captured[c].size;
+      }
+  }
+  *bytes = workspaceLayout(s, p, sizes.data()).total;
+}
+
 FLASHJIT_API flashjit_status flashjit_backward_workspace_size(
     flashjit_handle *handle, const flashjit_spec *spec, int64_t batch,
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv, size_t *bytes) {
   return guarded("flashjit_backward_workspace_size", [&] {
-    requireHandle(handle);
-    if (!bytes)
-      invalid("bytes is NULL");
-    *bytes = 0;
-    AttentionSpec s = toSpec(spec);
-    Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
-    *bytes = workspaceLayout(s, p).total;
+    backwardWorkspaceSize(handle, spec, batch, heads, seq_len_q, seq_len_kv,
+                          false, nullptr, 0, bytes);
   });
 }
 
@@ -391,24 +412,8 @@ FLASHJIT_API flashjit_status flashjit_backward_captured_workspace_size(
     int64_t heads, int64_t seq_len_q, int64_t seq_len_kv,
     const flashjit_captured *captured, int64_t num_captured, size_t *bytes) {
   return guarded("flashjit_backward_captured_workspace_size", [&] {
-    requireHandle(handle);
-    if (!bytes)
-      invalid("bytes is NULL");
-    *bytes = 0;
-    AttentionSpec s = toSpec(spec);
-    Problem p = sizedProblem(s, batch, heads, seq_len_q, seq_len_kv);
-    if (num_captured != s.captures)
-      invalid(fmt::format("num_captured is {}, the spec's regions capture {}",
-                          num_captured, s.captures));
-    if (num_captured > 0 && !captured)
-      invalid("captured is NULL");
-    std::array<int64_t, abi::kMaxCaptures> sizes{};
-    for (int64_t c = 0; c < s.captures - s.maskCaptures; ++c)
-      if (captured[c].grad) {
-        s.captureGrads |= int64_t(1) << c;
-        sizes[size_t(c)] = captured[c].size;
-      }
-    *bytes = workspaceLayout(s, p, sizes.data()).total;
+    backwardWorkspaceSize(handle, spec, batch, heads, seq_len_q, seq_len_kv,
+                          true, captured, num_captured, bytes);
   });
 }
 
