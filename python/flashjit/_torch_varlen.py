@@ -16,7 +16,8 @@ import torch
 from . import _lib
 from ._torch_impl import (_by, _captured_structs, _from_numpy, _on_device,
                           _raw_stream, _to_numpy, capture_grad_flags,
-                          check_captures, check_torch_qkv, cuda_handle)
+                          captured_workspace_size, check_captures,
+                          check_torch_qkv, cuda_handle)
 
 
 def check_varlen_inputs(q, k, v, cu_q, cu_k, fn="attention_varlen"):
