@@ -234,6 +234,20 @@ TEST(DeterministicCaptureGrads, GpuKernelsSumWordsAndConvert) {
     EXPECT_EQ(occurrences(params, ".param .u64 attention_capture_grad2_param_"),
               flashjit::abi::bwd::NumIndexArgs + bwd.captures);
     EXPECT_NE(ptx.find("cvt.rni.f32.f32"), std::string::npos);
+    // The launcher's record: a program per 64 rows of 32 elements, grid.x
+    // the program count (rows 1), one row of programs.
+    bool found = false;
+    for (const KernelLaunch &k : gpuKernelLaunches(grads, config, target))
+      if (k.name == "attention_capture_grad2") {
+        found = true;
+        EXPECT_EQ(k.rows, 1);
+        EXPECT_EQ(k.threads, 128);
+        Problem programs = makeProblem(
+            1, 1, flashjit::abi::bwd::captureConvertPrograms(4 * 50 * 70), 1);
+        EXPECT_EQ(k.grid(programs, 1),
+                  (std::array<int64_t, 3>{(4 * 50 * 70 + 2047) / 2048, 1, 1}));
+      }
+    EXPECT_TRUE(found);
   }
 }
 
