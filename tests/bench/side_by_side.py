@@ -53,10 +53,18 @@ import math
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
+
+# The torch-free parts, beside this file (its directory is on sys.path when
+# run as a script; variants.py, sparsity.py and block_masks.py put it there):
+# the flashjit CLI runner, the table and the ncu summary. Re-exported for
+# those scripts (sbs.short, ...).
+from side_by_side_flashjit import (  # noqa: F401
+    flashjit_cmd, run_flashjit, short, summarise_flashjit, tflops_of)
+from side_by_side_report import (  # noqa: F401
+    PEERS, fmt_t, ncu_summary, parse_ncu_csv, table)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -64,7 +72,6 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # The issue's bar case first: d=128, N=16384, B=1, H=16, non-causal.
 DEFAULT_CASES = "128:16384:n,64:16384:n,96:16384:n,256:16384:n,128:16384:c"
 QUICK_CASES = "128:16384:n,128:4096:c"
-PEERS = ("sdpa-flash", "sdpa-cudnn", "flex", "naive", "flashjit-py")
 BACKWARD_PEERS = ("sdpa-flash", "sdpa-cudnn")
 
 torch = None
@@ -73,11 +80,6 @@ TORCH_ERR = None
 
 def log(*a):
     print(*a, flush=True)
-
-
-def short(e, n=240):
-    s = str(e).strip().splitlines()
-    return (s[0] if s else type(e).__name__)[:n]
 
 
 def parse_cases(spec):
@@ -100,76 +102,6 @@ def flops(B, H, N, d, causal, backward=False):
     if causal:
         f /= 2
     return 2.5 * f if backward else f
-
-
-def tflops_of(ms, fl):
-    return fl / ms / 1e9 if ms and ms > 0 else None
-
-
-# ---------------------------------------------------------------- flashjit --
-
-def flashjit_cmd(exe, c, extra, backward=False):
-    cmd = [exe, "bench", "--head-dim", str(c["d"]), "--seq-len", str(c["N"]),
-           "--batch", str(c["B"]), "--heads", str(c["H"])]
-    if c["causal"]:
-        cmd.append("--causal")
-    if backward:
-        cmd.append("--backward")
-    return cmd + ["--json"] + extra
-
-
-def run_flashjit(exe, c, extra, timeout, backward=False):
-    """One flashjit bench run. Returns a dict; 'time_ms' is set on success."""
-    cmd = flashjit_cmd(exe, c, extra, backward)
-    rec = dict(cmd=" ".join(shlex.quote(x) for x in cmd))
-    t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError as e:
-        rec.update(error=f"not found: {short(e)}", wall_s=round(time.time() - t0, 2))
-        return rec
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        rec.update(error=f"timed out after {timeout}s", stderr_tail=err[-1500:],
-                   wall_s=round(time.time() - t0, 2))
-        return rec
-    except Exception as e:  # noqa: BLE001 - record anything and go on
-        rec.update(error=f"could not run: {short(e)}", wall_s=round(time.time() - t0, 2))
-        return rec
-    rec.update(rc=p.returncode, wall_s=round(time.time() - t0, 2))
-    errl = [ln.strip() for ln in p.stderr.splitlines() if ln.strip()]
-    last_err = f" (stderr: {errl[-1][:200]})" if errl else ""
-    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    obj = None
-    for ln in reversed(lines):
-        try:
-            cand = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(cand, dict):
-            obj = cand
-            break
-    if obj is not None and len(lines) != 1:
-        rec["contract_warning"] = f"stdout had {len(lines)} non-empty lines, want exactly 1 JSON line"
-    if obj is None:
-        rec.update(error=f"rc={p.returncode}, no JSON object on stdout{last_err}",
-                   stdout_tail=p.stdout[-800:], stderr_tail=p.stderr[-1500:])
-        return rec
-    rec["json"] = obj
-    missing = [k for k in ("time_ms", "tflops", "config", "ok") if k not in obj]
-    if missing:
-        rec["contract_warning"] = (rec.get("contract_warning", "") + f"; missing fields {missing}").lstrip("; ")
-    tm = obj.get("time_ms")
-    if p.returncode != 0 or not isinstance(tm, (int, float)) or not tm > 0:
-        rec.update(error=f"rc={p.returncode}, time_ms={tm!r}" +
-                   (f", error={obj.get('error')!r}" if obj.get("error") else last_err),
-                   stderr_tail=p.stderr[-1500:])
-        return rec
-    rec["time_ms"] = float(tm)
-    rec["ok"] = obj.get("ok")
-    if obj.get("ok") is not True:
-        rec["stderr_tail"] = p.stderr[-1500:]
-    return rec
 
 
 # ------------------------------------------------------------------- torch --
@@ -340,29 +272,6 @@ def interleaved_rounds(c, args, fl, flash_peer, backward):
     return fj, flash_rounds
 
 
-def summarise_flashjit(fj, fl):
-    """Median time and TFLOP/s of the rounds that ran, ok, config, the first
-    error and contract warning, into fj."""
-    ran = [x for x in fj["rounds"] if "time_ms" in x]
-    if ran:
-        fj["median_ms"] = statistics.median(x["time_ms"] for x in ran)
-        fj["tflops"] = tflops_of(fj["median_ms"], fl)
-        fj["ok"] = all(x.get("ok") is True for x in ran)
-        rep = [x["json"].get("tflops") for x in ran]
-        rep = [x for x in rep if isinstance(x, (int, float))]
-        if rep:
-            fj["tflops_reported_median"] = statistics.median(rep)
-            if abs(fj["tflops_reported_median"] / fj["tflops"] - 1) > 0.02:
-                fj["note"] = "flashjit's own tflops differs >2% from this script's FLOP count (causal convention?)"
-        fj["config"] = ran[0]["json"].get("config")
-    errs = [x["error"] for x in fj["rounds"] if "error" in x]
-    if errs:
-        fj["error"] = errs[0]
-    warns = [x["contract_warning"] for x in fj["rounds"] if "contract_warning" in x]
-    if warns:
-        fj["contract_warning"] = warns[0]
-
-
 def pair_ratios(fj, flash_rounds):
     """sdpa-flash time / flashjit time per round: flashjit round r against
     the sdpa-flash round right after it."""
@@ -470,77 +379,10 @@ def run_case(c, args, peers, t_start):
     return res
 
 
-def fmt_t(m, terr=None):
-    if not m:
-        return "-"
-    if m.get("tflops") is not None:
-        return f"{m['tflops']:.0f}"
-    if "skipped" in m:
-        return "skip"
-    if "error" in m:
-        return "n/a" if terr and m["error"] == terr else "err"
-    return "-"
-
-
-def table(data):
-    """The final table: a "fwd" row per case and, when measured, a "bwd" row
-    (flashjit, sdpa-flash, sdpa-cudnn backward; the other peers "-")."""
-    rows = []
-    meta = data.get("meta", {})
-    terr = meta.get("torch_error")
-    hdr = ("d", "N", "causal", "pass", "flashjit", "sdpa-flash", "sdpa-cudnn", "flex", "naive",
-           "fj-in-proc", "ratio")
-    notes = []
-    for r in data.get("cases", []):
-        tag = f"d={r['d']} N={r['N']} {'causal' if r['causal'] else 'non-causal'}"
-        passes = [("fwd", r)]
-        if "backward" in r:
-            passes.append(("bwd", r["backward"]))
-        for name, part in passes:
-            fj = part.get("flashjit", {})
-            if fj.get("tflops") is not None:
-                f = f"{fj['tflops']:.0f}" + ("" if fj.get("ok") else "!")
-            else:
-                f = "err"
-            pr = part.get("peers", {})
-            ratio = part.get("ratio_flashjit_over_sdpa_flash")
-            rows.append((str(r["d"]), str(r["N"]), "y" if r["causal"] else "n", name, f,
-                         *(fmt_t(pr.get(p), terr) for p in PEERS), f"{ratio:.2f}" if ratio else "-"))
-            who = "flashjit" if name == "fwd" else "flashjit backward"
-            if fj.get("error"):
-                notes.append((who, tag, fj["error"]))
-            elif fj.get("tflops") is not None and not fj.get("ok"):
-                notes.append((who, tag, "ok is not true (! in table)"))
-            if fj.get("note"):
-                notes.append((who, tag, fj["note"]))
-            if fj.get("contract_warning"):
-                notes.append((who, tag, f"contract: {fj['contract_warning']}"))
-            for p, m in pr.items():
-                if m.get("error") and m["error"] != terr:
-                    notes.append((p if name == "fwd" else f"{p} backward", tag, m["error"]))
-    w = [max(len(h), *(len(x[i]) for x in rows)) if rows else len(h) for i, h in enumerate(hdr)]
-    out = []
-    out.append(f"side-by-side forward and backward, bf16, TFLOP/s = 4BHN^2d/t (causal /2; bwd: 2.5x "
-               f"the forward's FLOPs); flashjit & sdpa-flash: median of {meta.get('rounds', '?')} "
-               f"interleaved rounds; {meta.get('device') or 'no GPU'}")
-    out.append("  ".join(h.rjust(w[i]) for i, h in enumerate(hdr)))
-    for x in rows:
-        out.append("  ".join(v.rjust(w[i]) for i, v in enumerate(x)))
-    if terr:
-        notes.insert(0, ("peers not measured", "", terr))
-    # one line per distinct message: "flashjit (3 cases): rc=2, ..."
-    grouped = {}
-    for who, tag, msg in notes:
-        grouped.setdefault((who, msg), []).append(tag)
-    for (who, msg), tags in list(grouped.items())[:12]:
-        where = tags[0] if len(tags) == 1 else f"{len(tags)} cases"
-        out.append(f"  note: {who} {where}: {msg}" if where else f"  note: {who}: {msg}")
-    return "\n".join(out)
-
-
 # ------------------------------------------------------------- ncu helpers --
 # gpu-run.sh's optional ncu step (FLASHJIT_NCU=1): the DRAM bytes of one
 # forward of flashjit vs the naive three-kernel attention (and sdpa-flash).
+# The CSV parsing and the summary: side_by_side_report.py.
 
 def ncu_target(name, c):
     """Run one forward of a torch implementation between cudaProfilerStart and
@@ -565,80 +407,6 @@ def ncu_target(name, c):
     fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-
-
-def _num(x):
-    try:
-        return float(str(x).replace(",", ""))
-    except ValueError:
-        return None
-
-
-def parse_ncu_csv(path):
-    """Per-kernel metrics from `ncu -i REP --csv --page raw|details` output:
-    [{'kernel': name, metric: value, ...}]. Handles the wide (one column per
-    metric) and the long (Metric Name / Metric Value) layouts."""
-    import csv
-    with open(path, errors="replace") as fh:
-        lines = [ln for ln in fh if ln.startswith('"')]
-    rows = list(csv.reader(lines))
-    if not rows:
-        return []
-    hdr = rows[0]
-    kernels = {}
-    if "Metric Name" in hdr:
-        iid, ik, im, iv = (hdr.index("ID"), hdr.index("Kernel Name"), hdr.index("Metric Name"),
-                           hdr.index("Metric Value"))
-        iu = hdr.index("Metric Unit") if "Metric Unit" in hdr else None
-        for r in rows[1:]:
-            if len(r) <= max(iid, ik, im, iv):
-                continue
-            rec = kernels.setdefault(r[iid], {"kernel": r[ik]})
-            val = _num(r[iv])
-            unit = r[iu].lower() if iu is not None else ""
-            mult = {"kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "usecond": 1e3, "msecond": 1e6}.get(unit, 1)
-            rec[r[im]] = val * mult if val is not None else None
-    else:
-        ik = next((hdr.index(h) for h in ("Kernel Name", "Function Name") if h in hdr), None)
-        for r in rows[1:]:
-            if not r or not r[0].strip() or not r[0].strip().isdigit():
-                continue  # the units row
-            rec = {"kernel": r[ik] if ik is not None else "?"}
-            for h, x in zip(hdr, r):
-                if "__" in h:
-                    rec[h] = _num(x)
-            kernels[r[0]] = rec
-    return list(kernels.values())
-
-
-def ncu_summary(files, c):
-    """Text summary: DRAM bytes per implementation against the fewest bytes a
-    forward must move (Q, K, V read once, O written once)."""
-    B, H, N, d = c["B"], c["H"], c["N"], c["d"]
-    min_bytes = 4 * B * H * N * d * 2
-    out = [f"ncu DRAM traffic of one forward, bf16 B={B} H={H} N={N} d={d} "
-           f"{'causal' if c['causal'] else 'non-causal'}; fewest bytes (Q,K,V read + O written once) "
-           f"= {min_bytes / 1e6:.1f} MB; scores alone (B*H*N^2 bf16) = {B * H * N * N * 2 / 1e6:.0f} MB"]
-    out.append(f"{'impl':<12} {'kernels':>7} {'read MB':>10} {'write MB':>10} {'total MB':>10} {'x fewest':>9} "
-               f"{'gpu ms':>8}")
-    for name, path in files:
-        try:
-            ks = parse_ncu_csv(path)
-        except Exception as e:  # noqa: BLE001
-            out.append(f"{name:<12} could not parse {path}: {short(e)}")
-            continue
-        if not ks:
-            out.append(f"{name:<12} no kernels profiled (see the ncu log)")
-            continue
-        rd = sum(k.get("dram__bytes_read.sum") or 0 for k in ks)
-        wr = sum(k.get("dram__bytes_write.sum") or 0 for k in ks)
-        ns = sum(k.get("gpu__time_duration.sum") or 0 for k in ks)
-        out.append(f"{name:<12} {len(ks):>7} {rd / 1e6:>10.1f} {wr / 1e6:>10.1f} {(rd + wr) / 1e6:>10.1f} "
-                   f"{(rd + wr) / min_bytes:>9.2f} {ns / 1e6:>8.3f}")
-        for k in ks:
-            out.append(f"    {(k.get('dram__bytes_read.sum') or 0) / 1e6:>9.1f} R {(k.get('dram__bytes_write.sum') or 0) / 1e6:>9.1f} W"
-                       f"  {k['kernel'][:90]}")
-    return "\n".join(out)
 
 
 def main():

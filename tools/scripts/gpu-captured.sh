@@ -75,7 +75,8 @@ fi
 if step python; then
   echo "== python captured tests (+${SECONDS}s)"
   timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider -k "captured or Captured" \
-    python/tests/test_torch_gpu.py python/tests/test_torch_ops.py > $OUT/python.log 2>&1
+    python/tests/test_torch_gpu.py python/tests/test_torch_captured_gpu.py python/tests/test_torch_ops.py \
+    > $OUT/python.log 2>&1
   echo "exit $?" >> $OUT/python.log
   grep -E "FAILED|passed|failed|exit|Error" $OUT/python.log | tail -8
 fi

@@ -170,7 +170,8 @@ fi
 if step python; then
   echo "== python mask / captured tests on CUDA (+${SECONDS}s)"
   timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider -k "mask or captured or Captured or document" \
-    python/tests/test_torch_gpu.py python/tests/test_torch_ops.py python/tests/test_varlen_gpu.py > $OUT/python.log 2>&1
+    python/tests/test_torch_gpu.py python/tests/test_torch_captured_gpu.py python/tests/test_torch_ops.py \
+    python/tests/test_varlen_gpu.py > $OUT/python.log 2>&1
   echo "exit $?" >> $OUT/python.log
   grep -E "FAILED|passed|failed|exit|Error" $OUT/python.log | tail -8
 fi

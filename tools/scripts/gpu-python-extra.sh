@@ -4,8 +4,9 @@
 # [".carry"], command: bash tools/scripts/gpu-python-extra.sh). The PyTorch
 # side of issue 15, in one go, under 6 minutes:
 #   1. pytest: test_torch_ops.py (opcheck, torch.compile fullgraph, CUDA
-#      graph), test_torch_gpu.py (the binding on torch CUDA tensors: the
-#      per-call path changed), test_hf_gpu.py (transformers backend)
+#      graph), test_torch_gpu.py and test_torch_captured_gpu.py (the
+#      binding on torch CUDA tensors: the per-call path changed),
+#      test_hf_gpu.py (transformers backend)
 #      -> $OUT/python-extra.log, $OUT/python-extra.xml
 #   2. tests/bench/overhead.py (with .carry/bin/flashjit-plan-bench, the C++
 #      plan call) -> $OUT/overhead.json, overhead.log
@@ -39,7 +40,7 @@ say "pytest: torch ops, torch GPU binding, transformers"
 timeout -k 10 270 python3 -m pytest -q -rfEs -p no:cacheprovider \
   --junitxml="$OUT/python-extra.xml" -s \
   python/tests/test_torch_ops.py python/tests/test_torch_gpu.py \
-  python/tests/test_torch_plans_gpu.py \
+  python/tests/test_torch_captured_gpu.py python/tests/test_torch_plans_gpu.py \
   python/tests/test_hf_gpu.py >"$OUT/python-extra.log" 2>&1
 py_rc=$?
 tail -25 "$OUT/python-extra.log"
@@ -72,9 +73,9 @@ try:
         counts[f][kind] += 1
 except Exception as e:
     print(f"no junit xml ({e}); see python-extra.log")
-print(f"{'test file':<22}{'passed':>8}{'failed':>8}{'skipped':>9}")
+print(f"{'test file':<24}{'passed':>8}{'failed':>8}{'skipped':>9}")
 for f, (p, x, s) in sorted(counts.items()):
-    print(f"{f:<22}{p:>8}{x:>8}{s:>9}")
+    print(f"{f:<24}{p:>8}{x:>8}{s:>9}")
 for line in open(sys.argv[2], errors="replace"):
     if line.startswith("[hf]"):
         print(line.rstrip())
