@@ -379,17 +379,19 @@ inline constexpr const char *kDqSuffix = "_dq";
 /// Deterministic gradients of captured tensors (`deterministic` with
 /// capture_grads: fixedPointCaptureGrads). Every function then takes, after
 /// the captured tensors and their gradient buffers, two i64 accumulators
-/// per captured tensor (`capture_hi<c>`, `capture_lo<c>`, each of
-/// captureWords(size) elements, zero before the call) and then each
-/// tensor's size (`capture_size<c>`, index). The main function splits each
+/// per captured tensor (`capture_hi<c>` of captureWords(size) elements,
+/// `capture_lo<c>` of one more: element captureWords(size) counts the
+/// contributions that were NaN or infinite; zero before the call) and then
+/// each tensor's size (`capture_size<c>`, index). The main function splits each
 /// contribution v exactly into hi = roundeven(v * 2^kCaptureHiBits) and
 /// lo = roundeven((v - hi * 2^-kCaptureHiBits) * 2^kCaptureLoBits) and adds
 /// them with integer adds, whose sum is the same bits in any order; then
 /// `@f_capture_grad<c>` (role "capture_convert", one per captured tensor
 /// with a gradient; pid_m = block of kRowBlockRows x kCaptureColumns
 /// elements, pid_bh = 0) adds fma(float(hi), 2^-kCaptureHiBits, float(lo) *
-/// 2^-kCaptureLoBits) into the gradient. Range: |gradient| < 2^38 (a
-/// larger word saturates); resolution 2^-56.
+/// 2^-kCaptureLoBits) into the gradient, or NaN into every element when a
+/// contribution was not finite (the integer sums cannot carry a NaN).
+/// Range: |gradient| < 2^38 (a larger word saturates); resolution 2^-56.
 constexpr int kCaptureHiBits = 24;
 constexpr int kCaptureLoBits = 56;
 constexpr int64_t kCaptureColumns = 32;
@@ -410,8 +412,9 @@ inline int64_t captureConvertPrograms(int64_t size) {
          kRowBlockRows;
 }
 /// Where the words live in one device workspace: captured tensor c's hi
-/// words at hi[c] bytes (its lo words right after them), for each c with
-/// a gradient, in order, 256-byte aligned; \p bytes in all.
+/// words at hi[c] bytes (its lo words and their non-finite count right
+/// after them), for each c with a gradient, in order, 256-byte aligned;
+/// \p bytes in all.
 struct CaptureWordLayout {
   std::array<int64_t, kMaxCaptures> hi{};
   int64_t bytes = 0;
@@ -422,7 +425,7 @@ inline CaptureWordLayout captureWordLayout(const AttentionSpec &spec,
   for (int64_t c = 0; fixedPointCaptureGrads(spec) && c < spec.captures; ++c)
     if ((spec.captureGrads >> c) & 1) {
       l.hi[size_t(c)] = l.bytes;
-      l.bytes += (2 * 8 * captureWords(sizes[c]) + 255) / 256 * 256;
+      l.bytes += (8 * (2 * captureWords(sizes[c]) + 1) + 255) / 256 * 256;
     }
   return l;
 }

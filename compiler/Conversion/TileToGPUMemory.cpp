@@ -537,7 +537,7 @@ LogicalResult TileKernelLowering::lowerGather(tile::GatherOp op) {
 /// a per-head slope's gradient) is summed over the warp by shuffles and
 /// added by lane 0, one atomic per warp instead of one per element. An i64
 /// tile (a fixed-point word of a deterministic gradient) the same way with
-/// integer adds and red.global.add.u64.
+/// integer adds and red.global.add.u64, none where the sum is 0.
 ///
 ///   tile.scatter_add %g, %dt[%idx]
 ///       : tensor<64x128xf32>, memref<?xf32>, tensor<64x128xi32>
@@ -572,6 +572,10 @@ LogicalResult TileKernelLowering::lowerScatterAdd(tile::ScatterAddOp op) {
   for (auto [index, sum] : sums) {
     Value ptr = LLVM::GEPOp::create(b, g.ptrGen, integer ? g.i64 : g.f32, base,
                                     ArrayRef<LLVM::GEPArg>{g.ext64(index)});
+    // An integer 0 adds nothing: no reduction (the non-finite count of a
+    // deterministic gradient is one address every warp would add 0 to).
+    if (integer)
+      pred = g.andI(pred, g.cmp(arith::CmpIPredicate::ne, sum, g.c64(0)));
     g.reduceAdd(pred, ptr, sum);
   }
   return success();

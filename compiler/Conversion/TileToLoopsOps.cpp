@@ -359,8 +359,10 @@ void TileLowering::lowerGather(OpBuilder &b, tile::GatherOp op) {
 ///
 ///   scf.for %r ... { scf.for %c ... {
 ///     %i = arith.index_cast (memref.load %IDX[%r, %c]) : i32 to index
-///     memref.atomic_rmw addf (memref.load %G[%r, %c]), %dt[%i]   // addi
+///     memref.atomic_rmw addf (memref.load %G[%r, %c]), %dt[%i]
 ///   } }
+///
+/// (i64: `scf.if %v != 0 { memref.atomic_rmw addi ... }`).
 void TileLowering::lowerScatterAdd(OpBuilder &b, tile::ScatterAddOp op) {
   const bool integer = op.getBase().getType().getElementType().isInteger(64);
   forEachIndex(
@@ -368,10 +370,22 @@ void TileLowering::lowerScatterAdd(OpBuilder &b, tile::ScatterAddOp op) {
       [&](OpBuilder &b, Location loc, ValueRange ivs) {
         Value i = arith::IndexCastOp::create(
             b, loc, b.getIndexType(), element(b, loc, op.getIndex(), ivs));
-        memref::AtomicRMWOp::create(
+        Value v = element(b, loc, op.getValue(), ivs);
+        if (!integer) {
+          memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addf, v,
+                                      op.getBase(), ValueRange{i});
+          return;
+        }
+        // An integer 0 adds nothing: no atomic (one address many add 0 to).
+        Value zero = arith::ConstantIntOp::create(b, loc, v.getType(), 0);
+        auto nonzero = scf::IfOp::create(
             b, loc,
-            integer ? arith::AtomicRMWKind::addi : arith::AtomicRMWKind::addf,
-            element(b, loc, op.getValue(), ivs), op.getBase(), ValueRange{i});
+            arith::CmpIOp::create(b, loc, arith::CmpIPredicate::ne, v, zero),
+            /*withElseRegion=*/false);
+        OpBuilder::InsertionGuard guard(b);
+        b.setInsertionPointToStart(nonzero.thenBlock());
+        memref::AtomicRMWOp::create(b, loc, arith::AtomicRMWKind::addi, v,
+                                    op.getBase(), ValueRange{i});
       });
 }
 

@@ -217,8 +217,9 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
       sizes.push_back(n);
       for (int w = 0; w < 2; ++w) {
         std::vector<int64_t> &acc = words[2 * c + size_t(w)];
+        // lo: one more word, the count of non-finite contributions.
         if ((spec.captureGrads >> c) & 1)
-          acc.assign(size_t(abi::bwd::captureWords(n)), 0);
+          acc.assign(size_t(abi::bwd::captureWords(n) + w), 0);
         captured.push_back(acc.empty()
                                ? describe(&unusedWord, 1)
                                : describe(acc.data(), int64_t(acc.size())));

@@ -26,6 +26,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -147,6 +148,37 @@ TEST(DeterministicCaptureGrads, TinyGradientsKeepTheirValue) {
   BackwardErrorReport err = lc.compare(g, lc.data);
   EXPECT_EQ(err.nanCount, 0);
   EXPECT_LT(err.captureRelErr, 1e-2);
+}
+
+/// A NaN row of dO makes that row's contributions NaN, to every captured
+/// tensor (the temperature and the slope read by every score, the bias
+/// elements of the row): the integer words cannot carry a NaN, so the
+/// deterministic gradients are NaN throughout (loud, where the saturated
+/// words would give a finite wrong value), as the atomic ones are NaN
+/// where the row added.
+TEST(DeterministicCaptureGrads, NonFiniteContributionsMakeTheGradientNaN) {
+  uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  LearnedCase lc(rng);
+  AttentionGrads g = makeRandomGrads(lc.spec, lc.p, lc.data, rng);
+  const uint16_t nanBits = 0x7fc0; // bf16 quiet NaN
+  for (int64_t c = 0; c < g.dO.shape[3]; ++c)
+    g.dO.at(1, 2, 7, c) = nanBits;
+  for (bool deterministic : {true, false}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "atomic");
+    lc.backward(g, deterministic, tileConfig(32, 32));
+    int64_t nans = 0;
+    for (const std::vector<float> &c : g.captureGrads)
+      for (float x : c)
+        nans += std::isnan(x);
+    EXPECT_GT(nans, 0);
+    if (deterministic)
+      for (const std::vector<float> &c : g.captureGrads)
+        EXPECT_EQ(std::count_if(c.begin(), c.end(),
+                                [](float x) { return std::isnan(x); }),
+                  int64_t(c.size()));
+  }
 }
 
 /// A varlen batch (sequences of 50, 7 and 30 queries, 70, 1 and 44 keys)

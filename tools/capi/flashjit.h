@@ -443,7 +443,8 @@ FLASHJIT_API flashjit_status flashjit_backward(
  *  the region) is added into it, by atomic adds. With spec->deterministic
  *  (since version 11) the contributions are summed in 64-bit fixed point
  *  instead (two words, 2^-56 apart from 2^38: exact integer adds, so the
- *  gradient is the same bits run to run; a larger gradient saturates),
+ *  gradient is the same bits run to run; a larger gradient saturates, a
+ *  NaN or infinite contribution makes the whole gradient NaN),
  *  whose words the workspace holds: size it with
  *  flashjit_backward_captured_workspace_size (flashjit_backward_workspace_
  *  size's bytes are then too few, INVALID_ARGUMENT); a tensor with a grad

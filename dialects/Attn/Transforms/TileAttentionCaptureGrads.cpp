@@ -21,6 +21,8 @@
 ///   tile.scatter_add (arith.fptosi %hf), %capture_hi0[%idx]
 ///       : tensor<64x128xi64>, memref<?xi64>, tensor<64x128xi32>
 ///   tile.scatter_add (arith.fptosi %lf), %capture_lo0[%idx] ...
+///   tile.scatter_add select(%v - %v != 0, 1, 0), %capture_lo0[W]
+///       // W = ceil(n / 32) * 32: a NaN or infinite v is counted
 ///
 ///   func.func @attention_capture_grad0(...)   // role "capture_convert"
 ///     %hi = tile.load %capture_hi0[0] rows %r0 of ceil(%n / 32) stride 32
@@ -29,10 +31,14 @@
 ///     %e = (iota 0 + %r0) * 32 + iota 1; %ok = %e < %n   // the element
 ///     %g = tile.gather %capture_grad0[select(%ok, %e, 0)]
 ///     %d = math.fma (sitofp %hi), 2^-H, (sitofp %lo) * 2^-L
-///     tile.scatter (%g + %d), %capture_grad0[...] if %ok
+///     %bad = tile.gather %capture_lo0[W]            // non-finite count
+///     tile.scatter select(%bad != 0, NaN, %g + %d), %capture_grad0[...]
+///         if %ok
 ///
 /// v - hf * 2^-H is exact in f32 (it is v's bits below 2^-H), so a word
-/// loses only what lies below 2^-L; the range is |v| < 2^38.
+/// loses only what lies below 2^-L; the range is |v| < 2^38. The integer
+/// sums cannot carry a NaN, so a non-finite contribution is counted apart
+/// and makes the whole gradient NaN.
 //
 //===----------------------------------------------------------------------===//
 
@@ -42,6 +48,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 
 #include <cmath>
+#include <limits>
 
 using namespace mlir;
 using namespace flashjit;
@@ -78,6 +85,23 @@ void TiledBackwardBuilder::addFixedPoint(Value v, unsigned c, Value index) {
   for (auto [w, lo] : {std::pair{hf, false}, {lf, true}})
     tile::ScatterAddOp::create(b, arith::FPToSIOp::create(b, wordTy, w),
                                captureWords(c, lo), index);
+  // A NaN or infinite v (v - v is NaN) counts at lo[W], W the words' count:
+  // the conversion then writes NaN (the words saturated meanwhile).
+  Value bad = cmpF(arith::CmpFPredicate::UNE, fsub(v, v), constTile(0.0, ty));
+  Value one = arith::ConstantOp::create(
+      b, DenseElementsAttr::get(wordTy, b.getI64IntegerAttr(1).getValue()));
+  Value none = arith::ConstantOp::create(
+      b, DenseElementsAttr::get(wordTy, b.getI64IntegerAttr(0).getValue()));
+  Tensor iTy = tile(ty.getShape(), b.getI32Type());
+  tile::ScatterAddOp::create(b, select(bad, one, none), captureWords(c, true),
+                             splat(toI32(wordCount(c)), iTy));
+}
+
+Value TiledBackwardBuilder::wordCount(unsigned c) {
+  const int64_t cols = bwd::kCaptureColumns;
+  return mulC(arith::DivUIOp::create(b, add(captureSize(c), cIdx(cols - 1)),
+                                     cIdx(cols)),
+              cols);
 }
 
 void TiledBackwardBuilder::buildCaptureConvert(unsigned c) {
@@ -109,6 +133,16 @@ void TiledBackwardBuilder::buildCaptureConvert(unsigned c) {
   Value d = fma(
       toF32(hi), constTile(std::ldexp(1.0, -bwd::kCaptureHiBits), fTy),
       fmul(toF32(lo), constTile(std::ldexp(1.0, -bwd::kCaptureLoBits), fTy)));
-  tile::ScatterOp::create(b, fadd(g, d), grad, at, ok);
+  // NaN everywhere when a contribution was not finite.
+  Value bad = tile::GatherOp::create(b, wordTy, captureWords(c, true),
+                                     splat(toI32(wordCount(c)), iTy));
+  Value nan = constTile(std::numeric_limits<double>::quiet_NaN(), fTy);
+  Value sum =
+      select(cmpI(arith::CmpIPredicate::ne, bad,
+                  arith::ConstantOp::create(
+                      b, DenseElementsAttr::get(
+                             wordTy, b.getI64IntegerAttr(0).getValue()))),
+             nan, fadd(g, d));
+  tile::ScatterOp::create(b, sum, grad, at, ok);
   func::ReturnOp::create(b);
 }

@@ -181,6 +181,9 @@ private:
   /// and its size (index): the arguments after the gradient buffers.
   Value captureWords(unsigned c, bool lo);
   Value captureSize(unsigned c);
+  /// W = abi::bwd::captureWords(size) of captured tensor \p c (index): the
+  /// hi words' count, and where lo holds the non-finite count.
+  Value wordCount(unsigned c);
   /// \p v (f32) split exactly into its two fixed-point words, each added
   /// at \p index into captured tensor \p c's accumulators.
   void addFixedPoint(Value v, unsigned c, Value index);

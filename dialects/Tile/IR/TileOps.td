@@ -271,7 +271,8 @@ def Tile_GatherOp : Tile_Op<"gather"> {
         -> tensor<64x32xf32>
     ```
   }];
-  let arguments = (ins Arg<MemRefRankOf<[F32, I32], [1]>, "", [MemRead]>:$base,
+  let arguments = (ins Arg<MemRefRankOf<[F32, I32, I64], [1]>, "",
+                       [MemRead]>:$base,
                    Tile_Tile:$index);
   let results = (outs Tile_Tile:$result);
   let assemblyFormat = [{
