@@ -303,6 +303,11 @@ TEST(CApiCaptured, MaskModBesideTheBiasOnTheCpu) {
             FLASHJIT_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(lastError().find("no gradient"), std::string::npos)
       << lastError();
+  size_t bytes = 0; // and by the workspace query, as the call would be
+  EXPECT_EQ(flashjit_backward_captured_workspace_size(h, &sp.spec, 2, 4, 20, 33,
+                                                      captured, 2, &bytes),
+            FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("no gradient"), std::string::npos) << lastError();
   captured[1].grad = nullptr;
   ASSERT_EQ(flashjit_backward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
                                        &dO, sp.d.lse.data(), &dq, &dk, &dv,

@@ -158,6 +158,28 @@ static void runForward(flashjit_handle *handle, const flashjit_spec *spec,
                 cudaStream);
 }
 
+/// The gradients asked for (a non-NULL grad) become \p s's capture_grads,
+/// part of the kernel; their tensors' sizes (the others' 0), which the
+/// deterministic words need. A grad for a mask_mod's captured tensor is a
+/// named error (a predicate's input takes no gradient).
+static std::array<int64_t, abi::kMaxCaptures>
+askCaptureGrads(AttentionSpec &s, const flashjit_captured *captured,
+                int64_t numCaptured) {
+  std::array<int64_t, abi::kMaxCaptures> sizes{};
+  for (int64_t c = 0; c < numCaptured && c < abi::kMaxCaptures; ++c) {
+    if (!captured[c].grad)
+      continue;
+    if (c >= s.captures - s.maskCaptures)
+      invalid(fmt::format("captured[{}].grad: that tensor is spec.mask_mod's, "
+                          "read by a predicate: it takes no gradient (pass "
+                          "NULL)",
+                          c));
+    s.captureGrads |= int64_t(1) << c;
+    sizes[size_t(c)] = captured[c].size;
+  }
+  return sizes;
+}
+
 /// The backward calls' body: checks, then the handle's device.
 static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
                         const flashjit_tensor *q, const flashjit_tensor *k,
@@ -185,22 +207,10 @@ static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
   checkCaptured(s, captured, numCaptured,
                 varlen ? "flashjit_backward_varlen"
                        : "flashjit_backward_captured");
-  // The gradients asked for (a non-NULL grad) are part of the kernel.
-  for (int64_t c = 0; c < numCaptured; ++c)
-    if (captured[c].grad)
-      s.captureGrads |= int64_t(1) << c;
-  for (int64_t c = s.captures - s.maskCaptures; c < numCaptured; ++c)
-    if (captured[c].grad)
-      invalid(fmt::format("captured[{}].grad: that tensor is spec.mask_mod's, "
-                          "read by a predicate: it takes no gradient (pass "
-                          "NULL)",
-                          c));
   // Deterministic: the gradients are summed in fixed point, in words that
   // the workspace holds (flashjit_backward_captured_workspace_size).
-  std::array<int64_t, abi::kMaxCaptures> sizes{};
-  for (int64_t c = 0; c < numCaptured && c < abi::kMaxCaptures; ++c)
-    sizes[size_t(c)] = captured[c].size;
-  WorkspaceLayout w = workspaceLayout(s, p, sizes.data());
+  WorkspaceLayout w =
+      workspaceLayout(s, p, askCaptureGrads(s, captured, numCaptured).data());
   checkWorkspace(workspace, workspaceBytes, w);
   if (handle->device == FLASHJIT_DEVICE_CUDA)
     backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
@@ -389,11 +399,7 @@ static void backwardWorkspaceSize(flashjit_handle *handle,
                           numCaptured, s.captures));
     if (numCaptured > 0 && !captured)
       invalid("captured is NULL");
-    for (int64_t c = 0; c < s.captures - s.maskCaptures; ++c)
-      if (captured[c].grad) {
-        s.captureGrads |= int64_t(1) << c;
-        sizes[size_t(c)] = captured[c].size;
-      }
+    sizes = askCaptureGrads(s, captured, numCaptured);
   }
   *bytes = workspaceLayout(s, p, sizes.data()).total;
 }
