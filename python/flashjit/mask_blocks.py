@@ -95,7 +95,8 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
     batch's int32 offsets, on the classification's device; Q_LEN, KV_LEN
     the longest sequences, B None or the sequences' count): a row per
     sequence, each classified on its own lengths and positions
-    (flashjit_mask_blocks_varlen), for attention_varlen. What the C API
+    (flashjit_mask_blocks_varlen), for attention_varlen; the offsets are
+    checked as attention_varlen checks them (_offsets). What the C API
     refuses is its InvalidArgumentError with its message."""
     _need_numpy()
     from . import _host_captures, _score_mod_and_captures
@@ -106,8 +107,10 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
     if varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
         raise ValueError(f"flashjit.{_FN}: a varlen batch takes both "
                          "cu_seqlens_q and cu_seqlens_k")
+    dev = _cuda_device(device)
+    offsets = ()
     if varlen:
-        sequences = len(cu_seqlens_q) - 1
+        offsets, sequences = _offsets(cu_seqlens_q, cu_seqlens_k, dev)
         if B is not None and B != sequences:
             raise ValueError(f"flashjit.{_FN}: B is {B}, the offsets give "
                              f"{sequences} sequences (a row each)")
@@ -141,7 +144,6 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
             handle, ctypes.byref(spec), heads, ctypes.byref(vl), array, count,
             stream)
 
-    dev = _cuda_device(device)
     if dev is None:
         counts = np.zeros(shape[:3], np.int32)
         indices = np.zeros(shape, np.int32)
@@ -150,27 +152,46 @@ def kernel_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None,
         host = _host_captures(captures, _FN)
         caps, count = _lib.make_captured([(a.ctypes.data, a.size)
                                           for a in host])
-        cu = [np.ascontiguousarray(_host_array(c), np.int32)
-              for c in (cu_seqlens_q, cu_seqlens_k)] if varlen else []
         _lib.check(call(_lib.handle(_lib.DEVICE_CPU),
-                        [c.ctypes.data for c in cu], caps, count, None))
+                        [c.ctypes.data for c in offsets], caps, count, None))
         return BlockMask(counts, indices, bs)
-    return _cuda_block_mask(dev, call, layout, shape, captures, bs,
-                            (cu_seqlens_q, cu_seqlens_k) if varlen else ())
+    return _cuda_block_mask(dev, call, layout, shape, captures, bs, offsets)
 
 
-def _host_array(a):
-    """A torch tensor's values as a numpy array (a CPU copy), else a."""
+def _offsets(cu_q, cu_k, dev):
+    """(offsets, sequences) of a varlen batch, checked as attention_varlen
+    checks them: a torch tensor must be int32 and on the classification's
+    device (dev; None: the CPU); numpy arrays and int sequences go through
+    varlen.host_offsets (int32, nothing narrowed silently); both 1-D of one
+    length (varlen.check_offset_shapes). The offsets as the call takes
+    them: int32 numpy arrays for the CPU, int32 torch tensors on dev."""
+    from . import varlen
+
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(a, torch.Tensor):
-        return a.detach().cpu().numpy()
-    return a
+    out = []
+    for name, c in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if torch is not None and isinstance(c, torch.Tensor):
+            if c.dtype != torch.int32:
+                raise TypeError(f"flashjit.{_FN}: {name} must be int32 "
+                                f"offsets, got {c.dtype}")
+            where = dev if dev is not None else torch.device("cpu")
+            if c.device != where:
+                raise ValueError(f"flashjit.{_FN}: {name} is on {c.device}, "
+                                 f"the classification runs on {where}")
+            c = c.detach().contiguous()
+            out.append(c if dev is not None else c.numpy())
+        else:
+            a = varlen.host_offsets(c, name, _FN)
+            out.append(a if dev is None else torch.from_numpy(a).to(dev))
+    return out, varlen.check_offset_shapes(tuple(out[0].shape),
+                                           tuple(out[1].shape), _FN)
 
 
 def _cuda_block_mask(dev, call, layout, shape, captures, bs, offsets):
     """kernel_block_mask on CUDA device dev: counts and indices zeroed on
-    it, the captured tensors as float32 copies on it (and a varlen batch's
-    offsets, int32), the kernel queued on torch's current stream of dev."""
+    it, the captured tensors as float32 copies on it (a varlen batch's
+    offsets already are: _offsets), the kernel queued on torch's current
+    stream of dev."""
     import torch
 
     from . import _torch_impl
@@ -187,10 +208,8 @@ def _cuda_block_mask(dev, call, layout, shape, captures, bs, offsets):
         layout.indices = indices.data_ptr() or None
         array, count = _lib.make_captured([(c.data_ptr(), c.numel())
                                            for c in caps])
-        cu = [torch.as_tensor(c, dtype=torch.int32, device=dev).contiguous()
-              for c in offsets]
         status = call(_torch_impl.cuda_handle(dev.index),
-                      [c.data_ptr() for c in cu], array, count,
+                      [c.data_ptr() for c in offsets], array, count,
                       _torch_impl._raw_stream(dev.index))
         _lib.check(status)
         bm = BlockMask(counts.cpu().numpy(), indices.cpu().numpy(), bs)
@@ -198,5 +217,5 @@ def _cuda_block_mask(dev, call, layout, shape, captures, bs, offsets):
     # their entries past a count hold the kernel's block classes, which no
     # kernel reads (the host copy's are 0, as BlockMask keeps them).
     bm._device_cache[str(dev)] = (counts, indices)
-    del caps, array, cu
+    del caps, array
     return bm

@@ -186,7 +186,8 @@ def test_varlen_rows_are_each_sequences_own():
     past its Q blocks; attention_varlen with it gives the mask's attention
     without a layout (a layout over the longest sequence's lengths for
     every row does not); B that is not the sequences' count, or one of the
-    offsets alone, is a ValueError."""
+    offsets alone, is a ValueError; int64 offsets a TypeError (as
+    attention_varlen's)."""
     lq, lk, H, bs = [100, 7, 200], [300, 40, 150], 2, 32
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
@@ -222,6 +223,14 @@ def test_varlen_rows_are_each_sequences_own():
                     cu_seqlens_k=cu_k)
     with pytest.raises(ValueError, match="both"):
         kernel_mask(fn, None, H, max(lq), max(lk), bs, cu_seqlens_q=cu_q)
+    # The offsets are checked as attention_varlen checks them: int32, not
+    # narrowed silently; one length.
+    with pytest.raises(TypeError, match="int32"):
+        kernel_mask(fn, None, H, max(lq), max(lk), bs,
+                    cu_seqlens_q=cu_q.astype(np.int64), cu_seqlens_k=cu_k)
+    with pytest.raises(ValueError, match="one length"):
+        kernel_mask(fn, None, H, max(lq), max(lk), bs, cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k[:-1])
 
 
 def test_torch_cpu_tensors():

@@ -448,3 +448,7 @@ def test_create_block_mask_varlen_by_the_kernel(seed):
     got = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk),
                                     mask_mod=fn, block_mask=bm)
     assert rel_err(host(got), host(plain)) <= BOUND[torch.bfloat16]
+    with pytest.raises(TypeError, match="int32"):  # as attention_varlen
+        flashjit.create_block_mask(fn, None, H, max(lq), max(lk),
+                                   device=DEVICE, BLOCK_SIZE=S, kernel=True,
+                                   cu_seqlens_q=cu_q.long(), cu_seqlens_k=cu_k)
