@@ -42,17 +42,9 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
 cuda_only = pytest.mark.skipif(DEVICE != "cuda",
                                reason="CUDA only (FLASHJIT_TEST_DEVICE=cpu)")
 
-BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-# As test_torch_gpu.py: the reference's D uses the forward's o as given.
-GRAD_BOUND = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
-
-
-@pytest.fixture
-def seed():
-    s = int.from_bytes(os.urandom(4), "little")
-    torch.manual_seed(s)
-    print(f"seed {s}")
-    return s
+# The bounds and the seed fixture (by name, for pytest) of the torch tests:
+# the reference's D uses the forward's o as given.
+from torch_gpu_helpers import BOUND, GRAD_BOUND, seed  # noqa: E402,F401
 
 
 def make(lens_q, lens_k, H, Hkv, d, dv, dtype, grad=False):

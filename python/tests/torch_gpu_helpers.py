@@ -1,6 +1,6 @@
 """Shared by test_torch_gpu.py and test_torch_captured_gpu.py (flashjit on
-torch CUDA tensors): the `cuda` skip mark, the error bounds, the `seed`
-fixture, the float64 references (torch's math SDPA), the forward and
+torch CUDA tensors; test_varlen_gpu.py takes the bounds and the fixture):
+the `cuda` skip mark, the error bounds, the `seed` fixture, the float64 references (torch's math SDPA), the forward and
 gradient checks and the input makers.
 
 A test module imports it after its own pytest.importorskip("torch") (this
@@ -32,9 +32,11 @@ GRAD_BOUND = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 @pytest.fixture
 def seed():
-    """A fresh seed for torch's generators, reported by failing checks."""
+    """A fresh seed for torch's generators, reported by failing checks
+    (and printed: pytest shows it with a failure)."""
     s = int.from_bytes(os.urandom(4), "little")
     torch.manual_seed(s)
+    print(f"seed {s}")
     return s
 
 
