@@ -574,9 +574,12 @@ LogicalResult TileKernelLowering::lowerScatterAdd(tile::ScatterAddOp op) {
                                     ArrayRef<LLVM::GEPArg>{g.ext64(index)});
     // An integer 0 adds nothing: no reduction (the non-finite count of a
     // deterministic gradient is one address every warp would add 0 to).
-    if (integer)
-      pred = g.andI(pred, g.cmp(arith::CmpIPredicate::ne, sum, g.c64(0)));
-    g.reduceAdd(pred, ptr, sum);
+    // The test is this index's own: a zero sum at one index must not drop
+    // the adds at the others.
+    Value ok =
+        integer ? g.andI(pred, g.cmp(arith::CmpIPredicate::ne, sum, g.c64(0)))
+                : pred;
+    g.reduceAdd(ok, ptr, sum);
   }
   return success();
 }
