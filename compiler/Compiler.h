@@ -164,6 +164,13 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target);
 /// Whether kernels for \p target add f32 pairs with one vector reduction
 /// (red.global.add.v2.f32: sm_90 or later, PTX ISA 8.1 or later).
 bool usesVectorAtomics(const GpuTarget &target);
+
+/// Whether the backward's dK/dV kernel on warpgroup MMAs adds its dQ rows
+/// into dq_accum by the tensor memory accelerator (staged in shared memory,
+/// cp.reduce.async.bulk) rather than by each thread's reductions: with
+/// warpgroup MMAs (usesWgmma) unless FLASHJIT_BULK_DQ=0 (for comparisons);
+/// the pipeline text, part of the cache key, records it.
+bool usesBulkDq(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
 bool usesWgmma(const GpuTarget &target);

@@ -34,14 +34,15 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
       usesPersistentKernel(target) ? " persistent=true" : "",
       usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
                              : "",
-      usesStagedStores() ? "" : " staged-stores=false", tilingOptions(config));
+      usesStagedStores() ? "" : " staged-stores=false",
+      usesBulkDq(target) ? " bulk-dq=true" : "", tilingOptions(config));
 }
 
 bool usesStagedStores() {
@@ -90,6 +91,11 @@ bool usesWgmma(const GpuTarget &target) {
   // part of the cache key, records the choice.
   const char *env = std::getenv("FLASHJIT_WGMMA");
   return target.arch == "sm_90a" && !(env && std::string(env) == "0");
+}
+
+bool usesBulkDq(const GpuTarget &target) {
+  const char *env = std::getenv("FLASHJIT_BULK_DQ");
+  return usesWgmma(target) && !(env && std::string(env) == "0");
 }
 
 bool usesVectorAtomics(const GpuTarget &target) {

@@ -584,10 +584,10 @@ std::string attnModuleText(const AttentionSpec &spec, const std::string &name) {
 
 int64_t backwardWorkspaceBytes(const AttentionSpec &spec, const Problem &p) {
   int64_t rows = p.batch * p.heads * p.seqLenQ;
-  int64_t bytes = 2 * rows * 4; // delta, -lse * log2(e)
-  if (dqAccumulation(spec) == DqAccumulation::Atomic)
-    bytes += rows * spec.headDimQK * 4; // dq_accum
-  return bytes;
+  if (dqAccumulation(spec) != DqAccumulation::Atomic)
+    return 2 * rows * 4; // delta, -lse * log2(e)
+  // Then dq_accum, 16-byte aligned.
+  return abi::bwd::dqAccumOffsetBytes(rows) + rows * spec.headDimQK * 4;
 }
 
 } // namespace flashjit

@@ -279,6 +279,14 @@ struct GpuBackwardGeometry {
   /// blocked 128B-swizzle layout and start on 1024-byte boundaries (the
   /// statistics padded).
   bool wgmmaShape;
+  /// With warpgroup MMAs and dQ's columns a multiple of 16, dQ may be added
+  /// into dq_accum by bulk reductions (the lowering's `bulk-dq` option):
+  /// each warpgroup stages its 64 rows of dqStageCols columns in shared
+  /// memory (Smem::dqStage; rows dqStagePitch bytes apart, 32 more than
+  /// their floats, so that a warp's stores of 8 rows take distinct banks),
+  /// and one warp adds each row by the tensor memory accelerator.
+  bool bulkDq;
+  int64_t dqStageCols, dqStagePitch;
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
   int64_t dqRows, dqKeys;    ///< dQ kernel: rows per program, keys per step
@@ -298,10 +306,11 @@ struct GpuBackwardGeometry {
   /// tiles, then two stages of the streamed ones (each stage: the QK tile,
   /// the V tile and, in the dK/dV kernel, the streamed rows' statistics:
   /// -lse * log2(e) and delta, f32), then (atomic dQ, dK/dV kernel) dS^T
-  /// and (kvQuerySplit 2) P^T: Bc keys x Br queries of the element type.
+  /// and (kvQuerySplit 2) P^T: Bc keys x Br queries of the element type,
+  /// then (bulkDq, 1024-byte aligned) the warpgroups' dQ rows.
   struct Smem {
     int64_t residentQK, residentV, streamQK, streamV, streamStats, stageBytes,
-        dsTile, pTile, total;
+        dsTile, pTile, dqStage, total;
   };
   Smem kvSmem, dqSmem;
 
@@ -338,6 +347,17 @@ inline DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
   int64_t perPart = warps / rowSplit;
   int64_t cols = perPart % 4 == 0 ? 4 : perPart % 2 == 0 ? 2 : 1;
   return {rowSplit, cols, perPart / cols, 64 / cols};
+}
+
+/// The dynamic shared memory of one sm_90 thread block (227 KiB).
+inline constexpr int64_t kSm90MaxSharedBytes = 232448;
+
+/// The columns of dQ = dS K that each of \p groups warpgroups holds (the
+/// dK/dV kernel on warpgroup MMAs, \p cols dQ's columns padded to 16): a
+/// 64-wide block each where they split evenly so, else all of them (the
+/// warpgroups then split the keys, each adding its keys' share).
+inline int64_t dqWarpgroupCols(int64_t cols, int64_t groups) {
+  return (cols / groups) % 64 == 0 ? cols / groups : cols;
 }
 
 /// Splits \p pad columns into chunks of at most \p maxChunk (a multiple of
@@ -418,6 +438,7 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
     s.dsTile = s.streamQK + 2 * s.stageBytes;
     s.pTile = s.dsTile + dsBytes;
     s.total = s.pTile + pBytes;
+    s.dqStage = s.total;
     return s;
   };
   const int64_t keyTileBytes = config.blockN * g.dsRowChunks * 16;
@@ -426,6 +447,19 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                   g.wgmmaShape ? roundUp(statsBytes, 1024) : statsBytes,
                   g.atomicDq ? keyTileBytes : 0, grid ? keyTileBytes : 0);
   g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0, 0);
+  // The staging rows where they fit in an sm_90 block's 227 KiB (the
+  // tiling keeps the threads' reductions where they do not).
+  const int64_t groups = std::max<int64_t>(config.warps / 4, 1);
+  g.dqStageCols = dqWarpgroupCols(g.dqkPad, groups);
+  g.dqStagePitch = g.dqStageCols * 4 + 32;
+  g.kvSmem.dqStage = roundUp(g.kvSmem.total, 1024);
+  const int64_t staged = g.kvSmem.dqStage + groups * 64 * g.dqStagePitch;
+  g.bulkDq =
+      g.wgmmaShape && spec.headDimQK % 16 == 0 && staged <= kSm90MaxSharedBytes;
+  if (g.bulkDq)
+    g.kvSmem.total = staged;
+  else
+    g.kvSmem.dqStage = g.kvSmem.total;
   return g;
 }
 

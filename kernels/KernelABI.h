@@ -401,6 +401,13 @@ inline constexpr const char *kCaptureGradSuffix = "_capture_grad";
 inline bool fixedPointCaptureGrads(const AttentionSpec &spec) {
   return spec.deterministic && spec.captureGrads != 0;
 }
+/// Where dq_accum starts in the backward's workspace, in bytes: after
+/// delta's 2 * \p rows floats (rows = B * H * Nq), rounded up to 16 bytes
+/// so that its rows (a multiple of 4 floats) are 16-byte aligned wherever
+/// the workspace is, as the dK/dV kernel's bulk reductions want them.
+inline int64_t dqAccumOffsetBytes(int64_t rows) {
+  return (2 * rows * 4 + 15) / 16 * 16;
+}
 /// Elements of each accumulator word of a captured tensor of \p size
 /// elements: whole rows of kCaptureColumns, which the conversion reads.
 inline int64_t captureWords(int64_t size) {

@@ -88,7 +88,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
   if (dqAccumulation(spec) == DqAccumulation::Atomic)
     bufs[bwd::DqAccum] =
-        a.delta + CUdeviceptr(2 * 4 * p.batch * p.heads * p.seqLenQ);
+        a.delta +
+        CUdeviceptr(bwd::dqAccumOffsetBytes(p.batch * p.heads * p.seqLenQ));
   // Buffers a kernel never reads (dq_accum of the separate dQ pass, a dense
   // kernel's layout) get a valid pointer anyway.
   for (CUdeviceptr &b : bufs)

@@ -43,7 +43,8 @@ mlir::LogicalResult lowerTileKernel(
 mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
                                             mlir::gpu::GPUModuleOp gpuModule,
                                             int64_t warps, int64_t copyBytes,
-                                            bool vectorAtomics, bool wgmma);
+                                            bool vectorAtomics, bool wgmma,
+                                            bool bulkDq);
 
 /// The AttentionSpec of a description's fields (an attn op's or an
 /// #attn.kernel's, both verified): the one mapping of mask names and

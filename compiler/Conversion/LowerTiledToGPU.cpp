@@ -187,7 +187,7 @@ struct LowerTiledToGPUPass
                                              config, copyBytes, false)))
         return signalPassFailure();
       LogicalResult lowered = conversion::lowerTileBackwardKernel(
-          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma);
+          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma, bulkDq);
       if (failed(lowered))
         return signalPassFailure();
       fn.erase();

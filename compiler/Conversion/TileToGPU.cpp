@@ -262,6 +262,10 @@ LogicalResult TileKernelLowering::assignHomes() {
   });
   if (walk.wasInterrupted())
     return failure();
+  if (place.dqStageCols) {
+    dqStageOffset = alignSlot(sharedBytes);
+    sharedBytes = dqStageOffset + place.warpgroups() * 64 * place.dqStagePitch;
+  }
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "
@@ -354,8 +358,13 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   }
   if (wg)
     settle(/*wait=*/!inLightBranch);
-  if (outermost && branch < 0 && !inRoleBranch)
+  if (outermost && branch < 0 && !inRoleBranch) {
+    // Bulk reductions read shared memory and write global memory after
+    // their thread moved on: done before the block's memory is released.
+    if (bulkReductions)
+      g.bulkWait(0, /*read=*/false);
     mlir::gpu::ReturnOp::create(b);
+  }
   return success();
 }
 

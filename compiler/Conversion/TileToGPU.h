@@ -264,6 +264,11 @@ private:
   // Warpgroup MMAs (TileToGPUWgmma.cpp).
   LogicalResult lowerWgmmaDot(tile::DotOp op);
   LogicalResult lowerWgmmaTransposed(tile::DotOp op, tile::AtomicAddOp atomic);
+  /// The warpgroup's 64 rows of \p f (dQ, its columns from \p colBase; the
+  /// thread's first row \p q0) added into \p r by bulk reductions through
+  /// its staging rows (KernelPlacement::dqStageCols, TileToGPUAtomics.cpp).
+  void reduceRowsInBulk(const ReductionTarget &r, const Fragment &f,
+                        Value colBase, Value q0);
   /// Pins the registers that \p first and the independent dots right after
   /// it read, then wgmma.fence: one batch of MMAs.
   void openBatch(tile::DotOp first);
@@ -478,6 +483,10 @@ private:
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;
   mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's
   int64_t sharedBytes = 0;
+  /// The warpgroups' dQ staging rows (KernelPlacement::dqStageCols), and
+  /// whether bulk reductions were issued (waited for before returning).
+  int64_t dqStageOffset = 0;
+  bool bulkReductions = false;
   /// Copies issued and not yet waited for (straight-line code).
   bool pendingCopies = false;
   /// The loop being lowered: its new induction variable, bound and step.

@@ -251,7 +251,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
 
 LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool vectorAtomics, bool wgmma) {
+    int64_t copyBytes, bool vectorAtomics, bool wgmma, bool bulkDq) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -305,6 +305,10 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   if (!geo.kvCombined)
     p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
+  if (p.wgmma && bulkDq && geo.bulkDq) {
+    p.dqStageCols = geo.dqStageCols;
+    p.dqStagePitch = geo.dqStagePitch;
+  }
   if (p.wgmma)
     p.mt = 1;
   else

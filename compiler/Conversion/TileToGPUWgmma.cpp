@@ -192,8 +192,10 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
 ///
 /// After: commit (the batch before stays in flight); fence.proxy.async;
 /// barrier; pinned zeros; fence; wgmma.m64n<N>k16 per 16 keys; commit;
-/// wait_group 0 (and the earlier batch); red.global.add(.v2) of the
-/// thread's registers, warp w % 4 holding rows 16 (w % 4) ...
+/// wait_group 0 (and the earlier batch); then, with staging rows
+/// (KernelPlacement::dqStageCols) and an aligned dq_accum, the rows added
+/// in bulk (reduceRowsInBulk), else red.global.add(.v2) of the thread's
+/// registers, warp w % 4 holding rows 16 (w % 4) ...
 LogicalResult
 TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
                                          tile::AtomicAddOp atomic) {
@@ -204,7 +206,7 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
     return fail(op, "a transposed warpgroup product has 64 rows");
   const int64_t groups = place.warpgroups();
   const bool byCols = (cols / groups) % 64 == 0;
-  const int64_t n = byCols ? cols / groups : cols;
+  const int64_t n = dqWarpgroupCols(cols, groups);
   const int64_t groupKeys = byCols ? keys : keys / groups;
   if (n > 256 || n % 8 != 0)
     return fail(op, "a warpgroup MMA's N is a multiple of 8 up to 256");
@@ -232,12 +234,29 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   ReductionTarget red = reductionOf(atomic);
   const Fragment &f = frags[op.getResult()];
   Value warp = g.divU(tid, g.c32(32));
-  Value col0 =
-      g.add(byCols ? g.mul(wgIdx, g.c32(n)) : g.c32(0), g.mul(tig, g.c32(2)));
+  Value colBase = byCols ? g.mul(wgIdx, g.c32(n)) : g.c32(0);
   Value q0 = g.add(g.mul(g.remU(warp, g.c32(4)), g.c32(16)), grp);
-  for (int64_t h = 0; h < 2; ++h)
-    for (int64_t j = 0; j < n / 8; ++j)
-      reducePair(g, red, g.add(q0, g.c32(8 * h)), col0, 8 * j,
-                 f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]);
+  auto byThreads = [&] {
+    Value col0 = g.add(colBase, g.mul(tig, g.c32(2)));
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < n / 8; ++j)
+        reducePair(g, red, g.add(q0, g.c32(8 * h)), col0, 8 * j,
+                   f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]);
+  };
+  if (!place.dqStageCols) {
+    byThreads();
+    return success();
+  }
+  if (place.dqStageCols != n)
+    return fail(op, "the dQ staging rows do not match the warpgroup's "
+                    "columns");
+  // Bulk reductions want 16-byte aligned rows: dq_accum's are, where its
+  // base is (its rows hold a multiple of 16 floats); a caller's workspace
+  // that is not keeps the threads' reductions.
+  Value base = LLVM::PtrToIntOp::create(b, g.i64, red.base);
+  Value aligned =
+      g.cmp(arith::CmpIPredicate::eq, g.andI(base, g.c64(15)), g.c64(0));
+  g.ifThen(aligned, [&] { reduceRowsInBulk(red, f, colBase, q0); });
+  g.ifThen(g.xorI(aligned, g.cBool(true)), byThreads);
   return success();
 }

@@ -94,6 +94,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.copyBytes = gpu.copyBytes;
   lower.vectorAtomics = gpu.vectorAtomics;
   lower.wgmma = gpu.wgmma;
+  lower.bulkDq = gpu.bulkDq;
   lower.kvRingStages = gpu.kvRingStages;
   lower.pingPong = gpu.pingPong;
   lower.persistent = gpu.persistent;

@@ -37,6 +37,8 @@ struct GpuPipelineConfig {
   int64_t tma = 0;
   /// The forward's output tile through a dead shared slot (16-byte stores).
   bool stagedStores = true;
+  /// The backward's atomic dQ by bulk reductions of staged rows (wgmma).
+  bool bulkDq = false;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -89,6 +91,13 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
                      "(16-byte stores of whole rows)"),
       llvm::cl::init(true)};
 
+  Option<bool> bulkDq{
+      *this, "bulk-dq",
+      llvm::cl::desc("the backward's dK/dV kernel on warpgroup MMAs adds dQ "
+                     "into dq_accum by bulk reductions of rows staged in "
+                     "shared memory (cp.reduce.async.bulk, sm_90)"),
+      llvm::cl::init(false)};
+
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;
     gpu.copyBytes = copyBytes;
@@ -99,6 +108,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.persistent = persistent;
     gpu.tma = tma;
     gpu.stagedStores = stagedStores;
+    gpu.bulkDq = bulkDq;
     return gpu;
   }
 };

@@ -156,7 +156,8 @@ void CpuBackwardKernel::run(const Problem &p, const AttentionData &fwd,
   bufs[bwd::Lse] = describe(const_cast<float *>(fwd.lse.data()), rows);
   bufs[bwd::Delta] = describe(delta, 2 * rows);
   bufs[bwd::DqAccum] = atomicDq
-                           ? describe(delta + 2 * rows, rows * spec.headDimQK)
+                           ? describe(delta + bwd::dqAccumOffsetBytes(rows) / 4,
+                                      rows * spec.headDimQK)
                            : describe(&noAccum, 1);
   bufs[bwd::DQ] = view(g.dq);
   bufs[bwd::DK] = view(g.dk);

@@ -398,6 +398,15 @@ TEST(CApi, BackwardWorkspaceSize) {
   const size_t stats = 2 * 2 * 4 * 20 * 4, accum = 2 * 4 * 20 * 32 * 4;
   ASSERT_EQ(sp.spec.deterministic, 0);
   EXPECT_EQ(sp.workspaceBytes(h), stats + accum);
+  // An odd B * H * Nq (one head, no GQA, 7 rows): the statistics end at
+  // 56 bytes, dq_accum starts at the next 16-byte boundary, 64.
+  sp.spec.gqa = 1;
+  size_t odd = 0;
+  EXPECT_EQ(flashjit_backward_workspace_size(h, &sp.spec, 1, 1, 7, 33, &odd),
+            FLASHJIT_OK)
+      << lastError();
+  EXPECT_EQ(odd, size_t(64 + 7 * 32 * 4));
+  sp.spec.gqa = 2;
   // Deterministic: the statistics only, whatever the spec's direction.
   sp.spec.deterministic = 1;
   EXPECT_EQ(sp.workspaceBytes(h), stats);

@@ -1,9 +1,11 @@
-//===- GpuStoreCodegenTests.cpp - The forward's O stores, in the PTX ------===//
+//===- GpuStoreCodegenTests.cpp - Output stores, in the PTX ---------------===//
 //
 /// \file
 /// The forward's output tile goes through the dead Q slot
 /// (KernelPlacement::stagedStores) wherever its conditions hold, and is
-/// stored element by element elsewhere: checked on the PTX, no GPU needed.
+/// stored element by element elsewhere; the backward's atomic dQ goes
+/// through staging rows and bulk reductions (KernelPlacement::dqStageCols)
+/// where its conditions hold: checked on the PTX, no GPU needed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -87,6 +89,70 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
   EXPECT_GT(occurrences(ptx, "st.global.b16"), 0u);
   EXPECT_EQ(gpuPipelineText(ring, target).find("staged-stores"),
             std::string::npos);
+}
+
+/// The dK/dV kernel on warpgroup MMAs adds dQ by bulk reductions of its
+/// staged rows (GpuBackwardGeometry::bulkDq): each warpgroup's first warp
+/// reduces two rows per lane of its columns (64 of two warpgroups' 128,
+/// or all of them where the warpgroups split the keys), waits for the last
+/// step's reads before the rows are written again and for every copy
+/// before it returns; the threads' reductions stay for an unaligned
+/// dq_accum. Not where dQ's columns are no multiple of 16, without
+/// warpgroup MMAs (sm_90, the separate dQ pass) or with FLASHJIT_BULK_DQ=0.
+TEST(GpuStoreCodegen, BackwardDqRowsInBulk) {
+  struct Case {
+    int64_t dqk;
+    MaskKind mask;
+    bool deterministic;
+    TileConfig config;
+    const char *arch;
+    int64_t rowBytes; ///< 0: no bulk reductions
+  };
+  const Case cases[] = {
+      {128, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 256},
+      {64, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 256},
+      {96, MaskKind::Causal, false, tileConfig(64, 128, 8), "sm_90a", 384},
+      {128, MaskKind::None, false, tileConfig(64, 64, 4), "sm_90a", 512},
+      {33, MaskKind::None, false, tileConfig(64, 64, 4), "sm_90a", 0},
+      {128, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90", 0},
+      {128, MaskKind::None, true, tileConfig(64, 64, 4), "sm_90a", 0},
+  };
+  for (const Case &c : cases) {
+    AttentionSpec spec;
+    spec.direction = Direction::Backward;
+    spec.headDimQK = spec.headDimV = c.dqk;
+    spec.mask = c.mask;
+    spec.deterministic = c.deterministic;
+    GpuTarget target;
+    target.arch = c.arch;
+    SCOPED_TRACE(spec.name() + " " + c.config.toJson() + " " + c.arch);
+    std::string ptx = compileToPtx(spec, c.config, target);
+    const std::string bulk =
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
+    EXPECT_EQ(occurrences(ptx, bulk), c.rowBytes ? 2u : 0u);
+    EXPECT_EQ(occurrences(ptx, "], " + std::to_string(c.rowBytes) + "; }"),
+              c.rowBytes ? 2u : 0u);
+    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group.read 0;"),
+              c.rowBytes ? 1u : 0u);
+    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group 0;"),
+              c.rowBytes ? 1u : 0u);
+    EXPECT_EQ(occurrences(ptx, "st.shared.v2.b32"),
+              size_t(c.rowBytes ? c.rowBytes / 16 : 0));
+    EXPECT_EQ(occurrences(ptx, "red.global.add") > 0, !c.deterministic);
+  }
+  AttentionSpec spec;
+  spec.direction = Direction::Backward;
+  TileConfig config = tileConfig(64, 128, 8);
+  GpuTarget target;
+  target.arch = "sm_90a";
+  EXPECT_NE(gpuPipelineText(config, target).find(" bulk-dq=true"),
+            std::string::npos);
+  ASSERT_EQ(setenv("FLASHJIT_BULK_DQ", "0", 1), 0);
+  std::string text = gpuPipelineText(config, target);
+  std::string ptx = compileToPtx(spec, config, target);
+  unsetenv("FLASHJIT_BULK_DQ");
+  EXPECT_EQ(text.find("bulk-dq"), std::string::npos) << text;
+  EXPECT_EQ(occurrences(ptx, "cp.reduce.async.bulk"), 0u);
 }
 
 } // namespace

@@ -476,7 +476,8 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
  *  query heads, query and key sequence lengths), in *bytes: fp32
  *  [2, B, H, Nq] (per-row statistics: delta = rowsum(dO * O) and
  *  -lse * log2(e)), then, unless spec->deterministic, the dQ accumulator
- *  (fp32 [B, H, Nq, head_dim_qk]), and, for a block-sparse spec, room for
+ *  (fp32 [B, H, Nq, head_dim_qk], from the next 16-byte boundary: 8 more
+ *  bytes where B * H * Nq is odd), and, for a block-sparse spec, room for
  *  the layout's KV-major transpose at that batch and heads (a broadcast
  *  layout uses less). The same for CPU and CUDA handles; no GPU is
  *  touched. */

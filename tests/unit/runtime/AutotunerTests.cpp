@@ -159,7 +159,7 @@ TEST(Autotuner, BackwardWarpGrid) {
   GpuBackwardGeometry g = gpuBackwardGeometry(backwardSpec(128, 128), c);
   EXPECT_EQ(g.kvQuerySplit, 2);
   EXPECT_EQ(g.keyTiles, 2); // 128 keys over 4 key parts
-  EXPECT_EQ(g.kvSmem.total - g.kvSmem.pTile, 128 * 64 * 2);
+  EXPECT_EQ(g.kvSmem.dqStage - g.kvSmem.pTile, 128 * 64 * 2);
   // Registers: 32 keys x 128 columns (dK, dV) + 32 x 32 (S^T, dP^T) twice.
   EXPECT_EQ(backwardAccumulatorRegisters(backwardSpec(128, 128), c),
             32 * 128 / 32 + 2 * 32 * 32 / 32);
@@ -173,7 +173,45 @@ TEST(Autotuner, BackwardWarpGrid) {
     GpuBackwardGeometry one = gpuBackwardGeometry(spec, config);
     EXPECT_EQ(one.kvQuerySplit, 1) << spec.name() << " " << config.toJson();
     EXPECT_EQ(one.keyTiles, config.blockN / (16 * config.warps));
-    EXPECT_EQ(one.kvSmem.total, one.kvSmem.pTile);
+    EXPECT_EQ(one.kvSmem.dqStage, one.kvSmem.pTile);
+  }
+}
+
+/// The dK/dV kernel on warpgroup MMAs stages dQ's rows for bulk
+/// reductions after its other tiles (1 KiB aligned): each warpgroup 64 rows
+/// of its columns (64 of 128, or all where the warpgroups split the keys),
+/// 32 bytes past their floats; only where dQ's columns are a multiple of
+/// 16 and the block still fits 227 KiB.
+TEST(Autotuner, BackwardDqStagingRows) {
+  struct Case {
+    int64_t dqk, dv;
+    TileConfig config;
+    int64_t cols; ///< 0: no staging
+  };
+  const Case cases[] = {{128, 128, TileConfig{64, 128, 8, 2}, 64},
+                        {64, 64, TileConfig{64, 128, 8, 2}, 64},
+                        {96, 96, TileConfig{64, 128, 8, 2}, 96},
+                        {128, 128, TileConfig{64, 64, 4, 2}, 128},
+                        {80, 80, TileConfig{64, 128, 8, 2}, 80},
+                        {72, 72, TileConfig{64, 128, 8, 2}, 0},
+                        {192, 64, TileConfig{64, 128, 8, 2}, 0},
+                        {128, 128, TileConfig{128, 128, 8, 2}, 0}};
+  for (const Case &c : cases) {
+    GpuBackwardGeometry g =
+        gpuBackwardGeometry(backwardSpec(c.dqk, c.dv), c.config);
+    SCOPED_TRACE(std::to_string(c.dqk) + " " + c.config.toJson());
+    EXPECT_EQ(g.bulkDq, c.cols > 0);
+    EXPECT_LE(g.kvSmem.total, kSm90MaxSharedBytes);
+    if (!g.bulkDq) {
+      EXPECT_EQ(g.kvSmem.dqStage, g.kvSmem.total);
+      continue;
+    }
+    EXPECT_EQ(g.dqStageCols, c.cols);
+    EXPECT_EQ(g.dqStagePitch, c.cols * 4 + 32);
+    EXPECT_EQ(g.kvSmem.dqStage % 1024, 0);
+    EXPECT_GE(g.kvSmem.dqStage, g.kvSmem.pTile);
+    EXPECT_EQ(g.kvSmem.total - g.kvSmem.dqStage,
+              c.config.warps / 4 * 64 * g.dqStagePitch);
   }
 }
 
@@ -205,9 +243,10 @@ TEST(Autotuner, BackwardDqKernelTiling) {
   EXPECT_EQ(atomic.dqSharedBytes(), 0);
   EXPECT_EQ(atomic.kvQuerySplit, 2);
   EXPECT_EQ(atomic.kvSmem.pTile - atomic.kvSmem.dsTile, 64 * 64 * 2);
-  EXPECT_EQ(atomic.kvSmem.total - atomic.kvSmem.pTile, 64 * 64 * 2);
+  EXPECT_EQ(atomic.kvSmem.dqStage - atomic.kvSmem.pTile, 64 * 64 * 2);
   EXPECT_EQ(g.kvQuerySplit, 1);
   EXPECT_EQ(g.kvSmem.total, g.kvSmem.dsTile);
+  EXPECT_FALSE(g.bulkDq);
   // Already two row tiles per warp (128 rows): Br x Bc as given.
   c.blockM = 128;
   g = gpuBackwardGeometry(backwardSpec(64, 64), c);
