@@ -165,11 +165,13 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target);
 /// (red.global.add.v2.f32: sm_90 or later, PTX ISA 8.1 or later).
 bool usesVectorAtomics(const GpuTarget &target);
 
-/// Whether the backward's dK/dV kernel on warpgroup MMAs adds its dQ rows
-/// into dq_accum by the tensor memory accelerator (staged in shared memory,
-/// cp.reduce.async.bulk) rather than by each thread's reductions: with
-/// warpgroup MMAs (usesWgmma) unless FLASHJIT_BULK_DQ=0 (for comparisons);
-/// the pipeline text, part of the cache key, records it.
+/// Whether the backward's dK/dV kernel on warpgroup MMAs adds each step's
+/// dQ tile into dq_accum by one bulk reduction from shared memory
+/// (cp.reduce.async.bulk, the lowering's `bulk-dq` option) rather than by
+/// each thread's red.global.add: opt-in with FLASHJIT_BULK_DQ=1 and
+/// warpgroup MMAs (usesWgmma); measured 7% slower at d = 128 on the H200
+/// (bench/NOTES.md, T24). The pipeline text, part of the cache key,
+/// records it.
 bool usesBulkDq(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.

@@ -95,7 +95,7 @@ bool usesWgmma(const GpuTarget &target) {
 
 bool usesBulkDq(const GpuTarget &target) {
   const char *env = std::getenv("FLASHJIT_BULK_DQ");
-  return usesWgmma(target) && !(env && std::string(env) == "0");
+  return usesWgmma(target) && env && std::string(env) == "1";
 }
 
 bool usesVectorAtomics(const GpuTarget &target) {

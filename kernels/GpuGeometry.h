@@ -282,11 +282,10 @@ struct GpuBackwardGeometry {
   /// With warpgroup MMAs and dQ's columns a multiple of 16, dQ may be added
   /// into dq_accum by bulk reductions (the lowering's `bulk-dq` option):
   /// each warpgroup stages its 64 rows of dqStageCols columns in shared
-  /// memory (Smem::dqStage; rows dqStagePitch bytes apart, 32 more than
-  /// their floats, so that a warp's stores of 8 rows take distinct banks),
-  /// and one warp adds each row by the tensor memory accelerator.
+  /// memory (Smem::dqStage, laid out as in dq_accum), and one thread adds
+  /// the step's tile by the tensor memory accelerator.
   bool bulkDq;
-  int64_t dqStageCols, dqStagePitch;
+  int64_t dqStageCols;
   int64_t keyTiles;          ///< 16-key MMA tiles per warp (dK/dV kernel)
   int64_t rowTiles;          ///< 16-row MMA tiles per warp (dQ kernel)
   int64_t dqRows, dqKeys;    ///< dQ kernel: rows per program, keys per step
@@ -447,13 +446,12 @@ inline GpuBackwardGeometry gpuBackwardGeometry(const AttentionSpec &spec,
                   g.wgmmaShape ? roundUp(statsBytes, 1024) : statsBytes,
                   g.atomicDq ? keyTileBytes : 0, grid ? keyTileBytes : 0);
   g.dqSmem = smem(g.dqRows, g.dqKeys, 0, 0, 0);
-  // The staging rows where they fit in an sm_90 block's 227 KiB (the
+  // The staging tile where it fits in an sm_90 block's 227 KiB (the
   // tiling keeps the threads' reductions where they do not).
   const int64_t groups = std::max<int64_t>(config.warps / 4, 1);
   g.dqStageCols = dqWarpgroupCols(g.dqkPad, groups);
-  g.dqStagePitch = g.dqStageCols * 4 + 32;
   g.kvSmem.dqStage = roundUp(g.kvSmem.total, 1024);
-  const int64_t staged = g.kvSmem.dqStage + groups * 64 * g.dqStagePitch;
+  const int64_t staged = g.kvSmem.dqStage + groups * 64 * g.dqStageCols * 4;
   g.bulkDq =
       g.wgmmaShape && spec.headDimQK % 16 == 0 && staged <= kSm90MaxSharedBytes;
   if (g.bulkDq)

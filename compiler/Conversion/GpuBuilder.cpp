@@ -113,17 +113,15 @@ void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {
                 {arith::ExtUIOp::create(b, i32, pred), addr, v0, v1});
 }
 
-void GpuBuilder::bulkReduceAdd(Value pred, Value dst, Value src,
-                               int64_t bytes) {
+void GpuBuilder::bulkReduceAdd(Value pred, Value dst, Value src, Value bytes) {
   Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(dst));
   sideEffectAsm(*this,
                 "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
                 "@p cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
-                "[$1], [$2], " +
-                    std::to_string(bytes) + "; }",
-                "r,l,r,~{memory}",
+                "[$1], [$2], $3; }",
+                "r,l,r,r,~{memory}",
                 {arith::ExtUIOp::create(b, i32, pred), addr,
-                 LLVM::PtrToIntOp::create(b, i32, src)});
+                 LLVM::PtrToIntOp::create(b, i32, src), bytes});
 }
 
 void GpuBuilder::bulkCommit() {

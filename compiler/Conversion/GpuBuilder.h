@@ -166,12 +166,12 @@ public:
   /// If \p pred: ptr[0] += v0, ptr[1] += v1 in one red.global.add.v2.f32
   /// (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.
   void reduceAdd2(Value pred, Value ptr, Value v0, Value v1);
-  /// If \p pred: adds \p bytes (a multiple of 16) of f32 from shared
+  /// If \p pred: adds \p bytes (i32, a multiple of 16) of f32 from shared
   /// pointer \p src into global memory at generic pointer \p dst, both
   /// 16-byte aligned, by the tensor memory accelerator
   /// (cp.reduce.async.bulk ... .bulk_group.add.f32, sm_90): each element
   /// atomically, asynchronously; bulkCommit() closes the thread's group.
-  void bulkReduceAdd(Value pred, Value dst, Value src, int64_t bytes);
+  void bulkReduceAdd(Value pred, Value dst, Value src, Value bytes);
   /// cp.async.bulk.commit_group: the thread's bulk copies since the last.
   void bulkCommit();
   /// Waits until at most \p pending of the thread's committed bulk groups

@@ -58,11 +58,11 @@ struct KernelPlacement {
   bool reversePidM = false;
   /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).
   bool vectorAtomics = false;
-  /// dQ = dS K on warpgroup MMAs added into dq_accum by bulk reductions
-  /// (the `bulk-dq` option, GpuBackwardGeometry::bulkDq): each warpgroup's
-  /// rows of dqStageCols floats staged dqStagePitch bytes apart (0: by
-  /// each thread's red.global.add).
-  int64_t dqStageCols = 0, dqStagePitch = 0;
+  /// dQ = dS K on warpgroup MMAs added into dq_accum by one bulk reduction
+  /// per step (the `bulk-dq` option, GpuBackwardGeometry::bulkDq): each
+  /// warpgroup's 64 rows of dqStageCols floats staged in shared memory as
+  /// dq_accum lays them out (0: by each thread's red.global.add).
+  int64_t dqStageCols = 0;
   /// Warps along the columns of every 2-D register tile (the dK/dV kernel's
   /// 2-D warp grid: 2): warp w holds rows of part w / colParts and columns
   /// of half w % colParts; a product's register lhs then goes through a

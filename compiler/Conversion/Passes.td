@@ -35,10 +35,10 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "the shape allows: the forward's (GpuGeometry::wgmmaShape) and "
            "the backward's dK/dV kernel's (GpuBackwardGeometry::wgmmaShape)">,
     Option<"bulkDq", "bulk-dq", "bool", "false",
-           "the backward's dK/dV kernel on warpgroup MMAs adds dQ into "
-           "dq_accum by bulk reductions (cp.reduce.async.bulk) of rows "
-           "staged in shared memory, where dQ's columns are a multiple of 16 "
-           "(GpuBackwardGeometry::bulkDq)">,
+           "the backward's dK/dV kernel on warpgroup MMAs adds each step's "
+           "dQ tile into dq_accum by one bulk reduction "
+           "(cp.reduce.async.bulk) from shared memory, where dQ's columns "
+           "are a multiple of 16 (GpuBackwardGeometry::bulkDq)">,
     Option<"kvRingStages", "kv-ring-stages", "int64_t", "0",
            "the forward on warpgroup MMAs: the stages of the K/V ring that a "
            "producer warpgroup fills (2 to 4; 0 or 1: no ring, the loop's "

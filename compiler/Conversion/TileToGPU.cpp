@@ -264,7 +264,8 @@ LogicalResult TileKernelLowering::assignHomes() {
     return failure();
   if (place.dqStageCols) {
     dqStageOffset = alignSlot(sharedBytes);
-    sharedBytes = dqStageOffset + place.warpgroups() * 64 * place.dqStagePitch;
+    sharedBytes =
+        dqStageOffset + place.warpgroups() * 64 * place.dqStageCols * 4;
   }
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes

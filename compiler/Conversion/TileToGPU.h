@@ -265,10 +265,11 @@ private:
   LogicalResult lowerWgmmaDot(tile::DotOp op);
   LogicalResult lowerWgmmaTransposed(tile::DotOp op, tile::AtomicAddOp atomic);
   /// The warpgroup's 64 rows of \p f (dQ, its columns from \p colBase; the
-  /// thread's first row \p q0) added into \p r by bulk reductions through
-  /// its staging rows (KernelPlacement::dqStageCols, TileToGPUAtomics.cpp).
-  void reduceRowsInBulk(const ReductionTarget &r, const Fragment &f,
-                        Value colBase, Value q0);
+  /// thread's first row \p q0) added into \p r by one bulk reduction of
+  /// the staging tile (KernelPlacement::dqStageCols; the warpgroups'
+  /// tiles side by side where they \p splitCols; TileToGPUAtomics.cpp).
+  void reduceTileInBulk(const ReductionTarget &r, const Fragment &f,
+                        Value colBase, Value q0, bool splitCols);
   /// Pins the registers that \p first and the independent dots right after
   /// it read, then wgmma.fence: one batch of MMAs.
   void openBatch(tile::DotOp first);
@@ -483,7 +484,7 @@ private:
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;
   mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's
   int64_t sharedBytes = 0;
-  /// The warpgroups' dQ staging rows (KernelPlacement::dqStageCols), and
+  /// The warpgroups' dQ staging tile (KernelPlacement::dqStageCols), and
   /// whether bulk reductions were issued (waited for before returning).
   int64_t dqStageOffset = 0;
   bool bulkReductions = false;

@@ -270,40 +270,49 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   return success();
 }
 
-/// The warpgroup's dQ rows added into dq_accum by the tensor memory
-/// accelerator: the threads store their registers into the warpgroup's
-/// staging rows, and the warpgroup's first warp adds each row with one
-/// bulk reduction, which the tensor memory accelerator carries out while
-/// the warps go on (the threads' red.global.add held their registers and
-/// the load/store queue until each was issued). Before:
+/// The step's dQ tile added into dq_accum by the tensor memory accelerator
+/// (the `bulk-dq` option, opt-in): the threads store their registers into
+/// a staging tile laid out as dq_accum's rows (the warpgroups' column
+/// blocks side by side where they split the columns, else a tile each),
+/// and one thread adds its rows that exist with one bulk reduction, which
+/// the accelerator carries out while the warps go on. Measured slower than
+/// the threads' reductions on the H200 (T24: one copy per row 32%, one
+/// per step 7% at d = 128); kept as the start of a dq_accum laid out in
+/// the staging's order. Before:
 ///
 ///   %dq = tile.dot %dsh, %k {transpose_lhs} : ... -> tensor<64x128xf32>
 ///   tile.atomic_add %dq, %dq_accum[%off] rows %m0 of %nq stride %dqk
 ///
-/// After (warpgroup w, its columns from c0 = w * 64; rows 288 bytes apart):
+/// After (two warpgroups, each 64 of the 128 columns):
 ///
-///   cp.async.bulk.wait_group.read 0    // the last step's rows are read
-///   bar.sync 2 + w, 128
-///   st.shared.v2.f32 [stage_w + row * 288 + col * 4], {dq pair} (x 16)
+///   cp.async.bulk.wait_group.read 0    // the last step's tile is read
+///   bar.sync 2, 256
+///   st.shared.v2.f32 [stage + row * 512 + col * 4], {dq pair} (x 16)
 ///   fence.proxy.async.shared::cta
-///   bar.sync 2 + w, 128
-///   warp 4 w, lane l, rows r = l, l + 32 where m0 + r < nq:
-///     cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32
-///         [dq_accum + 4 (off + (m0 + r) dqk + c0)], [stage_w + r * 288], 256
-///     cp.async.bulk.commit_group
+///   bar.sync 2, 256
+///   thread 0: cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32
+///                 [dq_accum + 4 (off + m0 dqk)], [stage],
+///                 512 * clamp(nq - m0, 0, 64)
+///             cp.async.bulk.commit_group
 ///
 /// and cp.async.bulk.wait_group 0 before the kernel returns.
-void TileKernelLowering::reduceRowsInBulk(const ReductionTarget &r,
+void TileKernelLowering::reduceTileInBulk(const ReductionTarget &r,
                                           const Fragment &f, Value colBase,
-                                          Value q0) {
-  const int64_t n = place.dqStageCols, pitch = place.dqStagePitch;
-  // Named barriers 2, 3, ...: one per warpgroup (0 is the block's).
-  Value bar = g.add(g.c32(2), wgIdx);
-  Value stage = g.add(g.c32(dqStageOffset), g.mul(wgIdx, g.c32(64 * pitch)));
+                                          Value q0, bool splitCols) {
+  const int64_t n = place.dqStageCols;
+  const int64_t pitch = 4 * (splitCols ? n * place.warpgroups() : n);
+  // Named barrier 2 for the warpgroups together, else 2 + w for each (0 is
+  // the block's own).
+  Value bar = splitCols ? g.c32(2) : g.add(g.c32(2), wgIdx);
+  const int64_t threads = splitCols ? place.threads : 128;
+  Value stage =
+      splitCols ? g.c32(dqStageOffset)
+                : g.add(g.c32(dqStageOffset), g.mul(wgIdx, g.c32(64 * pitch)));
   g.bulkWait(0, /*read=*/true);
-  g.namedBarrierSync(bar, 128);
+  g.namedBarrierSync(bar, threads);
   Value lanePart =
-      g.add(stage, g.add(g.mul(q0, g.c32(pitch)), g.mul(tig, g.c32(8))));
+      g.add(g.add(stage, splitCols ? g.mul(colBase, g.c32(4)) : g.c32(0)),
+            g.add(g.mul(q0, g.c32(pitch)), g.mul(tig, g.c32(8))));
   auto pairTy = VectorType::get({2}, g.f32);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t j = 0; j < n / 8; ++j) {
@@ -315,19 +324,16 @@ void TileKernelLowering::reduceRowsInBulk(const ReductionTarget &r,
       LLVM::StoreOp::create(b, pair, g.sharedBytePtr(smem, at), 8);
     }
   wg->fenceProxyAsync();
-  g.namedBarrierSync(bar, 128);
-  Value warp = g.divU(tid, g.c32(32));
-  g.ifThen(g.cmp(CmpIPredicate::eq, g.remU(warp, g.c32(4)), g.c32(0)), [&] {
-    for (int64_t k = 0; k < 64; k += 32) {
-      Value q = g.add(lane, g.c32(k));
-      Value row = g.add(r.row0, q);
-      Value at = g.add(g.add(r.offset, g.mul(g.ext64(row), r.stride)),
-                       g.ext64(colBase));
-      Value dst = LLVM::GEPOp::create(b, g.ptrGen, g.f32, r.base,
-                                      ArrayRef<LLVM::GEPArg>{at});
-      Value src = g.sharedBytePtr(smem, g.add(stage, g.mul(q, g.c32(pitch))));
-      g.bulkReduceAdd(g.cmp(CmpIPredicate::slt, row, r.bound), dst, src, n * 4);
-    }
+  g.namedBarrierSync(bar, threads);
+  Value rows = g.minS(g.maxS(g.sub(r.bound, r.row0), g.c32(0)), g.c32(64));
+  Value first = g.cmp(CmpIPredicate::eq, g.remU(tid, g.c32(threads)), g.c32(0));
+  g.ifThen(first, [&] {
+    Value at = g.add(g.add(r.offset, g.mul(g.ext64(r.row0), r.stride)),
+                     g.ext64(splitCols ? g.c32(0) : colBase));
+    Value dst = LLVM::GEPOp::create(b, g.ptrGen, g.f32, r.base,
+                                    ArrayRef<LLVM::GEPArg>{at});
+    g.bulkReduceAdd(g.cmp(CmpIPredicate::sgt, rows, g.c32(0)), dst,
+                    g.sharedBytePtr(smem, stage), g.mul(rows, g.c32(pitch)));
     g.bulkCommit();
   });
   bulkReductions = true;

@@ -305,10 +305,8 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   if (!geo.kvCombined)
     p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
-  if (p.wgmma && bulkDq && geo.bulkDq) {
+  if (p.wgmma && bulkDq && geo.bulkDq)
     p.dqStageCols = geo.dqStageCols;
-    p.dqStagePitch = geo.dqStagePitch;
-  }
   if (p.wgmma)
     p.mt = 1;
   else

@@ -192,9 +192,9 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
 ///
 /// After: commit (the batch before stays in flight); fence.proxy.async;
 /// barrier; pinned zeros; fence; wgmma.m64n<N>k16 per 16 keys; commit;
-/// wait_group 0 (and the earlier batch); then, with staging rows
-/// (KernelPlacement::dqStageCols) and an aligned dq_accum, the rows added
-/// in bulk (reduceRowsInBulk), else red.global.add(.v2) of the thread's
+/// wait_group 0 (and the earlier batch); then, with a staging tile
+/// (KernelPlacement::dqStageCols) and an aligned dq_accum, the tile added
+/// in bulk (reduceTileInBulk), else red.global.add(.v2) of the thread's
 /// registers, warp w % 4 holding rows 16 (w % 4) ...
 LogicalResult
 TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
@@ -248,15 +248,18 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
     return success();
   }
   if (place.dqStageCols != n)
-    return fail(op, "the dQ staging rows do not match the warpgroup's "
+    return fail(op, "the dQ staging tile does not match the warpgroup's "
                     "columns");
-  // Bulk reductions want 16-byte aligned rows: dq_accum's are, where its
-  // base is (its rows hold a multiple of 16 floats); a caller's workspace
-  // that is not keeps the threads' reductions.
+  // Bulk reductions want 16-byte aligned rows: dq_accum's are where its
+  // base is (its rows hold a multiple of 16 floats, and it starts 16-byte
+  // aligned in the workspace); a caller's workspace that is not keeps the
+  // threads' reductions.
   Value base = LLVM::PtrToIntOp::create(b, g.i64, red.base);
   Value aligned =
       g.cmp(arith::CmpIPredicate::eq, g.andI(base, g.c64(15)), g.c64(0));
-  g.ifThen(aligned, [&] { reduceRowsInBulk(red, f, colBase, q0); });
+  g.ifThen(aligned, [&] {
+    reduceTileInBulk(red, f, colBase, q0, byCols && groups > 1);
+  });
   g.ifThen(g.xorI(aligned, g.cBool(true)), byThreads);
   return success();
 }

@@ -37,7 +37,7 @@ struct GpuPipelineConfig {
   int64_t tma = 0;
   /// The forward's output tile through a dead shared slot (16-byte stores).
   bool stagedStores = true;
-  /// The backward's atomic dQ by bulk reductions of staged rows (wgmma).
+  /// The backward's atomic dQ by one bulk reduction per step (wgmma).
   bool bulkDq = false;
 };
 
@@ -93,9 +93,10 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
 
   Option<bool> bulkDq{
       *this, "bulk-dq",
-      llvm::cl::desc("the backward's dK/dV kernel on warpgroup MMAs adds dQ "
-                     "into dq_accum by bulk reductions of rows staged in "
-                     "shared memory (cp.reduce.async.bulk, sm_90)"),
+      llvm::cl::desc("the backward's dK/dV kernel on warpgroup MMAs adds "
+                     "each step's dQ tile into dq_accum by one bulk "
+                     "reduction from shared memory (cp.reduce.async.bulk, "
+                     "sm_90)"),
       llvm::cl::init(false)};
 
   GpuPipelineConfig gpuConfig() const {

@@ -123,7 +123,7 @@ def plan_key(q, k, v):
     align = (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
             q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-            v.get_device(), 0, 0.0, -1, -1, align)
+            v.get_device(), 0, 0.0, -1, -1, align, "")
 
 
 def only_plan(q, k, v):

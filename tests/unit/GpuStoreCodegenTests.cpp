@@ -4,7 +4,7 @@
 /// The forward's output tile goes through the dead Q slot
 /// (KernelPlacement::stagedStores) wherever its conditions hold, and is
 /// stored element by element elsewhere; the backward's atomic dQ goes
-/// through staging rows and bulk reductions (KernelPlacement::dqStageCols)
+/// through a staging tile and a bulk reduction (KernelPlacement::dqStageCols)
 /// where its conditions hold: checked on the PTX, no GPU needed.
 //
 //===----------------------------------------------------------------------===//
@@ -91,32 +91,36 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
             std::string::npos);
 }
 
-/// The dK/dV kernel on warpgroup MMAs adds dQ by bulk reductions of its
-/// staged rows (GpuBackwardGeometry::bulkDq): each warpgroup's first warp
-/// reduces two rows per lane of its columns (64 of two warpgroups' 128,
-/// or all of them where the warpgroups split the keys), waits for the last
-/// step's reads before the rows are written again and for every copy
-/// before it returns; the threads' reductions stay for an unaligned
-/// dq_accum. Not where dQ's columns are no multiple of 16, without
-/// warpgroup MMAs (sm_90, the separate dQ pass) or with FLASHJIT_BULK_DQ=0.
-TEST(GpuStoreCodegen, BackwardDqRowsInBulk) {
+/// With FLASHJIT_BULK_DQ=1 the dK/dV kernel on warpgroup MMAs adds each
+/// step's dQ tile with one bulk reduction from its staging tile
+/// (GpuBackwardGeometry::bulkDq): the warpgroups' stores (a pair per 8
+/// columns and half of the thread's rows), one copy whose bytes are the
+/// rows that exist, a wait for the last step's reads before the tile is
+/// written again and for every copy before the kernel returns; the
+/// threads' reductions stay for an unaligned dq_accum. Not where dQ's
+/// columns are no multiple of 16, without warpgroup MMAs (sm_90, the
+/// separate dQ pass), nor by default.
+TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   struct Case {
     int64_t dqk;
     MaskKind mask;
     bool deterministic;
     TileConfig config;
     const char *arch;
-    int64_t rowBytes; ///< 0: no bulk reductions
+    int64_t stores; ///< st.shared.v2 per thread; 0: no bulk reductions
   };
   const Case cases[] = {
-      {128, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 256},
-      {64, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 256},
-      {96, MaskKind::Causal, false, tileConfig(64, 128, 8), "sm_90a", 384},
-      {128, MaskKind::None, false, tileConfig(64, 64, 4), "sm_90a", 512},
+      {128, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 16},
+      {64, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90a", 16},
+      {96, MaskKind::Causal, false, tileConfig(64, 128, 8), "sm_90a", 24},
+      {128, MaskKind::None, false, tileConfig(64, 64, 4), "sm_90a", 32},
       {33, MaskKind::None, false, tileConfig(64, 64, 4), "sm_90a", 0},
       {128, MaskKind::None, false, tileConfig(64, 128, 8), "sm_90", 0},
       {128, MaskKind::None, true, tileConfig(64, 64, 4), "sm_90a", 0},
   };
+  const std::string bulk =
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
+  ASSERT_EQ(setenv("FLASHJIT_BULK_DQ", "1", 1), 0);
   for (const Case &c : cases) {
     AttentionSpec spec;
     spec.direction = Direction::Backward;
@@ -127,17 +131,11 @@ TEST(GpuStoreCodegen, BackwardDqRowsInBulk) {
     target.arch = c.arch;
     SCOPED_TRACE(spec.name() + " " + c.config.toJson() + " " + c.arch);
     std::string ptx = compileToPtx(spec, c.config, target);
-    const std::string bulk =
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
-    EXPECT_EQ(occurrences(ptx, bulk), c.rowBytes ? 2u : 0u);
-    EXPECT_EQ(occurrences(ptx, "], " + std::to_string(c.rowBytes) + "; }"),
-              c.rowBytes ? 2u : 0u);
-    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group.read 0;"),
-              c.rowBytes ? 1u : 0u);
-    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group 0;"),
-              c.rowBytes ? 1u : 0u);
-    EXPECT_EQ(occurrences(ptx, "st.shared.v2.b32"),
-              size_t(c.rowBytes ? c.rowBytes / 16 : 0));
+    const size_t on = c.stores ? 1 : 0;
+    EXPECT_EQ(occurrences(ptx, bulk), on);
+    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group.read 0;"), on);
+    EXPECT_EQ(occurrences(ptx, "cp.async.bulk.wait_group 0;"), on);
+    EXPECT_EQ(occurrences(ptx, "st.shared.v2.b32"), size_t(c.stores));
     EXPECT_EQ(occurrences(ptx, "red.global.add") > 0, !c.deterministic);
   }
   AttentionSpec spec;
@@ -147,12 +145,9 @@ TEST(GpuStoreCodegen, BackwardDqRowsInBulk) {
   target.arch = "sm_90a";
   EXPECT_NE(gpuPipelineText(config, target).find(" bulk-dq=true"),
             std::string::npos);
-  ASSERT_EQ(setenv("FLASHJIT_BULK_DQ", "0", 1), 0);
-  std::string text = gpuPipelineText(config, target);
-  std::string ptx = compileToPtx(spec, config, target);
   unsetenv("FLASHJIT_BULK_DQ");
-  EXPECT_EQ(text.find("bulk-dq"), std::string::npos) << text;
-  EXPECT_EQ(occurrences(ptx, "cp.reduce.async.bulk"), 0u);
+  EXPECT_EQ(gpuPipelineText(config, target).find("bulk-dq"), std::string::npos);
+  EXPECT_EQ(occurrences(compileToPtx(spec, config, target), bulk), 0u);
 }
 
 } // namespace
