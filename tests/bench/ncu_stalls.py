@@ -119,7 +119,13 @@ def sass(path):
     if samp is None:
         samp = next((i for i, c in enumerate(head) if "Sampling" in c), None)
     execd = next((i for i, c in enumerate(head) if c.startswith("Instructions Executed")), None)
-    body = [r for r in rows[start + 1:] if len(r) > src]
+    # A report of several launches repeats its page per launch: the first.
+    body = []
+    for r in rows[start + 1:]:
+        if "Source" in r or (r and r[0] == "Kernel Name"):
+            break
+        if len(r) == len(head):
+            body.append(r)
 
     def val(r, i):
         return (number(r[i]) or 0.0) if i is not None else 0.0
