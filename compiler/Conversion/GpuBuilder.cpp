@@ -335,13 +335,15 @@ std::array<Value, 4> GpuBuilder::mma(const Frag4 &a, Value b0, Value b1,
   return {extract(r, 0), extract(r, 1), extract(r, 2), extract(r, 3)};
 }
 
-Value GpuBuilder::pack2(Value x, Value y) {
-  auto v2f = VectorType::get({2}, f32);
-  auto v2h = VectorType::get({2}, halfTy);
-  Value v = LLVM::PoisonOp::create(b, v2f);
+Value GpuBuilder::pairF32(Value x, Value y) {
+  Value v = LLVM::PoisonOp::create(b, VectorType::get({2}, f32));
   v = LLVM::InsertElementOp::create(b, v, x, c32(0));
-  v = LLVM::InsertElementOp::create(b, v, y, c32(1));
-  Value h = LLVM::FPTruncOp::create(b, v2h, v);
+  return LLVM::InsertElementOp::create(b, v, y, c32(1));
+}
+
+Value GpuBuilder::pack2(Value x, Value y) {
+  auto v2h = VectorType::get({2}, halfTy);
+  Value h = LLVM::FPTruncOp::create(b, v2h, pairF32(x, y));
   return LLVM::BitcastOp::create(b, i32, h);
 }
 

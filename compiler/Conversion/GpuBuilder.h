@@ -214,6 +214,8 @@ public:
                            const std::array<Value, 4> &c);
   /// Two f32 -> one b32 of two elements (x in the low half).
   Value pack2(Value x, Value y);
+  /// The f32 pair (\p x, \p y) as vector<2xf32> (an 8-byte store's value).
+  Value pairF32(Value x, Value y);
   /// pack2's inverse: one b32 of two elements -> two f32 (low half first).
   std::pair<Value, Value> unpack2(Value bits);
   /// One f32 -> one 16-bit element (as i16).

@@ -359,14 +359,17 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   }
   if (wg)
     settle(/*wait=*/!inLightBranch);
-  if (outermost && branch < 0 && !inRoleBranch) {
-    // Bulk reductions read shared memory and write global memory after
-    // their thread moved on: done before the block's memory is released.
-    if (bulkReductions)
-      g.bulkWait(0, /*read=*/false);
-    mlir::gpu::ReturnOp::create(b);
-  }
+  if (outermost && branch < 0 && !inRoleBranch)
+    returnFromKernel();
   return success();
+}
+
+void TileKernelLowering::returnFromKernel() {
+  // Bulk reductions read shared memory and write global memory after their
+  // thread moved on: done before the block's memory is released.
+  if (bulkReductions)
+    g.bulkWait(0, /*read=*/false);
+  mlir::gpu::ReturnOp::create(b);
 }
 
 /// The K/V ring's consumers (the overlapped loop's S of the next block in
@@ -558,7 +561,7 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
         return failure();
     }
     branch = -1;
-    mlir::gpu::ReturnOp::create(b);
+    returnFromKernel();
     return checkPostconditions(kernel);
   }
   if (!place.splits.empty()) {

@@ -484,6 +484,8 @@ private:
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;
   mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's
   int64_t sharedBytes = 0;
+  /// gpu.return, after waiting for the kernel's bulk reductions (if any).
+  void returnFromKernel();
   /// The warpgroups' dQ staging tile (KernelPlacement::dqStageCols), and
   /// whether bulk reductions were issued (waited for before returning).
   int64_t dqStageOffset = 0;

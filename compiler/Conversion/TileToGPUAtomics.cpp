@@ -313,15 +313,12 @@ void TileKernelLowering::reduceTileInBulk(const ReductionTarget &r,
   Value lanePart =
       g.add(g.add(stage, splitCols ? g.mul(colBase, g.c32(4)) : g.c32(0)),
             g.add(g.mul(q0, g.c32(pitch)), g.mul(tig, g.c32(8))));
-  auto pairTy = VectorType::get({2}, g.f32);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t j = 0; j < n / 8; ++j) {
-      Value pair = LLVM::UndefOp::create(b, pairTy);
-      for (int64_t e = 0; e < 2; ++e)
-        pair = LLVM::InsertElementOp::create(b, pair, f.regs[4 * j + 2 * h + e],
-                                             g.c32(e));
       Value at = g.add(lanePart, g.c32(8 * h * pitch + 32 * j));
-      LLVM::StoreOp::create(b, pair, g.sharedBytePtr(smem, at), 8);
+      LLVM::StoreOp::create(
+          b, g.pairF32(f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]),
+          g.sharedBytePtr(smem, at), 8);
     }
   wg->fenceProxyAsync();
   g.namedBarrierSync(bar, threads);

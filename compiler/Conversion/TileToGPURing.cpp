@@ -238,7 +238,7 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
     if (failed(r))
       return failure();
   }
-  mlir::gpu::ReturnOp::create(b);
+  returnFromKernel();
   return success();
 }
 
