@@ -13,11 +13,16 @@
 /// $HOME/.cache/flashjit.
 ///
 /// What goes into a key is the caller's choice; the contract is
-///   cubin:  version, pipeline, spec, config, copy_bytes, arch, ptx_isa,
-///           nvjitlink
-///   tuning: spec, problem_class, gpu_name, gpu_cc, gpu_sms, driver
+///   cubin:  version, build_id, pipeline, spec, config, copy_bytes, arch,
+///           ptx_isa, nvjitlink
+///   tuning: version, build_id, spec, problem_class, gpu_name, gpu_cc,
+///           gpu_sms, driver
 /// so that a cubin is rebuilt whenever anything that shaped it changes, and a
 /// different GPU (or driver) tunes again while the same GPU reuses results.
+/// build_id names the build of the compiler (tools/engine/BuildId.h: the
+/// GNU build id of libflashjit.so), which the version does not: every source
+/// build of one version has the same version. Entries of other builds are
+/// never read again; `flashjit cache clear` removes them.
 ///
 /// Entry file format (all integers little-endian), 40-byte header then data:
 ///

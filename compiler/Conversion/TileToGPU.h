@@ -143,6 +143,14 @@ void mapPlacedArguments(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                         mlir::func::FuncOp fn, mlir::gpu::GPUFuncOp kernel,
                         const KernelPlacement &place, mlir::IRMapping &map);
 
+/// Moves each tile.dot up to right after the first product of its block
+/// before which all its operands exist, so that the two are adjacent: one
+/// batch of warpgroup MMAs, one wait (TileToGPUWgmma.cpp). Products are
+/// pure, so the program computes what it did; only the order in which the
+/// GPU issues them changes. For the backward's dK/dV kernel, dP^T = V dO^T
+/// joins S^T = K Q^T (two waits per step instead of three).
+void batchReadyProducts(mlir::func::FuncOp fn);
+
 /// Lowers a tiled function without products or loops (the backward's
 /// preprocess and dq_convert: TileToGPURows.cpp) into a gpu.func.
 LogicalResult lowerRowKernel(mlir::func::FuncOp fn,

@@ -307,10 +307,12 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
   if (p.wgmma && bulkDq && geo.bulkDq)
     p.dqStageCols = geo.dqStageCols;
-  if (p.wgmma)
+  if (p.wgmma) {
     p.mt = 1;
-  else
+    batchReadyProducts(fn);
+  } else {
     p.colParts = geo.kvQuerySplit;
+  }
   // One program for dK and dV on mma.sync, P and dS in registers (the
   // 2-D grid stages them behind a barrier anyway).
   p.orderRegisterProducts = !p.wgmma && p.colParts == 1 && geo.kvCombined;

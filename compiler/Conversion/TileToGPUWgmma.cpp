@@ -15,8 +15,22 @@
 ///   - the first op that reads a product in flight (or any branch, loop or
 ///     block end) waits for every MMA in flight (wait_group 0) and takes
 ///     their results through a pin, so that no read moves above the wait.
-/// For the backward's dK/dV kernel this gives three batches per step: S^T;
-/// dV with dP^T; dK, left in flight across the barrier of dQ = dS K.
+/// Before the lowering, batchReadyProducts moves each product next to the
+/// first one it could be issued with. For the backward's dK/dV kernel this
+/// gives three batches per step: S^T with dP^T; dV; dK, left in flight
+/// across the barrier of dQ = dS K. Before (the tile IR's order):
+///
+///   %st  = tile.dot %k, %q {transpose_rhs}      // S^T
+///   ... P from %st ...
+///   %dv  = tile.dot %pt, %do acc %dv0           // dV += P^T dO
+///   %dpt = tile.dot %v, %do {transpose_rhs}     // dP^T: %v, %do exist
+///                                               // before S^T
+/// After:
+///
+///   %st  = tile.dot %k, %q {transpose_rhs}
+///   %dpt = tile.dot %v, %do {transpose_rhs}     // the same batch
+///   ... P from %st ...
+///   %dv  = tile.dot %pt, %do acc %dv0
 //
 //===----------------------------------------------------------------------===//
 
@@ -28,6 +42,30 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::conversion;
 using flashjit::gpu::Major;
+
+void conversion::batchReadyProducts(func::FuncOp fn) {
+  fn.walk([](Block *block) {
+    SmallVector<tile::DotOp> dots(block->getOps<tile::DotOp>());
+    for (auto [i, dot] : llvm::enumerate(dots)) {
+      // Whether every operand exists before \p first (defined outside the
+      // block, a block argument, or by an op above it).
+      auto readyBefore = [&, dot = dot](tile::DotOp first) {
+        return llvm::all_of(dot->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return !def || def->getBlock() != block ||
+                 def->isBeforeInBlock(first);
+        });
+      };
+      for (tile::DotOp first : ArrayRef(dots).take_front(i)) {
+        if (!readyBefore(first))
+          continue;
+        if (first->getNextNode() != dot.getOperation())
+          dot->moveAfter(first);
+        break;
+      }
+    }
+  });
+}
 
 bool TileKernelLowering::readsInFlight(Operation *op) {
   if (inFlight.empty())

@@ -16,5 +16,7 @@ config.environment["PATH"] = os.pathsep.join(path)
 config.environment["FLASHJIT_LIBCUDA"] = "/nonexistent/libcuda.so.1"
 # Never touch the user's cache from tests.
 config.environment["FLASHJIT_CACHE_DIR"] = os.path.join(config.test_exec_root, "cache")
+# %flashjit_lib first: lit substitutes in order, and %flashjit is its prefix.
+config.substitutions.append(("%flashjit_lib", os.path.join(config.flashjit_bin_dir, "..", "lib", "libflashjit.so")))
 config.substitutions.append(("%flashjit", os.path.join(config.flashjit_bin_dir, "flashjit")))
 config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))

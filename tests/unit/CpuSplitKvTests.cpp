@@ -9,7 +9,9 @@
 /// packed rows span two row blocks, masks whose band depends on the packed
 /// row's query, more splits than blocks (empty runs), block-sparse layouts
 /// (no packing), score modifiers that read the head and the query index,
-/// fp16, dqk != dv, rows that see no key, and the auto split count.
+/// fp16, dqk != dv, rows that see no key, the auto split count, and split
+/// counts that fill the merge's steps of 16 (8 past dv = 128) runs exactly
+/// or leave runs past the count in the last step.
 //
 //===----------------------------------------------------------------------===//
 
@@ -46,6 +48,8 @@ const Case kSplitCases[] = {
   {"sparse_gqa2_no_packing", 64, 64, BF, CAUSAL, 2, 64, 64, 2, 4, 200, 1024, 0, 0, LayoutKind::Random, 128, SEP, "", 3},
   {"empty_rows_window", 64, 64, BF, WIN, 2, 16, 16, 1, 2, 20, 10, 0, 0, DENSE, 128, SEP, "", 5},
   {"one_split", 32, 32, BF, NONE, 2, 16, 16, 1, 2, 1, 100, 0, 0, DENSE, 128, SEP, "", 1},
+  {"sixteen_splits_one_merge_step", 64, 64, BF, CAUSAL, 4, 16, 64, 1, 4, 2, 1100, 0, 0, DENSE, 128, SEP, "", 16},
+  {"d256_merge_steps_of_8", 256, 256, BF, NONE, 2, 16, 32, 1, 2, 1, 2100, 0, 0, DENSE, 128, SEP, "", 33},
 };
 // clang-format on
 

@@ -1,19 +1,24 @@
 //===- EngineTests.cpp - Cache keys and tuning glue, on the CPU -----------===//
 //
 /// \file
-/// tools/engine (KernelProvider) without a GPU: forward and backward specs
-/// of the same shape never share a cubin or a tuning result, and each tuner
-/// refuses the other direction's spec before touching a device.
+/// tools/engine (KernelProvider, BuildId) without a GPU: forward and
+/// backward specs of the same shape never share a cubin or a tuning result,
+/// both keys name the compiler's build, and each tuner refuses the other
+/// direction's spec before touching a device.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/CudaDriver.h"
+#include "tools/engine/BuildId.h"
 #include "tools/engine/KernelProvider.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <random>
+#include <thread>
+
+#include <dlfcn.h>
 
 using namespace flashjit;
 
@@ -86,6 +91,86 @@ TEST(Engine, ScoreModKeysDiffer) {
             engine::cubinKey(other, c, target).hash());
   EXPECT_NE(engine::tuningKey(plain, p, fakeGpu()).hash(),
             engine::tuningKey(capped, p, fakeGpu()).hash());
+}
+
+bool isLowerHex(const std::string &s) {
+  return !s.empty() && s.find_first_not_of("0123456789abcdef") == s.npos;
+}
+
+/// The value of part \p name of \p key; empty if it has none.
+std::string part(const rt::CacheKey &key, const std::string &name) {
+  for (const auto &[n, value] : key.parts())
+    if (n == name)
+      return value;
+  return {};
+}
+
+/// The build id is hex, computed once (every call, from any thread, returns
+/// the same string object), and is the GNU build id of the image holding
+/// the engine: here this test binary (linked as libflashjit.so is; lit's
+/// tools/version.test checks libflashjit.so's against llvm-readelf).
+TEST(Engine, BuildIdIsStableHexOfThisImage) {
+  const std::string &id = engine::compilerBuildId();
+  EXPECT_TRUE(isLowerHex(id)) << "'" << id << "'";
+  EXPECT_EQ(id.size() % 2, 0u) << id;
+#if FLASHJIT_BUILD_ID_SHA1
+  EXPECT_EQ(id.size(), 40u) << "linked with -Wl,--build-id=sha1: " << id;
+#endif
+  EXPECT_EQ(&engine::compilerBuildId(), &id);
+  std::vector<const std::string *> seen(4);
+  std::vector<std::thread> threads;
+  for (auto &p : seen)
+    threads.emplace_back([&p] { p = &engine::compilerBuildId(); });
+  for (auto &t : threads)
+    t.join();
+  for (const std::string *p : seen)
+    EXPECT_EQ(p, &id);
+  const void *self = reinterpret_cast<const void *>(&engine::compilerBuildId);
+  EXPECT_EQ(engine::gnuBuildIdOf(self), id);
+  EXPECT_EQ(engine::gnuBuildIdOf(nullptr), "") << "no image holds address 0";
+}
+
+/// The fallback of an image without a build id: a digest of its read-only
+/// segments in memory, the same on every call.
+TEST(Engine, LoadedImageDigestIsStableHex) {
+  const void *self = reinterpret_cast<const void *>(&engine::compilerBuildId);
+  std::string digest = engine::loadedImageDigest(self);
+  EXPECT_TRUE(isLowerHex(digest)) << digest;
+  EXPECT_EQ(digest.size(), 16u);
+  EXPECT_EQ(engine::loadedImageDigest(self), digest);
+  EXPECT_EQ(engine::loadedImageDigest(nullptr), "");
+}
+
+/// Another image (libc) has another id and digest: the lookup finds the
+/// image that contains the address, not the first one loaded.
+TEST(Engine, BuildIdIsThatOfTheImageHoldingTheAddress) {
+  void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  if (!libc)
+    GTEST_SKIP() << "libc.so.6 is not loaded by that name";
+  const void *inLibc = dlsym(libc, "dl_iterate_phdr");
+  ASSERT_NE(inLibc, nullptr);
+  const void *self = reinterpret_cast<const void *>(&engine::compilerBuildId);
+  EXPECT_NE(engine::gnuBuildIdOf(inLibc), engine::compilerBuildId());
+  EXPECT_NE(engine::loadedImageDigest(inLibc), engine::loadedImageDigest(self));
+  dlclose(libc);
+}
+
+/// Both keys carry the build id, after the version: a rebuilt flashjit of
+/// the same version never loads another build's cubins or tunings.
+TEST(Engine, KeysNameTheCompilersBuild) {
+  AttentionSpec s = spec(Direction::Forward);
+  Problem p;
+  TileConfig c;
+  GpuTarget target;
+  const std::string &id = engine::compilerBuildId();
+  for (const rt::CacheKey &key :
+       {engine::cubinKey(s, c, target), engine::tuningKey(s, p, fakeGpu())}) {
+    EXPECT_EQ(part(key, "build_id"), id) << key.text();
+    ASSERT_GE(key.parts().size(), 2u);
+    EXPECT_EQ(key.parts()[0].first, "version");
+    EXPECT_EQ(key.parts()[1].first, "build_id");
+    EXPECT_NE(key.text().find("\nbuild_id=" + id + "\n"), std::string::npos);
+  }
 }
 
 TEST(Engine, TunedConfigsAreStoredPerDirection) {

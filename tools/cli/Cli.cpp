@@ -19,6 +19,7 @@
 #include "tools/cli/CliOptions.h"
 #include "tools/cli/GpuCommands.h"
 #include "tools/cli/MaskBlocksRun.h"
+#include "tools/engine/BuildId.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <cerrno>
@@ -65,7 +66,8 @@ using engine::msSince;
 #define FLASHJIT_VERSION "unknown"
 #endif
 
-/// `flashjit --version`: flashjit's version, the LLVM/MLIR it was built
+/// `flashjit --version`: flashjit's version and build id (the one in the
+/// cache keys: engine::compilerBuildId), the LLVM/MLIR it was built
 /// with, and the CUDA driver and nvJitLink it finds (both dlopen'ed at run
 /// time: "not found" with the reason when absent, never an error).
 /// \p reason without a leading \p prefix ("nvJitLink not found: ").
@@ -75,8 +77,9 @@ std::string withoutPrefix(const std::string &reason, const char *prefix) {
 }
 
 std::string versionText() {
-  std::string text = fmt::format("flashjit {}\nLLVM/MLIR: {}\n",
-                                 FLASHJIT_VERSION, LLVM_VERSION_STRING);
+  std::string text = fmt::format("flashjit {}\nbuild-id: {}\nLLVM/MLIR: {}\n",
+                                 FLASHJIT_VERSION, engine::compilerBuildId(),
+                                 LLVM_VERSION_STRING);
   rt::NvJitLink &link = rt::NvJitLink::get();
   if (link.available())
     text += fmt::format("nvJitLink: {} ({})\n",

@@ -4,6 +4,7 @@
 #include "compiler/Target/PTXEmitter.h"
 #include "runtime/CudaDriver.h"
 #include "runtime/NvJitLink.h"
+#include "tools/engine/BuildId.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <algorithm>
@@ -18,7 +19,10 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, const KernelSource &source,
                       Assembler assembler) {
   rt::CacheKey key;
+  // The version is the same for every build of a release: the build id
+  // tells builds apart (a rebuilt compiler never reuses another's cubins).
   key.add("version", FLASHJIT_VERSION)
+      .add("build_id", compilerBuildId())
       .add("codegen", kCodegenRevision)
       .add("pipeline", gpuPipelineText(config, target))
       .add("spec", spec.toJson())
@@ -92,7 +96,9 @@ bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
 rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
                        const rt::DeviceInfo &info) {
   rt::CacheKey key;
+  // The build id too: another build's kernels may rank (or fit) otherwise.
   key.add("version", FLASHJIT_VERSION)
+      .add("build_id", compilerBuildId())
       .add("codegen", kCodegenRevision)
       .add("spec", spec.toJson())
       .add("problem_class", rt::problemClass(p))
@@ -202,9 +208,20 @@ std::pair<double, double> timeLaunches(const std::function<void()> &launch,
                                        int64_t repeats) {
   for (int i = 0; i < 3; ++i)
     launch();
+  // Before each timed call, zero a buffer of twice the L2: the call starts
+  // with nothing of its inputs in the L2, and the GPU is busy while the
+  // host enqueues it, so the time is the kernels' own, without the host's
+  // launch latency (triton's do_bench, which times the peers, does both).
+  rt::CudaDriver &driver = rt::CudaDriver::get();
+  const int l2Bytes =
+      rt::queryDevice(driver.currentDevice(), driver).l2CacheBytes;
+  const std::size_t flushBytes =
+      std::max<std::size_t>(2 * std::size_t(std::max(l2Bytes, 0)), 64 << 20);
+  rt::DeviceBuffer flush(flushBytes, driver);
   std::vector<double> times;
   rt::EventTimer timer;
   for (int64_t i = 0; i < repeats; ++i) {
+    rt::zeroAsync(flush.ptr(), flushBytes, nullptr, driver);
     timer.start(nullptr);
     launch();
     timer.stop(nullptr);

@@ -57,15 +57,18 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
                       Assembler assembler = Assembler::Best);
 
 /// The cubin cache key: everything that changes the bytes (flashjit's
-/// version and code generator, the pipeline, the spec with its direction,
+/// version, the build id of the compiler's binary (compilerBuildId(), so
+/// that a rebuilt flashjit of the same version never reuses another build's
+/// cubins) and its code generator, the pipeline, the spec with its direction,
 /// the config, the copy width, arch, PTX ISA, nvJitLink's version, and the
 /// source IR's text when the kernel comes from a file).
 rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, const KernelSource &source = {},
                       Assembler assembler = Assembler::Best);
 
-/// The cache key of tuning results: spec (with its direction: forward and
-/// backward are tuned apart), problem class, GPU identity.
+/// The cache key of tuning results: flashjit's version, build id and code
+/// generator, spec (with its direction: forward and backward are tuned
+/// apart), problem class, GPU identity.
 rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &problem,
                        const rt::DeviceInfo &gpu);
 
@@ -99,7 +102,9 @@ tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &problem,
 
 /// Median of \p repeats calls of \p launch (one launch of whatever it runs
 /// on the legacy default stream), each timed alone with CUDA events after a
-/// warm-up of three calls; returns (median, min) in ms.
+/// warm-up of three calls and behind a zeroing of twice the L2 (a cold L2,
+/// and no host launch latency in the time, as do_bench times the peers);
+/// returns (median, min) in ms.
 std::pair<double, double> timeLaunches(const std::function<void()> &launch,
                                        int64_t repeats);
 

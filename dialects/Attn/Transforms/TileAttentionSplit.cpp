@@ -6,20 +6,25 @@
 /// each of S runs of the KV blocks, the rows' O normalised by that run's
 /// own sum and the run's lse; `@f_combine` merges them, one program per
 /// bwd::kRowBlockRows rows of one (batch, head), in the online-softmax
-/// form with lse as the running max. Before: `@f` (role "forward_split").
-/// After, beside it:
+/// form with lse as the running max. The merge's time is the latency of its
+/// loads (a row's partials are a few hundred bytes each, and a decode has
+/// up to a few hundred runs), so each step loads U = splitsPerStep(dv)
+/// runs at once and merges them together: one round trip per U runs, not
+/// per run. Before: `@f` (role "forward_split"). After, beside it:
 ///
 ///   func.func @f_combine(<the same arguments>) attributes {attn.kernel =
 ///       #attn.kernel<role = "combine", ...>} {
-///     %r:3 = scf.for %s = 0 to %kv_splits iter_args(%acc = 0, %m = -inf,
-///         %l = 0) {
-///       %x = tile.load %LSE_PART[(s * B * H + bh) * nq] rows %r0 of %nq
-///           * log2(e)                                   // tensor<64xf32>
-///       %o = tile.load %O_PART[(s * B * H + bh) * nq * dv] rows %r0 of %nq
+///     %r:3 = scf.for %s0 = 0 to %kv_splits step U iter_args(%acc = 0,
+///         %m = -inf, %l = 0) {
+///       // for u in [0, U): run s = min(s0 + u, S - 1), -inf past S
+///       %x_u = tile.load %LSE_PART[(s * B * H + bh) * nq] rows %r0 of %nq
+///           * log2(e) + splat(s0 + u < S ? 0 : -inf)   // tensor<64xf32>
+///       %o_u = tile.load %O_PART[(s * B * H + bh) * nq * dv] rows %r0 of %nq
 ///           stride %dv                                  // tensor<64xdvxf32>
-///       %mn = maxnumf(%m, %x); %mu = select(%mn == -inf, 0, %mn)
-///       %a = exp2(%m - %mu); %w = exp2(%x - %mu)
-///       scf.yield %acc * bcast(%a) + %o * bcast(%w), %mn, %l * %a + %w
+///       %mn = maxnumf(%m, %x_0, .., %x_U-1); %mu = select(%mn == -inf, 0, %mn)
+///       %a = exp2(%m - %mu); %w_u = exp2(%x_u - %mu)
+///       scf.yield %acc * bcast(%a) + sum_u %o_u * bcast(%w_u), %mn,
+///           %l * %a + sum_u %w_u
 ///     }
 ///     tile.store truncf(%r#0 / bcast(%r#2)), %O[...]     // 0 where l = 0
 ///     tile.store (%r#1 + log2 %r#2) * ln 2, %LSE[...]   // -inf where l = 0
@@ -27,7 +32,8 @@
 ///
 /// A run that saw no key has lse -inf, so weight 0; a row no run saw keeps
 /// l = 0 and gets O = 0 and lse = -inf, as the one-pass forward gives it.
-//
+/// The runs past S in the last step read run S - 1 again (in bounds) with
+/// weight 0.
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
@@ -45,6 +51,11 @@ using namespace flashjit;
 using namespace flashjit::attn;
 
 namespace {
+
+/// U, the runs one step of the merge loads at once: 16 up to dv = 128, 8
+/// past it, so that a step's loaded partials stay at most 64 values per 32
+/// columns of a row (a lane's registers on the GPU).
+static int64_t splitsPerStep(int64_t dv) { return dv <= 128 ? 16 : 8; }
 
 /// Builds @f_combine after the split function @f, with @f's arguments.
 class SplitCombineBuilder : flashjit::attn::detail::TileIRBuilderBase {
@@ -102,26 +113,41 @@ void SplitCombineBuilder::build() {
   const double inf = std::numeric_limits<double>::infinity();
   Value negInf = constTile(-inf, rowTy), zero = constTile(0.0, rowTy);
   SmallVector<Value> init = {constTile(0.0, oTy), negInf, zero};
-  auto loop = scf::ForOp::create(b, cIdx(0), indexArg(abi::split::KvSplits),
-                                 cIdx(1), init);
+  Value splits = indexArg(abi::split::KvSplits);
+  const int64_t step = splitsPerStep(dv);
+  auto loop = scf::ForOp::create(b, cIdx(0), splits, cIdx(step), init);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value acc = loop.getRegionIterArgs()[0], m = loop.getRegionIterArgs()[1],
           l = loop.getRegionIterArgs()[2];
-    Value stat = mul(add(mul(loop.getInductionVar(), bhCount), pidBH), nq);
-    Value x = fmul(
-        loadTile(rowTy, arg(abi::split::LsePart), stat, first, nRows, Value()),
-        constTile(1.0 / std::log(2.0), rowTy));
-    Value o = loadTile(oTy, arg(abi::split::OPart), mulC(stat, dv), first,
-                       nRows, cIdx(dv));
-    Value mNew = maxF(m, x);
+    Value last = sub(splits, cIdx(1));
+    SmallVector<Value> xs, os;
+    Value mNew = m;
+    for (int64_t u = 0; u < step; ++u) {
+      Value s = add(loop.getInductionVar(), cIdx(u));
+      Value inside = cmpI(arith::CmpIPredicate::ult, s, splits);
+      Value stat = mul(add(mul(select(inside, s, last), bhCount), pidBH), nq);
+      Value x = fmul(loadTile(rowTy, arg(abi::split::LsePart), stat, first,
+                              nRows, Value()),
+                     constTile(1.0 / std::log(2.0), rowTy));
+      xs.push_back(
+          fadd(x, splat(select(inside, cF32(0.0), cF32(-inf)), rowTy)));
+      os.push_back(loadTile(oTy, arg(abi::split::OPart), mulC(stat, dv), first,
+                            nRows, cIdx(dv)));
+    }
+    for (Value x : xs)
+      mNew = maxF(mNew, x);
     Value mUse =
         select(cmpF(arith::CmpFPredicate::OEQ, mNew, negInf), zero, mNew);
-    Value a = exp2(fsub(m, mUse)), w = exp2(fsub(x, mUse));
-    Value accNew =
-        fadd(fmul(acc, broadcast(a, oTy, 1)), fmul(o, broadcast(w, oTy, 1)));
-    scf::YieldOp::create(b, ValueRange{accNew, mNew, fadd(fmul(l, a), w)});
+    Value a = exp2(fsub(m, mUse));
+    Value accNew = fmul(acc, broadcast(a, oTy, 1)), lNew = fmul(l, a);
+    for (auto [x, o] : llvm::zip(xs, os)) {
+      Value w = exp2(fsub(x, mUse));
+      accNew = fadd(accNew, fmul(o, broadcast(w, oTy, 1)));
+      lNew = fadd(lNew, w);
+    }
+    scf::YieldOp::create(b, ValueRange{accNew, mNew, lNew});
   }
   Value acc = loop.getResult(0), m = loop.getResult(1), l = loop.getResult(2);
   Value empty = cmpF(arith::CmpFPredicate::OEQ, l, zero);

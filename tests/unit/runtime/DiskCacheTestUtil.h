@@ -33,6 +33,7 @@ inline CacheKey
 cubinKey(const std::map<std::string, std::string> &overrides = {}) {
   std::vector<std::pair<std::string, std::string>> parts = {
       {"version", "0.1.0"},
+      {"build_id", "3f8e2c0d9b1a4e5f60718293a4b5c6d7e8f90a1b"},
       {"pipeline", "builtin.module(flashjit-tile-attention{block-m=64 "
                    "block-n=64},flashjit-gpu-pipeline)"},
       {"spec", "head_dim_qk=96 head_dim_v=96 dtype=bf16 mask=causal gqa=1"},
@@ -50,10 +51,13 @@ cubinKey(const std::map<std::string, std::string> &overrides = {}) {
   return key;
 }
 
-/// The key of a tuning result: spec, problem class, GPU identity.
+/// The key of a tuning result: version, build, spec, problem class, GPU
+/// identity.
 inline CacheKey
 tuningKey(const std::map<std::string, std::string> &overrides = {}) {
   std::vector<std::pair<std::string, std::string>> parts = {
+      {"version", "0.1.0"},
+      {"build_id", "3f8e2c0d9b1a4e5f60718293a4b5c6d7e8f90a1b"},
       {"spec", "head_dim_qk=128 head_dim_v=128 dtype=fp16 mask=none gqa=1"},
       {"problem_class", "seq_len=4096..8191 batch_heads=32..63"},
       {"gpu_name", "NVIDIA H200"},

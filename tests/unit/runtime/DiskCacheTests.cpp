@@ -98,6 +98,8 @@ TEST(CacheKey, CubinHashChangesWithEveryPart) {
   std::set<std::string> hashes = {cubinKey().hash()};
   std::map<std::string, std::string> changed = {
       {"version", "0.1.1"},
+      // Another build of the same version: a rebuilt compiler.
+      {"build_id", "3f8e2c0d9b1a4e5f60718293a4b5c6d7e8f90a1c"},
       {"pipeline", "builtin.module(flashjit-tile-attention{block-m=128 "
                    "block-n=64},flashjit-gpu-pipeline)"},
       {"spec", "head_dim_qk=96 head_dim_v=96 dtype=fp16 mask=causal gqa=1"},
@@ -112,12 +114,14 @@ TEST(CacheKey, CubinHashChangesWithEveryPart) {
     EXPECT_NE(hash, cubinKey().hash()) << "part " << name;
     EXPECT_TRUE(hashes.insert(hash).second) << "part " << name;
   }
-  EXPECT_EQ(hashes.size(), 9u);
+  EXPECT_EQ(hashes.size(), 10u);
 }
 
 TEST(CacheKey, TuningHashChangesWithEveryPart) {
   std::set<std::string> hashes = {tuningKey().hash()};
   std::map<std::string, std::string> changed = {
+      {"version", "0.1.1"},
+      {"build_id", "3f8e2c0d9b1a4e5f60718293a4b5c6d7e8f90a1c"},
       {"spec", "head_dim_qk=128 head_dim_v=64 dtype=fp16 mask=none gqa=1"},
       {"problem_class", "seq_len=8192..16383 batch_heads=32..63"},
       {"gpu_name", "NVIDIA H100 80GB HBM3"},
@@ -130,7 +134,7 @@ TEST(CacheKey, TuningHashChangesWithEveryPart) {
     EXPECT_NE(hash, tuningKey().hash()) << "part " << name;
     EXPECT_TRUE(hashes.insert(hash).second) << "part " << name;
   }
-  EXPECT_EQ(hashes.size(), 7u);
+  EXPECT_EQ(hashes.size(), 9u);
 }
 
 TEST(CacheKey, AddingAPartChangesTheHash) {
@@ -225,6 +229,23 @@ TEST_F(DiskCacheTest, EntryFormat) {
   EXPECT_EQ(file[16], 4); // key text length
   EXPECT_EQ(file[24], 3); // payload length
   EXPECT_EQ(std::string(file.data() + 40, 7), "k=v\nPAY");
+}
+
+/// A rebuilt compiler of the same version (another build_id) never loads
+/// the cubins or tuning results of the build that stored them.
+TEST_F(DiskCacheTest, AnotherBuildOfTheSameVersionMisses) {
+  DiskCache cache(dir_);
+  ASSERT_TRUE(cache.store("cubin", cubinKey(), bytesOf("old cubin")));
+  ASSERT_TRUE(cache.store("tuning", tuningKey(), bytesOf("block_m=128")));
+  const std::string rebuilt = "0123456789abcdef0123456789abcdef01234567";
+  CacheStatus status;
+  EXPECT_FALSE(cache.load("cubin", cubinKey({{"build_id", rebuilt}}), status));
+  EXPECT_EQ(status, CacheStatus::Miss);
+  EXPECT_FALSE(
+      cache.load("tuning", tuningKey({{"build_id", rebuilt}}), status));
+  EXPECT_EQ(status, CacheStatus::Miss);
+  EXPECT_TRUE(cache.load("cubin", cubinKey(), status));
+  EXPECT_EQ(status, CacheStatus::Hit);
 }
 
 TEST_F(DiskCacheTest, DifferentGpuTunesAgainSameGpuReuses) {
