@@ -85,7 +85,8 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
   bufs[bwd::KvIndices] = a.kvIndices;
   bufs[bwd::CuSeqQ] = a.cuSeqQ;
   bufs[bwd::CuSeqKV] = a.cuSeqKV;
-  // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats.
+  // dq_accum (atomic dQ) follows delta's 2 * B * H * Nq floats, from the
+  // next 16-byte boundary (abi::bwd::dqAccumOffsetBytes).
   if (dqAccumulation(spec) == DqAccumulation::Atomic)
     bufs[bwd::DqAccum] =
         a.delta +

@@ -45,26 +45,15 @@ constexpr char kMagic[8] = {'F', 'J', 'C', 'A', 'C', 'H', 'E', '1'};
 constexpr uint32_t kFormatVersion = 1;
 constexpr size_t kHeaderSize = 40;
 
-constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ULL;
-constexpr uint64_t kFnvPrime = 0x100000001b3ULL;
-
-uint64_t fnv1a(uint64_t state, const char *data, size_t size) {
-  for (size_t i = 0; i < size; ++i) {
-    state ^= static_cast<unsigned char>(data[i]);
-    state *= kFnvPrime;
-  }
-  return state;
-}
-
 std::string hex16(uint64_t value) { return fmt::format("{:016x}", value); }
 
 std::string hashOfText(const std::string &text) {
-  return hex16(fnv1a(kFnvOffset, text.data(), text.size()));
+  return hex16(fnv1a(kFnv1aOffset, text.data(), text.size()));
 }
 
 uint64_t checksumOf(const char *keyText, size_t keySize, const char *payload,
                     size_t payloadSize) {
-  return fnv1a(fnv1a(kFnvOffset, keyText, keySize), payload, payloadSize);
+  return fnv1a(fnv1a(kFnv1aOffset, keyText, keySize), payload, payloadSize);
 }
 
 void putLE(unsigned char *out, uint64_t value, int bytes) {
@@ -257,6 +246,15 @@ std::string nonEmptyEnv(const char *name) {
 //===----------------------------------------------------------------------===//
 // cacheDirectory, CacheKey, CacheStatus
 //===----------------------------------------------------------------------===//
+
+uint64_t fnv1a(uint64_t state, const void *data, size_t size) {
+  const auto *bytes = static_cast<const unsigned char *>(data);
+  for (size_t i = 0; i < size; ++i) {
+    state ^= bytes[i];
+    state *= 0x100000001b3ULL; // the FNV prime
+  }
+  return state;
+}
 
 std::string cacheDirectory() {
   std::string dir = nonEmptyEnv("FLASHJIT_CACHE_DIR");

@@ -72,6 +72,13 @@ namespace flashjit::rt {
 /// are ignored; without HOME the password database's home directory is used).
 std::string cacheDirectory();
 
+/// The 64-bit FNV-1a hash's initial state.
+inline constexpr uint64_t kFnv1aOffset = 0xcbf29ce484222325ULL;
+/// 64-bit FNV-1a of \p size bytes at \p data, continuing from \p state
+/// (kFnv1aOffset for a fresh hash): the cache's key hashes and checksums,
+/// and engine::loadedImageDigest.
+uint64_t fnv1a(uint64_t state, const void *data, size_t size);
+
 /// A cache key: an ordered list of named parts.
 ///
 /// Its text is canonical: one "name=value\n" line per part, in the order the

@@ -1,6 +1,9 @@
 //===- BuildId.cpp - The identity of this build of the compiler -----------===//
 
 #include "tools/engine/BuildId.h"
+#include "runtime/DiskCache.h"
+
+#include <fmt/format.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -19,17 +22,6 @@ namespace flashjit::engine {
 
 namespace {
 
-constexpr uint64_t kFnvOffset = 14695981039346656037ull;
-constexpr uint64_t kFnvPrime = 1099511628211ull;
-
-uint64_t fnv1a(uint64_t hash, const unsigned char *bytes, size_t size) {
-  for (size_t i = 0; i < size; ++i) {
-    hash ^= bytes[i];
-    hash *= kFnvPrime;
-  }
-  return hash;
-}
-
 std::string toHex(const unsigned char *bytes, size_t size) {
   static const char digits[] = "0123456789abcdef";
   std::string hex;
@@ -41,12 +33,7 @@ std::string toHex(const unsigned char *bytes, size_t size) {
   return hex;
 }
 
-std::string toHex(uint64_t value) {
-  unsigned char bytes[8];
-  for (int i = 0; i < 8; ++i)
-    bytes[i] = static_cast<unsigned char>(value >> (56 - 8 * i));
-  return toHex(bytes, sizeof(bytes));
-}
+std::string toHex(uint64_t value) { return fmt::format("{:016x}", value); }
 
 #if FLASHJIT_HAVE_DL_ITERATE_PHDR
 
@@ -100,14 +87,13 @@ std::string buildIdNote(const dl_phdr_info &info) {
 /// from the file (p_filesz; position-independent code has no relocations
 /// there, so the bytes do not depend on the load address).
 std::string readOnlyDigest(const dl_phdr_info &info) {
-  uint64_t hash = kFnvOffset;
+  uint64_t hash = rt::kFnv1aOffset;
   for (int i = 0; i < info.dlpi_phnum; ++i) {
     const ElfW(Phdr) &ph = info.dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_W) || !(ph.p_flags & PF_R))
       continue;
-    hash = fnv1a(
-        hash,
-        reinterpret_cast<const unsigned char *>(info.dlpi_addr + ph.p_vaddr),
+    hash = rt::fnv1a(
+        hash, reinterpret_cast<const void *>(info.dlpi_addr + ph.p_vaddr),
         ph.p_filesz);
   }
   return toHex(hash);
@@ -184,9 +170,7 @@ const std::string &compilerBuildId() {
     //    the build id, differ, and an unchanged rebuild miss the cache.)
     if (id.empty()) {
       const char stamp[] = __DATE__ " " __TIME__;
-      id = toHex(fnv1a(kFnvOffset,
-                       reinterpret_cast<const unsigned char *>(stamp),
-                       sizeof(stamp) - 1));
+      id = toHex(rt::fnv1a(rt::kFnv1aOffset, stamp, sizeof(stamp) - 1));
     }
 #endif
     return id;

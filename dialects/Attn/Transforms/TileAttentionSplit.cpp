@@ -6,11 +6,12 @@
 /// each of S runs of the KV blocks, the rows' O normalised by that run's
 /// own sum and the run's lse; `@f_combine` merges them, one program per
 /// bwd::kRowBlockRows rows of one (batch, head), in the online-softmax
-/// form with lse as the running max. The merge's time is the latency of its
-/// loads (a row's partials are a few hundred bytes each, and a decode has
-/// up to a few hundred runs), so each step loads U = splitsPerStep(dv)
-/// runs at once and merges them together: one round trip per U runs, not
-/// per run. Before: `@f` (role "forward_split"). After, beside it:
+/// form with lse as the running max. Each step loads U = splitsPerStep(dv)
+/// runs at once and merges them together, their loads in flight together
+/// (one round trip per U runs). On the H200 that shortened the merge kernel
+/// (22 -> 16.5 us at 132 runs) but not the decode: a row is one warp's, and
+/// that warp's instructions, not its loads, bound the merge (bench/NOTES.md
+/// T25). Before: `@f` (role "forward_split"). After, beside it:
 ///
 ///   func.func @f_combine(<the same arguments>) attributes {attn.kernel =
 ///       #attn.kernel<role = "combine", ...>} {
@@ -55,7 +56,7 @@ namespace {
 /// U, the runs one step of the merge loads at once: 16 up to dv = 128, 8
 /// past it, so that a step's loaded partials stay at most 64 values per 32
 /// columns of a row (a lane's registers on the GPU).
-static int64_t splitsPerStep(int64_t dv) { return dv <= 128 ? 16 : 8; }
+int64_t splitsPerStep(int64_t dv) { return dv <= 128 ? 16 : 8; }
 
 /// Builds @f_combine after the split function @f, with @f's arguments.
 class SplitCombineBuilder : flashjit::attn::detail::TileIRBuilderBase {
