@@ -204,13 +204,13 @@ def attention(q, k, v, causal=False, scale=None, window=None, block_mask=None,
     over each GQA group; no double backward); numpy arrays (float16, or
     float32 via bf16) run on the CPU (their backward: attention_backward).
     """
-    score_mod, captures = _score_mod_and_captures(score_mod, mask_mod)
     fast = _torch_forward
-    if (fast is not None and window is None and block_mask is None
-            and not score_mod and sinks is None):
+    if (fast is not None and score_mod is None and mask_mod is None
+            and window is None and block_mask is None and sinks is None):
         out = fast(q, k, v, causal, scale, return_lse)
         if out is not None:
             return out if return_lse else out[0]
+    score_mod, captures = _score_mod_and_captures(score_mod, mask_mod)
     mask, wl, wr = _mask_and_window(causal, window)
     scale = _scale(scale)
     bm = _block(block_mask)

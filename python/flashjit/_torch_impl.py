@@ -47,6 +47,7 @@ _by = ctypes.byref
 # Looked up once: each is a module global read per call.
 _Tensor = torch.Tensor
 _empty = torch.empty
+_empty_like = torch.empty_like
 _f32 = torch.float32
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
@@ -219,11 +220,15 @@ class _ForwardPlan:
     (never read: concurrent calls may overwrite each other's values)."""
 
     __slots__ = ("ptr", "o_shape", "lse_shape", "dtype", "device", "index",
-                 "lse_scratch")
+                 "lse_scratch", "o_like_q")
 
     def __init__(self):
         self.ptr = None
         self.lse_scratch = None
+        # o is laid out as torch.empty_like(q) lays out a contiguous q of
+        # o's shape: fast_forward allocates it so (no shape and keyword
+        # arguments to parse on every call).
+        self.o_like_q = False
 
     def __del__(self):
         try:
@@ -253,6 +258,7 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
     p.o_shape, p.lse_shape = (B, H, Nq, Dv), (B, H, Nq)
     p.dtype, p.device = q.dtype, q.device
     p.index = q.device.index if q.device.index is not None else 0
+    p.o_like_q = Dv == D and q.is_contiguous()
     o = torch.empty(p.o_shape, dtype=p.dtype, device=p.device)
     lse = torch.empty(p.lse_shape, dtype=torch.float32, device=p.device)
     spec, structs = _forward_structs(q, k, v, o, dtype, mask, gqa, bm,
@@ -377,7 +383,8 @@ def fast_forward(q, k, v, causal, scale, need_lse=True):
         o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, -1, -1, None,
                                       None)
     else:
-        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
+        o = (_empty_like(q) if p.o_like_q else
+             _empty(p.o_shape, dtype=p.dtype, device=p.device))
         lse = None if need_lse else p.lse_scratch
         if lse is None:
             lse = _empty(p.lse_shape, dtype=_f32, device=p.device)

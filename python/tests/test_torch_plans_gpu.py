@@ -58,6 +58,36 @@ def test_calls_without_lse_share_a_scratch_and_calls_with_it_get_their_own():
 
 
 @cuda
+@pytest.mark.parametrize("layout", ["contiguous", "dv_differs",
+                                    "transposed_view", "head_slice"])
+def test_a_planned_call_allocates_o_as_the_plan_lays_it_out(layout):
+    """A call on a cached plan allocates o (torch.empty_like(q) where the
+    plan's o is laid out as a contiguous q, else torch.empty of o's shape):
+    o is contiguous and right, written over memory poisoned with NaN (the
+    previous call's o, freed, is the block the allocator gives back)."""
+    B, H, N, D = 2, 3, 80, 64
+    dv = 32 if layout == "dv_differs" else D
+    if layout == "transposed_view":  # (B, N, H, D) seen as (B, H, N, D)
+        q = randn(B, N, H, D).transpose(1, 2)
+    elif layout == "head_slice":  # contiguous, a size-1 dim of odd stride
+        q = randn(B, 2 * H + 1, N, D)[:1, 1:2]
+    else:
+        q = randn(B, H, N, D)
+    k, v = randn(*q.shape[:3], D), randn(*q.shape[:3], dv)
+    check(q, k, v)  # makes the plan
+    (plan,) = [p for key, p in _plans().items()
+               if key[0] == q.shape and key[1] == q.stride()
+               and key[4] == v.shape and key[12] == 0]
+    assert plan.o_like_q == (layout in ("contiguous", "head_slice"))
+    for _ in range(2):
+        o = flashjit.attention(q, k, v)
+        o.fill_(float("nan"))
+        del o
+        o, _ = check(q, k, v)  # asserts no NaN and the float64 bound
+        assert o.is_contiguous() and o.shape == q.shape[:3] + (dv,)
+
+
+@cuda
 def test_eager_call_and_op_share_the_plan():
     import flashjit.ops  # noqa: F401
 

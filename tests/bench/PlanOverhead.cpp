@@ -49,6 +49,7 @@ struct Driver {
   using LaunchFn = int (*)(void *, unsigned, unsigned, unsigned, unsigned,
                            unsigned, unsigned, unsigned, void *, void **,
                            void **);
+  using StreamFn = int (*)(void **, unsigned);
   InitFn init = nullptr;
   CountFn count = nullptr;
   GetFn get = nullptr;
@@ -59,6 +60,7 @@ struct Driver {
   LoadFn loadModule = nullptr;
   FunctionFn getFunction = nullptr;
   LaunchFn launch = nullptr;
+  StreamFn createStream = nullptr;
 };
 
 [[noreturn]] void skip(const std::string &why) {
@@ -96,6 +98,7 @@ Driver loadDriver() {
   sym(d.loadModule, "cuModuleLoadData");
   sym(d.getFunction, "cuModuleGetFunction");
   sym(d.launch, "cuLaunchKernel");
+  sym(d.createStream, "cuStreamCreate");
   int n = 0;
   if (d.init(0) != 0 || d.count(&n) != 0 || n == 0)
     skip("cuInit failed or no CUDA device");
@@ -154,14 +157,17 @@ Timing perCallUs(const Driver &d, int64_t calls, Call call) {
   return {host[2], loop[2]};
 }
 
-/// An empty kernel with the forward's argument list (7 pointers, 23
-/// int64 indices, one f32), as PTX the driver compiles: launching it
-/// measures the driver's own cost of such a launch, the floor under
-/// flashjit_plan_forward.
+/// The benchmarked forward's argument list (d = 64, no tensor map): 9
+/// pointers, 23 int64 indices, one f32.
+constexpr int kPointers = 9, kIndices = 23, kParams = kPointers + kIndices + 1;
+
+/// An empty kernel with the forward's argument list, as PTX the driver
+/// compiles: launching it measures the driver's own cost of such a launch,
+/// the floor under flashjit_plan_forward.
 std::string emptyKernelPtx() {
   std::string ptx = ".version 7.0\n.target sm_80\n.address_size 64\n"
                     ".visible .entry noop(";
-  for (int i = 0; i < 30; ++i)
+  for (int i = 0; i < kPointers + kIndices; ++i)
     ptx += ".param .u64 p" + std::to_string(i) + ", ";
   return ptx + ".param .f32 scale)\n{\n  ret;\n}\n";
 }
@@ -234,22 +240,49 @@ int main(int argc, char **argv) {
   if (d.loadModule(&module, ptx.c_str()) != 0 ||
       d.getFunction(&noop, module, "noop") != 0)
     skip("could not load the empty kernel's PTX");
-  unsigned long long ptrs[7];
-  int64_t ints[23] = {};
+  unsigned long long ptrs[kPointers];
+  int64_t ints[kIndices] = {};
   float scale = 0.125f;
-  void *params[31];
-  for (int i = 0; i < 7; ++i)
+  void *params[kParams];
+  for (int i = 0; i < kPointers; ++i)
     params[i] = &(ptrs[i] = buf[i % 5]);
-  for (int i = 0; i < 23; ++i)
-    params[7 + i] = &ints[i];
-  params[30] = &scale;
+  for (int i = 0; i < kIndices; ++i)
+    params[kPointers + i] = &ints[i];
+  params[kParams - 1] = &scale;
   int launchStatus = 0;
-  Timing floor = perCallUs(d, calls, [&] {
-    launchStatus =
-        d.launch(noop, 2, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr);
-  });
+  auto launchOn = [&](void *stream, void **kernelParams, void **extra) {
+    return perCallUs(d, calls, [&] {
+      launchStatus |= d.launch(noop, 2, 1, 1, 128, 1, 1, 0, stream,
+                               kernelParams, extra);
+    });
+  };
+  Timing floor = launchOn(nullptr, params, nullptr);
+  // The same launch with its arguments packed into one buffer (the
+  // driver's CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END, 0x1 / 0x2 /
+  // 0x0: one copy instead of one per argument), and on a non-blocking
+  // stream instead of the legacy default stream (no implicit ordering with
+  // other streams): which of the driver's paths is cheapest, for the plan
+  // call's launch to take.
+  unsigned char packed[kParams * 8] = {};
+  for (int i = 0; i < kPointers + kIndices; ++i)
+    std::memcpy(packed + 8 * i, params[i], 8);
+  std::memcpy(packed + 8 * (kPointers + kIndices), &scale, 4);
+  std::size_t packedBytes = 8 * (kPointers + kIndices) + 4;
+  void *extra[] = {reinterpret_cast<void *>(1), packed,
+                   reinterpret_cast<void *>(2), &packedBytes, nullptr};
+  Timing floorPacked = launchOn(nullptr, nullptr, extra);
+  void *stream = nullptr;
+  if (d.createStream(&stream, /*CU_STREAM_NON_BLOCKING=*/1) != 0)
+    skip("cuStreamCreate failed");
+  Timing floorStream = launchOn(stream, params, nullptr);
   if (launchStatus != 0)
     skip("cuLaunchKernel of the empty kernel failed");
+  Timing plannedStream = perCallUs(d, calls, [&] {
+    last = flashjit_plan_forward(plan, t[0].data, t[1].data, t[2].data,
+                                 t[3].data, lse, nullptr, nullptr, stream);
+  });
+  if (last)
+    fail("flashjit_plan_forward on a stream", last);
 
   bool ok = planned.hostUs <= targetUs;
   std::printf("flashjit-plan-bench: %lld calls of attention(%lld, %lld, "
@@ -266,6 +299,15 @@ int main(int argc, char **argv) {
   std::printf("  cuLaunchKernel alone   %8.3f us / %8.3f us  (an empty kernel "
               "with the same arguments: the driver's floor)\n",
               floor.hostUs, floor.loopUs);
+  std::printf("    ... arguments packed %8.3f us / %8.3f us  (one buffer: "
+              "CU_LAUNCH_PARAM_BUFFER_POINTER)\n",
+              floorPacked.hostUs, floorPacked.loopUs);
+  std::printf("    ... on a stream      %8.3f us / %8.3f us  (non-blocking, "
+              "not the legacy default stream)\n",
+              floorStream.hostUs, floorStream.loopUs);
+  std::printf("  plan_forward, stream   %8.3f us / %8.3f us  (the plan call "
+              "on that stream)\n",
+              plannedStream.hostUs, plannedStream.loopUs);
   if (json) {
     FILE *f = std::fopen(json, "w");
     if (!f) {
@@ -276,10 +318,15 @@ int main(int argc, char **argv) {
                  "{\"calls\": %lld, \"plan_forward_us\": %.4f, "
                  "\"forward_us\": %.4f, \"plan_forward_loop_us\": %.4f, "
                  "\"forward_loop_us\": %.4f, \"launch_floor_us\": %.4f, "
+                 "\"launch_floor_packed_us\": %.4f, "
+                 "\"launch_floor_stream_us\": %.4f, "
+                 "\"plan_forward_stream_us\": %.4f, "
                  "\"target_us\": %.2f, "
                  "\"ok\": %s}\n",
                  (long long)calls, planned.hostUs, forward.hostUs,
-                 planned.loopUs, forward.loopUs, floor.hostUs, targetUs,
+                 planned.loopUs, forward.loopUs, floor.hostUs,
+                 floorPacked.hostUs, floorStream.hostUs, plannedStream.hostUs,
+                 targetUs,
                  ok ? "true" : "false");
     std::fclose(f);
   }

@@ -8,7 +8,10 @@ each (no call waits for the device: the per-call overhead the targets are
 about), and "loop", one loop plus its synchronization (bounded below by the
 device's time per kernel). Compared with
 torch.nn.functional.scaled_dot_product_attention on the same tensors, in
-the same run. --parts also times the pieces of the eager call alone.
+the same run. The rows take turns: --rounds (5) interleaved rounds, each
+timing every row once from a different first row; each figure is the
+median over the rounds, shown with its range. --parts also times the
+pieces of the eager call alone (interleaved likewise).
 
 Rows:
   flashjit.attention        the public call, no autograd (the eager path:
@@ -26,13 +29,16 @@ Rows:
   C++ ...                   flashjit-plan-bench: flashjit_plan_forward and
                             flashjit_forward from C++, and cuLaunchKernel of
                             an empty kernel with the same arguments (the
-                            driver's floor under any launch)
+                            driver's floor under any launch), also with
+                            the arguments packed into one buffer and on a
+                            non-blocking stream (and the plan call there)
 
 With --plan-bench PATH (default: build/bin/flashjit-plan-bench if it
 exists) the C++ micro-benchmark of the plan call (no Python, no ctypes;
 tests/bench/PlanOverhead.cpp) runs too and its rows are added.
 
-    python3 tests/bench/overhead.py [--calls 2000] [--json out.json]
+    python3 tests/bench/overhead.py [--calls 2000] [--rounds 5] [--parts]
+                                     [--json out.json]
 
 Exit 1 if flashjit.attention's host time per call is above --target-us
 (10) or the C++ plan call's above --c-target-us (3).
@@ -87,7 +93,25 @@ def per_call_us(fn, calls, repeats=5, batch=200):
     return host[len(host) // 2], loop[len(loop) // 2]
 
 
-def parts(q, k, v, plan_call, calls):
+def interleaved(rows, calls, rounds):
+    """{name: (host, loop, host_rounds)} of (name, fn) rows timed in
+    `rounds` interleaved rounds: each round times every row once
+    (per_call_us with one repeat), starting one row further on, so that no
+    row always runs first, after another or under a passing slowdown of the
+    host; host and loop are the medians over the rounds. (Timed one row
+    after the other, the first row measured 21.0 us in T25-A against 12.6
+    us for the same call at the end of the run.)"""
+    times = {name: ([], []) for name, _ in rows}
+    for r in range(rounds):
+        for name, fn in rows[r % len(rows):] + rows[:r % len(rows)]:
+            host, loop = per_call_us(fn, calls, repeats=1)
+            times[name][0].append(host)
+            times[name][1].append(loop)
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {name: (median(h), median(l), h) for name, (h, l) in times.items()}
+
+
+def parts(q, k, v, plan_call, calls, rounds):
     """Host microseconds of the pieces of flashjit.attention's eager call,
     each alone (--parts)."""
     p = only_plan(q, k, v)
@@ -114,7 +138,8 @@ def parts(q, k, v, plan_call, calls):
         ("plan_forward via ctypes", plan_call),
         ("flashjit.attention (all)", lambda: flashjit.attention(q, k, v)),
     ]
-    return {name: per_call_us(fn, calls)[0] for name, fn in pieces}
+    return {name: t[0] for name, t in
+            interleaved(pieces, calls, rounds).items()}
 
 
 def plan_key(q, k, v):
@@ -201,6 +226,8 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--target-us", type=float, default=10.0)
     ap.add_argument("--c-target-us", type=float, default=3.0)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds over the rows (median)")
     ap.add_argument("--parts", action="store_true",
                     help="also time the pieces of the eager call alone")
     default_bench = ROOT / "build" / "bin" / "flashjit-plan-bench"
@@ -240,28 +267,38 @@ def main(argv=None):
     torch.cuda.synchronize()
     kernel_us = start.elapsed_time(end) / 200 * 1e3
 
-    results, loops = {}, {}
-    for name, fn in rows:
-        results[name], loops[name] = per_call_us(fn, args.calls)
+    timed = interleaved(rows, args.calls, args.rounds)
+    results = {name: t[0] for name, t in timed.items()}
+    loops = {name: t[1] for name, t in timed.items()}
+    spread = {name: (min(t[2]), max(t[2])) for name, t in timed.items()}
     native = plan_bench(args.plan_bench, args.calls)
     for name in ("plan_forward", "forward"):
         if f"{name}_us" in native:
             row = f"C++ {name.replace('_', ' ')} (no Python)"
             results[row] = native[f"{name}_us"]
             loops[row] = native[f"{name}_loop_us"]
-    if "launch_floor_us" in native:  # an empty kernel's cuLaunchKernel
-        results["C++ cuLaunchKernel alone"] = native["launch_floor_us"]
-        loops["C++ cuLaunchKernel alone"] = float("nan")
+    for key, row in (  # an empty kernel's cuLaunchKernel, three ways
+            ("launch_floor_us", "C++ cuLaunchKernel alone"),
+            ("launch_floor_packed_us", "C++ ... arguments packed"),
+            ("launch_floor_stream_us", "C++ ... on a stream"),
+            ("plan_forward_stream_us", "C++ plan forward on a stream")):
+        if key in native:
+            results[row] = native[key]
+            loops[row] = float("nan")
     print(f"per-call time, {args.calls} calls of attention{shape} bf16 "
           f"({torch.cuda.get_device_name()}; back-to-back device time "
           f"~{kernel_us:.1f} us per call)")
-    print(f"{'path':<32}{'host us':>10}{'loop us':>10}   (host: the calls "
-          "alone, in batches; loop: calls + sync)")
+    print(f"{'path':<32}{'host us':>10}{'loop us':>10}{'host range':>16}"
+          "   (host: the calls alone, in batches; loop: calls + sync; "
+          f"medians of {args.rounds} interleaved rounds)")
     for name, us in results.items():
-        print(f"{name:<32}{us:>10.2f}{loops[name]:>10.2f}")
+        lo, hi = spread.get(name, (None, None))
+        span = f"{lo:>8.2f}-{hi:<7.2f}" if lo is not None else ""
+        print(f"{name:<32}{us:>10.2f}{loops[name]:>10.2f}{span}")
     if "plan_forward_us" not in native:
         print(f"C++ plan benchmark: {native}")
-    pieces = parts(q, k, v, plan_call, args.calls) if args.parts else {}
+    pieces = (parts(q, k, v, plan_call, args.calls, args.rounds)
+              if args.parts else {})
     if pieces:
         print("pieces of flashjit.attention, host us each alone:")
         for name, us in pieces.items():
@@ -283,6 +320,8 @@ def main(argv=None):
                        "calls": args.calls, "device":
                        torch.cuda.get_device_name(), "kernel_us": kernel_us,
                        "us_per_call": results, "loop_us_per_call": loops,
+                       "rounds": args.rounds, "host_us_per_round":
+                       {name: t[2] for name, t in timed.items()},
                        "parts_us": pieces, "target_us": args.target_us,
                        "c_target_us": args.c_target_us, "plan_bench": native,
                        "ok": ok_py and (ok_c or c_us is None), "torch": torch.__version__},
