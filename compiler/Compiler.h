@@ -116,7 +116,7 @@ struct GpuTarget {
 /// every cubin and tuning cache key, so that entries written by an earlier
 /// code generator are rebuilt, not reused. Change it with every change to
 /// a lowering that can alter the PTX of an unchanged pipeline.
-inline constexpr const char *kCodegenRevision = "tile-ir-5";
+inline constexpr const char *kCodegenRevision = "tile-ir-6";
 
 /// The name the kernel function carries in every stage.
 inline constexpr const char *kKernelName = "attention";

@@ -95,6 +95,13 @@ static void sideEffectAsm(GpuBuilder &g, StringRef text, StringRef constraints,
 void GpuBuilder::reduceAdd(Value pred, Value ptr, Value v) {
   Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(ptr));
   const bool integer = v.getType() == i64;
+  if (!pred) {
+    sideEffectAsm(*this,
+                  integer ? "red.global.add.u64 [$0], $1;"
+                          : "red.global.add.f32 [$0], $1;",
+                  integer ? "l,l" : "l,f", {addr, v});
+    return;
+  }
   sideEffectAsm(*this,
                 integer ? "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
                           "@p red.global.add.u64 [$1], $2; }"
@@ -106,6 +113,11 @@ void GpuBuilder::reduceAdd(Value pred, Value ptr, Value v) {
 
 void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {
   Value addr = LLVM::PtrToIntOp::create(b, i64, toGlobal(ptr));
+  if (!pred) {
+    sideEffectAsm(*this, "red.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+                  {addr, v0, v1});
+    return;
+  }
   sideEffectAsm(*this,
                 "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
                 "@p red.global.add.v2.f32 [$1], {$2, $3}; }",

@@ -159,12 +159,15 @@ public:
 
   // Pointers.
   Value toGlobal(Value genericPtr);
-  /// If \p pred (i1): *ptr += v without a result (red.global.add.f32; an
-  /// i64 \p v: red.global.add.u64, two's complement so signed too); \p ptr
-  /// generic, to global memory. A predicated instruction, no branch.
+  /// If \p pred (i1; null: always): *ptr += v without a result
+  /// (red.global.add.f32; an i64 \p v: red.global.add.u64, two's complement
+  /// so signed too); \p ptr generic, to global memory. A predicated
+  /// reduction in the PTX, which ptxas (12.x, 13.0) branches around, each
+  /// in a convergence region of its own (BSSY, @!P BRA, REDG, BSYNC): where
+  /// many share one predicate, test it once around them (a null \p pred).
   void reduceAdd(Value pred, Value ptr, Value v);
-  /// If \p pred: ptr[0] += v0, ptr[1] += v1 in one red.global.add.v2.f32
-  /// (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.
+  /// If \p pred (null: always): ptr[0] += v0, ptr[1] += v1 in one
+  /// red.global.add.v2.f32 (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.
   void reduceAdd2(Value pred, Value ptr, Value v0, Value v1);
   /// If \p pred: adds \p bytes (i32, a multiple of 16) of f32 from shared
   /// pointer \p src into global memory at generic pointer \p dst, both

@@ -94,12 +94,18 @@ struct ReductionTarget {
   bool checkCols = false; ///< columns past the tile exist
 };
 
+/// Whether row \p q of \p r exists (row0 + q < bound).
+Value rowExists(gpu::GpuBuilder &g, const ReductionTarget &r, Value q);
+
 /// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
-/// q exists (and the column, with checkCols): one vector reduction or two,
-/// predicated, not branched (TileToGPUAtomics.cpp). The constant part of
-/// the column becomes the reduction's immediate offset.
+/// q exists (and the column, with checkCols): one vector reduction or two
+/// (TileToGPUAtomics.cpp). The constant part of the column becomes the
+/// reduction's immediate offset. With \p rowChecked the caller has tested
+/// rowExists around the row's reductions (one branch for all of them), and
+/// they are not predicated on it.
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
-                Value col, int64_t colConst, Value v0, Value v1);
+                Value col, int64_t colConst, Value v0, Value v1,
+                bool rowChecked = false);
 
 /// The scalar math flashjit lowers itself, without libdevice: NVVM's
 /// approximations for the transcendental functions (ex2, lg2, tanh: as

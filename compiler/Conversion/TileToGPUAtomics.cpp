@@ -34,11 +34,16 @@ static bool knownEven(Value v) {
   return false;
 }
 
+Value conversion::rowExists(gpu::GpuBuilder &g, const ReductionTarget &r,
+                            Value q) {
+  return g.cmp(CmpIPredicate::slt, g.add(r.row0, q), r.bound);
+}
+
 void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
                             Value q, Value col, int64_t colConst, Value v0,
-                            Value v1) {
+                            Value v1, bool rowChecked) {
   Value row = g.add(r.row0, q);
-  Value rowOk = g.cmp(CmpIPredicate::slt, row, r.bound);
+  Value rowOk = rowChecked ? Value() : rowExists(g, r, q);
   Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
   // The column's constant part as the pointer's own offset (the
   // reduction's immediate): the sign extension of col + colConst would not
@@ -47,11 +52,11 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
       LLVM::GEPOp::create(g.b, g.ptrGen, g.f32, r.base,
                           ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col))});
   for (int64_t e = 0; e < 2; e += r.pairs ? 2 : 1) {
-    Value ok = r.checkCols
-                   ? g.andI(rowOk, g.cmp(CmpIPredicate::slt,
-                                         g.add(col, g.c32(colConst + e)),
-                                         g.c32(r.cols)))
-                   : rowOk;
+    Value colOk = r.checkCols
+                      ? g.cmp(CmpIPredicate::slt,
+                              g.add(col, g.c32(colConst + e)), g.c32(r.cols))
+                      : Value();
+    Value ok = rowOk && colOk ? g.andI(rowOk, colOk) : rowOk ? rowOk : colOk;
     Value ptr = LLVM::GEPOp::create(
         g.b, g.ptrGen, g.f32, at,
         ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(colConst + e)});
@@ -243,11 +248,14 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         Value q = g.add(g.c32(mi * 16 + 8 * h), grp);
         if (rowPart)
           q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
-        for (int64_t n = 0; n < nt2; ++n) {
-          const gpu::Acc &v = acc[mi * nt2 + n];
-          reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),
-                     v[2 * h], v[2 * h + 1]);
-        }
+        // One branch per row around its reductions (reduceAdd).
+        g.ifThen(rowExists(g, red, q), [&] {
+          for (int64_t n = 0; n < nt2; ++n) {
+            const gpu::Acc &v = acc[mi * nt2 + n];
+            reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),
+                       v[2 * h], v[2 * h + 1], /*rowChecked=*/true);
+          }
+        });
       }
   };
   // Rounds of column groups, as many per slab as keep the slab's

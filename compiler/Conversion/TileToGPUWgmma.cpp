@@ -276,10 +276,15 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   Value q0 = g.add(g.mul(g.remU(warp, g.c32(4)), g.c32(16)), grp);
   auto byThreads = [&] {
     Value col0 = g.add(colBase, g.mul(tig, g.c32(2)));
-    for (int64_t h = 0; h < 2; ++h)
-      for (int64_t j = 0; j < n / 8; ++j)
-        reducePair(g, red, g.add(q0, g.c32(8 * h)), col0, 8 * j,
-                   f.regs[4 * j + 2 * h], f.regs[4 * j + 2 * h + 1]);
+    for (int64_t h = 0; h < 2; ++h) {
+      // One branch per row around its reductions (reduceAdd).
+      Value q = g.add(q0, g.c32(8 * h));
+      g.ifThen(rowExists(g, red, q), [&] {
+        for (int64_t j = 0; j < n / 8; ++j)
+          reducePair(g, red, q, col0, 8 * j, f.regs[4 * j + 2 * h],
+                     f.regs[4 * j + 2 * h + 1], /*rowChecked=*/true);
+      });
+    }
   };
   if (!place.dqStageCols) {
     byThreads();
