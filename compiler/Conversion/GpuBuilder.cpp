@@ -55,6 +55,10 @@ Value GpuBuilder::exp2(Value x) {
 Value GpuBuilder::log2(Value x) {
   return intrinsic("llvm.nvvm.lg2.approx.ftz.f", {f32}, {x});
 }
+Value GpuBuilder::fromLane0(Value x) {
+  return intrinsic("llvm.nvvm.shfl.sync.idx.i32", {i32},
+                   {c32(-1), x, c32(0), c32(31)});
+}
 Value GpuBuilder::shuffleXor(Value x, int64_t laneMask) {
   if (x.getType() == i64) {
     // Two 32-bit shuffles: the low and the high word.

@@ -96,6 +96,9 @@ public:
   Value log2(Value x);
   /// shfl.sync.bfly with all 32 lanes (an f32, or an i64 as two words).
   Value shuffleXor(Value x, int64_t laneMask);
+  /// Lane 0's \p x (i32) in every lane (shfl.sync.idx): a value the warp
+  /// shares, as ptxas can tell (uniform registers, no R2UR per use).
+  Value fromLane0(Value x);
 
   /// \p x (i32) through an opaque `mov`: values derived from the result
   /// inside a loop are not loop-invariant, so LLVM cannot hoist dozens of

@@ -307,7 +307,7 @@ void TileKernelLowering::setUpThreads() {
   chunk = place.gridSplits ? g.c32(0) : g.blockId(mlir::gpu::Dimension::z);
   if (place.wgmma) {
     wg.emplace(g, smem);
-    wgIdx = g.divU(warp, g.c32(4));
+    wgIdx = g.fromLane0(g.divU(warp, g.c32(4)));
   }
   for (auto &[v, slot] : slots) {
     if (homes.lookup(v) != TileHome::Shared)

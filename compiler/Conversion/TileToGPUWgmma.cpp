@@ -229,7 +229,8 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
 ///   tile.atomic_add %dq, %dq_accum[...] ...
 ///
 /// After: commit (the batch before stays in flight); fence.proxy.async;
-/// barrier; pinned zeros; fence; wgmma.m64n<N>k16 per 16 keys; commit;
+/// barrier; fence; wgmma.m64n<N>k16 per 16 keys (the first with scale-d 0:
+/// no zeroed accumulator registers); commit;
 /// wait_group 0 (and the earlier batch); then, with a staging tile
 /// (KernelPlacement::dqStageCols) and an aligned dq_accum, the tile added
 /// in bulk (reduceTileInBulk), else red.global.add(.v2) of the thread's
@@ -251,18 +252,21 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   settle(/*wait=*/false);
   wg->fenceProxyAsync(); // the staged lhs, stored above, is read by wgmma
   g.barrier();
-  SmallVector<Value> d = wg->pin(SmallVector<Value>(n / 2, g.cf(0.0)));
+  SmallVector<Value> d(n / 2, LLVM::UndefOp::create(b, g.f32));
   wg->fence();
   Value kTile =
       g.add(slotOffset(rhs),
             byCols ? g.mul(wgIdx, g.c32(n / 64 * keys * 128)) : g.c32(0));
   Value keyBytes = byCols ? g.c32(0) : g.mul(wgIdx, g.c32(groupKeys * 128));
+  // The k-steps' offsets as one value plus a constant (Wgmma::descriptor).
+  Value aKeys = g.add(g.c32(staging[lhs].offset), keyBytes);
+  Value bKeys = g.add(kTile, keyBytes);
   for (int64_t ks = 0; ks < groupKeys / 16; ++ks) {
-    Value rows = g.add(keyBytes, g.c32(ks * 16 * 128));
-    Value a = wg->descriptor(g.add(g.c32(staging[lhs].offset), rows), Major::MN,
+    Value a = wg->descriptor(g.add(aKeys, g.c32(ks * 16 * 128)), Major::MN,
                              keys * 128);
-    Value bd = wg->descriptor(g.add(kTile, rows), Major::MN, keys * 128);
-    d = wg->mma(n, d, a, {}, bd, true, true);
+    Value bd = wg->descriptor(g.add(bKeys, g.c32(ks * 16 * 128)), Major::MN,
+                              keys * 128);
+    d = wg->mma(n, d, a, {}, bd, true, true, /*accumulate=*/ks > 0);
   }
   frags[op.getResult()].regs.assign(d.begin(), d.end());
   inFlight.push_back(op.getResult());

@@ -2,7 +2,10 @@
 
 #include "compiler/Conversion/Wgmma.h"
 
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
+
 #include <string>
+#include <tuple>
 
 using namespace mlir;
 
@@ -43,24 +46,48 @@ std::string operandList(int64_t first, int64_t n) {
 
 Wgmma::Wgmma(GpuBuilder &g, Value smem) : g(g) {
   Value addr = LLVM::PtrToIntOp::create(g.b, g.i64, smem);
-  Value field =
-      g.andI(arith::ShRUIOp::create(g.b, addr, g.c64(4)), g.c64(0x3FFF));
-  descBase = g.orI(field, g.c64(int64_t(1) << 62)); // 128B swizzle
+  descBase = g.andI(LLVM::TruncOp::create(
+                        g.b, g.i32, arith::ShRUIOp::create(g.b, addr, g.c64(4))),
+                    g.c32(0x3FFF));
+}
+
+/// \p v as a value plus a constant: the constant operands of a chain of
+/// arith.addi peeled off (the offsets here are sums of byte offsets, each
+/// at least 0, so that the value left is too).
+static std::pair<Value, int64_t> splitConstant(Value v) {
+  int64_t c = 0;
+  while (auto add = v.getDefiningOp<arith::AddIOp>()) {
+    if (std::optional<int64_t> k = getConstantIntValue(add.getRhs())) {
+      c += *k;
+      v = add.getLhs();
+    } else if (std::optional<int64_t> k = getConstantIntValue(add.getLhs())) {
+      c += *k;
+      v = add.getRhs();
+    } else {
+      break;
+    }
+  }
+  return {v, c};
 }
 
 Value Wgmma::descriptor(Value offset, Major major, int64_t blockBytes) {
   // K-major swizzled operands ignore the LBO (1 by convention); 8-row
-  // groups are 1024 bytes apart in every blocked tile.
+  // groups are 1024 bytes apart in every blocked tile; 128B swizzle.
   const int64_t lbo = major == Major::MN ? blockBytes : 16, sbo = 1024;
-  const int64_t fields = ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
-  Value start = g.ext64(arith::ShRUIOp::create(g.b, offset, g.c32(4)));
+  const int64_t high = (sbo >> 4) | (int64_t(1) << 30);
+  auto [base, c] = splitConstant(offset);
+  if (c < 0 || c % 16 != 0)
+    std::tie(base, c) = std::make_pair(offset, int64_t(0));
   assert(batchBase && "descriptors are made after fence()");
-  return g.add(g.add(batchBase, start), g.c64(fields));
+  Value low = g.add(g.add(batchBase, arith::ShRUIOp::create(g.b, base,
+                                                            g.c32(4))),
+                    g.c32((c >> 4) + ((lbo >> 4) << 16)));
+  return g.orI(arith::ExtUIOp::create(g.b, g.i64, low), g.c64(high << 32));
 }
 
 SmallVector<Value> Wgmma::mma(int64_t n, ArrayRef<Value> d, Value aDesc,
                               ArrayRef<Value> aRegs, Value bDesc, bool transA,
-                              bool transB) {
+                              bool transB, bool accumulate) {
   const int64_t r = n / 2;
   assert(int64_t(d.size()) == r && "one f32 per thread and 2 columns");
   const char *ty = g.elem == Elem::BF16 ? "bf16" : "f16";
@@ -84,7 +111,7 @@ SmallVector<Value> Wgmma::mma(int64_t n, ArrayRef<Value> d, Value aDesc,
   operands.push_back(bDesc);
   constraints += "l,";
   int64_t bAt = next++;
-  operands.push_back(g.c32(1));
+  operands.push_back(g.c32(accumulate ? 1 : 0));
   constraints += "r";
   int64_t scaleAt = next++;
   for (int64_t i = 0; i < r; ++i) {
@@ -115,7 +142,7 @@ SmallVector<Value> Wgmma::pin(ArrayRef<Value> values) {
 
 void Wgmma::fence() {
   asmValues(g, {}, {}, "wgmma.fence.sync.aligned;", "");
-  batchBase = asmValues(g, {g.i64}, {descBase}, "mov.b64 $0, $1;", "=l,l")[0];
+  batchBase = asmValues(g, {g.i32}, {descBase}, "mov.b32 $0, $1;", "=r,r")[0];
 }
 void Wgmma::commit() {
   asmValues(g, {}, {}, "wgmma.commit_group.sync.aligned;", "");

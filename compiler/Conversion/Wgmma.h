@@ -46,16 +46,23 @@ public:
 
   /// The descriptor of an operand at byte \p offset (i32) of the dynamic
   /// shared memory; \p blockBytes: bytes between the tile's 64-column
-  /// blocks (the LBO of an MN-major operand).
+  /// blocks (the LBO of an MN-major operand). Its arithmetic is 32-bit, on
+  /// the low word (start address and LBO) only: the high word (SBO and the
+  /// swizzle) is a constant, and a start address below 2^18 bytes never
+  /// carries into the LBO. A constant part of \p offset (an arith.addi of a
+  /// constant, a multiple of 16) is added after the shift, so that the
+  /// k-steps of one operand share one shift and differ by an immediate.
   Value descriptor(Value offset, Major major, int64_t blockBytes);
 
   /// d (n / 2 f32 per thread) += A B, m64nNk16. A from shared memory
   /// (\p aDesc) or, when \p aDesc is null, from registers (\p aRegs, the
   /// m16n8k16 A fragment of each warp's 16 rows). \p transA / \p transB: the
-  /// operand is MN-major.
+  /// operand is MN-major. Without \p accumulate, d = A B (the instruction's
+  /// scale-d is 0: \p d's values are not read, undefined ones will do).
   llvm::SmallVector<Value> mma(int64_t n, llvm::ArrayRef<Value> d, Value aDesc,
                                llvm::ArrayRef<Value> aRegs, Value bDesc,
-                               bool transA, bool transB);
+                               bool transA, bool transB,
+                               bool accumulate = true);
 
   /// \p values (f32 or i32) through an empty side-effecting asm that reads
   /// and writes each: register writes before it stay before it, and uses
@@ -64,7 +71,7 @@ public:
 
   /// wgmma.fence.sync.aligned, before a batch of MMAs; the batch's
   /// descriptors then build on an opaque copy of the base, so that none is
-  /// hoisted out of a loop to hold two registers across it.
+  /// hoisted out of a loop to hold a register across it.
   void fence();
   void commit();              ///< wgmma.commit_group.sync.aligned
   void wait(int64_t pending); ///< wgmma.wait_group.sync.aligned
@@ -72,7 +79,7 @@ public:
 
 private:
   GpuBuilder &g;
-  Value descBase;  ///< i64: the start address field of `smem`, swizzle mode
+  Value descBase;  ///< i32: the start address field of `smem`
   Value batchBase; ///< descBase through an opaque mov (see fence())
 };
 

@@ -28,7 +28,7 @@
 ///         %pth = arith.truncf %pt                    // P as the MMAs take it
 ///         %dv2 = tile.dot %pth, %do acc %dv
 ///         %dpt = tile.dot %v, %do {transpose_rhs}
-///         %dsh = arith.truncf (extf(%pth) * (%dpt - bcast(%dl) dim 0))
+///         %dsh = arith.truncf (%pt * (%dpt - bcast(%dl) dim 0))
 ///         %dk2 = tile.dot %dsh, %q acc %dk
 ///         tile.atomic_add (tile.dot %dsh, %k {transpose_lhs}) -> dq_accum
 ///       }

@@ -6,9 +6,10 @@
 /// and atomic dQ's adds) and the deterministic dQ pass. Both recompute
 /// P = exp2(S * scale * log2(e) - lse * log2(e)) with one FMA from the
 /// preprocessing's -lse * log2(e), mask it where the block pair needs it,
-/// round it to the element type, and take dS from the rounded P:
-/// dS = P (dP - delta), rounded too. Only block pairs that straddle the
-/// band (or Nkv) pay for the element mask.
+/// round it to the element type for the product with dO, and take dS from
+/// the unrounded P: dS = P (dP - delta), rounded for its products (as
+/// FlashAttention-2 does; no conversion back from the element type). Only
+/// block pairs that straddle the band (or Nkv) pay for the element mask.
 //
 //===----------------------------------------------------------------------===//
 
@@ -116,7 +117,7 @@ void TiledBackwardBuilder::buildMain() {
 ///   %pth = arith.truncf %pt2 : ... to tensor<BcxBrxbf16>
 ///   %dv2 = tile.dot %pth, %do acc %dv
 ///   %dpt = tile.dot %v, %do {transpose_rhs}
-///   %ds = arith.mulf (arith.extf %pth), (%dpt - bcast(%dl) dim 0)
+///   %ds = arith.mulf %pt2, (%dpt - bcast(%dl) dim 0)
 ///   %dsh = arith.truncf %ds
 ///   %dk2 = tile.dot %dsh, %q acc %dk
 ///   %dq = tile.dot %dsh, %k {transpose_lhs}                // atomic dQ
@@ -142,12 +143,12 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
   Value dvNew = dot(pth, dO, dvAcc, false, false);
   Value dpt = dot(vTile, dO, Value(), false, /*transposeRhs=*/true);
   // The gradient of the modified scores, then (by d score'/d score) of the
-  // scaled ones. The captured tensors' sums over whole rows (a temperature,
-  // a slope) cancel: they take P unrounded.
+  // scaled ones, from P unrounded (which the captured tensors' gradients
+  // read too: their sums over whole rows, a temperature or a slope, cancel).
   Value dpMinusD = fsub(dpt, broadcast(dl, sTy, /*dim=*/0));
-  Value ds = fmul(extTile(pth), dpMinusD);
+  Value ds = fmul(pm, dpMinusD);
   if (!reads.empty())
-    addCaptureGrads(reads, fmul(pm, dpMinusD), first);
+    addCaptureGrads(reads, ds, first);
   if (dmod)
     ds = fmul(ds, dmod);
   Value dsh = truncTile(ds, elemTy);
@@ -401,10 +402,8 @@ void TiledBackwardBuilder::buildDq() {
 ///   %s = tile.dot %q, %k {transpose_rhs}                   // Br' x Bc'
 ///   %p = math.exp2 (math.fma %s, splat(%scale_log2e), bcast(%nl) dim 1)
 ///   %p2 = maskDq(%p)
-///   %ph = arith.truncf %p2
 ///   %dp = tile.dot %do, %v {transpose_rhs}
-///   %dsh = arith.truncf (arith.mulf (arith.extf %ph),
-///                                   (%dp - bcast(%dl) dim 1))
+///   %dsh = arith.truncf (arith.mulf %p2, (%dp - bcast(%dl) dim 1))
 ///   %dq2 = tile.dot %dsh, %k acc %dq
 Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hI, Value hkI,
                                    Value dq, Value partial) {
@@ -415,9 +414,9 @@ Value TiledBackwardBuilder::dqStep(Value first, Value bI, Value hI, Value hkI,
   Value p = exp2(exponent(s, broadcast(negLse, sTy, /*dim=*/1), m0, first,
                           /*keysOnRows=*/false, bI, hI, dmod, nullptr,
                           partial));
-  Value ph = truncTile(maskDq(p, first), elemTy);
+  Value pm = maskDq(p, first);
   Value dp = dot(doTile, v, Value(), false, /*transposeRhs=*/true);
-  Value ds = fmul(extTile(ph), fsub(dp, broadcast(delta, sTy, /*dim=*/1)));
+  Value ds = fmul(pm, fsub(dp, broadcast(delta, sTy, /*dim=*/1)));
   if (dmod)
     ds = fmul(ds, dmod);
   return dot(truncTile(ds, elemTy), k, dq, false, false);

@@ -80,8 +80,8 @@
 // CHECK: %[[DPT:.*]] = tile.dot %[[V]], %[[DO]] {transpose_rhs} : tensor<32x64xbf16>, tensor<64x64xbf16> -> tensor<32x64xf32>
 // CHECK: %[[DLB:.*]] = tile.broadcast %[[DL]] dim 0 : tensor<64xf32> -> tensor<32x64xf32>
 // CHECK: %[[DIFF:.*]] = arith.subf %[[DPT]], %[[DLB]] : tensor<32x64xf32>
-// CHECK: %[[PF:.*]] = arith.extf %[[PTH]] : tensor<32x64xbf16> to tensor<32x64xf32>
-// CHECK: %[[DS:.*]] = arith.mulf %[[PF]], %[[DIFF]] : tensor<32x64xf32>
+// CHECK-NOT: arith.extf
+// CHECK: %[[DS:.*]] = arith.mulf %[[PM]], %[[DIFF]] : tensor<32x64xf32>
 // CHECK: %[[DSH:.*]] = arith.truncf %[[DS]] : tensor<32x64xf32> to tensor<32x64xbf16>
 // CHECK: %[[DK2:.*]] = tile.dot %[[DSH]], %[[Q]] acc %[[DK]] : tensor<32x96xf32> : tensor<32x64xbf16>, tensor<64x96xbf16> -> tensor<32x96xf32>
 // CHECK: %[[DQ:.*]] = tile.dot %[[DSH]], %[[K]] {transpose_lhs} : tensor<32x64xbf16>, tensor<32x96xbf16> -> tensor<64x96xf32>
@@ -153,12 +153,11 @@ attn.flash_bwd @causal {element_type = bf16, gqa = 2 : i64, head_dim_qk = 96 : i
 // CHECK: %[[PM:.*]] = scf.if %{{.*}} -> (tensor<64x32xf32>) {
 // CHECK: tile.iota dim 1 : tensor<64x32xi32>
 // CHECK: arith.select %{{.*}}, %[[P]], %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
-// CHECK: %[[PH:.*]] = arith.truncf %[[PM]] : tensor<64x32xf32> to tensor<64x32xbf16>
 // CHECK: %[[DP:.*]] = tile.dot %[[DO]], %[[V]] {transpose_rhs} : tensor<64x64xbf16>, tensor<32x64xbf16> -> tensor<64x32xf32>
 // CHECK: %[[DLB:.*]] = tile.broadcast %[[DL]] dim 1 : tensor<64xf32> -> tensor<64x32xf32>
 // CHECK: %[[DIFF:.*]] = arith.subf %[[DP]], %[[DLB]] : tensor<64x32xf32>
-// CHECK: %[[PF:.*]] = arith.extf %[[PH]] : tensor<64x32xbf16> to tensor<64x32xf32>
-// CHECK: %[[DS:.*]] = arith.mulf %[[PF]], %[[DIFF]] : tensor<64x32xf32>
+// CHECK-NOT: arith.extf
+// CHECK: %[[DS:.*]] = arith.mulf %[[PM]], %[[DIFF]] : tensor<64x32xf32>
 // CHECK: %[[DSH:.*]] = arith.truncf %[[DS]] : tensor<64x32xf32> to tensor<64x32xbf16>
 // CHECK: %[[DQ:.*]] = tile.dot %[[DSH]], %[[K]] acc %[[ACC]] : tensor<64x96xf32> : tensor<64x32xbf16>, tensor<32x96xbf16> -> tensor<64x96xf32>
 // CHECK: scf.yield %[[DQ]] : tensor<64x96xf32>
