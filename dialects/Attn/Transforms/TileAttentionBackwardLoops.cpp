@@ -293,7 +293,8 @@ Value TiledBackwardBuilder::applyMaskMod(Value s, Value q0, Value kv0,
 ///   band:  scf.if %straddles { select(visible, %pt, 0) } else { %pt }
 ///          %straddles: n0 < lastQuery + off - L or lastKey > first + off
 ///          + R (or, atomic dQ, n0 + Bc > Nkv), the block pair's corners
-///   none, atomic dQ:    select(n0 + r < Nkv, %pt, 0), no branch
+///   none, atomic dQ: the same, %straddles: n0 + Bc > Nkv (the last KV
+///          block's programs only)
 ///   none, deterministic: %pt (keys past Nkv feed only dK, dV rows that
 ///          are not stored)
 /// With a score modifier, also 0 for the queries past Nq (%straddles: the
@@ -316,8 +317,6 @@ Value TiledBackwardBuilder::maskMain(Value pt, Value first) {
       both(cmpI(Pred::slt, indexTile(iTy, 1, first), splat(toI32(nq), iTy)));
     return select(ok, pt, zero);
   };
-  if (!hasBand && !guardRows)
-    return visible();
   Value straddles;
   auto either = [&](Value c) { straddles = straddles ? orI(straddles, c) : c; };
   if (hasBand) {
