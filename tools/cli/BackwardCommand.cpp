@@ -197,7 +197,7 @@ BackwardRunResult runBackwardOnGpu(const CliOptions &o,
       bwd.captureGrads[c].download(grads.captureGrads[c].data(),
                                    grads.captureGrads[c].size() * 4);
   std::tie(g.medianMs, g.minMs) =
-      engine::timeBackwardLaunches(kernel, p, bwd.args, repeats);
+      engine::timeBackwardLaunches(kernel, p, bwd.args, repeats, o.coldL2);
   r.runMs = g.medianMs;
   r.compileMs = g.compileMs;
   r.gpu = std::move(g);
@@ -289,7 +289,7 @@ int runBackward(const CliOptions &o) {
       target.arch = run.gpu->arch;
       const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
       gpuFields =
-          gpuJsonFields(*run.gpu, tflops, repeats) +
+          gpuJsonFields(*run.gpu, tflops, repeats, o.coldL2) +
           fmt::format(",\"forward_config\":{},"
                       "\"forward_config_source\":\"{}\",\"kv_mma\":\"{}\"",
                       run.gpuForward->config.toJson(),

@@ -244,7 +244,7 @@ int runRun(const CliOptions &o) {
     const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
     gpuFields =
-        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5) +
+        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
         fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
                     "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
                     "\"tensor_maps\":{}",

@@ -54,12 +54,17 @@ std::string helpText(const std::string &command) {
         "The on-disk cache of cubins and tuning results: FLASHJIT_CACHE_DIR,\n"
         "else $XDG_CACHE_HOME/flashjit, else ~/.cache/flashjit.\n";
   else if (command == "bench")
-    usage = "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
-            "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
-            "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
-            "(halved for causal) / time; checks a sample of rows. With\n"
-            "--backward: times the backward alone (after one forward), FLOPs\n"
-            "2.5x the forward's.\n";
+    usage =
+        "usage: flashjit bench [spec] [problem] [tiling] [--json]\n"
+        "Times the kernel on the GPU: CUDA events, warm-up, median of\n"
+        "--repeats launches (default 20); TFLOP/s = 4*B*H*Nq*Nkv*d\n"
+        "(halved for causal) / time; checks a sample of rows. With\n"
+        "--backward: times the backward alone (after one forward), FLOPs\n"
+        "2.5x the forward's.\n"
+        "  --cold-l2            zero twice the L2 before each timed launch\n"
+        "                       (a cold L2, and the GPU busy while the\n"
+        "                       host enqueues: no launch latency in the\n"
+        "                       time, as triton's do_bench times)\n";
   else if (command == "run")
     usage =
         "usage: flashjit run [spec | --input FILE] [problem] [tiling] "
@@ -204,10 +209,9 @@ std::string helpText(const std::string &command) {
 
 const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
-      "--batch", "--heads",   "--seq-len",   "--seq-len-kv",
-      "--scale", "--device",  "--repeats",   "--seed",
-      "--tune",  "--dump-io", "--packed-qkv", "--capture",
-      "--seqlens-q", "--seqlens-kv"};
+      "--batch",      "--heads",   "--seq-len",   "--seq-len-kv", "--scale",
+      "--device",     "--repeats", "--seed",      "--tune",       "--dump-io",
+      "--packed-qkv", "--capture", "--seqlens-q", "--seqlens-kv", "--cold-l2"};
   return options;
 }
 
@@ -398,6 +402,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--varlen", [&] { o.spec.varlen = true; }},
       {"--mask-blocks", [&] { o.maskBlocks = true; }},
       {"--json", [&] { o.json = true; }},
+      {"--cold-l2", [&] { o.coldL2 = true; }},
       {"--packed-qkv", [&] { o.packedQKV = true; }},
       {"--tune", [&] { o.tune = true; }},
       {"--overlap-softmax",
@@ -453,6 +458,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
         "inputs or the timing); a compiled kernel serves every problem: drop "
         "it",
         runFlagsSeen.front()));
+
+  if (o.coldL2 && o.command != "run" && o.command != "bench")
+    throw SpecError(fmt::format(
+        "{}: --cold-l2 is an option of run and bench (how they time their "
+        "launches); tune times its candidates as they are",
+        o.command));
 
   if (!headDimVGiven)
     o.spec.headDimV = o.spec.headDimQK;

@@ -31,6 +31,9 @@ struct CliOptions {
   std::string emit = "tile";
   std::string target;   ///< --target: sm_80, sm_90a, ... (default: the GPU's)
   int64_t repeats = 20; ///< timed launches (median reported)
+  /// --cold-l2: each timed launch behind a zeroing of twice the L2
+  /// (engine::timeLaunches), as triton's do_bench times.
+  bool coldL2 = false;
   std::string outputPath;
   std::string dumpDir;
   std::string layoutPath;

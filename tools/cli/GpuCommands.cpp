@@ -294,7 +294,7 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
   dev.download(data);
   if (repeats > 0)
     std::tie(r.medianMs, r.minMs) =
-        engine::timeLaunches(kernel, p, dev.args, repeats);
+        engine::timeLaunches(kernel, p, dev.args, repeats, o.coldL2);
   return r;
 }
 
@@ -307,18 +307,19 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
                             /*useFlags=*/true);
 }
 
-std::string gpuJsonFields(const GpuRunResult &r, double tflops,
-                          int64_t repeats) {
+std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
+                          bool coldL2) {
   int64_t sharedBytes = 0;
   for (const KernelLaunch &k : r.build.image.kernels)
     sharedBytes = std::max(sharedBytes, k.sharedBytes);
   return fmt::format(",\"arch\":\"{}\",\"copy_bytes\":{},\"registers\":{},"
                      "\"spill_bytes\":{},\"shared_bytes\":{},"
                      "\"min_ms\":{:.4f},\"tflops\":{:.2f},"
-                     "\"repeats\":{},\"cache\":\"{}\",\"config_source\":"
+                     "\"repeats\":{},\"cold_l2\":{},\"cache\":\"{}\","
+                     "\"config_source\":"
                      "\"{}\",\"prepare_ms\":{:.3f},\"module_load_ms\":{:.3f}",
                      r.arch, r.copyBytes, r.build.registers, r.build.spillBytes,
-                     sharedBytes, r.minMs, tflops, repeats,
+                     sharedBytes, r.minMs, tflops, repeats, coldL2,
                      rt::toString(r.build.cache), r.configSource,
                      r.build.prepareMs, r.moduleLoadMs) +
          (r.tuneJson.empty() ? "" : ",\"candidates\":" + r.tuneJson);

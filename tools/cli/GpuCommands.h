@@ -142,10 +142,11 @@ GpuRunResult runOnGpu(const CliOptions &o, AttentionData &data,
 
 /// The JSON fields a GPU run adds (each with a leading comma): arch,
 /// copy_bytes, registers, spill_bytes, shared_bytes (the most any kernel
-/// records), min_ms, tflops, repeats, cache, config_source, prepare_ms,
-/// module_load_ms and, after tuning, candidates.
-std::string gpuJsonFields(const GpuRunResult &r, double tflops,
-                          int64_t repeats);
+/// records), min_ms, tflops, repeats, cold_l2, cache, config_source,
+/// prepare_ms, module_load_ms and, after tuning, candidates; cold_l2: whether
+/// each timed launch came after a zeroing of twice the L2 (--cold-l2).
+std::string gpuJsonFields(const GpuRunResult &r, double tflops, int64_t repeats,
+                          bool coldL2);
 
 /// The text form's GPU summary: TFLOP/s, arch, registers, spills, config
 /// source, cubin cache.

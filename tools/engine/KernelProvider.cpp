@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fmt/format.h>
+#include <optional>
 
 namespace flashjit::engine {
 
@@ -205,12 +206,24 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
 }
 
 std::pair<double, double> timeLaunches(const std::function<void()> &launch,
-                                       int64_t repeats) {
+                                       int64_t repeats, bool coldL2) {
   for (int i = 0; i < 3; ++i)
     launch();
+  std::optional<rt::DeviceBuffer> flush;
+  std::size_t flushBytes = 0;
+  rt::CudaDriver &driver = rt::CudaDriver::get();
+  if (coldL2) {
+    const int l2Bytes =
+        rt::queryDevice(driver.currentDevice(), driver).l2CacheBytes;
+    flushBytes = std::max<std::size_t>(2 * std::size_t(std::max(l2Bytes, 0)),
+                                       std::size_t(64) << 20);
+    flush.emplace(flushBytes, driver);
+  }
   std::vector<double> times;
   rt::EventTimer timer;
   for (int64_t i = 0; i < repeats; ++i) {
+    if (flush)
+      rt::zeroAsync(flush->ptr(), flushBytes, nullptr, driver);
     timer.start(nullptr);
     launch();
     timer.stop(nullptr);
@@ -225,15 +238,17 @@ std::pair<double, double> timeLaunches(const std::function<void()> &launch,
 std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
                                        const Problem &p,
                                        const rt::ForwardArgs &args,
-                                       int64_t repeats) {
-  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats);
+                                       int64_t repeats, bool coldL2) {
+  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats,
+                      coldL2);
 }
 
 std::pair<double, double> timeBackwardLaunches(const rt::BackwardKernel &kernel,
                                                const Problem &p,
                                                const rt::BackwardArgs &args,
-                                               int64_t repeats) {
-  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats);
+                                               int64_t repeats, bool coldL2) {
+  return timeLaunches([&] { kernel.launch(p, args, nullptr); }, repeats,
+                      coldL2);
 }
 
 rt::TuneLimits tuneLimits(const rt::DeviceInfo &gpu) {

@@ -102,21 +102,28 @@ tuneBackwardOnDevice(const AttentionSpec &spec, const Problem &problem,
 
 /// Median of \p repeats calls of \p launch (one launch of whatever it runs
 /// on the legacy default stream), each timed alone with CUDA events after a
-/// warm-up of three calls; returns (median, min) in ms.
+/// warm-up of three calls; returns (median, min) in ms. With \p coldL2,
+/// each timed call comes after a zeroing of twice the L2 (at least 64 MiB):
+/// it starts with none of its inputs in the L2, and the GPU is busy while
+/// the host enqueues it, so the host's launch latency is not in the time
+/// (triton's do_bench, which times the peers, does both). Without, the
+/// start event is recorded on an idle GPU: the first launch's latency is in
+/// the time, which matters for kernels of a few microseconds.
 std::pair<double, double> timeLaunches(const std::function<void()> &launch,
-                                       int64_t repeats);
+                                       int64_t repeats, bool coldL2 = false);
 
 /// timeLaunches of one forward launch.
 std::pair<double, double> timeLaunches(const rt::ForwardKernel &kernel,
                                        const Problem &problem,
                                        const rt::ForwardArgs &args,
-                                       int64_t repeats);
+                                       int64_t repeats, bool coldL2 = false);
 
 /// timeLaunches of one backward (its three kernels, in stream order).
 std::pair<double, double> timeBackwardLaunches(const rt::BackwardKernel &kernel,
                                                const Problem &problem,
                                                const rt::BackwardArgs &args,
-                                               int64_t repeats);
+                                               int64_t repeats,
+                                               bool coldL2 = false);
 
 } // namespace flashjit::engine
 
