@@ -94,15 +94,10 @@ struct ReductionTarget {
   bool checkCols = false; ///< columns past the tile exist
 };
 
-/// Whether row \p q of \p r exists (row0 + q < bound).
-Value rowExists(gpu::GpuBuilder &g, const ReductionTarget &r, Value q);
-
 /// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
-/// q exists (and the column, with checkCols): one vector reduction or two
-/// (TileToGPUAtomics.cpp). The constant part of the column becomes the
-/// reduction's immediate offset. With \p rowChecked the caller has tested
-/// rowExists around the row's reductions (one branch for all of them), and
-/// they are not predicated on it.
+/// q exists (\p rowChecked: the caller branched on rowOf(q) < bound around
+/// the row's reductions) and, with checkCols, the column: one vector
+/// reduction or two; colConst becomes their immediate offset.
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
                 Value col, int64_t colConst, Value v0, Value v1,
                 bool rowChecked = false);
@@ -405,6 +400,8 @@ private:
   /// iteration), with the walk's loop state saved and restored around it.
   LogicalResult lowerLoopBody(mlir::scf::ForOp op,
                               llvm::function_ref<LogicalResult()> atTop);
+  /// Runs afterCommit once where the walk is in its block (settle()).
+  void runAfterCommit();
   /// The loop results that are running row sums kept per lane.
   llvm::SmallVector<unsigned> deferRunningSums(mlir::scf::ForOp op);
   LogicalResult lowerIf(mlir::scf::IfOp op);
@@ -506,6 +503,11 @@ private:
   bool bulkReductions = false;
   /// Copies issued and not yet waited for (straight-line code).
   bool pendingCopies = false;
+  /// On warpgroup MMAs, the double-buffered loop's next copies, issued once
+  /// its first batch is committed in afterCommitBlock (runAfterCommit).
+  std::function<LogicalResult()> afterCommit;
+  mlir::Block *afterCommitBlock = nullptr;
+  LogicalResult afterCommitResult = mlir::success();
   /// The loop being lowered: its new induction variable, bound and step.
   Value loopIv, loopUb, loopStep;
   /// The thread index the copies use (an opaque copy inside loops), and

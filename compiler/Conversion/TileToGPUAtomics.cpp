@@ -34,16 +34,11 @@ static bool knownEven(Value v) {
   return false;
 }
 
-Value conversion::rowExists(gpu::GpuBuilder &g, const ReductionTarget &r,
-                            Value q) {
-  return g.cmp(CmpIPredicate::slt, g.add(r.row0, q), r.bound);
-}
-
 void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
                             Value q, Value col, int64_t colConst, Value v0,
                             Value v1, bool rowChecked) {
   Value row = g.add(r.row0, q);
-  Value rowOk = rowChecked ? Value() : rowExists(g, r, q);
+  Value rowOk = rowChecked ? Value() : g.cmp(CmpIPredicate::slt, row, r.bound);
   Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
   // The column's constant part as the pointer's own offset (the
   // reduction's immediate): the sign extension of col + colConst would not
@@ -249,7 +244,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         if (rowPart)
           q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
         // One branch per row around its reductions (reduceAdd).
-        g.ifThen(rowExists(g, red, q), [&] {
+        g.ifThen(g.cmp(CmpIPredicate::slt, g.add(red.row0, q), red.bound), [&] {
           for (int64_t n = 0; n < nt2; ++n) {
             const gpu::Acc &v = acc[mi * nt2 + n];
             reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),

@@ -191,7 +191,11 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
 
 /// The pipeline of a loop whose shared tiles are read by several dots (or
 /// which reads per-column statistics): two stages of every slot of the
-/// body, the second stageBytes after the first. Before:
+/// body, the second stageBytes after the first. On warpgroup MMAs one
+/// barrier per iteration (the next copies go after it), and the copies are
+/// issued after the iteration's first batch of MMAs, while the tensor cores
+/// run it (afterCommit): their address arithmetic is off the path between
+/// the MMAs. Before:
 ///
 ///   scf.for %t = %lo to %hi step %c1 iter_args(...) {
 ///     %q = tile.load %Q[...] rows %m0 ...     // read by two dots
@@ -211,6 +215,15 @@ LogicalResult TileKernelLowering::lowerFor(scf::ForOp op) {
 ///     cp.async.wait_group 1; barrier // stage t landed
 ///     ... the body, reading each slot at its offset + %off ...
 ///   }
+///
+/// On warpgroup MMAs, the iteration instead:
+///
+///     cp.async.wait_all; fence.proxy.async; barrier // stage t landed, and
+///                                    // every warp is done with the other
+///     ... the first batch of MMAs; commit ...
+///     scf.if (%t + 1 < %hi) { cp.async <every slot>(t + 1) -> the other
+///         stage }; commit
+///     ... the rest of the body ...
 LogicalResult
 TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
                                            ArrayRef<tile::LoadOp> loads) {
@@ -236,16 +249,28 @@ TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
     Value stage = g.andI(toI32(k), g.c32(1));
     Value here = g.mul(stage, g.c32(stageBytes));
     Value other = g.mul(g.sub(g.c32(1), stage), g.c32(stageBytes));
-    g.barrier(); // every warp is done with the other stage
     Value next = arith::AddIOp::create(b, loopIv, step);
+    Value more = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next, ub);
+    auto issueNext = [this, more, next, other, issueAll]() -> LogicalResult {
+      LogicalResult issued = success();
+      g.ifThen(more, [&] { issued = issueAll(next, other); });
+      g.commitGroup();
+      pendingCopies = false; // nothing in this iteration reads that stage
+      return issued;
+    };
     LogicalResult issued = success();
-    g.ifThen(arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next, ub),
-             [&] { issued = issueAll(next, other); });
-    g.commitGroup();
-    g.waitGroup(1); // this stage (and anything before it) landed
-    if (wg)
+    if (wg) {
+      g.waitAll();           // this stage (the only copies in flight)
       wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
-    g.barrier();
+      g.barrier();           // ... landed for all; the other stage is free
+      afterCommit = issueNext;
+      afterCommitBlock = b.getInsertionBlock();
+    } else {
+      g.barrier(); // every warp is done with the other stage
+      issued = issueNext();
+      g.waitGroup(1); // this stage (and anything before it) landed
+      g.barrier();
+    }
     pendingCopies = false;
     for (tile::LoadOp l : loads) {
       stageShift[l.getResult()] = here;
@@ -285,8 +310,15 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
     loopStep = step;
     bool outerPending = pendingCopies;
     pendingCopies = false;
+    auto outerAfterCommit = std::exchange(afterCommit, nullptr);
+    Block *outerAfterCommitBlock = afterCommitBlock;
 
     if (failed(atTop()) || failed(lowerBlock(*body)))
+      return failure();
+    runAfterCommit(); // no batch in this block committed it
+    afterCommit = std::move(outerAfterCommit);
+    afterCommitBlock = outerAfterCommitBlock;
+    if (failed(std::exchange(afterCommitResult, success())))
       return failure();
     auto yield = cast<scf::YieldOp>(body->getTerminator());
     for (Value v : yield.getOperands())
