@@ -6,6 +6,8 @@
 #include "runtime/Error.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fmt/format.h>
 
 namespace flashjit::rt {
@@ -226,6 +228,33 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
     throw RuntimeError(ErrorCode::InvalidArgument,
                        "PreparedForward: an empty launch");
   allowSharedBytes(function, shared);
+  // The launch's arguments in launch()'s order: the buffers, the split's
+  // two, the index arguments, scale * log2(e), the captured tensors, the
+  // tensor maps.
+  const char *env = std::getenv("FLASHJIT_PACKED_LAUNCH");
+  if (env && std::string(env) == "1") {
+    packing = packParams(
+        {{abi::NumBuffers + (splitCount ? 2 : 0), 8, 8},
+         {splitCount ? abi::split::NumIndexArgs : abi::NumIndexArgs, 8, 8},
+         {1, 4, 4},
+         {captureCount, 8, 8},
+         {int(tensorMaps.size()), sizeof(TensorMap), 64}});
+    if (packing.bytes > kMaxPackedBytes)
+      packing = {};
+  }
+}
+
+PackedParams
+packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs) {
+  PackedParams p;
+  for (auto [count, size, align] : runs)
+    for (int i = 0; i < count; ++i) {
+      p.bytes = (p.bytes + align - 1) / align * align;
+      p.offsets.push_back(unsigned(p.bytes));
+      p.sizes.push_back(size);
+      p.bytes += size;
+    }
+  return p;
 }
 
 void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
@@ -273,9 +302,25 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
       params[n++] = &maps[i];
     }
   }
-  launchKernel(function, gridDim, blockDim, shared, stream, params);
-  if (splitCount) // the merge of the partials, in stream order
-    launchKernel(combine, combineGrid, combineBlock, 0, stream, params);
+  if (!packing.bytes) {
+    launchKernel(function, gridDim, blockDim, shared, stream, params);
+    if (splitCount) // the merge of the partials, in stream order
+      launchKernel(combine, combineGrid, combineBlock, 0, stream, params);
+    return;
+  }
+  alignas(64) unsigned char packed[kMaxPackedBytes];
+  for (int i = 0; i < n; ++i)
+    std::memcpy(packed + packing.offsets[i], params[i], packing.sizes[i]);
+  std::size_t bytes = packing.bytes;
+  // cuda.h's CU_LAUNCH_PARAM_BUFFER_POINTER, _BUFFER_SIZE and _END.
+  void *extra[] = {reinterpret_cast<void *>(1), packed,
+                   reinterpret_cast<void *>(2), &bytes, nullptr};
+  CudaDriver &driver = CudaDriver::get();
+  launchKernel(function, gridDim, blockDim, shared, stream, nullptr, driver,
+               extra);
+  if (splitCount)
+    launchKernel(combine, combineGrid, combineBlock, 0, stream, nullptr, driver,
+                 extra);
 }
 
 void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,

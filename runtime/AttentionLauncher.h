@@ -21,6 +21,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 namespace flashjit::rt {
@@ -76,6 +77,20 @@ void checkSeqOffsetPointers(const AttentionSpec &spec, CUdeviceptr cuSeqQ,
 
 class ForwardKernel;
 
+/// A kernel's arguments packed into one buffer, as cuLaunchKernel also
+/// takes them (`extra`: CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE): in order,
+/// each at the next multiple of its alignment, as the PTX lays out .param
+/// space (8 for a pointer or an int64, 4 for an f32, 64 for a 128-byte
+/// tensor map).
+struct PackedParams {
+  std::vector<unsigned> offsets, sizes; ///< one of each per argument
+  std::size_t bytes = 0;                ///< the buffer's size
+};
+
+/// The packing of runs of arguments: (count, size, alignment) each.
+PackedParams
+packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs);
+
 /// The buffers of one forward call: what changes from call to call of a
 /// PreparedForward.
 struct ForwardBuffers {
@@ -122,6 +137,9 @@ public:
 private:
   /// The most tensor maps a kernel takes (K and V, and room for Q and O).
   static constexpr size_t kMaxTensorMaps = 4;
+  /// The largest packed argument buffer (PackedParams): every argument,
+  /// four tensor maps and their alignment fit.
+  static constexpr std::size_t kMaxPackedBytes = 2048;
   /// Encodes \p m over \p base for this launch's index arguments.
   void encodeMap(TensorMap &out, const TensorMapRecord &m,
                  CUdeviceptr base) const;
@@ -137,6 +155,10 @@ private:
   /// after construction. The split ABI's kv_splits is the last.
   mutable std::array<int64_t, abi::split::NumIndexArgs> index{};
   mutable float scaleLog2 = 0;
+  /// The arguments packed into one buffer (FLASHJIT_PACKED_LAUNCH=1, to
+  /// compare the driver's two ways of taking them; empty: the array of
+  /// pointers).
+  PackedParams packing;
   /// Split-KV: the combine and its grid, the workspaces (o_part, lse_part).
   int64_t splitCount = 0;
   CUfunction combine = nullptr;

@@ -278,9 +278,12 @@ void allowSharedBytes(CUfunction function, unsigned sharedBytes,
 /// launch): no argument checks, no context, no attribute. The caller has
 /// checked the dimensions, made the function's context current and called
 /// allowSharedBytes(). Errors name the launch configuration.
+/// \p extra (with null \p params): the arguments packed in one buffer
+/// (CU_LAUNCH_PARAM_BUFFER_POINTER, PackedParams).
 void launchKernel(CUfunction function, Dim3 grid, Dim3 block,
                   unsigned sharedBytes, CUstream stream, void **params,
-                  CudaDriver &driver = CudaDriver::get());
+                  CudaDriver &driver = CudaDriver::get(),
+                  void **extra = nullptr);
 
 /// Zeroes \p bytes (a multiple of 4) at \p ptr in stream order on
 /// \p stream (cuMemsetD32Async: capturable into a CUDA graph).

@@ -258,10 +258,11 @@ void flashjit::rt::zeroAsync(CUdeviceptr ptr, std::size_t bytes,
 
 void flashjit::rt::launchKernel(CUfunction function, Dim3 grid, Dim3 block,
                                 unsigned sharedBytes, CUstream stream,
-                                void **params, CudaDriver &driver) {
+                                void **params, CudaDriver &driver,
+                                void **extra) {
   CUresult result = driver.api().cuLaunchKernel(
       function, grid.x, grid.y, grid.z, block.x, block.y, block.z, sharedBytes,
-      stream, params, nullptr);
+      stream, params, extra);
   if (result != CUDA_SUCCESS)
     throw RuntimeError(
         ErrorCode::DriverError,

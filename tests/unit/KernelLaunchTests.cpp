@@ -362,3 +362,26 @@ TEST(KernelLaunch, CubinCacheKeepsTheRecords) {
 }
 
 } // namespace
+
+// The packed argument buffer (FLASHJIT_PACKED_LAUNCH=1): the forward's list
+// as the PTX declares it (9 .u64 pointers, 23 .u64 indices, one .f32, two
+// `.align 64 .b8 [128]` tensor maps) in order, each at its alignment.
+TEST(PackedParams, LayOutTheForwardsArgumentsAsThePtxDeclaresThem) {
+  rt::PackedParams p = rt::packParams(
+      {{9, 8, 8}, {23, 8, 8}, {1, 4, 4}, {0, 8, 8}, {2, 128, 64}});
+  ASSERT_EQ(p.offsets.size(), 35u);
+  ASSERT_EQ(p.sizes.size(), 35u);
+  EXPECT_EQ(p.offsets[0], 0u);
+  EXPECT_EQ(p.offsets[8], 64u);
+  EXPECT_EQ(p.offsets[31], 248u); // the last index
+  EXPECT_EQ(p.offsets[32], 256u); // scale * log2(e)
+  EXPECT_EQ(p.sizes[32], 4u);
+  EXPECT_EQ(p.offsets[33], 320u); // 260 rounded up to 64
+  EXPECT_EQ(p.offsets[34], 448u);
+  EXPECT_EQ(p.sizes[34], 128u);
+  EXPECT_EQ(p.bytes, 576u);
+  // A captured tensor after the f32 starts at the next multiple of 8.
+  rt::PackedParams c = rt::packParams({{1, 4, 4}, {1, 8, 8}});
+  EXPECT_EQ(c.offsets[1], 8u);
+  EXPECT_EQ(c.bytes, 16u);
+}
