@@ -294,20 +294,18 @@ int main(int argc, char **argv) {
               "<= %.1f us: %s)\n",
               planned.hostUs, planned.loopUs, targetUs,
               ok ? "ok" : "ABOVE TARGET");
-  std::printf("  flashjit_forward       %8.3f us / %8.3f us\n", forward.hostUs,
-              forward.loopUs);
-  std::printf("  cuLaunchKernel alone   %8.3f us / %8.3f us  (an empty kernel "
-              "with the same arguments: the driver's floor)\n",
-              floor.hostUs, floor.loopUs);
-  std::printf("    ... arguments packed %8.3f us / %8.3f us  (one buffer: "
-              "CU_LAUNCH_PARAM_BUFFER_POINTER)\n",
-              floorPacked.hostUs, floorPacked.loopUs);
-  std::printf("    ... on a stream      %8.3f us / %8.3f us  (non-blocking, "
-              "not the legacy default stream)\n",
-              floorStream.hostUs, floorStream.loopUs);
-  std::printf("  plan_forward, stream   %8.3f us / %8.3f us  (the plan call "
-              "on that stream)\n",
-              plannedStream.hostUs, plannedStream.loopUs);
+  auto row = [](const char *name, const Timing &t, const char *note) {
+    std::printf("  %-22s %8.3f us / %8.3f us%s%s\n", name, t.hostUs, t.loopUs,
+                *note ? "  " : "", note);
+  };
+  row("flashjit_forward", forward, "");
+  row("cuLaunchKernel alone", floor,
+      "(an empty kernel with the same arguments: the driver's floor)");
+  row("  ... arguments packed", floorPacked,
+      "(one buffer: CU_LAUNCH_PARAM_BUFFER_POINTER)");
+  row("  ... on a stream", floorStream,
+      "(non-blocking, not the legacy default stream)");
+  row("plan_forward, stream", plannedStream, "(the plan call on that stream)");
   if (json) {
     FILE *f = std::fopen(json, "w");
     if (!f) {
