@@ -134,6 +134,9 @@ def parts(q, k, v, plan_call, calls, rounds):
                                               device=dev)),
         ("torch.empty lse", lambda: torch.empty(p.lse_shape, dtype=f32,
                                                 device=dev)),
+        # What the planned call allocates o with where the plan lays o out
+        # as a contiguous q (_ForwardPlan.o_like_q).
+        ("torch.empty_like(q)", lambda: torch.empty_like(q)),
         ("raw stream", lambda: raw(p.index)),
         ("plan_forward via ctypes", plan_call),
         ("flashjit.attention (all)", lambda: flashjit.attention(q, k, v)),
