@@ -233,12 +233,8 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
   // tensor maps.
   const char *env = std::getenv("FLASHJIT_PACKED_LAUNCH");
   if (env && std::string(env) == "1") {
-    packing = packParams(
-        {{abi::NumBuffers + (splitCount ? 2 : 0), 8, 8},
-         {splitCount ? abi::split::NumIndexArgs : abi::NumIndexArgs, 8, 8},
-         {1, 4, 4},
-         {captureCount, 8, 8},
-         {int(tensorMaps.size()), sizeof(TensorMap), 64}});
+    packing = packForwardArguments(splitCount > 0, captureCount,
+                                   int(tensorMaps.size()));
     if (packing.bytes > kMaxPackedBytes)
       packing = {};
   }
@@ -255,6 +251,15 @@ packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs) {
       p.bytes += size;
     }
   return p;
+}
+
+PackedParams packForwardArguments(bool split, int captures, int tensorMaps) {
+  return packParams(
+      {{abi::NumBuffers + (split ? 2 : 0), 8, 8},
+       {split ? abi::split::NumIndexArgs : abi::NumIndexArgs, 8, 8},
+       {1, 4, 4},
+       {captures, 8, 8},
+       {tensorMaps, unsigned(sizeof(TensorMap)), 64}});
 }
 
 void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {

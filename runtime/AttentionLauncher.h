@@ -90,6 +90,11 @@ struct PackedParams {
 /// The packing of runs of arguments: (count, size, alignment) each.
 PackedParams
 packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs);
+/// The packing of a forward kernel's arguments as PreparedForward passes
+/// them: the buffers (and a split's two), the index arguments (and a
+/// split's count), scale * log2(e), \p captures pointers, \p tensorMaps
+/// maps.
+PackedParams packForwardArguments(bool split, int captures, int tensorMaps);
 
 /// The buffers of one forward call: what changes from call to call of a
 /// PreparedForward.

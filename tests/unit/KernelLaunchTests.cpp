@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <sstream>
 
 using namespace flashjit;
 
@@ -384,4 +385,66 @@ TEST(PackedParams, LayOutTheForwardsArgumentsAsThePtxDeclaresThem) {
   rt::PackedParams c = rt::packParams({{1, 4, 4}, {1, 8, 8}});
   EXPECT_EQ(c.offsets[1], 8u);
   EXPECT_EQ(c.bytes, 16u);
+}
+
+namespace {
+/// The .param declarations of the PTX's `.entry attention(` laid out at
+/// their declared alignments (a .f32 4, a `.align 64 .b8 [128]` tensor map
+/// 64, any other 8): the offsets and sizes, and how many maps.
+struct DeclaredParams {
+  std::vector<unsigned> offsets, sizes;
+  unsigned bytes = 0, maps = 0;
+};
+DeclaredParams declaredParams(const std::string &ptx) {
+  DeclaredParams d;
+  const size_t entry = ptx.find(".entry attention(");
+  if (entry == std::string::npos)
+    return d;
+  std::istringstream lines(ptx.substr(entry, ptx.find(')', entry) - entry));
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find(".param") == std::string::npos)
+      continue;
+    unsigned size = 8, align = 8;
+    if (line.find(".f32") != std::string::npos) {
+      size = align = 4;
+    } else if (line.find(".align 64 .b8") != std::string::npos &&
+               line.find("[128]") != std::string::npos) {
+      size = 128;
+      align = 64;
+      ++d.maps;
+    }
+    d.bytes = (d.bytes + align - 1) / align * align;
+    d.offsets.push_back(d.bytes);
+    d.sizes.push_back(size);
+    d.bytes += size;
+  }
+  return d;
+}
+} // namespace
+
+// ... and the launcher's list is the kernel's: the .param declarations of a
+// compiled forward with two tensor maps (d = 128, 128 x 128, 8 warps: K and
+// V by TMA) and of a split-KV forward (its partials' two buffers and the
+// split count) are where packForwardArguments puts the arguments.
+TEST(PackedParams, TheForwardsListIsTheCompiledKernels) {
+  GpuTarget target;
+  target.arch = "sm_90a";
+  AttentionSpec s = spec(Direction::Forward, 128, MaskKind::None, 1);
+  TileConfig config;
+  config.blockM = config.blockN = 128;
+  config.warps = 8;
+  DeclaredParams d = declaredParams(emitStage(s, config, Stage::Ptx, target));
+  ASSERT_EQ(d.maps, 2u);
+  rt::PackedParams p = rt::packForwardArguments(false, 0, int(d.maps));
+  EXPECT_EQ(p.offsets, d.offsets);
+  EXPECT_EQ(p.sizes, d.sizes);
+  EXPECT_EQ(p.bytes, d.bytes);
+
+  TileConfig split = defaultGpuConfig(s);
+  split.splits = 4;
+  DeclaredParams ds = declaredParams(emitStage(s, split, Stage::Ptx, target));
+  ASSERT_FALSE(ds.offsets.empty());
+  rt::PackedParams ps = rt::packForwardArguments(true, 0, int(ds.maps));
+  EXPECT_EQ(ps.offsets, ds.offsets);
+  EXPECT_EQ(ps.sizes, ds.sizes);
 }
