@@ -92,12 +92,12 @@ struct ReductionTarget {
   int64_t cols = 0;
   bool pairs = false;     ///< red.global.add.v2 (8-byte aligned pairs)
   bool checkCols = false; ///< columns past the tile exist
+  /// Whether row \p q (i32) exists: row0 + q < bound.
+  Value rowExists(gpu::GpuBuilder &g, Value q) const;
 };
 
 /// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
-/// q exists (\p rowChecked: the caller branched on rowOf(q) < bound around
-/// the row's reductions) and, with checkCols, the column: one vector
-/// reduction or two; colConst becomes their immediate offset.
+/// q exists (\p rowChecked: the caller tested it) and (checkCols) its column.
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
                 Value col, int64_t colConst, Value v0, Value v1,
                 bool rowChecked = false);

@@ -34,11 +34,15 @@ static bool knownEven(Value v) {
   return false;
 }
 
+Value ReductionTarget::rowExists(gpu::GpuBuilder &g, Value q) const {
+  return g.cmp(CmpIPredicate::slt, g.add(row0, q), bound);
+}
+
 void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
                             Value q, Value col, int64_t colConst, Value v0,
                             Value v1, bool rowChecked) {
   Value row = g.add(r.row0, q);
-  Value rowOk = rowChecked ? Value() : g.cmp(CmpIPredicate::slt, row, r.bound);
+  Value rowOk = rowChecked ? Value() : r.rowExists(g, q);
   Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
   // The column's constant part as the pointer's own offset (the
   // reduction's immediate): the sign extension of col + colConst would not
@@ -244,7 +248,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         if (rowPart)
           q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
         // One branch per row around its reductions (reduceAdd).
-        g.ifThen(g.cmp(CmpIPredicate::slt, g.add(red.row0, q), red.bound), [&] {
+        g.ifThen(red.rowExists(g, q), [&] {
           for (int64_t n = 0; n < nt2; ++n) {
             const gpu::Acc &v = acc[mi * nt2 + n];
             reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),

@@ -292,12 +292,11 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
     for (int64_t h = 0; h < 2; ++h) {
       // One branch per row around its reductions (reduceAdd).
       Value q = g.add(q0, g.c32(8 * h));
-      g.ifThen(g.cmp(arith::CmpIPredicate::slt, g.add(red.row0, q), red.bound),
-               [&] {
-                 for (int64_t j = 0; j < n / 8; ++j)
-                   reducePair(g, red, q, col0, 8 * j, f.regs[4 * j + 2 * h],
-                              f.regs[4 * j + 2 * h + 1], /*rowChecked=*/true);
-               });
+      g.ifThen(red.rowExists(g, q), [&] {
+        for (int64_t j = 0; j < n / 8; ++j)
+          reducePair(g, red, q, col0, 8 * j, f.regs[4 * j + 2 * h],
+                     f.regs[4 * j + 2 * h + 1], /*rowChecked=*/true);
+      });
     }
   };
   if (!place.dqStageCols) {
