@@ -228,9 +228,8 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
     throw RuntimeError(ErrorCode::InvalidArgument,
                        "PreparedForward: an empty launch");
   allowSharedBytes(function, shared);
-  // The launch's arguments in launch()'s order: the buffers, the split's
-  // two, the index arguments, scale * log2(e), the captured tensors, the
-  // tensor maps.
+  // FLASHJIT_PACKED_LAUNCH=1: launch() packs its arguments, in the order
+  // packForwardArguments lays out.
   const char *env = std::getenv("FLASHJIT_PACKED_LAUNCH");
   if (env && std::string(env) == "1") {
     packing = packForwardArguments(splitCount > 0, captureCount,
