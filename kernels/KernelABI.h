@@ -162,9 +162,11 @@ indexArgs(const AttentionSpec &spec, const Problem &p, const TensorStrides &s) {
 ///               rows, row p being query p / gqa of head hk * gqa + p %
 ///               gqa; else pid_bh = b * H + h and pid_m a Q block.
 ///   @f_combine  pid_m = block of bwd::kRowBlockRows rows, pid_bh = b * H
-///               + h, pid_split = 0: o and lse of its rows from the S
-///               partials, each weighted by exp(lse_s - lse).
-/// Run @f on a grid.z of S, then @f_combine.
+///               + h, pid_split = c in [0, combineChunks(dv)): columns
+///               [c * w, (c + 1) * w) (w = dv / chunks) of o, and lse, of
+///               its rows from the S partials, each weighted by
+///               exp(lse_s - lse); every chunk writes the same lse.
+/// Run @f on a grid.z of S, then @f_combine on a grid.z of combineChunks.
 namespace split {
 enum Buffer : int { OPart = abi::NumBuffers, LsePart, NumBuffers };
 /// The index argument after the forward's: the run's split count.
@@ -173,6 +175,17 @@ constexpr int NumIndexArgs = abi::NumIndexArgs + 1;
 inline constexpr const char *kCombineSuffix = "_combine";
 inline const char *bufferName(int i) {
   return i == OPart ? "o_part" : i == LsePart ? "lse_part" : abi::bufferName(i);
+}
+/// The merge's column chunks for V's head dim \p dv: the most programs a
+/// row's merge spreads over such that each takes an equal chunk of at
+/// least 32 columns (one per lane of the warp that merges the row): 4 at
+/// dv = 128, 1 below 64. A row's merge is latency-bound on one warp (T25:
+/// 16.5 us for 132 runs at dv = 128), so more warps per row shorten it.
+inline int64_t combineChunks(int64_t dv) {
+  for (int64_t k = dv / 32; k > 1; --k)
+    if (dv % k == 0)
+      return k;
+  return 1;
 }
 /// Whether the split partial of \p spec packs GQA (its rows span the
 /// query heads of one KV head): gqa > 1 and no block-sparse layout, whose

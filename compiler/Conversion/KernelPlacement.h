@@ -51,8 +51,9 @@ struct KernelPlacement {
   /// parameters).
   int numCaptures = 0, numCaptureSizes = 0;
   /// Split-KV (abi::split): a third pid, pid_split = grid.z; and for the
-  /// partial (not the combine, whose grid.z is 1) a grid.z whose size the
-  /// launcher chooses (recorded as the grid's `split`).
+  /// partial (not the combine, whose grid.z is its column chunks, in
+  /// `splits`) a grid.z whose size the launcher chooses (recorded as the
+  /// grid's `split`).
   bool kvSplit = false, gridSplits = false;
   /// Causal: the grid's last Q blocks (the heaviest) start first.
   bool reversePidM = false;

@@ -206,6 +206,9 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     placeCaptures(fn, p);
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;
+    // Its column chunks on grid.z (the program picks its own by pid_split).
+    const int64_t chunks = abi::split::combineChunks(spec.headDimV);
+    p.splits.push_back({spec.headDimV, spec.headDimV / chunks, chunks});
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   if (attr.getRole() == "mask_blocks" || attr.getRole() == "mask_blocks_list") {

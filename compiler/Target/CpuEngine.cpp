@@ -368,7 +368,7 @@ void CpuKernel::run(const Problem &p, AttentionData &d,
   runGrid(impl->entry, bufs, idx, {scaleLog2}, gridM, gridBH, splits, captured);
   runGrid(impl->combine, bufs, idx, {scaleLog2},
           (p.seqLenQ + abi::bwd::kRowBlockRows - 1) / abi::bwd::kRowBlockRows,
-          p.batch * p.heads, 1);
+          p.batch * p.heads, abi::split::combineChunks(spec.headDimV));
 }
 
 } // namespace flashjit

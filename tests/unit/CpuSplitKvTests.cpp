@@ -9,9 +9,11 @@
 /// packed rows span two row blocks, masks whose band depends on the packed
 /// row's query, more splits than blocks (empty runs), block-sparse layouts
 /// (no packing), score modifiers that read the head and the query index,
-/// fp16, dqk != dv, rows that see no key, the auto split count, and split
-/// counts that fill the merge's steps of 16 (8 past dv = 128) runs exactly
-/// or leave runs past the count in the last step.
+/// fp16, dqk != dv, rows that see no key, the auto split count, split
+/// counts that fill the merge's whole steps of 32 runs exactly (no last
+/// step), leave only a last step, or both, and V head dims whose merge
+/// takes 1, 2 (of 40 and 50 columns), 4 and 8 column chunks
+/// (abi::split::combineChunks).
 //
 //===----------------------------------------------------------------------===//
 
@@ -48,8 +50,10 @@ const Case kSplitCases[] = {
   {"sparse_gqa2_no_packing", 64, 64, BF, CAUSAL, 2, 64, 64, 2, 4, 200, 1024, 0, 0, LayoutKind::Random, 128, SEP, "", 3},
   {"empty_rows_window", 64, 64, BF, WIN, 2, 16, 16, 1, 2, 20, 10, 0, 0, DENSE, 128, SEP, "", 5},
   {"one_split", 32, 32, BF, NONE, 2, 16, 16, 1, 2, 1, 100, 0, 0, DENSE, 128, SEP, "", 1},
-  {"sixteen_splits_one_merge_step", 64, 64, BF, CAUSAL, 4, 16, 64, 1, 4, 2, 1100, 0, 0, DENSE, 128, SEP, "", 16},
-  {"d256_merge_steps_of_8", 256, 256, BF, NONE, 2, 16, 32, 1, 2, 1, 2100, 0, 0, DENSE, 128, SEP, "", 33},
+  {"thirty_two_splits_one_whole_step", 64, 64, BF, CAUSAL, 4, 16, 32, 1, 4, 2, 1100, 0, 0, DENSE, 128, SEP, "", 32},
+  {"d256_eight_chunks_whole_step_and_one", 256, 256, BF, NONE, 2, 16, 32, 1, 2, 1, 2100, 0, 0, DENSE, 128, SEP, "", 33},
+  {"dv80_two_chunks_of_40_two_whole_steps", 96, 80, FP, NONE, 2, 16, 16, 1, 2, 3, 1100, 0, 0, DENSE, 128, SEP, "", 64},
+  {"dv100_chunks_of_50_and_a_last_step", 64, 100, BF, CAUSAL, 1, 16, 16, 1, 2, 2, 700, 0, 0, DENSE, 128, SEP, "", 40},
 };
 // clang-format on
 
@@ -57,6 +61,21 @@ INSTANTIATE_TEST_SUITE_P(Cases, CpuSplitKv, ::testing::ValuesIn(kSplitCases),
                          [](const auto &info) {
                            return std::string(info.param.name);
                          });
+
+/// The merge's column chunks: the most of at least 32 columns that divide
+/// dv equally.
+TEST(SplitKv, CombineChunks) {
+  using flashjit::abi::split::combineChunks;
+  EXPECT_EQ(combineChunks(1), 1);
+  EXPECT_EQ(combineChunks(40), 1);
+  EXPECT_EQ(combineChunks(64), 2);
+  EXPECT_EQ(combineChunks(80), 2);  // 40 columns
+  EXPECT_EQ(combineChunks(97), 1);  // prime
+  EXPECT_EQ(combineChunks(100), 2); // 50 (3 does not divide)
+  EXPECT_EQ(combineChunks(128), 4);
+  EXPECT_EQ(combineChunks(256), 8);
+  EXPECT_EQ(combineChunks(512), 16);
+}
 
 /// The launcher's split rule: four programs per processor, at least one KV
 /// block per split, within kMaxSplits, 1 when the grid is already full.

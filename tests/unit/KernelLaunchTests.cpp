@@ -236,7 +236,8 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
 
 /// A split-KV forward records two kernels: the partial over the packed
 /// rows (Nq * gqa) of the KV heads with grid.z the launch's split count,
-/// and the combine, a row kernel over the query rows of every head.
+/// and the combine, a row kernel over the query rows of every head with
+/// its column chunks on grid.z.
 TEST(KernelLaunch, SplitForwardRecordsItsGrids) {
   GpuTarget target;
   target.arch = "sm_90a";
@@ -264,7 +265,8 @@ TEST(KernelLaunch, SplitForwardRecordsItsGrids) {
   auto m = merge->grid(p, s.gqaGroup, 7);
   EXPECT_EQ(m[0], ceilDiv(p.seqLenQ, flashjit::abi::bwd::kRowBlockRows));
   EXPECT_EQ(m[1], p.batch * p.heads);
-  EXPECT_EQ(m[2], 1);
+  EXPECT_EQ(m[2], flashjit::abi::split::combineChunks(128));
+  EXPECT_EQ(m[2], 4);
 }
 
 /// The backward's three records, for both dQ modes: the preprocess and

@@ -39,7 +39,7 @@ tflops() {
   # Each build with its own libflashjit.so (LD_LIBRARY_PATH wins over the
   # binary's RUNPATH).
   LD_LIBRARY_PATH=$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-    FLASHJIT_CACHE_DIR=$cache/$(basename "$root") "$1" bench $2 $problem --json 2>/dev/null |
+    FLASHJIT_CACHE_DIR=$cache/$(basename "$root") "$1" bench $problem $2 --json 2>/dev/null |
     python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["tflops"])' \
       2>/dev/null || echo fail
 }

@@ -5,36 +5,45 @@
 /// kv-split=true`, kernels/KernelABI.h abi::split): `@f` has written, for
 /// each of S runs of the KV blocks, the rows' O normalised by that run's
 /// own sum and the run's lse; `@f_combine` merges them, one program per
-/// bwd::kRowBlockRows rows of one (batch, head), in the online-softmax
-/// form with lse as the running max. Each step loads U = splitsPerStep(dv)
-/// runs at once and merges them together, their loads in flight together
-/// (one round trip per U runs). On the H200 that shortened the merge kernel
-/// (22 -> 16.5 us at 132 runs) but not the decode: a row is one warp's, and
-/// that warp's instructions, not its loads, bound the merge (bench/NOTES.md
-/// T25). Before: `@f` (role "forward_split"). After, beside it:
+/// bwd::kRowBlockRows rows of one (batch, head) and chunk of W = dv /
+/// combineChunks(dv) columns (pid_split; 32 at dv = 128: four programs and
+/// four warps per row), in the online-softmax form with lse as the running
+/// max. Each step loads U = splitsPerStep(W) runs at once (32 at W = 32)
+/// and merges them together, their loads in flight together. The whole
+/// steps read their runs unchecked; one last loop of at most one step
+/// clamps them. On the H200 (T25), one warp per whole row merging 16 runs
+/// per step took 16.5 us at 132 runs, bound by that warp's instructions
+/// (~720 per step), not its loads: a chunk cuts a warp's work per run by
+/// its share of the columns, and the whole steps drop the clamps. Before:
+/// `@f` (role "forward_split"). After, beside it:
 ///
 ///   func.func @f_combine(<the same arguments>) attributes {attn.kernel =
 ///       #attn.kernel<role = "combine", ...>} {
-///     %r:3 = scf.for %s0 = 0 to %kv_splits step U iter_args(%acc = 0,
+///     %c0 = %pid_split * W;  %whole = (%kv_splits / U) * U
+///     %r:3 = scf.for %s0 = 0 to %whole step U iter_args(%acc = 0,
 ///         %m = -inf, %l = 0) {
-///       // for u in [0, U): run s = min(s0 + u, S - 1), -inf past S
+///       // for u in [0, U): run s = s0 + u
 ///       %x_u = tile.load %LSE_PART[(s * B * H + bh) * nq] rows %r0 of %nq
-///           * log2(e) + splat(s0 + u < S ? 0 : -inf)   // tensor<64xf32>
-///       %o_u = tile.load %O_PART[(s * B * H + bh) * nq * dv] rows %r0 of %nq
-///           stride %dv                                  // tensor<64xdvxf32>
+///           * log2(e)                                   // tensor<64xf32>
+///       %o_u = tile.load %O_PART[(s * B * H + bh) * nq * dv + %c0] rows %r0
+///           of %nq stride %dv                           // tensor<64xWxf32>
 ///       %mn = maxnumf(%m, %x_0, .., %x_U-1); %mu = select(%mn == -inf, 0, %mn)
 ///       %a = exp2(%m - %mu); %w_u = exp2(%x_u - %mu)
 ///       scf.yield %acc * bcast(%a) + sum_u %o_u * bcast(%w_u), %mn,
 ///           %l * %a + sum_u %w_u
 ///     }
-///     tile.store truncf(%r#0 / bcast(%r#2)), %O[...]     // 0 where l = 0
-///     tile.store (%r#1 + log2 %r#2) * ln 2, %LSE[...]   // -inf where l = 0
+///     %t:3 = scf.for %s0 = %whole to %kv_splits step U iter_args(%r#0..2) {
+///       // the same with s = min(s0 + u, S - 1), + -inf past S
+///     }
+///     tile.store truncf(%t#0 / bcast(%t#2)), %O[... + %c0]  // 0 where l = 0
+///     tile.store (%t#1 + log2 %t#2) * ln 2, %LSE[...]      // -inf where l = 0
 ///   }
 ///
 /// A run that saw no key has lse -inf, so weight 0; a row no run saw keeps
 /// l = 0 and gets O = 0 and lse = -inf, as the one-pass forward gives it.
 /// The runs past S in the last step read run S - 1 again (in bounds) with
-/// weight 0.
+/// weight 0. Every chunk computes and stores the same lse (the same
+/// operations on the same values).
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
@@ -43,9 +52,10 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+#include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <limits>
+#include <tuple>
 
 using namespace mlir;
 using namespace flashjit;
@@ -53,10 +63,12 @@ using namespace flashjit::attn;
 
 namespace {
 
-/// U, the runs one step of the merge loads at once: 16 up to dv = 128, 8
-/// past it, so that a step's loaded partials stay at most 64 values per 32
-/// columns of a row (a lane's registers on the GPU).
-int64_t splitsPerStep(int64_t dv) { return dv <= 128 ? 16 : 8; }
+/// U, the runs one step of the merge loads at once for a chunk of \p width
+/// columns: their loaded partials stay at most 64 values per lane on the
+/// GPU (a lane holds ceil(width / 32) columns), 4 to 32 runs.
+int64_t splitsPerStep(int64_t width) {
+  return std::clamp<int64_t>(64 / ((width + 31) / 32), 4, 32);
+}
 
 /// Builds @f_combine after the split function @f, with @f's arguments.
 class SplitCombineBuilder : flashjit::attn::detail::TileIRBuilderBase {
@@ -110,14 +122,21 @@ void SplitCombineBuilder::build() {
   Value first = mulC(pidM, rows);
   Value bhCount = mul(indexArg(abi::Batch), heads);
 
-  Tensor rowTy = tile({rows}, f32), oTy = tile({rows, dv}, f32);
+  // This program's columns: chunk pid_split of combineChunks(dv).
+  const int64_t width = dv / abi::split::combineChunks(dv);
+  Value col0 = mulC(arg(pids + 2), width);
+  Tensor rowTy = tile({rows}, f32), oTy = tile({rows, width}, f32);
   const double inf = std::numeric_limits<double>::infinity();
   Value negInf = constTile(-inf, rowTy), zero = constTile(0.0, rowTy);
-  SmallVector<Value> init = {constTile(0.0, oTy), negInf, zero};
+  SmallVector<Value> state = {constTile(0.0, oTy), negInf, zero};
   Value splits = indexArg(abi::split::KvSplits);
-  const int64_t step = splitsPerStep(dv);
-  auto loop = scf::ForOp::create(b, cIdx(0), splits, cIdx(step), init);
-  {
+  const int64_t step = splitsPerStep(width);
+  // The whole steps with no bound on their runs, then at most one that
+  // clamps its runs to the last and weighs those past it 0.
+  Value whole = mulC(arith::DivUIOp::create(b, splits, cIdx(step)), step);
+  for (bool clamp : {false, true}) {
+    auto loop = scf::ForOp::create(b, clamp ? whole : cIdx(0),
+                                   clamp ? splits : whole, cIdx(step), state);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(loop.getBody());
     Value acc = loop.getRegionIterArgs()[0], m = loop.getRegionIterArgs()[1],
@@ -126,16 +145,20 @@ void SplitCombineBuilder::build() {
     SmallVector<Value> xs, os;
     Value mNew = m;
     for (int64_t u = 0; u < step; ++u) {
-      Value s = add(loop.getInductionVar(), cIdx(u));
-      Value inside = cmpI(arith::CmpIPredicate::ult, s, splits);
-      Value stat = mul(add(mul(select(inside, s, last), bhCount), pidBH), nq);
+      Value s = add(loop.getInductionVar(), cIdx(u)), inside;
+      if (clamp) {
+        inside = cmpI(arith::CmpIPredicate::ult, s, splits);
+        s = select(inside, s, last);
+      }
+      Value stat = mul(add(mul(s, bhCount), pidBH), nq);
       Value x = fmul(loadTile(rowTy, arg(abi::split::LsePart), stat, first,
                               nRows, Value()),
                      constTile(1.0 / std::log(2.0), rowTy));
-      xs.push_back(
-          fadd(x, splat(select(inside, cF32(0.0), cF32(-inf)), rowTy)));
-      os.push_back(loadTile(oTy, arg(abi::split::OPart), mulC(stat, dv), first,
-                            nRows, cIdx(dv)));
+      if (clamp)
+        x = fadd(x, splat(select(inside, cF32(0.0), cF32(-inf)), rowTy));
+      xs.push_back(x);
+      os.push_back(loadTile(oTy, arg(abi::split::OPart),
+                            add(mulC(stat, dv), col0), first, nRows, cIdx(dv)));
     }
     for (Value x : xs)
       mNew = maxF(mNew, x);
@@ -149,8 +172,9 @@ void SplitCombineBuilder::build() {
       lNew = fadd(lNew, w);
     }
     scf::YieldOp::create(b, ValueRange{accNew, mNew, lNew});
+    state.assign(loop.getResults().begin(), loop.getResults().end());
   }
-  Value acc = loop.getResult(0), m = loop.getResult(1), l = loop.getResult(2);
+  Value acc = state[0], m = state[1], l = state[2];
   Value empty = cmpF(arith::CmpFPredicate::OEQ, l, zero);
   Value inv =
       select(empty, zero, arith::DivFOp::create(b, constTile(1.0, rowTy), l));
@@ -158,7 +182,8 @@ void SplitCombineBuilder::build() {
                                    : mul(bIdx, indexArg(abi::OStrideB)),
                     mul(hIdx, indexArg(abi::OStrideH)));
   storeTile(truncTile(fmul(acc, broadcast(inv, oTy, 1)), op.getElementType()),
-            arg(abi::O), oBase, first, nRows, indexArg(abi::OStrideN));
+            arg(abi::O), add(oBase, col0), first, nRows,
+            indexArg(abi::OStrideN));
   Value lse = fmul(fadd(m, log2(l)), constTile(std::log(2.0), rowTy));
   storeTile(select(empty, negInf, lse), arg(abi::Lse), mul(pidBH, nq), first,
             nRows, Value());

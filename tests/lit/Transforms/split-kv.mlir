@@ -6,9 +6,9 @@
 // partials' stores take `group %c8`), walks its run of the KV blocks
 // (ceil(blocks / kv_splits) of them, run pid_split) and writes f32 partials
 // into o_part (%arg9) and lse_part (%arg10); the combine merges the
-// kv_splits partials of 64 rows (bwd::kRowBlockRows) into O and lse, 16
-// runs per step (their loads in flight together), a run past kv_splits
-// read as run kv_splits - 1 with lse -inf.
+// kv_splits partials of 64 rows (bwd::kRowBlockRows) and 32 columns into O
+// and lse, 32 runs per step (their loads in flight together), a run past
+// kv_splits (only in the last step) read as run kv_splits - 1 with lse -inf.
 // CHECK-LABEL: func.func @decode(
 // CHECK-SAME: %arg9: memref<?xf32>, %arg10: memref<?xf32>
 // CHECK-SAME: %arg34: index, %arg35: f32, %arg36: index, %arg37: index, %arg38: index)
@@ -22,21 +22,34 @@
 // CHECK: tile.store {{.*}}, %arg10[{{.*}}] rows {{.*}} group %c8 stride %arg13 : tensor<16xf32>, memref<?xf32>
 // CHECK-LABEL: func.func @decode_combine(
 // CHECK-SAME: attn.kernel = #attn.kernel<role = "combine"
-// CHECK: scf.for %[[S0:.*]] = %c0 to %arg34 step %c16 {{.*}} -> (tensor<64x128xf32>, tensor<64xf32>, tensor<64xf32>)
-// CHECK: %[[LAST:.*]] = arith.subi %arg34, %c1
-// CHECK: %[[IN:.*]] = arith.cmpi ult, %[[S0]], %arg34
-// CHECK: arith.select %[[IN]], %[[S0]], %[[LAST]] : index
+// Its columns: chunk pid_split (%arg38) of 32 (combineChunks(128) = 4).
+// CHECK: %[[C0:.*]] = arith.muli %arg38, %c32 : index
+// The whole steps of 32 runs read them unchecked.
+// CHECK: %[[Q:.*]] = arith.divui %arg34, %c32 : index
+// CHECK: %[[WHOLE:.*]] = arith.muli %[[Q]], %c32 : index
+// CHECK: scf.for %[[S0:.*]] = %c0 to %[[WHOLE]] step %c32 {{.*}} -> (tensor<64x32xf32>, tensor<64xf32>, tensor<64xf32>)
+// CHECK-NOT: arith.select
 // CHECK: tile.load %arg10[{{.*}} -> tensor<64xf32>
-// CHECK: arith.select %[[IN]], %{{.*}}, %{{.*}} : f32
-// CHECK: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x128xf32>
-// CHECK: %[[S1:.*]] = arith.addi %[[S0]], %c1
-// CHECK: %[[IN1:.*]] = arith.cmpi ult, %[[S1]], %arg34
-// CHECK: arith.select %[[IN1]], %[[S1]], %[[LAST]] : index
-// CHECK-COUNT-15: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x128xf32>
+// CHECK: %[[OFF:.*]] = arith.addi %{{.*}}, %[[C0]] : index
+// CHECK: tile.load %arg9[%[[OFF]]] {{.*}} stride %c128 : memref<?xf32> -> tensor<64x32xf32>
+// CHECK-NOT: arith.select {{.*}} : index
+// CHECK-COUNT-31: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x32xf32>
 // CHECK-NOT: tile.load
 // CHECK: math.exp2
 // CHECK: scf.yield
-// CHECK: tile.store {{.*}}, %arg3[{{.*}} : tensor<64x128xbf16>, memref<?xbf16>
+// The last loop (at most one step) clamps its runs to kv_splits - 1 and
+// weighs those past it -inf.
+// CHECK: scf.for %[[T0:.*]] = %[[WHOLE]] to %arg34 step %c32
+// CHECK: %[[LAST:.*]] = arith.subi %arg34, %c1
+// CHECK: %[[IN:.*]] = arith.cmpi ult, %[[T0]], %arg34
+// CHECK: arith.select %[[IN]], %[[T0]], %[[LAST]] : index
+// CHECK: tile.load %arg10[{{.*}} -> tensor<64xf32>
+// CHECK: arith.select %[[IN]], %{{.*}}, %{{.*}} : f32
+// CHECK: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x32xf32>
+// CHECK-COUNT-31: tile.load %arg9[{{.*}} stride %c128 : memref<?xf32> -> tensor<64x32xf32>
+// CHECK: scf.yield
+// CHECK: %[[OC:.*]] = arith.addi %{{.*}}, %[[C0]] : index
+// CHECK: tile.store {{.*}}, %arg3[%[[OC]]] {{.*}} : tensor<64x32xbf16>, memref<?xbf16>
 // CHECK: tile.store {{.*}}, %arg4[{{.*}} : tensor<64xf32>, memref<?xf32>
 
 // The CPU lowering addresses a grouped row p at (p / 8) * stride + (p % 8)
