@@ -10,9 +10,10 @@
 /// four warps per row), in the online-softmax form with lse as the running
 /// max. Each step loads U = splitsPerStep(W) runs at once (32 at W = 32)
 /// and merges them together, their loads in flight together. The whole
-/// steps read their runs unchecked; one last loop of at most one step
-/// clamps them. On the H200 (T25), one warp per whole row merging 16 runs
-/// per step took 16.5 us at 132 runs, bound by that warp's instructions
+/// steps read their runs unchecked; a last loop over the rest, in steps of
+/// V = min(U, 8), clamps them. On the H200 (T25), one warp per whole row
+/// merging 16 runs per step took 16.5 us at 132 runs, bound by that warp's
+/// instructions
 /// (~720 per step), not its loads: a chunk cuts a warp's work per run by
 /// its share of the columns, and the whole steps drop the clamps. Before:
 /// `@f` (role "forward_split"). After, beside it:
@@ -32,8 +33,9 @@
 ///       scf.yield %acc * bcast(%a) + sum_u %o_u * bcast(%w_u), %mn,
 ///           %l * %a + sum_u %w_u
 ///     }
-///     %t:3 = scf.for %s0 = %whole to %kv_splits step U iter_args(%r#0..2) {
-///       // the same with s = min(s0 + u, S - 1), + -inf past S
+///     %t:3 = scf.for %s0 = %whole to %kv_splits step V iter_args(%r#0..2) {
+///       // the same for u in [0, V) with s = min(s0 + u, S - 1), + -inf
+///       // past S
 ///     }
 ///     tile.store truncf(%t#0 / bcast(%t#2)), %O[... + %c0]  // 0 where l = 0
 ///     tile.store (%t#1 + log2 %t#2) * ln 2, %LSE[...]      // -inf where l = 0
@@ -130,11 +132,13 @@ void SplitCombineBuilder::build() {
   Value negInf = constTile(-inf, rowTy), zero = constTile(0.0, rowTy);
   SmallVector<Value> state = {constTile(0.0, oTy), negInf, zero};
   Value splits = indexArg(abi::split::KvSplits);
-  const int64_t step = splitsPerStep(width);
-  // The whole steps with no bound on their runs, then at most one that
-  // clamps its runs to the last and weighs those past it 0.
-  Value whole = mulC(arith::DivUIOp::create(b, splits, cIdx(step)), step);
+  const int64_t wholeStep = splitsPerStep(width);
+  // The whole steps with no bound on their runs, then the rest in steps of
+  // at most 8 that clamp their runs to the last and weigh those past it 0.
+  Value whole =
+      mulC(arith::DivUIOp::create(b, splits, cIdx(wholeStep)), wholeStep);
   for (bool clamp : {false, true}) {
+    const int64_t step = clamp ? std::min<int64_t>(wholeStep, 8) : wholeStep;
     auto loop = scf::ForOp::create(b, clamp ? whole : cIdx(0),
                                    clamp ? splits : whole, cIdx(step), state);
     OpBuilder::InsertionGuard guard(b);
