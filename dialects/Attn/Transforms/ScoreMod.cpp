@@ -109,34 +109,10 @@ static Value castInteger(OpBuilder &b, Location loc, Value v,
   return arith::ExtSIOp::create(b, loc, to, v);
 }
 
-/// The multiplies of \p body whose one use is an addf, at most one per
-/// add (of `a * b + c * d` the first): the clone without a derivative
-/// gives that pair as one math.fma (one rounding, as C's contraction), so
-/// that ALiBi's `s + slope * (j - i)` is one instruction per score on the
-/// GPU, where PTX's mul.rn / add.rn are never fused (T27: the d = 128
-/// forward's loop 914 -> 880 SASS instructions). The CPU runs the same
-/// fma.
-static llvm::SmallPtrSet<Operation *, 4> fusableMultiplies(Block &body) {
-  llvm::SmallPtrSet<Operation *, 4> out;
-  for (Operation &op : body) {
-    if (!isa<arith::AddFOp>(op))
-      continue;
-    for (Value v : op.getOperands())
-      if (auto mul = v.getDefiningOp<arith::MulFOp>();
-          mul && mul->getBlock() == &body && v.hasOneUse()) {
-        out.insert(mul);
-        break;
-      }
-  }
-  return out;
-}
-
 /// inlineScoreMod's clone of \p region on tiles; \p each sees every op it
 /// cloned (but constants and index casts) with its tiled clone, in order.
-/// Without \p each (no derivative), a multiply that only feeds an add
-/// becomes one fma with it (fusableMultiplies). A mask_mod region (no
-/// score argument) clones the same way on tiles of \p shape, \p scores
-/// null.
+/// A mask_mod region (no score argument) clones the same way on tiles of
+/// \p shape, \p scores null.
 static FailureOr<Value>
 cloneOnTiles(OpBuilder &b, Location loc, Region &region, ArrayRef<int64_t> shape,
              Value scores, const ScoreModIndices &indices,
@@ -163,26 +139,7 @@ cloneOnTiles(OpBuilder &b, Location loc, Region &region, ArrayRef<int64_t> shape
          "the tiling gives the kernel a buffer per captured tensor");
   for (auto [arg, buffer] : llvm::zip_equal(captured, indices.captures))
     map.map(arg, buffer);
-  llvm::SmallPtrSet<Operation *, 4> fused;
-  if (!each)
-    fused = fusableMultiplies(body);
   for (Operation &op : body.without_terminator()) {
-    if (fused.contains(&op))
-      continue; // cloned as its add's fma
-    if (auto add = dyn_cast<arith::AddFOp>(op); add && !each) {
-      for (unsigned k = 0; k < 2; ++k) {
-        Operation *mul = add->getOperand(k).getDefiningOp();
-        if (!mul || !fused.contains(mul))
-          continue;
-        map.map(add.getResult(),
-                math::FmaOp::create(b, loc, map.lookup(mul->getOperand(0)),
-                                    map.lookup(mul->getOperand(1)),
-                                    map.lookup(add->getOperand(1 - k))));
-        break;
-      }
-      if (map.contains(add.getResult()))
-        continue;
-    }
     if (auto load = dyn_cast<memref::LoadOp>(op)) {
       // A captured tensor's element at an index tile: a gather.
       auto ty = onTiles(load.getType());

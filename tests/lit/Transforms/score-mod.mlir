@@ -119,9 +119,8 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK: %[[D:.*]] = arith.subi %[[KI]], %[[QI]] : tensor<64x32xi32>
 // CHECK-NOT: index_cast
 // CHECK: %[[DF:.*]] = arith.sitofp %[[D]] : tensor<64x32xi32> to tensor<64x32xf32>
-// The multiply that only feeds the add is one fma with it (one rounding).
-// CHECK-NOT: arith.mulf
-// CHECK: %[[Y:.*]] = math.fma %[[SLOPE]], %[[DF]], %[[SS]] : tensor<64x32xf32>
+// CHECK: %[[BIAS:.*]] = arith.mulf %[[SLOPE]], %[[DF]] : tensor<64x32xf32>
+// CHECK: %[[Y:.*]] = arith.addf %[[SS]], %[[BIAS]] : tensor<64x32xf32>
 // CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
 // CHECK: tile.iota dim 1 : tensor<64x32xi32>
 // CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
@@ -176,31 +175,6 @@ attn.flash_fwd @custom {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v 
   %xl = arith.index_cast %x : index to i64
   %xf = arith.sitofp %xl : i64 to f32
   %y = arith.addf %s, %xf : f32
-  attn.yield %y : f32
-}
-}
-
-// -----
-
-// Two products summed (s * w + x * v, x = float(j)): the first is one fma
-// with the add, the second stays a multiply (each add takes one).
-// CHECK-LABEL: func.func @two_products(
-// CHECK: %[[SS:.*]] = arith.mulf %{{.*}}, %{{.*}} : tensor<64x32xf32>
-// CHECK: %[[XF:.*]] = arith.sitofp %{{.*}} : tensor<64x32xi32> to tensor<64x32xf32>
-// CHECK: %[[XV:.*]] = arith.mulf %[[XF]], %{{.*}} : tensor<64x32xf32>
-// CHECK: %[[Y:.*]] = math.fma %[[SS]], %{{.*}}, %[[XV]] : tensor<64x32xf32>
-// CHECK-NOT: arith.addf %{{.*}}, %[[XV]]
-// CHECK: return
-module {
-attn.flash_fwd @two_products {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none"} score_mod {
-^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
-  %w = arith.constant 0.5 : f32
-  %v = arith.constant 0.25 : f32
-  %sw = arith.mulf %s, %w : f32
-  %ji = arith.index_cast %j : index to i32
-  %x = arith.sitofp %ji : i32 to f32
-  %xv = arith.mulf %x, %v : f32
-  %y = arith.addf %sw, %xv : f32
   attn.yield %y : f32
 }
 }
