@@ -5,9 +5,16 @@ One process on one card, so that the ratios come from one run. Per case
 (B, query heads, KV heads, Nq, Nkv, d; bf16):
 
   flashjit     flashjit bench --batch B --heads H --gqa H/Hkv --seq-len Nq
-                              --seq-len-kv Nkv --head-dim d --json [extra]
+                              --seq-len-kv Nkv --head-dim d --json --cold-l2
+                              [extra]
                (its own warm-up and median of CUDA-event timings; its
-               default tiling for these shapes is the split-KV one)
+               default tiling for these shapes is the split-KV one).
+               --cold-l2 (the default; --flashjit-timing warm drops it)
+               zeroes twice the L2 before each timed launch, as do_bench
+               does for the peers: both start cold, and the host's launch
+               latency is not inside the figure (without it `flashjit
+               bench` records its start event on an idle GPU, so a few us
+               of launch are: at B 1, Nkv 128K that is ~5% of 85 us)
   sdpa-flash   F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                under SDPBackend.FLASH_ATTENTION
   sdpa-cudnn   ... under SDPBackend.CUDNN_ATTENTION
@@ -20,7 +27,9 @@ rep=100, median) as in side_by_side.py; 3 interleaved rounds of (flashjit,
 sdpa-flash), medians.
 
   decode.py [--flashjit PATH] [--cases B:H:HKV:NQ:NKV:D,...] [--out FILE]
-            [--flashjit-args "..."]
+            [--flashjit-timing cold-l2|warm] [--flashjit-args="..."]
+(write --flashjit-args=VALUE when the value is one option, e.g.
+--flashjit-args=--kv-splits=8: argparse takes a lone "--x" for an option)
 """
 import argparse
 import json
@@ -71,11 +80,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flashjit", default=os.path.join(ROOT, ".carry", "bin", "flashjit"))
     ap.add_argument("--flashjit-args", default="")
+    ap.add_argument("--flashjit-timing", choices=("cold-l2", "warm"), default="cold-l2",
+                    help="cold-l2 (default): flashjit bench --cold-l2, as do_bench "
+                         "times the peers; warm: without it")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "decode.json"))
     args = ap.parse_args()
     extra = shlex.split(args.flashjit_args)
+    if args.flashjit_timing == "cold-l2":
+        extra = ["--cold-l2"] + extra
 
     torch = None
     try:
@@ -140,11 +154,12 @@ def main():
             torch.cuda.empty_cache()
 
     with open(args.out, "w") as f:
-        json.dump(dict(results=results), f, indent=1)
+        json.dump(dict(flashjit_timing=args.flashjit_timing, results=results), f, indent=1)
 
     def tb(ms, c):
         return kv_bytes(c) / (ms * 1e-3) / 1e12
 
+    print(f"flashjit timed {args.flashjit_timing}; peers and copy by do_bench (L2 flushed)")
     print("| case (B:H:Hkv:Nq:Nkv:d) | flashjit ms (TB/s) | ok | splits | sdpa-flash ms (TB/s) | cuDNN ms (TB/s) | copy TB/s | vs sdpa-flash | of copy |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in results:
