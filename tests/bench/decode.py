@@ -13,8 +13,9 @@ One process on one card, so that the ratios come from one run. Per case
                zeroes twice the L2 before each timed launch, as do_bench
                does for the peers: both start cold, and the host's launch
                latency is not inside the figure (without it `flashjit
-               bench` records its start event on an idle GPU, so a few us
-               of launch are: at B 1, Nkv 128K that is ~5% of 85 us)
+               bench` records its start event on an idle GPU, so the
+               launch's own latency is; how much of a decode's ~85 us
+               that is has not been measured)
   sdpa-flash   F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                under SDPBackend.FLASH_ATTENTION
   sdpa-cudnn   ... under SDPBackend.CUDNN_ATTENTION
