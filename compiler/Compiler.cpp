@@ -352,6 +352,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.vectorAtomics = usesVectorAtomics(target);
   gpu.wgmma = usesWgmma(target);
   gpu.bulkDq = usesBulkDq(target);
+  gpu.bwdRingStages = backwardRingStages(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target);
   gpu.persistent = usesPersistentKernel(target);

@@ -173,6 +173,13 @@ bool usesVectorAtomics(const GpuTarget &target);
 /// (bench/NOTES.md, T24). The pipeline text, part of the cache key,
 /// records it.
 bool usesBulkDq(const GpuTarget &target);
+/// The stages of the backward's Q/dO ring (the lowering's
+/// `bwd-ring-stages`: a producer warpgroup copies Q and dO into an
+/// mbarrier ring, the dK/dV kernel's two warpgroups only compute): opt-in
+/// with FLASHJIT_BWD_RING=S (2 to 4) and warpgroup MMAs, else 0 (the
+/// loop's double-buffered copies). Not yet run on a GPU (T27). The
+/// pipeline text, part of the cache key, records it.
+int64_t backwardRingStages(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
 bool usesWgmma(const GpuTarget &target);

@@ -34,7 +34,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target),
@@ -42,7 +42,11 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
                              : "",
       usesStagedStores() ? "" : " staged-stores=false",
-      usesBulkDq(target) ? " bulk-dq=true" : "", tilingOptions(config));
+      usesBulkDq(target) ? " bulk-dq=true" : "",
+      backwardRingStages(target)
+          ? fmt::format(" bwd-ring-stages={}", backwardRingStages(target))
+          : "",
+      tilingOptions(config));
 }
 
 bool usesStagedStores() {
@@ -96,6 +100,14 @@ bool usesWgmma(const GpuTarget &target) {
 bool usesBulkDq(const GpuTarget &target) {
   const char *env = std::getenv("FLASHJIT_BULK_DQ");
   return usesWgmma(target) && env && std::string(env) == "1";
+}
+
+int64_t backwardRingStages(const GpuTarget &target) {
+  const char *env = std::getenv("FLASHJIT_BWD_RING");
+  if (!usesWgmma(target) || !env)
+    return 0;
+  const int64_t stages = std::atoll(env);
+  return stages >= 2 && stages <= 4 ? stages : 0;
 }
 
 bool usesVectorAtomics(const GpuTarget &target) {

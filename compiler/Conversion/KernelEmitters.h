@@ -44,7 +44,7 @@ mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
                                             mlir::gpu::GPUModuleOp gpuModule,
                                             int64_t warps, int64_t copyBytes,
                                             bool vectorAtomics, bool wgmma,
-                                            bool bulkDq);
+                                            bool bulkDq, int64_t ringStages);
 
 /// The AttentionSpec of a description's fields (an attn op's or an
 /// #attn.kernel's, both verified): the one mapping of mask names and

@@ -187,7 +187,8 @@ struct LowerTiledToGPUPass
                                              config, copyBytes, false)))
         return signalPassFailure();
       LogicalResult lowered = conversion::lowerTileBackwardKernel(
-          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma, bulkDq);
+          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma, bulkDq,
+          bwdRingStages);
       if (failed(lowered))
         return signalPassFailure();
       fn.erase();

@@ -39,6 +39,11 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "dQ tile into dq_accum by one bulk reduction "
            "(cp.reduce.async.bulk) from shared memory, where dQ's columns "
            "are a multiple of 16 (GpuBackwardGeometry::bulkDq)">,
+    Option<"bwdRingStages", "bwd-ring-stages", "int64_t", "0",
+           "the backward's dK/dV kernel on warpgroup MMAs: the stages of a "
+           "Q/dO ring that a producer warpgroup fills (2 to 4; 0 or 1: the "
+           "loop's own double-buffered copies); only where its loop over the "
+           "query blocks has no loop inside (not GQA's)">,
     Option<"kvRingStages", "kv-ring-stages", "int64_t", "0",
            "the forward on warpgroup MMAs: the stages of the K/V ring that a "
            "producer warpgroup fills (2 to 4; 0 or 1: no ring, the loop's "

@@ -252,9 +252,27 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   return TileKernelLowering(b, fn, spec, config, copyBytes, p).run(gpuModule);
 }
 
+/// The backward ring's consumers' registers (setmaxnreg): the dK/dV
+/// kernel on two warpgroups took 234-241 without a producer (ptxas, T26);
+/// 2 x 240 + the producer's 32 fill the SM's 512 per thread of a group.
+static constexpr int64_t kBackwardRingConsumerRegisters = 240;
+
+/// Whether a loop of \p fn holds another (GQA's loop over the group's
+/// heads inside the loop over the query blocks): the ring takes a loop of
+/// the function's body with no loop inside.
+static bool hasNestedLoop(func::FuncOp fn) {
+  return fn
+      .walk([](scf::ForOp loop) {
+        return loop->getParentOfType<scf::ForOp>() ? WalkResult::interrupt()
+                                                   : WalkResult::advance();
+      })
+      .wasInterrupted();
+}
+
 LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool vectorAtomics, bool wgmma, bool bulkDq) {
+    int64_t copyBytes, bool vectorAtomics, bool wgmma, bool bulkDq,
+    int64_t ringStages) {
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -310,6 +328,15 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
   if (p.wgmma && bulkDq && geo.bulkDq)
     p.dqStageCols = geo.dqStageCols;
+  if (p.wgmma && ringStages >= 2 && !p.dqStageCols && !hasNestedLoop(fn)) {
+    // The Q/dO ring (TileToGPURing.cpp): a producer warpgroup copies each
+    // step's Q and dO tiles; the consumers keep the registers they had
+    // (240) and the producer takes the rest of the SM's.
+    p.ringStages = ringStages;
+    p.producerThreads = GpuGeometry::kRingProducerThreads;
+    p.ringConsumerRegisters = kBackwardRingConsumerRegisters;
+    p.maxShared = kMaxSharedBytes;
+  }
   if (p.wgmma) {
     p.mt = 1;
     batchReadyProducts(fn);

@@ -45,6 +45,11 @@
 /// arrival), no `cp.async.wait_all`, and no proxy fence after the
 /// consumers' wait.
 ///
+/// The backward's dK/dV kernel takes the same ring for its Q and dO tiles
+/// (opt-in, `bwd-ring-stages`; KernelPlacement::ringConsumerRegisters
+/// fixes the consumers' registers, 240): its loop's two shared loads are
+/// read only by products, each stage given back after its last one.
+///
 /// The producer runs S blocks ahead at most: the copies of block t + S wait
 /// until every consumer is done with block t's stage. In a persistent
 /// kernel each role's program runs inside the loop over the tiles, its
@@ -166,6 +171,7 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
     ringPrologue.push_back({load, stream, ringLead[stream]++});
   }
   ringMovesRegisters =
+      place.ringConsumerRegisters > 0 ||
       consumersNeedRegisters(loads, !ringPrologue.empty(), place.warpgroups(),
                              place.persistent, !ringMaps.empty());
   const int64_t first = slots[loads.front().getResult()].offset;
@@ -197,8 +203,12 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
   auto roles = scf::IfOp::create(
       b, g.cmp(arith::CmpIPredicate::uge, tid, g.c32(consumers)),
       /*withElseRegion=*/true);
-  const auto [producerRegs, consumerRegs] =
+  auto [producerRegs, consumerRegs] =
       registerSplit(place.warpgroups(), !ringPrologue.empty());
+  if (place.ringConsumerRegisters) {
+    consumerRegs = place.ringConsumerRegisters;
+    producerRegs = 512 - place.warpgroups() * consumerRegs;
+  }
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(roles.thenBlock()->getTerminator());

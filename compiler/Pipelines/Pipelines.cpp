@@ -95,6 +95,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.vectorAtomics = gpu.vectorAtomics;
   lower.wgmma = gpu.wgmma;
   lower.bulkDq = gpu.bulkDq;
+  lower.bwdRingStages = gpu.bwdRingStages;
   lower.kvRingStages = gpu.kvRingStages;
   lower.pingPong = gpu.pingPong;
   lower.persistent = gpu.persistent;

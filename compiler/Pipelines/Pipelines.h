@@ -39,6 +39,9 @@ struct GpuPipelineConfig {
   bool stagedStores = true;
   /// The backward's atomic dQ by one bulk reduction per step (wgmma).
   bool bulkDq = false;
+  /// The backward's dK/dV kernel: a Q/dO ring of this many stages filled
+  /// by a producer warpgroup (wgmma; 0: the loop's own copies).
+  int64_t bwdRingStages = 0;
 };
 
 /// The GPU lowering's options, one set for every registered pipeline that
@@ -98,6 +101,12 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
                      "reduction from shared memory (cp.reduce.async.bulk, "
                      "sm_90)"),
       llvm::cl::init(false)};
+  Option<int64_t> bwdRingStages{
+      *this, "bwd-ring-stages",
+      llvm::cl::desc("the backward's dK/dV kernel on warpgroup MMAs: a Q/dO "
+                     "ring of this many stages filled by a producer "
+                     "warpgroup (2 to 4; 0: the loop's own copies)"),
+      llvm::cl::init(0)};
 
   GpuPipelineConfig gpuConfig() const {
     GpuPipelineConfig gpu;
@@ -110,6 +119,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.tma = tma;
     gpu.stagedStores = stagedStores;
     gpu.bulkDq = bulkDq;
+    gpu.bwdRingStages = bwdRingStages;
     return gpu;
   }
 };

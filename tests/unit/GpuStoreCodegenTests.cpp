@@ -150,4 +150,38 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   EXPECT_EQ(occurrences(compileToPtx(spec, config, target), bulk), 0u);
 }
 
+/// The backward's Q/dO ring (FLASHJIT_BWD_RING=S, S in 2..4, warpgroup
+/// MMAs): the pipeline text (part of the cache key) records the stages,
+/// and the dK/dV kernel has a producer warpgroup that hands its registers
+/// to the consumers; any other value, or none, leaves the loop's own
+/// copies.
+TEST(GpuBackwardRing, OptInRecordedAndLowered) {
+  AttentionSpec spec;
+  spec.direction = Direction::Backward;
+  spec.headDimQK = spec.headDimV = 128;
+  TileConfig config = tileConfig(64, 128, 8);
+  GpuTarget target;
+  target.arch = "sm_90a";
+  setenv("FLASHJIT_BWD_RING", "3", 1);
+  EXPECT_NE(gpuPipelineText(config, target).find(" bwd-ring-stages=3"),
+            std::string::npos);
+  std::string ptx = compileToPtx(spec, config, target);
+  EXPECT_EQ(occurrences(ptx, "setmaxnreg.dec.sync.aligned.u32 32;"), 1u);
+  EXPECT_EQ(occurrences(ptx, "setmaxnreg.inc.sync.aligned.u32 240;"), 1u);
+  EXPECT_EQ(occurrences(ptx, ".maxntid 384, 1, 1"), 1u);
+  // Full and empty barriers of Q and dO per stage.
+  EXPECT_EQ(occurrences(ptx, "mbarrier.init.shared::cta.b64"), 12u);
+  target.arch = "sm_80"; // no warpgroup MMAs: no ring
+  EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
+            std::string::npos);
+  target.arch = "sm_90a";
+  setenv("FLASHJIT_BWD_RING", "1", 1);
+  EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
+            std::string::npos);
+  unsetenv("FLASHJIT_BWD_RING");
+  ptx = compileToPtx(spec, config, target);
+  EXPECT_EQ(occurrences(ptx, "setmaxnreg"), 0u);
+  EXPECT_EQ(occurrences(ptx, ".maxntid 256, 1, 1"), 1u);
+}
+
 } // namespace
