@@ -31,6 +31,7 @@ std::string cpuPipelineText(const TileConfig &config) {
 }
 
 std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
+  const int64_t bwdRing = backwardRingStages(target);
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
@@ -43,9 +44,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
                              : "",
       usesStagedStores() ? "" : " staged-stores=false",
       usesBulkDq(target) ? " bulk-dq=true" : "",
-      backwardRingStages(target)
-          ? fmt::format(" bwd-ring-stages={}", backwardRingStages(target))
-          : "",
+      bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       tilingOptions(config));
 }
 

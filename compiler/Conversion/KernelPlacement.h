@@ -51,10 +51,12 @@ struct KernelPlacement {
   /// parameters).
   int numCaptures = 0, numCaptureSizes = 0;
   /// Split-KV (abi::split): a third pid, pid_split = grid.z; and for the
-  /// partial (not the combine, whose grid.z is its column chunks, in
-  /// `splits`) a grid.z whose size the launcher chooses (recorded as the
-  /// grid's `split`).
+  /// partial (not the combine, whose grid.z is `gridZ`) a grid.z whose size
+  /// the launcher chooses (recorded as the grid's `split`).
   bool kvSplit = false, gridSplits = false;
+  /// Programs along grid.z of a function that picks its own share by that
+  /// pid (the split-KV merge's column chunks); 0: one per column split.
+  int64_t gridZ = 0;
   /// Causal: the grid's last Q blocks (the heaviest) start first.
   bool reversePidM = false;
   /// dq_accum pairs by red.global.add.v2.f32 (the `vector-atomics` option).

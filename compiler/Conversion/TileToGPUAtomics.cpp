@@ -55,7 +55,9 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
                       ? g.cmp(CmpIPredicate::slt,
                               g.add(col, g.c32(colConst + e)), g.c32(r.cols))
                       : Value();
-    Value ok = rowOk && colOk ? g.andI(rowOk, colOk) : rowOk ? rowOk : colOk;
+    Value ok = rowOk;
+    if (colOk)
+      ok = ok ? g.andI(ok, colOk) : colOk;
     Value ptr = LLVM::GEPOp::create(
         g.b, g.ptrGen, g.f32, at,
         ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(colConst + e)});

@@ -133,7 +133,7 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   argTys.append(place.numF32Args, g.f32);
   argTys.append(place.numCaptures, g.ptrGen);
   argTys.append(place.numCaptureSizes, g.i64);
-  int64_t programsZ = 0;
+  int64_t programsZ = place.gridZ;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
   return createKernelFunc(b, gpuModule, fn, argTys,
@@ -207,8 +207,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     p.threads = GpuBackwardGeometry::kPreprocessThreads;
     p.gridRows = abi::bwd::kRowBlockRows;
     // Its column chunks on grid.z (the program picks its own by pid_split).
-    const int64_t chunks = abi::split::combineChunks(spec.headDimV);
-    p.splits.push_back({spec.headDimV, spec.headDimV / chunks, chunks});
+    p.gridZ = abi::split::combineChunks(spec.headDimV);
     return lowerRowKernel(fn, gpuModule, spec, p);
   }
   if (attr.getRole() == "mask_blocks" || attr.getRole() == "mask_blocks_list") {

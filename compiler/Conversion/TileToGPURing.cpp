@@ -81,6 +81,10 @@ using namespace flashjit::conversion;
 /// one per consumer warpgroup for its turn at the tensor cores.
 static constexpr int64_t kFirstTurnBarrier = 2;
 
+/// Registers per thread of one warpgroup's share of the SM's 65,536 (a
+/// producer and its consumer warpgroups' counts sum to this).
+static constexpr int64_t kRegistersPerGroupThread = 65536 / 128;
+
 /// setmaxnreg's counts (producer, each consumer warpgroup) where the
 /// consumers need more registers than the block size leaves them (168 for
 /// 384 threads, 128 for 512), each split using 64,512 of the SM's 65,536
@@ -207,7 +211,7 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
       registerSplit(place.warpgroups(), !ringPrologue.empty());
   if (place.ringConsumerRegisters) {
     consumerRegs = place.ringConsumerRegisters;
-    producerRegs = 512 - place.warpgroups() * consumerRegs;
+    producerRegs = kRegistersPerGroupThread - place.warpgroups() * consumerRegs;
   }
   {
     OpBuilder::InsertionGuard guard(b);

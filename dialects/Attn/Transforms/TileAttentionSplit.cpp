@@ -13,10 +13,9 @@
 /// steps read their runs unchecked; a last loop over the rest, in steps of
 /// V = min(U, 8), clamps them. On the H200 (T25), one warp per whole row
 /// merging 16 runs per step took 16.5 us at 132 runs, bound by that warp's
-/// instructions
-/// (~720 per step), not its loads: a chunk cuts a warp's work per run by
-/// its share of the columns, and the whole steps drop the clamps. Before:
-/// `@f` (role "forward_split"). After, beside it:
+/// instructions (~720 per step), not its loads: a chunk cuts a warp's work
+/// per run by its share of the columns, and the whole steps drop the
+/// clamps. Before: `@f` (role "forward_split"). After, beside it:
 ///
 ///   func.func @f_combine(<the same arguments>) attributes {attn.kernel =
 ///       #attn.kernel<role = "combine", ...>} {
@@ -43,9 +42,9 @@
 ///
 /// A run that saw no key has lse -inf, so weight 0; a row no run saw keeps
 /// l = 0 and gets O = 0 and lse = -inf, as the one-pass forward gives it.
-/// The runs past S in the last step read run S - 1 again (in bounds) with
-/// weight 0. Every chunk computes and stores the same lse (the same
-/// operations on the same values).
+/// The runs past S in the last loop's steps read run S - 1 again (in
+/// bounds) with weight 0. Every chunk computes and stores the same lse (the
+/// same operations on the same values).
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
@@ -145,7 +144,7 @@ void SplitCombineBuilder::build() {
     b.setInsertionPointToStart(loop.getBody());
     Value acc = loop.getRegionIterArgs()[0], m = loop.getRegionIterArgs()[1],
           l = loop.getRegionIterArgs()[2];
-    Value last = sub(splits, cIdx(1));
+    Value last = clamp ? sub(splits, cIdx(1)) : Value();
     SmallVector<Value> xs, os;
     Value mNew = m;
     for (int64_t u = 0; u < step; ++u) {
