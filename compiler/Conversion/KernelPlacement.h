@@ -80,7 +80,8 @@ struct KernelPlacement {
   int64_t ringStages = 0, producerThreads = 0;
   /// The ring's consumers' register count (setmaxnreg) where the role
   /// fixes it (0: the forward's rule, TileToGPURing.cpp registerSplit);
-  /// the producer takes what the block's 65,536 leave.
+  /// the producer takes what the block's launch allocation leaves
+  /// (TileToGPURing.cpp registerPool).
   int64_t ringConsumerRegisters = 0;
   /// The tiled function's first argument after the ABI's groups and the
   /// pids (pid_m, pid_bh and, split-KV, pid_split): its first captured

@@ -253,7 +253,8 @@ LogicalResult flashjit::conversion::lowerTileKernel(
 
 /// The backward ring's consumers' registers (setmaxnreg): the dK/dV
 /// kernel on two warpgroups took 234-241 without a producer (ptxas, T26);
-/// 2 x 240 + the producer's 32 fill the SM's 512 per thread of a group.
+/// 2 x 240 + the producer's 24 fill the launch's 3 x 168 (T27 gave the
+/// producer 32, counting the SM's 65,536: setmaxnreg.inc never returned).
 static constexpr int64_t kBackwardRingConsumerRegisters = 240;
 
 /// Whether a loop of \p fn holds another (GQA's loop over the group's
@@ -327,10 +328,14 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
   if (p.wgmma && bulkDq && geo.bulkDq)
     p.dqStageCols = geo.dqStageCols;
-  if (p.wgmma && ringStages >= 2 && !p.dqStageCols && !hasNestedLoop(fn)) {
+  // Two consumer warpgroups only: the split 24 + 2 x 240 is theirs (one
+  // would leave its producer 272, past setmaxnreg's 256: ptxas refused
+  // the 4-warp tilings, T28).
+  if (p.wgmma && ringStages >= 2 && p.warpgroups() == 2 && !p.dqStageCols &&
+      !hasNestedLoop(fn)) {
     // The Q/dO ring (TileToGPURing.cpp): a producer warpgroup copies each
     // step's Q and dO tiles; the consumers keep the registers they had
-    // (240) and the producer takes the rest of the SM's.
+    // (240) and the producer takes what the launch leaves (24).
     p.ringStages = ringStages;
     p.producerThreads = GpuGeometry::kRingProducerThreads;
     p.ringConsumerRegisters = kBackwardRingConsumerRegisters;

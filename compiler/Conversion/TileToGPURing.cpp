@@ -81,9 +81,17 @@ using namespace flashjit::conversion;
 /// one per consumer warpgroup for its turn at the tensor cores.
 static constexpr int64_t kFirstTurnBarrier = 2;
 
-/// Registers per thread of one warpgroup's share of the SM's 65,536 (a
-/// producer and its consumer warpgroups' counts sum to this).
-static constexpr int64_t kRegistersPerGroupThread = 65536 / 128;
+/// The registers that the launch of a block of \p groups warpgroups (its
+/// producer included) allocates, over 128 (per thread of one warpgroup):
+/// the pool that setmaxnreg moves registers within, so a producer's and
+/// its consumer warpgroups' counts sum to at most this. Each thread gets
+/// the SM's 65,536 over the block's threads, rounded down to ptxas's
+/// multiple of 8: 168 at 384 threads, a pool of 504, not 512 (T28: a
+/// backward ring split as 32 + 2 x 240 = 512 waited forever in
+/// setmaxnreg.inc for registers that no warp could give).
+static int64_t registerPool(int64_t groups) {
+  return 65536 / (128 * groups) / 8 * 8 * groups;
+}
 
 /// setmaxnreg's counts (producer, each consumer warpgroup) where the
 /// consumers need more registers than the block size leaves them (168 for
@@ -211,7 +219,8 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
       registerSplit(place.warpgroups(), !ringPrologue.empty());
   if (place.ringConsumerRegisters) {
     consumerRegs = place.ringConsumerRegisters;
-    producerRegs = kRegistersPerGroupThread - place.warpgroups() * consumerRegs;
+    producerRegs = registerPool(place.warpgroups() + 1) -
+                   place.warpgroups() * consumerRegs;
   }
   {
     OpBuilder::InsertionGuard guard(b);

@@ -150,6 +150,54 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   EXPECT_EQ(occurrences(compileToPtx(spec, config, target), bulk), 0u);
 }
 
+/// The number after \p prefix in \p ptx (its first occurrence), or -1.
+static int64_t numberAfter(const std::string &ptx, const std::string &prefix) {
+  size_t at = ptx.find(prefix);
+  return at == std::string::npos
+             ? -1
+             : std::strtoll(ptx.c_str() + at + prefix.size(), nullptr, 10);
+}
+
+/// A ring kernel's setmaxnreg split stays inside what its launch allocates:
+/// setmaxnreg.inc waits until the block's own warps have given the
+/// registers back, so the producer's count plus the consumers' must not
+/// pass the block's threads times 65,536 / threads rounded down to 8 (168
+/// at 384 threads). T27's backward ring split 32 + 2 x 240 = 512 > 504 and
+/// hung on the GPU.
+static void expectSplitFitsLaunch(const std::string &module) {
+  // The main kernel's text: from its .entry to the next one.
+  size_t begin = module.find(".entry attention(");
+  ASSERT_NE(begin, std::string::npos);
+  const std::string ptx =
+      module.substr(begin, module.find(".entry", begin + 1) - begin);
+  const int64_t threads = numberAfter(ptx, ".maxntid ");
+  const int64_t producer = numberAfter(ptx, "setmaxnreg.dec.sync.aligned.u32 ");
+  const int64_t consumer = numberAfter(ptx, "setmaxnreg.inc.sync.aligned.u32 ");
+  ASSERT_GT(threads, 128);
+  ASSERT_GT(producer, 0);
+  ASSERT_GT(consumer, 0);
+  const int64_t groups = threads / 128;
+  EXPECT_LE(producer + (groups - 1) * consumer,
+            65536 / threads / 8 * 8 * groups)
+      << "producer " << producer << ", " << groups - 1 << " consumers of "
+      << consumer << " at " << threads << " threads";
+}
+
+/// Every forward ring that moves registers fits its launch too: 128 x 128
+/// at d = 128 with the overlapped loop (40 + 2 x 232) and three consumer
+/// warpgroups at d = 64 (24 + 3 x 160).
+TEST(GpuRingRegisters, SplitFitsLaunch) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 128;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  TileConfig config = tileConfig(128, 128, 8);
+  config.overlapSoftmax = true;
+  expectSplitFitsLaunch(compileToPtx(spec, config, target));
+  spec.headDimQK = spec.headDimV = 64;
+  expectSplitFitsLaunch(compileToPtx(spec, tileConfig(192, 128, 12), target));
+}
+
 /// The backward's Q/dO ring (FLASHJIT_BWD_RING=S, S in 2..4, warpgroup
 /// MMAs): the pipeline text (part of the cache key) records the stages,
 /// and the dK/dV kernel has a producer warpgroup that hands its registers
@@ -166,9 +214,10 @@ TEST(GpuBackwardRing, OptInRecordedAndLowered) {
   EXPECT_NE(gpuPipelineText(config, target).find(" bwd-ring-stages=3"),
             std::string::npos);
   std::string ptx = compileToPtx(spec, config, target);
-  EXPECT_EQ(occurrences(ptx, "setmaxnreg.dec.sync.aligned.u32 32;"), 1u);
+  EXPECT_EQ(occurrences(ptx, "setmaxnreg.dec.sync.aligned.u32 24;"), 1u);
   EXPECT_EQ(occurrences(ptx, "setmaxnreg.inc.sync.aligned.u32 240;"), 1u);
   EXPECT_EQ(occurrences(ptx, ".maxntid 384, 1, 1"), 1u);
+  expectSplitFitsLaunch(ptx);
   // Full and empty barriers of Q and dO per stage.
   EXPECT_EQ(occurrences(ptx, "mbarrier.init.shared::cta.b64"), 12u);
   target.arch = "sm_80"; // no warpgroup MMAs: no ring
