@@ -87,6 +87,44 @@ TEST(CpuForwardCheck, DetectsWrongAndUnwrittenOutputs) {
       std::isfinite(compareWithReference(spec, p, unwritten, ref).relErr()));
 }
 
+/// Scores that grow along the keys at a different rate in each row, so
+/// that a block's row max passes the running one by less than the rescale
+/// threshold in some steps (the row keeps its max; P grows up to 2^8) and
+/// by more in others (O and l rescale): O and lse still match the float64
+/// reference. The last block's scores lie up to ~195 (log2 units) above
+/// the first's, so never rescaling after the first block overflows P, and
+/// a rescale that skipped O or l would be far off.
+TEST(CpuForwardRescale, GrowingScoresMatchReference) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 32;
+  TileConfig config;
+  config.blockM = config.blockN = 16;
+  Problem p;
+  p.heads = 2;
+  p.seqLenQ = 64;
+  p.seqLenKV = 256;
+  const uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  std::mt19937_64 rng(seed);
+  AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  // s_ij ~ rate_i * j (+ the other coordinates' noise): per 16-key block
+  // the max grows by rate_i * 16 * scale * log2(e), 0..12 for rates 0..3.
+  std::uniform_real_distribution<float> rate(0.0f, 3.0f);
+  for (int64_t h = 0; h < p.heads; ++h) {
+    for (int64_t i = 0; i < p.seqLenQ; ++i)
+      data.q.at(0, h, i, 0) = floatToHalf(spec.dtype, rate(rng));
+    for (int64_t j = 0; j < p.seqLenKV; ++j) // integers: exact in bf16
+      data.k.at(0, h, j, 0) = floatToHalf(spec.dtype, float(j));
+  }
+  auto kernel = CpuKernel::compile(spec, config);
+  kernel->run(p, data, nullptr);
+  ReferenceResult ref = referenceForward(spec, p, data, nullptr);
+  ErrorReport err = compareWithReference(spec, p, data, ref);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.oRelErr, errorBound(spec.dtype));
+  EXPECT_LT(err.lseRelErr, errorBound(spec.dtype));
+}
+
 /// A block-sparse layout that lists nothing gives O = 0 and lse = -inf
 /// everywhere, and a kernel given a wrong-sized layout is refused.
 TEST(CpuForwardCheck, EmptyLayoutAndLayoutChecks) {
