@@ -88,12 +88,13 @@ TEST(CpuForwardCheck, DetectsWrongAndUnwrittenOutputs) {
 }
 
 /// Scores that grow along the keys at a different rate in each row, so
-/// that a block's row max passes the running one by less than the rescale
-/// threshold in some steps (the row keeps its max; P grows up to 2^8) and
-/// by more in others (O and l rescale): O and lse still match the float64
-/// reference. The last block's scores lie up to ~195 (log2 units) above
-/// the first's, so never rescaling after the first block overflows P, and
-/// a rescale that skipped O or l would be far off.
+/// that the running max moves in most steps, by 0 to 12 (log2 units) a
+/// block: O and lse still match the float64 reference. The last block's
+/// scores lie up to ~195 above the first's, so never rescaling after the
+/// first block overflows P (896 NaN when tried), and a rescale that
+/// skipped O or l would be far off. (T28 tried FlashAttention-4's
+/// conditional rescale, a max kept until a block passes it by 8, against
+/// this test; on an H100 it was no faster, 0.99-1.01x, and was reverted.)
 TEST(CpuForwardRescale, GrowingScoresMatchReference) {
   AttentionSpec spec;
   spec.headDimQK = spec.headDimV = 32;

@@ -22,8 +22,7 @@
 ///       %v = tile.load %V[...] rows %n0 of %nkv stride %sv
 ///       %s = tile.dot %q, %k {transpose_rhs}            // raw scores, f32
 ///       %s2 = scf.if %straddles { select(in band, %s, -inf) } else { %s }
-///       %mx = maxnumf(%m, reduce_max(%s2) * scale_log2e)
-///       %mn = select(%mx - %m > 8, %mx, %m)   // kRescaleThreshold
+///       %mn = maxnumf(%m, reduce_max(%s2) * scale_log2e)
 ///       %mu = select(%mn == -inf, 0, %mn)
 ///       %a = exp2(%m - %mu)
 ///       %p = exp2(fma(%s2, scale_log2e, -bcast(%mu)))
@@ -81,13 +80,6 @@ using namespace mlir;
 using namespace flashjit;
 using namespace flashjit::attn;
 using arith::CmpFPredicate;
-
-/// How far (log2 units) a block's row max may pass the running one before
-/// the row takes it and O and l are rescaled: P stays <= 2^8, as in
-/// FlashAttention-4's conditional rescaling; random rows then rescale
-/// after their first block almost never (a warp of 16 rows at N = 8K,
-/// Bc = 128 moved in about 60% of the steps with a threshold of 0).
-static constexpr double kRescaleThreshold = 8.0;
 using arith::CmpIPredicate;
 
 using flashjit::attn::detail::kWindowClamp;
@@ -399,16 +391,7 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
   Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
   Value mBlock = fmul(reduce("max", s, 1), splat(expFactor, rowTy));
-  // A row keeps its max until the block's passes it by more than
-  // kRescaleThreshold (P <= 2^8 meanwhile; O and l use the same m, so O / l
-  // and lse are unchanged): exp2(m - m) is exactly 1 and the GPU skips the
-  // rescale of O where no row of a warp moved. The first block (m = -inf)
-  // always moves; a row with no key yet (both -inf: NaN > 8 is false)
-  // keeps -inf.
-  Value mMax = maxF(m, mBlock);
-  Value mNew = select(cmpF(CmpFPredicate::OGT, fsub(mMax, m),
-                           constTile(kRescaleThreshold, rowTy)),
-                      mMax, m);
+  Value mNew = maxF(m, mBlock);
   Value mUse = select(cmpF(CmpFPredicate::OEQ, mNew, negInf),
                       constTile(0.0, rowTy), mNew);
   Value alpha = exp2(fsub(m, mUse));
