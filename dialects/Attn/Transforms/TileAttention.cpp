@@ -66,9 +66,11 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Matchers.h"
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 namespace flashjit::attn {
@@ -366,15 +368,94 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   return update(scores(k), n0, v, o, m, l, maskModPartial(t, n0));
 }
 
+/// When the modified score tile \p s is x * c for a constant c > 0 (a
+/// splat; softcap's C tanh(s / C) ends so), (x, c): the softmax can take
+/// its max and exponent on x with c folded into the exponent's factor
+/// (max(x * c) = max(x) * c for c > 0, and P = exp2(x * (c log2 e) - m)),
+/// one multiply a score fewer. Not when c log2(e) leaves the f32 normal
+/// range. The masks' -inf stays -inf on x.
+static std::optional<std::pair<Value, double>> peelPositiveScale(Value s) {
+  auto mul = s.getDefiningOp<arith::MulFOp>();
+  if (!mul)
+    return std::nullopt;
+  for (unsigned k = 0; k < 2; ++k) {
+    DenseElementsAttr dense;
+    if (!matchPattern(mul->getOperand(k), m_Constant(&dense)) ||
+        !dense.isSplat() || !isa<FloatType>(dense.getElementType()))
+      continue;
+    const double c = dense.getSplatValue<APFloat>().convertToDouble();
+    const float folded = float(c / std::log(2.0));
+    if (c > 0 && std::isfinite(c) && std::isnormal(folded))
+      return std::make_pair(mul->getOperand(1 - k), c);
+  }
+  return std::nullopt;
+}
+
+/// \p modified, the region's result on the scaled scores \p scaled =
+/// S * scale, after this fold: when the region's one use of \p scaled is a
+/// product or quotient with a constant c (softcap's s / C), the two
+/// become one product, S * (scale * c) or S * (scale * (1 / c)), its
+/// factor computed once beside scale: one multiply a score fewer (the GPU
+/// divides by a constant as a product with its reciprocal anyway). Only
+/// for |c| in [2^-60, 2^60], where scale * c stays a finite f32 for every
+/// scale the problem allows ([2^-126, 2^63]; a factor that underflows
+/// does so where S * scale * c was already below f32's normal range).
+Value TiledForwardBuilder::foldScaleIntoProduct(Value scaled, Value modified) {
+  if (!scaled.hasOneUse())
+    return modified;
+  Operation *user = *scaled.getUsers().begin();
+  const bool quotient = isa<arith::DivFOp>(user);
+  // scaled * c, c * scaled or scaled / c (not c / scaled).
+  if (!(quotient || isa<arith::MulFOp>(user)) ||
+      (quotient && user->getOperand(0) != scaled))
+    return modified;
+  Value other = user->getOperand(user->getOperand(0) == scaled ? 1 : 0);
+  DenseElementsAttr dense;
+  if (!matchPattern(other, m_Constant(&dense)) || !dense.isSplat() ||
+      !isa<FloatType>(dense.getElementType()))
+    return modified;
+  const double c = dense.getSplatValue<APFloat>().convertToDouble();
+  if (!std::isfinite(c) || std::abs(c) < 0x1p-60 || std::abs(c) > 0x1p60)
+    return modified;
+  Value factor;
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointAfterValue(scale);
+    factor = fmul(scale, cF32(quotient ? 1.0 / c : c));
+  }
+  auto product = scaled.getDefiningOp<arith::MulFOp>();
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(product);
+  Operation *oldSplat = product.getRhs().getDefiningOp();
+  product.getRhsMutable().assign(splat(factor, cast<Tensor>(scaled.getType())));
+  if (oldSplat && oldSplat->use_empty())
+    oldSplat->erase();
+  Value folded = user->getResult(0);
+  folded.replaceAllUsesWith(scaled);
+  user->erase();
+  return modified == folded ? scaled : modified;
+}
+
 /// The online-softmax update by raw scores \p s of keys [n0, n0 + Bc) and
-/// their V tile \p v: the score modifier, the mask_mod (only where
-/// \p partial holds, when given: a full block needs none), the mask, the
-/// new row max and sum, and O += P V.
+/// their V tile \p v: the score modifier (a trailing positive constant
+/// factor peeled into the exponent's, peelPositiveScale), the mask_mod
+/// (only where \p partial holds, when given: a full block needs none), the
+/// mask, the new row max and sum, and O += P V.
 SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
                                                Value o, Value m, Value l,
                                                Value partial) {
-  if (op.hasScoreMod())
-    s = modifyScores(fmul(s, splat(scale, tile({br, bc}, f32))), n0);
+  Value factor = expFactor; // scores to log2 units of P
+  if (op.hasScoreMod()) {
+    Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
+    s = foldScaleIntoProduct(scaled, modifyScores(scaled, n0));
+    if (auto peeled = peelPositiveScale(s)) {
+      Operation *product = s.getDefiningOp();
+      s = peeled->first;
+      factor = cF32(peeled->second / std::log(2.0));
+      if (product->use_empty())
+        product->erase(); // nothing reads x * c any more
+    }
+  }
   if (op.hasMaskMod())
     s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
                 : applyMaskMod(s, n0);
@@ -390,13 +471,13 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
   Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
-  Value mBlock = fmul(reduce("max", s, 1), splat(expFactor, rowTy));
+  Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
   Value mNew = maxF(m, mBlock);
   Value mUse = select(cmpF(CmpFPredicate::OEQ, mNew, negInf),
                       constTile(0.0, rowTy), mNew);
   Value alpha = exp2(fsub(m, mUse));
   Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
-  Value p = exp2(math::FmaOp::create(b, s, splat(expFactor, sTy), negM));
+  Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value lNew = fadd(fmul(l, alpha), reduce("sum", p, 1));
   Tensor oTy = tile({br, dv}, f32);
   Value oScaled = fmul(o, broadcast(alpha, oTy, 1));

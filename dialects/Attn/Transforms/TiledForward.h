@@ -60,6 +60,7 @@ private:
   ScoreModIndices modifierIndices(mlir::Region &region,
                                                           Value n0);
   Value modifyScores(Value s, Value n0);
+  Value foldScaleIntoProduct(Value scaled, Value modified);
   Value applyMaskMod(Value s, Value n0);
   Value maskScores(Value s, Value n0);
   void writeOutput(Value o, Value m, Value l);

@@ -3,26 +3,34 @@
 // A softcap score modifier (20 * tanh(s / 20)), inlined on the score tile:
 // the raw scores are scaled by scale_log2e * ln 2 first, the region runs on
 // the tile before the mask, and the row max and P use log2(e) in place of
-// scale_log2e.
+// scale_log2e. Two multiplies a score are folded away: the scale and the
+// region's s / 20 are one product by scale / 20 (foldScaleIntoProduct),
+// and the last product with the positive constant 20 is left to the max
+// and P (peelPositiveScale): the mask, the max and P take tanh's tile, and
+// their factor is 20 log2(e).
 // CHECK-LABEL: func.func @softcap(
 // CHECK-SAME: %[[SL2E:arg[0-9]+]]: f32, %{{.*}}: index, %{{.*}}: index)
 // CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "softcap:20">
 // CHECK: %[[LOG2E:.*]] = arith.constant 1.44269{{.*}} : f32
 // CHECK: %[[SCALE:.*]] = arith.mulf %[[SL2E]], %{{.*}} : f32
+// CHECK: %[[INV:.*]] = arith.constant 5.000000e-02 : f32
+// CHECK: %[[SCALE_C:.*]] = arith.mulf %[[SCALE]], %[[INV]] : f32
 // CHECK: scf.for
 // CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
 // CHECK-NOT: tile.iota
-// CHECK: %[[SPL:.*]] = tile.splat %[[SCALE]] : f32 -> tensor<64x32xf32>
-// CHECK: %[[SS:.*]] = arith.mulf %[[S]], %[[SPL]] : tensor<64x32xf32>
-// CHECK: %[[C:.*]] = arith.constant dense<2.000000e+01> : tensor<64x32xf32>
-// CHECK: %[[X:.*]] = arith.divf %[[SS]], %[[C]] : tensor<64x32xf32>
+// CHECK-NOT: tile.splat %[[SCALE]] :
+// CHECK: %[[SPL:.*]] = tile.splat %[[SCALE_C]] : f32 -> tensor<64x32xf32>
+// CHECK: %[[X:.*]] = arith.mulf %[[S]], %[[SPL]] : tensor<64x32xf32>
+// CHECK-NOT: arith.divf
 // CHECK: %[[T:.*]] = math.tanh %[[X]] : tensor<64x32xf32>
-// CHECK: %[[Y:.*]] = arith.mulf %[[T]], %[[C]] : tensor<64x32xf32>
+// CHECK-NOT: arith.mulf %[[T]]
+// CHECK: %[[FACTOR:.*]] = arith.constant 2.885390e+01 : f32
+// CHECK-NOT: arith.mulf %[[T]]
 // CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
-// CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
-// CHECK: tile.splat %[[LOG2E]] : f32 -> tensor<64xf32>
+// CHECK: arith.select {{.*}}, %[[T]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+// CHECK: tile.splat %[[FACTOR]] : f32 -> tensor<64xf32>
 // CHECK: tile.reduce "max"
-// CHECK: tile.splat %[[LOG2E]] : f32 -> tensor<64x32xf32>
+// CHECK: tile.splat %[[FACTOR]] : f32 -> tensor<64x32xf32>
 // CHECK-NOT: tile.splat %[[SL2E]]
 // CHECK: return
 module {
@@ -31,6 +39,29 @@ attn.flash_fwd @softcap {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : 
   %c = arith.constant 2.000000e+01 : f32
   %x = arith.divf %s, %c : f32
   %t = math.tanh %x : f32
+  %y = arith.mulf %t, %c : f32
+  attn.yield %y : f32
+}
+}
+
+// -----
+
+// A last product with a negative constant stays (max(x * c) is not
+// max(x) * c for c < 0): the max and P take the product, by log2(e).
+// CHECK-LABEL: func.func @negative(
+// CHECK: %[[LOG2E:.*]] = arith.constant 1.44269{{.*}} : f32
+// CHECK: %[[C:.*]] = arith.constant dense<-2.000000e+00> : tensor<64x32xf32>
+// CHECK-NEXT: %[[T:.*]] = math.tanh
+// CHECK-NEXT: %[[Y:.*]] = arith.mulf %[[T]], %[[C]] : tensor<64x32xf32>
+// CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
+// CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+// CHECK: tile.splat %[[LOG2E]] : f32 -> tensor<64xf32>
+// CHECK: tile.reduce "max"
+module {
+attn.flash_fwd @negative {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant -2.000000e+00 : f32
+  %t = math.tanh %s : f32
   %y = arith.mulf %t, %c : f32
   attn.yield %y : f32
 }
