@@ -61,6 +61,7 @@ private:
                                                           Value n0);
   Value modifyScores(Value s, Value n0);
   Value foldScaleIntoProduct(Value scaled, Value modified);
+  Value foldScaleIntoSum(Value scaled, Value modified);
   Value applyMaskMod(Value s, Value n0);
   Value maskScores(Value s, Value n0);
   void writeOutput(Value o, Value m, Value l);

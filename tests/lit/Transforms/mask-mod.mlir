@@ -29,12 +29,13 @@ attn.flash_fwd @document {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 :
 
 // -----
 
-// With both: the score_mod first (on the scaled scores), then the mask on
-// its result; score_mod's captured tensor comes before mask_mod's.
+// With both: the score_mod first (on the scaled scores: its sum with the
+// gathered value is one fma with the scaling), then the mask on its
+// result; score_mod's captured tensor comes before mask_mod's.
 // CHECK-LABEL: func.func @both(
 // CHECK-SAME: %[[SLOPES:arg[0-9]+]]: memref<?xf32>, %[[SEG2:arg[0-9]+]]: memref<?xf32>)
-// CHECK: tile.gather %[[SLOPES]]
-// CHECK: %[[Y:.*]] = arith.addf
+// CHECK: %[[X:.*]] = tile.gather %[[SLOPES]]
+// CHECK: %[[Y:.*]] = math.fma %{{.*}}, %{{.*}}, %[[X]] : tensor<64x32xf32>
 // CHECK: tile.gather %[[SEG2]]
 // CHECK: arith.select %{{.*}}, %[[Y]], %{{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
 module {

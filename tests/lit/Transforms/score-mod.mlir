@@ -118,7 +118,8 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // builds its columns: head = splat of the query head (pid_bh % heads, not
 // the KV head), q_idx = m0 + iota dim 0, kv_idx = n0 + iota dim 1. An index
 // constant is an i32 splat, index_cast to i32 is no op on the tiles, and the
-// region runs before the mask's select.
+// region runs before the mask's select; the scaling of the scores and the
+// region's s + bias are one math.fma.
 // CHECK-LABEL: func.func @alibi(
 // CHECK-SAME: %{{.*}}: f32, %[[PIDM:arg[0-9]+]]: index, %[[PIDBH:arg[0-9]+]]: index)
 // CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "alibi:4">
@@ -127,7 +128,8 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK: scf.for %[[T:.*]] = %{{.*}} to
 // CHECK: %[[N0:.*]] = arith.muli %[[T]], %{{.*}} : index
 // CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
-// CHECK: %[[SS:.*]] = arith.mulf %[[S]], %{{.*}} : tensor<64x32xf32>
+// CHECK: %[[SPL:.*]] = tile.splat %{{.*}} : f32 -> tensor<64x32xf32>
+// CHECK-NOT: arith.mulf %[[S]]
 // CHECK: %[[HI:.*]] = arith.index_cast %[[HQ]] : index to i32
 // CHECK: %[[HT:.*]] = tile.splat %[[HI]] : i32 -> tensor<64x32xi32>
 // CHECK: %[[M0I:.*]] = arith.index_cast %[[M0]] : index to i32
@@ -151,7 +153,9 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // CHECK-NOT: index_cast
 // CHECK: %[[DF:.*]] = arith.sitofp %[[D]] : tensor<64x32xi32> to tensor<64x32xf32>
 // CHECK: %[[BIAS:.*]] = arith.mulf %[[SLOPE]], %[[DF]] : tensor<64x32xf32>
-// CHECK: %[[Y:.*]] = arith.addf %[[SS]], %[[BIAS]] : tensor<64x32xf32>
+// The scaling and the region's sum are one fma (foldScaleIntoSum).
+// CHECK-NOT: arith.addf
+// CHECK: %[[Y:.*]] = math.fma %[[S]], %[[SPL]], %[[BIAS]] : tensor<64x32xf32>
 // CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
 // CHECK: tile.iota dim 1 : tensor<64x32xi32>
 // CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
@@ -187,7 +191,8 @@ attn.flash_fwd @alibi {element_type = bf16, gqa = 2 : i64, head_dim_qk = 64 : i6
 // CHECK-SAME: %{{.*}}: f32, %{{.*}}: index, %[[PIDBH:arg[0-9]+]]: index)
 // CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "custom">
 // CHECK: %[[B:.*]] = arith.divui %[[PIDBH]], %{{.*}} : index
-// CHECK: %[[SS:.*]] = arith.mulf %{{.*}}, %{{.*}} : tensor<64x32xf32>
+// CHECK: %[[S:.*]] = tile.dot
+// CHECK: %[[SPL:.*]] = tile.splat %{{.*}} : f32 -> tensor<64x32xf32>
 // CHECK-NOT: tile.iota dim 0
 // CHECK: %[[BI:.*]] = arith.index_cast %[[B]] : index to i32
 // CHECK: %[[BT:.*]] = tile.splat %[[BI]] : i32 -> tensor<64x32xi32>
@@ -195,7 +200,7 @@ attn.flash_fwd @alibi {element_type = bf16, gqa = 2 : i64, head_dim_qk = 64 : i6
 // CHECK: %[[X:.*]] = arith.muli %[[BT]], %[[C3]] : tensor<64x32xi32>
 // CHECK: %[[XL:.*]] = arith.extsi %[[X]] : tensor<64x32xi32> to tensor<64x32xi64>
 // CHECK: %[[XF:.*]] = arith.sitofp %[[XL]] : tensor<64x32xi64> to tensor<64x32xf32>
-// CHECK: %[[Y:.*]] = arith.addf %[[SS]], %[[XF]] : tensor<64x32xf32>
+// CHECK: %[[Y:.*]] = math.fma %[[S]], %[[SPL]], %[[XF]] : tensor<64x32xf32>
 // CHECK-NOT: tile.iota dim 0
 // CHECK: return
 module {
