@@ -144,8 +144,10 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
       live.append(frags[acc].regs.begin(), frags[acc].regs.end());
       spans.push_back({acc, frags[acc].regs.size()});
     } else {
+      // Not read: the product's first MMA has scale-d 0 (lowerWgmmaDot),
+      // so no register is zeroed for it.
       int64_t n = regCount(dot.getType());
-      live.append(n, g.cf(0.0));
+      live.append(n, LLVM::UndefOp::create(b, g.f32));
       spans.push_back({dot.getResult(), size_t(n)});
     }
     Value lhs = dot.getLhs();
@@ -206,7 +208,8 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
       Value bd =
           wg->descriptor(g.add(bTile, g.c32((ks / 4) * rhsRows * 128 + inRow)),
                          Major::K, rhsRows * 128);
-      d = wg->mma(rhsRows, d, a, {}, bd, false, false);
+      d = wg->mma(rhsRows, d, a, {}, bd, false, false,
+                  /*accumulate=*/op.getAcc() || ks > 0);
     }
   } else if (homes.lookup(lhs) == TileHome::Registers &&
              !op.getTransposeRhs() && frags[lhs].pendingRound) {
@@ -218,7 +221,8 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
     for (int64_t kk = 0; kk < int64_t(a.size()) / 4; ++kk) {
       Value bd = wg->descriptor(g.add(bTile, g.c32(kk * 16 * 128)), Major::MN,
                                 rhsRows * 128);
-      d = wg->mma(cols, d, Value(), a.slice(4 * kk, 4), bd, false, true);
+      d = wg->mma(cols, d, Value(), a.slice(4 * kk, 4), bd, false, true,
+                  /*accumulate=*/op.getAcc() || kk > 0);
     }
   } else {
     return fail(op, "this operand placement is not lowered on warpgroup "

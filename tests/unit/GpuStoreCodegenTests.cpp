@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <set>
 #include <string>
 
 using namespace flashjit;
@@ -181,6 +182,48 @@ static void expectSplitFitsLaunch(const std::string &module) {
             65536 / threads / 8 * 8 * groups)
       << "producer " << producer << ", " << groups - 1 << " consumers of "
       << consumer << " at " << threads << " threads";
+}
+
+/// The warpgroup MMAs that write \p ptx's products without reading an
+/// accumulator: those whose scale-d predicate comes from a register set to
+/// 0 (`mov.b32 %rN, 0;` then `setp.ne.b32 p, %rN, 0; wgmma...`).
+static int64_t nonAccumulatingMmas(const std::string &ptx) {
+  std::set<std::string> zero;
+  size_t at = 0;
+  const std::string mov = "mov.b32 \t%r";
+  while ((at = ptx.find(mov, at)) != std::string::npos) {
+    size_t end = ptx.find(';', at);
+    std::string line =
+        ptx.substr(at + mov.size() - 2, end - at - mov.size() + 2);
+    if (line.size() > 3 && line.compare(line.size() - 3, 3, ", 0") == 0)
+      zero.insert(line.substr(0, line.size() - 3));
+    at = end;
+  }
+  int64_t count = 0;
+  const std::string setp = "setp.ne.b32 p, ";
+  for (at = ptx.find(setp); at != std::string::npos;
+       at = ptx.find(setp, at + 1)) {
+    size_t reg = at + setp.size();
+    if (zero.count(ptx.substr(reg, ptx.find(',', reg) - reg)))
+      ++count;
+  }
+  return count;
+}
+
+/// A product without an accumulator (S = Q K^T) starts with scale-d 0:
+/// no register is zeroed for it, in the overlapped loop each step (T28:
+/// 64 instructions a step fewer at d = 128). Its first MMA of each such
+/// product, the prologue's S and the loop's next S.
+TEST(GpuWgmma, ProductsWithoutAccumulatorStartUnscaled) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 128;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  TileConfig config = tileConfig(128, 128, 8);
+  config.overlapSoftmax = true;
+  EXPECT_EQ(nonAccumulatingMmas(compileToPtx(spec, config, target)), 2);
+  config.overlapSoftmax = false;
+  EXPECT_EQ(nonAccumulatingMmas(compileToPtx(spec, config, target)), 1);
 }
 
 /// Every forward ring that moves registers fits its launch too: 128 x 128
