@@ -210,35 +210,35 @@ static int64_t nonAccumulatingMmas(const std::string &ptx) {
   return count;
 }
 
+/// The sm_90a PTX of a forward at head dim \p d tiled by \p config,
+/// with the overlapped loop where \p overlapped.
+static std::string hopperForwardPtx(int64_t d, TileConfig config,
+                                    bool overlapped = false) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = d;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  config.overlapSoftmax = overlapped;
+  return compileToPtx(spec, config, target);
+}
+
 /// A product without an accumulator (S = Q K^T) starts with scale-d 0:
 /// no register is zeroed for it, in the overlapped loop each step (T28:
 /// 64 instructions a step fewer at d = 128). Its first MMA of each such
 /// product, the prologue's S and the loop's next S.
 TEST(GpuWgmma, ProductsWithoutAccumulatorStartUnscaled) {
-  AttentionSpec spec;
-  spec.headDimQK = spec.headDimV = 128;
-  GpuTarget target;
-  target.arch = "sm_90a";
-  TileConfig config = tileConfig(128, 128, 8);
-  config.overlapSoftmax = true;
-  EXPECT_EQ(nonAccumulatingMmas(compileToPtx(spec, config, target)), 2);
-  config.overlapSoftmax = false;
-  EXPECT_EQ(nonAccumulatingMmas(compileToPtx(spec, config, target)), 1);
+  const TileConfig config = tileConfig(128, 128, 8);
+  EXPECT_EQ(nonAccumulatingMmas(hopperForwardPtx(128, config, true)), 2);
+  EXPECT_EQ(nonAccumulatingMmas(hopperForwardPtx(128, config)), 1);
 }
 
 /// Every forward ring that moves registers fits its launch too: 128 x 128
 /// at d = 128 with the overlapped loop (40 + 2 x 232) and three consumer
 /// warpgroups at d = 64 (24 + 3 x 160).
 TEST(GpuRingRegisters, SplitFitsLaunch) {
-  AttentionSpec spec;
-  spec.headDimQK = spec.headDimV = 128;
-  GpuTarget target;
-  target.arch = "sm_90a";
-  TileConfig config = tileConfig(128, 128, 8);
-  config.overlapSoftmax = true;
-  expectSplitFitsLaunch(compileToPtx(spec, config, target));
-  spec.headDimQK = spec.headDimV = 64;
-  expectSplitFitsLaunch(compileToPtx(spec, tileConfig(192, 128, 12), target));
+  expectSplitFitsLaunch(
+      hopperForwardPtx(128, tileConfig(128, 128, 8), /*overlapped=*/true));
+  expectSplitFitsLaunch(hopperForwardPtx(64, tileConfig(192, 128, 12)));
 }
 
 /// The backward's Q/dO ring (FLASHJIT_BWD_RING=S, S in 2..4, warpgroup
