@@ -368,25 +368,33 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   return update(scores(k), n0, v, o, m, l, maskModPartial(t, n0));
 }
 
+/// The value of \p v when it is a splat float constant tile (a region's
+/// scalar constant, cloned on tiles), else nullopt.
+static std::optional<double> splatConstant(Value v) {
+  DenseElementsAttr dense;
+  if (!matchPattern(v, m_Constant(&dense)) || !dense.isSplat() ||
+      !isa<FloatType>(dense.getElementType()))
+    return std::nullopt;
+  return dense.getSplatValue<APFloat>().convertToDouble();
+}
+
 /// When the modified score tile \p s is x * c for a constant c > 0 (a
-/// splat; softcap's C tanh(s / C) ends so), (x, c): the softmax can take
-/// its max and exponent on x with c folded into the exponent's factor
-/// (max(x * c) = max(x) * c for c > 0, and P = exp2(x * (c log2 e) - m)),
-/// one multiply a score fewer. Not when c log2(e) leaves the f32 normal
-/// range. The masks' -inf stays -inf on x.
+/// splat; softcap's C tanh(s / C) ends so), (x, c log2(e)): the softmax
+/// can take its max and exponent on x with c folded into the exponent's
+/// factor (max(x * c) = max(x) * c for c > 0, and P = exp2(x * (c log2 e)
+/// - m)), one multiply a score fewer. Not when c log2(e) leaves the f32
+/// normal range. The masks' -inf stays -inf on x.
 static std::optional<std::pair<Value, double>> peelPositiveScale(Value s) {
   auto mul = s.getDefiningOp<arith::MulFOp>();
   if (!mul)
     return std::nullopt;
   for (unsigned k = 0; k < 2; ++k) {
-    DenseElementsAttr dense;
-    if (!matchPattern(mul->getOperand(k), m_Constant(&dense)) ||
-        !dense.isSplat() || !isa<FloatType>(dense.getElementType()))
+    std::optional<double> c = splatConstant(mul->getOperand(k));
+    if (!c)
       continue;
-    const double c = dense.getSplatValue<APFloat>().convertToDouble();
-    const float folded = float(c / std::log(2.0));
-    if (c > 0 && std::isfinite(c) && std::isnormal(folded))
-      return std::make_pair(mul->getOperand(1 - k), c);
+    const double factor = *c / std::log(2.0);
+    if (*c > 0 && std::isfinite(*c) && std::isnormal(float(factor)))
+      return std::make_pair(mul->getOperand(1 - k), factor);
   }
   return std::nullopt;
 }
@@ -409,19 +417,16 @@ Value TiledForwardBuilder::foldScaleIntoProduct(Value scaled, Value modified) {
   if (!(quotient || isa<arith::MulFOp>(user)) ||
       (quotient && user->getOperand(0) != scaled))
     return modified;
-  Value other = user->getOperand(user->getOperand(0) == scaled ? 1 : 0);
-  DenseElementsAttr dense;
-  if (!matchPattern(other, m_Constant(&dense)) || !dense.isSplat() ||
-      !isa<FloatType>(dense.getElementType()))
-    return modified;
-  const double c = dense.getSplatValue<APFloat>().convertToDouble();
-  if (!std::isfinite(c) || std::abs(c) < 0x1p-60 || std::abs(c) > 0x1p60)
+  std::optional<double> c =
+      splatConstant(user->getOperand(user->getOperand(0) == scaled ? 1 : 0));
+  if (!c || !std::isfinite(*c) || std::abs(*c) < 0x1p-60 ||
+      std::abs(*c) > 0x1p60)
     return modified;
   Value factor;
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointAfterValue(scale);
-    factor = fmul(scale, cF32(quotient ? 1.0 / c : c));
+    factor = fmul(scale, cF32(quotient ? 1.0 / *c : *c));
   }
   auto product = scaled.getDefiningOp<arith::MulFOp>();
   OpBuilder::InsertionGuard guard(b);
@@ -476,7 +481,7 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
     if (auto peeled = peelPositiveScale(s)) {
       Operation *product = s.getDefiningOp();
       s = peeled->first;
-      factor = cF32(peeled->second / std::log(2.0));
+      factor = cF32(peeled->second);
       if (product->use_empty())
         product->erase(); // nothing reads x * c any more
     }
