@@ -129,6 +129,9 @@ LogicalResult TileKernelLowering::assignHomes() {
             loopBases.insert(load.getBase());
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
     if (auto loop = dyn_cast<scf::ForOp>(op)) {
+      for (Value arg : loop.getRegionIterArgs()) // what the loop carries
+        if (isTile(arg))
+          homes[arg] = TileHome::Registers;
       // Post-order: the loop's own loads have the latest slots.
       int64_t first = -1, readers = 0;
       bool vectors = false;
@@ -343,12 +346,14 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
     bool light = false;
     if (wg) {
       // Warpgroup MMAs: a batch ends at the first op outside it; an op
-      // that reads a product in flight (or holds regions) waits for it,
-      // but for a branch of arithmetic that does not read it.
+      // that reads a product in flight waits for its commit group (and the
+      // older ones), an op with regions for every group, but for a branch
+      // of arithmetic alone.
       light = leavesInFlight(&op);
-      if (!batchRun.contains(&op))
-        settle(/*wait=*/readsInFlight(&op) ||
-               (op.getNumRegions() > 0 && !light));
+      if (!batchRun.contains(&op)) {
+        settle(/*wait=*/op.getNumRegions() > 0 && !light);
+        waitFor(&op);
+      }
     }
     bool outerLight = inLightBranch;
     inLightBranch = inLightBranch || light;
@@ -372,12 +377,11 @@ void TileKernelLowering::returnFromKernel() {
   mlir::gpu::ReturnOp::create(b);
 }
 
-/// The K/V ring's consumers (the overlapped loop's S of the next block in
-/// flight) keep their products in flight across an scf.if of arithmetic
-/// alone (the mask) that does not read them.
+/// The K/V ring's consumers (the overlapped loop's P V in flight) keep
+/// their products in flight across an scf.if of arithmetic alone (the
+/// mask), waiting only for those it reads (the next block's S).
 bool TileKernelLowering::leavesInFlight(Operation *op) {
-  if (!place.ringStages || !isa<scf::IfOp>(op) || inFlight.empty() ||
-      readsInFlight(op))
+  if (!place.ringStages || !isa<scf::IfOp>(op) || inFlight.empty())
     return false;
   WalkResult walk = op->walk([](Operation *inner) {
     return isa<tile::DotOp, tile::LoadOp, tile::StoreOp, tile::AtomicAddOp,
@@ -527,6 +531,8 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   if (failed(tile::verifyWritesOutput(fn)) ||
       failed(checkPlacedArguments(fn, place)) || failed(assignHomes()))
     return failure();
+  // Running sums that start before their loop are per lane from the start.
+  fn.walk([&](scf::ForOp loop) { deferRunningSums(loop); });
   // The slots' own size: RecordedResourcesMatchTheLauncher checks that it
   // is the launcher's (GpuGeometry); assignHomes refuses more.
   mlir::gpu::GPUFuncOp kernel =

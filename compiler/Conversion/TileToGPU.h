@@ -285,6 +285,10 @@ private:
   /// Commits the open batch (if any); with \p wait, also waits for every
   /// MMA in flight and pins their results.
   void settle(bool wait);
+  /// Waits for the oldest commit groups up to the newest that \p op reads
+  /// (wait_group n leaves the n after it in flight) and pins their results.
+  void waitFor(Operation *op);
+  void waitUntil(int64_t group);
   /// Whether \p op reads a product still in flight.
   bool readsInFlight(Operation *op);
   /// Whether branch \p op is lowered with the products in flight left so.
@@ -484,12 +488,14 @@ private:
   /// written where they are rounded (stageTransposed).
   llvm::MapVector<Value, SharedSlot> staging;
   /// Warpgroup MMAs: the builder, the warpgroup index, the products whose
-  /// registers are still being written, whether a batch is open (fenced,
-  /// not committed), and the pinned zeros of the open batch's products
-  /// without acc.
+  /// registers are still being written and their commit groups (numbered
+  /// by `commits`, the groups committed so far), whether a batch is open
+  /// (fenced, not committed), and the open batch's products without acc.
   std::optional<gpu::Wgmma> wg;
   Value wgIdx;
   llvm::SmallVector<Value> inFlight;
+  llvm::SmallVector<int64_t> inFlightGroups;
+  int64_t commits = 0;
   bool batchOpen = false;
   llvm::DenseSet<Operation *> batchRun; ///< the open batch's products
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;

@@ -25,7 +25,17 @@ SmallVector<Value> TileKernelLowering::flatten(ValueRange values) {
       continue;
     }
     const Fragment &f = frags[v];
-    flat.append(f.regs.begin(), f.regs.end());
+    if (!f.pendingRound) {
+      flat.append(f.regs.begin(), f.regs.end());
+      continue;
+    }
+    // A rounded tile (a loop carries P so): its pairs, as an MMA reads them.
+    if (!f.packed.empty()) {
+      flat.append(f.packed.begin(), f.packed.end());
+      continue;
+    }
+    for (size_t i = 0; i + 1 < f.regs.size(); i += 2)
+      flat.push_back(g.pack2(f.regs[i], f.regs[i + 1]));
   }
   return flat;
 }
@@ -58,15 +68,56 @@ static void unflatten(ValueRange values, ValueRange flat,
   }
 }
 
+/// Whether \p v is a 16-bit register tile: one rounded from f32 (arith.
+/// truncf), carried by a loop as its b32 pairs (flatten()).
+static bool isRounded(Value v, Type halfTy) {
+  auto ty = dyn_cast<RankedTensorType>(v.getType());
+  return ty && ty.getRank() == 2 && ty.getElementType() == halfTy;
+}
+
 void TileKernelLowering::assignFlat(ValueRange values, ValueRange flat) {
   unflatten(
-      values, flat, [&](Value v) { return regCount(tileType(v)); },
+      values, flat,
+      [&](Value v) {
+        return regCount(tileType(v)) / (isRounded(v, g.halfTy) ? 2 : 1);
+      },
       [&](Value v, ArrayRef<Value> regs) {
-        if (isTile(v))
-          frags[v].regs.assign(regs.begin(), regs.end());
-        else
+        if (!isTile(v)) {
           map.map(v, regs[0]);
+          return;
+        }
+        Fragment &f = frags[v];
+        if (!isRounded(v, g.halfTy)) {
+          f.regs.assign(regs.begin(), regs.end());
+          return;
+        }
+        f.pendingRound = true;
+        f.regs.clear();
+        f.packed.assign(regs.begin(), regs.end());
+        for (Value pair : regs) {
+          auto [lo, hi] = g.unpack2(pair);
+          f.regs.append({lo, hi});
+        }
       });
+}
+
+/// Whether \p v is a constant tile of +0.0.
+static bool isPositiveZero(Value v) {
+  auto c = v.getDefiningOp<arith::ConstantOp>();
+  auto zero = c ? dyn_cast<DenseFPElementsAttr>(c.getValue()) : nullptr;
+  return zero && zero.isSplat() && zero.getSplatValue<APFloat>().isPosZero();
+}
+
+/// The sum-reduce that starts a running sum in the select form
+/// (deferRunningSums), if any; \p zero: the start is the constant 0.
+static tile::ReduceOp firstSum(Value init, bool &zero) {
+  zero = isPositiveZero(init);
+  auto select = init.getDefiningOp<arith::SelectOp>();
+  if (zero || !select || !isPositiveZero(select.getFalseValue()) ||
+      !select->hasOneUse())
+    return nullptr;
+  auto sum = select.getTrueValue().getDefiningOp<tile::ReduceOp>();
+  return sum && sum.getKind() == "sum" && sum->hasOneUse() ? sum : nullptr;
 }
 
 /// Running row sums, `%l2 = %l * %a + tile.reduce "sum" %p dim 1` with %l
@@ -75,17 +126,21 @@ void TileKernelLowering::assignFlat(ValueRange values, ValueRange flat) {
 /// the lanes are combined by two shuffles after the loop, not in every
 /// iteration (FlashAttention-2's order). Only the association of the f32
 /// sum changes, which a reduction leaves to the implementation.
+///
+/// The start may also be `select(%c, tile.reduce "sum" %p0 dim 1, 0)` (the
+/// overlapped loop's first block, summed before it), its sum kept per lane
+/// too: TileKernelLowering::run calls this for every loop before lowering
+/// anything, as that sum comes before the loop.
 SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
   SmallVector<unsigned> deferred;
   auto yield = cast<scf::YieldOp>(op.getBody()->getTerminator());
   for (unsigned i = 0; i < op.getNumRegionIterArgs(); ++i) {
     Value arg = op.getRegionIterArgs()[i];
     auto add = yield.getOperand(i).getDefiningOp<arith::AddFOp>();
-    auto init = op.getInitArgs()[i].getDefiningOp<arith::ConstantOp>();
-    auto zero = init ? dyn_cast<DenseFPElementsAttr>(init.getValue()) : nullptr;
-    if (!add || !zero || !zero.isSplat() ||
-        !zero.getSplatValue<APFloat>().isPosZero() || !arg.hasOneUse() ||
-        !add->hasOneUse() || tileType(arg).getRank() != 1)
+    bool zero = false;
+    tile::ReduceOp first = firstSum(op.getInitArgs()[i], zero);
+    if (!add || !(zero || first) || !arg.hasOneUse() || !add->hasOneUse() ||
+        tileType(arg).getRank() != 1)
       continue;
     auto mul = add.getLhs().getDefiningOp<arith::MulFOp>();
     auto sum = add.getRhs().getDefiningOp<tile::ReduceOp>();
@@ -93,6 +148,8 @@ SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
         mul.getLhs() != arg || !mul->hasOneUse())
       continue;
     deferredSums.insert(sum);
+    if (first)
+      deferredSums.insert(first);
     deferred.push_back(i);
   }
   return deferred;
@@ -294,8 +351,8 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
   SmallVector<unsigned> perLane = deferRunningSums(op);
   SmallVector<Value> init = flatten(op.getInitArgs());
   for (Value v : op.getInitArgs())
-    if (isTile(v) && frags[v].pendingRound)
-      return fail(op, "a loop cannot carry a rounded tile");
+    if (isTile(v) && frags[v].pendingRound != isRounded(v, g.halfTy))
+      return fail(op, "a loop carries 16-bit tiles rounded from f32 only");
   auto loop = scf::ForOp::create(b, lb, ub, step, init);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -322,8 +379,8 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
       return failure();
     auto yield = cast<scf::YieldOp>(body->getTerminator());
     for (Value v : yield.getOperands())
-      if (isTile(v) && frags[v].pendingRound)
-        return fail(op, "a loop cannot carry a rounded tile");
+      if (isTile(v) && frags[v].pendingRound != isRounded(v, g.halfTy))
+        return fail(op, "a loop carries 16-bit tiles rounded from f32 only");
     scf::YieldOp::create(b, flatten(yield.getOperands()));
 
     leaveLoop(std::move(outer));

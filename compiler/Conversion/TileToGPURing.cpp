@@ -98,15 +98,17 @@ static int64_t registerPool(int64_t groups) {
 /// 384 threads, 128 for 512), each split using 64,512 of the SM's 65,536
 /// (producer + consumers, times 128). Measured by ptxas on the ring
 /// (bench/NOTES.md, T13): with two consumer warpgroups, the overlapped
-/// loop's, two S tiles live, spill below 232 while its producer fits 40;
-/// the plain loop's producer spills at 40 at d = 256 (140 bytes at
-/// 128 x 64) while its consumers fit 216. Three consumer warpgroups (Br
+/// loop's consumers (S, P rounded and O live) take 240 and its producer
+/// 24 (T29: at 232 the causal loop spilled 32 bytes; at 24 the producer,
+/// by tensor maps or cp.async, spills nothing); the plain loop's producer
+/// spills at 40 at d = 256 (140 bytes at 128 x 64) while its consumers
+/// fit 216. Three consumer warpgroups (Br
 /// 192, d <= 128) take 160 each and leave the producer 24.
 static std::pair<int64_t, int64_t> registerSplit(int64_t consumerGroups,
                                                  bool overlapped) {
   if (consumerGroups == 3)
     return {24, 160};
-  return overlapped ? std::pair<int64_t, int64_t>{40, 232}
+  return overlapped ? std::pair<int64_t, int64_t>{24, 240}
                     : std::pair<int64_t, int64_t>{64, 216};
 }
 /// A ring tile wider than this many columns (a head dim past 128) gives

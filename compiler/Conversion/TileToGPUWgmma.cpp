@@ -90,22 +90,49 @@ void TileKernelLowering::runAfterCommit() {
 void TileKernelLowering::settle(bool wait) {
   if (batchOpen) {
     wg->commit();
+    ++commits;
     runAfterCommit(); // the tensor cores are busy: the next copies now
     batchOpen = false;
     if (batchTookTurn)
       passTurn();
     batchTookTurn = false;
   }
-  if (!wait || inFlight.empty())
-    return;
-  wg->wait(0);
-  for (Value v : inFlight) {
+  if (wait && !inFlight.empty())
+    waitUntil(commits - 1);
+}
+
+void TileKernelLowering::waitFor(Operation *op) {
+  int64_t newest = -1;
+  op->walk([&](Operation *inner) {
+    for (Value v : inner->getOperands())
+      if (auto *it = llvm::find(inFlight, v); it != inFlight.end())
+        newest = std::max(newest, inFlightGroups[it - inFlight.begin()]);
+  });
+  if (newest >= 0)
+    waitUntil(newest);
+}
+
+/// wait_group n for commit group \p group (n: the groups after it), then
+/// the results of it and of every older group pinned, their ring stages
+/// given back.
+void TileKernelLowering::waitUntil(int64_t group) {
+  wg->wait(commits - 1 - group);
+  SmallVector<Value> done, left;
+  SmallVector<int64_t> leftGroups;
+  for (auto [v, gr] : llvm::zip(inFlight, inFlightGroups)) {
+    if (gr > group) {
+      left.push_back(v);
+      leftGroups.push_back(gr);
+      continue;
+    }
     Fragment &f = frags[v];
     SmallVector<Value> pinned = wg->pin(f.regs);
     f.regs.assign(pinned.begin(), pinned.end());
+    done.push_back(v);
   }
-  releaseRing(inFlight);
-  inFlight.clear();
+  releaseRing(done);
+  inFlight = std::move(left);
+  inFlightGroups = std::move(leftGroups);
 }
 
 /// The A registers of rounded tile \p f (the warp's 16 rows, mt = 1): four
@@ -150,10 +177,13 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
       live.append(n, LLVM::UndefOp::create(b, g.f32));
       spans.push_back({dot.getResult(), size_t(n)});
     }
+    // A rounded lhs's pairs (packed here, or carried so by a loop).
     Value lhs = dot.getLhs();
-    if (homes.lookup(lhs) == TileHome::Registers && frags[lhs].packed.empty() &&
+    if (homes.lookup(lhs) == TileHome::Registers && frags[lhs].pendingRound &&
         packing.insert(lhs.getAsOpaquePointer()).second) {
-      SmallVector<Value> a = packA(g, frags[lhs]);
+      SmallVector<Value> a = frags[lhs].packed.empty()
+                                 ? packA(g, frags[lhs])
+                                 : SmallVector<Value>(frags[lhs].packed);
       live.append(a);
       spans.push_back({lhs, a.size()});
     }
@@ -230,6 +260,7 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
   }
   frags[op.getResult()].regs.assign(d.begin(), d.end());
   inFlight.push_back(op.getResult());
+  inFlightGroups.push_back(commits); // the open batch's, once committed
   return success();
 }
 
@@ -283,6 +314,7 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   }
   frags[op.getResult()].regs.assign(d.begin(), d.end());
   inFlight.push_back(op.getResult());
+  inFlightGroups.push_back(commits);
   batchOpen = true;
   settle(/*wait=*/true);
 

@@ -23,8 +23,8 @@
 
 namespace flashjit::test {
 
-/// Checks case \p c on inputs drawn from \p seed (reported on failure).
-inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
+/// The description of case \p c.
+inline AttentionSpec specOf(const Case &c) {
   AttentionSpec spec;
   spec.headDimQK = c.dqk;
   spec.headDimV = c.dv;
@@ -34,11 +34,21 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
   spec.blockSparse = c.layout != LayoutKind::Dense;
   spec.sparseBlock = c.sparseBlock;
   spec.scoreMod = c.scoreMod;
+  return spec;
+}
+
+/// The tiling of case \p c.
+inline TileConfig configOf(const Case &c) {
   TileConfig config;
   config.blockM = c.br;
   config.blockN = c.bc;
   config.splits = c.splits;
   config.overlapSoftmax = c.overlap;
+  return config;
+}
+
+/// The problem of case \p c.
+inline Problem problemOf(const Case &c) {
   Problem p;
   p.batch = c.batch;
   p.heads = c.heads;
@@ -46,6 +56,14 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
   p.seqLenKV = c.nkv;
   p.windowLeft = c.winL;
   p.windowRight = c.winR;
+  return p;
+}
+
+/// Checks case \p c on inputs drawn from \p seed (reported on failure).
+inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
+  AttentionSpec spec = specOf(c);
+  TileConfig config = configOf(c);
+  Problem p = problemOf(c);
 
   SCOPED_TRACE(::testing::Message() << "input seed " << seed);
   std::mt19937_64 rng(seed);

@@ -298,41 +298,60 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
   return loop;
 }
 
-/// The software-pipelined KV loop (`overlap-softmax`): S of the first
-/// block before the loop, and iteration t computes S of block t + 1 before
-/// the softmax and P V of block t, carrying it as a fourth value:
+/// The software-pipelined KV loop (`overlap-softmax`), in the order of
+/// FlashAttention-3's intra-warpgroup overlap: iteration t issues S of
+/// block t + 1 and O += P_t V_t, then runs block t + 1's softmax while the
+/// second product is in flight. The first block's scores and softmax come
+/// before the loop, which carries P rounded (half the registers of S, and
+/// written only once the product that read it is done) and the row max
+/// before block t's (O's factor exp2(%mp - %mu) is taken again from it, so
+/// that the GPU skips the rescale where no row of a warp moved):
 ///
 ///   %s0 = tile.dot %q, tile.load %K[block tLo, or 0 if the loop is empty]
-///   %r:4 = scf.for %t = %tLo to %tHi iter_args(%o, %m, %l, %s = %s0) {
+///   %m0, %l0, %p0 = the softmax of %s0 (no running sum)
+///   %r:5 = scf.for %t = %tLo to %tHi iter_args(%o = 0, %m = %m0,
+///       %l = select(%tLo < %tHi, %l0, 0), %p = truncf %p0, %mp = -inf) {
 ///     %kn = tile.load %K[block min(t + 1, tHi - 1)]
 ///     %v = tile.load %V[block t]
-///     %sn = tile.dot %q, %kn {transpose_rhs}   // in flight during ...
-///     ... the softmax of %s and %o2 = P V, as step() ...
-///     scf.yield %o2, %m2, %l2, %sn
+///     %sn = tile.dot %q, %kn {transpose_rhs}
+///     %mu = select(%m == -inf, 0, %m)
+///     %o2 = tile.dot %p, %v acc %o * bcast(exp2(%mp - %mu))  // in flight
+///     ... the softmax of %sn -> %m2, %l2, %p2 ...            // meanwhile
+///     scf.yield %o2, %m2, %l2, truncf %p2, %m
 ///   }
 ///
-/// The last iteration's %sn repeats the last block and is dropped. The
-/// arithmetic of each block is step()'s, in the same order, so the result
-/// is the plain loop's bit for bit.
+/// The last iteration's %sn repeats block tHi - 1; its max is taken as
+/// -inf and its P as 0 (softmax's drop), so m and l stay bit for bit. Each
+/// block's arithmetic is the plain loop's, in the same order (O = P V +
+/// O a of the same operands), so the result is the plain loop's bit for
+/// bit.
 scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
   Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
-  SmallVector<Value> carried(init);
-  carried.push_back(scores(loadK(first)));
+  BlockSoftmax sm0 = softmax(scores(loadK(first)), first, init[1], Value(),
+                             maskModPartial(tLo, first));
+  // An empty loop leaves l = 0: O = 0 and lse = -inf, whatever m is.
+  SmallVector<Value> carried = {init[0], sm0.m, select(live, sm0.l, init[2]),
+                                truncTile(sm0.p, elemTy), init[1]};
   auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), carried);
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPointToStart(loop.getBody());
   Value t = loop.getInductionVar();
   auto args = loop.getRegionIterArgs();
   Value n0 = blockStart(t);
+  Value last = cmpI(CmpIPredicate::eq, add(t, cIdx(1)), tHi);
   Value next = minI(add(t, cIdx(1)), sub(tHi, cIdx(1)));
-  Value kNext = loadK(blockStart(next));
+  Value nNext = blockStart(next);
+  Value kNext = loadK(nNext);
   Value v = loadV(n0);
   Value sNext = scores(kNext);
-  SmallVector<Value> results = update(args[3], n0, v, args[0], args[1],
-                                      args[2], maskModPartial(t, n0));
-  results.push_back(sNext);
-  scf::YieldOp::create(b, results);
+  Value alpha = exp2(fsub(args[4], usableMax(args[1])));
+  Value oScaled = fmul(args[0], broadcast(alpha, tile({br, dv}, f32), 1));
+  Value oNew = dot(args[3], v, oScaled, false, false);
+  BlockSoftmax sm = softmax(sNext, nNext, args[1], args[2],
+                            maskModPartial(next, nNext), last);
+  scf::YieldOp::create(
+      b, ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]});
   return loop;
 }
 
@@ -366,153 +385,6 @@ SmallVector<Value> TiledForwardBuilder::step(Value t, Value o, Value m,
   Value k = loadK(n0);
   Value v = loadV(n0);
   return update(scores(k), n0, v, o, m, l, maskModPartial(t, n0));
-}
-
-/// The value of \p v when it is a splat float constant tile (a region's
-/// scalar constant, cloned on tiles), else nullopt.
-static std::optional<double> splatConstant(Value v) {
-  DenseElementsAttr dense;
-  if (!matchPattern(v, m_Constant(&dense)) || !dense.isSplat() ||
-      !isa<FloatType>(dense.getElementType()))
-    return std::nullopt;
-  return dense.getSplatValue<APFloat>().convertToDouble();
-}
-
-/// When the modified score tile \p s is x * c for a constant c > 0 (a
-/// splat; softcap's C tanh(s / C) ends so), (x, c log2(e)): the softmax
-/// can take its max and exponent on x with c folded into the exponent's
-/// factor (max(x * c) = max(x) * c for c > 0, and P = exp2(x * (c log2 e)
-/// - m)), one multiply a score fewer. Not when c log2(e) leaves the f32
-/// normal range. The masks' -inf stays -inf on x.
-static std::optional<std::pair<Value, double>> peelPositiveScale(Value s) {
-  auto mul = s.getDefiningOp<arith::MulFOp>();
-  if (!mul)
-    return std::nullopt;
-  for (unsigned k = 0; k < 2; ++k) {
-    std::optional<double> c = splatConstant(mul->getOperand(k));
-    if (!c)
-      continue;
-    const double factor = *c / std::log(2.0);
-    if (*c > 0 && std::isfinite(*c) && std::isnormal(float(factor)))
-      return std::make_pair(mul->getOperand(1 - k), factor);
-  }
-  return std::nullopt;
-}
-
-/// \p modified, the region's result on the scaled scores \p scaled =
-/// S * scale, after this fold: when the region's one use of \p scaled is a
-/// product or quotient with a constant c (softcap's s / C), the two
-/// become one product, S * (scale * c) or S * (scale * (1 / c)), its
-/// factor computed once beside scale: one multiply a score fewer (the GPU
-/// divides by a constant as a product with its reciprocal anyway). Only
-/// for |c| in [2^-60, 2^60], where scale * c stays a finite f32 for every
-/// scale the problem allows ([2^-126, 2^63]; a factor that underflows
-/// does so where S * scale * c was already below f32's normal range).
-Value TiledForwardBuilder::foldScaleIntoProduct(Value scaled, Value modified) {
-  if (!scaled.hasOneUse())
-    return modified;
-  Operation *user = *scaled.getUsers().begin();
-  const bool quotient = isa<arith::DivFOp>(user);
-  // scaled * c, c * scaled or scaled / c (not c / scaled).
-  if (!(quotient || isa<arith::MulFOp>(user)) ||
-      (quotient && user->getOperand(0) != scaled))
-    return modified;
-  std::optional<double> c =
-      splatConstant(user->getOperand(user->getOperand(0) == scaled ? 1 : 0));
-  if (!c || !std::isfinite(*c) || std::abs(*c) < 0x1p-60 ||
-      std::abs(*c) > 0x1p60)
-    return modified;
-  Value factor;
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointAfterValue(scale);
-    factor = fmul(scale, cF32(quotient ? 1.0 / *c : *c));
-  }
-  auto product = scaled.getDefiningOp<arith::MulFOp>();
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPoint(product);
-  Operation *oldSplat = product.getRhs().getDefiningOp();
-  product.getRhsMutable().assign(splat(factor, cast<Tensor>(scaled.getType())));
-  if (oldSplat && oldSplat->use_empty())
-    oldSplat->erase();
-  Value folded = user->getResult(0);
-  folded.replaceAllUsesWith(scaled);
-  user->erase();
-  return modified == folded ? scaled : modified;
-}
-
-/// \p modified after this fold: when the region's one use of the scaled
-/// scores \p scaled = S * scale is a sum with a tile X (ALiBi's s +
-/// slope (j - i)), the product and the sum become one fma(S, scale, X):
-/// one instruction a score fewer, and one step fewer between the Q K^T
-/// product and the scores (X does not need S).
-Value TiledForwardBuilder::foldScaleIntoSum(Value scaled, Value modified) {
-  if (!scaled.hasOneUse())
-    return modified;
-  auto sum = dyn_cast<arith::AddFOp>(*scaled.getUsers().begin());
-  if (!sum || sum.getLhs() == sum.getRhs())
-    return modified;
-  auto product = scaled.getDefiningOp<arith::MulFOp>();
-  Value other = sum.getLhs() == scaled ? sum.getRhs() : sum.getLhs();
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPoint(sum);
-  Value fused = math::FmaOp::create(b, sum.getLoc(), product.getLhs(),
-                                    product.getRhs(), other);
-  Value folded = sum.getResult();
-  folded.replaceAllUsesWith(fused);
-  sum.erase();
-  product.erase();
-  return modified == folded ? fused : modified;
-}
-
-/// The online-softmax update by raw scores \p s of keys [n0, n0 + Bc) and
-/// their V tile \p v: the score modifier (a trailing positive constant
-/// factor peeled into the exponent's, peelPositiveScale), the mask_mod
-/// (only where \p partial holds, when given: a full block needs none), the
-/// mask, the new row max and sum, and O += P V.
-SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
-                                               Value o, Value m, Value l,
-                                               Value partial) {
-  Value factor = expFactor; // scores to log2 units of P
-  if (op.hasScoreMod()) {
-    Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
-    s = modifyScores(scaled, n0);
-    s = foldScaleIntoSum(scaled, foldScaleIntoProduct(scaled, s));
-    if (auto peeled = peelPositiveScale(s)) {
-      Operation *product = s.getDefiningOp();
-      s = peeled->first;
-      factor = cF32(peeled->second);
-      if (product->use_empty())
-        product->erase(); // nothing reads x * c any more
-    }
-  }
-  if (op.hasMaskMod())
-    s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
-                : applyMaskMod(s, n0);
-
-  // Only blocks that cross Nkv or the band's edge pay for the mask.
-  Value n1 = add(n0, cIdx(bc - 1));
-  Value needsMask = cmpI(CmpIPredicate::sge, n1, nkv);
-  if (hasBand) {
-    needsMask = orI(needsMask, cmpI(CmpIPredicate::slt, n0, fullLo));
-    needsMask = orI(needsMask, cmpI(CmpIPredicate::sgt, n1, fullHi));
-  }
-  s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
-
-  Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
-  Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
-  Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
-  Value mNew = maxF(m, mBlock);
-  Value mUse = select(cmpF(CmpFPredicate::OEQ, mNew, negInf),
-                      constTile(0.0, rowTy), mNew);
-  Value alpha = exp2(fsub(m, mUse));
-  Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
-  Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
-  Value lNew = fadd(fmul(l, alpha), reduce("sum", p, 1));
-  Tensor oTy = tile({br, dv}, f32);
-  Value oScaled = fmul(o, broadcast(alpha, oTy, 1));
-  Value oNew = dot(truncTile(p, elemTy), v, oScaled, false, false);
-  return {oNew, mNew, lNew};
 }
 
 /// O = acc / l and lse = (m + log2 l) * ln 2; a row that saw no key (l = 0)

@@ -52,8 +52,15 @@ private:
   Value loadV(Value n0);
   Value scores(Value k);
   llvm::SmallVector<Value> step(Value t, Value o, Value m, Value l);
+  /// One block's softmax: the new row max and sum, O's factor, P (f32).
+  struct BlockSoftmax {
+    Value m, l, alpha, p;
+  };
+  BlockSoftmax softmax(Value s, Value n0, Value m, Value l, Value partial,
+                       Value drop = Value());
+  Value usableMax(Value m);
   llvm::SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
-                            Value l, Value partial);
+                                  Value l, Value partial);
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
   mlir::scf::ForOp buildOverlappedLoop(llvm::ArrayRef<Value> init);
