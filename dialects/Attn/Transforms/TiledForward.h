@@ -52,12 +52,14 @@ private:
   Value loadV(Value n0);
   Value scores(Value k);
   llvm::SmallVector<Value> step(Value t, Value o, Value m, Value l);
-  /// One block's softmax: the new row max and sum, O's factor, P (f32).
+  /// One block's softmax: the new row max and sum, O's factor, P (f32),
+  /// or P rounded where softmax() rounds it (its drop form).
   struct BlockSoftmax {
-    Value m, l, alpha, p;
+    Value m, l, alpha, p, rounded;
   };
   BlockSoftmax softmax(Value s, Value n0, Value m, Value l, Value partial,
-                       Value drop = Value());
+                       Value drop = Value(), Value kept = Value());
+  BlockSoftmax softmaxOfBlock(Value s, Value n0, Value m, Value partial);
   Value usableMax(Value m);
   llvm::SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
                                   Value l, Value partial);
