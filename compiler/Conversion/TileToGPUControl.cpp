@@ -40,18 +40,9 @@ SmallVector<Value> TileKernelLowering::flatten(ValueRange values) {
   return flat;
 }
 
-/// Whether \p v is a 16-bit register tile: one rounded from f32 (arith.
-/// truncf), which loops and branches carry as its b32 pairs (flatten()).
-static bool isRounded(Value v, Type halfTy) {
-  auto ty = dyn_cast<RankedTensorType>(v.getType());
-  return ty && ty.getRank() == 2 && ty.getElementType() == halfTy;
-}
-
-/// The registers' types of \p values, flattened as flatten() does (\p count
-/// of each tile's, b32 pairs for a rounded one).
+/// The registers' types of \p values, flattened as flatten() does.
 static SmallVector<Type> flatTypes(ValueRange values,
-                                   function_ref<int64_t(Value)> count,
-                                   Type halfTy, Type i32) {
+                                   function_ref<int64_t(Value)> count) {
   SmallVector<Type> types;
   for (Value v : values) {
     auto ty = dyn_cast<RankedTensorType>(v.getType());
@@ -59,7 +50,7 @@ static SmallVector<Type> flatTypes(ValueRange values,
       types.push_back(v.getType());
       continue;
     }
-    types.append(count(v), isRounded(v, halfTy) ? i32 : ty.getElementType());
+    types.append(count(v), ty.getElementType());
   }
   return types;
 }
@@ -75,6 +66,13 @@ static void unflatten(ValueRange values, ValueRange flat,
     assign(v, ArrayRef<Value>(all).slice(at, n));
     at += n;
   }
+}
+
+/// Whether \p v is a 16-bit register tile: one rounded from f32 (arith.
+/// truncf), carried by a loop as its b32 pairs (flatten()).
+static bool isRounded(Value v, Type halfTy) {
+  auto ty = dyn_cast<RankedTensorType>(v.getType());
+  return ty && ty.getRank() == 2 && ty.getElementType() == halfTy;
 }
 
 void TileKernelLowering::assignFlat(ValueRange values, ValueRange flat) {
@@ -122,25 +120,6 @@ static tile::ReduceOp firstSum(Value init, bool &zero) {
   return sum && sum.getKind() == "sum" && sum->hasOneUse() ? sum : nullptr;
 }
 
-/// The block's sum in a running sum's `%l * %a + %x`: %x a sum-reduce with
-/// no other use, or a branch's result that is one in its then-block and
-/// the constant 0 in its else-block (softmax's skipped block), if any.
-static tile::ReduceOp blockSum(Value x) {
-  auto isSum = [](Value v) -> tile::ReduceOp {
-    auto sum = v.getDefiningOp<tile::ReduceOp>();
-    return sum && sum.getKind() == "sum" && sum->hasOneUse() ? sum : nullptr;
-  };
-  if (tile::ReduceOp sum = isSum(x))
-    return sum;
-  auto branch = x.getDefiningOp<scf::IfOp>();
-  if (!branch || branch.getElseRegion().empty() || !x.hasOneUse())
-    return nullptr;
-  const unsigned i = cast<OpResult>(x).getResultNumber();
-  if (!isPositiveZero(branch.elseYield().getOperand(i)))
-    return nullptr;
-  return isSum(branch.thenYield().getOperand(i));
-}
-
 /// Running row sums, `%l2 = %l * %a + tile.reduce "sum" %p dim 1` with %l
 /// an iter_arg starting at 0 and used by that multiply alone, are kept per
 /// lane: each of a row's 4 lanes carries the sum of its own columns, and
@@ -148,8 +127,7 @@ static tile::ReduceOp blockSum(Value x) {
 /// iteration (FlashAttention-2's order). Only the association of the f32
 /// sum changes, which a reduction leaves to the implementation.
 ///
-/// The block's sum may also come out of a branch (blockSum). The start may
-/// also be `select(%c, tile.reduce "sum" %p0 dim 1, 0)` (the
+/// The start may also be `select(%c, tile.reduce "sum" %p0 dim 1, 0)` (the
 /// overlapped loop's first block, summed before it), its sum kept per lane
 /// too: TileKernelLowering::run calls this for every loop before lowering
 /// anything, as that sum comes before the loop.
@@ -165,8 +143,9 @@ SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
         tileType(arg).getRank() != 1)
       continue;
     auto mul = add.getLhs().getDefiningOp<arith::MulFOp>();
-    tile::ReduceOp sum = blockSum(add.getRhs());
-    if (!mul || !sum || mul.getLhs() != arg || !mul->hasOneUse())
+    auto sum = add.getRhs().getDefiningOp<tile::ReduceOp>();
+    if (!mul || !sum || sum.getKind() != "sum" || !sum->hasOneUse() ||
+        mul.getLhs() != arg || !mul->hasOneUse())
       continue;
     deferredSums.insert(sum);
     if (first)
@@ -429,10 +408,8 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
 /// After: `scf.if %straddles -> (f32, ..., f32)` over the registers of
 /// each branch's yield.
 LogicalResult TileKernelLowering::lowerIf(scf::IfOp op) {
-  auto count = [&](Value v) {
-    return regCount(tileType(v)) / (isRounded(v, g.halfTy) ? 2 : 1);
-  };
-  SmallVector<Type> types = flatTypes(op.getResults(), count, g.halfTy, g.i32);
+  auto count = [&](Value v) { return regCount(tileType(v)); };
+  SmallVector<Type> types = flatTypes(op.getResults(), count);
   auto ifOp = scf::IfOp::create(b, types, scalar(op.getCondition()),
                                 /*withElseRegion=*/true);
   for (auto [from, to] :
@@ -453,8 +430,8 @@ LogicalResult TileKernelLowering::lowerIf(scf::IfOp op) {
       return failure();
     auto yield = cast<scf::YieldOp>(src.getTerminator());
     for (Value v : yield.getOperands())
-      if (isTile(v) && frags[v].pendingRound != isRounded(v, g.halfTy))
-        return fail(op, "a branch yields 16-bit tiles rounded from f32 only");
+      if (isTile(v) && frags[v].pendingRound)
+        return fail(op, "a branch cannot yield a rounded tile");
     SmallVector<Value> flat = flatten(yield.getOperands());
     if (implicitYield)
       implicitYield->setOperands(flat);

@@ -316,12 +316,12 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
 ///     %sn = tile.dot %q, %kn {transpose_rhs}
 ///     %mu = select(%m == -inf, 0, %m)
 ///     %o2 = tile.dot %p, %v acc %o * bcast(exp2(%mp - %mu))  // in flight
-///     ... the softmax of %sn, unless t + 1 = tHi -> %m2, %l2, %p2 ...
-///     scf.yield %o2, %m2, %l2, %p2 (rounded), %m
+///     ... the softmax of %sn -> %m2, %l2, %p2 ...            // meanwhile
+///     scf.yield %o2, %m2, %l2, truncf %p2, %m
 ///   }
 ///
-/// The last iteration's %sn repeats block tHi - 1: a branch skips its
-/// softmax (softmax's drop), so m and l stay bit for bit. Each
+/// The last iteration's %sn repeats block tHi - 1; its max is taken as
+/// -inf and its P as 0 (softmax's drop), so m and l stay bit for bit. Each
 /// block's arithmetic is the plain loop's, in the same order (O = P V +
 /// O a of the same operands), so the result is the plain loop's bit for
 /// bit.
@@ -349,8 +349,9 @@ scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value oScaled = fmul(args[0], broadcast(alpha, tile({br, dv}, f32), 1));
   Value oNew = dot(args[3], v, oScaled, false, false);
   BlockSoftmax sm = softmax(sNext, nNext, args[1], args[2],
-                            maskModPartial(next, nNext), last, args[3]);
-  scf::YieldOp::create(b, ValueRange{oNew, sm.m, sm.l, sm.rounded, args[1]});
+                            maskModPartial(next, nNext), last);
+  scf::YieldOp::create(
+      b, ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]});
   return loop;
 }
 

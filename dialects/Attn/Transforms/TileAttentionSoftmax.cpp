@@ -142,54 +142,12 @@ Value TiledForwardBuilder::foldScaleIntoSum(Value scaled, Value modified) {
 /// exponent's, peelPositiveScale), the mask_mod (only where \p partial
 /// holds, when given: a full block needs none), the mask, then the new row
 /// max, O's factor, P (f32) and the new row sum; \p l null is a first block
-/// (the sum is P's alone: 0 * a + x is x).
-///
-/// With \p drop (an i1; the overlapped loop's last, repeated block) a
-/// branch skips all of it where drop holds: m stays, the factor is 1 and
-/// the block's sum 0, so l stays too, bit for bit, and P (rounded here,
-/// BlockSoftmax::rounded) is \p kept, the registers it already has:
-///
-///   %r:4 = scf.if %keep -> (m, factor, P rounded, sum) {
-///     ... scf.yield %m2, %a, truncf %p, tile.reduce "sum" %p dim 1
-///   } else { scf.yield %m, 1, %kept, 0 }
-///   %l2 = %l * %r#1 + %r#3
+/// (the sum is P's alone: 0 * a + x is x). Where \p drop holds (an i1,
+/// when given) the block's max is -inf and P is 0, so m and l stay as
+/// they are, bit for bit (the overlapped loop's last, repeated block).
 TiledForwardBuilder::BlockSoftmax
 TiledForwardBuilder::softmax(Value s, Value n0, Value m, Value l, Value partial,
-                             Value drop, Value kept) {
-  if (!drop) {
-    BlockSoftmax sm = softmaxOfBlock(s, n0, m, partial);
-    Value rowSum = reduce("sum", sm.p, 1);
-    sm.l = l ? fadd(fmul(l, sm.alpha), rowSum) : rowSum;
-    return sm;
-  }
-  Tensor rowTy = tile({br}, f32);
-  Value keep = arith::XOrIOp::create(
-      b, drop, arith::ConstantOp::create(b, b.getBoolAttr(true)));
-  auto ifOp =
-      scf::IfOp::create(b, TypeRange{rowTy, rowTy, kept.getType(), rowTy}, keep,
-                        /*withElseRegion=*/true);
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(ifOp.thenBlock());
-    BlockSoftmax sm = softmaxOfBlock(s, n0, m, partial);
-    Value rowSum = reduce("sum", sm.p, 1);
-    scf::YieldOp::create(
-        b, ValueRange{sm.m, sm.alpha, truncTile(sm.p, elemTy), rowSum});
-    b.setInsertionPointToStart(ifOp.elseBlock());
-    scf::YieldOp::create(
-        b, ValueRange{m, constTile(1.0, rowTy), kept, constTile(0.0, rowTy)});
-  }
-  BlockSoftmax sm;
-  sm.m = ifOp.getResult(0);
-  sm.alpha = ifOp.getResult(1);
-  sm.rounded = ifOp.getResult(2);
-  sm.l = fadd(fmul(l, sm.alpha), ifOp.getResult(3));
-  return sm;
-}
-
-/// softmax() of one block but for the row sum: the new m, the factor, P.
-TiledForwardBuilder::BlockSoftmax
-TiledForwardBuilder::softmaxOfBlock(Value s, Value n0, Value m, Value partial) {
+                             Value drop) {
   Value factor = expFactor; // scores to log2 units of P
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
@@ -217,13 +175,21 @@ TiledForwardBuilder::softmaxOfBlock(Value s, Value n0, Value m, Value partial) {
   s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
+  Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
   Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
+  if (drop) // per row, not per score: the block's max and P's subtrahend
+    mBlock = select(drop, negInf, mBlock);
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
   Value alpha = exp2(fsub(m, mUse));
-  Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
+  Value negMRow = mlir::arith::NegFOp::create(b, mUse);
+  if (drop)
+    negMRow = select(drop, negInf, negMRow);
+  Value negM = broadcast(negMRow, sTy, 1);
   Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
-  return {mNew, Value(), alpha, p};
+  Value rowSum = reduce("sum", p, 1);
+  Value lNew = l ? fadd(fmul(l, alpha), rowSum) : rowSum;
+  return {mNew, lNew, alpha, p};
 }
 
 /// The row max \p m as P's subtrahend: 0 for a row that has seen no key

@@ -52,14 +52,12 @@ private:
   Value loadV(Value n0);
   Value scores(Value k);
   llvm::SmallVector<Value> step(Value t, Value o, Value m, Value l);
-  /// One block's softmax: the new row max and sum, O's factor, P (f32),
-  /// or P rounded where softmax() rounds it (its drop form).
+  /// One block's softmax: the new row max and sum, O's factor, P (f32).
   struct BlockSoftmax {
-    Value m, l, alpha, p, rounded;
+    Value m, l, alpha, p;
   };
   BlockSoftmax softmax(Value s, Value n0, Value m, Value l, Value partial,
-                       Value drop = Value(), Value kept = Value());
-  BlockSoftmax softmaxOfBlock(Value s, Value n0, Value m, Value partial);
+                       Value drop = Value());
   Value usableMax(Value m);
   llvm::SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
                                   Value l, Value partial);
