@@ -496,6 +496,8 @@ private:
   llvm::SmallVector<Value> inFlight;
   llvm::SmallVector<int64_t> inFlightGroups;
   int64_t commits = 0;
+  /// The A registers (b32 pairs) of each product in flight that reads them.
+  llvm::DenseMap<Value, llvm::SmallVector<Value>> lhsInFlight;
   bool batchOpen = false;
   llvm::DenseSet<Operation *> batchRun; ///< the open batch's products
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;

@@ -128,6 +128,14 @@ void TileKernelLowering::waitUntil(int64_t group) {
     Fragment &f = frags[v];
     SmallVector<Value> pinned = wg->pin(f.regs);
     f.regs.assign(pinned.begin(), pinned.end());
+    // The A registers it read stay live to here: ptxas ends their live
+    // range at the MMA's issue, so a value written into them before this
+    // wait would race with the MMA (T29: the overlapped loop's next P,
+    // rounded in a branch before the wait, did).
+    if (auto it = lhsInFlight.find(v); it != lhsInFlight.end()) {
+      wg->pin(it->second);
+      lhsInFlight.erase(it);
+    }
     done.push_back(v);
   }
   releaseRing(done);
@@ -201,6 +209,10 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
     else
       frags[v].regs.assign(part.begin(), part.end());
   }
+  for (tile::DotOp dot : run)
+    if (homes.lookup(dot.getLhs()) == TileHome::Registers &&
+        frags[dot.getLhs()].pendingRound)
+      lhsInFlight[dot.getResult()] = frags[dot.getLhs()].packed;
   wg->fence();
   batchOpen = true;
 }

@@ -232,8 +232,26 @@ TEST(GpuWgmma, ProductsWithoutAccumulatorStartUnscaled) {
   EXPECT_EQ(nonAccumulatingMmas(hopperForwardPtx(128, config)), 1);
 }
 
+/// The overlapped loop in FlashAttention-3's order: the next S and P V are
+/// committed apart and the softmax waits for the first only (wait_group 1,
+/// P V still in flight); P V reads the carried P (b32 pairs, not an f32
+/// tile packed each step); and the plain loop waits for everything.
+TEST(GpuWgmma, OverlappedLoopLeavesPVInFlight) {
+  const TileConfig config = tileConfig(128, 128, 8);
+  const std::string overlapped = hopperForwardPtx(128, config, true);
+  const std::string plain = hopperForwardPtx(128, config);
+  EXPECT_EQ(occurrences(overlapped, "wgmma.wait_group.sync.aligned 1;"), 1)
+      << overlapped;
+  EXPECT_EQ(occurrences(plain, "wgmma.wait_group.sync.aligned 1;"), 0);
+  // Pairs rounded (cvt.rn.bf16x2.f32, 32 a thread per P): as the plain
+  // kernel (each step's P, O's store) and the prologue's P; none again for
+  // the carried P.
+  EXPECT_EQ(occurrences(overlapped, "cvt.rn.bf16x2.f32"),
+            occurrences(plain, "cvt.rn.bf16x2.f32") + 32);
+}
+
 /// Every forward ring that moves registers fits its launch too: 128 x 128
-/// at d = 128 with the overlapped loop (40 + 2 x 232) and three consumer
+/// at d = 128 with the overlapped loop (24 + 2 x 240) and three consumer
 /// warpgroups at d = 64 (24 + 3 x 160).
 TEST(GpuRingRegisters, SplitFitsLaunch) {
   expectSplitFitsLaunch(
