@@ -214,8 +214,6 @@ private:
   /// (wait_group n leaves the n after it in flight) and pins their results.
   void waitFor(Operation *op);
   void waitUntil(int64_t group);
-  /// Whether \p op reads a product still in flight.
-  bool readsInFlight(Operation *op);
   /// Whether branch \p op is lowered with the products in flight left so.
   bool leavesInFlight(Operation *op);
   /// Bytes between a blocked tile's 64-column blocks (0: not blocked).

@@ -67,18 +67,6 @@ void conversion::batchReadyProducts(func::FuncOp fn) {
   });
 }
 
-bool TileKernelLowering::readsInFlight(Operation *op) {
-  if (inFlight.empty())
-    return false;
-  bool reads = false;
-  op->walk([&](Operation *inner) {
-    for (Value v : inner->getOperands())
-      if (llvm::is_contained(inFlight, v))
-        reads = true;
-  });
-  return reads;
-}
-
 void TileKernelLowering::runAfterCommit() {
   if (!afterCommit || b.getInsertionBlock() != afterCommitBlock)
     return;
