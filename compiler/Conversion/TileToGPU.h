@@ -329,8 +329,8 @@ private:
                               llvm::function_ref<LogicalResult()> atTop);
   /// Runs afterCommit once where the walk is in its block (settle()).
   void runAfterCommit();
-  /// The loop results that are running row sums kept per lane.
-  llvm::SmallVector<unsigned> deferRunningSums(mlir::scf::ForOp op);
+  /// Finds each loop's running row sums kept per lane (perLaneSums).
+  void deferRunningSums(mlir::scf::ForOp op);
   LogicalResult lowerIf(mlir::scf::IfOp op);
   llvm::SmallVector<Value> flatten(mlir::ValueRange tiles);
   /// flatten()'s inverse: \p values' registers (tiles) and scalars taken
@@ -389,8 +389,10 @@ private:
   /// In program order (a MapVector: the kernel's code is deterministic).
   llvm::MapVector<Value, SharedSlot> slots;
   llvm::DenseMap<Value, Fragment> frags;
-  /// Row sums whose 4 lanes are combined after their loop (lowerFor).
+  /// Row sums whose 4 lanes are combined after their loop (lowerFor), and
+  /// per loop the results that are such sums (deferRunningSums).
   llvm::DenseSet<Operation *> deferredSums;
+  llvm::DenseMap<Operation *, llvm::SmallVector<unsigned>> perLaneSums;
   /// Shared loads whose copies a loop's pipeline issues (skipped in place).
   llvm::DenseSet<Operation *> pipelined;
   /// The first dot of each pipeline stage: before it, wait and barrier,

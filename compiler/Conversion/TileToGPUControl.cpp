@@ -108,6 +108,12 @@ static bool isPositiveZero(Value v) {
   return zero && zero.isSplat() && zero.getSplatValue<APFloat>().isPosZero();
 }
 
+/// \p v's defining op when it is a sum-reduce that nothing else reads.
+static tile::ReduceOp soleSum(Value v) {
+  auto sum = v.getDefiningOp<tile::ReduceOp>();
+  return sum && sum.getKind() == "sum" && sum->hasOneUse() ? sum : nullptr;
+}
+
 /// The sum-reduce that starts a running sum in the select form
 /// (deferRunningSums), if any; \p zero: the start is the constant 0.
 static tile::ReduceOp firstSum(Value init, bool &zero) {
@@ -116,8 +122,7 @@ static tile::ReduceOp firstSum(Value init, bool &zero) {
   if (zero || !select || !isPositiveZero(select.getFalseValue()) ||
       !select->hasOneUse())
     return nullptr;
-  auto sum = select.getTrueValue().getDefiningOp<tile::ReduceOp>();
-  return sum && sum.getKind() == "sum" && sum->hasOneUse() ? sum : nullptr;
+  return soleSum(select.getTrueValue());
 }
 
 /// Running row sums, `%l2 = %l * %a + tile.reduce "sum" %p dim 1` with %l
@@ -129,10 +134,11 @@ static tile::ReduceOp firstSum(Value init, bool &zero) {
 ///
 /// The start may also be `select(%c, tile.reduce "sum" %p0 dim 1, 0)` (the
 /// overlapped loop's first block, summed before it), its sum kept per lane
-/// too: TileKernelLowering::run calls this for every loop before lowering
-/// anything, as that sum comes before the loop.
-SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
-  SmallVector<unsigned> deferred;
+/// too: TileKernelLowering::run calls this once for every loop before
+/// lowering anything, as that sum comes before the loop; lowerLoopBody
+/// reads the loop's results from perLaneSums.
+void TileKernelLowering::deferRunningSums(scf::ForOp op) {
+  SmallVector<unsigned> &deferred = perLaneSums[op];
   auto yield = cast<scf::YieldOp>(op.getBody()->getTerminator());
   for (unsigned i = 0; i < op.getNumRegionIterArgs(); ++i) {
     Value arg = op.getRegionIterArgs()[i];
@@ -143,16 +149,14 @@ SmallVector<unsigned> TileKernelLowering::deferRunningSums(scf::ForOp op) {
         tileType(arg).getRank() != 1)
       continue;
     auto mul = add.getLhs().getDefiningOp<arith::MulFOp>();
-    auto sum = add.getRhs().getDefiningOp<tile::ReduceOp>();
-    if (!mul || !sum || sum.getKind() != "sum" || !sum->hasOneUse() ||
-        mul.getLhs() != arg || !mul->hasOneUse())
+    tile::ReduceOp sum = soleSum(add.getRhs());
+    if (!mul || !sum || mul.getLhs() != arg || !mul->hasOneUse())
       continue;
     deferredSums.insert(sum);
     if (first)
       deferredSums.insert(first);
     deferred.push_back(i);
   }
-  return deferred;
 }
 
 /// A loop carrying tiles carries their registers. Before:
@@ -348,7 +352,7 @@ TileKernelLowering::lowerLoopBody(scf::ForOp op,
   Value lb = scalar(op.getLowerBound()), ub = scalar(op.getUpperBound());
   Value step = scalar(op.getStep());
   Block *body = op.getBody();
-  SmallVector<unsigned> perLane = deferRunningSums(op);
+  SmallVector<unsigned> perLane = perLaneSums.lookup(op);
   SmallVector<Value> init = flatten(op.getInitArgs());
   for (Value v : op.getInitArgs())
     if (isTile(v) && frags[v].pendingRound != isRounded(v, g.halfTy))

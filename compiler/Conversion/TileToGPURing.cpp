@@ -102,8 +102,8 @@ static int64_t registerPool(int64_t groups) {
 /// 24 (T29: at 232 the causal loop spilled 32 bytes; at 24 the producer,
 /// by tensor maps or cp.async, spills nothing); the plain loop's producer
 /// spills at 40 at d = 256 (140 bytes at 128 x 64) while its consumers
-/// fit 216. Three consumer warpgroups (Br
-/// 192, d <= 128) take 160 each and leave the producer 24.
+/// fit 216. Three consumer warpgroups (Br 192, d <= 128) take 160 each and
+/// leave the producer 24.
 static std::pair<int64_t, int64_t> registerSplit(int64_t consumerGroups,
                                                  bool overlapped) {
   if (consumerGroups == 3)

@@ -66,11 +66,9 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
-#include "mlir/IR/Matchers.h"
 
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <tuple>
 
 namespace flashjit::attn {
@@ -346,8 +344,7 @@ scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value v = loadV(n0);
   Value sNext = scores(kNext);
   Value alpha = exp2(fsub(args[4], usableMax(args[1])));
-  Value oScaled = fmul(args[0], broadcast(alpha, tile({br, dv}, f32), 1));
-  Value oNew = dot(args[3], v, oScaled, false, false);
+  Value oNew = rescaledProduct(args[0], alpha, args[3], v);
   BlockSoftmax sm = softmax(sNext, nNext, args[1], args[2],
                             maskModPartial(next, nNext), last);
   scf::YieldOp::create(

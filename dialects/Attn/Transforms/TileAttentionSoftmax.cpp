@@ -175,7 +175,9 @@ TiledForwardBuilder::softmax(Value s, Value n0, Value m, Value l, Value partial,
   s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
-  Value negInf = constTile(-std::numeric_limits<double>::infinity(), rowTy);
+  Value negInf =
+      drop ? constTile(-std::numeric_limits<double>::infinity(), rowTy)
+           : Value();
   Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
   if (drop) // per row, not per score: the block's max and P's subtrahend
     mBlock = select(drop, negInf, mBlock);
@@ -206,7 +208,13 @@ SmallVector<Value> TiledForwardBuilder::update(Value s, Value n0, Value v,
                                                Value o, Value m, Value l,
                                                Value partial) {
   BlockSoftmax sm = softmax(s, n0, m, l, partial);
-  Value oScaled = fmul(o, broadcast(sm.alpha, tile({br, dv}, f32), 1));
-  Value oNew = dot(truncTile(sm.p, elemTy), v, oScaled, false, false);
-  return {oNew, sm.m, sm.l};
+  return {rescaledProduct(o, sm.alpha, truncTile(sm.p, elemTy), v), sm.m, sm.l};
+}
+
+/// O * bcast(\p alpha) + \p p V: O rescaled to the new row max, then the
+/// block's product accumulated onto it (\p p rounded).
+Value TiledForwardBuilder::rescaledProduct(Value o, Value alpha, Value p,
+                                           Value v) {
+  Value oScaled = fmul(o, broadcast(alpha, tile({br, dv}, f32), 1));
+  return dot(p, v, oScaled, false, false);
 }

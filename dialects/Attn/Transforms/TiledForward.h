@@ -61,6 +61,7 @@ private:
   Value usableMax(Value m);
   llvm::SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
                                   Value l, Value partial);
+  Value rescaledProduct(Value o, Value alpha, Value p, Value v);
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
   mlir::scf::ForOp buildOverlappedLoop(llvm::ArrayRef<Value> init);
