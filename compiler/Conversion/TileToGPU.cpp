@@ -129,9 +129,10 @@ LogicalResult TileKernelLowering::assignHomes() {
             loopBases.insert(load.getBase());
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
     if (auto loop = dyn_cast<scf::ForOp>(op)) {
-      for (Value arg : loop.getRegionIterArgs()) // what the loop carries
-        if (isTile(arg))
-          homes[arg] = TileHome::Registers;
+      for (Value v :
+           llvm::concat<Value>(loop.getRegionIterArgs(), loop.getResults()))
+        if (isTile(v)) // what the loop carries
+          homes[v] = TileHome::Registers;
       // Post-order: the loop's own loads have the latest slots.
       int64_t first = -1, readers = 0;
       bool vectors = false;

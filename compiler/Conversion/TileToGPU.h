@@ -255,6 +255,13 @@ private:
   /// The stage and parity of ring prologue load \p r (its position in its
   /// stream from the tile's ringBase).
   std::pair<Value, Value> leadPosition(const RingLead &r);
+  /// The ring loop's trips (i32, 0 when empty), and the stage and parity
+  /// of ring epilogue load \p r (after its stream's lead and the trips).
+  Value ringTrips();
+  std::pair<Value, Value> tailPosition(const RingLead &r);
+  /// A ring load after the loop: its stage, wait and release; false for
+  /// any other load.
+  bool placeRingEpilogueLoad(tile::LoadOp load);
   /// The stage and parity of a stream's load at \p position (i32 or a
   /// constant).
   std::pair<Value, Value> positionOf(Value position);
@@ -469,8 +476,8 @@ private:
     tile::LoadOp load;
     int64_t stream, position;
   };
-  llvm::SmallVector<RingLead, 1> ringPrologue;
-  llvm::SmallVector<int64_t, 2> ringLead;
+  llvm::SmallVector<RingLead, 1> ringPrologue, ringEpilogue;
+  llvm::SmallVector<int64_t, 2> ringLead, ringTail;
   /// Per stream, its first ring position in the tile being lowered (i32;
   /// empty: 0, one tile per program). A persistent kernel's tiles go on
   /// from the positions the last one left.

@@ -33,7 +33,7 @@ using arith::CmpIPredicate;
 ///   ...
 ///   llvm.call_intrinsic "llvm.nvvm.cp.async.commit.group"()
 LogicalResult TileKernelLowering::lowerLoad(tile::LoadOp op) {
-  if (pipelined.contains(op))
+  if (pipelined.contains(op) || placeRingEpilogueLoad(op))
     return success();
   if (op == queryLoad) { // the producer's tensor copy (TileToGPUTma.cpp)
     queryPending = true; // waited for before its first product

@@ -102,22 +102,13 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   if (failed(lowered))
     return failure();
 
-  // Each stream's positions go on after this tile's: its leads and the
-  // ring loop's trips (0 when the loop is empty).
-  Value lb = scalar(ringLoop.getLowerBound());
-  Value ub = scalar(ringLoop.getUpperBound());
-  Value step = scalar(ringLoop.getStep());
-  Value span = arith::MaxSIOp::create(b, arith::SubIOp::create(b, ub, lb),
-                                      arith::ConstantIndexOp::create(b, 0));
-  Value trips = toI32(arith::DivUIOp::create(
-      b,
-      arith::AddIOp::create(
-          b, span,
-          arith::SubIOp::create(b, step, arith::ConstantIndexOp::create(b, 1))),
-      step));
+  // Each stream's positions go on after this tile's: its loads before
+  // and after the ring loop and the loop's trips (0 when it is empty).
+  Value trips = ringTrips();
   SmallVector<Value, 2> next;
   for (auto [stream, base] : llvm::enumerate(ringBase))
-    next.push_back(g.add(base, g.add(trips, g.c32(ringLead[stream]))));
+    next.push_back(
+        g.add(base, g.add(trips, g.c32(ringLead[stream] + ringTail[stream]))));
   scf::YieldOp::create(b, next);
   ringBase.clear();
   return success();

@@ -167,6 +167,7 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
                       "with two shared loads (K and V)");
   ringLoop = loop;
   ringLead.assign(loads.size(), 0);
+  ringTail.assign(loads.size(), 0);
   describeTensorMaps(loads);
   for (Operation &op : fn.getBody().front()) {
     auto load = dyn_cast<tile::LoadOp>(&op);
@@ -176,13 +177,24 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
       return l.getBase() == load.getBase() &&
              l.getResult().getType() == load.getResult().getType();
     });
-    if (same == loads.end() || !load->isBeforeInBlock(loop))
+    if (same == loads.end())
       return fail(load, "a shared load of a K/V ring stream outside the "
-                        "ring loop must come before it, in its stream's "
-                        "tile type");
+                        "ring loop must have its stream's tile type");
     const int64_t stream = same - loads.begin();
     slots[load.getResult()] = slots[same->getResult()];
-    ringPrologue.push_back({load, stream, ringLead[stream]++});
+    if (load->isBeforeInBlock(loop)) {
+      ringPrologue.push_back({load, stream, ringLead[stream]++});
+      continue;
+    }
+    // After the loop (the overlapped loop's last P V): the producer runs
+    // only the scalar ops before the loop, so its operands come from there.
+    if (llvm::any_of(load->getOperands(), [&](Value v) {
+          Operation *def = v.getDefiningOp();
+          return def && !def->isBeforeInBlock(loop);
+        }))
+      return fail(load, "a K/V ring load after the ring loop must take "
+                        "its operands from before the loop");
+    ringEpilogue.push_back({load, stream, ringTail[stream]++});
   }
   ringMovesRegisters =
       place.ringConsumerRegisters > 0 ||
@@ -300,6 +312,7 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
     auto loop = scf::ForOp::create(b, lb, ub, step);
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPoint(loop.getBody()->getTerminator());
+    Value beforeLoop = copyTid;
     copyTid = g.opaque(g.sub(tid, g.c32(place.threads)));
     for (auto [i, load] : llvm::enumerate(loads)) {
       auto [stage, parity] = ringPosition(ringLoop, loop.getInductionVar(), i);
@@ -307,6 +320,13 @@ LogicalResult TileKernelLowering::lowerProducer(Block &body) {
         return failure();
     }
     b.setInsertionPointAfter(loop);
+    copyTid = beforeLoop;
+    // The loads after the loop, at their positions after its trips.
+    for (const RingLead &r : ringEpilogue) {
+      auto [stage, parity] = tailPosition(r);
+      if (failed(produce(r.load, r.stream, Value(), stage, parity)))
+        return failure();
+    }
     if (ringMaps.empty())
       g.waitAll();
     return success();
@@ -363,6 +383,23 @@ TileKernelLowering::ringPosition(scf::ForOp op, Value iv, int64_t stream) {
 
 Value TileKernelLowering::streamPosition(int64_t stream, Value offset) {
   return ringBase.empty() ? offset : g.add(ringBase[stream], offset);
+}
+
+Value TileKernelLowering::ringTrips() {
+  Value lb = scalar(ringLoop.getLowerBound());
+  Value ub = scalar(ringLoop.getUpperBound());
+  Value step = scalar(ringLoop.getStep());
+  Value span = arith::MaxSIOp::create(b, arith::SubIOp::create(b, ub, lb),
+                                      arith::ConstantIndexOp::create(b, 0));
+  Value roundUp =
+      arith::SubIOp::create(b, step, arith::ConstantIndexOp::create(b, 1));
+  return toI32(
+      arith::DivUIOp::create(b, arith::AddIOp::create(b, span, roundUp), step));
+}
+
+std::pair<Value, Value> TileKernelLowering::tailPosition(const RingLead &r) {
+  Value position = g.add(ringTrips(), g.c32(ringLead[r.stream] + r.position));
+  return positionOf(streamPosition(r.stream, position));
 }
 
 std::pair<Value, Value> TileKernelLowering::leadPosition(const RingLead &r) {
@@ -463,6 +500,19 @@ void TileKernelLowering::waitForQuery() {
     return;
   g.mbarrierWait(queryBarrier(/*empty=*/false), tileParity);
   queryPending = false;
+}
+
+bool TileKernelLowering::placeRingEpilogueLoad(tile::LoadOp load) {
+  auto r = llvm::find_if(ringEpilogue,
+                         [&](const RingLead &e) { return e.load == load; });
+  if (r == ringEpilogue.end())
+    return false;
+  auto [stage, parity] = tailPosition(*r);
+  stageShift[load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
+  auto [first, last] = firstAndLastDot(load);
+  ringWaits[first].push_back({r->stream, stage, parity});
+  ringReleases[last.getResult()].push_back({r->stream, stage, parity});
+  return true;
 }
 
 void TileKernelLowering::waitForRing(tile::DotOp op) {

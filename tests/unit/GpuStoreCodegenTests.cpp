@@ -234,7 +234,8 @@ TEST(GpuWgmma, ProductsWithoutAccumulatorStartUnscaled) {
 
 /// The overlapped loop in FlashAttention-3's order: the next S and P V are
 /// committed apart and the softmax waits for the first only (wait_group 1,
-/// P V still in flight), and the plain loop waits for everything.
+/// P V still in flight), and the plain loop waits for everything; the
+/// last block's P V comes after the loop (its V a ring epilogue load).
 TEST(GpuWgmma, OverlappedLoopLeavesPVInFlight) {
   const TileConfig config = tileConfig(128, 128, 8);
   const std::string overlapped = hopperForwardPtx(128, config, true);
@@ -242,6 +243,10 @@ TEST(GpuWgmma, OverlappedLoopLeavesPVInFlight) {
   EXPECT_EQ(occurrences(overlapped, "wgmma.wait_group.sync.aligned 1;"), 1)
       << overlapped;
   EXPECT_EQ(occurrences(plain, "wgmma.wait_group.sync.aligned 1;"), 0);
+  // Four products of 8 MMAs (S before the loop, S and P V in it, the last
+  // block's P V after it) against the plain loop's two.
+  EXPECT_EQ(occurrences(overlapped, "wgmma.mma_async"),
+            2 * occurrences(plain, "wgmma.mma_async"));
   // Each step's P is rounded once, as in the plain kernel (LLVM merges the
   // prologue's rounding with the back edge's): 32 pairs a thread, and 32
   // for O's store.

@@ -152,8 +152,12 @@ func::FuncOp TiledForwardBuilder::build() {
       constTile(0.0, oTy),
       constTile(-std::numeric_limits<double>::infinity(), rowTy),
       constTile(0.0, rowTy)};
-  scf::ForOp loop = overlap ? buildOverlappedLoop(init) : buildLoop(init);
-  writeOutput(loop.getResult(0), loop.getResult(1), loop.getResult(2));
+  SmallVector<Value> out;
+  if (overlap)
+    out = buildOverlappedLoop(init);
+  else
+    out = buildLoop(init)->getResults();
+  writeOutput(out[0], out[1], out[2]);
   func::ReturnOp::create(b);
   if (split) {
     b.setInsertionPointAfter(func);
@@ -300,16 +304,18 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
 /// FlashAttention-3's intra-warpgroup overlap: iteration t issues S of
 /// block t + 1 and O += P_t V_t, then runs block t + 1's softmax while the
 /// second product is in flight. The first block's scores and softmax come
-/// before the loop, which carries P rounded (half the registers of S, and
-/// written only once the product that read it is done) and the row max
-/// before block t's (O's factor exp2(%mp - %mu) is taken again from it, so
-/// that the GPU skips the rescale where no row of a warp moved):
+/// before the loop, the last block's P V after it; the loop carries P
+/// rounded (half the registers of S, and written only once the product
+/// that read it is done) and the row max before block t's (O's factor
+/// exp2(%mp - %mu) is taken again from it, so that the GPU skips the
+/// rescale where no row of a warp moved). Returns the final (O, m, l):
 ///
-///   %s0 = tile.dot %q, tile.load %K[block tLo, or 0 if the loop is empty]
+///   %last = tLo < tHi ? tHi - 1 : tLo        // the loop: [tLo, %last)
+///   %s0 = tile.dot %q, tile.load %K[block tLo, or 0 if there is none]
 ///   %m0, %l0, %p0 = the softmax of %s0 (no running sum)
-///   %r:5 = scf.for %t = %tLo to %tHi iter_args(%o = 0, %m = %m0,
+///   %r:5 = scf.for %t = %tLo to %last iter_args(%o = 0, %m = %m0,
 ///       %l = select(%tLo < %tHi, %l0, 0), %p = truncf %p0, %mp = -inf) {
-///     %kn = tile.load %K[block min(t + 1, tHi - 1)]
+///     %kn = tile.load %K[block t + 1]
 ///     %v = tile.load %V[block t]
 ///     %sn = tile.dot %q, %kn {transpose_rhs}
 ///     %mu = select(%m == -inf, 0, %m)
@@ -317,39 +323,51 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
 ///     ... the softmax of %sn -> %m2, %l2, %p2 ...            // meanwhile
 ///     scf.yield %o2, %m2, %l2, truncf %p2, %m
 ///   }
+///   %o = tile.dot %r#3, tile.load %V[block %last, or 0 if there is none]
+///       acc %r#0 * bcast(exp2(%r#4 - select(%r#1 == -inf, 0, %r#1)))
 ///
-/// The last iteration's %sn repeats block tHi - 1; its max is taken as
-/// -inf and its P as 0 (softmax's drop), so m and l stay bit for bit. Each
+/// No block's scores are made twice. Where there is no block the loop is
+/// empty and l = 0, so O = 0 and lse = -inf whatever P V gave. The
+/// epilogue's V block is found before the loop (so that the K/V ring's
+/// producer, which runs only the scalar ops before it, can copy it). Each
 /// block's arithmetic is the plain loop's, in the same order (O = P V +
 /// O a of the same operands), so the result is the plain loop's bit for
 /// bit.
-scf::ForOp TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
+SmallVector<Value>
+TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
   Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
+  Value last = arith::SelectOp::create(b, live, sub(tHi, cIdx(1)), tLo);
+  Value nLast = arith::SelectOp::create(b, live, blockStart(last), cIdx(0));
   BlockSoftmax sm0 = softmax(scores(loadK(first)), first, init[1], Value(),
                              maskModPartial(tLo, first));
   // An empty loop leaves l = 0: O = 0 and lse = -inf, whatever m is.
   SmallVector<Value> carried = {init[0], sm0.m, select(live, sm0.l, init[2]),
                                 truncTile(sm0.p, elemTy), init[1]};
-  auto loop = scf::ForOp::create(b, tLo, tHi, cIdx(1), carried);
-  OpBuilder::InsertionGuard guard(b);
-  b.setInsertionPointToStart(loop.getBody());
-  Value t = loop.getInductionVar();
-  auto args = loop.getRegionIterArgs();
-  Value n0 = blockStart(t);
-  Value last = cmpI(CmpIPredicate::eq, add(t, cIdx(1)), tHi);
-  Value next = minI(add(t, cIdx(1)), sub(tHi, cIdx(1)));
-  Value nNext = blockStart(next);
-  Value kNext = loadK(nNext);
-  Value v = loadV(n0);
-  Value sNext = scores(kNext);
-  Value alpha = exp2(fsub(args[4], usableMax(args[1])));
-  Value oNew = rescaledProduct(args[0], alpha, args[3], v);
-  BlockSoftmax sm = softmax(sNext, nNext, args[1], args[2],
-                            maskModPartial(next, nNext), last);
-  scf::YieldOp::create(
-      b, ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]});
-  return loop;
+  auto loop = scf::ForOp::create(b, tLo, last, cIdx(1), carried);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value t = loop.getInductionVar();
+    auto args = loop.getRegionIterArgs();
+    Value n0 = blockStart(t);
+    Value next = add(t, cIdx(1));
+    Value nNext = blockStart(next);
+    Value kNext = loadK(nNext);
+    Value v = loadV(n0);
+    Value sNext = scores(kNext);
+    Value alpha = exp2(fsub(args[4], usableMax(args[1])));
+    Value oNew = rescaledProduct(args[0], alpha, args[3], v);
+    BlockSoftmax sm =
+        softmax(sNext, nNext, args[1], args[2], maskModPartial(next, nNext));
+    scf::YieldOp::create(
+        b, ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]});
+  }
+  auto r = loop.getResults();
+  Value vLast = loadV(nLast);
+  Value alpha = exp2(fsub(r[4], usableMax(r[1])));
+  Value o = rescaledProduct(r[0], alpha, r[3], vLast);
+  return {o, r[1], r[2]};
 }
 
 /// The K (V) tile of keys [n0, n0 + Bc).

@@ -142,12 +142,11 @@ Value TiledForwardBuilder::foldScaleIntoSum(Value scaled, Value modified) {
 /// exponent's, peelPositiveScale), the mask_mod (only where \p partial
 /// holds, when given: a full block needs none), the mask, then the new row
 /// max, O's factor, P (f32) and the new row sum; \p l null is a first block
-/// (the sum is P's alone: 0 * a + x is x). Where \p drop holds (an i1,
-/// when given) the block's max is -inf and P is 0, so m and l stay as
-/// they are, bit for bit (the overlapped loop's last, repeated block).
-TiledForwardBuilder::BlockSoftmax
-TiledForwardBuilder::softmax(Value s, Value n0, Value m, Value l, Value partial,
-                             Value drop) {
+/// (the sum is P's alone: 0 * a + x is x).
+TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
+                                                               Value n0,
+                                                               Value m, Value l,
+                                                               Value partial) {
   Value factor = expFactor; // scores to log2 units of P
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
@@ -175,19 +174,11 @@ TiledForwardBuilder::softmax(Value s, Value n0, Value m, Value l, Value partial,
   s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
-  Value negInf =
-      drop ? constTile(-std::numeric_limits<double>::infinity(), rowTy)
-           : Value();
   Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
-  if (drop) // per row, not per score: the block's max and P's subtrahend
-    mBlock = select(drop, negInf, mBlock);
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
   Value alpha = exp2(fsub(m, mUse));
-  Value negMRow = mlir::arith::NegFOp::create(b, mUse);
-  if (drop)
-    negMRow = select(drop, negInf, negMRow);
-  Value negM = broadcast(negMRow, sTy, 1);
+  Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
   Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value rowSum = reduce("sum", p, 1);
   Value lNew = l ? fadd(fmul(l, alpha), rowSum) : rowSum;

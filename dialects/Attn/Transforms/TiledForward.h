@@ -56,15 +56,14 @@ private:
   struct BlockSoftmax {
     Value m, l, alpha, p;
   };
-  BlockSoftmax softmax(Value s, Value n0, Value m, Value l, Value partial,
-                       Value drop = Value());
+  BlockSoftmax softmax(Value s, Value n0, Value m, Value l, Value partial);
   Value usableMax(Value m);
   llvm::SmallVector<Value> update(Value s, Value n0, Value v, Value o, Value m,
                                   Value l, Value partial);
   Value rescaledProduct(Value o, Value alpha, Value p, Value v);
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
-  mlir::scf::ForOp buildOverlappedLoop(llvm::ArrayRef<Value> init);
+  llvm::SmallVector<Value> buildOverlappedLoop(llvm::ArrayRef<Value> init);
   ScoreModIndices modifierIndices(mlir::Region &region,
                                                           Value n0);
   Value modifyScores(Value s, Value n0);
