@@ -354,7 +354,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.bulkDq = usesBulkDq(target);
   gpu.bwdRingStages = backwardRingStages(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
-  gpu.pingPong = pingPongMode(target);
+  gpu.pingPong = pingPongMode(target, config);
   gpu.persistent = usesPersistentKernel(target);
   gpu.tma = tensorMapMode(target);
   gpu.stagedStores = usesStagedStores();

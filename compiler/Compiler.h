@@ -189,10 +189,11 @@ bool usesWgmma(const GpuTarget &target);
 /// GpuGeometry::wgmmaShape holds): on sm_90a unless FLASHJIT_KV_RING=0.
 bool usesKvRing(const GpuTarget &target);
 /// With the K/V ring, how its consumer warpgroups take turns at the tensor
-/// cores (the `ping-pong` pass option): 1 (their S = Q K^T batches) unless
-/// FLASHJIT_PING_PONG says 0 (no order) or 2 (every batch of MMAs in the
-/// ring loop); 0 without the ring.
-int64_t pingPongMode(const GpuTarget &target);
+/// cores (the `ping-pong` pass option): FLASHJIT_PING_PONG's 0 (no order),
+/// 1 (their S = Q K^T batches) or 2 (every batch of MMAs in the ring loop);
+/// unset, 0 for \p config's overlapped loop and for three consumer
+/// warpgroups, 1 otherwise; 0 without the ring.
+int64_t pingPongMode(const GpuTarget &target, const TileConfig &config);
 /// Whether the K/V ring's forward is a persistent kernel (the `persistent`
 /// pass option: a grid of the device's SMs loops over the tiles):
 /// FLASHJIT_PERSISTENT=1 with the ring; off otherwise.

@@ -38,7 +38,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
-      usesKvRing(target) ? config.stages : 0, pingPongMode(target),
+      usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
       usesPersistentKernel(target) ? " persistent=true" : "",
       usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
                              : "",
@@ -74,12 +74,20 @@ int64_t tensorMapMode(const GpuTarget &target) {
   return v == "0" ? 0 : v == "qkv" ? 2 : 1;
 }
 
-int64_t pingPongMode(const GpuTarget &target) {
+int64_t pingPongMode(const GpuTarget &target, const TileConfig &config) {
   if (!usesKvRing(target))
     return 0;
   const char *env = std::getenv("FLASHJIT_PING_PONG");
   const std::string v = env ? env : "";
-  return v == "0" ? 0 : v == "2" ? 2 : 1;
+  if (v == "0" || v == "1" || v == "2")
+    return v[0] - '0';
+  // No turns where they were measured to hold the consumers back
+  // (bench/NOTES.md, T30): the overlapped loop, which runs its softmax
+  // under its own MMAs (H100: N 1024 B 16 +2-5%, N 4096 B 4 +3% without
+  // them), and three consumer warpgroups (H200, N 16K: d 64 and 96 +3%);
+  // turns stay where the plain loop's two warpgroups gain by them (d 256:
+  // -3% without).
+  return config.overlapSoftmax || config.warps >= 12 ? 0 : 1;
 }
 
 bool usesKvRing(const GpuTarget &target) {

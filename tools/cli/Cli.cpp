@@ -243,18 +243,18 @@ int runRun(const CliOptions &o) {
     target.arch = gpu.arch;
     const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
-    gpuFields =
-        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
-        fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
-                    "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
-                    "\"tensor_maps\":{}",
-                    wgmma ? "wgmma" : "mma.sync", geo.ringStages,
-                    geo.ringStages ? pingPongMode(target) : 0, gpu.kvSplits,
-                    geo.ringStages && !gpu.kvSplits &&
-                            usesPersistentKernel(target)
-                        ? "true"
-                        : "false",
-                    gpu.tensorMaps ? "true" : "false", gpu.tensorMaps);
+    gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
+                fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
+                            "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
+                            "\"tensor_maps\":{}",
+                            wgmma ? "wgmma" : "mma.sync", geo.ringStages,
+                            geo.ringStages ? pingPongMode(target, config) : 0,
+                            gpu.kvSplits,
+                            geo.ringStages && !gpu.kvSplits &&
+                                    usesPersistentKernel(target)
+                                ? "true"
+                                : "false",
+                            gpu.tensorMaps ? "true" : "false", gpu.tensorMaps);
   }
   if (o.json) {
     fmt::print(

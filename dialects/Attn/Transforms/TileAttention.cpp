@@ -323,11 +323,15 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
 ///     ... the softmax of %sn -> %m2, %l2, %p2 ...            // meanwhile
 ///     scf.yield %o2, %m2, %l2, truncf %p2, %m
 ///   }
-///   %o = tile.dot %r#3, tile.load %V[block %last, or 0 if there is none]
+///   %pv = tile.dot %r#3, tile.load %V[block %last, or 0 if there is none]
 ///       acc %r#0 * bcast(exp2(%r#4 - select(%r#1 == -inf, 0, %r#1)))
+///   %o = select(%tLo < %tHi, %pv, 0)
 ///
 /// No block's scores are made twice. Where there is no block the loop is
-/// empty and l = 0, so O = 0 and lse = -inf whatever P V gave. The
+/// empty and l = 0 (lse = -inf), and the select drops the P V of block 0
+/// that the epilogue made anyway: O is +0 as the plain loop's, not the
+/// -0 of a negative sum times 0 nor the NaN of a NaN or inf in keys no
+/// row may see (T30: `SameBitsAsThePlainLoop` on empty sparse rows). The
 /// epilogue's V block is found before the loop (so that the K/V ring's
 /// producer, which runs only the scalar ops before it, can copy it). Each
 /// block's arithmetic is the plain loop's, in the same order (O = P V +
@@ -366,7 +370,7 @@ TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   auto r = loop.getResults();
   Value vLast = loadV(nLast);
   Value alpha = exp2(fsub(r[4], usableMax(r[1])));
-  Value o = rescaledProduct(r[0], alpha, r[3], vLast);
+  Value o = select(live, rescaledProduct(r[0], alpha, r[3], vLast), init[0]);
   return {o, r[1], r[2]};
 }
 
