@@ -23,7 +23,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [[ -n $NCU ]] || { echo "gpu-ab-profile: no ncu" >&2; exit 2; }
 stall=smsp__average_warps_issue_stalled
 metrics="gpu__time_duration.sum,smsp__inst_executed.sum"
-metrics+=",sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"
+metrics+=",sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"
 for s in wait barrier long_scoreboard math_pipe_throttle dispatch_stall; do
   metrics+=",${stall}_${s}_per_issue_active.ratio"
 done
@@ -55,7 +55,7 @@ def num(key):
 s = "smsp__average_warps_issue_stalled_%s_per_issue_active.ratio"
 print(f"{case[:44]:<44} {who:<2} {num('gpu__time_duration.sum') / 1e3:10.1f} "
       f"{num('smsp__inst_executed.sum'):12.4g} "
-      f"{num('sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active'):7.1f} "
+      f"{num('sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active'):7.1f} "
       + " ".join(f"{num(s % k):6.2f}" for k in
                  ("wait", "barrier", "long_scoreboard", "math_pipe_throttle", "dispatch_stall")))
 PY

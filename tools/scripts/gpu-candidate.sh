@@ -17,9 +17,10 @@
 #             varlen suites (FLASHJIT_CANDIDATE_TEST_S, default 140 s)
 #   sanitize  racecheck and memcheck on two overlapped-loop kernels,
 #             synccheck on one
-#   ab        tools/scripts/gpu-ab.sh (two rounds) on issue 13's d = 128
-#             shapes: N 16K plain and causal, N 1024 B 16 plain and causal,
-#             N 4096 B 4
+#   ab        tools/scripts/gpu-ab.sh (FLASHJIT_AB_ROUNDS, default two
+#             rounds) on issue 13's d = 128 shapes: N 16K plain and causal,
+#             N 1024 B 16 plain and causal, N 4096 B 4; or on the cases of
+#             FLASHJIT_CANDIDATE_CASES ("CASE|CASE...", each gpu-ab.sh's)
 #   profile   tools/scripts/gpu-ab-profile.sh on the causal N 16K forward
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -68,11 +69,14 @@ fi
 
 if has ab; then
   say "A/B (A = candidate, B = .carry/ab), TFLOP/s"
-  FLASHJIT_AB_ROUNDS=2 timeout 240 bash tools/scripts/gpu-ab.sh \
-    "--head-dim 128" "--head-dim 128 --causal" \
-    "--head-dim 128 --seq-len 1024 --batch 16" \
-    "--head-dim 128 --seq-len 1024 --batch 16 --causal" \
-    "--head-dim 128 --seq-len 4096 --batch 4" 2>&1 | tail -6
+  cases=("--head-dim 128" "--head-dim 128 --causal"
+         "--head-dim 128 --seq-len 1024 --batch 16"
+         "--head-dim 128 --seq-len 1024 --batch 16 --causal"
+         "--head-dim 128 --seq-len 4096 --batch 4")
+  [[ -n ${FLASHJIT_CANDIDATE_CASES:-} ]] &&
+    IFS='|' read -r -a cases <<<"$FLASHJIT_CANDIDATE_CASES"
+  FLASHJIT_AB_ROUNDS=${FLASHJIT_AB_ROUNDS:-2} timeout 240 \
+    bash tools/scripts/gpu-ab.sh "${cases[@]}" 2>&1 | tail -$((${#cases[@]} + 1))
 fi
 
 if has profile; then
