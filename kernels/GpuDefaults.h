@@ -79,13 +79,18 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
                                      {112, 128, 128, 8, 2},
                                      {128, 128, 128, 8, 2, true},
                                      {256, 128, 64, 8, 2}};
-    // A score modifier keeps T10's: its values spill the overlapped loop
-    // (ALiBi, causal: 96 bytes).
+    // A score modifier keeps T10's, but for the overlapped loop at d in
+    // 113..128: T12's form spilled with one (ALiBi, causal: 96 bytes);
+    // FlashAttention-3's order, peeled (T29, T30), holds softcap and ALiBi,
+    // plain and causal, in the consumers' 240 registers without a spill.
     static const Row modPlain[] = {{64, 64, 128, 4},
                                    {96, 192, 128, 12, 1},
-                                   {128, 128, 128, 8, 2},
+                                   {112, 128, 128, 8, 2},
+                                   {128, 128, 128, 8, 2, true},
                                    {256, 128, 128, 8, 1}};
-    static const Row modMasked[] = {{128, 64, 128, 4}, {256, 128, 64, 8, 1}};
+    static const Row modMasked[] = {{112, 64, 128, 4},
+                                    {128, 128, 128, 8, 2, true},
+                                    {256, 128, 64, 8, 1}};
     std::optional<TileConfig> c = !kvRing ? lookUp(plain, masked)
                                   : spec.scoreMod.empty()
                                       ? lookUp(ringPlain, ringMasked)
