@@ -128,6 +128,13 @@ struct KernelPlacement {
   /// its rows there, then copies whole rows out 16 bytes at a time. The
   /// forward's roles (its O tile, through Q's slot); needs 16-byte copies.
   bool stagedStores = false;
+  /// Bytes of a slot of the forward's own for staging O (Br rows of dv
+  /// padded columns, the wgmma layout), after every other, where Q comes by
+  /// its tensor map (tma 2): the producer writes the next tile's Q into
+  /// Q's slot as soon as the consumers' last S = Q K^T is done, so O
+  /// cannot go through it. 0 where the shared memory has no room for it
+  /// (O is then stored element by element, as before T30).
+  int64_t outputStagingBytes = 0;
 };
 
 } // namespace flashjit::conversion

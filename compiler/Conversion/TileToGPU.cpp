@@ -271,6 +271,12 @@ LogicalResult TileKernelLowering::assignHomes() {
     sharedBytes =
         dqStageOffset + place.warpgroups() * 64 * place.dqStageCols * 4;
   }
+  if (place.outputStagingBytes) {
+    outputSlot.offset = alignSlot(sharedBytes);
+    outputSlot.rowChunks = place.outputStagingBytes / (place.gridRows * 16);
+    outputSlot.padCols = outputSlot.rowChunks * 8;
+    sharedBytes = outputSlot.offset + place.outputStagingBytes;
+  }
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "

@@ -128,14 +128,23 @@ private:
     }
   };
   StoreRows storeRowsOf(tile::StoreOp op);
-  /// The shared tile whose slot store \p op can stage its register tile
-  /// through (KernelPlacement::stagedStores), if any.
-  Value stagingTileFor(tile::StoreOp op);
-  /// Stores register tile \p f of \p op (to \p to) through the slot of
-  /// shared tile \p through: the warp's rows in, then out by 16-byte
-  /// vectors.
+  /// Where a store stages its register tile: a slot of \p rows rows, and
+  /// the shared tile it belongs to (null for outputSlot, which no copy
+  /// fills).
+  struct StagingSlot {
+    SharedSlot slot;
+    int64_t rows = 0;
+    Value tile;
+  };
+  /// The slot that store \p op can stage its register tile through
+  /// (KernelPlacement::stagedStores): a dead shared tile's, or the
+  /// forward's own outputSlot; none if neither fits.
+  std::optional<StagingSlot> stagingSlotFor(tile::StoreOp op);
+  /// Stores register tile \p f of \p op (to \p to) through \p through:
+  /// the warp's rows in, then out by 16-byte vectors.
   LogicalResult storeThroughShared(tile::StoreOp op, const Fragment &f,
-                                   const StoreRows &to, Value through);
+                                   const StoreRows &to,
+                                   const StagingSlot &through);
   LogicalResult lowerRowValues(tile::LoadOp op);
   /// A captured tensor's element per register (tile.gather): one global
   /// load per distinct index register.
@@ -441,6 +450,9 @@ private:
   /// whether bulk reductions were issued (waited for before returning).
   int64_t dqStageOffset = 0;
   bool bulkReductions = false;
+  /// The forward's own O staging slot (KernelPlacement::
+  /// outputStagingBytes), after every other; rowChunks 0 where it has none.
+  SharedSlot outputSlot;
   /// Copies issued and not yet waited for (straight-line code).
   bool pendingCopies = false;
   /// On warpgroup MMAs, the double-buffered loop's next copies, issued once

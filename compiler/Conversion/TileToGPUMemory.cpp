@@ -284,8 +284,8 @@ LogicalResult TileKernelLowering::lowerStore(tile::StoreOp op) {
   if (half != f.pendingRound)
     return fail(op, "a 16-bit tile must come from arith.truncf");
   const StoreRows to = storeRowsOf(op);
-  if (Value through = stagingTileFor(op))
-    return storeThroughShared(op, f, to, through);
+  if (std::optional<StagingSlot> through = stagingSlotFor(op))
+    return storeThroughShared(op, f, to, *through);
   Value base = to.base, row0 = to.row0, rows = to.rows;
   auto store = [&](Value value, Value index64) {
     if (half) {
@@ -352,14 +352,23 @@ TileKernelLowering::storeRowsOf(tile::StoreOp op) {
 /// producer's tensor copy) that is read only as the lhs of products (so
 /// each warp reads only its own rows of it, as it holds its own rows of
 /// the stored tile) and by none after the store, with at least the
-/// store's rows and columns.
-Value TileKernelLowering::stagingTileFor(tile::StoreOp op) {
+/// store's rows and columns. Where the producer copies Q (the dead slot
+/// of the other forwards, which it refills for the next tile) the
+/// forward's own outputSlot, if the placement gave it one.
+std::optional<TileKernelLowering::StagingSlot>
+TileKernelLowering::stagingSlotFor(tile::StoreOp op) {
   RankedTensorType ty = tileType(op.getValue());
-  if (!place.stagedStores || copyBytes != 16 || queryLoad ||
-      place.colParts != 1 || ty.getRank() != 2 ||
-      ty.getElementType() != g.halfTy || ty.getDimSize(1) % 8 != 0 ||
-      splitsCols(ty) || op->getBlock() != &fn.getBody().front())
-    return Value();
+  if (!place.stagedStores || copyBytes != 16 || place.colParts != 1 ||
+      ty.getRank() != 2 || ty.getElementType() != g.halfTy ||
+      ty.getDimSize(1) % 8 != 0 || splitsCols(ty) ||
+      op->getBlock() != &fn.getBody().front())
+    return std::nullopt;
+  if (queryLoad) {
+    if (!outputSlot.rowChunks || outputSlot.padCols < ty.getDimSize(1) ||
+        place.gridRows < ty.getDimSize(0))
+      return std::nullopt;
+    return StagingSlot{outputSlot, place.gridRows, Value()};
+  }
   for (auto &[v, slot] : slots) {
     auto load = v.getDefiningOp<tile::LoadOp>();
     if (!load || load->getBlock() != op->getBlock() ||
@@ -378,9 +387,9 @@ Value TileKernelLowering::stagingTileFor(tile::StoreOp op) {
              at && at->isBeforeInBlock(op);
     });
     if (dead)
-      return v;
+      return StagingSlot{slot, slotTy.getDimSize(0), v};
   }
-  return Value();
+  return std::nullopt;
 }
 
 /// A 16-bit register tile's store through a dead shared slot
@@ -405,13 +414,13 @@ Value TileKernelLowering::stagingTileFor(tile::StoreOp op) {
 /// where the element-wise store had 64 two-byte stores per thread, each
 /// behind its row and column test (T18: the epilogue was 27% of the warps'
 /// stall samples at N = 1024).
-LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
-                                                     const Fragment &f,
-                                                     const StoreRows &to,
-                                                     Value through) {
+LogicalResult
+TileKernelLowering::storeThroughShared(tile::StoreOp op, const Fragment &f,
+                                       const StoreRows &to,
+                                       const StagingSlot &through) {
   RankedTensorType ty = tileType(op.getValue());
-  const SharedSlot slot = slots[through];
-  const int64_t slotRows = tileType(through).getDimSize(0);
+  const SharedSlot &slot = through.slot;
+  const int64_t slotRows = through.rows;
   // The slot's copies are waited for before its first reader. Where every
   // reader is inside a loop, a loop of no trips (a Q block that sees no
   // keys) leaves them in flight, and they spread the tile's rows over all
@@ -420,12 +429,18 @@ LogicalResult TileKernelLowering::storeThroughShared(tile::StoreOp op,
   auto ancestor = [&](Operation *user) {
     return op->getBlock()->findAncestorOpInBlock(*user);
   };
-  if (llvm::none_of(through.getUsers(),
-                    [&](Operation *user) { return ancestor(user) == user; })) {
+  if (!through.tile) {
+    // outputSlot: no copy fills it; in a persistent kernel the warp read
+    // its rows out in the last tile, each lane others' too.
+    if (place.persistent)
+      g.warpSync();
+  } else if (llvm::none_of(through.tile.getUsers(), [&](Operation *user) {
+               return ancestor(user) == user;
+             })) {
     // Every reader is in a loop (or a branch: then always): skipped when
     // every one of those loops has no trips.
     Value skipped = g.cBool(true);
-    for (Operation *user : through.getUsers())
+    for (Operation *user : through.tile.getUsers())
       if (auto loop = dyn_cast<scf::ForOp>(ancestor(user)))
         skipped = g.andI(skipped,
                          arith::CmpIOp::create(b, CmpIPredicate::sle,

@@ -84,6 +84,13 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.pingPong = pingPong;
     p.persistent = persistent;
     p.tma = tma;
+    // Q by its tensor map: O gets a staging slot of its own where it fits.
+    const int64_t oBytes = config.blockM * geo.vRowChunks * 16;
+    if (tma == 2 && geo.dvChunks == 1 &&
+        roundUp(geo.sharedBytes, 1024) + oBytes <= kSm90MaxSharedBytes) {
+      p.outputStagingBytes = oBytes;
+      p.maxShared = roundUp(geo.sharedBytes, 1024) + oBytes;
+    }
   }
   return p;
 }

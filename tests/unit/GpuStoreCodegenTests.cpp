@@ -92,6 +92,41 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
             std::string::npos);
 }
 
+/// Where the producer copies Q by its tensor map (FLASHJIT_TMA=qkv) it
+/// refills Q's slot for the next tile, so O is staged through a slot of
+/// its own (KernelPlacement::outputStagingBytes): Br x dv after every
+/// other slot, recorded in the launch's shared memory; one persistent and
+/// one per tile, both with 16-byte stores only. Where that slot does not
+/// fit beside three stages, O is stored element by element (before T30,
+/// always with Q by its tensor map).
+TEST(GpuStoreCodegen, QueryByTensorMapStagesOThroughItsOwnSlot) {
+  AttentionSpec spec;
+  GpuTarget target;
+  TileConfig config = tileConfig(128, 128, 8);
+  config.overlapSoftmax = true;
+  const int64_t plainShared =
+      compileForGpu(spec, config, target).kernels.at(0).sharedBytes;
+  ASSERT_EQ(setenv("FLASHJIT_TMA", "qkv", 1), 0);
+  for (const char *persistent : {"0", "1"}) {
+    SCOPED_TRACE(std::string("persistent ") + persistent);
+    ASSERT_EQ(setenv("FLASHJIT_PERSISTENT", persistent, 1), 0);
+    GpuCompilation c = compileForGpu(spec, config, target);
+    ASSERT_EQ(c.kernels.size(), 1u);
+    EXPECT_EQ(c.kernels[0].tensorMaps.size(), 3u);
+    EXPECT_EQ(c.kernels[0].sharedBytes,
+              (plainShared + 1023) / 1024 * 1024 + 128 * 128 * 2);
+    EXPECT_GT(occurrences(c.ptx, "st.global.v4.b32"), 0);
+    EXPECT_EQ(occurrences(c.ptx, "st.global.b16"), 0);
+  }
+  config.stages = 3;
+  GpuCompilation deep = compileForGpu(spec, config, target);
+  unsetenv("FLASHJIT_PERSISTENT");
+  unsetenv("FLASHJIT_TMA");
+  EXPECT_LE(deep.kernels.at(0).sharedBytes, 227 * 1024);
+  EXPECT_EQ(occurrences(deep.ptx, "st.global.v4.b32"), 0);
+  EXPECT_GT(occurrences(deep.ptx, "st.global.b16"), 0);
+}
+
 /// With FLASHJIT_BULK_DQ=1 the dK/dV kernel on warpgroup MMAs adds each
 /// step's dQ tile with one bulk reduction from its staging tile
 /// (GpuBackwardGeometry::bulkDq): the warpgroups' stores (a pair per 8
