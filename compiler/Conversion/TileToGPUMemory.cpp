@@ -456,15 +456,61 @@ TileKernelLowering::storeThroughShared(tile::StoreOp op, const Fragment &f,
   const int64_t chunks = ty.getDimSize(1) / 8, warpRows = mt * 16;
   const int64_t total = warpRows * chunks;
   auto v4 = VectorType::get({4}, g.i32);
+  // The 16-byte chunk of round k of lane l: chunk (32 k + l) % chunks of
+  // the warp's row (32 k + l) / chunks, at sharedAt(row) + its swizzle.
+  auto sharedAt = [&](Value r, Value col) {
+    Value at = place.wgmma ? g.swizzledBlocked(r, col, blockBytes(slotRows))
+                           : g.swizzled(r, col, slot.rowChunks);
+    return g.sharedBytePtr(smem, g.add(g.c32(slot.offset), at));
+  };
+  if (32 % chunks == 0 && total % 32 == 0 && !to.group) {
+    // Whole rows per round: each lane keeps its column and moves down
+    // 32 / chunks rows a round, so its global address is found once and
+    // stepped by a multiple of the row stride; where all the warp's rows
+    // exist (every full Q block) no round tests its row. Before (each
+    // round, T18): the row, its 64-bit offset and a branch around the
+    // store; after, for a full block:
+    //
+    //   %p0 = O + off + (m0 + warp row + l / chunks) * sn + 8 (l % chunks)
+    //   round k: ld.shared.v4 [swizzle(warp row + l / chunks + k step,
+    //            8 (l % chunks))]; st.global.v4 [%p0 + k step sn]
+    const int64_t step = 32 / chunks;
+    Value r0 = g.add(warpRow0, g.divU(lane, g.c32(chunks)));
+    Value col = g.mul(g.remU(lane, g.c32(chunks)), g.c32(8));
+    Value row0 = g.add(to.row0, r0);
+    Value ptr0 = g.elementPtr(to.base, g.add(to.rowAt(g, row0), g.ext64(col)));
+    auto rounds = [&](bool checked) {
+      for (int64_t k = 0; k < total / 32; ++k) {
+        Value x = LLVM::LoadOp::create(
+            b, v4, sharedAt(g.add(r0, g.c32(k * step)), col), 16);
+        Value rows = g.c64(k * step);
+        Value ptr =
+            g.elementPtr(ptr0, to.stride ? g.mul(rows, to.stride) : rows);
+        auto store = [&] { LLVM::StoreOp::create(b, x, g.toGlobal(ptr), 16); };
+        if (checked)
+          g.ifThen(
+              g.cmp(CmpIPredicate::slt, g.add(row0, g.c32(k * step)), to.rows),
+              store);
+        else
+          store();
+      }
+    };
+    Value lastRow = g.add(to.row0, g.add(warpRow0, g.c32(warpRows - 1)));
+    auto full = scf::IfOp::create(
+        b, g.cmp(CmpIPredicate::slt, lastRow, to.rows), /*withElse=*/true);
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(full.thenBlock());
+    rounds(false);
+    b.setInsertionPointToStart(full.elseBlock());
+    rounds(true);
+    return success();
+  }
   for (int64_t k = 0; k < total; k += 32) {
     auto body = [&] {
-      Value i = g.opaque(g.add(lane, g.c32(k)));
+      Value i = g.add(lane, g.c32(k));
       Value r = g.add(warpRow0, g.divU(i, g.c32(chunks)));
       Value col = g.mul(g.remU(i, g.c32(chunks)), g.c32(8));
-      Value at = place.wgmma ? g.swizzledBlocked(r, col, blockBytes(slotRows))
-                             : g.swizzled(r, col, slot.rowChunks);
-      Value x = LLVM::LoadOp::create(
-          b, v4, g.sharedBytePtr(smem, g.add(g.c32(slot.offset), at)), 16);
+      Value x = LLVM::LoadOp::create(b, v4, sharedAt(r, col), 16);
       Value row = g.add(to.row0, r);
       g.ifThen(g.cmp(CmpIPredicate::slt, row, to.rows), [&] {
         Value index = g.add(to.rowAt(g, row), g.ext64(col));

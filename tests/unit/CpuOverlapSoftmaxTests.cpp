@@ -127,6 +127,48 @@ TEST(OverlapSoftmax, SameBitsAsThePlainLoop) {
   }
 }
 
+/// A Q block that lists no KV block (sparse_emptyrow's block 1) gives O =
+/// +0 and lse = -inf even where every V holds NaN: its program computes
+/// block 0's P V anyway (the peel's epilogue) but drops it (T30), as the
+/// plain loop never loads it. Every other row sees a NaN value, so the
+/// rows that must stay clean are told apart from those that may not.
+TEST(OverlapSoftmax, EmptyQBlockIgnoresValuesItNeverSees) {
+  const Case &c = kOverlapCases[8];
+  ASSERT_EQ(c.layout, LayoutKind::EmptyRow);
+  AttentionSpec spec = specOf(c);
+  Problem p = problemOf(c);
+  const uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlapped" : "plain");
+    AttentionData data = makeRandomInputs(spec, p, c.qkv, rng);
+    std::fill(data.v.buffer->begin(), data.v.buffer->end(), uint16_t(0x7fc0));
+    BlockSparseLayout layout = makeLayout(c, seed);
+    TileConfig config = configOf(c);
+    config.overlapSoftmax = overlap;
+    CpuKernel::compile(spec, config)->run(p, data, &layout);
+    int64_t clean = 0, cleanLse = 0, poisoned = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t i = 0; i < c.nq; ++i) {
+          const bool empty = i / c.sparseBlock == 1;
+          const float lse = data.lse[size_t((b * c.heads + h) * c.nq + i)];
+          for (int64_t d = 0; d < c.dv; ++d) {
+            const uint16_t o = data.o.at(b, h, i, d);
+            if (empty)
+              clean += o == 0; // +0 exactly: not -0, not NaN
+            else
+              poisoned += (o & 0x7f80) == 0x7f80 && (o & 0x7f) != 0;
+          }
+          cleanLse += empty && std::isinf(lse) && lse < 0;
+        }
+    EXPECT_EQ(clean, c.batch * c.heads * c.sparseBlock * c.dv);
+    EXPECT_EQ(cleanLse, c.batch * c.heads * c.sparseBlock);
+    EXPECT_GT(poisoned, 0);
+  }
+}
+
 /// Forward only: the backward has no such loop.
 TEST(OverlapSoftmax, BackwardRefusesIt) {
   AttentionSpec spec;

@@ -33,12 +33,12 @@ size_t occurrences(const std::string &text, const std::string &needle) {
 }
 
 /// The forward stores O through the dead Q slot (KernelPlacement::
-/// stagedStores): one 16-byte vector store per 8 columns of a row and no
-/// 2-byte stores, on every forward path with 16-byte copies (mma.sync, the
-/// warpgroup tiles, the ring with two and three consumer warpgroups);
-/// element by element where the copies are narrower (O's rows may be
-/// unaligned), where grid.z splits O's columns (dv > 256) and with
-/// FLASHJIT_STAGED_STORES=0.
+/// stagedStores): one 16-byte vector store per 8 columns of a row (twice
+/// where a full block's copy skips the row tests) and no 2-byte stores, on
+/// every forward path with 16-byte copies (mma.sync, the warpgroup tiles, the
+/// ring with two and three consumer warpgroups); element by element where the
+/// copies are narrower (O's rows may be unaligned), where grid.z splits O's
+/// columns (dv > 256) and with FLASHJIT_STAGED_STORES=0.
 TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
   struct Case {
     int64_t d, dv;
@@ -76,7 +76,12 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
     SCOPED_TRACE(spec.name() + " " + c.config.toJson() + " " + c.arch +
                  " copy " + std::to_string(c.copyBytes));
     std::string ptx = compileToPtx(spec, c.config, target);
-    EXPECT_EQ(occurrences(ptx, "st.global.v4.b32"), c.vectorStores);
+    // Where a round covers whole rows (8 columns x chunks dividing 32, no
+    // row groups) a full block's copy, unchecked, comes beside the checked
+    // one (T30): up to twice the stores, less those LLVM sinks into one.
+    const int n = occurrences(ptx, "st.global.v4.b32");
+    EXPECT_GE(n, int(c.vectorStores));
+    EXPECT_LE(n, 2 * int(c.vectorStores));
     EXPECT_EQ(occurrences(ptx, "st.global.b16") == 0, c.vectorStores > 0);
   }
   AttentionSpec spec;
