@@ -203,6 +203,10 @@ private:
   /// `o * bcast(exp2(x - y))` skips the multiply when no row of the warp
   /// has x != y (then the factor is exactly 1): an exact rewrite.
   std::optional<LogicalResult> lowerUnitRescale(Operation *op);
+  /// arith.sitofp of a 2-D index tile affine in its row and column
+  /// (affineIndexOf): one conversion per column parity, then exact adds of
+  /// constants (TileToGPUCompute.cpp).
+  std::optional<LogicalResult> lowerAffineConversion(Operation *op);
 
   // Warpgroup MMAs (TileToGPUWgmma.cpp).
   LogicalResult lowerWgmmaDot(tile::DotOp op);

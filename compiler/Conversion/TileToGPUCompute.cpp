@@ -497,6 +497,8 @@ conversion::lowerScalarElement(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
 LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
   if (std::optional<LogicalResult> r = lowerUnitRescale(op))
     return *r;
+  if (std::optional<LogicalResult> r = lowerAffineConversion(op))
+    return *r;
   int64_t count = -1;
   for (Value v : op->getOperands()) {
     if (!isTile(v))
