@@ -275,6 +275,13 @@ private:
   /// A ring load after the loop: its stage, wait and release; false for
   /// any other load.
   bool placeRingEpilogueLoad(tile::LoadOp load);
+  /// Ring load \p load of \p stream in (\p stage, \p parity), read by
+  /// the products \p readers (firstAndLastDot): its slot shifted to the
+  /// stage, the first product waiting for the stage to fill, the last
+  /// giving it back once waited for.
+  void awaitRingStage(tile::LoadOp load,
+                      std::pair<Operation *, tile::DotOp> readers,
+                      int64_t stream, Value stage, Value parity);
   /// The stage and parity of a stream's load at \p position (i32 or a
   /// constant).
   std::pair<Value, Value> positionOf(Value position);

@@ -194,6 +194,8 @@ LogicalResult TileKernelLowering::assignRing(scf::ForOp loop) {
         }))
       return fail(load, "a K/V ring load after the ring loop must take "
                         "its operands from before the loop");
+    if (!firstAndLastDot(load).first)
+      return fail(load, "a ring tile must be read by tile.dot ops");
     ringEpilogue.push_back({load, stream, ringTail[stream]++});
   }
   ringMovesRegisters =
@@ -261,12 +263,10 @@ LogicalResult TileKernelLowering::lowerRingRoles(Block &body) {
       for (RingLead r : ringPrologue) {
         pipelined.insert(r.load);
         auto [stage, parity] = leadPosition(r);
-        stageShift[r.load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
-        auto [first, last] = firstAndLastDot(r.load);
-        if (!first)
+        auto readers = firstAndLastDot(r.load);
+        if (!readers.first)
           return fail(r.load, "a ring tile must be read by tile.dot ops");
-        ringWaits[first].push_back({r.stream, stage, parity});
-        ringReleases[last.getResult()].push_back({r.stream, stage, parity});
+        awaitRingStage(r.load, readers, r.stream, stage, parity);
       }
       return lowerBlock(body);
     });
@@ -455,10 +455,7 @@ LogicalResult TileKernelLowering::lowerRingFor(scf::ForOp op) {
   LogicalResult r = lowerLoopBody(op, [&]() -> LogicalResult {
     for (auto [i, l] : llvm::enumerate(loads)) {
       auto [stage, parity] = ringPosition(op, loopIv, i);
-      stageShift[l.getResult()] = g.mul(stage, g.c32(ringStageBytes));
-      auto [first, last] = readers[i];
-      ringWaits[first].push_back({int64_t(i), stage, parity});
-      ringReleases[last.getResult()].push_back({int64_t(i), stage, parity});
+      awaitRingStage(l, readers[i], int64_t(i), stage, parity);
     }
     return success();
   });
@@ -508,11 +505,16 @@ bool TileKernelLowering::placeRingEpilogueLoad(tile::LoadOp load) {
   if (r == ringEpilogue.end())
     return false;
   auto [stage, parity] = tailPosition(*r);
-  stageShift[load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
-  auto [first, last] = firstAndLastDot(load);
-  ringWaits[first].push_back({r->stream, stage, parity});
-  ringReleases[last.getResult()].push_back({r->stream, stage, parity});
+  awaitRingStage(load, firstAndLastDot(load), r->stream, stage, parity);
   return true;
+}
+
+void TileKernelLowering::awaitRingStage(
+    tile::LoadOp load, std::pair<Operation *, tile::DotOp> readers,
+    int64_t stream, Value stage, Value parity) {
+  stageShift[load.getResult()] = g.mul(stage, g.c32(ringStageBytes));
+  ringWaits[readers.first].push_back({stream, stage, parity});
+  ringReleases[readers.second.getResult()].push_back({stream, stage, parity});
 }
 
 void TileKernelLowering::waitForRing(tile::DotOp op) {
