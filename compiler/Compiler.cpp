@@ -355,8 +355,8 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.bwdRingStages = backwardRingStages(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target, config);
-  gpu.persistent = usesPersistentKernel(target);
-  gpu.tma = tensorMapMode(target);
+  gpu.persistent = usesPersistentKernel(target, config);
+  gpu.tma = tensorMapMode(target, config);
   gpu.stagedStores = usesStagedStores();
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);

@@ -195,21 +195,23 @@ bool usesKvRing(const GpuTarget &target);
 /// warpgroups, 1 otherwise; 0 without the ring.
 int64_t pingPongMode(const GpuTarget &target, const TileConfig &config);
 /// Whether the K/V ring's forward is a persistent kernel (the `persistent`
-/// pass option: a grid of the device's SMs loops over the tiles):
-/// FLASHJIT_PERSISTENT=1 with the ring; off otherwise.
-bool usesPersistentKernel(const GpuTarget &target);
+/// pass option: a grid of the device's SMs loops over the tiles): with the
+/// ring, \p config's `persistent` unless FLASHJIT_PERSISTENT is 0 or 1;
+/// off without the ring.
+bool usesPersistentKernel(const GpuTarget &target, const TileConfig &config);
 /// What the K/V ring's producer copies by the tensor memory accelerator
 /// (the `tma` pass option; tensor maps that the launcher encodes from the
-/// kernel's attn.tensor_maps): with the ring and 16-byte copies K and V
-/// (1, the default), Q, K and V with FLASHJIT_TMA=qkv (2), nothing with
-/// FLASHJIT_TMA=0 or else (0).
-int64_t tensorMapMode(const GpuTarget &target);
+/// kernel's attn.tensor_maps): with the ring and 16-byte copies Q, K and V
+/// (2) where \p config's `queryByTensorMap` asks, else K and V (1);
+/// FLASHJIT_TMA=0, kv or qkv overrides the config (0, 1, 2); nothing (0)
+/// without the ring or 16-byte copies.
+int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config);
 /// Whether the forward stores its 16-bit output through a shared slot that
 /// is dead by then (16-byte vector stores of whole rows; the
 /// `staged-stores` pass option): yes unless FLASHJIT_STAGED_STORES=0.
 bool usesStagedStores();
-inline bool usesTensorMaps(const GpuTarget &target) {
-  return tensorMapMode(target) > 0;
+inline bool usesTensorMaps(const GpuTarget &target, const TileConfig &config) {
+  return tensorMapMode(target, config) > 0;
 }
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).

@@ -39,9 +39,10 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
-      usesPersistentKernel(target) ? " persistent=true" : "",
-      usesTensorMaps(target) ? fmt::format(" tma={}", tensorMapMode(target))
-                             : "",
+      usesPersistentKernel(target, config) ? " persistent=true" : "",
+      usesTensorMaps(target, config)
+          ? fmt::format(" tma={}", tensorMapMode(target, config))
+          : "",
       usesStagedStores() ? "" : " staged-stores=false",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
@@ -55,23 +56,30 @@ bool usesStagedStores() {
   return !(env && std::string(env) == "0");
 }
 
-bool usesPersistentKernel(const GpuTarget &target) {
-  // Opt-in while it is measured (FLASHJIT_PERSISTENT=1); the pipeline text,
-  // part of the cache key, records it.
+bool usesPersistentKernel(const GpuTarget &target, const TileConfig &config) {
+  // The config's choice (defaultGpuConfig: the plain d = 128 tiling, T31),
+  // unless FLASHJIT_PERSISTENT says 0 or 1; the pipeline text, part of the
+  // cache key, records it.
+  if (!usesKvRing(target))
+    return false;
   const char *env = std::getenv("FLASHJIT_PERSISTENT");
-  return usesKvRing(target) && env && std::string(env) == "1";
+  const std::string v = env ? env : "";
+  return v == "1" || (v != "0" && config.persistent);
 }
 
-int64_t tensorMapMode(const GpuTarget &target) {
+int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config) {
   // Tensor maps want 16-byte aligned addresses and strides: the 16-byte
   // copies' (the launcher picks the copy width from the tensors).
   if (!usesKvRing(target) || target.copyBytes != 16)
     return 0;
   const char *env = std::getenv("FLASHJIT_TMA");
   const std::string v = env ? env : "";
-  // Q by the producer too (2) is opt-in: on the H200 it measured no faster
-  // one-tile-per-program and 3-7% slower at N = 16K (bench/NOTES.md, T17).
-  return v == "0" ? 0 : v == "qkv" ? 2 : 1;
+  if (v == "0" || v == "kv" || v == "qkv")
+    return v == "0" ? 0 : v == "kv" ? 1 : 2;
+  // Q by the producer too (2) where the config asks (defaultGpuConfig: with
+  // the persistent kernel at d = 128, T31; one tile per program it measured
+  // no faster on the H200, T17); else K and V.
+  return config.queryByTensorMap ? 2 : 1;
 }
 
 int64_t pingPongMode(const GpuTarget &target, const TileConfig &config) {

@@ -347,6 +347,12 @@ void TileConfig::validate(const AttentionSpec &spec) const {
   if (overlapSoftmax && spec.direction == Direction::Backward)
     throw SpecError("overlap_softmax is a forward tiling; the backward "
                     "takes none");
+  if (persistent && spec.direction == Direction::Backward)
+    throw SpecError("persistent is a forward tiling; the backward takes "
+                    "none");
+  if (queryByTensorMap && spec.direction == Direction::Backward)
+    throw SpecError("query_tma is a forward tiling; the backward takes "
+                    "none");
   if (spec.blockSparse) {
     if (spec.sparseBlock % blockM != 0)
       throw SpecError(fmt::format("block_m ({}) must divide sparse_block ({})",
@@ -363,11 +369,14 @@ std::string TileConfig::toJson() const {
                       : splits == kAutoSplits
                           ? ",\"splits\":\"auto\""
                           : fmt::format(",\"splits\":{}", splits);
-  // "overlap_softmax" only when set, so that other configs read as before.
+  // "overlap_softmax", "persistent" and "query_tma" only when set, so that
+  // other configs read as before (loadTunedConfig reads them in this order).
   return fmt::format(
-      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}{}{}}}",
+      "{{\"block_m\":{},\"block_n\":{},\"warps\":{},\"stages\":{}{}{}{}{}}}",
       blockM, blockN, warps, stages, split,
-      overlapSoftmax ? ",\"overlap_softmax\":true" : "");
+      overlapSoftmax ? ",\"overlap_softmax\":true" : "",
+      persistent ? ",\"persistent\":true" : "",
+      queryByTensorMap ? ",\"query_tma\":true" : "");
 }
 
 void Problem::validate(const AttentionSpec &spec) const {

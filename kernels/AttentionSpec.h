@@ -142,6 +142,18 @@ struct TileConfig {
   /// overlap-softmax): S = Q K^T of block t + 1 is issued before the
   /// softmax of block t. Forward only.
   bool overlapSoftmax = false;
+  /// The K/V ring's forward as a persistent kernel: a grid of the device's
+  /// SMs loops over the tiles, so that one tile's epilogue runs beside the
+  /// next one's loads (the `persistent` pass option). Forward only; where
+  /// the kernel has no K/V ring or splits the keys it is one tile per
+  /// program regardless (FLASHJIT_PERSISTENT=0/1 overrides it).
+  bool persistent = false;
+  /// With the K/V ring's tensor maps, the producer loads Q by its tensor
+  /// map too (the `tma=2` pass option): with `persistent`, the next tile's
+  /// Q while this tile's last products run. Forward only; ignored where
+  /// the K/V ring takes no tensor maps (FLASHJIT_TMA=0/kv/qkv overrides
+  /// it).
+  bool queryByTensorMap = false;
   static constexpr int64_t kAutoSplits = -1;
   static constexpr int64_t kMaxSplits = 256;
 

@@ -34,6 +34,7 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
   struct Row {
     int64_t maxD, blockM, blockN, warps, stages = 2;
     bool overlapSoftmax = false;
+    bool persistent = false; ///< with Q by its tensor map too
   };
   // Masks and block-sparse layouts keep a few more values live.
   const bool isPlain = spec.mask == MaskKind::None && !spec.blockSparse;
@@ -50,6 +51,9 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
           c.warps = r.warps;
           c.stages = r.stages;
           c.overlapSoftmax = r.overlapSoftmax;
+          c.persistent = c.queryByTensorMap =
+              r.persistent && !spec.varlen &&
+              spec.direction == Direction::Forward;
           return c;
         }
       return std::nullopt;
@@ -68,11 +72,15 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     // 481), with the overlapped loop for d in 113..128, plain and masked
     // (T12; below, padded to 112, its consumers spill), and at 128 x 64
     // past d = 128 (T13: d = 256 causal 493 -> 542; T15, by tensor maps,
-    // unmasked too: 520 -> 617); else the tilings above.
+    // unmasked too: 520 -> 617); else the tilings above. Unmasked at d in
+    // 113..128 (not varlen) a persistent kernel with Q by its tensor map
+    // (T31, H100, against one tile per program in one run: N = 16K +9%,
+    // N = 4096 B = 4 +4%, N = 1024 B = 16 +13%; causal it lost 12-29%, at
+    // d = 64, 96 and 256 it gained nothing).
     static const Row ringPlain[] = {{48, 64, 128, 4},
                                     {96, 192, 128, 12, 2},
                                     {112, 128, 128, 8, 2},
-                                    {128, 128, 128, 8, 2, true},
+                                    {128, 128, 128, 8, 2, true, true},
                                     {256, 128, 64, 8, 2}};
     static const Row ringMasked[] = {{48, 64, 128, 4},
                                      {64, 192, 128, 12, 2},

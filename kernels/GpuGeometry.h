@@ -351,6 +351,20 @@ inline DqWarps dqWarps(int64_t warps, int64_t rowSplit) {
 /// The dynamic shared memory of one sm_90 thread block (227 KiB).
 inline constexpr int64_t kSm90MaxSharedBytes = 232448;
 
+/// The staging slot of O in the K/V ring's forward with Q by its tensor map
+/// (tma = 2), in bytes: Q's slot is refilled for the next tile there, so O
+/// takes a slot of its own, Br x dv, at the first 1 KiB boundary after
+/// \p geo's slots, where it is one column chunk and fits the block's
+/// shared memory; else 0 (O is then stored element by element).
+inline int64_t queryMapOutputSlotBytes(const GpuGeometry &geo,
+                                       const TileConfig &config) {
+  const int64_t bytes = config.blockM * geo.vRowChunks * 16;
+  return geo.dvChunks == 1 &&
+                 roundUp(geo.sharedBytes, 1024) + bytes <= kSm90MaxSharedBytes
+             ? bytes
+             : 0;
+}
+
 /// The columns of dQ = dS K that each of \p groups warpgroups holds (the
 /// dK/dV kernel on warpgroup MMAs, \p cols dQ's columns padded to 16): a
 /// 64-wide block each where they split evenly so, else all of them (the

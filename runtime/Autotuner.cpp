@@ -82,6 +82,13 @@ std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
     c.overlapSoftmax = !c.overlapSoftmax;
     if (c.warps == GpuGeometry::kRingConsumerWarps && fits(c))
       out.push_back(c);
+    // The persistent kernel with Q by its tensor map, switched likewise.
+    if (!first.splits && spec.direction == Direction::Forward) {
+      TileConfig p = first;
+      p.persistent = p.queryByTensorMap = !first.persistent;
+      if (fits(p))
+        out.push_back(p);
+    }
   }
   return out;
 }

@@ -42,8 +42,9 @@ struct TuneLimits {
 /// the sparse block. Always contains defaultGpuConfig(spec,
 /// limits.warpgroupMma, limits.kvRing) when that fits, first; 192 rows only
 /// with 12 warps. With the K/V ring, where that first one takes it, also
-/// the first with one more stage, with none and (on 8 warps) with the
-/// overlapped loop switched.
+/// the first with one more stage, with none, (on 8 warps) with the
+/// overlapped loop switched and with the persistent kernel (with Q by its
+/// tensor map) switched.
 std::vector<TileConfig> tuningCandidates(const AttentionSpec &spec,
                                          const TuneLimits &limits);
 

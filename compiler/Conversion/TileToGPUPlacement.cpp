@@ -85,9 +85,8 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.persistent = persistent;
     p.tma = tma;
     // Q by its tensor map: O gets a staging slot of its own where it fits.
-    const int64_t oBytes = config.blockM * geo.vRowChunks * 16;
-    if (tma == 2 && geo.dvChunks == 1 &&
-        roundUp(geo.sharedBytes, 1024) + oBytes <= kSm90MaxSharedBytes) {
+    if (int64_t oBytes = queryMapOutputSlotBytes(geo, config);
+        tma == 2 && oBytes) {
       p.outputStagingBytes = oBytes;
       p.maxShared = roundUp(geo.sharedBytes, 1024) + oBytes;
     }

@@ -217,15 +217,25 @@ TEST(Engine, TunedSplitConfigsKeepTheirSplits) {
   tuned.blockM = 16;
   tuned.warps = 1;
   for (int64_t splits : {TileConfig::kAutoSplits, int64_t(7), int64_t(0)})
-    for (bool overlap : {false, true}) { // and the overlapped loop's flag
+    for (int flags = 0; flags < 8; ++flags) { // and the forward's flags
       tuned.splits = splits;
-      tuned.overlapSoftmax = overlap;
+      tuned.overlapSoftmax = flags & 1;
+      tuned.persistent = flags & 2;
+      tuned.queryByTensorMap = flags & 4;
       auto loaded = roundTrip(tuned.toJson());
       ASSERT_TRUE(loaded.has_value()) << tuned.toJson();
+      EXPECT_EQ(loaded->toJson(), tuned.toJson());
       EXPECT_EQ(loaded->splits, splits);
-      EXPECT_EQ(loaded->overlapSoftmax, overlap);
+      EXPECT_EQ(loaded->overlapSoftmax, tuned.overlapSoftmax);
+      EXPECT_EQ(loaded->persistent, tuned.persistent);
+      EXPECT_EQ(loaded->queryByTensorMap, tuned.queryByTensorMap);
       EXPECT_EQ(loaded->blockM, 16);
     }
+  // The flags out of toJson's order are a corrupt entry.
+  EXPECT_FALSE(roundTrip("{\"block_m\":16,\"block_n\":64,\"warps\":1,"
+                         "\"stages\":2,\"query_tma\":true,"
+                         "\"persistent\":true}")
+                   .has_value());
   EXPECT_FALSE(roundTrip("{\"block_m\":16,\"block_n\":64,\"warps\":1,"
                          "\"stages\":2,\"splits\":\"many\"}")
                    .has_value());

@@ -251,7 +251,7 @@ int runRun(const CliOptions &o) {
                             geo.ringStages ? pingPongMode(target, config) : 0,
                             gpu.kvSplits,
                             geo.ringStages && !gpu.kvSplits &&
-                                    usesPersistentKernel(target)
+                                    usesPersistentKernel(target, config)
                                 ? "true"
                                 : "false",
                             gpu.tensorMaps ? "true" : "false", gpu.tensorMaps);

@@ -204,7 +204,17 @@ std::string helpText(const std::string &command) {
          "  --overlap-softmax    the software-pipelined KV loop: S = Q K^T of\n"
          "                       block t + 1 is issued before the softmax of\n"
          "                       block t (forward; on sm_90a the K/V ring's\n"
-         "                       consumers take 232 registers)\n";
+         "                       consumers take 232 registers)\n"
+         "  --persistent         the K/V ring's forward as a persistent "
+         "kernel\n"
+         "                       (sm_90a): a grid of the SMs loops over the\n"
+         "                       tiles (FLASHJIT_PERSISTENT=0/1 overrides)\n"
+         "  --query-tma          the ring's producer loads Q by its tensor "
+         "map\n"
+         "                       too (sm_90a; FLASHJIT_TMA=0/kv/qkv "
+         "overrides).\n"
+         "                       The default d = 128 tiling without a mask\n"
+         "                       or modifier takes both\n";
 }
 
 const std::vector<std::string> &runOnlyOptions() {
@@ -409,6 +419,16 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
        [&] {
          o.config.overlapSoftmax = true;
          warpsGiven = true; // a tiling flag: the config comes from flags
+       }},
+      {"--persistent",
+       [&] {
+         o.config.persistent = true;
+         warpsGiven = true;
+       }},
+      {"--query-tma",
+       [&] {
+         o.config.queryByTensorMap = true;
+         warpsGiven = true;
        }},
       {"--help", [&] { o.help = true; }},
       {"-h", [&] { o.help = true; }},

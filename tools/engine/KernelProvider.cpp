@@ -182,16 +182,21 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
                   &tuned.blockM, &tuned.blockN, &tuned.warps, &tuned.stages,
                   &end) != 4)
     return std::nullopt;
-  // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson), and
-  // the pipelined loop's ",\"overlap_softmax\":true" last.
+  // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson), then
+  // the flags set ("overlap_softmax", "persistent", "query_tma", in that
+  // order), read here from the last.
   std::string rest = text.substr(size_t(end));
-  const std::string overlap = ",\"overlap_softmax\":true}";
-  if (rest.size() >= overlap.size() &&
-      rest.compare(rest.size() - overlap.size(), overlap.size(), overlap) ==
-          0) {
-    tuned.overlapSoftmax = true;
-    rest = rest.substr(0, rest.size() - overlap.size()) + "}";
-  }
+  auto takeFlag = [&](const char *name, bool &flag) {
+    const std::string tail = fmt::format(",\"{}\":true}}", name);
+    if (rest.size() >= tail.size() &&
+        rest.compare(rest.size() - tail.size(), tail.size(), tail) == 0) {
+      flag = true;
+      rest = rest.substr(0, rest.size() - tail.size()) + "}";
+    }
+  };
+  takeFlag("query_tma", tuned.queryByTensorMap);
+  takeFlag("persistent", tuned.persistent);
+  takeFlag("overlap_softmax", tuned.overlapSoftmax);
   long splits = 0;
   int used = 0;
   if (rest == ",\"splits\":\"auto\"}")

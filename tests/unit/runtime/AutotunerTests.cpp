@@ -111,6 +111,18 @@ TEST(Autotuner, RingCandidatesVaryTheFirstOne) {
       // The overlapped loop switched: on two consumer warpgroups only.
       EXPECT_EQ(has(first.stages, !first.overlapSoftmax),
                 first.warps == GpuGeometry::kRingConsumerWarps);
+      // The persistent kernel (with Q by its tensor map) switched: the
+      // first's tiling otherwise.
+      EXPECT_EQ(std::count_if(cands.begin(), cands.end(),
+                              [&](const TileConfig &c) {
+                                TileConfig same = c;
+                                same.persistent = first.persistent;
+                                same.queryByTensorMap = first.queryByTensorMap;
+                                return c.persistent != first.persistent &&
+                                       c.queryByTensorMap == c.persistent &&
+                                       same.toJson() == first.toJson();
+                              }),
+                1);
     }
 }
 
