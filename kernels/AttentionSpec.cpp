@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace flashjit {
@@ -344,15 +345,14 @@ void TileConfig::validate(const AttentionSpec &spec) const {
   if (splits && spec.direction == Direction::Backward)
     throw SpecError("splits (split-KV) is a forward tiling; the backward "
                     "takes none");
-  if (overlapSoftmax && spec.direction == Direction::Backward)
-    throw SpecError("overlap_softmax is a forward tiling; the backward "
-                    "takes none");
-  if (persistent && spec.direction == Direction::Backward)
-    throw SpecError("persistent is a forward tiling; the backward takes "
-                    "none");
-  if (queryByTensorMap && spec.direction == Direction::Backward)
-    throw SpecError("query_tma is a forward tiling; the backward takes "
-                    "none");
+  const std::pair<bool, const char *> forwardOnly[] = {
+      {overlapSoftmax, "overlap_softmax"},
+      {persistent, "persistent"},
+      {queryByTensorMap, "query_tma"}};
+  for (auto [set, name] : forwardOnly)
+    if (set && spec.direction == Direction::Backward)
+      throw SpecError(
+          fmt::format("{} is a forward tiling; the backward takes none", name));
   if (spec.blockSparse) {
     if (spec.sparseBlock % blockM != 0)
       throw SpecError(fmt::format("block_m ({}) must divide sparse_block ({})",
