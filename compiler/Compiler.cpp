@@ -358,6 +358,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.persistent = usesPersistentKernel(target, config);
   gpu.tma = tensorMapMode(target, config);
   gpu.stagedStores = usesStagedStores();
+  gpu.exp2Emulation = exp2EmulationEighths(target);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });

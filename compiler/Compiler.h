@@ -210,6 +210,11 @@ int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config);
 /// is dead by then (16-byte vector stores of whole rows; the
 /// `staged-stores` pass option): yes unless FLASHJIT_STAGED_STORES=0.
 bool usesStagedStores();
+/// Eighths (0..8) of the forward softmax's exponential tile that \p target
+/// computes by arithmetic instead of ex2.approx (the `exp2-emulation` pass
+/// option, TileToGPUExp2.cpp): FLASHJIT_EXP2_EMULATION's value on sm_90a
+/// with warpgroup MMAs (opt-in while it is measured), else 0.
+int64_t exp2EmulationEighths(const GpuTarget &target);
 inline bool usesTensorMaps(const GpuTarget &target, const TileConfig &config) {
   return tensorMapMode(target, config) > 0;
 }

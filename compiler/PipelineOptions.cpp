@@ -35,7 +35,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
@@ -44,9 +44,20 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
           ? fmt::format(" tma={}", tensorMapMode(target, config))
           : "",
       usesStagedStores() ? "" : " staged-stores=false",
+      exp2EmulationEighths(target)
+          ? fmt::format(" exp2-emulation={}", exp2EmulationEighths(target))
+          : "",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       tilingOptions(config));
+}
+
+int64_t exp2EmulationEighths(const GpuTarget &target) {
+  const char *env = std::getenv("FLASHJIT_EXP2_EMULATION");
+  if (!usesWgmma(target) || !env)
+    return 0;
+  const std::string v = env;
+  return v.size() == 1 && v[0] >= '0' && v[0] <= '8' ? v[0] - '0' : 0;
 }
 
 bool usesStagedStores() {

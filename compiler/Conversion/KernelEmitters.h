@@ -32,11 +32,22 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// persistent kernel (KernelPlacement::persistent); with the ring and
 /// \p tma, K and V (1), and Q too (2), by the tensor memory accelerator
 /// where their addresses allow (KernelPlacement::tma); its output through
-/// a dead shared slot where \p stagedStores (KernelPlacement::stagedStores).
-mlir::LogicalResult lowerTileKernel(
-    mlir::func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong = 0,
-    bool persistent = false, int64_t tma = 0, bool stagedStores = true);
+/// a dead shared slot where \p stagedStores (KernelPlacement::stagedStores);
+/// \p exp2Emulation eighths of the softmax's exponentials by arithmetic
+/// (KernelPlacement::exp2Emulation).
+struct ForwardLoweringOptions {
+  int64_t ringStages = 0;
+  int64_t pingPong = 0;
+  bool persistent = false;
+  int64_t tma = 0;
+  bool stagedStores = true;
+  int64_t exp2Emulation = 0;
+};
+mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
+                                    mlir::gpu::GPUModuleOp gpuModule,
+                                    int64_t warps, int64_t copyBytes,
+                                    bool wgmma,
+                                    const ForwardLoweringOptions &options);
 
 /// Lowers one of the backward's tiled functions, written in the tile
 /// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).

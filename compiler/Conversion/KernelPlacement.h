@@ -135,6 +135,10 @@ struct KernelPlacement {
   /// cannot go through it. 0 where the shared memory has no room for it
   /// (O is then stored element by element, as before T30).
   int64_t outputStagingBytes = 0;
+  /// Eighths (0..8) of the registers of the softmax's exponential tile
+  /// computed by arithmetic on the FMA pipe instead of ex2.approx
+  /// (TileToGPUExp2.cpp, kernels/Exp2Emulation.h). The forward's roles.
+  int64_t exp2Emulation = 0;
 };
 
 } // namespace flashjit::conversion

@@ -170,9 +170,15 @@ struct LowerTiledToGPUPass
                            LLVM::Linkage::External, "flashjit_smem",
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     for (func::FuncOp fn : forward) {
+      conversion::ForwardLoweringOptions options;
+      options.ringStages = kvRingStages;
+      options.pingPong = pingPong;
+      options.persistent = persistent;
+      options.tma = tma;
+      options.stagedStores = stagedStores;
+      options.exp2Emulation = exp2Emulation;
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
-                                             wgmma, kvRingStages, pingPong,
-                                             persistent, tma, stagedStores)))
+                                             wgmma, options)))
         return signalPassFailure();
       fn.erase();
     }

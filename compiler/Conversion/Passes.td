@@ -67,6 +67,10 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
            "the forward stores its 16-bit output tile through a shared slot "
            "that is dead by then (16-byte vector stores of whole rows) "
            "where its copies are 16 bytes; false: element by element">,
+    Option<"exp2Emulation", "exp2-emulation", "int64_t", "0",
+           "the forward computes this many eighths (0 to 8) of the "
+           "registers of its softmax's exponential tile by arithmetic on "
+           "the FMA pipe instead of ex2.approx (kernels/Exp2Emulation.h)">,
   ];
 }
 

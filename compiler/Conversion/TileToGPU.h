@@ -207,6 +207,10 @@ private:
   /// (affineIndexOf): one conversion per column parity, then exact adds of
   /// constants (TileToGPUCompute.cpp).
   std::optional<LogicalResult> lowerAffineConversion(Operation *op);
+  /// math.exp2 of a score tile less a broadcast row value: a share of its
+  /// registers by arithmetic (KernelPlacement::exp2Emulation;
+  /// TileToGPUExp2.cpp).
+  std::optional<LogicalResult> lowerEmulatedExp2(Operation *op);
 
   // Warpgroup MMAs (TileToGPUWgmma.cpp).
   LogicalResult lowerWgmmaDot(tile::DotOp op);

@@ -499,6 +499,8 @@ LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
     return *r;
   if (std::optional<LogicalResult> r = lowerAffineConversion(op))
     return *r;
+  if (std::optional<LogicalResult> r = lowerEmulatedExp2(op))
+    return *r;
   int64_t count = -1;
   for (Value v : op->getOperands()) {
     if (!isTile(v))

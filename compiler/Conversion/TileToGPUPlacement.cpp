@@ -197,8 +197,8 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
 
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool wgmma, int64_t ringStages, int64_t pingPong,
-    bool persistent, int64_t tma, bool stagedStores) {
+    int64_t copyBytes, bool wgmma, const ForwardLoweringOptions &options) {
+  const int64_t ringStages = options.ringStages;
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -235,9 +235,11 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     config.stages = ringStages;
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
-  KernelPlacement p = forwardPlacement(spec, config, wgmma, kvRing, pingPong,
-                                       persistent, copyBytes == 16 ? tma : 0);
-  p.stagedStores = stagedStores;
+  KernelPlacement p =
+      forwardPlacement(spec, config, wgmma, kvRing, options.pingPong,
+                       options.persistent, copyBytes == 16 ? options.tma : 0);
+  p.stagedStores = options.stagedStores;
+  p.exp2Emulation = options.exp2Emulation;
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.

@@ -101,6 +101,7 @@ void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
   lower.persistent = gpu.persistent;
   lower.tma = gpu.tma;
   lower.stagedStores = gpu.stagedStores;
+  lower.exp2Emulation = gpu.exp2Emulation;
   pm.addPass(conversion::createLowerTiledToGPU(lower));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());

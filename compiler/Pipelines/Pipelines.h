@@ -37,6 +37,8 @@ struct GpuPipelineConfig {
   int64_t tma = 0;
   /// The forward's output tile through a dead shared slot (16-byte stores).
   bool stagedStores = true;
+  /// Eighths of the forward softmax's exponentials by arithmetic (0..8).
+  int64_t exp2Emulation = 0;
   /// The backward's atomic dQ by one bulk reduction per step (wgmma).
   bool bulkDq = false;
   /// The backward's dK/dV kernel: a Q/dO ring of this many stages filled
@@ -93,6 +95,11 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
       llvm::cl::desc("the forward's output tile through a dead shared slot "
                      "(16-byte stores of whole rows)"),
       llvm::cl::init(true)};
+  Option<int64_t> exp2Emulation{
+      *this, "exp2-emulation",
+      llvm::cl::desc("eighths (0 to 8) of the forward softmax's exponential "
+                     "tile computed by arithmetic on the FMA pipe"),
+      llvm::cl::init(0)};
 
   Option<bool> bulkDq{
       *this, "bulk-dq",
@@ -118,6 +125,7 @@ struct GpuLoweringOptions : public mlir::PassPipelineOptions<Derived> {
     gpu.persistent = persistent;
     gpu.tma = tma;
     gpu.stagedStores = stagedStores;
+    gpu.exp2Emulation = exp2Emulation;
     gpu.bulkDq = bulkDq;
     gpu.bwdRingStages = bwdRingStages;
     return gpu;

@@ -285,6 +285,38 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(
 ));
 // clang-format on
 
+/// A share of the softmax's exponentials by arithmetic
+/// (FLASHJIT_EXP2_EMULATION, TileToGPUExp2.cpp): the forward still matches
+/// the float64 reference with some, half and all of the P tile's registers
+/// emulated, plain, causal (rows past the diagonal: x = -inf), softcap,
+/// fp16, a window, rows that see no key (Nq > Nkv, causal), the
+/// persistent default.
+class ForwardExp2EmulationGpu
+    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+protected:
+  void SetUp() override {
+    if (!flashjit::rt::CudaDriver::get().available())
+      GTEST_SKIP() << "skipped: no CUDA driver";
+  }
+};
+
+TEST_P(ForwardExp2EmulationGpu, MatchesFloat64Reference) {
+  auto [eighths, args] = GetParam();
+  runAndCheck(args, std::string("FLASHJIT_EXP2_EMULATION=") + eighths);
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Shares, ForwardExp2EmulationGpu, ::testing::Combine(
+  ::testing::Values("2", "4", "8"),
+  ::testing::Values(
+    "--head-dim 128 --batch 2 --heads 8 --seq-len 1000",
+    "--head-dim 128 --causal --heads 8 --seq-len 777 --seq-len-kv 900",
+    "--head-dim 128 --score-mod softcap:30 --heads 8 --seq-len 1100",
+    "--head-dim 128 --dtype fp16 --score-mod softcap:5 --causal --heads 8 --seq-len 600",
+    "--head-dim 64 --window 30,0 --heads 8 --seq-len 300 --seq-len-kv 500",
+    "--head-dim 64 --causal --heads 8 --seq-len 500 --seq-len-kv 300")));
+// clang-format on
+
 /// The K/V ring's copies by the tensor memory accelerator (the default on
 /// sm_90a with 16-byte aligned tensors; FLASHJIT_TMA=0: cp.async), each
 /// case both ways: head dims whose last box is part zeros (40, 72, 96),

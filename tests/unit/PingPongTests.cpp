@@ -13,6 +13,7 @@
 
 #include "compiler/Compiler.h"
 #include "tests/unit/AttentionCases.h"
+#include "tests/unit/runtime/ScopedEnv.h"
 
 #include <gtest/gtest.h>
 
@@ -27,26 +28,9 @@ namespace {
 
 /// Sets FLASHJIT_PING_PONG for one scope (unset when \p value is null) and
 /// restores what it was.
-class PingPongEnv {
-public:
-  explicit PingPongEnv(const char *value) {
-    if (const char *old = std::getenv(kName))
-      saved = old;
-    if (value)
-      setenv(kName, value, 1);
-    else
-      unsetenv(kName);
-  }
-  ~PingPongEnv() {
-    if (saved.empty())
-      unsetenv(kName);
-    else
-      setenv(kName, saved.c_str(), 1);
-  }
-
-private:
-  static constexpr const char *kName = "FLASHJIT_PING_PONG";
-  std::string saved;
+struct PingPongEnv : test::ScopedEnv {
+  explicit PingPongEnv(const char *value)
+      : ScopedEnv("FLASHJIT_PING_PONG", value) {}
 };
 
 /// The ring tilings of the defaults (kernels/GpuDefaults.h): d 128's
