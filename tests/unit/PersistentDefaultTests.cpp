@@ -38,8 +38,8 @@ bool contains(const std::string &text, const std::string &what) {
 } // namespace
 
 /// Only the plain d in 113..128 forward takes it: not causal, not a
-/// sliding window, not block-sparse, not with a score modifier, not
-/// varlen, at no other head dim; and never without warpgroup MMAs and the
+/// sliding window, not block-sparse, not with a score or mask modifier,
+/// not varlen, at no other head dim; and never without warpgroup MMAs and the
 /// ring.
 TEST(PersistentDefault, OnlyThePlainD128TilingTakesIt) {
   for (int64_t d : {32, 64, 96, 112, 113, 128, 192, 256})
@@ -62,6 +62,9 @@ TEST(PersistentDefault, OnlyThePlainD128TilingTakesIt) {
   AttentionSpec softcap = forward(128);
   softcap.scoreMod = "softcap:30";
   EXPECT_FALSE(defaultGpuConfig(softcap, true, true).persistent);
+  AttentionSpec maskMod = forward(128);
+  maskMod.maskModRegion = "(any mask_mod region)";
+  EXPECT_FALSE(defaultGpuConfig(maskMod, true, true).persistent);
   AttentionSpec varlen = forward(128);
   varlen.varlen = true;
   EXPECT_FALSE(defaultGpuConfig(varlen, true, true).persistent);
