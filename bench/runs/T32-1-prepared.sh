@@ -4,11 +4,7 @@
 # issue 13's forward bar table beside cuDNN (the H200's if one comes).
 cd "$(dirname "$0")/.." || exit 2
 source tools/scripts/gpu-env.sh
-export PYTHONPATH=$PWD/python
-T0=$SECONDS
-say() { echo "[1 +$((SECONDS - T0))s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
-echo "build: $(sed -n 2p .carry/MANIFEST.txt)"
+call_header 1
 timeout 120 $C/bin/flashjit-forward-gpu-tests --gtest_filter='*Exp2*' --gtest_brief=1 --gtest_color=no > $OUT/t-exp2.log 2>&1
 say "exp2 tests: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' $OUT/t-exp2.log | tr '\n' ' ')"
 grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-exp2.log | head -4

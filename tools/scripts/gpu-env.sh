@@ -4,7 +4,7 @@
 # a fresh cache directory, no autotuning, and nvJitLink from the CUDA
 # toolkit or a pip wheel where the loader does not find it; and the helpers
 # step, forward_tests, runtime_tests, sanitize, bench_one, tflops_of,
-# peers_forward and median below.
+# peers_forward, median, call_header and say below.
 C=$PWD/.carry
 : "${OUT:=$PWD/out}"; mkdir -p "$OUT"
 [[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
@@ -79,3 +79,13 @@ forward_tests() {
   echo "exit $?" >> $OUT/tests.log
   grep -E "FAILED|PASSED|tests ran|exit" $OUT/tests.log | head -30
 }
+# call_header TAG: what every call script prints first (the card, its
+# driver, clock and temperature; the carried build) and `say MSG`, which
+# prints MSG after "[TAG +Ns]", N the seconds since the header.
+call_header() {
+  CALL_TAG=$1 CALL_T0=$SECONDS
+  export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
+  echo "build: $(sed -n 2p "$C/MANIFEST.txt")"
+}
+say() { echo "[$CALL_TAG +$((SECONDS - CALL_T0))s] $*"; }
