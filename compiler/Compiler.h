@@ -215,9 +215,6 @@ bool usesStagedStores();
 /// option, TileToGPUExp2.cpp): FLASHJIT_EXP2_EMULATION's value on sm_90a
 /// with warpgroup MMAs (opt-in while it is measured), else 0.
 int64_t exp2EmulationEighths(const GpuTarget &target);
-inline bool usesTensorMaps(const GpuTarget &target, const TileConfig &config) {
-  return tensorMapMode(target, config) > 0;
-}
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

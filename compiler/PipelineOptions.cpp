@@ -32,6 +32,8 @@ std::string cpuPipelineText(const TileConfig &config) {
 
 std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   const int64_t bwdRing = backwardRingStages(target);
+  const int64_t tma = tensorMapMode(target, config);
+  const int64_t exp2 = exp2EmulationEighths(target);
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
@@ -40,13 +42,9 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
       usesPersistentKernel(target, config) ? " persistent=true" : "",
-      usesTensorMaps(target, config)
-          ? fmt::format(" tma={}", tensorMapMode(target, config))
-          : "",
+      tma ? fmt::format(" tma={}", tma) : "",
       usesStagedStores() ? "" : " staged-stores=false",
-      exp2EmulationEighths(target)
-          ? fmt::format(" exp2-emulation={}", exp2EmulationEighths(target))
-          : "",
+      exp2 ? fmt::format(" exp2-emulation={}", exp2) : "",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       tilingOptions(config));

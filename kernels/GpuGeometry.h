@@ -364,6 +364,13 @@ inline int64_t queryMapOutputSlotBytes(const GpuGeometry &geo,
              ? bytes
              : 0;
 }
+/// The shared memory of that forward: \p geo's, and O's slot where it has
+/// one (queryMapOutputSlotBytes).
+inline int64_t queryMapSharedBytes(const GpuGeometry &geo,
+                                   const TileConfig &config) {
+  const int64_t slot = queryMapOutputSlotBytes(geo, config);
+  return slot ? roundUp(geo.sharedBytes, 1024) + slot : geo.sharedBytes;
+}
 
 /// The columns of dQ = dS K that each of \p groups warpgroups holds (the
 /// dK/dV kernel on warpgroup MMAs, \p cols dQ's columns padded to 16): a

@@ -85,10 +85,9 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.persistent = persistent;
     p.tma = tma;
     // Q by its tensor map: O gets a staging slot of its own where it fits.
-    if (int64_t oBytes = queryMapOutputSlotBytes(geo, config);
-        tma == 2 && oBytes) {
-      p.outputStagingBytes = oBytes;
-      p.maxShared = roundUp(geo.sharedBytes, 1024) + oBytes;
+    if (tma == 2) {
+      p.outputStagingBytes = queryMapOutputSlotBytes(geo, config);
+      p.maxShared = queryMapSharedBytes(geo, config);
     }
   }
   return p;

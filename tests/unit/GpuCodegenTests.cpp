@@ -161,14 +161,12 @@ TEST_P(GpuCodegen, DefaultConfigAssemblesWithoutSpills) {
 
 /// Whether the gpu stage \p gpu records \p geo's shared memory and threads.
 /// With Q by its tensor map (the ring's, 16-byte copies) O's own staging
-/// slot comes on top (queryMapOutputSlotBytes).
+/// slot comes on top (queryMapSharedBytes).
 void expectRecords(const std::string &gpu, const GpuGeometry &geo,
                    const TileConfig &config) {
-  const int64_t slot = geo.ringStages && config.queryByTensorMap
-                           ? queryMapOutputSlotBytes(geo, config)
-                           : 0;
-  const int64_t shared =
-      slot ? roundUp(geo.sharedBytes, 1024) + slot : geo.sharedBytes;
+  const int64_t shared = geo.ringStages && config.queryByTensorMap
+                             ? queryMapSharedBytes(geo, config)
+                             : geo.sharedBytes;
   EXPECT_NE(
       gpu.find("attn.shared_bytes = " + std::to_string(shared) + " : i64"),
       std::string::npos)

@@ -11,6 +11,7 @@
 
 #include "compiler/Compiler.h"
 #include "tests/unit/AttentionCases.h"
+#include "tests/unit/runtime/ScopedEnv.h"
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 #include <string>
 
 using namespace flashjit;
+using flashjit::test::ScopedEnv;
 using flashjit::test::tileConfig;
 
 namespace {
@@ -116,10 +118,10 @@ TEST(GpuStoreCodegen, QueryByTensorMapStagesOThroughItsOwnSlot) {
   config.overlapSoftmax = true;
   const int64_t plainShared =
       compileForGpu(spec, config, target).kernels.at(0).sharedBytes;
-  ASSERT_EQ(setenv("FLASHJIT_TMA", "qkv", 1), 0);
+  ScopedEnv tma("FLASHJIT_TMA", "qkv");
   for (const char *persistent : {"0", "1"}) {
     SCOPED_TRACE(std::string("persistent ") + persistent);
-    ASSERT_EQ(setenv("FLASHJIT_PERSISTENT", persistent, 1), 0);
+    ScopedEnv p("FLASHJIT_PERSISTENT", persistent);
     GpuCompilation c = compileForGpu(spec, config, target);
     ASSERT_EQ(c.kernels.size(), 1u);
     EXPECT_EQ(c.kernels[0].tensorMaps.size(), 3u);
@@ -129,9 +131,8 @@ TEST(GpuStoreCodegen, QueryByTensorMapStagesOThroughItsOwnSlot) {
     EXPECT_EQ(occurrences(c.ptx, "st.global.b16"), 0);
   }
   config.stages = 3;
+  ScopedEnv persistent("FLASHJIT_PERSISTENT", "1"); // as the loop's last
   GpuCompilation deep = compileForGpu(spec, config, target);
-  unsetenv("FLASHJIT_PERSISTENT");
-  unsetenv("FLASHJIT_TMA");
   EXPECT_LE(deep.kernels.at(0).sharedBytes, 227 * 1024);
   EXPECT_EQ(occurrences(deep.ptx, "st.global.v4.b32"), 0);
   EXPECT_GT(occurrences(deep.ptx, "st.global.b16"), 0);
