@@ -399,6 +399,22 @@ def _declare(lib):
              P(ctypes.c_size_t)],
         ),
     })
+    # C API version 12: plans of specs whose regions capture tensors (the
+    # captured array as a void pointer, its count).
+    sigs.update({
+        "flashjit_plan_create_captured": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_void_p, ctypes.c_double, ctypes.c_int64, ctypes.c_int64,
+             P(Layout), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+             P(ctypes.c_void_p)],
+        ),
+        "flashjit_plan_forward_captured": (
+            ctypes.c_int,
+            [ctypes.c_void_p] * 8 + [ctypes.c_void_p, ctypes.c_int64,
+                                     ctypes.c_void_p],
+        ),
+    })
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res

@@ -18,14 +18,15 @@ calls (flashjit/__init__.py calls it first).
 The backward keeps its own per-key _Plan of ctypes structs (the C API has
 no backward plan; its kernels dominate its cost).
 
-A score_mod region that captures tensors (flashjit.score_ops, "Captured
-tensors") runs without a plan (the C API's plans refuse such specs): each
-call makes the structs and calls flashjit_forward_captured with the
-captured tensors' device pointers (forward_cuda_captured); the backward
-passes them to flashjit_backward_captured. The captured tensors are
-float32 contiguous tensors on q's device (check_captures), held by the
-caller across the call; the kernels run on the current stream, the one
-torch's caching allocator orders their memory on. The backward computes
+A score_mod or mask_mod region that captures tensors (flashjit.score_ops,
+"Captured tensors") runs through a plan too (flashjit_plan_create_captured,
+keyed also by the captured tensors' sizes): each call gives the captured
+tensors' device pointers to flashjit_plan_forward_captured
+(forward_cuda_captured); the backward passes them to
+flashjit_backward_captured. The captured tensors are float32 contiguous
+tensors on q's device (check_captures), held by the caller across the
+call; the kernels run on the current stream, the one torch's caching
+allocator orders their memory on. The backward computes
 the gradients of the captured tensors it is told to (one flag per tensor,
 capture_grad_flags): a zeroed float32 tensor of each one's shape, on its
 device and stream, is its flashjit_captured.grad (the kernels add into
@@ -240,12 +241,14 @@ class _ForwardPlan:
 
 
 def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
-                      score_mod=""):
+                      score_mod="", captured=None):
     """(o, lse, plan) of a call whose key has no plan: checks the inputs,
     allocates the call's outputs, makes the C plan (which may compile, or
     tune on these very tensors) and caches it under key, unless the stream
     is being captured into a CUDA graph (whose plan gets the heuristic
-    tiling: the next call outside the capture makes the lasting one)."""
+    tiling: the next call outside the capture makes the lasting one).
+    captured: (array, count) of the captured tensors (_captured_structs)
+    for a region that captures them (flashjit_plan_create_captured)."""
     if q.device.type != "cuda":
         check_inputs(q, k, v)  # names a mix of devices first
         raise ValueError(
@@ -267,12 +270,14 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
     global _plan_forward
     _plan_forward = _lib.lib().flashjit_plan_forward
 
+    array, count = captured if captured is not None else (None, 0)
+
     def create(index):
-        _lib.check(_lib.lib().flashjit_plan_create(
+        _lib.check(_lib.lib().flashjit_plan_create_captured(
             cuda_handle(index), _by(spec), *(_by(t) for t in structs),
             lse.data_ptr(), scale, wl, wr,
-            _by(layout) if layout is not None else None, _raw_stream(index),
-            _by(made)))
+            _by(layout) if layout is not None else None, array, count,
+            _raw_stream(index), _by(made)))
         p.ptr = made.value
         return torch.cuda.is_current_stream_capturing()
 
@@ -283,24 +288,29 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
     return o, lse, p
 
 
+def _plan_key(q, k, v, mask, scale, wl, wr, bm, score_mod, qp, kp, vp):
+    """(key, layout, keep) of a planned call: the key of its plan (a tuple
+    of torch's own shape / stride / dtype values, the mask, scale, window,
+    the pointers' alignment class, the region text and, with bm, the
+    layout's dimensions); layout, bm's device layout (None without) and
+    keep, what must stay referenced across the call."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+           v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
+           score_mod)
+    if bm is None:
+        return key, None, None
+    layout, keep = bm._device_layout(q.device)
+    return (key + (bm.block_size, layout.batch, layout.heads,
+                   layout.q_blocks, layout.kv_blocks), layout, keep)
+
+
 def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     """(o, lse) of torch CUDA tensors on torch's current stream of their
     device: one flashjit_plan_forward call on a cached plan."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if bm is None:
-        layout = counts = indices = None
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-               q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
-               score_mod)
-    else:
-        layout, keep = bm._device_layout(q.device)
-        counts, indices = layout.counts, layout.indices
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-               q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-               v.get_device(), mask, scale, wl, wr, (qp | kp | vp) & 15,
-               score_mod, bm.block_size, layout.batch, layout.heads,
-               layout.q_blocks, layout.kv_blocks)
+    key, layout, keep = _plan_key(q, k, v, mask, scale, wl, wr, bm, score_mod,
+                                  qp, kp, vp)
     p = _fwd_plans.get(key)
     if p is None:
         o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
@@ -308,8 +318,12 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     else:
         o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
         lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+    counts = indices = None
+    if layout is not None:
+        counts, indices = layout.counts, layout.indices
     status = _plan_forward(p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(),
                            counts, indices, _raw_stream(p.index))
+    del keep
     if status:
         _lib.check(status)
     return o, lse
@@ -317,39 +331,42 @@ def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
 
 def forward_cuda_captured(q, k, v, mask, scale, wl, wr, bm, score_mod,
                           captures):
-    """(o, lse) of torch CUDA tensors whose score_mod region captures
-    tensors: flashjit_forward_captured on torch's current stream of q's
-    device, without a plan (plans take no captured tensors). captures:
-    float32 tensors on q's device, in the region's order; they (and any
-    contiguous copies made here) stay referenced until the launch has been
-    queued, and their memory is ordered on that stream by torch's caching
-    allocator."""
+    """(o, lse) of torch CUDA tensors whose score_mod / mask_mod regions
+    capture tensors: one flashjit_plan_forward_captured call on a cached
+    plan (made by flashjit_plan_create_captured; the key is forward_cuda's
+    and the captured tensors' sizes), on torch's current stream of q's
+    device. captures: float32 tensors on q's device, in the regions' order;
+    they (and any contiguous copies made here) stay referenced until the
+    launch has been queued, and their memory is ordered on that stream by
+    torch's caching allocator. Their data is read by the kernel at each
+    call (a plan keeps no copy)."""
     if q.device.type != "cuda":
         check_inputs(q, k, v)
         raise ValueError(
             f"flashjit.attention: forward_cuda needs CUDA tensors, got "
             f"{q.device}")
-    dtype, gqa = check_inputs(q, k, v)
     caps = check_captures(captures, q)
-    B, H, Nq, D = q.shape
-    Dv = v.shape[3]
-    o = torch.empty((B, H, Nq, Dv), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    spec, structs = _forward_structs(q, k, v, o, dtype, mask, gqa, bm,
-                                     score_mod)
-    layout_ref, keep = _layout_ref(bm, q.device)
+    qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    key, layout, keep = _plan_key(q, k, v, mask, scale, wl, wr, bm, score_mod,
+                                  qp, kp, vp)
+    key += (tuple(c.numel() for c in caps),)
     array, count = _captured_structs(caps)
-    run = _lib.lib().flashjit_forward_captured
-
-    def launch(index):
-        status = run(cuda_handle(index), _by(spec), *(_by(t) for t in structs),
-                     lse.data_ptr(), scale, wl, wr, layout_ref, array, count,
-                     _raw_stream(index))
-        if status:
-            _lib.check(status)
-
-    _on_device(q.device.index if q.device.index is not None else 0, launch)
+    p = _fwd_plans.get(key)
+    if p is None:
+        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
+                                      layout, score_mod, (array, count))
+    else:
+        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
+        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+    counts = indices = None
+    if layout is not None:
+        counts, indices = layout.counts, layout.indices
+    status = _lib.lib().flashjit_plan_forward_captured(
+        p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(), counts, indices,
+        array, count, _raw_stream(p.index))
     del keep, caps, array
+    if status:
+        _lib.check(status)
     return o, lse
 
 

@@ -82,3 +82,69 @@ def test_plan_errors_are_named():
             _lib.check(status)
     finally:
         lib.flashjit_plan_destroy(plan)
+
+
+def test_captured_plan_reads_each_calls_tensor():
+    """flashjit_plan_create_captured / flashjit_plan_forward_captured (C API
+    version 12) through _lib's signatures: a plan of a score_mod that reads
+    a bias tensor gives, for a new bias on each call, flashjit.attention's
+    output with that bias; a call without the tensors, or with another
+    size, is a named error."""
+    from flashjit import score_ops
+
+    rng = np.random.default_rng(3)
+    shape = (1, 2, 24, 16)
+    q, k, v = _inputs(rng, shape, shape)
+    o = np.empty(shape, np.float16)
+    lse = np.empty(shape[:3], np.float32)
+    first = rng.standard_normal((2, 24, 24)).astype(np.float32)
+    text, caps = score_ops.trace_with_captures(
+        lambda s, b, h, i, j: s + score_ops.captured(first)[h, i, j])
+    assert len(caps) == 1
+    spec = _lib.make_spec(16, 16, _lib.DTYPE_FP16, _lib.MASK_NONE, 1, 0,
+                          score_mod=text)
+    array, count = _lib.make_captured([(first.ctypes.data, first.size)])
+    plan = ctypes.c_void_p()
+    ts = [_tensor(a) for a in (q, k, v, o)]
+    lib = _lib.lib()
+    _lib.check(lib.flashjit_plan_create_captured(
+        _lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
+        *(ctypes.byref(t) for t in ts), None, 0.0, -1, -1, None, array, count,
+        None, ctypes.byref(plan)))
+    assert plan.value
+    try:
+        for _ in range(2):
+            bias = rng.standard_normal((2, 24, 24)).astype(np.float32)
+            array, count = _lib.make_captured([(bias.ctypes.data, bias.size)])
+            o.fill(np.nan)
+            _lib.check(lib.flashjit_plan_forward_captured(
+                plan.value, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+                o.ctypes.data, lse.ctypes.data, None, None, array, count,
+                None))
+            want = flashjit.attention(
+                q, k, v,
+                score_mod=lambda s, b, h, i, j:
+                    s + score_ops.captured(bias)[h, i, j])
+            other = flashjit.attention(
+                q, k, v,
+                score_mod=lambda s, b, h, i, j:
+                    s + score_ops.captured(first)[h, i, j])
+            assert np.array_equal(o, want)
+            assert not np.array_equal(o, other)
+        status = lib.flashjit_plan_forward(
+            plan.value, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+            o.ctypes.data, lse.ctypes.data, None, None, None)
+        with pytest.raises(flashjit.InvalidArgumentError,
+                           match="flashjit_plan_forward_captured"):
+            _lib.check(status)
+        short, count = _lib.make_captured([(first.ctypes.data,
+                                            first.size - 1)])
+        status = lib.flashjit_plan_forward_captured(
+            plan.value, q.ctypes.data, k.ctypes.data, v.ctypes.data,
+            o.ctypes.data, lse.ctypes.data, None, None, short, count, None)
+        with pytest.raises(flashjit.InvalidArgumentError,
+                           match=r"captured\[0\].size is 1151, the plan's "
+                                 "1152"):
+            _lib.check(status)
+    finally:
+        lib.flashjit_plan_destroy(plan.value)

@@ -165,3 +165,37 @@ def test_plan_runs_in_its_device_context_whatever_is_current():
     with torch.cuda.device(0):  # another current device: the plan's context
         o = flashjit.attention(q, k, v)
     torch.testing.assert_close(o, ref, rtol=0, atol=0)
+
+
+@cuda
+def test_a_captured_call_is_planned_once_and_reads_each_calls_tensors():
+    """A mask_mod that reads segment ids (a document mask) runs through one
+    plan (flashjit_plan_create_captured) for its key and the ids' size;
+    each call's ids are the ones the kernel reads: new ids, and ids changed
+    in place."""
+    from torch_gpu_helpers import BOUND, forward_reference, rel
+
+    n = 200
+    q, k, v = randn(1, 2, n, 64), randn(1, 2, n, 64), randn(1, 2, n, 64)
+    pos = torch.arange(n, device="cuda")
+    seg = (pos >= 40).to(torch.int32)
+
+    def document(b, h, i, j):
+        return seg[i] == seg[j]
+
+    def reference(ids):
+        vis = (ids[:, None] == ids[None, :])[None, None]
+        return forward_reference(q, k, v, vis)[0]
+
+    before = len(_plans())
+    for step, cut in enumerate((40, 130, 77)):
+        ids = (pos >= cut).to(torch.int32)
+        if step == 2:
+            seg.copy_(ids)  # the same tensor, new data
+        else:
+            seg = ids
+        o = flashjit.attention(q, k, v, mask_mod=document)
+        assert len(_plans()) == before + 1
+        assert rel(o, reference(ids)) <= BOUND[q.dtype]
+        other = (pos >= (cut + 50) % n).to(torch.int32)
+        assert rel(o, reference(other)) > 10 * BOUND[q.dtype]

@@ -7,9 +7,12 @@
 /// by hand, forward and (flashjit_backward_captured) gradients; the
 /// reference on other data fails the kernel (the check can fail); and the
 /// named errors: flashjit_forward / flashjit_backward of a capturing spec,
-/// a wrong count, NULL data, a bad size, a plan, a deterministic gradient
-/// without its workspace. The bias's own gradient (grad: added into) too,
-/// atomic and deterministic (the same bits on every call).
+/// a wrong count, NULL data, a bad size, a plan without them, a
+/// deterministic gradient without its workspace. A plan of a capturing
+/// spec (flashjit_plan_create_captured, version 12) reads each call's
+/// tensors: bit for bit flashjit_forward_captured's output on the same
+/// data, and its own named errors. The bias's own gradient (grad: added into)
+/// too, atomic and deterministic (the same bits on every call).
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -142,6 +146,109 @@ TEST(CApiCaptured, FullBiasOnTheCpu) {
   }
 }
 
+/// The plan's output for the tensors \p c points at, next to
+/// flashjit_forward_captured's on the same data: o and lse bit for bit.
+void expectPlannedCall(flashjit_handle *h, SmallProblem &sp,
+                       const flashjit_plan *plan, flashjit_captured c) {
+  ASSERT_EQ(flashjit_forward_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
+                                      sp.d.lse.data(), 0.0, -1, -1, nullptr, &c,
+                                      1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  const std::vector<uint16_t> o = *sp.d.o.buffer;
+  const std::vector<float> lse = sp.d.lse;
+  std::fill(sp.d.o.buffer->begin(), sp.d.o.buffer->end(), uint16_t(0x7e00));
+  std::fill(sp.d.lse.begin(), sp.d.lse.end(), std::nanf(""));
+  ASSERT_EQ(flashjit_plan_forward_captured(
+                plan, sp.q.data, sp.k.data, sp.v.data, sp.o.data,
+                sp.d.lse.data(), nullptr, nullptr, &c, 1, nullptr),
+            FLASHJIT_OK)
+      << lastError();
+  EXPECT_EQ(*sp.d.o.buffer, o);
+  EXPECT_EQ(std::memcmp(sp.d.lse.data(), lse.data(), 4 * lse.size()), 0);
+}
+
+TEST(CApiCaptured, PlanReadsEachCallsTensors) {
+  Handle h;
+  SmallProblem sp;
+  sp.spec.score_mod = kFullBias;
+  sp.specCpp.scoreMod = kCustomScoreMod;
+  sp.specCpp.scoreFunction = std::make_shared<FullBias>(20, 33);
+  sp.specCpp.captures = 1;
+  uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  std::vector<float> bias(size_t(4 * 20 * 33)), other(bias.size());
+  for (float &x : bias)
+    x = u(rng);
+  for (float &x : other)
+    x = u(rng);
+  flashjit_captured first = {bias.data(), int64_t(bias.size())};
+  flashjit_plan *plan = nullptr;
+  ASSERT_EQ(flashjit_plan_create_captured(h, &sp.spec, &sp.q, &sp.k, &sp.v,
+                                          &sp.o, sp.d.lse.data(), 0.0, -1, -1,
+                                          nullptr, &first, 1, nullptr, &plan),
+            FLASHJIT_OK)
+      << lastError();
+  ASSERT_NE(plan, nullptr);
+  // Each call's own tensor: the second's output is the reference's for
+  // its data, not for the data the plan was made with.
+  expectPlannedCall(h, sp, plan, first);
+  flashjit_captured second = {other.data(), int64_t(other.size())};
+  expectPlannedCall(h, sp, plan, second);
+  sp.d.captures = {other};
+  ReferenceResult ref = referenceForward(sp.specCpp, sp.p, sp.d, nullptr);
+  EXPECT_LT(compareWithReference(sp.specCpp, sp.p, sp.d, ref).relErr(),
+            errorBound(sp.specCpp.dtype));
+  AttentionData made = sp.d;
+  made.captures = {bias};
+  EXPECT_GT(
+      compareWithReference(sp.specCpp, sp.p, sp.d,
+                           referenceForward(sp.specCpp, sp.p, made, nullptr))
+          .relErr(),
+      errorBound(sp.specCpp.dtype));
+
+  auto expectError = [&](flashjit_status s, const std::string &text) {
+    EXPECT_EQ(s, FLASHJIT_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(lastError().find(text), std::string::npos) << lastError();
+  };
+  float *lse = sp.d.lse.data();
+  auto call = [&](const flashjit_captured *c, int64_t n) {
+    return flashjit_plan_forward_captured(plan, sp.q.data, sp.k.data, sp.v.data,
+                                          sp.o.data, lse, nullptr, nullptr, c,
+                                          n, nullptr);
+  };
+  expectError(flashjit_plan_forward(plan, sp.q.data, sp.k.data, sp.v.data,
+                                    sp.o.data, lse, nullptr, nullptr, nullptr),
+              "the plan's spec captures 1 tensors, the call gives 0 (give "
+              "them with flashjit_plan_forward_captured)");
+  flashjit_captured two[2] = {first, first};
+  expectError(call(two, 2), "the plan's spec captures 1 tensors, the call "
+                            "gives 2");
+  expectError(call(nullptr, 1), "captured is NULL");
+  flashjit_captured null = {nullptr, first.size};
+  expectError(call(&null, 1), "captured[0].data is NULL");
+  flashjit_captured shorter = {bias.data(), first.size - 1};
+  expectError(call(&shorter, 1), "captured[0].size is 2639, the plan's 2640");
+  flashjit_plan_destroy(plan);
+
+  // A plan of a spec that captures nothing takes no tensors.
+  SmallProblem plain;
+  flashjit_plan *dense = nullptr;
+  ASSERT_EQ(flashjit_plan_create_captured(h, &plain.spec, &plain.q, &plain.k,
+                                          &plain.v, &plain.o,
+                                          plain.d.lse.data(), 0.0, -1, -1,
+                                          nullptr, nullptr, 0, nullptr, &dense),
+            FLASHJIT_OK)
+      << lastError();
+  expectError(flashjit_plan_forward_captured(
+                  dense, plain.q.data, plain.k.data, plain.v.data, plain.o.data,
+                  plain.d.lse.data(), nullptr, nullptr, &first, 1, nullptr),
+              "the plan's spec captures 0 tensors, the call gives 1");
+  flashjit_plan_destroy(dense);
+}
+
 TEST(CApiCaptured, BadCallsAreNamedErrors) {
   Handle h;
   SmallProblem sp;
@@ -170,7 +277,8 @@ TEST(CApiCaptured, BadCallsAreNamedErrors) {
   expectError(flashjit_plan_create(h, &sp.spec, &sp.q, &sp.k, &sp.v, &sp.o,
                                    sp.d.lse.data(), 0.0, -1, -1, nullptr,
                                    nullptr, &plan),
-              "plans do not take captured tensors yet");
+              "captures 1 tensors, the call gives 0 (give them with "
+              "flashjit_plan_create_captured)");
   EXPECT_EQ(plan, nullptr);
   std::mt19937_64 rng(1);
   AttentionGrads g = makeRandomGrads(sp.specCpp, sp.p, sp.d, rng);

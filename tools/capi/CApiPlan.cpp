@@ -8,7 +8,9 @@
 /// launch prepared (rt::PreparedForward: grid, block, shared memory, index
 /// arguments, scale). flashjit_plan_forward then checks the pointers and
 /// launches: on CUDA one cuCtxGetCurrent and one cuLaunchKernel, no
-/// allocation, no string, no map lookup, no lock.
+/// allocation, no string, no map lookup, no lock. A spec whose regions
+/// capture tensors is planned by flashjit_plan_create_captured, which keeps
+/// their sizes; each flashjit_plan_forward_captured gives their pointers.
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,6 +29,9 @@ struct flashjit_plan {
   flashjit_tensor q{}, k{}, v{}, o{};
   /// Block-sparse: the layout's dimensions (counts and indices null).
   std::optional<flashjit_layout> layout;
+  /// The captured tensors' sizes (elements), in the regions' order: a
+  /// call's tensors must have these.
+  std::vector<int64_t> captureSizes;
   /// CPU: the compiled kernel.
   std::shared_ptr<CpuKernel> cpuKernel;
   /// CUDA: the context the kernel was loaded in, the kernel (kept alive by
@@ -62,10 +67,34 @@ void checkLayoutPointers(bool blockSparse, const int32_t *counts,
             "(pass NULL)");
 }
 
+/// Checks a call's captured tensors against the plan's: as many, none
+/// NULL, each of the size the plan was made for.
+void checkPlannedCaptures(const flashjit_plan &plan,
+                          const flashjit_captured *captured, int64_t count) {
+  const auto expected = int64_t(plan.captureSizes.size());
+  if (count != expected)
+    invalid(
+        fmt::format("the plan's spec captures {} tensors, the call gives {}{}",
+                    expected, count,
+                    expected > 0 && count == 0
+                        ? " (give them with flashjit_plan_forward_captured)"
+                        : ""));
+  if (count > 0 && !captured)
+    invalid("captured is NULL, but num_captured is " + std::to_string(count));
+  for (int64_t c = 0; c < count; ++c) {
+    if (!captured[c].data)
+      invalid(fmt::format("captured[{}].data is NULL", c));
+    if (captured[c].size != plan.captureSizes[size_t(c)])
+      invalid(fmt::format("captured[{}].size is {}, the plan's {} (make a "
+                          "plan for this size)",
+                          c, captured[c].size, plan.captureSizes[size_t(c)]));
+  }
+}
+
 void forwardPlannedCuda(const flashjit_plan &plan, const void *q, const void *k,
                         const void *v, void *o, float *lse,
                         const int32_t *counts, const int32_t *indices,
-                        void *stream) {
+                        const flashjit_captured *captured, void *stream) {
   const rt::PreparedForward &launch = *plan.prepared;
   if (!q || !k || !v || !o || !lse) {
     requirePointer(q, "q");
@@ -88,13 +117,16 @@ void forwardPlannedCuda(const flashjit_plan &plan, const void *q, const void *k,
   rt::ForwardBuffers b{devicePtr(q),      devicePtr(k),   devicePtr(v),
                        devicePtr(o),      devicePtr(lse), devicePtr(counts),
                        devicePtr(indices)};
+  for (size_t c = 0; c < plan.captureSizes.size(); ++c)
+    b.captures[c] = devicePtr(captured[c].data);
   rt::ScopedContext scope(plan.context);
   launch.launch(b, static_cast<CUstream>(stream));
 }
 
 void forwardPlannedCpu(const flashjit_plan &plan, const void *q, const void *k,
                        const void *v, void *o, float *lse,
-                       const int32_t *counts, const int32_t *indices) {
+                       const int32_t *counts, const int32_t *indices,
+                       const flashjit_captured *captured) {
   requirePointer(q, "q");
   requirePointer(k, "k");
   requirePointer(v, "v");
@@ -112,7 +144,77 @@ void forwardPlannedCpu(const flashjit_plan &plan, const void *q, const void *k,
     bcsr = hostLayout(&l, plan.problem, plan.spec.sparseBlock);
   }
   runCpuForward(*plan.cpuKernel, plan.problem, with(plan.q, q), with(plan.k, k),
-                with(plan.v, v), with(plan.o, o), lse, bcsr.get());
+                with(plan.v, v), with(plan.o, o), lse, bcsr.get(),
+                hostCaptures(plan.spec, captured));
+}
+
+/// flashjit_plan_create(_captured)'s body.
+void createPlan(flashjit_handle *handle, const flashjit_spec *spec,
+                const flashjit_tensor *q, const flashjit_tensor *k,
+                const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+                double scale, int64_t windowLeft, int64_t windowRight,
+                const flashjit_layout *layout,
+                const flashjit_captured *captured, int64_t numCaptured,
+                void *cudaStream, flashjit_plan **plan) {
+  if (!plan)
+    invalid("plan is NULL");
+  *plan = nullptr;
+  requireHandle(handle);
+  AttentionSpec s = toSpec(spec);
+  s.direction = Direction::Forward; // the pass a plan runs
+  if (s.varlen)
+    invalid("spec.varlen: plans do not take variable-length batches yet; "
+            "call flashjit_forward_varlen");
+  Problem p = toProblem(s, q, k, v, o, scale, windowLeft, windowRight);
+  checkLayoutShape(s, p, layout);
+  checkCaptured(s, captured, numCaptured, "flashjit_plan_create_captured");
+  auto made = std::make_unique<flashjit_plan>();
+  made->device = handle->device;
+  made->spec = s;
+  made->problem = p;
+  made->q = shapeOf(*q);
+  made->k = shapeOf(*k);
+  made->v = shapeOf(*v);
+  made->o = shapeOf(*o);
+  for (int64_t c = 0; c < numCaptured; ++c)
+    made->captureSizes.push_back(captured[c].size);
+  if (layout) {
+    made->layout = *layout;
+    made->layout->counts = made->layout->indices = nullptr;
+  }
+  if (handle->device == FLASHJIT_DEVICE_CPU) {
+    made->cpuKernel = cpuKernel(handle, s, chooseConfig(s, p, nullptr));
+  } else {
+    if (!lse)
+      invalid("lse is NULL: on CUDA the kernel always writes lse (fp32 "
+              "[B, H, Nq])");
+    auto [context, info] = currentDevice(handle);
+    rt::ForwardArgs args = forwardArgs(*q, *k, *v, *o, lse, layout);
+    // Tuning (at most once per spec and problem class) runs on them.
+    for (int64_t c = 0; c < numCaptured; ++c)
+      args.captures[size_t(c)] = devicePtr(captured[c].data);
+    made->context = context;
+    made->gpuKernel = forwardKernelFor(handle, s, p, context, info, args,
+                                       static_cast<CUstream>(cudaStream));
+    made->prepared.emplace(*made->gpuKernel, p, args);
+  }
+  *plan = made.release();
+}
+
+/// flashjit_plan_forward(_captured)'s body.
+void runPlan(const flashjit_plan *plan, const void *q, const void *k,
+             const void *v, void *o, float *lse, const int32_t *counts,
+             const int32_t *indices, const flashjit_captured *captured,
+             int64_t numCaptured, void *cudaStream) {
+  if (!plan)
+    invalid("plan is NULL");
+  if (numCaptured || !plan->captureSizes.empty())
+    checkPlannedCaptures(*plan, captured, numCaptured);
+  if (plan->device == FLASHJIT_DEVICE_CUDA)
+    forwardPlannedCuda(*plan, q, k, v, o, lse, counts, indices, captured,
+                       cudaStream);
+  else
+    forwardPlannedCpu(*plan, q, k, v, o, lse, counts, indices, captured);
 }
 
 } // namespace
@@ -126,49 +228,21 @@ FLASHJIT_API flashjit_status flashjit_plan_create(
     double scale, int64_t window_left, int64_t window_right,
     const flashjit_layout *layout, void *cuda_stream, flashjit_plan **plan) {
   return guarded("flashjit_plan_create", [&] {
-    if (!plan)
-      invalid("plan is NULL");
-    *plan = nullptr;
-    requireHandle(handle);
-    AttentionSpec s = toSpec(spec);
-    s.direction = Direction::Forward; // the pass a plan runs
-    if (s.varlen)
-      invalid("spec.varlen: plans do not take variable-length batches yet; "
-              "call flashjit_forward_varlen");
-    Problem p = toProblem(s, q, k, v, o, scale, window_left, window_right);
-    checkLayoutShape(s, p, layout);
-    if (s.captures > 0)
-      invalid(fmt::format("spec.score_mod / spec.mask_mod capture {} tensors: "
-                          "plans do not "
-                          "take captured tensors yet; call "
-                          "flashjit_forward_captured",
-                          s.captures));
-    auto made = std::make_unique<flashjit_plan>();
-    made->device = handle->device;
-    made->spec = s;
-    made->problem = p;
-    made->q = shapeOf(*q);
-    made->k = shapeOf(*k);
-    made->v = shapeOf(*v);
-    made->o = shapeOf(*o);
-    if (layout) {
-      made->layout = *layout;
-      made->layout->counts = made->layout->indices = nullptr;
-    }
-    if (handle->device == FLASHJIT_DEVICE_CPU) {
-      made->cpuKernel = cpuKernel(handle, s, chooseConfig(s, p, nullptr));
-    } else {
-      if (!lse)
-        invalid("lse is NULL: on CUDA the kernel always writes lse (fp32 "
-                "[B, H, Nq])");
-      auto [context, info] = currentDevice(handle);
-      rt::ForwardArgs args = forwardArgs(*q, *k, *v, *o, lse, layout);
-      made->context = context;
-      made->gpuKernel = forwardKernelFor(handle, s, p, context, info, args,
-                                         static_cast<CUstream>(cuda_stream));
-      made->prepared.emplace(*made->gpuKernel, p, args);
-    }
-    *plan = made.release();
+    createPlan(handle, spec, q, k, v, o, lse, scale, window_left, window_right,
+               layout, nullptr, 0, cuda_stream, plan);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_plan_create_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_layout *layout, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream, flashjit_plan **plan) {
+  return guarded("flashjit_plan_create_captured", [&] {
+    createPlan(handle, spec, q, k, v, o, lse, scale, window_left, window_right,
+               layout, captured, num_captured, cuda_stream, plan);
   });
 }
 
@@ -177,13 +251,19 @@ FLASHJIT_API flashjit_status flashjit_plan_forward(
     void *o, float *lse, const int32_t *block_counts,
     const int32_t *block_indices, void *cuda_stream) {
   return guarded("flashjit_plan_forward", [&] {
-    if (!plan)
-      invalid("plan is NULL");
-    if (plan->device == FLASHJIT_DEVICE_CUDA)
-      forwardPlannedCuda(*plan, q, k, v, o, lse, block_counts, block_indices,
-                         cuda_stream);
-    else
-      forwardPlannedCpu(*plan, q, k, v, o, lse, block_counts, block_indices);
+    runPlan(plan, q, k, v, o, lse, block_counts, block_indices, nullptr, 0,
+            cuda_stream);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_plan_forward_captured(
+    const flashjit_plan *plan, const void *q, const void *k, const void *v,
+    void *o, float *lse, const int32_t *block_counts,
+    const int32_t *block_indices, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream) {
+  return guarded("flashjit_plan_forward_captured", [&] {
+    runPlan(plan, q, k, v, o, lse, block_counts, block_indices, captured,
+            num_captured, cuda_stream);
   });
 }
 

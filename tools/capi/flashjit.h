@@ -55,7 +55,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 11
+#define FLASHJIT_C_API_VERSION 12
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -554,6 +554,36 @@ flashjit_plan_forward(const flashjit_plan *plan, const void *q, const void *k,
                       const void *v, void *o, float *lse,
                       const int32_t *block_counts,
                       const int32_t *block_indices, void *cuda_stream);
+
+/// flashjit_plan_create for a spec whose score_mod / mask_mod regions
+/// capture tensors (since version 12): \p captured and \p num_captured as
+/// flashjit_forward_captured takes them (grads ignored). The plan keeps
+/// each captured tensor's size; its calls give their pointers by
+/// flashjit_plan_forward_captured (tuning, where the plan tunes, reads the
+/// tensors given here). flashjit_plan_create refuses such a spec
+/// (INVALID_ARGUMENT naming this call); this call with 0 and NULL is
+/// flashjit_plan_create.
+FLASHJIT_API flashjit_status flashjit_plan_create_captured(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o, float *lse,
+    double scale, int64_t window_left, int64_t window_right,
+    const flashjit_layout *layout, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream, flashjit_plan **plan);
+
+/// flashjit_plan_forward with the captured tensors of a plan made by
+/// flashjit_plan_create_captured (since version 12): \p num_captured must
+/// be the plan's count, each captured[c].data non-NULL (device memory on
+/// CUDA, host memory on the CPU; float32) and captured[c].size the size
+/// the plan was made with (else FLASHJIT_ERROR_INVALID_ARGUMENT); grads are
+/// ignored. The launch is flashjit_plan_forward's: no allocation, no
+/// synchronization, no lock. flashjit_plan_forward refuses a plan whose
+/// spec captures tensors.
+FLASHJIT_API flashjit_status flashjit_plan_forward_captured(
+    const flashjit_plan *plan, const void *q, const void *k, const void *v,
+    void *o, float *lse, const int32_t *block_counts,
+    const int32_t *block_indices, const flashjit_captured *captured,
+    int64_t num_captured, void *cuda_stream);
 
 /// Frees a plan (NULL is fine); on CUDA, unloads its kernel's module if no
 /// handle holds it any more.
