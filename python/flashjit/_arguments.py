@@ -145,9 +145,36 @@ def _score_mod_and_captures(score_mod, mask_mod=None):
     if isinstance(mask_mod, str) and mask_mod.lstrip().startswith("{"):
         mask_text, mask_captures = mask_mod, ()
     else:
-        mask_text, mask_captures = mask_mods.trace_mask_with_captures(mask_mod)
+        mask_text, mask_captures = _traced(mask_mod,
+                                           mask_mods.trace_mask_with_captures)
     return (_lib.join_modifiers(text, mask_text),
             captures + tuple(mask_captures))
+
+
+def _traced(fn, trace):
+    """trace(fn) as (text, captures tuple). A function every call traces
+    the same way, a fixed variant of flashjit.variants (_named: its trace
+    depends only on what it was made with), is traced once: the trace is
+    kept on the function and reused while each captured tensor keeps its
+    shape and dtype (the text's indexing depends on them; the data is read
+    at each call). Any other function is traced on every call, since it
+    may read state that changed since the last."""
+    if getattr(fn, "_flashjit_fixed", False) is not True:
+        text, captures = trace(fn)
+        return text, tuple(captures)
+    kept = getattr(fn, "_flashjit_trace", None)
+    if kept is not None and kept[2] == _capture_guards(kept[1]):
+        return kept[0], kept[1]
+    text, captures = trace(fn)
+    captures = tuple(captures)
+    fn._flashjit_trace = (text, captures, _capture_guards(captures))
+    return text, captures
+
+
+def _capture_guards(captures):
+    """What a kept trace depends on in its captured tensors: their shapes
+    and dtypes."""
+    return tuple((tuple(c.shape), str(c.dtype)) for c in captures)
 
 
 def _score_text_and_captures(score_mod):
@@ -155,8 +182,7 @@ def _score_text_and_captures(score_mod):
     if score_mod is None:
         return "", ()
     if callable(score_mod):
-        text, captures = score_ops.trace_with_captures(score_mod)
-        return text, tuple(captures)
+        return _traced(score_mod, score_ops.trace_with_captures)
     if not isinstance(score_mod, str):
         raise TypeError("flashjit: score_mod must be a function of (score, "
                         "batch, head, q_idx, kv_idx), a str such as "

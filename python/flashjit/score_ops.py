@@ -114,6 +114,11 @@ __all__ = ["trace", "trace_with_captures", "captured", "Captured",
            "MAX_CAPTURES"]
 
 
+def _what(shape):
+    """A captured tensor, as load()'s errors name it."""
+    return f"a captured tensor of shape {shape}"
+
+
 class _Tracer:
     """The region under construction: its lines, a counter of names and
     the tensors it captures (in first-use order; ids: id(tensor) -> its
@@ -125,6 +130,7 @@ class _Tracer:
         self.constants = {}
         self.captures = []
         self.capture_ids = {}
+        self.layouts = {}  # id(tensor): load()'s (n, shape, strides)
 
     def capture(self, tensor):
         """The position of ``tensor`` among the region's captured tensors
@@ -148,20 +154,19 @@ class _Tracer:
         """tensor[index] as an f32 value: a memref.load of the captured
         tensor at the flat index sum(index_d * stride_d) (C-contiguous
         strides; a dimension of size 1 is read at 0)."""
-        shape = tuple(int(d) for d in tensor.shape)
-        what = f"a captured tensor of shape {shape}"
+        layout = self.layouts.get(id(tensor))
+        if layout is None:
+            layout = self._layout(tensor)
+        n, shape, strides = layout
         if not isinstance(index, tuple):
             index = (index,)
         if len(index) != len(shape):
             raise TraceError(
-                f"flashjit.score_mod: {what} indexed with {len(index)} "
-                f"indices: give one per dimension ({len(shape)}), each a "
-                "position (b, h, i, j, integer arithmetic on them) or an "
-                "int; slices, None and ... are not supported")
-        n = self.capture(tensor)
-        strides = [1] * len(shape)
-        for d in range(len(shape) - 2, -1, -1):
-            strides[d] = strides[d + 1] * shape[d + 1]
+                f"flashjit.score_mod: {_what(shape)} indexed with "
+                f"{len(index)} indices: give one per dimension "
+                f"({len(shape)}), each a position (b, h, i, j, integer "
+                "arithmetic on them) or an int; slices, None and ... are "
+                "not supported")
         offset = 0
         flat = None
         for d, (x, size, stride) in enumerate(zip(index, shape, strides)):
@@ -171,8 +176,9 @@ class _Tracer:
                                      "traces mixed")
                 if x._type != _INDEX:
                     raise TraceError(
-                        f"flashjit.score_mod: {what} indexed (dimension "
-                        f"{d}) with a {'predicate' if x._type == _I1 else 'float'}"
+                        f"flashjit.score_mod: {_what(shape)} indexed "
+                        f"(dimension {d}) with a "
+                        f"{'predicate' if x._type == _I1 else 'float'}"
                         "; an index is an integer position (b, h, i, j or "
                         "integer arithmetic on them)")
                 if size == 1:
@@ -181,20 +187,20 @@ class _Tracer:
                 flat = term if flat is None else flat + term
                 continue
             if isinstance(x, bool) or type(x).__name__ in ("bool_", "bool"):
-                raise TraceError(f"flashjit.score_mod: {what} indexed with "
-                                 f"the bool {x!r} (dimension {d})")
+                raise TraceError(f"flashjit.score_mod: {_what(shape)} indexed "
+                                 f"with the bool {x!r} (dimension {d})")
             try:
                 c = operator.index(x)
             except TypeError:
                 raise TraceError(
-                    f"flashjit.score_mod: {what} indexed with {x!r} "
+                    f"flashjit.score_mod: {_what(shape)} indexed with {x!r} "
                     f"(dimension {d}); an index is a position (b, h, i, j, "
                     "integer arithmetic on them) or an int") from None
             if c < 0:
                 c += size
             if not 0 <= c < size:
                 raise TraceError(f"flashjit.score_mod: index {x!r} is out of "
-                                 f"range for dimension {d} of {what}")
+                                 f"range for dimension {d} of {_what(shape)}")
             offset += (0 if size == 1 else c) * stride
         if flat is None:
             flat = self.emit("arith.constant %d : index" % offset, _INDEX)
@@ -202,6 +208,18 @@ class _Tracer:
             flat = flat + offset
         return self.emit("memref.load %%c%d[%s] : memref<?xf32>"
                          % (n, flat._name), _F32)
+
+    def _layout(self, tensor):
+        """(n, shape, strides) of a tensor's first load in this trace: its
+        capture position, its shape and C-contiguous strides (kept per
+        tensor: a function that reads it twice pays once)."""
+        n = self.capture(tensor)
+        shape = tuple(int(d) for d in tensor.shape)
+        strides = [1] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        layout = self.layouts[id(tensor)] = (n, shape, tuple(strides))
+        return layout
 
     def emit(self, text, type_):
         if text.startswith("arith.constant"):  # each constant once

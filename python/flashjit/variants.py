@@ -7,7 +7,11 @@ signatures, ``score_mod(score, batch, head, q_idx, kv_idx)`` or
 mask_mod=...)`` traces it into the attn dialect's ``score_mod`` (or
 ``mask_mod``) region like any function of your own. No variant has kernel code of its own: the
 compiler inlines the region on each score tile and derives its backward
-(the gradients of the captured tensors too) from it::
+(the gradients of the captured tensors too) from it. A variant is traced
+on its first call only (its trace depends on nothing but what it was made
+with; it is traced again when a captured tensor's shape or dtype changes,
+and its tensors' data is read at every call), where a function of your
+own is traced at every call::
 
     from flashjit import variants as V
 
@@ -69,10 +73,19 @@ __all__ = ["softcap", "alibi", "alibi_slopes", "relative_position_bias",
 _INT32_MAX = 2**31 - 1
 
 
-def _named(fn, name, doc):
+def _named(fn, name, doc, fixed=True):
+    """fn named and documented; fixed: its trace depends only on what the
+    variant was made with (flashjit.attention then traces it once,
+    _arguments._traced)."""
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
+    fn._flashjit_fixed = fixed
     return fn
+
+
+def _all_fixed(mods):
+    """Whether every mask in mods is a fixed variant (so their & or | is)."""
+    return all(getattr(m, "_flashjit_fixed", False) is True for m in mods)
 
 
 def _count(fn, what, x, allow_none=False):
@@ -377,7 +390,8 @@ def and_masks(*mask_mods):
         return keep
 
     return _named(mask_mod, "and_masks",
-                  "& of %d masks (flashjit.variants.and_masks)" % len(mods))
+                  "& of %d masks (flashjit.variants.and_masks)" % len(mods),
+                  _all_fixed(mods))
 
 
 def or_masks(*mask_mods):
@@ -395,4 +409,5 @@ def or_masks(*mask_mods):
         return keep
 
     return _named(mask_mod, "or_masks",
-                  "| of %d masks (flashjit.variants.or_masks)" % len(mods))
+                  "| of %d masks (flashjit.variants.or_masks)" % len(mods),
+                  _all_fixed(mods))

@@ -20,8 +20,10 @@ as a function of h), causal, window (a sliding window of 1024 keys to the
 left, as a mask_mod), causal-mod and window-mod (not in the default set:
 the same masks as flashjit mask_mod regions with their block masks, full
 blocks marked), document (segments of 1024..3072 tokens: mask_mod
-seg[i] == seg[j] on a captured segment-id tensor, with the block mask of
-that mask_mod on both sides, forward and backward), bias (score_mod s +
+seg[i] == seg[j] on a captured segment-id tensor, flashjit's as
+flashjit.variants.document(seg) (traced once; since T32, before a lambda
+traced every call), with the block mask of that mask_mod on both sides,
+forward and backward), bias (score_mod s +
 bias[h, i, j], a learned (H, N, N) float32 bias that requires grad: the
 backward also gives its gradient, on flashjit through the captured
 tensor's gradient, on flex through its captured buffer's; float32 because
@@ -93,10 +95,12 @@ def build(name, torch, fj, n, h, device):
 
         def document(b, hh, i, j):
             return seg[i] == seg[j]
-        # flashjit: the mask_mod (seg captured) masks the elements, its block
+        # flashjit: the library's document mask (seg captured; a variant is
+        # traced once, fj.variants), which masks the elements; its block
         # mask skips the blocks across documents, as flex's block mask does.
-        bm = fj.create_block_mask(document, None, None, n, n, device=device)
-        return None, document, {"mask_mod": document, "block_mask": bm}, ()
+        mod = fj.variants.document(seg)
+        bm = fj.create_block_mask(mod, None, None, n, n, device=device)
+        return None, document, {"mask_mod": mod, "block_mask": bm}, ()
     if name == "bias":
         bias = torch.randn(h, n, n, device=device, dtype=torch.float32, requires_grad=True)
 
