@@ -5,8 +5,10 @@
 #
 # Where the host time of one flashjit.attention call with a traced
 # mask_mod goes (the document mask, B 1, H 16, N 8192, d 128: ~275 us a
-# call on the H200 machine, T28): the host time of 50 calls in a row, the
-# trace alone, then cProfile of 50 calls by own time (the 22 costliest).
+# call on the H200 machine, T28): the host time of 50 calls in a row (a
+# function of the script's own, traced every call; then
+# flashjit.variants.document, traced once), the trace alone, then
+# cProfile of 50 calls by own time (the 22 costliest).
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
@@ -32,6 +34,16 @@ t = time.perf_counter()
 for _ in range(50):
     call()
 print("host us per call: %.1f" % ((time.perf_counter() - t) / 50 * 1e6))
+torch.cuda.synchronize()
+variant = flashjit.variants.document(seg)  # traced once (T32)
+for _ in range(5):
+    flashjit.attention(q, k_, v, mask_mod=variant, block_mask=bm)
+torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(50):
+    flashjit.attention(q, k_, v, mask_mod=variant, block_mask=bm)
+print("host us per call, variants.document: %.1f"
+      % ((time.perf_counter() - t) / 50 * 1e6))
 torch.cuda.synchronize()
 t = time.perf_counter()
 for _ in range(50):

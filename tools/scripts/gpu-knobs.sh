@@ -8,7 +8,10 @@
 #
 # Usage: bash tools/scripts/gpu-knobs.sh KNOBS CASE ...
 #   KNOBS  the settings, separated by "|", each a space-separated list of
-#          VAR=VALUE ("-" for none): e.g. "-|FLASHJIT_PERSISTENT=1"
+#          VAR=VALUE ("-" for none): e.g. "-|FLASHJIT_PERSISTENT=1"; from
+#          its first word that starts with "--" on, a setting's words are
+#          "flashjit bench" flags added after the case's (a tiling to
+#          compare: "-|--block-n 176 --overlap-softmax")
 #   CASE   "flashjit bench" flags, quoted, e.g. "--head-dim 128 --causal";
 #          the problem is --batch 1 --heads 16 --seq-len 16384 unless a
 #          case says (later flags win).
@@ -32,10 +35,13 @@ cache=$(mktemp -d /tmp/flashjit-knobs.XXXXXX)
 
 # The TFLOP/s of one `flashjit bench --json` run under knob $1, case $2.
 tflops() {
-  local settings=()
-  [[ $1 != "-" ]] && read -r -a settings <<<"$1"
+  local words=() settings=() flags=()
+  [[ $1 != "-" ]] && read -r -a words <<<"$1"
+  for w in "${words[@]}"; do
+    if ((${#flags[@]})) || [[ $w == --* ]]; then flags+=("$w"); else settings+=("$w"); fi
+  done
   # shellcheck disable=SC2086 # the problem and the case are flag lists
-  env "${settings[@]}" FLASHJIT_CACHE_DIR="$cache" "$bin" bench $problem $2 --json \
+  env "${settings[@]}" FLASHJIT_CACHE_DIR="$cache" "$bin" bench $problem $2 "${flags[@]}" --json \
     2>/dev/null |
     python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])["tflops"])' \
       2>/dev/null || echo fail
