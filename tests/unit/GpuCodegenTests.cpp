@@ -16,6 +16,7 @@
 #include "kernels/GpuGeometry.h"
 #include "runtime/NvJitLink.h"
 #include "tests/unit/AttentionCases.h"
+#include "tests/unit/runtime/ScopedEnv.h"
 
 #include <gtest/gtest.h>
 
@@ -200,8 +201,7 @@ TEST_P(GpuCodegen, RecordedResourcesMatchTheLauncher) {
 
 /// Sets FLASHJIT_KV_RING=1 for its lifetime (the K/V ring is opt-in).
 struct KvRingOn {
-  KvRingOn() { setenv("FLASHJIT_KV_RING", "1", 1); }
-  ~KvRingOn() { unsetenv("FLASHJIT_KV_RING"); }
+  test::ScopedEnv ring{"FLASHJIT_KV_RING", "1"};
 };
 
 /// With the K/V ring (FLASHJIT_KV_RING=1, sm_90a), the forward records the

@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -93,10 +94,12 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
   }
   AttentionSpec spec;
   GpuTarget target;
-  ASSERT_EQ(setenv("FLASHJIT_STAGED_STORES", "0", 1), 0);
-  std::string text = gpuPipelineText(ring, target);
-  std::string ptx = compileToPtx(spec, ring, target);
-  unsetenv("FLASHJIT_STAGED_STORES");
+  std::string text, ptx;
+  {
+    ScopedEnv staged("FLASHJIT_STAGED_STORES", "0");
+    text = gpuPipelineText(ring, target);
+    ptx = compileToPtx(spec, ring, target);
+  }
   EXPECT_NE(text.find("staged-stores=false"), std::string::npos) << text;
   EXPECT_EQ(occurrences(ptx, "st.global.v4.b32"), 0u);
   EXPECT_GT(occurrences(ptx, "st.global.b16"), 0u);
@@ -167,7 +170,8 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   };
   const std::string bulk =
       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
-  ASSERT_EQ(setenv("FLASHJIT_BULK_DQ", "1", 1), 0);
+  std::optional<ScopedEnv> bulkOn;
+  bulkOn.emplace("FLASHJIT_BULK_DQ", "1");
   for (const Case &c : cases) {
     AttentionSpec spec;
     spec.direction = Direction::Backward;
@@ -192,7 +196,8 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   target.arch = "sm_90a";
   EXPECT_NE(gpuPipelineText(config, target).find(" bulk-dq=true"),
             std::string::npos);
-  unsetenv("FLASHJIT_BULK_DQ");
+  bulkOn.reset();
+  ScopedEnv bulkOff("FLASHJIT_BULK_DQ", nullptr);
   EXPECT_EQ(gpuPipelineText(config, target).find("bulk-dq"), std::string::npos);
   EXPECT_EQ(occurrences(compileToPtx(spec, config, target), bulk), 0u);
 }
@@ -321,7 +326,8 @@ TEST(GpuBackwardRing, OptInRecordedAndLowered) {
   TileConfig config = tileConfig(64, 128, 8);
   GpuTarget target;
   target.arch = "sm_90a";
-  setenv("FLASHJIT_BWD_RING", "3", 1);
+  std::optional<ScopedEnv> ring;
+  ring.emplace("FLASHJIT_BWD_RING", "3");
   EXPECT_NE(gpuPipelineText(config, target).find(" bwd-ring-stages=3"),
             std::string::npos);
   std::string ptx = compileToPtx(spec, config, target);
@@ -335,10 +341,10 @@ TEST(GpuBackwardRing, OptInRecordedAndLowered) {
   EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
             std::string::npos);
   target.arch = "sm_90a";
-  setenv("FLASHJIT_BWD_RING", "1", 1);
+  ring.emplace("FLASHJIT_BWD_RING", "1");
   EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
             std::string::npos);
-  unsetenv("FLASHJIT_BWD_RING");
+  ring.emplace("FLASHJIT_BWD_RING", nullptr);
   ptx = compileToPtx(spec, config, target);
   EXPECT_EQ(occurrences(ptx, "setmaxnreg"), 0u);
   EXPECT_EQ(occurrences(ptx, ".maxntid 256, 1, 1"), 1u);

@@ -16,12 +16,14 @@
 #include "kernels/KernelABI.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/Error.h"
+#include "tests/unit/runtime/ScopedEnv.h"
 #include "tools/engine/KernelProvider.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -132,13 +134,14 @@ TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   TileConfig config;
   config.blockM = config.blockN = 128;
   config.warps = 8;
-  setenv("FLASHJIT_PERSISTENT", "1", 1);
+  std::optional<test::ScopedEnv> persistent;
+  persistent.emplace("FLASHJIT_PERSISTENT", "1");
   GpuCompilation c = compileForGpu(s, config, target);
   const std::string gpu = emitStage(s, config, Stage::Gpu, target);
   TileConfig noRing = config;
   noRing.stages = 1;
   GpuCompilation plain = compileForGpu(s, noRing, target);
-  unsetenv("FLASHJIT_PERSISTENT");
+  persistent.emplace("FLASHJIT_PERSISTENT", nullptr);
   GpuCompilation once = compileForGpu(s, config, target);
   const std::string onceGpu = emitStage(s, config, Stage::Gpu, target);
   ASSERT_EQ(c.kernels.size(), 1u);
@@ -180,9 +183,10 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
   GpuCompilation kv = compileForGpu(s, config, target);
   ASSERT_EQ(kv.kernels.size(), 1u);
   EXPECT_EQ(kv.kernels[0].tensorMaps.size(), 2u);
-  setenv("FLASHJIT_TMA", "qkv", 1);
+  std::optional<test::ScopedEnv> tma;
+  tma.emplace("FLASHJIT_TMA", "qkv");
   GpuCompilation c = compileForGpu(s, config, target);
-  unsetenv("FLASHJIT_TMA");
+  tma.emplace("FLASHJIT_TMA", nullptr);
   ASSERT_EQ(c.kernels.size(), 1u);
   const std::vector<TensorMapRecord> &maps = c.kernels[0].tensorMaps;
   ASSERT_EQ(maps.size(), 3u);
@@ -218,9 +222,9 @@ TEST(KernelLaunch, RingForwardRecordsItsTensorMaps) {
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(*parsed, c.kernels);
 
-  setenv("FLASHJIT_TMA", "0", 1);
+  tma.emplace("FLASHJIT_TMA", "0");
   GpuCompilation off = compileForGpu(s, config, target);
-  unsetenv("FLASHJIT_TMA");
+  tma.emplace("FLASHJIT_TMA", nullptr);
   GpuTarget narrow = target;
   narrow.copyBytes = 8;
   TileConfig noRing = config;
