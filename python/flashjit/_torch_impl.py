@@ -305,22 +305,31 @@ def _plan_key(q, k, v, mask, scale, wl, wr, bm, score_mod, qp, kp, vp):
                    layout.q_blocks, layout.kv_blocks), layout, keep)
 
 
+def _planned(key, q, k, v, mask, scale, wl, wr, bm, layout, score_mod,
+             captured=None):
+    """(o, lse, plan, counts, indices) of a planned call: key's plan (made
+    now if it has none, _new_forward_plan), o and lse allocated for it,
+    and the layout's device arrays (None without)."""
+    p = _fwd_plans.get(key)
+    if p is None:
+        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
+                                      layout, score_mod, captured)
+    else:
+        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
+        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
+    if layout is None:
+        return o, lse, p, None, None
+    return o, lse, p, layout.counts, layout.indices
+
+
 def forward_cuda(q, k, v, mask, scale, wl, wr, bm, score_mod=""):
     """(o, lse) of torch CUDA tensors on torch's current stream of their
     device: one flashjit_plan_forward call on a cached plan."""
     qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
     key, layout, keep = _plan_key(q, k, v, mask, scale, wl, wr, bm, score_mod,
                                   qp, kp, vp)
-    p = _fwd_plans.get(key)
-    if p is None:
-        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
-                                      layout, score_mod)
-    else:
-        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
-        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
-    counts = indices = None
-    if layout is not None:
-        counts, indices = layout.counts, layout.indices
+    o, lse, p, counts, indices = _planned(key, q, k, v, mask, scale, wl, wr,
+                                          bm, layout, score_mod)
     status = _plan_forward(p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(),
                            counts, indices, _raw_stream(p.index))
     del keep
@@ -351,16 +360,9 @@ def forward_cuda_captured(q, k, v, mask, scale, wl, wr, bm, score_mod,
                                   qp, kp, vp)
     key += (tuple(c.numel() for c in caps),)
     array, count = _captured_structs(caps)
-    p = _fwd_plans.get(key)
-    if p is None:
-        o, lse, p = _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm,
-                                      layout, score_mod, (array, count))
-    else:
-        o = _empty(p.o_shape, dtype=p.dtype, device=p.device)
-        lse = _empty(p.lse_shape, dtype=_f32, device=p.device)
-    counts = indices = None
-    if layout is not None:
-        counts, indices = layout.counts, layout.indices
+    o, lse, p, counts, indices = _planned(key, q, k, v, mask, scale, wl, wr,
+                                          bm, layout, score_mod,
+                                          (array, count))
     status = _lib.lib().flashjit_plan_forward_captured(
         p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(), counts, indices,
         array, count, _raw_stream(p.index))

@@ -67,28 +67,16 @@ void checkLayoutPointers(bool blockSparse, const int32_t *counts,
             "(pass NULL)");
 }
 
-/// Checks a call's captured tensors against the plan's: as many, none
-/// NULL, each of the size the plan was made for.
+/// Checks a call's captured tensors against the plan's: checkCaptured's
+/// checks, and each of the size the plan was made for.
 void checkPlannedCaptures(const flashjit_plan &plan,
                           const flashjit_captured *captured, int64_t count) {
-  const auto expected = int64_t(plan.captureSizes.size());
-  if (count != expected)
-    invalid(
-        fmt::format("the plan's spec captures {} tensors, the call gives {}{}",
-                    expected, count,
-                    expected > 0 && count == 0
-                        ? " (give them with flashjit_plan_forward_captured)"
-                        : ""));
-  if (count > 0 && !captured)
-    invalid("captured is NULL, but num_captured is " + std::to_string(count));
-  for (int64_t c = 0; c < count; ++c) {
-    if (!captured[c].data)
-      invalid(fmt::format("captured[{}].data is NULL", c));
+  checkCaptured(plan.spec, captured, count, "flashjit_plan_forward_captured");
+  for (int64_t c = 0; c < count; ++c)
     if (captured[c].size != plan.captureSizes[size_t(c)])
       invalid(fmt::format("captured[{}].size is {}, the plan's {} (make a "
                           "plan for this size)",
                           c, captured[c].size, plan.captureSizes[size_t(c)]));
-  }
 }
 
 void forwardPlannedCuda(const flashjit_plan &plan, const void *q, const void *k,
@@ -196,7 +184,8 @@ void createPlan(flashjit_handle *handle, const flashjit_spec *spec,
     made->context = context;
     made->gpuKernel = forwardKernelFor(handle, s, p, context, info, args,
                                        static_cast<CUstream>(cudaStream));
-    made->prepared.emplace(*made->gpuKernel, p, args);
+    made->prepared.emplace(*made->gpuKernel, p, args,
+                           static_cast<CUstream>(cudaStream));
   }
   *plan = made.release();
 }
