@@ -435,6 +435,7 @@ static KernelLaunch readKernelLaunch(Operation *fn, StringRef name,
   k.programsZ = intAttr(grid, "z");
   k.kvSplit = grid && grid.get("split");
   k.persistent = grid && grid.get("persistent");
+  k.scheduled = grid && grid.get("scheduled");
   k.tensorMaps = readTensorMaps(fn);
   auto str = [&](StringRef key) {
     auto a = grid ? dyn_cast_or_null<StringAttr>(grid.get(key)) : nullptr;

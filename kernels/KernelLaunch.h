@@ -18,7 +18,11 @@
 /// split count where the record says `split` (abi::split). A `persistent`
 /// kernel (the K/V ring's forward with the `persistent` option) loops over
 /// those x * y tiles itself: its grid is (min(tiles, the launch's
-/// programs), 1, z).
+/// programs), 1, z). A `scheduled` persistent kernel (causal: its tiles
+/// are uneven) takes one more pointer after the ABI's arguments and its
+/// captured tensors, before its tensor maps: the tile schedule
+/// (kernels/TileSchedule.h) made for that grid, or null for the fixed
+/// stride over the heaviest Q blocks first.
 ///
 /// A kernel whose K/V ring copies by the tensor memory accelerator also
 /// records the tensor maps it takes after the ABI's arguments, in order
@@ -103,6 +107,9 @@ struct KernelLaunch {
   /// A persistent kernel: grid.x is the launch's program count (the
   /// device's SMs), grid.y 1; each program loops over the tiles.
   bool persistent = false;
+  /// A persistent kernel that takes a tile schedule (a pointer, possibly
+  /// null) before its tensor maps.
+  bool scheduled = false;
   /// The tensor maps it takes after the ABI's arguments, in order.
   std::vector<TensorMapRecord> tensorMaps;
 
@@ -134,7 +141,8 @@ struct KernelLaunch {
            (kvHeads ? kGridKvHeads : kGridAllHeads) + " x " +
            (kvSplit ? std::string("splits") : std::to_string(programsZ)) +
            (persistent ? " tiles, looped over by min(tiles, SMs) programs"
-                       : "");
+                       : "") +
+           (scheduled ? " in the order of a tile schedule" : "");
   }
 
   /// The tensor maps it takes after the ABI's arguments, in words: "k
@@ -160,7 +168,8 @@ struct KernelLaunch {
       if (!m.valid(abi::NumBuffers, abi::NumIndexArgs))
         return false;
     return !name.empty() && threads > 0 && threads <= 1024 &&
-           sharedBytes >= 0 && rows > 0 && programsZ > 0;
+           sharedBytes >= 0 && rows > 0 && programsZ > 0 &&
+           (!scheduled || persistent);
   }
 
   bool operator==(const KernelLaunch &o) const {
@@ -168,7 +177,8 @@ struct KernelLaunch {
            sharedBytes == o.sharedBytes && rows == o.rows &&
            overKeys == o.overKeys && kvHeads == o.kvHeads &&
            programsZ == o.programsZ && kvSplit == o.kvSplit &&
-           persistent == o.persistent && tensorMaps == o.tensorMaps;
+           persistent == o.persistent && scheduled == o.scheduled &&
+           tensorMaps == o.tensorMaps;
   }
 };
 
@@ -180,18 +190,20 @@ struct KernelImage {
 
 /// One line per kernel: "NAME threads shared rows keys|queries kv|all z",
 /// then " split" for a split-KV kernel, " persistent" for a persistent
-/// one, and per tensor map " tma=BUFFER/ROWS/ROW_STRIDE/COLS/BOX_ROWS/
+/// one (" persistent scheduled" for one that takes a tile schedule), and
+/// per tensor map " tma=BUFFER/ROWS/ROW_STRIDE/COLS/BOX_ROWS/
 /// BOX_COLS[/OUTER...]" (TensorMapRecord's fields).
 inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
   std::string out;
   for (const KernelLaunch &k : ks) {
     char line[320];
-    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld%s%s\n",
+    std::snprintf(line, sizeof line, "%s %lld %lld %lld %s %s %lld%s%s%s\n",
                   k.name.c_str(), (long long)k.threads,
                   (long long)k.sharedBytes, (long long)k.rows,
                   k.overKeys ? "keys" : "queries", k.kvHeads ? "kv" : "all",
                   (long long)k.programsZ, k.kvSplit ? " split" : "",
-                  k.persistent ? " persistent" : "");
+                  k.persistent ? " persistent" : "",
+                  k.scheduled ? " scheduled" : "");
     out += line;
     out.pop_back(); // the tensor maps go on the line
     for (const TensorMapRecord &m : k.tensorMaps) {
@@ -245,8 +257,8 @@ parseKernelLaunches(const std::string &text) {
         (over != "keys" && over != "queries") ||
         (heads != "kv" && heads != "all"))
       return std::nullopt;
-    // Then " split" and " persistent", each at most once, in that order,
-    // then the tensor maps.
+    // Then " split", " persistent" and " scheduled", each at most once, in
+    // that order, then the tensor maps.
     while (fields >> rest) {
       if (rest.rfind("tma=", 0) == 0) {
         std::optional<TensorMapRecord> m = parseTensorMap(rest.substr(4));
@@ -259,6 +271,8 @@ parseKernelLaunches(const std::string &text) {
         k.kvSplit = true;
       } else if (rest == "persistent" && !k.persistent) {
         k.persistent = true;
+      } else if (rest == "scheduled" && k.persistent && !k.scheduled) {
+        k.scheduled = true;
       } else {
         return std::nullopt;
       }

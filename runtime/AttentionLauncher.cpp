@@ -3,6 +3,7 @@
 #include "runtime/AttentionLauncher.h"
 #include "kernels/HostTensor.h"
 #include "kernels/KernelABI.h"
+#include "kernels/TileSchedule.h"
 #include "runtime/Error.h"
 
 #include <cmath>
@@ -97,8 +98,45 @@ ForwardKernel::ForwardKernel(const KernelImage &image,
   }
   if (launchOf.kvSplit || launchOf.persistent) {
     CudaDriver &driver = CudaDriver::get();
-    smCount = queryDevice(driver.currentDevice(), driver).smCount;
+    DeviceInfo info = queryDevice(driver.currentDevice(), driver);
+    smCount = info.smCount;
+    l2Bytes = info.l2CacheBytes;
   }
+}
+
+std::shared_ptr<DeviceBuffer>
+ForwardKernel::tileSchedule(const Problem &p, int64_t programs,
+                            CUstream stream) const {
+  const char *env = std::getenv("FLASHJIT_TILE_SCHEDULE");
+  if (!launchOf.scheduled || (env && std::string(env) == "0"))
+    return nullptr;
+  const int64_t blocks = ceilDiv(p.seqLenQ, launchOf.rows);
+  const int64_t heads = p.batch * p.heads;
+  if (blocks * heads > (int64_t(1) << 22) || programs < 1)
+    return nullptr;
+  const std::array<int64_t, 4> key = {heads, p.seqLenQ, p.seqLenKV, programs};
+  std::lock_guard<std::mutex> lock(scheduleMutex);
+  auto found = schedules.find(key);
+  if (found != schedules.end())
+    return found->second;
+  if (stream && isStreamCapturing(stream))
+    return nullptr;
+  // A tile's fixed part (prologue, epilogue) as half a KV block, as
+  // tools/scripts/tile-order-model.py models it.
+  const int64_t blockN = config.blockN > 0 ? config.blockN : launchOf.rows;
+  std::vector<double> costs =
+      causalBlockCosts(p.seqLenQ, p.seqLenKV, launchOf.rows, blockN, 0.5);
+  const int64_t l2 = l2Bytes > 0 ? l2Bytes : int64_t(50) << 20;
+  TileSchedule s = scheduleTiles(costs, heads, programs,
+                                 l2GroupHeads(p.seqLenKV, spec.headDimQK,
+                                              spec.headDimV, spec.gqaGroup,
+                                              /*elementBytes=*/2, l2 / 2));
+  auto buffer = std::make_shared<DeviceBuffer>(s.words.size() * 4);
+  buffer->uploadVector(s.words);
+  if (schedules.size() >= 64) // holders keep theirs
+    schedules.clear();
+  schedules.emplace(key, buffer);
+  return buffer;
 }
 
 int64_t ForwardKernel::splitsFor(const Problem &p) const {
@@ -162,7 +200,7 @@ ForwardKernel::workspace(std::size_t bytes) const {
 }
 
 PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
-                                 const ForwardArgs &a)
+                                 const ForwardArgs &a, CUstream stream)
     : function(kernel.cuFunction()), copy(kernel.copyBytes()),
       sparse(kernel.attentionSpec().blockSparse) {
   const AttentionSpec &spec = kernel.attentionSpec();
@@ -200,6 +238,9 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
     throw SpecError(
         fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));
   gridDim = Dim3{unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2])};
+  scheduled = launch.scheduled;
+  if (scheduled)
+    schedule = kernel.tileSchedule(p, grid[0], stream);
   if (splitCount) {
     // o_part (f32 [S, B, H, Nq, dv]) then lse_part (f32 [S, B, H, Nq]).
     index[abi::split::KvSplits] = splitCount;
@@ -233,7 +274,7 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
   const char *env = std::getenv("FLASHJIT_PACKED_LAUNCH");
   if (env && std::string(env) == "1") {
     packing = packForwardArguments(splitCount > 0, captureCount,
-                                   int(tensorMaps.size()));
+                                   int(tensorMaps.size()), scheduled);
     if (packing.bytes > kMaxPackedBytes)
       packing = {};
   }
@@ -252,12 +293,14 @@ packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs) {
   return p;
 }
 
-PackedParams packForwardArguments(bool split, int captures, int tensorMaps) {
+PackedParams packForwardArguments(bool split, int captures, int tensorMaps,
+                                  bool scheduled) {
   return packParams(
       {{abi::NumBuffers + (split ? 2 : 0), 8, 8},
        {split ? abi::split::NumIndexArgs : abi::NumIndexArgs, 8, 8},
        {1, 4, 4},
        {captures, 8, 8},
+       {scheduled ? 1 : 0, 8, 8},
        {tensorMaps, unsigned(sizeof(TensorMap)), 64}});
 }
 
@@ -270,7 +313,7 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   bufs[abi::CuSeqQ] = varlen ? b.cuSeqQ : b.q;
   bufs[abi::CuSeqKV] = varlen ? b.cuSeqKV : b.q;
   void *params[abi::split::NumBuffers + abi::split::NumIndexArgs + 1 +
-               abi::kMaxCaptures + kMaxTensorMaps];
+               abi::kMaxCaptures + 1 + kMaxTensorMaps];
   TensorMap maps[kMaxTensorMaps];
   std::array<CUdeviceptr, abi::kMaxCaptures> captured = b.captures;
   int n = 0;
@@ -287,6 +330,9 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
   params[n++] = &scaleLog2;
   for (int c = 0; c < captureCount; ++c)
     params[n++] = &captured[c];
+  CUdeviceptr tiles = schedule ? schedule->ptr() : 0;
+  if (scheduled) // the tile schedule, before the tensor maps
+    params[n++] = &tiles;
   if (!tensorMaps.empty()) {
     // cuLaunchKernel copies the parameters: the cache may change after.
     std::lock_guard<std::mutex> lock(mapsMutex);
@@ -344,7 +390,7 @@ void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,
 
 void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,
                            CUstream stream) const {
-  PreparedForward prepared(*this, p, a);
+  PreparedForward prepared(*this, p, a, stream);
   CudaDriver::get().ensureContext();
   ForwardBuffers b{a.q.ptr,     a.k.ptr,  a.v.ptr,   a.o.ptr,
                    a.lse,       a.counts, a.indices, a.captures,

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -94,7 +95,8 @@ packParams(std::initializer_list<std::tuple<int, unsigned, unsigned>> runs);
 /// them: the buffers (and a split's two), the index arguments (and a
 /// split's count), scale * log2(e), \p captures pointers, \p tensorMaps
 /// maps.
-PackedParams packForwardArguments(bool split, int captures, int tensorMaps);
+PackedParams packForwardArguments(bool split, int captures, int tensorMaps,
+                                  bool scheduled = false);
 
 /// The buffers of one forward call: what changes from call to call of a
 /// PreparedForward.
@@ -120,10 +122,12 @@ class PreparedForward {
 public:
   /// Checks \p p and \p shape (its strides, layout strides and copy width;
   /// its pointers only for the copy width) as ForwardKernel::launch does,
-  /// and raises the function's shared memory limit. Throws SpecError or
+  /// and raises the function's shared memory limit; a scheduled kernel
+  /// takes its tile schedule for \p p (ForwardKernel::tileSchedule, not
+  /// made while \p stream is being captured). Throws SpecError or
   /// RuntimeError. \p kernel must outlive this object.
   PreparedForward(const ForwardKernel &kernel, const Problem &p,
-                  const ForwardArgs &shape);
+                  const ForwardArgs &shape, CUstream stream = nullptr);
 
   /// Launches on \p stream in the current context (the kernel's). The
   /// caller checks the buffers (non-null, aligned to copyBytes()).
@@ -170,6 +174,10 @@ private:
   Dim3 combineGrid, combineBlock;
   std::shared_ptr<DeviceBuffer> workspace;
   mutable CUdeviceptr oPart = 0, lsePart = 0;
+  /// A scheduled kernel (KernelLaunch::scheduled): its tile schedule (null:
+  /// the kernel's fixed stride), passed before the tensor maps.
+  bool scheduled = false;
+  std::shared_ptr<DeviceBuffer> schedule;
   /// The kernel's tensor maps (KernelLaunch::tensorMaps), encoded over a
   /// launch's buffers, and whether its elements are bf16. The last
   /// encoding is kept with the bases it was made for: a launch over the
@@ -230,6 +238,15 @@ public:
   /// A device workspace of at least \p bytes, shared by this kernel's
   /// prepared launches (a larger one replaces it; holders keep theirs).
   std::shared_ptr<DeviceBuffer> workspace(std::size_t bytes) const;
+  /// A scheduled kernel's tile schedule for \p p on \p programs programs
+  /// (kernels/TileSchedule.h: the causal cost of each Q block, heads in
+  /// groups whose K and V fill at most half the L2), made and uploaded
+  /// once per shape and kept. Null, for the kernel's fixed stride, where
+  /// it takes none, with FLASHJIT_TILE_SCHEDULE=0, past 2^22 tiles, or
+  /// while \p stream is being captured into a CUDA graph and the schedule
+  /// is not made yet (nothing is allocated during a capture).
+  std::shared_ptr<DeviceBuffer> tileSchedule(const Problem &p, int64_t programs,
+                                             CUstream stream) const;
 
 private:
   Module module;
@@ -240,8 +257,13 @@ private:
   int64_t copy;
   TileConfig config;
   int smCount = 0;
+  int l2Bytes = 0;
   mutable std::mutex workspaceMutex;
   mutable std::shared_ptr<DeviceBuffer> shared;
+  /// tileSchedule's, by (batch * heads, seq_q, seq_kv, programs).
+  mutable std::mutex scheduleMutex;
+  mutable std::map<std::array<int64_t, 4>, std::shared_ptr<DeviceBuffer>>
+      schedules;
 };
 
 } // namespace flashjit::rt

@@ -1,29 +1,25 @@
 #!/usr/bin/env bash
 # Prepared in T32 for the next second call (carry [".carry"], main's
-# build): issue 13's forward bar table beside cuDNN; the captured-tensor
-# plans (C API version 12) and the kept traces of flashjit.variants on the
-# GPU: their torch tests, the document mask's host time a call (T29: 189
-# us unplanned), and the variants beside FlexAttention (issue 14's table).
+# build): T31's exp2 emulation (its GPU tests and timing), d = 256's other
+# candidates, then issue 13's forward bar table beside cuDNN.
 cd "$(dirname "$0")/.." || exit 2
 source tools/scripts/gpu-env.sh
-export PYTHONPATH=$PWD/python:$PWD/python/tests
-if ! python3 -c "import pytest" 2>/dev/null; then  # the carried wheels
-  python3 -m pip install -q --no-index --no-deps --target /tmp/fj-site $C/wheels/*.whl &&
-    export PYTHONPATH=/tmp/fj-site:$PYTHONPATH
-fi
 call_header 2
+timeout 100 $C/bin/flashjit-forward-gpu-tests --gtest_filter='*Exp2*' --gtest_brief=1 --gtest_color=no > $OUT/t-exp2.log 2>&1
+say "exp2 tests: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' $OUT/t-exp2.log | tr '\n' ' ')"
+grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-exp2.log | head -4
+say "exp2 emulation (TFLOP/s, N 8192)"
+FLASHJIT_KNOB_ROUNDS=2 timeout 150 bash tools/scripts/gpu-knobs.sh \
+  "-|FLASHJIT_EXP2_EMULATION=2|FLASHJIT_EXP2_EMULATION=4" \
+  "--head-dim 128 --seq-len 8192 --score-mod softcap:30" "--head-dim 128 --seq-len 8192 --score-mod softcap:30 --causal" \
+  "--head-dim 128 --seq-len 8192 --score-mod alibi:16" "--head-dim 128 --seq-len 8192" 2>&1 | tail -4 | cut -c1-200
+say "d 256 candidates (TFLOP/s)"
+O="--block-m 128 --block-n 64 --warps 8 --stages 2"
+FLASHJIT_KNOB_ROUNDS=3 timeout 120 bash tools/scripts/gpu-knobs.sh "-|FLASHJIT_PERSISTENT=1|$O --overlap-softmax" \
+  "--head-dim 256 --heads 8" "--head-dim 256 --heads 8 --causal" 2>&1 | tail -2 | cut -c1-220
 say "forward bars beside cuDNN"
 timeout 150 python3 tests/bench/side_by_side.py --flashjit $FJ --no-backward --no-flex --rounds 2 \
   --cases 128:16384:n,128:16384:c,128:1024:n:16,128:4096:n:4,64:16384:n,64:16384:c,96:16384:n,96:16384:c,256:16384:n,256:16384:c \
   > $OUT/sbs.log 2>&1
 grep -A12 "^side-by-side" $OUT/sbs.log | cut -c1-90
-say "torch plan and captured tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_plans_gpu.py \
-  python/tests/test_torch_captured_gpu.py python/tests/test_trace_cache_cpu.py > $OUT/py.log 2>&1
-tail -3 $OUT/py.log; grep -E "^FAILED|Error" $OUT/py.log | head -6
-say "document mask, host time a call"
-timeout 80 bash tools/scripts/gpu-host-profile.sh 2>&1 | head -4
-say "variants beside FlexAttention (ms)"
-timeout 240 python3 tests/bench/variants.py --variants plain,softcap,alibi,window,document > $OUT/var.log 2>&1
-tail -12 $OUT/var.log | cut -c1-150
 say done

@@ -95,10 +95,12 @@ mlir::gpu::GPUFuncOp createKernelFunc(mlir::ImplicitLocOpBuilder &b,
 /// (\p overKeys) or the queries, pid_bh over the KV heads (\p kvHeads) or
 /// all heads, \p programsZ programs along grid.z (or, \p kvSplit, the
 /// launch's split count: a unit `split`); \p persistent: grid.x is the
-/// launch's program count and grid.y 1 (a unit `persistent`).
+/// launch's program count and grid.y 1 (a unit `persistent`), and
+/// \p scheduled: it takes a tile schedule (a unit `scheduled`).
 mlir::DictionaryAttr gridAttr(mlir::Builder &b, int64_t rows, bool overKeys,
                               bool kvHeads, int64_t programsZ,
-                              bool kvSplit = false, bool persistent = false);
+                              bool kvSplit = false, bool persistent = false,
+                              bool scheduled = false);
 
 /// The base of the dynamic shared memory (`@flashjit_smem`).
 mlir::Value sharedMemoryBase(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g);

@@ -111,6 +111,10 @@ struct KernelPlacement {
   /// heaviest Q blocks of all heads first), its ring's positions running
   /// on across tiles.
   bool persistent = false;
+  /// A persistent kernel whose tiles are uneven (causal): it takes a tile
+  /// schedule before its tensor maps (kernels/TileSchedule.h; null: the
+  /// fixed stride above) and records `scheduled` on its grid.
+  bool scheduled = false;
   /// With the ring: its producer copies K and V (1), and Q too (2), by the
   /// tensor memory accelerator where a tensor map describes them
   /// (TileToGPUTma.cpp): one thread, cp.async.bulk.tensor into the slot,

@@ -111,7 +111,8 @@ mlir::gpu::GPUFuncOp conversion::createKernelFunc(
 
 DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
                                     bool kvHeads, int64_t programsZ,
-                                    bool kvSplit, bool persistent) {
+                                    bool kvSplit, bool persistent,
+                                    bool scheduled) {
   SmallVector<NamedAttribute> fields = {
       b.getNamedAttr("heads",
                      b.getStringAttr(kvHeads ? kGridKvHeads : kGridAllHeads)),
@@ -123,6 +124,8 @@ DictionaryAttr conversion::gridAttr(Builder &b, int64_t rows, bool overKeys,
     fields.push_back(b.getNamedAttr("split", b.getUnitAttr()));
   if (persistent) // grid.x: the launch's programs (kernels/KernelLaunch.h)
     fields.push_back(b.getNamedAttr("persistent", b.getUnitAttr()));
+  if (scheduled) // a tile schedule before the tensor maps
+    fields.push_back(b.getNamedAttr("scheduled", b.getUnitAttr()));
   return b.getDictionaryAttr(fields);
 }
 

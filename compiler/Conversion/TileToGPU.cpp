@@ -544,7 +544,13 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   // is the launcher's (GpuGeometry); assignHomes refuses more.
   mlir::gpu::GPUFuncOp kernel =
       createPlacedKernel(b, g, gpuModule, fn, place, sharedBytes);
-  if (!ringMaps.empty())
+  if (place.scheduled) { // the tile schedule, before the tensor maps
+    const unsigned at = kernel.getNumArguments();
+    (void)kernel.insertArgument(at, g.ptrGen, DictionaryAttr(),
+                                kernel.getLoc());
+    scheduleArg = kernel.getArgument(at);
+  }
+  if (!ringMaps.empty()) // the last arguments (MarkGridConstants)
     addTensorMapArguments(kernel);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);

@@ -522,6 +522,9 @@ private:
   /// the parity of the program's tile (i32; forEachTile).
   tile::LoadOp queryLoad;
   Value tileParity;
+  /// A scheduled persistent kernel's tile schedule (a pointer before its
+  /// tensor maps, possibly null; TileToGPUPersistent.cpp).
+  Value scheduleArg;
   bool queryPending = false;
   /// The ring's consumers take the registers the producer does not need
   /// (setmaxnreg; consumersNeedRegisters in TileToGPURing.cpp).

@@ -31,6 +31,25 @@
 /// on from tile to tile. Unmasked, the tiles of one batch * head are
 /// consecutive (their K and V stay in L2 for the programs beside them);
 /// causal, the heaviest Q blocks of all heads come first.
+///
+/// A scheduled kernel (KernelPlacement::scheduled: causal) takes the tile
+/// schedule the launcher made for its grid (kernels/TileSchedule.h: heads
+/// in groups that fit L2, each tile to the program the cost model frees
+/// first) as a pointer before its tensor maps; null keeps the stride
+/// above:
+///
+///   %has = llvm.icmp "ne" %schedule, null
+///   %lo, %hi, %step = scf.if %has -> (i32, i32, i32) {
+///     scf.yield words[blockIdx.x], words[blockIdx.x + 1], 1
+///   } else { scf.yield blockIdx.x, tiles, gridDim.x }
+///   scf.for %n = %lo to %hi step %step iter_args(...) {
+///     w = %has ? words[gridDim.x + 1 + n] : n
+///     pid_bh = w / blocks, pid_m = w % blocks  (%has; else as above)
+///     ...
+///   }
+///
+/// Both roles read the same words, so the producer and the consumers take
+/// the same tiles in the same order.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,6 +57,7 @@
 #include "kernels/KernelABI.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 
 using namespace mlir;
 using namespace flashjit;
@@ -63,8 +83,33 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   };
   Value first = toIndex(g.blockId(mlir::gpu::Dimension::x));
   Value programs = mlir::gpu::GridDimOp::create(b, mlir::gpu::Dimension::x);
+  Value lo = first, hi = toIndex(tiles), step = programs, hasTable;
+  // Word \p i (i32) of the schedule.
+  auto word = [&](Value i) -> Value {
+    Value at = LLVM::GEPOp::create(b, g.ptrGen, g.i32, scheduleArg,
+                                   ArrayRef<LLVM::GEPArg>{i});
+    return LLVM::LoadOp::create(b, g.i32, at);
+  };
+  if (place.scheduled) {
+    hasTable = LLVM::ICmpOp::create(b, LLVM::ICmpPredicate::ne, scheduleArg,
+                                    LLVM::ZeroOp::create(b, g.ptrGen));
+    auto bounds = scf::IfOp::create(b, TypeRange{g.i32, g.i32, g.i32}, hasTable,
+                                    /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(bounds.thenBlock());
+      Value pid = toI32(first);
+      scf::YieldOp::create(
+          b, ValueRange{word(pid), word(g.add(pid, g.c32(1))), g.c32(1)});
+      b.setInsertionPointToStart(bounds.elseBlock());
+      scf::YieldOp::create(b, ValueRange{toI32(first), tiles, toI32(programs)});
+    }
+    lo = toIndex(bounds.getResult(0));
+    hi = toIndex(bounds.getResult(1));
+    step = toIndex(bounds.getResult(2));
+  }
   SmallVector<Value, 2> zeros(ringLead.size(), g.c32(0));
-  auto loop = scf::ForOp::create(b, first, toIndex(tiles), programs, zeros);
+  auto loop = scf::ForOp::create(b, lo, hi, step, zeros);
   Block *tileBody = loop.getBody();
   if (!tileBody->empty() && isa<scf::YieldOp>(tileBody->back()))
     tileBody->back().erase();
@@ -79,10 +124,23 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   // program's n-th tile is then about as heavy as any other's (with
   // pid_m fastest, gridDim.x near a multiple of blocks gives some
   // programs only heavy tiles: T14, causal 536 -> 340 TFLOP/s).
-  Value w = toI32(loop.getInductionVar());
-  // The program's n-th tile: (w - blockIdx.x) / gridDim.x.
-  tileParity =
-      g.andI(g.divU(g.sub(w, toI32(first)), toI32(programs)), g.c32(1));
+  Value n = toI32(loop.getInductionVar());
+  // The program's n-th tile: (n - lo) / step.
+  tileParity = g.andI(g.divU(g.sub(n, toI32(lo)), toI32(step)), g.c32(1));
+  Value w = n;
+  if (place.scheduled) {
+    auto pick = scf::IfOp::create(b, TypeRange{g.i32}, hasTable,
+                                  /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(pick.thenBlock());
+      scf::YieldOp::create(
+          b, ValueRange{word(g.add(g.add(toI32(programs), g.c32(1)), n))});
+      b.setInsertionPointToStart(pick.elseBlock());
+      scf::YieldOp::create(b, ValueRange{n});
+    }
+    w = pick.getResult(0);
+  }
   Value pidM, pidBH;
   if (place.reversePidM) {
     pidM = g.sub(g.sub(blocks, g.c32(1)), g.divU(w, heads));
@@ -90,6 +148,10 @@ TileKernelLowering::forEachTile(function_ref<LogicalResult()> lowerTile) {
   } else {
     pidM = g.remU(w, blocks);
     pidBH = g.divU(w, blocks);
+  }
+  if (place.scheduled) { // a schedule's tiles: w = pid_bh * blocks + pid_m
+    pidM = g.select(hasTable, g.remU(w, blocks), pidM);
+    pidBH = g.select(hasTable, g.divU(w, blocks), pidBH);
   }
   const int pidArg = place.numBuffers + place.numIndexArgs + place.numF32Args;
   map.map(fn.getArgument(pidArg), toIndex(pidM));

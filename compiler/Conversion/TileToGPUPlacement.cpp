@@ -83,6 +83,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.treeReductions = true;
     p.pingPong = pingPong;
     p.persistent = persistent;
+    p.scheduled = persistent && p.reversePidM;
     p.tma = tma;
     // Q by its tensor map: O gets a staging slot of its own where it fits.
     if (tma == 2) {
@@ -141,12 +142,12 @@ conversion::createPlacedKernel(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   int64_t programsZ = place.gridZ;
   for (const KernelPlacement::ColumnSplit &s : place.splits)
     programsZ += s.chunks;
-  return createKernelFunc(b, gpuModule, fn, argTys,
-                          place.threads + place.producerThreads, sharedBytes,
-                          gridAttr(b, place.gridRows, place.gridOverKeys,
-                                   place.gridKvHeads,
-                                   std::max<int64_t>(programsZ, 1),
-                                   place.gridSplits, place.persistent));
+  return createKernelFunc(
+      b, gpuModule, fn, argTys, place.threads + place.producerThreads,
+      sharedBytes,
+      gridAttr(b, place.gridRows, place.gridOverKeys, place.gridKvHeads,
+               std::max<int64_t>(programsZ, 1), place.gridSplits,
+               place.persistent, place.scheduled));
 }
 
 void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,

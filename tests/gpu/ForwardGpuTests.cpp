@@ -264,7 +264,37 @@ TEST_P(ForwardPersistentGpu, MatchesFloat64Reference) {
   const bool hopper = out.find("\"arch\":\"sm_90a\"") != std::string::npos;
   if (hopper && args.find("--stages 1") == std::string::npos)
     EXPECT_TRUE(ring) << args << "\n" << out;
+  // Causal, the ring's persistent kernel runs the launcher's tile
+  // schedule (kernels/TileSchedule.h); any other, none.
+  const bool causal = args.find("--causal") != std::string::npos;
+  EXPECT_NE(out.find(std::string("\"tile_schedule\":") +
+                     (ring && causal ? "true" : "false")),
+            std::string::npos)
+      << args << "\n"
+      << out;
 }
+
+/// FLASHJIT_TILE_SCHEDULE=0: the scheduled (causal) persistent kernel given
+/// a null schedule takes the fixed stride over the heaviest Q blocks
+/// first, and still matches the float64 reference.
+class ForwardStrideGpu : public ForwardGpu {};
+
+TEST_P(ForwardStrideGpu, MatchesFloat64Reference) {
+  const std::string args = GetParam();
+  std::string out =
+      runAndCheck(args, "FLASHJIT_PERSISTENT=1 FLASHJIT_TILE_SCHEDULE=0");
+  EXPECT_NE(out.find("\"tile_schedule\":false"), std::string::npos)
+      << args << "\n"
+      << out;
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Tilings, ForwardStrideGpu, ::testing::Values(
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --batch 2 --heads 30 --seq-len 3000 --seq-len-kv 3100",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --overlap-softmax --causal --gqa 4 --heads 64 --seq-len 900 --seq-len-kv 700",
+  "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --causal --heads 200 --seq-len 100 --seq-len-kv 50"
+));
+// clang-format on
 
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(

@@ -76,19 +76,29 @@ TEST(KernelLaunch, FormatAndParseRoundTrip) {
                      64,
                      64}};
   ks.push_back(tma);
+  KernelLaunch scheduled = ks[3];
+  scheduled.scheduled = true;
+  scheduled.tensorMaps = tma.tensorMaps;
+  ks.push_back(scheduled);
   auto parsed = parseKernelLaunches(formatKernelLaunches(ks));
   ASSERT_TRUE(parsed.has_value());
   EXPECT_EQ(*parsed, ks);
   // Malformed records are refused, never half read.
   for (const char *bad :
-       {"attention 256 0 128 keys kv\n", "attention 256 0 128 rows kv 1\n",
-        "attention 256 0 128 keys some 1\n", "attention 0 0 128 keys kv 1\n",
-        "attention 256 -1 128 keys kv 1\n", "attention 256 0 0 keys kv 1\n",
+       {"attention 256 0 128 keys kv\n",
+        "attention 256 0 128 rows kv 1\n",
+        "attention 256 0 128 keys some 1\n",
+        "attention 0 0 128 keys kv 1\n",
+        "attention 256 -1 128 keys kv 1\n",
+        "attention 256 0 0 keys kv 1\n",
         "attention 256 0 128 keys kv 1 extra\n",
         "attention 2048 0 1 keys kv 1\n",
         "attention 256 0 128 keys kv 1 split extra\n",
         "attention 256 0 128 keys kv 1 persistent persistent\n",
         "attention 256 0 128 keys kv 1 persistent split\n",
+        "attention 256 0 128 keys kv 1 scheduled\n",
+        "attention 256 0 128 keys kv 1 scheduled persistent\n",
+        "attention 256 0 128 keys kv 1 persistent scheduled scheduled\n",
         "attention 256 0 128 keys kv 1 tma=1/3/9/128/64\n",
         "attention 256 0 128 keys kv 1 tma=1/3/9/128/64/64/7/8/9/10\n",
         "attention 256 0 128 keys kv 1 tma=1/3/9/128/512/64/7\n",
@@ -126,6 +136,9 @@ TEST(KernelLaunch, ForwardRecordsItsGrid) {
 /// B * H, when fewer), 1 along y, the column chunks along z; the same
 /// threads and shared memory as without, and a loop over the tiles in its
 /// kernel (the grid's size read). Without the ring it is not persistent.
+/// Causal, it is scheduled: it takes a tile schedule (a pointer before its
+/// tensor maps, null for the stride) and its loop's bounds and step come
+/// from it or from the grid; unmasked, it is not, and steps by the grid.
 TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   GpuTarget target;
   target.arch = "sm_90a";
@@ -141,6 +154,10 @@ TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   TileConfig noRing = config;
   noRing.stages = 1;
   GpuCompilation plain = compileForGpu(s, noRing, target);
+  AttentionSpec unmasked = s;
+  unmasked.mask = MaskKind::None;
+  GpuCompilation even = compileForGpu(unmasked, config, target);
+  const std::string evenGpu = emitStage(unmasked, config, Stage::Gpu, target);
   persistent.emplace("FLASHJIT_PERSISTENT", nullptr);
   GpuCompilation once = compileForGpu(s, config, target);
   const std::string onceGpu = emitStage(s, config, Stage::Gpu, target);
@@ -156,11 +173,35 @@ TEST(KernelLaunch, PersistentForwardRecordsItsGrid) {
   EXPECT_EQ(tiles[0] * tiles[1], 36);
   EXPECT_EQ(k.grid(p, s.gqaGroup, 1, 132), (std::array<int64_t, 3>{36, 1, 1}));
   EXPECT_EQ(k.grid(p, s.gqaGroup, 1, 10), (std::array<int64_t, 3>{10, 1, 1}));
-  // The tile loop: the grid's programs are its step.
+  // The tile loop: unmasked, the grid's programs are its step; causal,
+  // the schedule's words or the grid give its bounds and step.
+  EXPECT_TRUE(k.scheduled);
+  EXPECT_FALSE(once.kernels[0].scheduled);
+  ASSERT_EQ(even.kernels.size(), 1u);
+  EXPECT_TRUE(even.kernels[0].persistent);
+  EXPECT_FALSE(even.kernels[0].scheduled);
   EXPECT_NE(gpu.find("persistent"), std::string::npos);
-  EXPECT_NE(gpu.find("step %grid_dim_x"), std::string::npos);
+  EXPECT_NE(gpu.find("scheduled"), std::string::npos);
+  EXPECT_NE(gpu.find("llvm.icmp \"ne\""), std::string::npos);
+  EXPECT_EQ(gpu.find("step %grid_dim_x"), std::string::npos);
+  EXPECT_NE(evenGpu.find("step %grid_dim_x"), std::string::npos);
+  EXPECT_EQ(evenGpu.find("scheduled"), std::string::npos);
   EXPECT_EQ(onceGpu.find("persistent"), std::string::npos);
   EXPECT_EQ(onceGpu.find("step %grid_dim_x"), std::string::npos);
+  // The schedule is the parameter before the tensor maps, read by both
+  // roles (two bounds and a tile each).
+  const std::string &ptx = c.ptx;
+  const size_t firstMap = ptx.find(".param .align 64 .b8");
+  ASSERT_NE(firstMap, std::string::npos);
+  const size_t schedule = ptx.rfind(".param .u64 .ptr", firstMap);
+  ASSERT_NE(schedule, std::string::npos);
+  EXPECT_LT(ptx.find('\n', schedule), firstMap);
+  EXPECT_EQ(ptx.find(".param", ptx.find('\n', schedule)), firstMap);
+  size_t loads = 0;
+  for (size_t at = ptx.find("ld.global.b32"); at != std::string::npos;
+       at = ptx.find("ld.global.b32", at + 1))
+    ++loads;
+  EXPECT_EQ(loads, 6u);
 }
 
 /// The ring's forward on sm_90a copies K and V by tensor maps, and Q too
@@ -453,4 +494,20 @@ TEST(PackedParams, TheForwardsListIsTheCompiledKernels) {
   rt::PackedParams ps = rt::packForwardArguments(true, 0, int(ds.maps));
   EXPECT_EQ(ps.offsets, ds.offsets);
   EXPECT_EQ(ps.sizes, ds.sizes);
+
+  // A scheduled (causal persistent) forward: its schedule before the maps.
+  AttentionSpec causal = s;
+  causal.mask = MaskKind::Causal;
+  TileConfig persistent = config;
+  persistent.persistent = persistent.queryByTensorMap = true;
+  DeclaredParams dc =
+      declaredParams(emitStage(causal, persistent, Stage::Ptx, target));
+  ASSERT_EQ(dc.maps, 3u);
+  rt::PackedParams pc =
+      rt::packForwardArguments(false, 0, int(dc.maps), /*scheduled=*/true);
+  EXPECT_EQ(pc.offsets, dc.offsets);
+  EXPECT_EQ(pc.sizes, dc.sizes);
+  EXPECT_EQ(pc.bytes, dc.bytes);
+  EXPECT_NE(rt::packForwardArguments(false, 0, int(dc.maps)).offsets,
+            dc.offsets);
 }

@@ -246,7 +246,7 @@ int runRun(const CliOptions &o) {
     gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
                 fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
                             "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
-                            "\"tensor_maps\":{}",
+                            "\"tensor_maps\":{},\"tile_schedule\":{}",
                             wgmma ? "wgmma" : "mma.sync", geo.ringStages,
                             geo.ringStages ? pingPongMode(target, config) : 0,
                             gpu.kvSplits,
@@ -254,7 +254,8 @@ int runRun(const CliOptions &o) {
                                     usesPersistentKernel(target, config)
                                 ? "true"
                                 : "false",
-                            gpu.tensorMaps ? "true" : "false", gpu.tensorMaps);
+                            gpu.tensorMaps ? "true" : "false", gpu.tensorMaps,
+                            gpu.tileSchedule ? "true" : "false");
   }
   if (o.json) {
     fmt::print(

@@ -100,6 +100,8 @@ struct GpuRunResult {
   int64_t kvSplits = 0;     ///< split-KV: the launches' split count (else 0)
   /// The tensor maps the kernel takes (its K/V ring's copies by the TMA).
   int64_t tensorMaps = 0;
+  /// A scheduled persistent kernel took a tile schedule (not the stride).
+  bool tileSchedule = false;
   CubinBuild build;
   std::string tuneTable; ///< when `--tune` or `flashjit tune` tuned
   std::string tuneJson;  ///< the same, as a JSON array
