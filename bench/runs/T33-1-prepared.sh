@@ -2,24 +2,25 @@
 # Prepared in T32 (no device lent that session) for the next first call,
 # from .carry/ (carry [".carry"]; made by gpu-prepare.sh on main). Never
 # run on a GPU before: (1) the causal persistent kernel's tile schedule
-# (kernels/TileSchedule.h): its GPU tests and sanitizers, then against one
-# tile per program and against the fixed stride (FLASHJIT_TILE_SCHEDULE=0);
+# (kernels/TileSchedule.h, opt-in: FLASHJIT_TILE_SCHEDULE=1): its GPU
+# tests and sanitizers, then against one tile per program and against the
+# fixed stride (the persistent kernel without the variable);
 # (2) KV blocks of 144 to 176 keys at d = 128 and 80 at d = 256
 # (spill-free under ptxas, 180-229 KB of shared memory): correct first,
 # then against the defaults.
 cd "$(dirname "$0")/.." || exit 2
 source tools/scripts/gpu-env.sh
 call_header 1
-timeout 170 $C/bin/flashjit-forward-gpu-tests --gtest_filter='*Persistent*:*Stride*:Modes/ForwardTmaGpu*' \
+FLASHJIT_TILE_SCHEDULE=1 timeout 170 $C/bin/flashjit-forward-gpu-tests --gtest_filter='*Persistent*:*Stride*:Modes/ForwardTmaGpu*' \
   --gtest_brief=1 --gtest_color=no > $OUT/t-sched.log 2>&1
 say "persistent / stride / TMA tests: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' $OUT/t-sched.log | tr '\n' ' ')"
 grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-sched.log | head -6
-FLASHJIT_PERSISTENT=1 sanitize "racecheck memcheck" \
+FLASHJIT_PERSISTENT=1 FLASHJIT_TILE_SCHEDULE=1 sanitize "racecheck memcheck" \
   "--head-dim 128 --causal --seq-len 1000 --seq-len-kv 1100 --batch 2 --heads 40 --json" \
   "--head-dim 128 --causal --overlap-softmax --block-m 128 --block-n 128 --warps 8 --gqa 4 --heads 64 --seq-len 700 --json"
 say "causal: tile schedule against one tile per program and the stride (TFLOP/s)"
 FLASHJIT_KNOB_ROUNDS=3 timeout 150 bash tools/scripts/gpu-knobs.sh \
-  "-|FLASHJIT_PERSISTENT=1|FLASHJIT_PERSISTENT=1 FLASHJIT_TILE_SCHEDULE=0" \
+  "-|FLASHJIT_PERSISTENT=1 FLASHJIT_TILE_SCHEDULE=1|FLASHJIT_PERSISTENT=1" \
   "--head-dim 128 --causal" "--head-dim 128 --causal --seq-len 1024 --batch 16" \
   "--head-dim 128 --causal --seq-len 4096 --batch 4" 2>&1 | tail -3 | cut -c1-220
 say "wide KV blocks: correctness (flashjit run on the GPU)"
