@@ -124,3 +124,27 @@ def test_combined_masks_keep_a_trace_only_of_variants(monkeypatch):
         flashjit.attention(q, k, v, mask_mod=fixed)
         flashjit.attention(q, k, v, mask_mod=mixed)
     assert traces.calls == 1 + 2
+
+
+def test_trace_once_marks_a_users_function(monkeypatch):
+    """score_ops.trace_once: a function of the user's own traced once, its
+    tensor's data still read at every call; a non-function is a named
+    TypeError."""
+    import pytest
+
+    from flashjit import score_ops
+
+    rng = np.random.default_rng()
+    q, k, v = reference.random_qkv(rng, 1, 2, 2, 64, 64)
+    seg = _segments(rng, 64, 3)
+    first, other = seg.copy(), _segments(rng, 64, 5)
+    traces = _Counted(monkeypatch)
+    doc = score_ops.trace_once(
+        lambda b, h, i, j: score_ops.captured(seg)[i] ==
+        score_ops.captured(seg)[j])
+    _expect_documents(q, k, v, doc, first, other)
+    seg[:] = other
+    _expect_documents(q, k, v, doc, other, first)
+    assert traces.calls == 1
+    with pytest.raises(TypeError, match="trace_once: expected a function"):
+        score_ops.trace_once(3)
