@@ -12,7 +12,14 @@ for comparison, dynamically (each program takes the next tile when free,
 as the hardware does with one tile per program). Balance only: no L2, no
 memory traffic.
 
-Usage: tile-order-model.py [--programs 132] [--fixed 0.5]
+The last row, "schedule", is kernels/TileSchedule.h's (T32): heads in
+groups of at most --group-heads (as even as possible; default 0: as the
+launcher's l2GroupHeads, K and V of N = blocks x 128 keys at d = 128 in
+25 MiB), a group's heaviest Q blocks first, each tile to the
+least-loaded program, taken as a static list per program (what the
+scheduled kernel reads).
+
+Usage: tile-order-model.py [--programs 132] [--fixed 0.5] [--group-heads 0]
        [--shape BLOCKS:HEADS ...]   (default: N 16K, N 1024 B 16, N 4096 B 4
                                      at Br 128, 16 heads)
 """
@@ -30,6 +37,26 @@ def order(kind, blocks, heads, group):
     return [(h, m) for g in range(0, heads, group)
             for m in reversed(range(blocks))
             for h in range(g, min(heads, g + group))]
+
+
+def even_groups(heads, group):
+    """TileSchedule.h's groups: ceil(heads / group) of them, sizes as even
+    as possible."""
+    n = -(-heads // group)
+    base, extra = divmod(heads, n)
+    out, first = [], 0
+    for g in range(n):
+        size = base + (1 if g < extra else 0)
+        out.append(range(first, first + size))
+        first += size
+    return out
+
+
+def schedule(blocks, heads, group):
+    """The schedule's order over the tiles (the least-loaded program takes
+    each: dynamic() over this order is what its lists hold)."""
+    return [(h, m) for g in even_groups(heads, group)
+            for m in reversed(range(blocks)) for h in g]
 
 
 def static(tiles, programs, fixed, snake):
@@ -54,6 +81,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=int, default=132)
     ap.add_argument("--fixed", type=float, default=0.5)
+    ap.add_argument("--group-heads", type=int, default=0)
     ap.add_argument("--shape", nargs="*",
                     default=["128:16", "8:256", "32:64"])
     a = ap.parse_args()
@@ -69,6 +97,10 @@ def main():
             print(f"  {name:11} static {static(t, a.programs, a.fixed, False) / ideal:.3f}"
                   f"  snake {static(t, a.programs, a.fixed, True) / ideal:.3f}"
                   f"  dynamic {dynamic(t, a.programs, a.fixed) / ideal:.3f}")
+        group = a.group_heads or max(1, (25 << 20) // (blocks * 128 * 256 * 2))
+        t = schedule(blocks, heads, group)
+        print(f"  schedule {group:<3}(lists)              "
+              f"{dynamic(t, a.programs, a.fixed) / ideal:.3f}")
 
 
 if __name__ == "__main__":
