@@ -13,12 +13,12 @@ if ! python3 -c "import pytest" 2>/dev/null; then  # the carried wheels
 fi
 call_header 3
 say "torch plan and captured tests"
-timeout 150 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_plans_gpu.py \
+timeout 200 python3 -m pytest -q -p no:cacheprovider python/tests/test_torch_plans_gpu.py \
   python/tests/test_torch_captured_gpu.py python/tests/test_trace_cache_cpu.py > $OUT/py.log 2>&1
 tail -3 $OUT/py.log; grep -E "^FAILED|Error" $OUT/py.log | head -6
 say "document mask, host time a call"
 timeout 80 bash tools/scripts/gpu-host-profile.sh 2>&1 | head -4
 say "variants beside FlexAttention (ms)"
-timeout 300 python3 tests/bench/variants.py --variants plain,softcap,alibi,window,document > $OUT/var.log 2>&1
+timeout 240 python3 tests/bench/variants.py --variants plain,softcap,alibi,window,document > $OUT/var.log 2>&1
 tail -12 $OUT/var.log | cut -c1-150
 say done
