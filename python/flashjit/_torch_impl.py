@@ -53,6 +53,7 @@ _f32 = torch.float32
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _plan_forward = None  # flashjit_plan_forward, once the library is loaded
+_plan_forward_captured = None  # and flashjit_plan_forward_captured
 
 
 def check_torch_qkv(q, k, v, fn):
@@ -267,8 +268,9 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
     spec, structs = _forward_structs(q, k, v, o, dtype, mask, gqa, bm,
                                      score_mod)
     made = ctypes.c_void_p()
-    global _plan_forward
+    global _plan_forward, _plan_forward_captured
     _plan_forward = _lib.lib().flashjit_plan_forward
+    _plan_forward_captured = _lib.lib().flashjit_plan_forward_captured
 
     array, count = captured if captured is not None else (None, 0)
 
@@ -363,7 +365,7 @@ def forward_cuda_captured(q, k, v, mask, scale, wl, wr, bm, score_mod,
     o, lse, p, counts, indices = _planned(key, q, k, v, mask, scale, wl, wr,
                                           bm, layout, score_mod,
                                           (array, count))
-    status = _lib.lib().flashjit_plan_forward_captured(
+    status = _plan_forward_captured(
         p.ptr, qp, kp, vp, o.data_ptr(), lse.data_ptr(), counts, indices,
         array, count, _raw_stream(p.index))
     del keep, caps, array
