@@ -347,7 +347,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
                                         const TileConfig &config,
                                         const GpuTarget &target, bool stopAtGpu,
                                         const KernelSource &source) {
-  GpuPipelineConfig gpu;
+  GpuLoweringConfig gpu;
   gpu.copyBytes = target.copyBytes;
   gpu.vectorAtomics = usesVectorAtomics(target);
   gpu.wgmma = usesWgmma(target);

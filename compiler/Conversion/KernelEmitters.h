@@ -11,6 +11,7 @@
 #define FLASHJIT_COMPILER_CONVERSION_KERNELEMITTERS_H
 
 #include "compiler/Conversion/GpuBuilder.h"
+#include "compiler/Conversion/GpuLoweringConfig.h"
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "kernels/AttentionSpec.h"
 
@@ -23,39 +24,32 @@ namespace flashjit::conversion {
 constexpr int64_t kMaxSharedBytes = 232448;
 
 /// Lowers a tiled forward function, written in the tile dialect, into a
-/// gpu.func (TileToGPU.h; emits its errors on \p fn or the op at fault);
-/// its products on warpgroup MMAs where \p wgmma and the shape allow, and
-/// then its K/V blocks through a ring of \p ringStages stages filled by a
-/// producer warpgroup (GpuGeometry::ringStages; 0 or 1: no ring), its
-/// consumer warpgroups taking turns at the tensor cores by \p pingPong
-/// (KernelPlacement::pingPong); with the ring and \p persistent, as a
-/// persistent kernel (KernelPlacement::persistent); with the ring and
-/// \p tma, K and V (1), and Q too (2), by the tensor memory accelerator
-/// where their addresses allow (KernelPlacement::tma); its output through
-/// a dead shared slot where \p stagedStores (KernelPlacement::stagedStores);
-/// \p exp2Emulation eighths of the softmax's exponentials by arithmetic
-/// (KernelPlacement::exp2Emulation).
-struct ForwardLoweringOptions {
-  int64_t ringStages = 0;
-  int64_t pingPong = 0;
-  bool persistent = false;
-  int64_t tma = 0;
-  bool stagedStores = true;
-  int64_t exp2Emulation = 0;
-};
+/// gpu.func of \p warps warps (TileToGPU.h; emits its errors on \p fn or the
+/// op at fault), placed by \p knobs (GpuLoweringKnobs.def): its products on
+/// warpgroup MMAs where `wgmma` and the shape allow, and then its K/V blocks
+/// through a ring of `kvRingStages` stages filled by a producer warpgroup
+/// (GpuGeometry::ringStages; 0 or 1: no ring), its consumer warpgroups
+/// taking turns at the tensor cores by `pingPong` (KernelPlacement::pingPong);
+/// with the ring and `persistent`, as a persistent kernel
+/// (KernelPlacement::persistent); with the ring and `tma`, K and V (1), and
+/// Q too (2), by the tensor memory accelerator where their addresses allow
+/// (KernelPlacement::tma); its output through a dead shared slot where
+/// `stagedStores` (KernelPlacement::stagedStores); `exp2Emulation` eighths of
+/// the softmax's exponentials by arithmetic (KernelPlacement::exp2Emulation).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
-                                    int64_t warps, int64_t copyBytes,
-                                    bool wgmma,
-                                    const ForwardLoweringOptions &options);
+                                    int64_t warps,
+                                    const GpuLoweringConfig &knobs);
 
 /// Lowers one of the backward's tiled functions, written in the tile
-/// dialect, into a gpu.func by its role (TileToGPUPlacement.cpp).
+/// dialect, into a gpu.func of \p warps warps by its role
+/// (TileToGPUPlacement.cpp): its copies, atomics (`vectorAtomics`), warpgroup
+/// MMAs (`wgmma`), bulk dQ (`bulkDq`) and Q/dO ring (`bwdRingStages`) as
+/// \p knobs say.
 mlir::LogicalResult lowerTileBackwardKernel(mlir::func::FuncOp fn,
                                             mlir::gpu::GPUModuleOp gpuModule,
-                                            int64_t warps, int64_t copyBytes,
-                                            bool vectorAtomics, bool wgmma,
-                                            bool bulkDq, int64_t ringStages);
+                                            int64_t warps,
+                                            const GpuLoweringConfig &knobs);
 
 /// The AttentionSpec of a description's fields (an attn op's or an
 /// #attn.kernel's, both verified): the one mapping of mask names and

@@ -138,7 +138,33 @@ namespace {
 
 struct LowerTiledToGPUPass
     : public conversion::impl::LowerTiledToGPUBase<LowerTiledToGPUPass> {
-  using LowerTiledToGPUBase::LowerTiledToGPUBase;
+  LowerTiledToGPUPass() = default;
+  /// Options are not copied by members: clonePass copies their values.
+  LowerTiledToGPUPass(const LowerTiledToGPUPass &other)
+      : LowerTiledToGPUBase(other) {}
+  LowerTiledToGPUPass(int64_t warps, const GpuLoweringConfig &config) {
+    this->warps = warps;
+#define FLASHJIT_GPU_KNOB(Type, Name, Flag, Default, Description)              \
+  this->Name = config.Name;
+#include "compiler/Conversion/GpuLoweringKnobs.def"
+  }
+
+  Option<int64_t> warps{*this, "warps",
+                        llvm::cl::desc("warps per thread block"),
+                        llvm::cl::init(4)};
+#define FLASHJIT_GPU_KNOB(Type, Name, Flag, Default, Description)              \
+  Option<Type> Name{*this, Flag, llvm::cl::desc(Description),                  \
+                    llvm::cl::init(Default)};
+#include "compiler/Conversion/GpuLoweringKnobs.def"
+
+  /// The knobs' values as the lowerings take them.
+  GpuLoweringConfig config() const {
+    GpuLoweringConfig config;
+#define FLASHJIT_GPU_KNOB(Type, Name, Flag, Default, Description)              \
+  config.Name = Name;
+#include "compiler/Conversion/GpuLoweringKnobs.def"
+    return config;
+  }
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -172,33 +198,24 @@ struct LowerTiledToGPUPass
     LLVM::GlobalOp::create(b, smemTy, /*isConstant=*/false,
                            LLVM::Linkage::External, "flashjit_smem",
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
+    const GpuLoweringConfig knobs = config();
     for (func::FuncOp fn : forward) {
-      conversion::ForwardLoweringOptions options;
-      options.ringStages = kvRingStages;
-      options.pingPong = pingPong;
-      options.persistent = persistent;
-      options.tma = tma;
-      options.stagedStores = stagedStores;
-      options.exp2Emulation = exp2Emulation;
-      if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, copyBytes,
-                                             wgmma, options)))
+      if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, knobs)))
         return signalPassFailure();
       fn.erase();
     }
     for (func::FuncOp fn : backward) {
-      TileConfig config;
+      TileConfig tiling;
       auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
-      config.blockM = attr.getBlockM();
-      config.blockN = attr.getBlockN();
-      config.warps = warps;
+      tiling.blockM = attr.getBlockM();
+      tiling.blockN = attr.getBlockN();
+      tiling.warps = warps;
       if (failed(tile::verifyWritesOutput(fn)) ||
           failed(conversion::checkGpuOptions(fn, conversion::specFromAttr(attr),
-                                             config, copyBytes, false)))
+                                             tiling, copyBytes, false)))
         return signalPassFailure();
-      LogicalResult lowered = conversion::lowerTileBackwardKernel(
-          fn, gpuModule, warps, copyBytes, vectorAtomics, wgmma, bulkDq,
-          bwdRingStages);
-      if (failed(lowered))
+      if (failed(
+              conversion::lowerTileBackwardKernel(fn, gpuModule, warps, knobs)))
         return signalPassFailure();
       fn.erase();
     }
@@ -206,3 +223,9 @@ struct LowerTiledToGPUPass
 };
 
 } // namespace
+
+std::unique_ptr<Pass>
+conversion::createLowerTiledToGPU(int64_t warps,
+                                  const GpuLoweringConfig &config) {
+  return std::make_unique<LowerTiledToGPUPass>(warps, config);
+}

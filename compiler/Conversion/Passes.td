@@ -20,58 +20,15 @@ def LowerTiledToGPU : Pass<"flashjit-lower-tiled-to-gpu", "mlir::ModuleOp"> {
     softmax scale is folded into exp2, and P is converted to the element type
     in registers. K of the next block loads while P V runs, V while S runs.
     The kernel's arguments are the tiled function's, minus pid_m and pid_bh.
+    Options: `warps` (per thread block, 4 by default) and the knobs of
+    compiler/Conversion/GpuLoweringKnobs.def (`flashjit-opt --help` lists
+    them with their descriptions).
   }];
   let dependentDialects = ["mlir::gpu::GPUDialect", "mlir::LLVM::LLVMDialect",
                            "mlir::scf::SCFDialect", "mlir::arith::ArithDialect"];
-  let options = [
-    Option<"warps", "warps", "int64_t", "4", "warps per thread block">,
-    Option<"copyBytes", "copy-bytes", "int64_t", "16",
-           "bytes per global->shared copy: 16, 8, 4 or 2">,
-    Option<"vectorAtomics", "vector-atomics", "bool", "false",
-           "add f32 pairs with one red.global.add.v2.f32 (sm_90 and PTX ISA "
-           "8.1 or later): the backward's atomic dQ">,
-    Option<"wgmma", "wgmma", "bool", "false",
-           "the products on warpgroup MMAs (wgmma.mma_async, sm_90a) where "
-           "the shape allows: the forward's (GpuGeometry::wgmmaShape) and "
-           "the backward's dK/dV kernel's (GpuBackwardGeometry::wgmmaShape)">,
-    Option<"bulkDq", "bulk-dq", "bool", "false",
-           "the backward's dK/dV kernel on warpgroup MMAs adds each step's "
-           "dQ tile into dq_accum by one bulk reduction "
-           "(cp.reduce.async.bulk) from shared memory, where dQ's columns "
-           "are a multiple of 16 (GpuBackwardGeometry::bulkDq)">,
-    Option<"bwdRingStages", "bwd-ring-stages", "int64_t", "0",
-           "the backward's dK/dV kernel on warpgroup MMAs: the stages of a "
-           "Q/dO ring that a producer warpgroup fills (2 to 4; 0 or 1: the "
-           "loop's own double-buffered copies); only where its loop over the "
-           "query blocks has no loop inside (not GQA's)">,
-    Option<"kvRingStages", "kv-ring-stages", "int64_t", "0",
-           "the forward on warpgroup MMAs: the stages of the K/V ring that a "
-           "producer warpgroup fills (2 to 4; 0 or 1: no ring, the loop's "
-           "own copies)">,
-    Option<"pingPong", "ping-pong", "int64_t", "0",
-           "the K/V ring's consumer warpgroups take turns at the tensor "
-           "cores (named barriers): 0 no order, 1 their S = Q K^T batches, "
-           "2 every batch of the ring loop">,
-    Option<"persistent", "persistent", "bool", "false",
-           "the K/V ring's forward as a persistent kernel: grid.x as many "
-           "programs as the launch gives (the device's SMs), each looping "
-           "over the (Q block, batch * head) tiles, its ring running on "
-           "from one tile to the next">,
-    Option<"tma", "tma", "int64_t", "0",
-           "the K/V ring's producer copies K and V (1), and Q too (2), by "
-           "the tensor memory accelerator (cp.async.bulk.tensor, one thread; "
-           "tensor maps that the launcher encodes, recorded as "
-           "attn.tensor_maps) where their addresses are a row stride and "
-           "strides of kernel arguments">,
-    Option<"stagedStores", "staged-stores", "bool", "true",
-           "the forward stores its 16-bit output tile through a shared slot "
-           "that is dead by then (16-byte vector stores of whole rows) "
-           "where its copies are 16 bytes; false: element by element">,
-    Option<"exp2Emulation", "exp2-emulation", "int64_t", "0",
-           "the forward computes this many eighths (0 to 8) of the "
-           "registers of its softmax's exponential tile by arithmetic on "
-           "the FMA pipe instead of ex2.approx (kernels/Exp2Emulation.h)">,
-  ];
+  // Its options (`warps` and every knob of GpuLoweringKnobs.def) are
+  // declared in LowerTiledToGPU.cpp from that one list, which the pipelines'
+  // options and GpuLoweringConfig expand too.
 }
 
 def MarkGridConstants : Pass<"flashjit-mark-grid-constants",

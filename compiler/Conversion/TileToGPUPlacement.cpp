@@ -197,8 +197,10 @@ void conversion::mapPlacedArguments(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
 
 LogicalResult flashjit::conversion::lowerTileKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool wgmma, const ForwardLoweringOptions &options) {
-  const int64_t ringStages = options.ringStages;
+    const GpuLoweringConfig &knobs) {
+  const int64_t copyBytes = knobs.copyBytes;
+  const bool wgmma = knobs.wgmma;
+  const int64_t ringStages = knobs.kvRingStages;
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -236,10 +238,10 @@ LogicalResult flashjit::conversion::lowerTileKernel(
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
   KernelPlacement p =
-      forwardPlacement(spec, config, wgmma, kvRing, options.pingPong,
-                       options.persistent, copyBytes == 16 ? options.tma : 0);
-  p.stagedStores = options.stagedStores;
-  p.exp2Emulation = options.exp2Emulation;
+      forwardPlacement(spec, config, wgmma, kvRing, knobs.pingPong,
+                       knobs.persistent, copyBytes == 16 ? knobs.tma : 0);
+  p.stagedStores = knobs.stagedStores;
+  p.exp2Emulation = knobs.exp2Emulation;
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.
@@ -279,8 +281,9 @@ static bool hasNestedLoop(func::FuncOp fn) {
 
 LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     func::FuncOp fn, mlir::gpu::GPUModuleOp gpuModule, int64_t warps,
-    int64_t copyBytes, bool vectorAtomics, bool wgmma, bool bulkDq,
-    int64_t ringStages) {
+    const GpuLoweringConfig &knobs) {
+  const int64_t copyBytes = knobs.copyBytes;
+  const int64_t ringStages = knobs.bwdRingStages;
   auto attr = fn->getAttrOfType<attn::KernelAttr>("attn.kernel");
   AttentionSpec spec = specFromAttr(attr);
   TileConfig config = tilingOf(attr, warps);
@@ -328,13 +331,13 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.gridOverKeys = p.gridKvHeads = true;
   p.mt = geo.keyTiles;
   p.maxShared = geo.kvSmem.total;
-  p.vectorAtomics = vectorAtomics;
+  p.vectorAtomics = knobs.vectorAtomics;
   // Warpgroup MMAs: one warpgroup per 64 keys, one 16-key tile per warp.
-  p.wgmma = wgmma && geo.wgmmaShape;
+  p.wgmma = knobs.wgmma && geo.wgmmaShape;
   if (!geo.kvCombined)
     p.splits = {{spec.headDimQK, geo.dkChunk, geo.dkChunks},
                 {spec.headDimV, geo.dvChunk, geo.dvChunks}};
-  if (p.wgmma && bulkDq && geo.bulkDq)
+  if (p.wgmma && knobs.bulkDq && geo.bulkDq)
     p.dqStageCols = geo.dqStageCols;
   // Two consumer warpgroups only: the split 24 + 2 x 240 is theirs (one
   // would leave its producer 272, past setmaxnreg's 256: ptxas refused

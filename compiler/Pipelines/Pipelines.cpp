@@ -82,27 +82,14 @@ void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
 }
 
 void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
-                      const GpuPipelineConfig &gpu, bool stopAtGpu) {
+                      const GpuLoweringConfig &gpu, bool stopAtGpu) {
   buildTilingPipeline(pm, config);
   buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
 }
 
 void buildGpuLoweringPipeline(OpPassManager &pm, int64_t warps,
-                              const GpuPipelineConfig &gpu, bool stopAtGpu) {
-  conversion::LowerTiledToGPUOptions lower;
-  lower.warps = warps;
-  lower.copyBytes = gpu.copyBytes;
-  lower.vectorAtomics = gpu.vectorAtomics;
-  lower.wgmma = gpu.wgmma;
-  lower.bulkDq = gpu.bulkDq;
-  lower.bwdRingStages = gpu.bwdRingStages;
-  lower.kvRingStages = gpu.kvRingStages;
-  lower.pingPong = gpu.pingPong;
-  lower.persistent = gpu.persistent;
-  lower.tma = gpu.tma;
-  lower.stagedStores = gpu.stagedStores;
-  lower.exp2Emulation = gpu.exp2Emulation;
-  pm.addPass(conversion::createLowerTiledToGPU(lower));
+                              const GpuLoweringConfig &gpu, bool stopAtGpu) {
+  pm.addPass(conversion::createLowerTiledToGPU(warps, gpu));
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
   if (stopAtGpu)
