@@ -353,6 +353,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.wgmma = usesWgmma(target);
   gpu.bulkDq = usesBulkDq(target);
   gpu.bwdRingStages = backwardRingStages(target);
+  gpu.splitCommits = usesSplitCommits(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target, config);
   gpu.persistent = usesPersistentKernel(target, config);

@@ -180,6 +180,12 @@ bool usesBulkDq(const GpuTarget &target);
 /// loop's double-buffered copies). Not yet run on a GPU (T27). The
 /// pipeline text, part of the cache key, records it.
 int64_t backwardRingStages(const GpuTarget &target);
+
+/// Whether the backward's dK/dV kernel on warpgroup MMAs commits each
+/// product apart and issues dQ before dK (the lowering's `split-commits`
+/// option): FLASHJIT_BWD_SPLIT_COMMITS=1 on a warpgroup-MMA target, opt-in
+/// until a GPU run shows it correct and faster.
+bool usesSplitCommits(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
 bool usesWgmma(const GpuTarget &target);

@@ -37,7 +37,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
@@ -47,6 +47,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       exp2 ? fmt::format(" exp2-emulation={}", exp2) : "",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
+      usesSplitCommits(target) ? " split-commits=true" : "",
       tilingOptions(config));
 }
 
@@ -123,6 +124,11 @@ bool usesWgmma(const GpuTarget &target) {
 
 bool usesBulkDq(const GpuTarget &target) {
   const char *env = std::getenv("FLASHJIT_BULK_DQ");
+  return usesWgmma(target) && env && std::string(env) == "1";
+}
+
+bool usesSplitCommits(const GpuTarget &target) {
+  const char *env = std::getenv("FLASHJIT_BWD_SPLIT_COMMITS");
   return usesWgmma(target) && env && std::string(env) == "1";
 }
 

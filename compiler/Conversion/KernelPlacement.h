@@ -143,6 +143,11 @@ struct KernelPlacement {
   /// computed by arithmetic on the FMA pipe instead of ex2.approx
   /// (TileToGPUExp2.cpp, kernels/Exp2Emulation.h). The forward's roles.
   int64_t exp2Emulation = 0;
+  /// Warpgroup MMAs: each product committed as a group of its own, and a
+  /// transposed product (dQ = dS K) issued where it stands in the tile IR
+  /// rather than at its reduction (the `split-commits` option; the dK/dV
+  /// kernel), so that each reader waits only for the groups it reads.
+  bool splitCommits = false;
 };
 
 } // namespace flashjit::conversion

@@ -384,11 +384,13 @@ void TileKernelLowering::returnFromKernel() {
   mlir::gpu::ReturnOp::create(b);
 }
 
-/// The K/V ring's consumers (the overlapped loop's P V in flight) keep
+/// The K/V ring's consumers (the overlapped loop's P V in flight), and a
+/// kernel with split commits (dP^T in flight under P's exponentials), keep
 /// their products in flight across an scf.if of arithmetic alone (the
 /// mask), waiting only for those it reads (the next block's S).
 bool TileKernelLowering::leavesInFlight(Operation *op) {
-  if (!place.ringStages || !isa<scf::IfOp>(op) || inFlight.empty())
+  if (!(place.ringStages || place.splitCommits) || !isa<scf::IfOp>(op) ||
+      inFlight.empty())
     return false;
   WalkResult walk = op->walk([](Operation *inner) {
     return isa<tile::DotOp, tile::LoadOp, tile::StoreOp, tile::AtomicAddOp,

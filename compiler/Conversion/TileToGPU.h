@@ -74,8 +74,12 @@ void mapPlacedArguments(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
 /// batch of warpgroup MMAs, one wait (TileToGPUWgmma.cpp). Products are
 /// pure, so the program computes what it did; only the order in which the
 /// GPU issues them changes. For the backward's dK/dV kernel, dP^T = V dO^T
-/// joins S^T = K Q^T (two waits per step instead of three).
-void batchReadyProducts(mlir::func::FuncOp fn);
+/// joins S^T = K Q^T (two waits per step instead of three). With
+/// \p transposedFirst (KernelPlacement::splitCommits), a transposed product
+/// (dQ = dS K, reduced into memory) then moves above the products right
+/// before it whose results it does not read, where its operands exist
+/// there: its reduction can then wait for it alone while they run.
+void batchReadyProducts(mlir::func::FuncOp fn, bool transposedFirst = false);
 
 /// Lowers a tiled function without products or loops (the backward's
 /// preprocess and dq_convert: TileToGPURows.cpp) into a gpu.func.
@@ -215,6 +219,9 @@ private:
   // Warpgroup MMAs (TileToGPUWgmma.cpp).
   LogicalResult lowerWgmmaDot(tile::DotOp op);
   LogicalResult lowerWgmmaTransposed(tile::DotOp op, tile::AtomicAddOp atomic);
+  /// Issues the MMAs of transposed product \p op (dQ = dS K) and commits
+  /// them; its reduction (lowerWgmmaTransposed) waits for them.
+  LogicalResult issueWgmmaTransposed(tile::DotOp op);
   /// The warpgroup's 64 rows of \p f (dQ, its columns from \p colBase; the
   /// thread's first row \p q0) added into \p r by one bulk reduction of
   /// the staging tile (KernelPlacement::dqStageCols; the warpgroups'
@@ -455,6 +462,12 @@ private:
   /// The A registers (b32 pairs) of each product in flight that reads them.
   llvm::DenseMap<Value, llvm::SmallVector<Value>> lhsInFlight;
   bool batchOpen = false;
+  /// Products of the open batch issued and not committed (with
+  /// KernelPlacement::splitCommits each commits as it is issued).
+  bool batchUncommitted = false;
+  /// Transposed products issued where they stand (split commits), reduced
+  /// later by their tile.atomic_add.
+  llvm::DenseSet<Value> issuedTransposed;
   llvm::DenseSet<Operation *> batchRun; ///< the open batch's products
   llvm::DenseMap<Operation *, llvm::SmallVector<Value>> pinnedInit;
   mlir::IRMapping map; ///< scalars of the tiled function -> the kernel's

@@ -73,7 +73,10 @@ LogicalResult TileKernelLowering::lowerDot(tile::DotOp op) {
   Value lhs = op.getLhs(), rhs = op.getRhs();
   RankedTensorType resTy = op.getType();
   if (op.getTransposeLhs())
-    return success(); // with the tile.atomic_add that reduces it
+    // With the tile.atomic_add that reduces it, or issued here on
+    // warpgroup MMAs with split commits (reduced there).
+    return place.wgmma && place.splitCommits ? issueWgmmaTransposed(op)
+                                             : success();
   if (place.wgmma)
     return lowerWgmmaDot(op);
   if (homes.lookup(rhs) != TileHome::Shared)

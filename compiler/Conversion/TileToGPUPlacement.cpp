@@ -352,9 +352,10 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     p.ringConsumerRegisters = kBackwardRingConsumerRegisters;
     p.maxShared = kMaxSharedBytes;
   }
+  p.splitCommits = p.wgmma && knobs.splitCommits;
   if (p.wgmma) {
     p.mt = 1;
-    batchReadyProducts(fn);
+    batchReadyProducts(fn, /*transposedFirst=*/p.splitCommits);
   } else {
     p.colParts = geo.kvQuerySplit;
   }

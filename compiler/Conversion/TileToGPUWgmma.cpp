@@ -43,8 +43,8 @@ using namespace flashjit;
 using namespace flashjit::conversion;
 using flashjit::gpu::Major;
 
-void conversion::batchReadyProducts(func::FuncOp fn) {
-  fn.walk([](Block *block) {
+void conversion::batchReadyProducts(func::FuncOp fn, bool transposedFirst) {
+  fn.walk([&](Block *block) {
     SmallVector<tile::DotOp> dots(block->getOps<tile::DotOp>());
     for (auto [i, dot] : llvm::enumerate(dots)) {
       // Whether every operand exists before \p first (defined outside the
@@ -64,6 +64,26 @@ void conversion::batchReadyProducts(func::FuncOp fn) {
         break;
       }
     }
+    if (!transposedFirst)
+      return;
+    for (auto dot : llvm::make_early_inc_range(block->getOps<tile::DotOp>())) {
+      if (!dot.getTransposeLhs())
+        continue;
+      // Above each product right before it that it does not read, while
+      // its operands are defined above that product (or outside).
+      while (auto prev = dyn_cast_or_null<tile::DotOp>(dot->getPrevNode())) {
+        bool ready = !prev.getTransposeLhs() &&
+                     llvm::all_of(dot->getOperands(), [&](Value v) {
+                       Operation *def = v.getDefiningOp();
+                       return v.getDefiningOp() != prev &&
+                              (!def || def->getBlock() != block ||
+                               def->isBeforeInBlock(prev));
+                     });
+        if (!ready)
+          break;
+        dot->moveBefore(prev);
+      }
+    }
   });
 }
 
@@ -77,10 +97,12 @@ void TileKernelLowering::runAfterCommit() {
 
 void TileKernelLowering::settle(bool wait) {
   if (batchOpen) {
-    wg->commit();
-    ++commits;
-    runAfterCommit(); // the tensor cores are busy: the next copies now
-    batchOpen = false;
+    if (batchUncommitted) {
+      wg->commit();
+      ++commits;
+      runAfterCommit(); // the tensor cores are busy: the next copies now
+    }
+    batchOpen = batchUncommitted = false;
     if (batchTookTurn)
       passTurn();
     batchTookTurn = false;
@@ -261,6 +283,16 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
   frags[op.getResult()].regs.assign(d.begin(), d.end());
   inFlight.push_back(op.getResult());
   inFlightGroups.push_back(commits); // the open batch's, once committed
+  batchUncommitted = true;
+  if (place.splitCommits) {
+    // A group of its own: a reader of this product waits for it alone.
+    // The loop's next copies follow the batch's last product.
+    wg->commit();
+    ++commits;
+    if (!batchRun.contains(op->getNextNode()))
+      runAfterCommit();
+    batchUncommitted = false;
+  }
   return success();
 }
 
@@ -274,14 +306,15 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
 ///
 /// After: commit (the batch before stays in flight); fence.proxy.async;
 /// barrier; fence; wgmma.m64n<N>k16 per 16 keys (the first with scale-d 0:
-/// no zeroed accumulator registers); commit;
-/// wait_group 0 (and the earlier batch); then, with a staging tile
+/// no zeroed accumulator registers); commit (issueWgmmaTransposed, at the
+/// tile.atomic_add, or at the tile.dot with KernelPlacement::splitCommits);
+/// then (lowerWgmmaTransposed) wait_group for its group (0 unless products
+/// were issued after it: with split commits, dK = dS^T Q runs on under
+/// the reductions), with the older ones; then, with a staging tile
 /// (KernelPlacement::dqStageCols) and an aligned dq_accum, the tile added
 /// in bulk (reduceTileInBulk), else red.global.add(.v2) of the thread's
 /// registers, warp w % 4 holding rows 16 (w % 4) ...
-LogicalResult
-TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
-                                         tile::AtomicAddOp atomic) {
+LogicalResult TileKernelLowering::issueWgmmaTransposed(tile::DotOp op) {
   Value lhs = op.getLhs(), rhs = op.getRhs();
   const int64_t keys = tileType(lhs).getDimSize(0);
   const int64_t cols = roundUp(op.getType().getDimSize(1), 16);
@@ -315,8 +348,27 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   frags[op.getResult()].regs.assign(d.begin(), d.end());
   inFlight.push_back(op.getResult());
   inFlightGroups.push_back(commits);
-  batchOpen = true;
-  settle(/*wait=*/true);
+  issuedTransposed.insert(op.getResult());
+  batchOpen = batchUncommitted = true;
+  settle(/*wait=*/false);
+  return success();
+}
+
+LogicalResult
+TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
+                                         tile::AtomicAddOp atomic) {
+  // (The comment above issueWgmmaTransposed shows both parts.) Issued here,
+  // after the batch before it, unless already issued where it stands
+  // (KernelPlacement::splitCommits); then waited for (with the older groups;
+  // the newer stay in flight).
+  if (!issuedTransposed.contains(op.getResult()) &&
+      failed(issueWgmmaTransposed(op)))
+    return failure();
+  waitFor(atomic);
+  const int64_t cols = roundUp(op.getType().getDimSize(1), 16);
+  const int64_t groups = place.warpgroups();
+  const bool byCols = (cols / groups) % 64 == 0;
+  const int64_t n = dqWarpgroupCols(cols, groups);
 
   ReductionTarget red = reductionOf(atomic);
   const Fragment &f = frags[op.getResult()];

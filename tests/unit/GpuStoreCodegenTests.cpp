@@ -350,4 +350,34 @@ TEST(GpuBackwardRing, OptInRecordedAndLowered) {
   EXPECT_EQ(occurrences(ptx, ".maxntid 256, 1, 1"), 1u);
 }
 
+/// Split commits (FLASHJIT_BWD_SPLIT_COMMITS=1, warpgroup MMAs): the
+/// pipeline text (part of the cache key) records them, and the dK/dV
+/// kernel's readers wait for their own groups (three wait_group 1 a step:
+/// P for S^T, dS for dP^T, dQ's reductions for dQ), where the default
+/// waits for every group in flight; sm_80 and other values leave it off.
+TEST(GpuBackwardSplitCommits, OptInRecordedAndLowered) {
+  AttentionSpec spec;
+  spec.direction = Direction::Backward;
+  spec.headDimQK = spec.headDimV = 128;
+  TileConfig config = tileConfig(64, 128, 8);
+  GpuTarget target;
+  target.arch = "sm_90a";
+  std::optional<ScopedEnv> split;
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "1");
+  EXPECT_NE(gpuPipelineText(config, target).find(" split-commits=true"),
+            std::string::npos);
+  std::string ptx = compileToPtx(spec, config, target);
+  EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 3u);
+  target.arch = "sm_80";
+  EXPECT_EQ(gpuPipelineText(config, target).find("split-commits"),
+            std::string::npos);
+  target.arch = "sm_90a";
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "2");
+  EXPECT_EQ(gpuPipelineText(config, target).find("split-commits"),
+            std::string::npos);
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", nullptr);
+  ptx = compileToPtx(spec, config, target);
+  EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 0u);
+}
+
 } // namespace
