@@ -314,69 +314,75 @@ TEST(GpuRingRegisters, SplitFitsLaunch) {
   expectSplitFitsLaunch(hopperForwardPtx(64, tileConfig(192, 128, 12)));
 }
 
-/// The backward's Q/dO ring (FLASHJIT_BWD_RING=S, S in 2..4, warpgroup
-/// MMAs): the pipeline text (part of the cache key) records the stages,
-/// and the dK/dV kernel has a producer warpgroup that hands its registers
-/// to the consumers; any other value, or none, leaves the loop's own
-/// copies.
-TEST(GpuBackwardRing, OptInRecordedAndLowered) {
+/// The backward at d = 128 on its default warpgroup tiling (64 x 128, 8
+/// warps) for sm_90a.
+struct HopperBackward {
   AttentionSpec spec;
-  spec.direction = Direction::Backward;
-  spec.headDimQK = spec.headDimV = 128;
   TileConfig config = tileConfig(64, 128, 8);
   GpuTarget target;
-  target.arch = "sm_90a";
+  HopperBackward() {
+    spec.direction = Direction::Backward;
+    spec.headDimQK = spec.headDimV = 128;
+    target.arch = "sm_90a";
+  }
+};
+
+/// An opt-in knob of the backward: \p var = \p on puts \p flag in the
+/// pipeline text (part of the cache key) on sm_90a; sm_80 (no warpgroup
+/// MMAs), \p var = \p off and no \p var leave \p flag out.
+static void expectOptInRecorded(const char *var, const char *on,
+                                const char *off, const std::string &flag) {
+  HopperBackward h;
+  std::optional<ScopedEnv> env;
+  env.emplace(var, on);
+  EXPECT_NE(gpuPipelineText(h.config, h.target).find(flag), std::string::npos)
+      << var << "=" << on;
+  h.target.arch = "sm_80";
+  EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag), std::string::npos);
+  h.target.arch = "sm_90a";
+  env.emplace(var, off);
+  EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag), std::string::npos)
+      << var << "=" << off;
+  env.emplace(var, nullptr);
+  EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag), std::string::npos);
+}
+
+/// The backward's Q/dO ring (FLASHJIT_BWD_RING=S, S in 2..4, warpgroup
+/// MMAs): the pipeline text records the stages, and the dK/dV kernel has a
+/// producer warpgroup that hands its registers to the consumers; any other
+/// value, or none, leaves the loop's own copies.
+TEST(GpuBackwardRing, OptInRecordedAndLowered) {
+  expectOptInRecorded("FLASHJIT_BWD_RING", "3", "1", " bwd-ring-stages=3");
+  HopperBackward h;
   std::optional<ScopedEnv> ring;
   ring.emplace("FLASHJIT_BWD_RING", "3");
-  EXPECT_NE(gpuPipelineText(config, target).find(" bwd-ring-stages=3"),
-            std::string::npos);
-  std::string ptx = compileToPtx(spec, config, target);
+  std::string ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "setmaxnreg.dec.sync.aligned.u32 24;"), 1u);
   EXPECT_EQ(occurrences(ptx, "setmaxnreg.inc.sync.aligned.u32 240;"), 1u);
   EXPECT_EQ(occurrences(ptx, ".maxntid 384, 1, 1"), 1u);
   expectSplitFitsLaunch(ptx);
   // Full and empty barriers of Q and dO per stage.
   EXPECT_EQ(occurrences(ptx, "mbarrier.init.shared::cta.b64"), 12u);
-  target.arch = "sm_80"; // no warpgroup MMAs: no ring
-  EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
-            std::string::npos);
-  target.arch = "sm_90a";
-  ring.emplace("FLASHJIT_BWD_RING", "1");
-  EXPECT_EQ(gpuPipelineText(config, target).find("bwd-ring"),
-            std::string::npos);
   ring.emplace("FLASHJIT_BWD_RING", nullptr);
-  ptx = compileToPtx(spec, config, target);
+  ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "setmaxnreg"), 0u);
   EXPECT_EQ(occurrences(ptx, ".maxntid 256, 1, 1"), 1u);
 }
 
-/// Split commits (FLASHJIT_BWD_SPLIT_COMMITS=1, warpgroup MMAs): the
-/// pipeline text (part of the cache key) records them, and the dK/dV
-/// kernel's readers wait for their own groups (three wait_group 1 a step:
-/// P for S^T, dS for dP^T, dQ's reductions for dQ), where the default
-/// waits for every group in flight; sm_80 and other values leave it off.
+/// Split commits (FLASHJIT_BWD_SPLIT_COMMITS=1, warpgroup MMAs): recorded
+/// in the pipeline text, and the dK/dV kernel's readers wait for their own
+/// groups (three wait_group 1 a step: P for S^T, dS for dP^T, dQ's
+/// reductions for dQ), where the default waits for every group in flight.
 TEST(GpuBackwardSplitCommits, OptInRecordedAndLowered) {
-  AttentionSpec spec;
-  spec.direction = Direction::Backward;
-  spec.headDimQK = spec.headDimV = 128;
-  TileConfig config = tileConfig(64, 128, 8);
-  GpuTarget target;
-  target.arch = "sm_90a";
+  expectOptInRecorded("FLASHJIT_BWD_SPLIT_COMMITS", "1", "2",
+                      " split-commits=true");
+  HopperBackward h;
   std::optional<ScopedEnv> split;
   split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "1");
-  EXPECT_NE(gpuPipelineText(config, target).find(" split-commits=true"),
-            std::string::npos);
-  std::string ptx = compileToPtx(spec, config, target);
+  std::string ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 3u);
-  target.arch = "sm_80";
-  EXPECT_EQ(gpuPipelineText(config, target).find("split-commits"),
-            std::string::npos);
-  target.arch = "sm_90a";
-  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "2");
-  EXPECT_EQ(gpuPipelineText(config, target).find("split-commits"),
-            std::string::npos);
   split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", nullptr);
-  ptx = compileToPtx(spec, config, target);
+  ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 0u);
 }
 

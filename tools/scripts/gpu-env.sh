@@ -66,6 +66,15 @@ runtime_tests() {
   echo "exit $?" >> $OUT/runtime.log
   grep -E "FAILED|PASSED|tests ran|exit" $OUT/runtime.log | head -10
 }
+# python_tests_env: PYTHONPATH for the binding and its tests, and pytest
+# from the carried wheels ($C/wheels) where the machine has none.
+python_tests_env() {
+  export PYTHONPATH=$PWD/python:$PWD/python/tests${PYTHONPATH:+:$PYTHONPATH}
+  if ! python3 -c "import pytest" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/fj-site $C/wheels/*.whl &&
+      export PYTHONPATH=/tmp/fj-site:$PYTHONPATH
+  fi
+}
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
