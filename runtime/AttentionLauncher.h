@@ -241,9 +241,9 @@ public:
   /// A scheduled kernel's tile schedule for \p p on \p programs programs
   /// (kernels/TileSchedule.h: the causal cost of each Q block, heads in
   /// groups whose K and V fill at most half the L2), made and uploaded
-  /// once per shape and kept, with FLASHJIT_TILE_SCHEDULE=1 (opt-in until
-  /// a device has run it). Null, for the kernel's fixed stride, where it
-  /// takes none, without that variable, past 2^22 tiles, or
+  /// once per shape and kept (FLASHJIT_TILE_SCHEDULE=0: none). Null, for
+  /// the kernel's fixed stride, where it takes none, with that variable
+  /// 0, past 2^22 tiles, or
   /// while \p stream is being captured into a CUDA graph and the schedule
   /// is not made yet (nothing is allocated during a capture).
   std::shared_ptr<DeviceBuffer> tileSchedule(const Problem &p, int64_t programs,

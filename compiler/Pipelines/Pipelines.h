@@ -72,7 +72,8 @@ struct FlashjitPipelineOptions
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
 /// FlashjitPipelineOptions; the tiling is the IR's) and the PTX target's
 /// (flashjit-gpu-module-to-ptx's). `flashjit compile --target sm_90a` with
-/// no CUDA driver corresponds to chip=sm_90a wgmma=true, ptx-version 0.
+/// no CUDA driver corresponds to chip=sm_90a wgmma=true split-commits=true,
+/// ptx-version 0.
 struct FlashjitPtxPipelineOptions
     : public GpuLoweringOptions<FlashjitPtxPipelineOptions> {
   Option<std::string> chip{*this, "chip",

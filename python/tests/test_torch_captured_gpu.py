@@ -91,8 +91,9 @@ def check_captured(q, k, v, score_mod, wrong, causal=False, scale=None,
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_captured_bias_tensor(dtype, seed):
     """lambda s, b, h, i, j: s + bias[b, h, i, j] with a torch CUDA bias,
-    causal, GQA, Nq != Nkv; no plan is made for it (the C API's plans take
-    no captured tensors)."""
+    causal, GQA, Nq != Nkv; one plan is made for it (flashjit_plan_create_
+    captured, since T32) and serves every later call of the same shapes,
+    with grad or without."""
     from flashjit import _torch_impl
 
     B, H, Hkv, Nq, Nkv = 2, 4, 2, 70, 130
@@ -106,7 +107,7 @@ def test_captured_bias_tensor(dtype, seed):
                    [lambda s, b, h, i, j: s + other[b, h, i, j],
                     lambda s, b, h, i, j: s],
                    causal=True, seed=seed)
-    assert len(_torch_impl._fwd_plans) == plans
+    assert len(_torch_impl._fwd_plans) == plans + 1
     # Eager, no grad: the kernel directly, the same numbers.
     with torch.no_grad():
         o1 = flashjit.attention(q, k, v, causal=True, score_mod=lambda
@@ -115,6 +116,7 @@ def test_captured_bias_tensor(dtype, seed):
                             score_mod=lambda s, b, h, i, j:
                             s + bias[b, h, i, j])
     assert torch.equal(o1, o2.detach())
+    assert len(_torch_impl._fwd_plans) == plans + 1
 
 
 @cuda

@@ -243,8 +243,8 @@ INSTANTIATE_TEST_SUITE_P(Matrix, ForwardGpu, ::testing::Values(
 ));
 // clang-format on
 
-/// The persistent kernel (FLASHJIT_PERSISTENT=1, with the tile schedule:
-/// FLASHJIT_TILE_SCHEDULE=1): a grid of the SMs loops
+/// The persistent kernel (FLASHJIT_PERSISTENT=1, with the tile schedule,
+/// on by default): a grid of the SMs loops
 /// over the tiles, the ring's positions going on from tile to tile, with
 /// more tiles than SMs (several per program, the ring's phases carried
 /// over) and fewer, masks (the causal order), GQA, Nq != Nkv, rows that
@@ -255,8 +255,7 @@ class ForwardPersistentGpu : public ForwardGpu {};
 
 TEST_P(ForwardPersistentGpu, MatchesFloat64Reference) {
   const std::string args = GetParam();
-  std::string out =
-      runAndCheck(args, "FLASHJIT_PERSISTENT=1 FLASHJIT_TILE_SCHEDULE=1");
+  std::string out = runAndCheck(args, "FLASHJIT_PERSISTENT=1");
   const bool ring = out.find("\"kv_ring\":0") == std::string::npos;
   EXPECT_NE(
       out.find(std::string("\"persistent\":") + (ring ? "true" : "false")),
@@ -267,8 +266,7 @@ TEST_P(ForwardPersistentGpu, MatchesFloat64Reference) {
   if (hopper && args.find("--stages 1") == std::string::npos)
     EXPECT_TRUE(ring) << args << "\n" << out;
   // Causal, the ring's persistent kernel runs the launcher's tile
-  // schedule (kernels/TileSchedule.h, FLASHJIT_TILE_SCHEDULE=1); any
-  // other, none.
+  // schedule (kernels/TileSchedule.h; the default); any other, none.
   const bool causal = args.find("--causal") != std::string::npos;
   EXPECT_NE(out.find(std::string("\"tile_schedule\":") +
                      (ring && causal ? "true" : "false")),
@@ -277,7 +275,7 @@ TEST_P(ForwardPersistentGpu, MatchesFloat64Reference) {
       << out;
 }
 
-/// Without FLASHJIT_TILE_SCHEDULE=1 (here =0): the scheduled (causal)
+/// With FLASHJIT_TILE_SCHEDULE=0: the scheduled (causal)
 /// persistent kernel given a null schedule takes the fixed stride over the
 /// heaviest Q blocks first, and still matches the float64 reference.
 class ForwardStrideGpu : public ForwardGpu {};

@@ -369,21 +369,29 @@ TEST(GpuBackwardRing, OptInRecordedAndLowered) {
   EXPECT_EQ(occurrences(ptx, ".maxntid 256, 1, 1"), 1u);
 }
 
-/// Split commits (FLASHJIT_BWD_SPLIT_COMMITS=1, warpgroup MMAs): recorded
-/// in the pipeline text, and the dK/dV kernel's readers wait for their own
-/// groups (three wait_group 1 a step: P for S^T, dS for dP^T, dQ's
-/// reductions for dQ), where the default waits for every group in flight.
-TEST(GpuBackwardSplitCommits, OptInRecordedAndLowered) {
-  expectOptInRecorded("FLASHJIT_BWD_SPLIT_COMMITS", "1", "2",
-                      " split-commits=true");
+/// Split commits (warpgroup MMAs; the default since T33,
+/// FLASHJIT_BWD_SPLIT_COMMITS=0 turns them off): recorded in the pipeline
+/// text, and the dK/dV kernel's readers wait for their own groups (three
+/// wait_group 1 a step: P for S^T, dS for dP^T, dQ's reductions for dQ),
+/// where without them each waits for every group in flight.
+TEST(GpuBackwardSplitCommits, DefaultRecordedAndLowered) {
   HopperBackward h;
   std::optional<ScopedEnv> split;
-  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "1");
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", nullptr);
+  const std::string flag = " split-commits=true";
+  EXPECT_NE(gpuPipelineText(h.config, h.target).find(flag), std::string::npos);
   std::string ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 3u);
-  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", nullptr);
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "1");
+  EXPECT_NE(gpuPipelineText(h.config, h.target).find(flag), std::string::npos);
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", "0");
+  EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag), std::string::npos);
   ptx = compileToPtx(h.spec, h.config, h.target);
   EXPECT_EQ(occurrences(ptx, "wgmma.wait_group.sync.aligned 1;"), 0u);
+  split.emplace("FLASHJIT_BWD_SPLIT_COMMITS", nullptr);
+  h.target.arch = "sm_80"; // no warpgroup MMAs
+  EXPECT_EQ(gpuPipelineText(h.config, h.target).find("split-commits"),
+            std::string::npos);
 }
 
 } // namespace
