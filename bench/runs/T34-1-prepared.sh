@@ -9,20 +9,13 @@ source tools/scripts/gpu-env.sh
 call_header 1
 left() { (( SECONDS - CALL_T0 < $1 )); }
 say "forward bars beside cuDNN"
-timeout 170 python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward --no-flex --rounds 2 \
-  --cases 128:16384:n,128:16384:c,128:1024:n:16,128:4096:n:4,64:16384:n,64:16384:c,96:16384:n,96:16384:c,256:16384:n,256:16384:c \
-  > $OUT/sbs.log 2>&1
-grep -A14 "^side-by-side" $OUT/sbs.log | cut -c1-100
+forward_bars 170
 W128="--block-m 128 --warps 8 --stages 2 --overlap-softmax"
 W256="--block-m 128 --warps 8 --stages 2"
 left 300 && {
-for t in "256 $W256 --block-n 80" "128 $W128 --block-n 176 --persistent --query-tma"; do
-  d=${t%% *}; tiling=${t#* }
-  for p in "--seq-len 777 --seq-len-kv 1333 --batch 2 --heads 4 --gqa 2 --causal" "--seq-len 300 --seq-len-kv 2000 --heads 2 --window 100,0"; do
-    r=$(timeout 40 $FJ run --device cuda --head-dim $d $p $tiling 2>&1 | grep -oE -- "rel_err [^ ]+|-> [A-Za-z]+|error: .{0,90}" | tr '\n' ' ')
-    say "d $d [${tiling#--block-m 128 }] [$p]: $r"
-  done
-done
+run_checks 256 "$W256 --block-n 80" "--seq-len 777 --seq-len-kv 1333 --batch 2 --heads 4 --gqa 2 --causal" \
+  "--seq-len 300 --seq-len-kv 2000 --heads 2 --window 100,0"
+run_checks 128 "$W128 --block-n 176 --persistent --query-tma" "--seq-len 777 --seq-len-kv 1333 --batch 2 --heads 4 --gqa 2 --causal"
 say "d 256: default | persistent | overlapped | Bc 80 (TFLOP/s)"
 FLASHJIT_KNOB_ROUNDS=2 timeout 130 bash tools/scripts/gpu-knobs.sh \
   "-|FLASHJIT_PERSISTENT=1|$W256 --block-n 64 --overlap-softmax|$W256 --block-n 80" \

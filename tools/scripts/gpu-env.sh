@@ -75,6 +75,24 @@ python_tests_env() {
       export PYTHONPATH=/tmp/fj-site:$PYTHONPATH
   fi
 }
+# forward_bars SECONDS: issue 13's forward bar table beside cuDNN
+# (side_by_side.py, two interleaved rounds) -> $OUT/sbs.log and
+# $OUT/bench.json; the table printed.
+forward_bars() {
+  timeout $1 python3 tests/bench/side_by_side.py --flashjit $FJ --out $OUT/bench.json --no-backward --no-flex --rounds 2 \
+    --cases 128:16384:n,128:16384:c,128:1024:n:16,128:4096:n:4,64:16384:n,64:16384:c,96:16384:n,96:16384:c,256:16384:n,256:16384:c \
+    > $OUT/sbs.log 2>&1
+  grep -A14 "^side-by-side" $OUT/sbs.log | cut -c1-100
+}
+# run_checks D TILING CASE...: `flashjit run --device cuda` at head dim D
+# with TILING on each CASE: its rel_err and verdict (or error), a line each.
+run_checks() {
+  local d=$1 tiling=$2 p r; shift 2
+  for p in "$@"; do
+    r=$(timeout 40 $FJ run --device cuda --head-dim $d $p $tiling 2>&1 | grep -oE -- "rel_err [^ ]+|-> [A-Za-z]+|error: .{0,90}" | tr '\n' ' ')
+    echo "d $d [$tiling] [$p]: $r"
+  done
+}
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
