@@ -15,10 +15,16 @@
 ///   - the first op that reads a product in flight (or any branch, loop or
 ///     block end) waits for every MMA in flight (wait_group 0) and takes
 ///     their results through a pin, so that no read moves above the wait.
+/// With split commits (KernelPlacement::splitCommits, the dK/dV kernel's
+/// default) each product of a batch commits a group of its own, so a
+/// reader waits only for the groups up to the one it reads (wait_group n).
 /// Before the lowering, batchReadyProducts moves each product next to the
 /// first one it could be issued with. For the backward's dK/dV kernel this
-/// gives three batches per step: S^T with dP^T; dV; dK, left in flight
-/// across the barrier of dQ = dS K. Before (the tile IR's order):
+/// gives per step: S^T with dP^T (with split commits P waits for S^T
+/// alone); dV (in flight while dS is computed); and dK, left in flight
+/// across the barrier of dQ = dS K, or, with split commits, dQ issued
+/// first and dK left in flight under dQ's reductions. Before (the tile
+/// IR's order):
 ///
 ///   %st  = tile.dot %k, %q {transpose_rhs}      // S^T
 ///   ... P from %st ...
@@ -75,7 +81,7 @@ void conversion::batchReadyProducts(func::FuncOp fn, bool transposedFirst) {
         bool ready = !prev.getTransposeLhs() &&
                      llvm::all_of(dot->getOperands(), [&](Value v) {
                        Operation *def = v.getDefiningOp();
-                       return v.getDefiningOp() != prev &&
+                       return def != prev.getOperation() &&
                               (!def || def->getBlock() != block ||
                                def->isBeforeInBlock(prev));
                      });
