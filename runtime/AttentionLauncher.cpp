@@ -233,10 +233,7 @@ PreparedForward::PreparedForward(const ForwardKernel &kernel, const Problem &p,
 
   const KernelLaunch &launch = kernel.recorded();
   splitCount = kernel.splitsFor(p);
-  // A persistent kernel: one program per SM (its ring takes the SM).
-  std::array<int64_t, 3> grid =
-      launch.grid(p, spec.gqaGroup, std::max<int64_t>(splitCount, 1),
-                  kernel.persistentPrograms());
+  std::array<int64_t, 3> grid = kernel.launchGrid(p, splitCount);
   if (grid[1] > 65535)
     throw SpecError(
         fmt::format("batch * heads = {} exceeds the grid's 65535", grid[1]));

@@ -230,10 +230,13 @@ public:
                  const std::array<CUdeviceptr, abi::kMaxCaptures> &captures,
                  CUstream stream, CUdeviceptr cuSeqQ = 0,
                  CUdeviceptr cuSeqKV = 0) const;
-  /// A persistent kernel's programs (KernelLaunch::persistent): the
-  /// device's SMs; 0 for any other.
-  int64_t persistentPrograms() const {
-    return launchOf.persistent ? smCount : 0;
+  /// The main kernel's grid for \p p with \p splits split-KV partials
+  /// (splitsFor(p); 0 without): a persistent kernel
+  /// (KernelLaunch::persistent) has one program per SM along grid.x (its
+  /// ring takes the SM).
+  std::array<int64_t, 3> launchGrid(const Problem &p, int64_t splits) const {
+    return launchOf.grid(p, spec.gqaGroup, std::max<int64_t>(splits, 1),
+                         launchOf.persistent ? smCount : 0);
   }
   /// A device workspace of at least \p bytes, shared by this kernel's
   /// prepared launches (a larger one replaces it; holders keep theirs).

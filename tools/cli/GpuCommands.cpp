@@ -286,11 +286,8 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
   r.moduleLoadMs = msSince(t0);
   r.kvSplits = kernel.splitsFor(p);
   r.tensorMaps = int64_t(kernel.recorded().tensorMaps.size());
-  r.tileSchedule = kernel.tileSchedule(
-                       p,
-                       kernel.recorded().grid(p, spec.gqaGroup, 1,
-                                              kernel.persistentPrograms())[0],
-                       nullptr) != nullptr;
+  r.tileSchedule = kernel.tileSchedule(p, kernel.launchGrid(p, r.kvSplits)[0],
+                                       nullptr) != nullptr;
 
   // The checked launch: on poisoned outputs.
   dev.poison(data);
