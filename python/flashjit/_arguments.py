@@ -159,7 +159,7 @@ def _traced(fn, trace):
     shape and dtype (the text's indexing depends on them; the data is read
     at each call). Any other function is traced on every call, since it
     may read state that changed since the last."""
-    if getattr(fn, "_flashjit_fixed", False) is not True:
+    if not score_ops._is_traced_once(fn):
         text, captures = trace(fn)
         return text, tuple(captures)
     kept = getattr(fn, "_flashjit_trace", None)

@@ -325,6 +325,12 @@ def trace_once(fn):
     return fn
 
 
+def _is_traced_once(fn):
+    """Whether fn is marked to be traced once (trace_once, or a fixed
+    flashjit.variants function)."""
+    return getattr(fn, "_flashjit_fixed", False) is True
+
+
 def trace_with_captures(fn):
     """``(text, tensors)``: trace(fn)'s region text and the tensors it
     captures, in the order of the region's ``%c0, %c1, ...`` arguments

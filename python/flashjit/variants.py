@@ -85,7 +85,7 @@ def _named(fn, name, doc, fixed=True):
 
 def _all_fixed(mods):
     """Whether every mask in mods is a fixed variant (so their & or | is)."""
-    return all(getattr(m, "_flashjit_fixed", False) is True for m in mods)
+    return all(F._is_traced_once(m) for m in mods)
 
 
 def _count(fn, what, x, allow_none=False):
