@@ -2,10 +2,10 @@
 //
 /// \file
 /// arith.sitofp of an index tile affine in the element's row and column
-/// (ALiBi's kv_idx - q_idx) is lowered as one conversion per column parity
-/// and adds of constants (TileKernelLowering::lowerAffineConversion); any
-/// other i32 tile keeps one conversion per register. Checked on the PTX,
-/// no GPU needed.
+/// (kv_idx - q_idx in the KV loop) is lowered as one conversion per column
+/// parity and adds of constants (TileKernelLowering::lowerAffineConversion);
+/// any other i32 tile keeps one conversion per register. Checked on the PTX, no
+/// GPU needed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,48 +22,58 @@ using flashjit::test::tileConfig;
 
 namespace {
 
-/// The attn stage of a d = 64 forward whose score_mod adds \p body's %bias
-/// (an f32 from the index values %i and %j) to the score.
-std::string withBias(const char *body) {
-  return std::string("module {\n  attn.flash_fwd @attention {element_type = "
-                     "bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, "
-                     "head_dim_v = 64 : i64, mask = \"none\"} score_mod {\n"
-                     "  ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: "
-                     "index):\n") +
+/// The attn stage of a forward of head dim \p d and \p mask whose
+/// score_mod adds \p body's %bias (an f32 from the index values %i and %j)
+/// to the score.
+std::string withBias(const char *body, int d = 64, const char *mask = "none") {
+  const std::string dim = std::to_string(d) + " : i64";
+  return "module {\n  attn.flash_fwd @attention {element_type = bf16, gqa = "
+         "1 : i64, head_dim_qk = " +
+         dim + ", head_dim_v = " + dim + ", mask = \"" + mask +
+         "\"} score_mod {\n  ^bb0(%s: f32, %b: index, %h: index, %i: "
+         "index, %j: index):\n" +
          body + "    %y = arith.addf %s, %bias : f32\n" +
          "    attn.yield %y : f32\n  }\n}\n";
 }
 
 } // namespace
 
-/// ALiBi at d = 128 on the ring (plain and overlapped loop, plain and
-/// causal) and on mma.sync (sm_80, two 16-row tiles a warp): at most two
+/// A distance bias -|j - i| / 4 at d = 128 on the ring (plain and
+/// overlapped loop, plain and causal) and on mma.sync (sm_80, two 16-row
+/// tiles a warp): its |.| keeps the conversion of kv_idx - q_idx in the KV
+/// loop (ALiBi's bias leaves the loop, peelUniformAddend), at most two
 /// conversions a site (the loop; the overlapped loop's first block), the
 /// other registers an add.rn.f32 of a multiple of 8 (8.0 is 0f41000000);
 /// without the pattern, 34 a site at d = 128 on the ring.
-TEST(GpuAffineConversion, AlibiConvertsTwoRegistersASite) {
+TEST(GpuAffineConversion, DistanceBiasConvertsTwoRegistersASite) {
+  const char *distance = R"(
+    %d = arith.subi %j, %i : index
+    %di = arith.index_cast %d : index to i32
+    %df = arith.sitofp %di : i32 to f32
+    %a = math.absf %df : f32
+    %c = arith.constant -0.25 : f32
+    %bias = arith.mulf %a, %c : f32
+)";
   for (bool overlap : {false, true})
-    for (MaskKind mask : {MaskKind::None, MaskKind::Causal}) {
-      AttentionSpec spec;
-      spec.mask = mask;
-      spec.scoreMod = "alibi:16";
+    for (const char *mask : {"none", "causal"}) {
+      KernelSource source{withBias(distance, 128, mask), "distance.mlir"};
       TileConfig config = tileConfig(128, 128, 8);
       config.overlapSoftmax = overlap;
       GpuTarget target;
-      SCOPED_TRACE(spec.name() + " " + config.toJson());
-      std::string ptx = compileToPtx(spec, config, target);
+      SCOPED_TRACE(std::string(mask) + " " + config.toJson());
+      std::string ptx =
+          compileToPtx(inspectSource(source).spec, config, target, source);
       const int sites = overlap ? 2 : 1;
       EXPECT_EQ(occurrences(ptx, "cvt.rn.f32.s32"), 2 * sites);
       EXPECT_NE(ptx.find("add.rn.f32"), std::string::npos);
       EXPECT_NE(ptx.find("0f41000000;"), std::string::npos);
     }
-  AttentionSpec spec;
-  spec.headDimQK = spec.headDimV = 64;
-  spec.scoreMod = "alibi:4";
+  KernelSource source{withBias(distance, 64, "none"), "distance.mlir"};
   GpuTarget ampere;
   ampere.arch = "sm_80";
   // Two in the loop, one of a thread's column index before it.
-  EXPECT_LE(occurrences(compileToPtx(spec, tileConfig(128, 64, 4), ampere),
+  EXPECT_LE(occurrences(compileToPtx(inspectSource(source).spec,
+                                     tileConfig(128, 64, 4), ampere, source),
                         "cvt.rn.f32.s32"),
             3);
 }
@@ -79,19 +89,10 @@ TEST(GpuAffineConversion, OtherIndexTilesConvertEachRegister) {
     %c = arith.constant 1.0e-6 : f32
     %bias = arith.mulf %pf, %c : f32
 )";
-  const char *difference = R"(
-    %d = arith.subi %j, %i : index
-    %di = arith.index_cast %d : index to i32
-    %df = arith.sitofp %di : i32 to f32
-    %c = arith.constant 0.5 : f32
-    %bias = arith.mulf %df, %c : f32
-)";
   const TileConfig config = tileConfig(64, 128, 4);
   auto ptxOf = [&](const char *body, const char *name) {
     KernelSource source{withBias(body), name};
     return compileToPtx(inspectSource(source).spec, config, target, source);
   };
   EXPECT_GT(occurrences(ptxOf(product, "product.mlir"), "cvt.rn.f32.s32"), 8);
-  EXPECT_EQ(occurrences(ptxOf(difference, "difference.mlir"), "cvt.rn.f32.s32"),
-            2);
 }

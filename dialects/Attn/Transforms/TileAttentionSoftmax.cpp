@@ -23,6 +23,7 @@
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "dialects/Attn/Transforms/TiledForward.h"
+#include "dialects/Attn/Transforms/UniformAddend.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -32,6 +33,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 using namespace mlir;
 using namespace flashjit;
@@ -139,7 +141,9 @@ Value TiledForwardBuilder::foldScaleIntoSum(Value scaled, Value modified) {
 
 /// The online-softmax step of raw scores \p s of keys [n0, n0 + Bc): the
 /// score modifier (a trailing positive constant factor peeled into the
-/// exponent's, peelPositiveScale), the mask_mod (only where \p partial
+/// exponent's, peelPositiveScale; a bias's part that is one value per
+/// block, ALiBi's slope (n0 - m0), peeled into the row max and the
+/// exponent's offset, peelUniformAddend), the mask_mod (only where \p partial
 /// holds, when given: a full block needs none), the mask, then the new row
 /// max, O's factor, P (f32) and the new row sum; \p l null is a first block
 /// (the sum is P's alone: 0 * a + x is x).
@@ -148,6 +152,7 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
                                                                Value m, Value l,
                                                                Value partial) {
   Value factor = expFactor; // scores to log2 units of P
+  Value shift; // the scores' uniform addend (a Br tile), peeled, or null
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
     s = modifyScores(scaled, n0);
@@ -159,6 +164,8 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
       if (product->use_empty())
         product->erase(); // nothing reads x * c any more
     }
+    if (auto peeled = peelUniformAddend(b, b.getLoc(), s))
+      std::tie(s, shift) = *peeled;
   }
   if (op.hasMaskMod())
     s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
@@ -174,11 +181,18 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
   s = ifElse(needsMask, s, [&] { return maskScores(s, n0); });
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
-  Value mBlock = fmul(reduce("max", s, 1), splat(factor, rowTy));
+  Value rowFactor = splat(factor, rowTy);
+  Value rowMax = reduce("max", s, 1);
+  if (shift) // max(x + u) = max(x) + u; -inf stays -inf
+    rowMax = fadd(rowMax, shift);
+  Value mBlock = fmul(rowMax, rowFactor);
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
   Value alpha = exp2(fsub(m, mUse));
-  Value negM = broadcast(mlir::arith::NegFOp::create(b, mUse), sTy, 1);
+  Value negMRow = mlir::arith::NegFOp::create(b, mUse);
+  if (shift) // (x + u) f - m = x f + (u f - m), per row
+    negMRow = fma(shift, rowFactor, negMRow);
+  Value negM = broadcast(negMRow, sTy, 1);
   Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value rowSum = reduce("sum", p, 1);
   Value lNew = l ? fadd(fmul(l, alpha), rowSum) : rowSum;

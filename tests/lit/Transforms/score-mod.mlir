@@ -119,46 +119,54 @@ attn.flash_fwd @a {element_type = bf16, head_dim_qk = 64 : i64, head_dim_v = 64 
 // the KV head), q_idx = m0 + iota dim 0, kv_idx = n0 + iota dim 1. An index
 // constant is an i32 splat, index_cast to i32 is no op on the tiles, and the
 // region runs before the mask's select; the scaling of the scores and the
-// region's s + bias are one math.fma.
+// region's s + bias are one math.fma. The bias slope (j - i) is split
+// (peelUniformAddend) into slope (c - r) for element (r, c), a tile built
+// once before the KV loop, and slope (n0 - m0), one value a block on the
+// row shape, which the softmax adds to the row max and to each row's
+// exponent offset: no score pays for the block's position.
 // CHECK-LABEL: func.func @alibi(
 // CHECK-SAME: %{{.*}}: f32, %[[PIDM:arg[0-9]+]]: index, %[[PIDBH:arg[0-9]+]]: index)
 // CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "alibi:4">
 // CHECK: %[[HQ:.*]] = arith.remui %[[PIDBH]], %{{.*}} : index
 // CHECK: %[[M0:.*]] = arith.muli %[[PIDM]], %{{.*}} : index
+// CHECK: %[[COLS:.*]] = tile.iota dim 1 : tensor<64x32xi32>
+// CHECK: %[[ROWS:.*]] = tile.iota dim 0 : tensor<64x32xi32>
+// CHECK: %[[D:.*]] = arith.subi %[[COLS]], %[[ROWS]] : tensor<64x32xi32>
+// CHECK: %[[DF:.*]] = arith.sitofp %[[D]] : tensor<64x32xi32> to tensor<64x32xf32>
+// CHECK: %[[HI:.*]] = arith.index_cast %[[HQ]] : index to i32
+// CHECK: %[[HT:.*]] = tile.splat %[[HI]] : i32 -> tensor<64x32xi32>
+// CHECK: %[[ONE:.*]] = arith.constant dense<1> : tensor<64x32xi32>
+// CHECK: %[[H1:.*]] = arith.addi %[[HT]], %[[ONE]] : tensor<64x32xi32>
+// CHECK: %[[HF:.*]] = arith.sitofp %[[H1]] : tensor<64x32xi32> to tensor<64x32xf32>
+// CHECK: %[[N8:.*]] = arith.constant dense<-8.000000e+00> : tensor<64x32xf32>
+// CHECK: %[[HC:.*]] = arith.constant dense<4.000000e+00> : tensor<64x32xf32>
+// CHECK: %[[K:.*]] = arith.divf %[[N8]], %[[HC]] : tensor<64x32xf32>
+// CHECK: %[[E:.*]] = arith.mulf %[[HF]], %[[K]] : tensor<64x32xf32>
+// CHECK: %[[SLOPE:.*]] = math.exp2 %[[E]] : tensor<64x32xf32>
+// CHECK: %[[BIAS:.*]] = arith.mulf %[[DF]], %[[SLOPE]] : tensor<64x32xf32>
+// The slope again on the row shape, and m0 there, for slope (n0 - m0):
+// CHECK: %[[M0I:.*]] = arith.index_cast %[[M0]] : index to i32
+// CHECK: %[[M0R:.*]] = tile.splat %[[M0I]] : i32 -> tensor<64xi32>
+// CHECK: %[[SLOPER:.*]] = math.exp2 %{{.*}} : tensor<64xf32>
 // CHECK: scf.for %[[T:.*]] = %{{.*}} to
 // CHECK: %[[N0:.*]] = arith.muli %[[T]], %{{.*}} : index
 // CHECK: %[[S:.*]] = tile.dot {{.*}} -> tensor<64x32xf32>
 // CHECK: %[[SPL:.*]] = tile.splat %{{.*}} : f32 -> tensor<64x32xf32>
 // CHECK-NOT: arith.mulf %[[S]]
-// CHECK: %[[HI:.*]] = arith.index_cast %[[HQ]] : index to i32
-// CHECK: %[[HT:.*]] = tile.splat %[[HI]] : i32 -> tensor<64x32xi32>
-// CHECK: %[[M0I:.*]] = arith.index_cast %[[M0]] : index to i32
-// CHECK: %[[M0T:.*]] = tile.splat %[[M0I]] : i32 -> tensor<64x32xi32>
-// CHECK: %[[ROWS:.*]] = tile.iota dim 0 : tensor<64x32xi32>
-// CHECK: %[[QI:.*]] = arith.addi %[[ROWS]], %[[M0T]] : tensor<64x32xi32>
 // CHECK: %[[N0I:.*]] = arith.index_cast %[[N0]] : index to i32
-// CHECK: %[[N0T:.*]] = tile.splat %[[N0I]] : i32 -> tensor<64x32xi32>
-// CHECK: %[[COLS:.*]] = tile.iota dim 1 : tensor<64x32xi32>
-// CHECK: %[[KI:.*]] = arith.addi %[[COLS]], %[[N0T]] : tensor<64x32xi32>
-// CHECK: %[[HC:.*]] = arith.constant dense<4.000000e+00> : tensor<64x32xf32>
-// CHECK: %[[N8:.*]] = arith.constant dense<-8.000000e+00> : tensor<64x32xf32>
-// CHECK: %[[K:.*]] = arith.divf %[[N8]], %[[HC]] : tensor<64x32xf32>
-// CHECK: %[[ONE:.*]] = arith.constant dense<1> : tensor<64x32xi32>
-// CHECK: %[[H1:.*]] = arith.addi %[[HT]], %[[ONE]] : tensor<64x32xi32>
-// CHECK-NOT: index_cast
-// CHECK: %[[HF:.*]] = arith.sitofp %[[H1]] : tensor<64x32xi32> to tensor<64x32xf32>
-// CHECK: %[[E:.*]] = arith.mulf %[[HF]], %[[K]] : tensor<64x32xf32>
-// CHECK: %[[SLOPE:.*]] = math.exp2 %[[E]] : tensor<64x32xf32>
-// CHECK: %[[D:.*]] = arith.subi %[[KI]], %[[QI]] : tensor<64x32xi32>
-// CHECK-NOT: index_cast
-// CHECK: %[[DF:.*]] = arith.sitofp %[[D]] : tensor<64x32xi32> to tensor<64x32xf32>
-// CHECK: %[[BIAS:.*]] = arith.mulf %[[SLOPE]], %[[DF]] : tensor<64x32xf32>
-// The scaling and the region's sum are one fma (foldScaleIntoSum).
+// CHECK: %[[N0R:.*]] = tile.splat %[[N0I]] : i32 -> tensor<64xi32>
+// CHECK: %[[DU:.*]] = arith.subi %[[N0R]], %[[M0R]] : tensor<64xi32>
+// CHECK: %[[DUF:.*]] = arith.sitofp %[[DU]] : tensor<64xi32> to tensor<64xf32>
+// CHECK: %[[U:.*]] = arith.mulf %[[DUF]], %[[SLOPER]] : tensor<64xf32>
+// The scaling and the region's sum are one fma (foldScaleIntoSum), on the
+// tile from before the loop.
 // CHECK-NOT: arith.addf
 // CHECK: %[[Y:.*]] = math.fma %[[S]], %[[SPL]], %[[BIAS]] : tensor<64x32xf32>
 // CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
-// CHECK: tile.iota dim 1 : tensor<64x32xi32>
 // CHECK: arith.select {{.*}}, %[[Y]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
+// CHECK: %[[MAX:.*]] = tile.reduce "max"
+// CHECK: arith.addf %[[MAX]], %[[U]] : tensor<64xf32>
+// CHECK: math.fma %[[U]], %{{.*}}, %{{.*}} : tensor<64xf32>
 // CHECK: return
 module {
 attn.flash_fwd @alibi {element_type = bf16, gqa = 2 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "causal", sparse_block = 0 : i64} score_mod {
@@ -176,6 +184,35 @@ attn.flash_fwd @alibi {element_type = bf16, gqa = 2 : i64, head_dim_qk = 64 : i6
   %di = arith.index_cast %d : index to i32
   %df = arith.sitofp %di : i32 to f32
   %bias = arith.mulf %slope, %df : f32
+  %y = arith.addf %s, %bias : f32
+  attn.yield %y : f32
+}
+}
+
+// -----
+
+// A distance bias -|j - i| / 4: its |.| is no additive structure, so the
+// bias stays in the KV loop (peelUniformAddend leaves it) and the softmax
+// adds nothing to the row max.
+// CHECK-LABEL: func.func @distance(
+// CHECK: scf.for
+// CHECK: %[[S:.*]] = tile.dot
+// CHECK: %[[D:.*]] = arith.subi %{{.*}}, %{{.*}} : tensor<64x32xi32>
+// CHECK: %[[A:.*]] = math.absf %{{.*}} : tensor<64x32xf32>
+// CHECK: %[[B:.*]] = arith.mulf %[[A]], %{{.*}} : tensor<64x32xf32>
+// CHECK: math.fma %[[S]], %{{.*}}, %[[B]] : tensor<64x32xf32>
+// CHECK: %[[MAX:.*]] = tile.reduce "max"
+// CHECK-NOT: arith.addf %[[MAX]]
+// CHECK: return
+module {
+attn.flash_fwd @distance {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %d = arith.subi %j, %i : index
+  %di = arith.index_cast %d : index to i32
+  %df = arith.sitofp %di : i32 to f32
+  %a = math.absf %df : f32
+  %c = arith.constant -2.500000e-01 : f32
+  %bias = arith.mulf %a, %c : f32
   %y = arith.addf %s, %bias : f32
   attn.yield %y : f32
 }
