@@ -82,7 +82,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib, _torch_impl, _torch_varlen
+from . import _eager, _lib, _torch_impl, _torch_varlen
 
 
 class _TensorLayout:
@@ -396,15 +396,21 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
             bool(deterministic), score_mod, captures)
     if (not torch.compiler.is_compiling() and type(q) is Tensor
             and type(k) is Tensor and type(v) is Tensor
-            and not (torch.is_grad_enabled() and
-                     (q.requires_grad or k.requires_grad or v.requires_grad))):
+            and q.device.type in ("cuda", "cpu")):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                        or v.requires_grad):
+            # Eager with a gradient: the op's formula without the
+            # dispatcher (_eager.py).
+            return _eager.attention(q, k, v, mask, scale, wl, wr, counts,
+                                    indices, block, bool(deterministic),
+                                    score_mod,
+                                    _block_mask(counts, indices, block))
         # Eager, no gradient: the op's kernel without the dispatcher.
         if q.device.type == "cuda":
             return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm,
                                             score_mod)
-        if q.device.type == "cpu":
-            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
-                                           score_mod)
+        return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
+                                       score_mod)
     return torch.ops.flashjit.attention_fwd(q, k, v, mask, scale, wl, wr,
                                             counts, indices, block,
                                             bool(deterministic), score_mod)

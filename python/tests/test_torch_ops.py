@@ -268,6 +268,49 @@ def test_eager_fast_path_equals_the_op(device, seed):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mask", ["causal", "window"])
+def test_eager_autograd_path_equals_the_op(device, mask, seed):
+    """With autograd, eager flashjit.attention takes _eager's Function (not
+    the op's dispatcher: its node is _AttentionBackward): o, lse and the
+    gradients of q, k, v (deterministic dQ) are the op's bits, for a
+    window, a block mask and Nq != Nkv with GQA; lse takes no gradient."""
+    q, k, v = make(1, 4, 2, 70, 90, 32, 32, torch.bfloat16, device, grad=True)
+    m, wl, wr = MASKS[mask]
+    kwargs = ({"causal": True} if mask == "causal" else
+              {"window": (wl, wr)})
+    o, lse = flashjit.attention(q, k, v, return_lse=True, deterministic=True,
+                                **kwargs)
+    assert type(o.grad_fn).__name__ == "_AttentionBackward"
+    assert not lse.requires_grad
+    d_o = torch.randn_like(o)
+    grads = torch.autograd.grad(o, (q, k, v), d_o)
+    o2, lse2 = torch.ops.flashjit.attention_fwd(q, k, v, m, 0.0, wl, wr,
+                                                None, None, 0, True)
+    assert type(o2.grad_fn).__name__ != "_AttentionBackward"
+    grads2 = torch.autograd.grad(o2, (q, k, v), d_o)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    for a, b in zip(grads, grads2):
+        assert torch.equal(a, b)
+    # Only some inputs need a gradient: the others get none.
+    kd = k.detach()
+    o3 = flashjit.attention(q, kd, v.detach(), deterministic=True, **kwargs)
+    (dq,) = torch.autograd.grad(o3, (q,), d_o)
+    assert torch.equal(dq, grads[0])
+    # A block mask (its counts and indices reach the backward too).
+    bm = flashjit.create_block_mask(lambda b, h, i, j: i >= j, None, None, 70,
+                                    90, device=device, BLOCK_SIZE=32)
+    o4 = flashjit.attention(q, k, v, block_mask=bm, deterministic=True)
+    assert type(o4.grad_fn).__name__ == "_AttentionBackward"
+    counts, indices = bm._device_tensors(q.device)
+    o5 = torch.ops.flashjit.attention_fwd(q, k, v, 0, 0.0, -1, -1, counts,
+                                          indices, 32, True)[0]
+    assert torch.equal(o4, o5)
+    for a, b in zip(torch.autograd.grad(o4, (q, k, v), d_o),
+                    torch.autograd.grad(o5, (q, k, v), d_o)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_double_backward_is_refused(device):
     q = torch.randn(1, 1, 32, 32, dtype=torch.bfloat16, device=device)
     q.requires_grad_()

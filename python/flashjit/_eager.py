@@ -1,0 +1,68 @@
+"""flashjit.attention's eager autograd path (torch tensors that need a
+gradient, outside torch.compile): one torch.autograd.Function around the
+planned forward and backward kernels, with the formula of the
+flashjit::attention_fwd op's register_autograd (ops.py).
+
+Why not the op: an eager call of a torch.library custom op with an autograd
+formula goes through the dispatcher twice and fills the schema's defaults
+(torch._library.utils.fill_defaults) on every call; with q, k, v requiring
+grad that took ~90 us of host time a call here and 172 us on the H200
+machine (T34-2), against 15-18 us without grad, which is longer than a
+short kernel (a 1024-key window at N 8192 runs in ~0.15 ms): the
+benchmarks' forward then timed the host. This path costs one
+Function.apply. torch.compile still traces the op (ops.attention takes
+this path only when not compiling), and opcheck checks the op.
+
+A backward under create_graph=True calls the op flashjit::attention_bwd,
+whose own formula refuses a second derivative with flashjit's error, as
+the op path does.
+"""
+
+import torch
+
+from . import _torch_impl
+
+
+class _Attention(torch.autograd.Function):
+    """(o, lse) of q, k, v; options = (mask, scale, window_left,
+    window_right, block_counts, block_indices, block_size, deterministic,
+    score_mod, bm): the op's arguments after v, and bm, their layout."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options):
+        mask, scale, wl, wr, _, _, _, _, mod, bm = options
+        run = (_torch_impl.forward_cuda if q.device.type == "cuda" else
+               _torch_impl.forward_cpu)
+        o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        # lse is non-differentiable: d_lse is ignored.
+        q, k, v, o, lse = ctx.saved_tensors
+        mask, scale, wl, wr, counts, indices, block, det, mod, bm = ctx.options
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        if torch.is_grad_enabled():  # create_graph: the op refuses twice
+            dq, dk, dv = torch.ops.flashjit.attention_bwd(
+                d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices,
+                block, det, mod)
+        else:
+            run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
+                   _torch_impl.backward_cpu)
+            dq, dk, dv = run(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
+                             det, mod)[:3]
+        need = ctx.needs_input_grad
+        return ((dq if need[0] else None), (dk if need[1] else None),
+                (dv if need[2] else None), None)
+
+
+def attention(q, k, v, mask, scale, wl, wr, counts, indices, block,
+              deterministic, score_mod, bm):
+    """(o, lse) with autograd, as torch.ops.flashjit.attention_fwd gives
+    them (bm: the layout of counts / indices, ops._block_mask's)."""
+    return _Attention.apply(q, k, v, (mask, scale, wl, wr, counts, indices,
+                                      block, deterministic, score_mod, bm))
