@@ -7,10 +7,10 @@ Why not the op: an eager call of a torch.library custom op with an autograd
 formula goes through the dispatcher twice and fills the schema's defaults
 (torch._library.utils.fill_defaults) on every call; with q, k, v requiring
 grad that took ~90 us of host time a call here and 172 us on the H200
-machine (T34-2), against 15-18 us without grad, which is longer than a
-short kernel (a 1024-key window at N 8192 runs in ~0.15 ms): the
-benchmarks' forward then timed the host. This path costs one
-Function.apply. torch.compile still traces the op (ops.attention takes
+machine (T34-2), against 15-18 us without grad: as long as a short
+kernel's time (a 1024-key window at N 8192 runs in ~0.15 ms), which a
+benchmark with grad then partly timed. This path costs one
+Function.apply (26 us with the call's checks here). torch.compile still traces the op (ops.attention takes
 this path only when not compiling), and opcheck checks the op.
 
 A backward under create_graph=True calls the op flashjit::attention_bwd,
