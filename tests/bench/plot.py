@@ -6,9 +6,11 @@ of flashjit beside its peers (sdpa-flash, sdpa-cudnn, flex, naive: those
 that ran):
   * several sequence lengths: TFLOP/s against sequence length, one panel
     per head dim (causal and non-causal as separate lines);
-  * one sequence length: grouped bars, one group per case.
+  * one sequence length: grouped bars, one group per case
+(--style bars or lines chooses; bars label each case with its N, B, H).
 
     python3 tests/bench/plot.py bench/runs/T3-bench.json --out bench/plots
+    python3 tests/bench/plot.py bench/runs/T34-C/bench.json --style bars
 
 Writes <out>/<stem>-fwd.png and <out>/<stem>-bwd.png; prints their paths.
 A tests/bench/sparsity.py JSON (its "sparsity" key) gives
@@ -56,7 +58,7 @@ def series(cases, direction):
 
 def label(c):
     return (f"d={c['d']}{' causal' if c['causal'] else ''}\n"
-            f"B={c['B']} H={c['H']}")
+            f"N={c['N']} B={c['B']} H={c['H']}")
 
 
 def impls_of(rows):
@@ -139,7 +141,7 @@ def plot_sparsity(plt, data, stem, out_dir):
     return [dest]
 
 
-def plot(path, out_dir):
+def plot(path, out_dir, style="auto"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,9 +163,11 @@ def plot(path, out_dir):
         fig = plt.figure(figsize=(max(7, 1.6 * len(rows)), 4.5)
                          if len(seq_lens) == 1 else
                          (4.5 * len({c["d"] for c, _ in rows}), 4.2))
-        if len(seq_lens) == 1:
+        if style == "bars" or (style == "auto" and len(seq_lens) == 1):
+            fig = plt.figure(figsize=(max(7, 1.6 * len(rows)), 4.5))
             bars(fig.add_subplot(), rows)
-            where = f"seq_len {seq_lens.pop()}"
+            where = (f"seq_len {seq_lens.pop()}" if len(seq_lens) == 1 else
+                     "per case")
         else:
             lines(fig, rows)
             where = "by sequence length"
@@ -184,9 +188,14 @@ def main(argv=None):
     ap.add_argument("json", nargs="+",
                     help="side_by_side.py or sparsity.py output(s)")
     ap.add_argument("--out", default="bench/plots")
+    ap.add_argument("--style", choices=("auto", "bars", "lines"),
+                    default="auto",
+                    help="grouped bars per case or TFLOP/s against sequence "
+                    "length per head dim (auto: bars when the run has one "
+                    "sequence length)")
     args = ap.parse_args(argv)
     for path in args.json:
-        for dest in plot(path, args.out):
+        for dest in plot(path, args.out, args.style):
             print(dest)
     return 0
 
