@@ -13,9 +13,12 @@ benchmark with grad then partly timed. This path costs one
 Function.apply (26 us with the call's checks here). torch.compile still traces the op (ops.attention takes
 this path only when not compiling), and opcheck checks the op.
 
-A backward under create_graph=True calls the op flashjit::attention_bwd,
-whose own formula refuses a second derivative with flashjit's error, as
-the op path does.
+The same for calls whose regions capture tensors (flashjit::
+attention_fwd_captured's formula: the captured tensors' gradients where
+they require one and belong to the score_mod). A backward under
+create_graph=True calls the backward op (flashjit::attention_bwd or
+attention_bwd_captured), whose own formula refuses a second derivative
+with flashjit's error, as the op path does.
 """
 
 import torch
@@ -60,9 +63,55 @@ class _Attention(torch.autograd.Function):
                 (dv if need[2] else None), None)
 
 
+class _Captured(torch.autograd.Function):
+    """_Attention with the tensors the regions capture (after options);
+    their gradients as attention_fwd_captured's formula gives them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options, *captures):
+        mask, scale, wl, wr, _, _, _, _, mod, bm = options
+        run = (_torch_impl.forward_cuda_captured if q.device.type == "cuda"
+               else _torch_impl.forward_cpu)
+        o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod, list(captures))
+        ctx.save_for_backward(q, k, v, o, lse, *captures)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        from .ops import _score_mod_flags
+
+        saved = ctx.saved_tensors
+        q, k, v, o, lse = saved[:5]
+        captures = list(saved[5:])
+        mask, scale, wl, wr, counts, indices, block, det, mod, bm = ctx.options
+        need = ctx.needs_input_grad
+        flags = _score_mod_flags([bool(f) for f in need[4:]], mod)
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        if torch.is_grad_enabled():  # create_graph: the op refuses twice
+            dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
+                d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices,
+                block, det, mod, captures, flags)
+        else:
+            run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
+                   _torch_impl.backward_cpu)
+            dq, dk, dv, grads = run(q, k, v, o, lse, d_o, mask, scale, wl, wr,
+                                    bm, det, mod, captures, flags)
+        grads = iter(grads)
+        return ((dq if need[0] else None), (dk if need[1] else None),
+                (dv if need[2] else None), None) + tuple(
+                    next(grads) if f else None for f in flags)
+
+
 def attention(q, k, v, mask, scale, wl, wr, counts, indices, block,
-              deterministic, score_mod, bm):
-    """(o, lse) with autograd, as torch.ops.flashjit.attention_fwd gives
-    them (bm: the layout of counts / indices, ops._block_mask's)."""
-    return _Attention.apply(q, k, v, (mask, scale, wl, wr, counts, indices,
-                                      block, deterministic, score_mod, bm))
+              deterministic, score_mod, bm, captures=()):
+    """(o, lse) with autograd, as torch.ops.flashjit.attention_fwd (or,
+    with captures, attention_fwd_captured) gives them (bm: the layout of
+    counts / indices, ops._block_mask's)."""
+    options = (mask, scale, wl, wr, counts, indices, block, deterministic,
+               score_mod, bm)
+    if captures:
+        return _Captured.apply(q, k, v, options, *captures)
+    return _Attention.apply(q, k, v, options)

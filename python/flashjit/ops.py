@@ -383,14 +383,20 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
     if captures:
         if (not torch.compiler.is_compiling() and type(q) is Tensor
                 and type(k) is Tensor and type(v) is Tensor
-                and not (torch.is_grad_enabled() and any(
-                    t.requires_grad for t in (q, k, v, *captures)))):
+                and q.device.type in ("cuda", "cpu")):
+            if torch.is_grad_enabled() and any(
+                    t.requires_grad for t in (q, k, v, *captures)):
+                # Eager with a gradient: the op's formula (_eager.py).
+                return _eager.attention(q, k, v, mask, scale, wl, wr, counts,
+                                        indices, block, bool(deterministic),
+                                        score_mod,
+                                        _block_mask(counts, indices, block),
+                                        captures)
             if q.device.type == "cuda":
                 return _torch_impl.forward_cuda_captured(
                     q, k, v, mask, scale, wl, wr, bm, score_mod, captures)
-            if q.device.type == "cpu":
-                return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr,
-                                               bm, score_mod, captures)
+            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
+                                           score_mod, captures)
         return torch.ops.flashjit.attention_fwd_captured(
             q, k, v, mask, scale, wl, wr, counts, indices, block,
             bool(deterministic), score_mod, captures)

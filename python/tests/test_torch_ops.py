@@ -467,10 +467,22 @@ def test_captured_gradient_ops_and_autograd(device, seed):
     with pytest.raises(ValueError, match="one per tensor"):
         op(*head, False, text, consts, [True])
 
-    # Autograd through flashjit.attention.
+    # Autograd through flashjit.attention (eager: _eager's Function, the
+    # op's bits with deterministic dQ and captured gradients).
+    leaves = (q, k, v, bias, slopes)
+    o_det = flashjit.attention(q, k, v, causal=True, scale=0.5, score_mod=fn,
+                               deterministic=True)
+    assert type(o_det.grad_fn).__name__ == "_CapturedBackward"
+    o_op = torch.ops.flashjit.attention_fwd_captured(
+        q, k, v, 1, 0.5, -1, -1, None, None, 0, True, text,
+        [bias, slopes.float()])[0]
+    d_o = torch.randn_like(o_op)
+    assert torch.equal(o_det, o_op)
+    for a, b in zip(torch.autograd.grad(o_det, leaves, d_o),
+                    torch.autograd.grad(o_op, leaves, d_o)):
+        assert torch.equal(a, b)
     o = flashjit.attention(q, k, v, causal=True, scale=0.5, score_mod=fn)
-    d_o = torch.randn_like(o)
-    _, _, _, gb, gs = torch.autograd.grad(o, (q, k, v, bias, slopes), d_o)
+    _, _, _, gb, gs = torch.autograd.grad(o, leaves, d_o)
     assert gb.dtype == torch.float32 and gb.shape == bias.shape
     assert gs.dtype == torch.bfloat16 and gs.shape == slopes.shape
 
