@@ -23,7 +23,7 @@ with flashjit's error, as the op path does.
 
 import torch
 
-from . import _torch_impl
+from . import _torch_impl, _torch_varlen
 
 
 class _Attention(torch.autograd.Function):
@@ -103,6 +103,57 @@ class _Captured(torch.autograd.Function):
         return ((dq if need[0] else None), (dk if need[1] else None),
                 (dv if need[2] else None), None) + tuple(
                     next(grads) if f else None for f in flags)
+
+
+class _Varlen(torch.autograd.Function):
+    """attention_varlen_fwd's formula: packed q, k, v; options = (cu_q,
+    cu_k, max_q, max_k, mask, scale, window_left, window_right,
+    block_counts, block_indices, block_size, deterministic, score_mod,
+    bm), the captured tensors after them."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, options, *captures):
+        cu_q, cu_k, max_q, max_k, mask, scale, wl, wr = options[:8]
+        mod, bm = options[12:]
+        o, lse = _torch_varlen.forward_varlen(q, k, v, cu_q, cu_k, max_q,
+                                              max_k, mask, scale, wl, wr, mod,
+                                              list(captures), bm)
+        ctx.save_for_backward(q, k, v, o, lse, *captures)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, d_lse):
+        from .ops import _score_mod_flags
+
+        saved = ctx.saved_tensors
+        q, k, v, o, lse = saved[:5]
+        captures = list(saved[5:])
+        (cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
+         block, det, mod, bm) = ctx.options
+        need = ctx.needs_input_grad
+        flags = _score_mod_flags([bool(f) for f in need[4:]], mod)
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        if torch.is_grad_enabled():  # create_graph: the op refuses twice
+            dq, dk, dv, grads = torch.ops.flashjit.attention_varlen_bwd(
+                d_o, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, mask, scale,
+                wl, wr, counts, indices, block, det, mod, captures, flags)
+        else:
+            dq, dk, dv, grads = _torch_varlen.backward_varlen(
+                q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask, scale,
+                wl, wr, det, mod, captures, flags, bm)
+        grads = iter(grads)
+        return ((dq if need[0] else None), (dk if need[1] else None),
+                (dv if need[2] else None), None) + tuple(
+                    next(grads) if f else None for f in flags)
+
+
+def varlen(q, k, v, options, captures):
+    """(o, lse) with autograd, as torch.ops.flashjit.attention_varlen_fwd
+    gives them (options: _Varlen's)."""
+    return _Varlen.apply(q, k, v, options, *captures)
 
 
 def attention(q, k, v, mask, scale, wl, wr, counts, indices, block,

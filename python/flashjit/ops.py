@@ -573,10 +573,17 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
     counts = indices = None
     if bm is not None:
         counts, indices = bm._device_tensors(q.device)
+    block = bm.block_size if bm is not None else 0
+    if (not compiling and type(q) is Tensor and type(k) is Tensor
+            and type(v) is Tensor and q.device.type in ("cuda", "cpu")):
+        # Eager with a gradient: the op's formula (_eager.py).
+        return _eager.varlen(q, k, v, (
+            cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
+            block, bool(deterministic), score_mod,
+            _block_mask(counts, indices, block)), captures)
     return torch.ops.flashjit.attention_varlen_fwd(
         q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts,
-        indices, bm.block_size if bm is not None else 0, bool(deterministic),
-        score_mod, captures)
+        indices, block, bool(deterministic), score_mod, captures)
 
 
 __all__ = ["attention_fwd", "attention_bwd", "attention_fwd_captured",

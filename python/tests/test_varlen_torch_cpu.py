@@ -117,6 +117,36 @@ def test_torch_captured_bias_gradient(rng):
 
 
 @needs_torch
+def test_eager_autograd_equals_the_op(rng):
+    """With autograd, eager attention_varlen takes _eager's Function (its
+    node _VarlenBackward), not the op's dispatch: o, lse and the gradients
+    of q, k, v and of a captured bias (deterministic) are the op's bits."""
+    lq, lk = [12, 30, 7], [20, 30, 16]
+    H = 2
+    q, k, v, cq, ck = torch_packed(rng, lq, lk, H, 1, 16, 16, torch.float16,
+                                   True)
+    bias = torch.randn(H, max(lq), max(lk), requires_grad=True)
+
+    def fn(s, b, h, i, j):
+        return s + bias[h, i, j]
+
+    o, lse = flashjit.attention_varlen(q, k, v, cq, ck, causal=True,
+                                       score_mod=fn, deterministic=True,
+                                       return_lse=True)
+    assert type(o.grad_fn).__name__ == "_VarlenBackward"
+    text, caps = flashjit.score_ops.trace_with_captures(fn)
+    o2, lse2 = torch.ops.flashjit.attention_varlen_fwd(
+        q, k, v, cq, ck, max(lq), max(lk), 1, 0.0, -1, -1, None, None, 0,
+        True, text, [bias])
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    d_o = torch.randn_like(o)
+    leaves = (q, k, v, bias)
+    for a, b in zip(torch.autograd.grad(o, leaves, d_o),
+                    torch.autograd.grad(o2, leaves, d_o)):
+        assert torch.equal(a, b)
+
+
+@needs_torch
 def test_opcheck(rng):
     from torch.library import opcheck
 
