@@ -26,83 +26,83 @@ import torch
 from . import _torch_impl, _torch_varlen
 
 
+def _keep(ctx, q, k, v, o, lse, captures, options):
+    """What a forward leaves its backward: q, k, v, o, lse and the captured
+    tensors saved, the options; lse takes no gradient."""
+    ctx.save_for_backward(q, k, v, o, lse, *captures)
+    ctx.options = options
+    ctx.mark_non_differentiable(lse)
+    return o, lse
+
+
+def _start_backward(ctx, d_o, mod):
+    """(q, k, v, o, lse, captures, d_o, flags) of a backward: the saved
+    tensors, d_o (zeros where autograd gives none; lse's gradient is
+    ignored) and, per captured tensor (the inputs after q, k, v and the
+    options), whether its gradient is computed (ops._score_mod_flags: not
+    for the mask_mod's)."""
+    from .ops import _score_mod_flags
+
+    q, k, v, o, lse, *captures = ctx.saved_tensors
+    flags = _score_mod_flags([bool(f) for f in ctx.needs_input_grad[4:]],
+                             mod)
+    if d_o is None:
+        d_o = torch.zeros_like(o)
+    return q, k, v, o, lse, captures, d_o, flags
+
+
+def _gradients(ctx, dq, dk, dv, grads, flags):
+    """backward's result: dq, dk, dv where their inputs need them, none for
+    the options, then the flagged captured tensors' gradients (grads, in
+    order)."""
+    need = ctx.needs_input_grad
+    grads = iter(grads)
+    return ((dq if need[0] else None), (dk if need[1] else None),
+            (dv if need[2] else None), None) + tuple(
+                next(grads) if f else None for f in flags)
+
+
 class _Attention(torch.autograd.Function):
     """(o, lse) of q, k, v; options = (mask, scale, window_left,
     window_right, block_counts, block_indices, block_size, deterministic,
-    score_mod, bm): the op's arguments after v, and bm, their layout."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, options):
-        mask, scale, wl, wr, _, _, _, _, mod, bm = options
-        run = (_torch_impl.forward_cuda if q.device.type == "cuda" else
-               _torch_impl.forward_cpu)
-        o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = options
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, d_o, d_lse):
-        # lse is non-differentiable: d_lse is ignored.
-        q, k, v, o, lse = ctx.saved_tensors
-        mask, scale, wl, wr, counts, indices, block, det, mod, bm = ctx.options
-        if d_o is None:
-            d_o = torch.zeros_like(o)
-        if torch.is_grad_enabled():  # create_graph: the op refuses twice
-            dq, dk, dv = torch.ops.flashjit.attention_bwd(
-                d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices,
-                block, det, mod)
-        else:
-            run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
-                   _torch_impl.backward_cpu)
-            dq, dk, dv = run(q, k, v, o, lse, d_o, mask, scale, wl, wr, bm,
-                             det, mod)[:3]
-        need = ctx.needs_input_grad
-        return ((dq if need[0] else None), (dk if need[1] else None),
-                (dv if need[2] else None), None)
-
-
-class _Captured(torch.autograd.Function):
-    """_Attention with the tensors the regions capture (after options);
-    their gradients as attention_fwd_captured's formula gives them."""
+    score_mod, bm): the op's arguments after v, and bm, their layout; the
+    tensors the regions capture, if any, after options (their gradients
+    as attention_fwd_captured's formula gives them)."""
 
     @staticmethod
     def forward(ctx, q, k, v, options, *captures):
         mask, scale, wl, wr, _, _, _, _, mod, bm = options
-        run = (_torch_impl.forward_cuda_captured if q.device.type == "cuda"
-               else _torch_impl.forward_cpu)
-        o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod, list(captures))
-        ctx.save_for_backward(q, k, v, o, lse, *captures)
-        ctx.options = options
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        if captures:
+            run = (_torch_impl.forward_cuda_captured if q.is_cuda else
+                   _torch_impl.forward_cpu)
+            o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod,
+                         list(captures))
+        else:
+            run = (_torch_impl.forward_cuda if q.is_cuda else
+                   _torch_impl.forward_cpu)
+            o, lse = run(q, k, v, mask, scale, wl, wr, bm, mod)
+        return _keep(ctx, q, k, v, o, lse, captures, options)
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
-        from .ops import _score_mod_flags
-
-        saved = ctx.saved_tensors
-        q, k, v, o, lse = saved[:5]
-        captures = list(saved[5:])
         mask, scale, wl, wr, counts, indices, block, det, mod, bm = ctx.options
-        need = ctx.needs_input_grad
-        flags = _score_mod_flags([bool(f) for f in need[4:]], mod)
-        if d_o is None:
-            d_o = torch.zeros_like(o)
+        q, k, v, o, lse, captures, d_o, flags = _start_backward(ctx, d_o, mod)
+        grads = []
         if torch.is_grad_enabled():  # create_graph: the op refuses twice
-            dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
-                d_o, q, k, v, o, lse, mask, scale, wl, wr, counts, indices,
-                block, det, mod, captures, flags)
+            if captures:
+                dq, dk, dv, grads = torch.ops.flashjit.attention_bwd_captured(
+                    d_o, q, k, v, o, lse, mask, scale, wl, wr, counts,
+                    indices, block, det, mod, captures, flags)
+            else:
+                dq, dk, dv = torch.ops.flashjit.attention_bwd(
+                    d_o, q, k, v, o, lse, mask, scale, wl, wr, counts,
+                    indices, block, det, mod)
         else:
-            run = (_torch_impl.backward_cuda if q.device.type == "cuda" else
+            run = (_torch_impl.backward_cuda if q.is_cuda else
                    _torch_impl.backward_cpu)
             dq, dk, dv, grads = run(q, k, v, o, lse, d_o, mask, scale, wl, wr,
                                     bm, det, mod, captures, flags)
-        grads = iter(grads)
-        return ((dq if need[0] else None), (dk if need[1] else None),
-                (dv if need[2] else None), None) + tuple(
-                    next(grads) if f else None for f in flags)
+        return _gradients(ctx, dq, dk, dv, grads, flags)
 
 
 class _Varlen(torch.autograd.Function):
@@ -118,24 +118,13 @@ class _Varlen(torch.autograd.Function):
         o, lse = _torch_varlen.forward_varlen(q, k, v, cu_q, cu_k, max_q,
                                               max_k, mask, scale, wl, wr, mod,
                                               list(captures), bm)
-        ctx.save_for_backward(q, k, v, o, lse, *captures)
-        ctx.options = options
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+        return _keep(ctx, q, k, v, o, lse, captures, options)
 
     @staticmethod
     def backward(ctx, d_o, d_lse):
-        from .ops import _score_mod_flags
-
-        saved = ctx.saved_tensors
-        q, k, v, o, lse = saved[:5]
-        captures = list(saved[5:])
         (cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
          block, det, mod, bm) = ctx.options
-        need = ctx.needs_input_grad
-        flags = _score_mod_flags([bool(f) for f in need[4:]], mod)
-        if d_o is None:
-            d_o = torch.zeros_like(o)
+        q, k, v, o, lse, captures, d_o, flags = _start_backward(ctx, d_o, mod)
         if torch.is_grad_enabled():  # create_graph: the op refuses twice
             dq, dk, dv, grads = torch.ops.flashjit.attention_varlen_bwd(
                 d_o, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, mask, scale,
@@ -144,10 +133,7 @@ class _Varlen(torch.autograd.Function):
             dq, dk, dv, grads = _torch_varlen.backward_varlen(
                 q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask, scale,
                 wl, wr, det, mod, captures, flags, bm)
-        grads = iter(grads)
-        return ((dq if need[0] else None), (dk if need[1] else None),
-                (dv if need[2] else None), None) + tuple(
-                    next(grads) if f else None for f in flags)
+        return _gradients(ctx, dq, dk, dv, grads, flags)
 
 
 def varlen(q, k, v, options, captures):
@@ -161,8 +147,6 @@ def attention(q, k, v, mask, scale, wl, wr, counts, indices, block,
     """(o, lse) with autograd, as torch.ops.flashjit.attention_fwd (or,
     with captures, attention_fwd_captured) gives them (bm: the layout of
     counts / indices, ops._block_mask's)."""
-    options = (mask, scale, wl, wr, counts, indices, block, deterministic,
-               score_mod, bm)
-    if captures:
-        return _Captured.apply(q, k, v, options, *captures)
-    return _Attention.apply(q, k, v, options)
+    return _Attention.apply(q, k, v, (mask, scale, wl, wr, counts, indices,
+                                      block, deterministic, score_mod, bm),
+                            *captures)

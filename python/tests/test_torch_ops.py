@@ -472,7 +472,7 @@ def test_captured_gradient_ops_and_autograd(device, seed):
     leaves = (q, k, v, bias, slopes)
     o_det = flashjit.attention(q, k, v, causal=True, scale=0.5, score_mod=fn,
                                deterministic=True)
-    assert type(o_det.grad_fn).__name__ == "_CapturedBackward"
+    assert type(o_det.grad_fn).__name__ == "_AttentionBackward"
     o_op = torch.ops.flashjit.attention_fwd_captured(
         q, k, v, 1, 0.5, -1, -1, None, None, 0, True, text,
         [bias, slopes.float()])[0]
