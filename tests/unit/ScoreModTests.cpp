@@ -39,8 +39,11 @@ struct ScoreModCase {
 class CpuScoreMod : public ::testing::TestWithParam<ScoreModCase> {};
 
 /// Runs \p c on the CPU; returns the relative error against the reference
-/// with the modifier (\p referenceWithMod) or without it.
-double relErrAgainst(const ScoreModCase &c, bool referenceWithMod) {
+/// with the modifier (\p referenceWithMod) or without it. With
+/// \p negativeFirstBatch, batch 0's queries are all negative and its keys
+/// all positive, so that every score of its rows is below 0.
+double relErrAgainst(const ScoreModCase &c, bool referenceWithMod,
+                     bool negativeFirstBatch = false) {
   AttentionSpec spec;
   spec.headDimQK = spec.headDimV = c.headDim;
   spec.mask = c.mask;
@@ -58,6 +61,15 @@ double relErrAgainst(const ScoreModCase &c, bool referenceWithMod) {
   p.scale = c.scale;
   std::mt19937_64 rng(freshSeed());
   AttentionData data = makeRandomInputs(spec, p, QKVLayout::Separate, rng);
+  if (negativeFirstBatch)
+    for (int64_t h = 0; h < c.heads; ++h)
+      for (int64_t d = 0; d < c.headDim; ++d) {
+        for (int64_t n = 0; n < c.seqQ; ++n)
+          data.q.at(0, h, n, d) |= 0x8000; // the sign bit
+        for (int64_t n = 0; n < c.seqKV; ++n)
+          if (h < c.heads / c.gqa)
+            data.k.at(0, h, n, d) &= 0x7fff;
+      }
   CpuKernel::compile(spec, config)->run(p, data, nullptr);
   AttentionSpec refSpec = spec;
   if (!referenceWithMod)
@@ -106,6 +118,23 @@ const ScoreModCase kAlibiCases[] = {
 
 INSTANTIATE_TEST_SUITE_P(Alibi, CpuScoreMod, ::testing::ValuesIn(kAlibiCases),
                          caseName);
+
+/// Rows whose every score lies far below the cap (scale 8: the scores of
+/// batch 0 reach about -C, tanh saturates at -1): P against the top of
+/// softcap's range is exp2(-2 C log2(e)), which the kernel takes as every
+/// row's max where that stays a normal number (C = 40: 2^-115.4) and
+/// reduces where it would not (C = 50: 2^-144 flushes to 0, the row would
+/// read as empty); either way the rows keep their mass (uniform
+/// attention), and batch 1's random rows match too.
+TEST(CpuScoreModCheck, RowsFarBelowTheCapKeepTheirMass) {
+  for (const char *cap : {"softcap:40", "softcap:50"}) {
+    SCOPED_TRACE(cap);
+    ScoreModCase c{"", cap, 64, 64, 32, 70, 100, MaskKind::None, 8.0};
+    EXPECT_LT(relErrAgainst(c, /*referenceWithMod=*/true,
+                            /*negativeFirstBatch=*/true),
+              1e-2);
+  }
+}
 
 /// The reference check sees the modifier: a softcapped kernel is far from
 /// the reference of plain attention.
@@ -276,7 +305,6 @@ TEST(ScoreModSpec, BadModifiersAreNamedErrorsAndTheBackwardCarriesThem) {
 }
 
 } // namespace
-
 
 /// On the GPU a division by a constant (softcap's s / C) is a multiply by
 /// its reciprocal, not IEEE division (div.rn.f32, a subroutine: T19-C's

@@ -73,6 +73,22 @@ static std::optional<std::pair<Value, double>> peelPositiveScale(Value s) {
   return std::nullopt;
 }
 
+/// The row max in log2 units that a block of scores \p s may take in place
+/// of its own, or nullopt: when \p s is tanh's tile (softcap's, after
+/// peelPositiveScale), every score lies in [-1, 1], so f = \p factor (the
+/// top score's log2 units) bounds every row's max, and P against it is at
+/// least exp2(-2 f); while that stays a normal number of P's type \p elem
+/// (2 f <= 120 for bf16, whose exponent is f32's: softcap C <= 41.5; <= 12
+/// for fp16), the softmax needs no row max: P = exp2(x f - f) and lse =
+/// f + log2(l) are the same numbers up to rounding, and no row is lost to
+/// underflow, however far below the bound its own max lies.
+static std::optional<double> fixedRowMax(Value s, double factor, Type elem) {
+  const double span = elem.isBF16() ? 120.0 : 12.0;
+  if (!s.getDefiningOp<math::TanhOp>() || !(factor > 0) || 2 * factor > span)
+    return std::nullopt;
+  return factor;
+}
+
 /// \p modified, the region's result on the scaled scores \p scaled =
 /// S * scale, after this fold: when the region's one use of \p scaled is a
 /// product or quotient with a constant c (softcap's s / C), the two
@@ -143,7 +159,9 @@ Value TiledForwardBuilder::foldScaleIntoSum(Value scaled, Value modified) {
 /// score modifier (a trailing positive constant factor peeled into the
 /// exponent's, peelPositiveScale; a bias's part that is one value per
 /// block, ALiBi's slope (n0 - m0), peeled into the row max and the
-/// exponent's offset, peelUniformAddend), the mask_mod (only where \p partial
+/// exponent's offset, peelUniformAddend; a tanh's tile, softcap's, whose
+/// range allows it, takes a fixed row max, fixedRowMax), the mask_mod (only
+/// where \p partial
 /// holds, when given: a full block needs none), the mask, then the new row
 /// max, O's factor, P (f32) and the new row sum; \p l null is a first block
 /// (the sum is P's alone: 0 * a + x is x).
@@ -153,6 +171,7 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
                                                                Value partial) {
   Value factor = expFactor; // scores to log2 units of P
   Value shift; // the scores' uniform addend (a Br tile), peeled, or null
+  std::optional<double> fixedMax; // a bound that serves as every row's max
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
     s = modifyScores(scaled, n0);
@@ -163,6 +182,7 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
       factor = cF32(peeled->second);
       if (product->use_empty())
         product->erase(); // nothing reads x * c any more
+      fixedMax = fixedRowMax(s, peeled->second, elemTy);
     }
     if (auto peeled = peelUniformAddend(b, b.getLoc(), s))
       std::tie(s, shift) = *peeled;
@@ -182,10 +202,15 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
   Value rowFactor = splat(factor, rowTy);
-  Value rowMax = reduce("max", s, 1);
-  if (shift) // max(x + u) = max(x) + u; -inf stays -inf
-    rowMax = fadd(rowMax, shift);
-  Value mBlock = fmul(rowMax, rowFactor);
+  Value mBlock;
+  if (fixedMax) { // no reduction: the bound is every block's max
+    mBlock = constTile(*fixedMax, rowTy);
+  } else {
+    Value rowMax = reduce("max", s, 1);
+    if (shift) // max(x + u) = max(x) + u; -inf stays -inf
+      rowMax = fadd(rowMax, shift);
+    mBlock = fmul(rowMax, rowFactor);
+  }
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
   Value alpha = exp2(fsub(m, mUse));

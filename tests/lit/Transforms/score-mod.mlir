@@ -6,8 +6,10 @@
 // scale_log2e. Two multiplies a score are folded away: the scale and the
 // region's s / 20 are one product by scale / 20 (foldScaleIntoProduct),
 // and the last product with the positive constant 20 is left to the max
-// and P (peelPositiveScale): the mask, the max and P take tanh's tile, and
-// their factor is 20 log2(e).
+// and P (peelPositiveScale): the mask and P take tanh's tile, and their
+// factor is 20 log2(e). tanh's tile lies in [-1, 1] and 2 * 20 log2(e) is
+// 57.7 <= 120 (bf16's P stays normal down to exp2(-2 f)), so the row max
+// is the bound 20 log2(e) itself: no reduction (fixedRowMax).
 // CHECK-LABEL: func.func @softcap(
 // CHECK-SAME: %[[SL2E:arg[0-9]+]]: f32, %{{.*}}: index, %{{.*}}: index)
 // CHECK-SAME: attn.kernel = #attn.kernel<{{.*}}, score_mod = "softcap:20">
@@ -28,8 +30,10 @@
 // CHECK-NOT: arith.mulf %[[T]]
 // CHECK: scf.if %{{.*}} -> (tensor<64x32xf32>)
 // CHECK: arith.select {{.*}}, %[[T]], {{.*}} : tensor<64x32xi1>, tensor<64x32xf32>
-// CHECK: tile.splat %[[FACTOR]] : f32 -> tensor<64xf32>
-// CHECK: tile.reduce "max"
+// CHECK-NOT: tile.reduce "max"
+// CHECK: %[[BOUND:.*]] = arith.constant dense<2.885390e+01> : tensor<64xf32>
+// CHECK: arith.maxnumf %{{.*}}, %[[BOUND]] : tensor<64xf32>
+// CHECK-NOT: tile.reduce "max"
 // CHECK: tile.splat %[[FACTOR]] : f32 -> tensor<64x32xf32>
 // CHECK-NOT: tile.splat %[[SL2E]]
 // CHECK: return
@@ -37,6 +41,26 @@ module {
 attn.flash_fwd @softcap {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} score_mod {
 ^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
   %c = arith.constant 2.000000e+01 : f32
+  %x = arith.divf %s, %c : f32
+  %t = math.tanh %x : f32
+  %y = arith.mulf %t, %c : f32
+  attn.yield %y : f32
+}
+}
+
+// -----
+
+// Softcap 50 (Gemma 2's): 2 * 50 log2(e) = 144 > 120, so P against a
+// fixed bound could leave bf16's normal range: the row max is reduced.
+// CHECK-LABEL: func.func @softcap50(
+// CHECK: %[[T:.*]] = math.tanh
+// CHECK: %[[FACTOR:.*]] = arith.constant 72.1347{{.*}} : f32
+// CHECK: tile.splat %[[FACTOR]] : f32 -> tensor<64xf32>
+// CHECK: tile.reduce "max"
+module {
+attn.flash_fwd @softcap50 {element_type = bf16, gqa = 1 : i64, head_dim_qk = 64 : i64, head_dim_v = 64 : i64, mask = "none", sparse_block = 0 : i64} score_mod {
+^bb0(%s: f32, %b: index, %h: index, %i: index, %j: index):
+  %c = arith.constant 5.000000e+01 : f32
   %x = arith.divf %s, %c : f32
   %t = math.tanh %x : f32
   %y = arith.mulf %t, %c : f32
