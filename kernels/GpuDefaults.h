@@ -73,8 +73,8 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     // (T12; below, padded to 112, its consumers spill), and at 128 x 64
     // past d = 128 (T13: d = 256 causal 493 -> 542; T15, by tensor maps,
     // unmasked too: 520 -> 617); else the tilings above. Unmasked at d in
-    // 113..128 (not varlen, no mask modifier) a persistent kernel with Q by its tensor map
-    // (T31, H100s, against one tile per program in one run: N = 1024
+    // 113..128 (not varlen, no mask modifier) a persistent kernel with Q by its
+    // tensor map (T31, H100s, against one tile per program in one run: N = 1024
     // B = 16 +11-13%, N = 4096 B = 4 +3-4.5%, N = 16K +9% in one call and
     // -5% in another, even within the cards' spread; causal it lost
     // 12-28%, at d = 64, 96 and 256 it gained nothing). Past d = 128 the
