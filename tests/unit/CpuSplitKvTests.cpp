@@ -8,7 +8,9 @@
 /// (ForwardCheck.h). The cases cover decode (Nq = 1), short queries whose
 /// packed rows span two row blocks, masks whose band depends on the packed
 /// row's query, more splits than blocks (empty runs), block-sparse layouts
-/// (no packing), score modifiers that read the head and the query index,
+/// (no packing), score modifiers that read the head and the query index
+/// (unpacked ALiBi with its bias split out of the KV loop, softcap with a
+/// fixed row max),
 /// fp16, dqk != dv, rows that see no key, the auto split count, split
 /// counts that fill the merge's whole steps of 32 runs exactly (no last
 /// step), leave only a last step, or both, and V head dims whose merge
@@ -46,6 +48,7 @@ const Case kSplitCases[] = {
   {"short_q_gqa4_window", 64, 64, FP, WIN, 4, 16, 32, 1, 4, 7, 500, 100, 3, DENSE, 128, SEP, "", 3},
   {"more_splits_than_blocks_dv40", 96, 40, FP, NONE, 3, 16, 32, 1, 6, 3, 300, 0, 0, DENSE, 128, SEP, "", 50},
   {"alibi_heads_packed", 64, 64, BF, CAUSAL, 2, 16, 64, 2, 4, 9, 1024, 0, 0, DENSE, 128, SEP, "alibi:4", 3},
+  {"alibi_unpacked_causal_bias_out_of_the_loop", 64, 64, BF, CAUSAL, 1, 32, 32, 1, 4, 40, 900, 0, 0, DENSE, 128, SEP, "alibi:4", 3},
   {"softcap_unpacked_br64", 64, 64, BF, NONE, 1, 64, 64, 2, 4, 70, 300, 0, 0, DENSE, 128, SEP, "softcap:5", 2},
   {"sparse_gqa2_no_packing", 64, 64, BF, CAUSAL, 2, 64, 64, 2, 4, 200, 1024, 0, 0, LayoutKind::Random, 128, SEP, "", 3},
   {"empty_rows_window", 64, 64, BF, WIN, 2, 16, 16, 1, 2, 20, 10, 0, 0, DENSE, 128, SEP, "", 5},
