@@ -160,15 +160,14 @@ def plot(path, out_dir, style="auto"):
         if not rows:
             continue
         seq_lens = {c["N"] for c, _ in rows}
-        fig = plt.figure(figsize=(max(7, 1.6 * len(rows)), 4.5)
-                         if len(seq_lens) == 1 else
-                         (4.5 * len({c["d"] for c, _ in rows}), 4.2))
         if style == "bars" or (style == "auto" and len(seq_lens) == 1):
             fig = plt.figure(figsize=(max(7, 1.6 * len(rows)), 4.5))
             bars(fig.add_subplot(), rows)
             where = (f"seq_len {seq_lens.pop()}" if len(seq_lens) == 1 else
                      "per case")
         else:
+            fig = plt.figure(figsize=(4.5 * len({c["d"] for c, _ in rows}),
+                                      4.2))
             lines(fig, rows)
             where = "by sequence length"
         fig.suptitle(f"{title}, bf16, {where} ({meta.get('device', '?')}; "
