@@ -382,43 +382,31 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
         return sinks_mod.attention_torch(
             q, k, v, sinks, (mask, scale, wl, wr, counts, indices, block,
                              bool(deterministic), score_mod), captures)
-    if captures:
-        if (not torch.compiler.is_compiling() and type(q) is Tensor
-                and type(k) is Tensor and type(v) is Tensor
-                and q.device.type in ("cuda", "cpu")):
-            if torch.is_grad_enabled() and any(
-                    t.requires_grad for t in (q, k, v, *captures)):
-                # Eager with a gradient: the op's formula (_eager.py).
-                return _eager.attention(q, k, v, mask, scale, wl, wr, counts,
-                                        indices, block, bool(deterministic),
-                                        score_mod,
-                                        _block_mask(counts, indices, block),
-                                        captures)
-            if q.device.type == "cuda":
-                return _torch_impl.forward_cuda_captured(
-                    q, k, v, mask, scale, wl, wr, bm, score_mod, captures)
-            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
-                                           score_mod, captures)
-        return torch.ops.flashjit.attention_fwd_captured(
-            q, k, v, mask, scale, wl, wr, counts, indices, block,
-            bool(deterministic), score_mod, captures)
     if (not torch.compiler.is_compiling() and type(q) is Tensor
             and type(k) is Tensor and type(v) is Tensor
             and q.device.type in ("cuda", "cpu")):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                        or v.requires_grad):
+        if torch.is_grad_enabled() and any(
+                t.requires_grad for t in (q, k, v, *captures)):
             # Eager with a gradient: the op's formula without the
             # dispatcher (_eager.py).
             return _eager.attention(q, k, v, mask, scale, wl, wr, counts,
                                     indices, block, bool(deterministic),
                                     score_mod,
-                                    _block_mask(counts, indices, block))
+                                    _block_mask(counts, indices, block),
+                                    captures)
         # Eager, no gradient: the op's kernel without the dispatcher.
-        if q.device.type == "cuda":
-            return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm,
-                                            score_mod)
-        return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
-                                       score_mod)
+        if q.device.type == "cpu":
+            return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
+                                           score_mod, captures)
+        if captures:
+            return _torch_impl.forward_cuda_captured(
+                q, k, v, mask, scale, wl, wr, bm, score_mod, captures)
+        return _torch_impl.forward_cuda(q, k, v, mask, scale, wl, wr, bm,
+                                        score_mod)
+    if captures:
+        return torch.ops.flashjit.attention_fwd_captured(
+            q, k, v, mask, scale, wl, wr, counts, indices, block,
+            bool(deterministic), score_mod, captures)
     return torch.ops.flashjit.attention_fwd(q, k, v, mask, scale, wl, wr,
                                             counts, indices, block,
                                             bool(deterministic), score_mod)
@@ -564,10 +552,11 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
     if captures:
         captures = device_captures(captures, q)
     captures = list(captures)
-    if (not compiling and type(q) is Tensor and type(k) is Tensor
-            and type(v) is Tensor
-            and not (torch.is_grad_enabled() and any(
-                t.requires_grad for t in (q, k, v, *captures)))):
+    eager = (not compiling and type(q) is Tensor and type(k) is Tensor
+             and type(v) is Tensor)
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, k, v, *captures))
+    if eager and not grad:
         # Eager, no gradient: the op's kernel without the dispatcher.
         return _torch_varlen.forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k,
                                           mask, scale, wl, wr, score_mod,
@@ -576,8 +565,7 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
     if bm is not None:
         counts, indices = bm._device_tensors(q.device)
     block = bm.block_size if bm is not None else 0
-    if (not compiling and type(q) is Tensor and type(k) is Tensor
-            and type(v) is Tensor and q.device.type in ("cuda", "cpu")):
+    if eager and q.device.type in ("cuda", "cpu"):
         # Eager with a gradient: the op's formula (_eager.py).
         return _eager.varlen(q, k, v, (
             cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
