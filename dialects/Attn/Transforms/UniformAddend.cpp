@@ -189,27 +189,26 @@ private:
 };
 
 /// Whether \p v is defined outside \p loop or by pure ops from such values.
-bool isInvariant(Value v, Operation *loop, int depth = 0) {
-  Operation *op = v.getDefiningOp();
-  if (!op)
-    return !loop->isAncestor(v.getParentBlock()->getParentOp());
-  if (!loop->isAncestor(op))
+bool isInvariant(Value v, LoopLikeOpInterface loop, int depth = 0) {
+  if (loop.isDefinedOutsideOfLoop(v))
     return true;
-  if (depth > kMaxDepth || op->getNumRegions() != 0 || !isMemoryEffectFree(op))
+  Operation *op = v.getDefiningOp();
+  if (!op || depth > kMaxDepth || op->getNumRegions() != 0 ||
+      !isMemoryEffectFree(op))
     return false;
   return llvm::all_of(op->getOperands(), [&](Value operand) {
     return isInvariant(operand, loop, depth + 1);
   });
 }
 
-/// Moves the ops that compute \p v (isInvariant) before \p loop.
-void hoist(Value v, Operation *loop) {
-  Operation *op = v.getDefiningOp();
-  if (!op || !loop->isAncestor(op))
+/// Moves the ops that compute \p v (isInvariant) out of \p loop.
+void hoist(Value v, LoopLikeOpInterface loop) {
+  if (loop.isDefinedOutsideOfLoop(v))
     return;
+  Operation *op = v.getDefiningOp();
   for (Value operand : op->getOperands())
     hoist(operand, loop);
-  op->moveBefore(loop);
+  loop.moveOutOfLoop(op);
 }
 
 } // namespace
@@ -222,11 +221,10 @@ flashjit::attn::detail::peelUniformAddend(OpBuilder &b, Location loc, Value s) {
       type.getRank() != 2 || !type.getElementType().isF32())
     return std::nullopt;
   const int64_t rows = type.getDimSize(0);
-  Operation *loop = nullptr;
-  for (Operation *p = b.getInsertionBlock()->getParentOp(); p && !loop;
-       p = p->getParentOp())
-    if (isa<LoopLikeOpInterface>(p))
-      loop = p;
+  Operation *parent = b.getInsertionBlock()->getParentOp();
+  auto loop = dyn_cast<LoopLikeOpInterface>(parent);
+  if (!loop)
+    loop = parent->getParentOfType<LoopLikeOpInterface>();
   const bool fma = isa<math::FmaOp>(def);
   static const unsigned fmaAddend[] = {2}, sumAddends[] = {1, 0};
   for (unsigned k : fma ? ArrayRef(fmaAddend) : ArrayRef(sumAddends)) {
@@ -243,8 +241,7 @@ flashjit::attn::detail::peelUniformAddend(OpBuilder &b, Location loc, Value s) {
     if (loop) {
       hoist(x.base, loop);
       for (Operation *op : inserted.ops)
-        if (loop->isAncestor(op) && op->getNumResults() == 1 &&
-            isInvariant(op->getResult(0), loop))
+        if (op->getNumResults() == 1 && isInvariant(op->getResult(0), loop))
           hoist(op->getResult(0), loop);
     }
     // (b inserts after what local inserted: the same insertion point.)
