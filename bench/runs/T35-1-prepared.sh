@@ -13,18 +13,8 @@ python_tests_env
 call_header 1
 left() { (( SECONDS - CALL_T0 < $1 )); }
 gzip -dc $C/old/libflashjit.so.gz > $C/old/libflashjit.so
-gt() { local log=$1 bin=$2; shift 2
-  env "$@" timeout 200 $C/bin/flashjit-$bin-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/t-$log.log 2>&1
-  echo "exit $?" >> $OUT/t-$log.log; }
 say "GPU suites"
-for i in 0 1 2 3; do gt fwd$i forward GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i & done
-gt captured captured & gt varlen varlen &
-wait
-for l in fwd0 fwd1 fwd2 fwd3 captured varlen; do
-  say "$l: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/t-$l.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-$l.log | head -6
-done
-rm -f $OUT/t-*.log
+gpu_suites
 run_checks 128 "" "--seq-len 1000 --seq-len-kv 3000 --heads 8 --gqa 2 --score-mod softcap:30" \
   "--seq-len 3000 --heads 4 --score-mod softcap:40 --causal" "--seq-len 1 --seq-len-kv 5000 --heads 8 --gqa 4 --score-mod softcap:30"
 say "forward at N 8192 H 16: old library | new | new with 2/8 of P's exp2 emulated (TFLOP/s)"

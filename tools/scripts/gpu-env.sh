@@ -3,8 +3,8 @@
 # repo root: C (the carried .carry/), OUT, FJ, the unpacked libflashjit.so,
 # a fresh cache directory, no autotuning, and nvJitLink from the CUDA
 # toolkit or a pip wheel where the loader does not find it; and the helpers
-# step, forward_tests, runtime_tests, sanitize, bench_one, tflops_of,
-# peers_forward, median, call_header and say below.
+# step, gpu_suites, forward_tests, runtime_tests, sanitize, bench_one,
+# tflops_of, peers_forward, median, call_header and say below.
 C=$PWD/.carry
 : "${OUT:=$PWD/out}"; mkdir -p "$OUT"
 [[ -f $C/lib/libflashjit.so.gz && ! -f $C/lib/libflashjit.so ]] && gzip -dc $C/lib/libflashjit.so.gz > $C/lib/libflashjit.so
@@ -97,6 +97,23 @@ run_checks() {
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
 step() { [[ ,$STEPS, == *,$1,* ]]; }
+# gpu_suites: the forward GPU tests in four parallel shards beside the
+# captured and varlen suites (200 s each at most): a summary line per run
+# and the names of its failed tests.
+gpu_suites() {
+  local l i
+  _suite() { local log=$1 bin=$2; shift 2
+    env "$@" timeout 200 $C/bin/flashjit-$bin-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/t-$log.log 2>&1
+    echo "exit $?" >> $OUT/t-$log.log; }
+  for i in 0 1 2 3; do _suite fwd$i forward GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i & done
+  _suite captured captured & _suite varlen varlen &
+  wait
+  for l in fwd0 fwd1 fwd2 fwd3 captured varlen; do
+    say "$l: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/t-$l.log | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-$l.log | head -6
+  done
+  rm -f $OUT/t-*.log
+}
 # forward_tests SECONDS FILTER: the forward GPU tests of FILTER ->
 # $OUT/tests.log, their summary lines printed.
 forward_tests() {
