@@ -399,6 +399,18 @@ def _declare(lib):
              P(ctypes.c_size_t)],
         ),
     })
+    # C API version 13: the backward with the layout's KV-major transpose
+    # (a second Layout), the captured array as a void pointer, its count.
+    sigs.update({
+        "flashjit_backward_kv_major": (
+            ctypes.c_int,
+            [c_handle, P(Spec), P(Tensor), P(Tensor), P(Tensor), P(Tensor),
+             P(Tensor), ctypes.c_void_p, P(Tensor), P(Tensor), P(Tensor),
+             ctypes.c_double, ctypes.c_int64, ctypes.c_int64, P(Layout),
+             P(Layout), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+             ctypes.c_int64, ctypes.c_void_p],
+        ),
+    })
     # C API version 12: plans of specs whose regions capture tensors (the
     # captured array as a void pointer, its count).
     sigs.update({

@@ -176,12 +176,18 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
     t = [_numpy_tensor(n, a) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     layout, keep = (bm._host_layout() if bm else (None, None))
+    # A BlockMask's KV-major transpose, as the CUDA path takes it: the CPU
+    # handle checks it against its own.
+    kv_of = getattr(bm, "_kv_host_layout", None)
+    kv, kv_keep = kv_of() if kv_of else (None, None)
     args = (_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
             *(ctypes.byref(x) for x in t[:5]),
             lse.ctypes.data_as(ctypes.c_void_p),
             *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
-            ctypes.byref(layout) if layout is not None else None, None, 0)
+            ctypes.byref(layout) if layout is not None else None)
+    tail = (None, 0)
     cgrads = [None] * len(captures)
+    caps, count = None, 0
     if captures:
         host = _host_captures(captures, "attention_backward")
         # Zeroed float32 buffers (the C API adds into them) of the flat
@@ -193,10 +199,13 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
         caps, count = _lib.make_captured(
             [(a.ctypes.data, a.size, g.ctypes.data if g is not None else 0)
              for a, g in zip(host, cgrads)])
+    if kv is not None:
+        _lib.check(_lib.lib().flashjit_backward_kv_major(
+            *args, ctypes.byref(kv), *tail, caps, count, None))
+    elif captures:
         _lib.check(_lib.lib().flashjit_backward_captured(
-            *args, caps, count, None))
-        del host, caps
+            *args, *tail, caps, count, None))
     else:
-        _lib.check(_lib.lib().flashjit_backward(*args, None))
-    del keep
+        _lib.check(_lib.lib().flashjit_backward(*args, *tail, None))
+    del keep, kv_keep, caps
     return tuple(from_kernel(g) for g in grads) + (cgrads,)

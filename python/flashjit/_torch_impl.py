@@ -526,15 +526,25 @@ def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
     layout_ref, keep = _layout_ref(bm, p.device)
     r = p.refs
     args = (cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
-            lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref,
-            workspace.data_ptr(), size)
-    if captures:
+            lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref)
+    kv_of = getattr(bm, "_kv_device_layout", None)
+    if kv_of is not None:
+        # A BlockMask's KV-major transpose (made once on the host and kept
+        # on the device): the call neither copies nor synchronizes. The
+        # ops' block tensors (_TensorLayout) have none: the C API makes it.
+        kv, kv_keep = kv_of(p.device)
+        status = _lib.lib().flashjit_backward_kv_major(
+            *args, _by(kv), workspace.data_ptr(), size, array,
+            count if captures else 0, _raw_stream(index))
+        del kv_keep
+    elif captures:
         status = _lib.lib().flashjit_backward_captured(
-            *args, array, count, _raw_stream(index))
-        del array
+            *args, workspace.data_ptr(), size, array, count,
+            _raw_stream(index))
     else:
-        status = _lib.lib().flashjit_backward(*args, _raw_stream(index))
-    del keep, workspace
+        status = _lib.lib().flashjit_backward(
+            *args, workspace.data_ptr(), size, _raw_stream(index))
+    del keep, workspace, array
     if status:
         _lib.check(status)
 

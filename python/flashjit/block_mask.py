@@ -92,6 +92,60 @@ def _to_numpy(x):
     return np.asarray(x)
 
 
+def kv_major(counts, indices):
+    """The KV-major transpose of a checked BCSR layout (numpy int32 counts
+    [B, H, Qb], indices [B, H, Qb, KVb], an entry ~k marking a full pair):
+    counts [B, H, KVb] and indices [B, H, KVb, Qb], int32, each KV block's
+    Q blocks in increasing order (~qb where the pair is full), the slots
+    past a count 0: flashjit_backward_kv_major's kv_layout."""
+    B, H, QB, KB = indices.shape
+    listed = np.arange(KB) < counts[..., None]
+    full = indices < 0
+    blocks = np.where(full, ~indices, indices)
+    # A code per block pair (0 unlisted, 1 listed, 2 full); an unlisted
+    # slot writes the extra column KB, dropped after.
+    code = np.zeros((B, H, QB, KB + 1), np.int8)
+    np.put_along_axis(code, np.where(listed, blocks, KB),
+                      np.where(listed, full + 1, 0).astype(np.int8), axis=3)
+    code = code[..., :KB].transpose(0, 1, 3, 2)
+    # The listed Q blocks first, in increasing order (a stable sort).
+    order = np.argsort(code == 0, axis=-1, kind="stable")
+    taken = np.take_along_axis(code, order, -1)
+    kv_indices = np.where(taken == 2, ~order, np.where(taken == 1, order, 0))
+    return (np.ascontiguousarray((code != 0).sum(-1), dtype=np.int32),
+            np.ascontiguousarray(kv_indices, dtype=np.int32))
+
+
+def kv_layout(counts, indices):
+    """The flashjit_layout of kv_major's arrays as torch tensors on the
+    device (rows: KV blocks)."""
+    layout = _lib.Layout()
+    layout.counts = counts.data_ptr()
+    layout.indices = indices.data_ptr()
+    layout.batch, layout.heads, layout.q_blocks = counts.shape
+    layout.kv_blocks = indices.shape[3]
+    return layout
+
+
+def _check_entries(counts, indices, kv_blocks):
+    """ValueError unless every count is in [0, kv_blocks] and every listed
+    entry names a key block in range (~k too) at most once per row."""
+    if counts.size and (counts.min() < 0 or counts.max() > kv_blocks):
+        bad = counts[(counts < 0) | (counts > kv_blocks)].flat[0]
+        raise ValueError("flashjit.BlockMask: a count is out of range "
+                         f"[0, {kv_blocks}]: {int(bad)}")
+    listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
+    blocks = np.where(indices < 0, ~indices, indices)  # ~k: k, full
+    bad = listed & (blocks >= kv_blocks)
+    if bad.any():
+        raise ValueError("flashjit.BlockMask: a key block index is out of "
+                         f"range [0, {kv_blocks}): "
+                         f"{int(indices[bad].flat[0])} (~k, a negative "
+                         "entry, marks block k full)")
+    _check_no_repeats(np.where(listed, blocks, 0), counts, kv_blocks)
+    return listed
+
+
 class BlockMask:
     """A block-sparse layout of `block_size` x `block_size` blocks."""
 
@@ -120,22 +174,9 @@ class BlockMask:
             raise ValueError(
                 f"flashjit.BlockMask: block_size must be in [1, {_MAX_BLOCK}]"
                 f", got {block_size}")
-        kv_blocks = indices.shape[3]
-        if counts.size and (counts.min() < 0 or counts.max() > kv_blocks):
-            bad = counts[(counts < 0) | (counts > kv_blocks)].flat[0]
-            raise ValueError("flashjit.BlockMask: a count is out of range "
-                             f"[0, {kv_blocks}]: {int(bad)}")
-        listed = np.arange(kv_blocks)[None, None, None, :] < counts[..., None]
-        blocks = np.where(indices < 0, ~indices, indices)  # ~k: k, full
-        bad = listed & (blocks >= kv_blocks)
-        if bad.any():
-            raise ValueError("flashjit.BlockMask: a key block index is out of "
-                             f"range [0, {kv_blocks}): "
-                             f"{int(indices[bad].flat[0])} (~k, a negative "
-                             "entry, marks block k full)")
+        listed = _check_entries(counts, indices, indices.shape[3])
         # Unlisted slots are never read; keep them in range anyway.
         indices = np.where(listed, indices, 0)
-        _check_no_repeats(np.where(listed, blocks, 0), counts, kv_blocks)
         self.indices = np.ascontiguousarray(indices, dtype=np.int32)
         self.counts = np.ascontiguousarray(counts, dtype=np.int32)
         self.block_size = block_size
@@ -363,3 +404,42 @@ class BlockMask:
         cached = self._device_tensors(device)
         counts, indices = cached
         return (self._layout(counts.data_ptr(), indices.data_ptr()), cached)
+
+    def _kv_tensors(self, device):
+        """kv_major of the mask as int32 torch tensors on a torch device,
+        made on the host from the mask's arrays (checked again: they may
+        have been changed since the mask was made) and copied once per
+        device, kept in the mask."""
+        key = ("kv", str(device))
+        cached = self._device_cache.get(key)
+        if cached is None:
+            import torch
+
+            try:
+                _check_entries(self.counts, self.indices, self.kv_blocks)
+            except ValueError as e:
+                raise _lib.InvalidArgumentError(
+                    f"flashjit.attention_backward: {e}",
+                    _lib.ERROR_INVALID_ARGUMENT) from None
+            cached = tuple(torch.from_numpy(a).to(device)
+                           for a in kv_major(self.counts, self.indices))
+            self._device_cache[key] = cached
+        return cached
+
+    def _kv_device_layout(self, device):
+        """(flashjit_layout of the KV-major transpose on a torch device,
+        tensors to keep alive), for flashjit_backward_kv_major: the copies
+        of _kv_tensors, so the backward reads nothing on the host."""
+        cached = self._kv_tensors(device)
+        return kv_layout(*cached), cached
+
+    def _kv_host_layout(self):
+        """(flashjit_layout of the KV-major transpose in host memory,
+        arrays to keep alive), for the CPU handle, which checks it."""
+        kv = kv_major(self.counts, self.indices)
+        layout = _lib.Layout()
+        layout.counts = kv[0].ctypes.data_as(ctypes.c_void_p)
+        layout.indices = kv[1].ctypes.data_as(ctypes.c_void_p)
+        layout.batch, layout.heads, layout.q_blocks = kv[0].shape
+        layout.kv_blocks = kv[1].shape[3]
+        return layout, kv

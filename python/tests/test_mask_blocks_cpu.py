@@ -365,3 +365,36 @@ def test_the_c_api_refuses_a_layout_that_does_not_fit():
                           score_mod=_lib.join_modifiers("", text))
     with pytest.raises(E, match="direction must be forward"):
         _raw_mask_blocks(back, (2, 2, 64, 64), (2, 2, 2, 2), [ids])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 1, 9, 4), (1, 2, 1, 1)])
+def test_kv_major_is_the_transpose(shape):
+    """block_mask.kv_major (the backward's KV-major layout, made on the
+    host once per mask) against a transpose written out: each KV
+    block's Q blocks in increasing order, ~qb where the pair is full, 0
+    past the count; on random layouts with full pairs, one of them empty
+    per shape."""
+    from flashjit.block_mask import kv_major
+
+    B, H, QB, KB = shape
+    rng = np.random.default_rng()
+    code = rng.integers(0, 3, size=shape)  # 0 none, 1 listed, 2 full
+    code[0, 0] = 0
+    counts = (code != 0).sum(-1).astype(np.int32)
+    indices = np.zeros(shape, np.int32)
+    for b, h, qb in np.ndindex(B, H, QB):
+        listed = [kb if code[b, h, qb, kb] == 1 else ~kb
+                  for kb in rng.permutation(KB) if code[b, h, qb, kb]]
+        indices[b, h, qb, :len(listed)] = listed
+        # Slots past the count hold anything (a BlockMask keeps 0s).
+        indices[b, h, qb, len(listed):] = rng.integers(-KB, KB)
+    got_counts, got_indices = kv_major(counts, indices)
+    assert got_counts.dtype == np.int32 and got_indices.dtype == np.int32
+    assert tuple(got_counts.shape) == (B, H, KB)
+    assert tuple(got_indices.shape) == (B, H, KB, QB)
+    for b, h, kb in np.ndindex(B, H, KB):
+        want = [qb if code[b, h, qb, kb] == 1 else ~qb
+                for qb in range(QB) if code[b, h, qb, kb]]
+        assert got_counts[b, h, kb] == len(want)
+        row = got_indices[b, h, kb].tolist()
+        assert row == want + [0] * (QB - len(want)), (b, h, kb)

@@ -110,6 +110,17 @@ struct SmallProblem {
                              &dk, &dv, 0.0, -1, -1, l, workspace,
                              workspaceBytes, nullptr);
   }
+  /// backward() with the layout's KV-major transpose \p kv
+  /// (flashjit_backward_kv_major).
+  flashjit_status backwardKvMajor(flashjit_handle *h, AttentionGrads &g,
+                                  const flashjit_layout *l,
+                                  const flashjit_layout *kv) {
+    flashjit_tensor dO = toC(g.dO), dq = toC(g.dq), dk = toC(g.dk),
+                    dv = toC(g.dv);
+    return flashjit_backward_kv_major(h, &spec, &q, &k, &v, &o, &dO,
+                                      d.lse.data(), &dq, &dk, &dv, 0.0, -1, -1,
+                                      l, kv, nullptr, 0, nullptr, 0, nullptr);
+  }
   /// flashjit_backward_workspace_size for this problem.
   size_t workspaceBytes(flashjit_handle *h) {
     size_t bytes = 0;

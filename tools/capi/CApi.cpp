@@ -145,8 +145,7 @@ static void runForward(flashjit_handle *handle, const flashjit_spec *spec,
   requireHandle(handle);
   AttentionSpec s = toSpec(spec);
   s.direction = Direction::Forward; // the pass this call runs
-  Problem p =
-      toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
+  Problem p = toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
   checkLayoutShape(s, p, layout);
   checkCaptured(s, captured, numCaptured,
                 varlen ? "flashjit_forward_varlen"
@@ -188,16 +187,17 @@ static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
                         const flashjit_tensor *dq, const flashjit_tensor *dk,
                         const flashjit_tensor *dv, double scale,
                         int64_t windowLeft, int64_t windowRight,
-                        const flashjit_layout *layout, void *workspace,
+                        const flashjit_layout *layout,
+                        const flashjit_layout *kvLayout, void *workspace,
                         size_t workspaceBytes,
                         const flashjit_captured *captured, int64_t numCaptured,
                         const flashjit_varlen *varlen, void *cudaStream) {
   requireHandle(handle);
   AttentionSpec s = toSpec(spec);   // as the forward's: the callees derive
   s.direction = Direction::Forward; // the backward spec from it
-  Problem p =
-      toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
+  Problem p = toProblem(s, q, k, v, o, scale, windowLeft, windowRight, varlen);
   checkLayoutShape(s, p, layout);
+  checkKvLayoutShape(layout, kvLayout);
   checkSameShape(d_o, "d_o", *o, "o");
   checkSameShape(dq, "dq", *q, "q");
   checkSameShape(dk, "dk", *k, "k");
@@ -213,11 +213,11 @@ static void runBackward(flashjit_handle *handle, const flashjit_spec *spec,
       workspaceLayout(s, p, askCaptureGrads(s, captured, numCaptured).data());
   checkWorkspace(workspace, workspaceBytes, w);
   if (handle->device == FLASHJIT_DEVICE_CUDA)
-    backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                 layout, workspace, w, captured, varlen, cudaStream);
+    backwardCuda(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv, layout,
+                 kvLayout, workspace, w, captured, varlen, cudaStream);
   else
-    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv,
-                layout, captured, varlen);
+    backwardCpu(handle, s, p, *q, *k, *v, *o, *d_o, lse, *dq, *dk, *dv, layout,
+                kvLayout, captured, varlen);
 }
 
 FLASHJIT_API flashjit_status
@@ -336,10 +336,10 @@ FLASHJIT_API flashjit_status flashjit_backward(
     const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
     void *workspace, size_t workspace_bytes, void *cuda_stream) {
-  return flashjit_backward_captured(
-      handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale, window_left,
-      window_right, layout, workspace, workspace_bytes, nullptr, 0,
-      cuda_stream);
+  return flashjit_backward_captured(handle, spec, q, k, v, o, d_o, lse, dq, dk,
+                                    dv, scale, window_left, window_right,
+                                    layout, workspace, workspace_bytes, nullptr,
+                                    0, cuda_stream);
 }
 
 FLASHJIT_API flashjit_status flashjit_backward_captured(
@@ -353,8 +353,29 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     int64_t num_captured, void *cuda_stream) {
   return guarded("flashjit_backward", [&] {
     runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
-                window_left, window_right, layout, workspace, workspace_bytes,
-                captured, num_captured, nullptr, cuda_stream);
+                window_left, window_right, layout, nullptr, workspace,
+                workspace_bytes, captured, num_captured, nullptr, cuda_stream);
+  });
+}
+
+FLASHJIT_API flashjit_status flashjit_backward_kv_major(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    const flashjit_layout *kv_layout, void *workspace, size_t workspace_bytes,
+    const flashjit_captured *captured, int64_t num_captured,
+    void *cuda_stream) {
+  return guarded("flashjit_backward_kv_major", [&] {
+    if (!kv_layout)
+      invalid("kv_layout is NULL: flashjit_backward_kv_major takes the "
+              "layout's KV-major transpose (flashjit_backward_captured "
+              "makes it on the host)");
+    runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
+                window_left, window_right, layout, kv_layout, workspace,
+                workspace_bytes, captured, num_captured, nullptr, cuda_stream);
   });
 }
 
@@ -372,7 +393,7 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
       invalid("varlen is NULL: flashjit_backward_varlen takes the forward's "
               "sequence offsets");
     runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
-                window_left, window_right, varlen->layout, workspace,
+                window_left, window_right, varlen->layout, nullptr, workspace,
                 workspace_bytes, captured, num_captured, varlen, cuda_stream);
   });
 }

@@ -260,16 +260,16 @@ Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
 void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
                    int64_t count, const char *capturedCall) {
   if (count != spec.captures)
-    invalid(fmt::format(
-        "spec.{} {} tensors, the call gives {}{}",
-        spec.maskCaptures == 0              ? "score_mod captures"
-        : spec.maskCaptures == spec.captures ? "mask_mod captures"
-                                             : "score_mod and spec.mask_mod "
-                                               "capture",
-        spec.captures, count,
-        spec.captures > 0 && count == 0
-            ? fmt::format(" (give them with {})", capturedCall)
-            : ""));
+    invalid(fmt::format("spec.{} {} tensors, the call gives {}{}",
+                        spec.maskCaptures == 0 ? "score_mod captures"
+                        : spec.maskCaptures == spec.captures
+                            ? "mask_mod captures"
+                            : "score_mod and spec.mask_mod "
+                              "capture",
+                        spec.captures, count,
+                        spec.captures > 0 && count == 0
+                            ? fmt::format(" (give them with {})", capturedCall)
+                            : ""));
   if (count > 0 && !captured)
     invalid("captured is NULL, but num_captured is " + std::to_string(count));
   for (int64_t c = 0; c < count; ++c) {
@@ -313,6 +313,27 @@ void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
                         "kv_blocks = {} * {} * {} * {} entries exceed 2^40",
                         layout->batch, layout->heads, layout->q_blocks,
                         layout->kv_blocks));
+}
+
+void checkKvLayoutShape(const flashjit_layout *layout,
+                        const flashjit_layout *kvLayout) {
+  if (!kvLayout)
+    return;
+  if (!layout)
+    invalid("kv_layout is given without a layout (spec.block_sparse is 0 "
+            "or layout is NULL)");
+  if (!kvLayout->counts || !kvLayout->indices)
+    invalid("kv_layout.counts and kv_layout.indices must not be NULL");
+  if (kvLayout->batch != layout->batch || kvLayout->heads != layout->heads ||
+      kvLayout->q_blocks != layout->kv_blocks ||
+      kvLayout->kv_blocks != layout->q_blocks)
+    invalid(fmt::format(
+        "kv_layout is {} x {} x {} x {} (batch, heads, rows, entries); the "
+        "KV-major transpose of layout is {} x {} x {} x {} (a row per KV "
+        "block, an entry per Q block)",
+        kvLayout->batch, kvLayout->heads, kvLayout->q_blocks,
+        kvLayout->kv_blocks, layout->batch, layout->heads, layout->kv_blocks,
+        layout->q_blocks));
 }
 
 BlockSparseLayout layoutShape(const flashjit_layout &l) {

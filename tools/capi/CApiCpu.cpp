@@ -80,15 +80,14 @@ static void setOffsets(AttentionData &d, const Problem &p,
   if (!varlen)
     return;
   d.cuSeqQ.assign(varlen->cu_seqlens_q, varlen->cu_seqlens_q + p.batch + 1);
-  d.cuSeqKV.assign(varlen->cu_seqlens_kv,
-                   varlen->cu_seqlens_kv + p.batch + 1);
+  d.cuSeqKV.assign(varlen->cu_seqlens_kv, varlen->cu_seqlens_kv + p.batch + 1);
 }
 
 void runCpuForward(const CpuKernel &kernel, const Problem &p,
                    const flashjit_tensor &q, const flashjit_tensor &k,
                    const flashjit_tensor &v, const flashjit_tensor &o,
-                   float *lse, const BlockSparseLayout *bcsr,
-                   Captures captures, const flashjit_varlen *varlen) {
+                   float *lse, const BlockSparseLayout *bcsr, Captures captures,
+                   const flashjit_varlen *varlen) {
   AttentionData d;
   d.captures = std::move(captures);
   setOffsets(d, p, varlen);
@@ -147,6 +146,36 @@ Captures hostCaptures(const AttentionSpec &spec,
   return out;
 }
 
+/// Throws unless \p kvLayout (host memory, its shape checked) lists what
+/// \p bcsr.transposed() lists: each row's count and its entries up to it.
+static void checkKvMajor(const BlockSparseLayout &bcsr,
+                         const flashjit_layout &kvLayout) {
+  BlockSparseLayout t = bcsr.transposed();
+  auto cs = t.countStrides();
+  auto is = t.indexStrides();
+  for (int64_t b = 0; b < t.batch; ++b)
+    for (int64_t h = 0; h < t.heads; ++h)
+      for (int64_t kb = 0; kb < t.qBlocks; ++kb) {
+        int64_t c = b * cs[0] + h * cs[1] + kb * cs[2];
+        int64_t i = b * is[0] + h * is[1] + kb * is[2];
+        int32_t n = t.counts[size_t(c)];
+        auto where = [&](const std::string &what) {
+          invalid(fmt::format("kv_layout is not the layout's KV-major "
+                              "transpose: batch {}, head {}, KV block {}: {}",
+                              b, h, kb, what));
+        };
+        if (kvLayout.counts[c] != n)
+          where(fmt::format("count {}, the transpose has {}",
+                            kvLayout.counts[c], n));
+        for (int32_t j = 0; j < n; ++j)
+          if (kvLayout.indices[i + j] != t.indices[size_t(i + j)])
+            where(fmt::format("entry {} is {}, the transpose has {} (~qb "
+                              "marks a full pair)",
+                              j, kvLayout.indices[i + j],
+                              t.indices[size_t(i + j)]));
+      }
+}
+
 /// The backward on the CPU: dq, dk, dv from q, k, v, the forward's o and
 /// lse, and d_o (dQ in the spec's mode; the kernel's own workspace).
 void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
@@ -155,11 +184,13 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const flashjit_tensor &o, const flashjit_tensor &dO,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
-                 const flashjit_layout *layout,
+                 const flashjit_layout *layout, const flashjit_layout *kvLayout,
                  const flashjit_captured *captured,
                  const flashjit_varlen *varlen) {
   std::unique_ptr<BlockSparseLayout> bcsr =
       hostLayout(layout, p, forwardSpec.sparseBlock);
+  if (kvLayout)
+    checkKvMajor(*bcsr, *kvLayout);
   AttentionSpec spec = forwardSpec;
   spec.direction = Direction::Backward;
   TileConfig config = chooseConfig(spec, p, nullptr);
@@ -205,8 +236,8 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   // into the caller's (as the GPU's atomic adds do).
   if (spec.captureGrads)
     for (int64_t c = 0; c < spec.captures; ++c)
-      g.captureGrads.push_back(std::vector<float>(
-          captured[c].grad ? size_t(captured[c].size) : 0));
+      g.captureGrads.push_back(
+          std::vector<float>(captured[c].grad ? size_t(captured[c].size) : 0));
   kernel->run(p, fwd, g, bcsr.get());
   scatterBack(g.dq, dq);
   scatterBack(g.dk, dk);

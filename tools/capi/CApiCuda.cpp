@@ -283,16 +283,18 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const flashjit_tensor &o, const flashjit_tensor &dO,
                   const float *lse, const flashjit_tensor &dq,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
-                  const flashjit_layout *layout, void *workspace,
+                  const flashjit_layout *layout,
+                  const flashjit_layout *kvLayout, void *workspace,
                   const WorkspaceLayout &w, const flashjit_captured *captured,
                   const flashjit_varlen *varlen, void *stream) {
   auto [context, info] = currentDevice(h);
   CUstream cuStream = static_cast<CUstream>(stream);
   bool capturing = rt::isStreamCapturing(cuStream);
-  if (capturing && layout)
+  if (capturing && layout && !kvLayout)
     invalid("the stream is being captured into a CUDA graph, and a "
             "block-sparse backward reads the layout on the host "
-            "(synchronizing the stream): run it outside the capture");
+            "(synchronizing the stream): run it outside the capture, or "
+            "give the layout's transpose (flashjit_backward_kv_major)");
   if (capturing && !workspace)
     invalid("workspace is NULL while the stream is being captured into a "
             "CUDA graph: the library's buffer is shared with later calls; "
@@ -326,10 +328,18 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   std::shared_ptr<rt::BackwardKernel> kernel =
       gpuKernel(h, h->gpuBwdKernels, spec, config, target, context);
 
-  // Block-sparse: the KV-major transpose of the caller's layout, made on the
-  // host after the work queued before this call (the layout's writes) ran.
+  // Block-sparse: the KV-major transpose of the caller's layout, the
+  // caller's (kvLayout, on the device: read by the kernels alone), else
+  // made on the host after the work queued before this call (the layout's
+  // writes) ran.
   std::unique_ptr<BlockSparseLayout> kvMajor;
-  if (layout) {
+  if (kvLayout) {
+    BlockSparseLayout shape = layoutShape(*kvLayout);
+    args.kvCounts = devicePtr(kvLayout->counts);
+    args.kvIndices = devicePtr(kvLayout->indices);
+    args.kvCountStrides = shape.countStrides();
+    args.kvIndexStrides = shape.indexStrides();
+  } else if (layout) {
     rt::CudaDriver &driver = rt::CudaDriver::get();
     std::unique_ptr<BlockSparseLayout> bcsr =
         hostLayout(layout, p, forwardSpec.sparseBlock,

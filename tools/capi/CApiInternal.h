@@ -143,8 +143,7 @@ void checkTensor(const flashjit_tensor *t, const char *what);
 Problem toProblem(const AttentionSpec &spec, const flashjit_tensor *q,
                   const flashjit_tensor *k, const flashjit_tensor *v,
                   const flashjit_tensor *o, double scale, int64_t windowLeft,
-                  int64_t windowRight,
-                  const flashjit_varlen *varlen = nullptr);
+                  int64_t windowRight, const flashjit_varlen *varlen = nullptr);
 
 /// Checks the layout's presence and dimensions (not its contents).
 void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
@@ -155,6 +154,12 @@ void checkLayoutShape(const AttentionSpec &spec, const Problem &p,
 /// \p capturedCall.
 void checkCaptured(const AttentionSpec &spec, const flashjit_captured *captured,
                    int64_t count, const char *capturedCall);
+
+/// Checks a caller's KV-major transpose of \p layout (null: none given)
+/// for presence and dimensions: layout's batch and heads, its block counts
+/// swapped (flashjit_backward_kv_major).
+void checkKvLayoutShape(const flashjit_layout *layout,
+                        const flashjit_layout *kvLayout);
 
 /// \p l's dimensions (no contents).
 BlockSparseLayout layoutShape(const flashjit_layout &l);
@@ -256,7 +261,7 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
                  const flashjit_tensor &o, const flashjit_tensor &dO,
                  const float *lse, const flashjit_tensor &dq,
                  const flashjit_tensor &dk, const flashjit_tensor &dv,
-                 const flashjit_layout *layout,
+                 const flashjit_layout *layout, const flashjit_layout *kvLayout,
                  const flashjit_captured *captured,
                  const flashjit_varlen *varlen);
 
@@ -320,7 +325,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
                   const flashjit_tensor &o, const flashjit_tensor &dO,
                   const float *lse, const flashjit_tensor &dq,
                   const flashjit_tensor &dk, const flashjit_tensor &dv,
-                  const flashjit_layout *layout, void *workspace,
+                  const flashjit_layout *layout,
+                  const flashjit_layout *kvLayout, void *workspace,
                   const WorkspaceLayout &w, const flashjit_captured *captured,
                   const flashjit_varlen *varlen, void *stream);
 

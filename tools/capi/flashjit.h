@@ -32,7 +32,8 @@
  * can be captured into a CUDA graph once its kernel is compiled (the first
  * call for a spec compiles and loads a module, which a capture may refuse).
  * The backward does not synchronize either, except for a block-sparse spec
- * (it reads the layout on the host; see flashjit_backward).
+ * called without the layout's transpose (it reads the layout on the host;
+ * see flashjit_backward and flashjit_backward_kv_major).
  *
  * Threads: a handle may be shared by threads; compiled kernels are cached in
  * it per (spec, tiling, copy width, arch, CUDA context).
@@ -55,7 +56,7 @@ extern "C" {
 #endif
 
 /** Bumped when a struct or a signature of this header changes. */
-#define FLASHJIT_C_API_VERSION 12
+#define FLASHJIT_C_API_VERSION 13
 
 /** An opaque handle: a device and its cache of compiled kernels. */
 typedef struct flashjit_handle flashjit_handle;
@@ -425,7 +426,8 @@ FLASHJIT_API flashjit_status flashjit_forward_varlen(
  *  or a KV block listed twice in a row, is FLASHJIT_ERROR_INVALID_ARGUMENT,
  *  as on the CPU), writes their transpose into the workspace and
  *  synchronizes again before it launches: not capturable into a CUDA
- *  graph. */
+ *  graph. flashjit_backward_kv_major takes the transpose from the caller
+ *  instead, and neither copies nor synchronizes. */
 FLASHJIT_API flashjit_status flashjit_backward(
     flashjit_handle *handle, const flashjit_spec *spec,
     const flashjit_tensor *q, const flashjit_tensor *k,
@@ -458,6 +460,32 @@ FLASHJIT_API flashjit_status flashjit_backward_captured(
     int64_t window_left, int64_t window_right, const flashjit_layout *layout,
     void *workspace, size_t workspace_bytes, const flashjit_captured *captured,
     int64_t num_captured, void *cuda_stream);
+
+/** flashjit_backward_captured with the layout's KV-major transpose given
+ *  by the caller (since version 13): \p kv_layout lists, for each (b, h,
+ *  KV block kb), kv_layout->counts[b][h][kb] Q blocks at
+ *  kv_layout->indices[b][h][kb][0 .. count), in increasing order, an entry
+ *  ~qb where \p layout marks the pair full; its batch and heads are
+ *  layout's, its q_blocks layout's kv_blocks and its kv_blocks layout's
+ *  q_blocks (a flashjit_layout whose rows are KV blocks). Both are needed
+ *  (the dQ pass walks \p layout, the dK/dV kernel \p kv_layout).
+ *
+ *  On CUDA, where both are device memory, the call reads neither on the
+ *  host: no copy and no synchronization, so it can be captured into a
+ *  CUDA graph (with a caller's workspace); as with the forward's layout, a
+ *  count or index out of range, or a kv_layout that is not layout's
+ *  transpose, is undefined behaviour. A CPU handle checks layout as
+ *  flashjit_backward does and kv_layout against its transpose
+ *  (FLASHJIT_ERROR_INVALID_ARGUMENT naming the first difference). */
+FLASHJIT_API flashjit_status flashjit_backward_kv_major(
+    flashjit_handle *handle, const flashjit_spec *spec,
+    const flashjit_tensor *q, const flashjit_tensor *k,
+    const flashjit_tensor *v, const flashjit_tensor *o,
+    const flashjit_tensor *d_o, const float *lse, const flashjit_tensor *dq,
+    const flashjit_tensor *dk, const flashjit_tensor *dv, double scale,
+    int64_t window_left, int64_t window_right, const flashjit_layout *layout,
+    const flashjit_layout *kv_layout, void *workspace, size_t workspace_bytes,
+    const flashjit_captured *captured, int64_t num_captured, void *cuda_stream);
 
 /** flashjit_backward_captured for a varlen spec: the forward's \p varlen
  *  (required); dq, dk, dv packed as q, k, v; no layout. The other backward
@@ -549,11 +577,10 @@ FLASHJIT_API flashjit_status flashjit_plan_create(
 /// cuCtxGetCurrent and one cuLaunchKernel, no allocation, no
 /// synchronization, no lock; capturable into a CUDA graph. A plan may be
 /// used by several threads at once.
-FLASHJIT_API flashjit_status
-flashjit_plan_forward(const flashjit_plan *plan, const void *q, const void *k,
-                      const void *v, void *o, float *lse,
-                      const int32_t *block_counts,
-                      const int32_t *block_indices, void *cuda_stream);
+FLASHJIT_API flashjit_status flashjit_plan_forward(
+    const flashjit_plan *plan, const void *q, const void *k, const void *v,
+    void *o, float *lse, const int32_t *block_counts,
+    const int32_t *block_indices, void *cuda_stream);
 
 /// flashjit_plan_create for a spec whose score_mod / mask_mod regions
 /// capture tensors (since version 12): \p captured and \p num_captured as
