@@ -391,9 +391,7 @@ def attention(q, k, v, mask, scale, wl, wr, bm, deterministic, score_mod="",
             # dispatcher (_eager.py).
             return _eager.attention(q, k, v, mask, scale, wl, wr, counts,
                                     indices, block, bool(deterministic),
-                                    score_mod,
-                                    _block_mask(counts, indices, block),
-                                    captures)
+                                    score_mod, bm, captures)
         # Eager, no gradient: the op's kernel without the dispatcher.
         if q.device.type == "cpu":
             return _torch_impl.forward_cpu(q, k, v, mask, scale, wl, wr, bm,
