@@ -176,10 +176,9 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
     t = [_numpy_tensor(n, a) for n, a in
          zip(("q", "k", "v", "o", "d_o", "dq", "dk", "dv"), ins + grads)]
     layout, keep = (bm._host_layout() if bm else (None, None))
-    # A BlockMask's KV-major transpose, as the CUDA path takes it: the CPU
-    # handle checks it against its own.
-    kv_of = getattr(bm, "_kv_host_layout", None)
-    kv, kv_keep = kv_of() if kv_of else (None, None)
+    # A BlockMask's KV-major transpose (None: none known), as the CUDA path
+    # takes it: the CPU handle checks it against its own.
+    kv, kv_keep = (bm._kv_host_layout() if bm else None) or (None, None)
     args = (_lib.handle(_lib.DEVICE_CPU), ctypes.byref(spec),
             *(ctypes.byref(x) for x in t[:5]),
             lse.ctypes.data_as(ctypes.c_void_p),

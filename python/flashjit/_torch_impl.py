@@ -527,12 +527,12 @@ def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
     r = p.refs
     args = (cuda_handle(index), p.spec_ref, r[0], r[1], r[2], r[3], r[4],
             lse.data_ptr(), r[5], r[6], r[7], scale, wl, wr, layout_ref)
-    kv_of = getattr(bm, "_kv_device_layout", None)
-    if kv_of is not None:
-        # A BlockMask's KV-major transpose (made once on the host and kept
-        # on the device): the call neither copies nor synchronizes. The
-        # ops' block tensors (_TensorLayout) have none: the C API makes it.
-        kv, kv_keep = kv_of(p.device)
+    # A BlockMask's KV-major transpose (made once on the host and kept on
+    # the device; the ops' block tensors find their mask's): the call
+    # neither copies nor synchronizes. Without one the C API makes it.
+    kv = bm._kv_device_layout(p.device) if bm is not None else None
+    if kv is not None:
+        kv, kv_keep = kv
         status = _lib.lib().flashjit_backward_kv_major(
             *args, _by(kv), workspace.data_ptr(), size, array,
             count if captures else 0, _raw_stream(index))

@@ -24,6 +24,7 @@ use with torch tensors.
 
 import ctypes
 import operator
+import weakref
 
 try:
     import numpy as np
@@ -114,6 +115,27 @@ def kv_major(counts, indices):
     kv_indices = np.where(taken == 2, ~order, np.where(taken == 1, order, 0))
     return (np.ascontiguousarray((code != 0).sum(-1), dtype=np.int32),
             np.ascontiguousarray(kv_indices, dtype=np.int32))
+
+
+# The live BlockMasks by their device copies (_device_tensors): (device,
+# counts' and indices' addresses) -> mask. While a mask lives its copies do,
+# so no other allocation can take those addresses.
+_owners = weakref.WeakValueDictionary()
+
+
+def owner_of(counts, indices):
+    """The live BlockMask whose device copies counts and indices are (the
+    torch ops' block tensors, as flashjit.attention passes them), or None:
+    same device, addresses, shapes and dtype."""
+    bm = _owners.get((str(counts.device), counts.data_ptr(),
+                      indices.data_ptr()))
+    if bm is None:
+        return None
+    mine = bm._device_cache.get(str(counts.device))
+    if mine is None or any(a.shape != b.shape or a.dtype != b.dtype
+                           for a, b in zip(mine, (counts, indices))):
+        return None
+    return bm
 
 
 def kv_layout(counts, indices):
@@ -396,6 +418,8 @@ class BlockMask:
             indices = torch.from_numpy(self.indices).to(device)
             cached = (counts, indices)
             self._device_cache[key] = cached
+            _owners[(str(counts.device), counts.data_ptr(),
+                     indices.data_ptr())] = self
         return cached
 
     def _device_layout(self, device):

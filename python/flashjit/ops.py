@@ -84,7 +84,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _eager, _lib, _torch_impl, _torch_varlen
+from . import _eager, _lib, _torch_impl, _torch_varlen, block_mask
 
 
 class _TensorLayout:
@@ -114,6 +114,17 @@ class _TensorLayout:
 
     def _host_layout(self):
         return self._layout()
+
+    def _kv_device_layout(self, device):
+        """The KV-major transpose of the BlockMask these tensors are the
+        device copies of (block_mask.owner_of), or None: the C API then
+        makes it on the host."""
+        bm = block_mask.owner_of(self.counts, self.indices)
+        return bm._kv_device_layout(device) if bm is not None else None
+
+    def _kv_host_layout(self):
+        bm = block_mask.owner_of(self.counts, self.indices)
+        return bm._kv_host_layout() if bm is not None else None
 
 
 def _block_mask(counts, indices, block_size):

@@ -156,6 +156,44 @@ def test_opcheck_block_sparse(device, seed):
             (q, k, v, 0, 0.0, -1, -1, counts, indices, 64, False))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_op_block_tensors_find_their_masks_transpose(device, seed):
+    """The ops' block tensors, as flashjit.attention passes them (the
+    BlockMask's device copies), find that mask's KV-major transpose for
+    the backward (flashjit_backward_kv_major: on CUDA no host round trip;
+    the CPU handle checks it); copies of them, or a mask gone, find none
+    (the C API transposes). The backward op's gradients are the same
+    either way."""
+    from flashjit import block_mask
+    from flashjit.ops import _TensorLayout
+
+    dense = torch.tensor([[True, False, False], [True, True, False],
+                          [False, True, True]])
+    bm = flashjit.BlockMask.from_dense(dense, block_size=64)
+    counts, indices = bm._device_tensors(torch.device(device))
+    assert block_mask.owner_of(counts, indices) is bm
+    assert _TensorLayout(counts, indices, 64)._kv_device_layout(
+        torch.device(device)) is not None
+    copies = (counts.clone(), indices.clone())
+    assert block_mask.owner_of(*copies) is None
+    assert _TensorLayout(*copies, 64)._kv_host_layout() is None
+
+    q, k, v = make(1, 2, 2, 192, 192, 64, 64, torch.bfloat16, device, False)
+    o, lse = torch.ops.flashjit.attention_fwd(q, k, v, 1, 0.0, -1, -1,
+                                              counts, indices, 64, False)
+    d_o = torch.randn_like(o)
+    args = (d_o, q, k, v, o, lse, 1, 0.0, -1, -1)
+    with_mask = torch.ops.flashjit.attention_bwd(*args, counts, indices, 64,
+                                                 False)
+    without = torch.ops.flashjit.attention_bwd(*args, *copies, 64, False)
+    for a, b in zip(with_mask, without):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    del bm  # the tensors stay (held here), the mask's transpose goes
+    import gc
+    gc.collect()
+    assert block_mask.owner_of(counts, indices) is None
+
+
 def test_fake_shapes_without_running():
     """The fake kernel: o is q's shape with v's head dim, lse float32
     [B, H, Nq], and the shape checks name the problem on meta tensors."""
