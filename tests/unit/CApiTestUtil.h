@@ -1,9 +1,9 @@
 //===- CApiTestUtil.h - Helpers of the C API's tests ------------*- C++ -*-===//
 //
 /// \file
-/// What CApiTests.cpp, CApiErrorTests.cpp and CApiPlanTests.cpp share: a
-/// handle per test, the C views of the C++ spec, tensors and layouts of
-/// flashjit_kernels, and a small valid problem for the error tests.
+/// What the C API's test files share: a handle per test, the C views of the
+/// C++ spec, tensors and layouts of flashjit_kernels, a small valid problem
+/// for the error tests, and its gradients' check against float64.
 //
 //===----------------------------------------------------------------------===//
 #ifndef FLASHJIT_TESTS_UNIT_CAPITESTUTIL_H
@@ -133,6 +133,25 @@ struct SmallProblem {
 };
 
 inline std::string lastError() { return flashjit_last_error(nullptr); }
+
+/// dQ, dK, dV of \p sp against float64 (\p layout: its block-sparse one).
+inline void expectGradsMatch(const SmallProblem &sp, const AttentionGrads &g,
+                             const BlockSparseLayout *layout = nullptr) {
+  BackwardReference ref = referenceBackward(sp.specCpp, sp.p, sp.d, g, layout);
+  BackwardErrorReport err = compareBackward(sp.specCpp, sp.p, g, ref);
+  EXPECT_EQ(err.nanCount, 0);
+  EXPECT_LT(err.relErr(), errorBound(sp.specCpp.dtype))
+      << "dq " << err.dqRelErr << " dk " << err.dkRelErr << " dv "
+      << err.dvRelErr;
+}
+
+/// \p sp made block-sparse with blocks of \p block (spec and C++ spec).
+inline void makeBlockSparse(SmallProblem &sp, int64_t block) {
+  sp.spec.block_sparse = 1;
+  sp.spec.sparse_block = block;
+  sp.specCpp.blockSparse = true;
+  sp.specCpp.sparseBlock = block;
+}
 
 } // namespace flashjit::capitest
 

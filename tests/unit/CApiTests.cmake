@@ -7,12 +7,14 @@
 # CApiPlanTests.cpp: the prepared forward calls (flashjit_plan_*).
 # CApiCapturedTests.cpp: captured tensors (flashjit_forward_captured).
 # CApiVarlenTests.cpp: variable-length batches (flashjit_forward_varlen).
+# CApiBlockSparseTests.cpp: the block-sparse backward (flashjit_backward_kv_major).
 add_executable(flashjit-capi-tests
   ${CMAKE_CURRENT_LIST_DIR}/CApiTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiErrorTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiPlanTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiCapturedTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiVarlenTests.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/CApiBlockSparseTests.cpp
   ${CMAKE_CURRENT_LIST_DIR}/CApiSmoke.c)
 set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/CApiSmoke.c PROPERTIES
   COMPILE_OPTIONS "-std=c99;-Wall;-Wextra;-pedantic")
