@@ -513,7 +513,7 @@ def captured_workspace_size(handle, spec_ref, shape, array, count):
 
 
 def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
-    array = None
+    array, count = None, 0
     size = p.workspace
     if captures:
         array, count = _captured_structs(captures, grads)
@@ -532,19 +532,14 @@ def _launch_backward(p, lse, scale, wl, wr, bm, captures, grads, index):
     # neither copies nor synchronizes. Without one the C API makes it.
     kv = bm._kv_device_layout(p.device) if bm is not None else None
     if kv is not None:
-        kv, kv_keep = kv
         status = _lib.lib().flashjit_backward_kv_major(
-            *args, _by(kv), workspace.data_ptr(), size, array,
-            count if captures else 0, _raw_stream(index))
-        del kv_keep
-    elif captures:
+            *args, _by(kv[0]), workspace.data_ptr(), size, array, count,
+            _raw_stream(index))
+    else:  # with no captured tensors, flashjit_backward
         status = _lib.lib().flashjit_backward_captured(
             *args, workspace.data_ptr(), size, array, count,
             _raw_stream(index))
-    else:
-        status = _lib.lib().flashjit_backward(
-            *args, workspace.data_ptr(), size, _raw_stream(index))
-    del keep, workspace, array
+    del keep, workspace, array, kv
     if status:
         _lib.check(status)
 
