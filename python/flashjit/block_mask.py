@@ -131,11 +131,15 @@ def owner_of(counts, indices):
                       indices.data_ptr()))
     if bm is None:
         return None
-    mine = bm._device_cache.get(str(counts.device))
-    if mine is None or any(a.shape != b.shape or a.dtype != b.dtype
-                           for a, b in zip(mine, (counts, indices))):
-        return None
-    return bm
+    # Its copies on that device (cached under the device as the caller
+    # named it: "cuda" or "cuda:0").
+    for key, mine in bm._device_cache.items():
+        if isinstance(key, str) and all(
+                a.device == b.device and a.data_ptr() == b.data_ptr()
+                and a.shape == b.shape and a.dtype == b.dtype
+                for a, b in zip(mine, (counts, indices))):
+            return bm
+    return None
 
 
 def kv_layout(counts, indices):
