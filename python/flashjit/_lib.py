@@ -160,8 +160,11 @@ class Varlen(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int64),
         ("max_seqlen_kv", ctypes.c_int64),
         # C API version 9: a block-sparse layout (flashjit_layout *), NULL
-        # without; the binding's varlen calls take none yet.
+        # without.
         ("layout", ctypes.c_void_p),
+        # C API version 13: its KV-major transpose for the backward
+        # (flashjit_layout *), NULL: made on the host.
+        ("kv_layout", ctypes.c_void_p),
     ]
 
 

@@ -117,12 +117,17 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
 
 def _device_layout(vl, bm, device):
     """(sparse_block, objects to keep alive): bm's layout on device set
-    into Varlen vl; (0, ()) without one."""
+    into Varlen vl, and its KV-major transpose where bm has one; (0, ())
+    without a layout."""
     if bm is None:
         return 0, ()
     layout, keep = bm._device_layout(device)
     vl.layout = ctypes.addressof(layout)
-    return bm.block_size, (layout, keep)
+    # Its KV-major transpose for the backward (the forward ignores it).
+    kv = bm._kv_device_layout(device)
+    if kv is not None:
+        vl.kv_layout = ctypes.addressof(kv[0])
+    return bm.block_size, (layout, keep, kv)
 
 
 def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,

@@ -333,12 +333,17 @@ def numpy_tensor(name, a, fn="attention_varlen"):
 def with_layout(vl, bm):
     """(sparse_block, objects to keep alive): bm's layout (a BlockMask,
     or the torch ops' block tensors) set into Varlen vl (host memory:
-    the CPU handle's); (0, ()) without one."""
+    the CPU handle's), and its KV-major transpose where bm has one (the
+    CPU handle checks it, as the CUDA path takes it); (0, ()) without a
+    layout."""
     if bm is None:
         return 0, ()
     layout, keep = bm._host_layout()
     vl.layout = ctypes.addressof(layout)
-    return bm.block_size, (layout, keep)
+    kv = bm._kv_host_layout()
+    if kv is not None:
+        vl.kv_layout = ctypes.addressof(kv[0])
+    return bm.block_size, (layout, keep, kv)
 
 
 def forward_numpy(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,

@@ -53,8 +53,8 @@ struct VarlenProblem {
     s.varlen = 1;
     flashjit_tensor q = toC(data.q), k = toC(data.k), vt = toC(data.v),
                     o = toC(data.o);
-    return flashjit_forward_varlen(h, &s, &q, &k, &vt, &o, data.lse.data(),
-                                   0.0, -1, -1, v, nullptr, 0, nullptr);
+    return flashjit_forward_varlen(h, &s, &q, &k, &vt, &o, data.lse.data(), 0.0,
+                                   -1, -1, v, nullptr, 0, nullptr);
   }
   /// The backward of forward()'s output for \p g's dO, into \p g.
   flashjit_status backward(flashjit_handle *h, AttentionGrads &g) {
@@ -63,9 +63,9 @@ struct VarlenProblem {
     flashjit_tensor q = toC(data.q), k = toC(data.k), v = toC(data.v),
                     o = toC(data.o), dO = toC(g.dO), dq = toC(g.dq),
                     dk = toC(g.dk), dv = toC(g.dv);
-    return flashjit_backward_varlen(h, &s, &q, &k, &v, &o, &dO,
-                                    data.lse.data(), &dq, &dk, &dv, 0.0, -1,
-                                    -1, &c, nullptr, 0, nullptr, 0, nullptr);
+    return flashjit_backward_varlen(h, &s, &q, &k, &v, &o, &dO, data.lse.data(),
+                                    &dq, &dk, &dv, 0.0, -1, -1, &c, nullptr, 0,
+                                    nullptr, 0, nullptr);
   }
 };
 
@@ -80,8 +80,7 @@ TEST(CApiVarlen, ForwardAndBackwardOnTheCpu) {
   std::mt19937_64 rng(std::random_device{}());
   AttentionGrads g = makeRandomGrads(vp.spec, vp.problem, vp.data, rng);
   ASSERT_EQ(vp.backward(h, g), FLASHJIT_OK) << lastError();
-  BackwardErrorReport be =
-      checkVarlenBackward(vp.spec, vp.problem, vp.data, g);
+  BackwardErrorReport be = checkVarlenBackward(vp.spec, vp.problem, vp.data, g);
   EXPECT_EQ(be.nanCount, 0);
   EXPECT_LT(be.relErr(), errorBound(vp.spec.dtype));
 
@@ -107,8 +106,8 @@ TEST(CApiVarlen, BlockSparseLayoutPerSequence) {
   flashjit_layout cl = toC(l);
   vp.c.layout = &cl;
   ASSERT_EQ(vp.forward(h, &vp.c), FLASHJIT_OK) << lastError();
-  ErrorReport e = checkVarlenForward(vp.spec, vp.problem, vp.data, 1e300,
-                                     nullptr, &l);
+  ErrorReport e =
+      checkVarlenForward(vp.spec, vp.problem, vp.data, 1e300, nullptr, &l);
   EXPECT_EQ(e.nanCount, 0);
   EXPECT_LT(e.relErr(), errorBound(vp.spec.dtype));
   AttentionSpec dense = vp.spec;
@@ -121,6 +120,31 @@ TEST(CApiVarlen, BlockSparseLayoutPerSequence) {
       checkVarlenBackward(vp.spec, vp.problem, vp.data, g, 1e300, &l);
   EXPECT_EQ(be.nanCount, 0);
   EXPECT_LT(be.relErr(), errorBound(vp.spec.dtype));
+  // With the layout's KV-major transpose (version 13): the same bits; a
+  // transpose of another layout is refused.
+  std::mt19937_64 again(0);
+  AttentionGrads first = makeRandomGrads(vp.spec, vp.problem, vp.data, again);
+  ASSERT_EQ(vp.backward(h, first), FLASHJIT_OK) << lastError();
+  BlockSparseLayout t = l.transposed();
+  flashjit_layout ct = toC(t);
+  vp.c.kv_layout = &ct;
+  again.seed(0);
+  AttentionGrads given = makeRandomGrads(vp.spec, vp.problem, vp.data, again);
+  ASSERT_EQ(vp.backward(h, given), FLASHJIT_OK) << lastError();
+  EXPECT_EQ(*given.dq.buffer, *first.dq.buffer);
+  EXPECT_EQ(*given.dk.buffer, *first.dk.buffer);
+  EXPECT_EQ(*given.dv.buffer, *first.dv.buffer);
+  BlockSparseLayout other =
+      BlockSparseLayout::random(l.batch, l.heads, l.qBlocks, l.kvBlocks, 0.0, 1)
+          .transposed();
+  ASSERT_NE(other.counts, t.counts);
+  flashjit_layout co = toC(other);
+  vp.c.kv_layout = &co;
+  EXPECT_EQ(vp.backward(h, given), FLASHJIT_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(lastError().find("not the layout's KV-major transpose"),
+            std::string::npos)
+      << lastError();
+  vp.c.kv_layout = nullptr;
   // A block-sparse spec without the layout: a named error.
   vp.c.layout = nullptr;
   EXPECT_EQ(vp.forward(h, &vp.c), FLASHJIT_ERROR_INVALID_ARGUMENT);
@@ -155,7 +179,8 @@ TEST(CApiVarlen, NamedErrors) {
   bad[2] = bad[1] - 1;
   flashjit_varlen decreasing = vp.c;
   decreasing.cu_seqlens_q = bad.data();
-  expectError(vp.forward(h, &decreasing), "cu_seqlens_q: sequence 1 has length");
+  expectError(vp.forward(h, &decreasing),
+              "cu_seqlens_q: sequence 1 has length");
   flashjit_varlen tooShort = vp.c;
   tooShort.max_seqlen_q = 10; // sequence 1 has 30 queries
   expectError(vp.forward(h, &tooShort), "lengths must be in [0, 10]");

@@ -393,8 +393,9 @@ FLASHJIT_API flashjit_status flashjit_backward_varlen(
       invalid("varlen is NULL: flashjit_backward_varlen takes the forward's "
               "sequence offsets");
     runBackward(handle, spec, q, k, v, o, d_o, lse, dq, dk, dv, scale,
-                window_left, window_right, varlen->layout, nullptr, workspace,
-                workspace_bytes, captured, num_captured, varlen, cuda_stream);
+                window_left, window_right, varlen->layout, varlen->kv_layout,
+                workspace, workspace_bytes, captured, num_captured, varlen,
+                cuda_stream);
   });
 }
 

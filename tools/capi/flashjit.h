@@ -350,6 +350,11 @@ typedef struct flashjit_varlen {
    *  from its own start (blocks listed past a sequence's keys are masked
    *  there). Zero-initialise the struct: older callers' NULL. */
   const flashjit_layout *layout;
+  /** The layout's KV-major transpose for flashjit_backward_varlen (since
+   *  version 13; NULL: made on the host, as flashjit_backward does, with
+   *  its synchronizations), as flashjit_backward_kv_major's kv_layout; the
+   *  forward ignores it. */
+  const flashjit_layout *kv_layout;
 } flashjit_varlen;
 
 /** flashjit_mask_blocks for a varlen spec (since version 11): the layout
