@@ -98,23 +98,31 @@ def kv_major(counts, indices):
     [B, H, Qb], indices [B, H, Qb, KVb], an entry ~k marking a full pair):
     counts [B, H, KVb] and indices [B, H, KVb, Qb], int32, each KV block's
     Q blocks in increasing order (~qb where the pair is full), the slots
-    past a count 0: flashjit_backward_kv_major's kv_layout."""
+    past a count 0: flashjit_backward_kv_major's kv_layout. One (batch,
+    head) at a time, so the temporaries stay a head's size."""
     B, H, QB, KB = indices.shape
-    listed = np.arange(KB) < counts[..., None]
-    full = indices < 0
-    blocks = np.where(full, ~indices, indices)
-    # A code per block pair (0 unlisted, 1 listed, 2 full); an unlisted
-    # slot writes the extra column KB, dropped after.
-    code = np.zeros((B, H, QB, KB + 1), np.int8)
-    np.put_along_axis(code, np.where(listed, blocks, KB),
-                      np.where(listed, full + 1, 0).astype(np.int8), axis=3)
-    code = code[..., :KB].transpose(0, 1, 3, 2)
-    # The listed Q blocks first, in increasing order (a stable sort).
-    order = np.argsort(code == 0, axis=-1, kind="stable")
-    taken = np.take_along_axis(code, order, -1)
-    kv_indices = np.where(taken == 2, ~order, np.where(taken == 1, order, 0))
-    return (np.ascontiguousarray((code != 0).sum(-1), dtype=np.int32),
-            np.ascontiguousarray(kv_indices, dtype=np.int32))
+    kv_counts = np.zeros((B, H, KB), np.int32)
+    kv_indices = np.zeros((B, H, KB, QB), np.int32)
+    slot = np.arange(KB)
+    for b, h in np.ndindex(B, H):
+        listed = slot < counts[b, h, :, None]
+        entries = indices[b, h]
+        full = entries < 0
+        # A code per block pair (0 unlisted, 1 listed, 2 full); an unlisted
+        # slot writes the extra column KB, dropped after.
+        code = np.zeros((QB, KB + 1), np.int8)
+        np.put_along_axis(code, np.where(listed, np.where(full, ~entries,
+                                                          entries), KB),
+                          np.where(listed, full + 1, 0).astype(np.int8),
+                          axis=1)
+        code = code[:, :KB].T
+        # The listed Q blocks first, in increasing order (a stable sort).
+        order = np.argsort(code == 0, axis=-1, kind="stable")
+        taken = np.take_along_axis(code, order, -1)
+        kv_indices[b, h] = np.where(taken == 2, ~order,
+                                    np.where(taken == 1, order, 0))
+        kv_counts[b, h] = (code != 0).sum(-1)
+    return kv_counts, kv_indices
 
 
 # The live BlockMasks by their device copies (_device_tensors): (device,
