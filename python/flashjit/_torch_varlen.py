@@ -115,16 +115,15 @@ def forward_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
     return o, lse
 
 
-def _device_layout(vl, bm, device):
+def _device_layout(vl, bm, device, backward=False):
     """(sparse_block, objects to keep alive): bm's layout on device set
-    into Varlen vl, and its KV-major transpose where bm has one; (0, ())
-    without a layout."""
+    into Varlen vl, and for the backward its KV-major transpose where bm
+    has one; (0, ()) without a layout."""
     if bm is None:
         return 0, ()
     layout, keep = bm._device_layout(device)
     vl.layout = ctypes.addressof(layout)
-    # Its KV-major transpose for the backward (the forward ignores it).
-    kv = bm._kv_device_layout(device)
+    kv = bm._kv_device_layout(device) if backward else None
     if kv is not None:
         vl.kv_layout = ctypes.addressof(kv[0])
     return bm.block_size, (layout, keep, kv)
@@ -186,7 +185,7 @@ def backward_varlen(q, k, v, o, lse, d_o, cu_q, cu_k, max_q, max_k, mask,
     cu_q, cu_k = cu_q.contiguous(), cu_k.contiguous()
     lse = lse.contiguous()
     vl = _lib.make_varlen(cu_q.data_ptr(), cu_k.data_ptr(), B, max_q, max_k)
-    sparse, layout = _device_layout(vl, bm, q.device)
+    sparse, layout = _device_layout(vl, bm, q.device, backward=True)
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
                           deterministic=deterministic, score_mod=score_mod,
                           varlen=True)

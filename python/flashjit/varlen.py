@@ -330,17 +330,17 @@ def numpy_tensor(name, a, fn="attention_varlen"):
                             (0, st[1], st[0], 1))
 
 
-def with_layout(vl, bm):
+def with_layout(vl, bm, backward=False):
     """(sparse_block, objects to keep alive): bm's layout (a BlockMask,
     or the torch ops' block tensors) set into Varlen vl (host memory:
-    the CPU handle's), and its KV-major transpose where bm has one (the
-    CPU handle checks it, as the CUDA path takes it); (0, ()) without a
-    layout."""
+    the CPU handle's), and for the backward its KV-major transpose where
+    bm has one (the CPU handle checks it, as the CUDA path takes it);
+    (0, ()) without a layout."""
     if bm is None:
         return 0, ()
     layout, keep = bm._host_layout()
     vl.layout = ctypes.addressof(layout)
-    kv = bm._kv_host_layout()
+    kv = bm._kv_host_layout() if backward else None
     if kv is not None:
         vl.kv_layout = ctypes.addressof(kv[0])
     return bm.block_size, (layout, keep, kv)
@@ -423,7 +423,7 @@ def backward_numpy(q, k, v, o, d_o, lse, cu_q, cu_k, max_q, max_k, mask,
     cu_q = np.ascontiguousarray(cu_q, dtype=np.int32)
     cu_k = np.ascontiguousarray(cu_k, dtype=np.int32)
     vl = _lib.make_varlen(cu_q.ctypes.data, cu_k.ctypes.data, B, max_q, max_k)
-    sparse, layout = with_layout(vl, bm)
+    sparse, layout = with_layout(vl, bm, backward=True)
     spec = _lib.make_spec(D, Dv, dtype, mask, gqa, sparse,
                           deterministic=deterministic, score_mod=score_mod,
                           varlen=True)
