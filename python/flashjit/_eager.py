@@ -109,7 +109,8 @@ class _Varlen(torch.autograd.Function):
     """attention_varlen_fwd's formula: packed q, k, v; options = (cu_q,
     cu_k, max_q, max_k, mask, scale, window_left, window_right,
     block_counts, block_indices, block_size, deterministic, score_mod,
-    bm), the captured tensors after them."""
+    bm: the BlockMask of the block tensors), the captured tensors after
+    them."""
 
     @staticmethod
     def forward(ctx, q, k, v, options, *captures):
@@ -145,8 +146,8 @@ def varlen(q, k, v, options, captures):
 def attention(q, k, v, mask, scale, wl, wr, counts, indices, block,
               deterministic, score_mod, bm, captures=()):
     """(o, lse) with autograd, as torch.ops.flashjit.attention_fwd (or,
-    with captures, attention_fwd_captured) gives them (bm: the layout of
-    counts / indices, ops._block_mask's)."""
+    with captures, attention_fwd_captured) gives them (bm: the BlockMask
+    whose device copies counts / indices are, or None)."""
     return _Attention.apply(q, k, v, (mask, scale, wl, wr, counts, indices,
                                       block, deterministic, score_mod, bm),
                             *captures)

@@ -168,6 +168,18 @@ class Varlen(ctypes.Structure):
     ]
 
 
+def make_layout(counts, indices, shape):
+    """A Layout of two int32 array addresses (ints) and its shape (batch,
+    heads, rows, entries a row): a Q-major layout's (batch, heads,
+    q_blocks, kv_blocks), or a KV-major transpose's, whose rows are KV
+    blocks (flashjit_backward_kv_major's kv_layout)."""
+    layout = Layout()
+    layout.counts = counts
+    layout.indices = indices
+    layout.batch, layout.heads, layout.q_blocks, layout.kv_blocks = shape
+    return layout
+
+
 def make_varlen(cu_q, cu_kv, batch, max_q, max_kv):
     """A Varlen of two offset pointers (ints) and the sizes."""
     v = Varlen()

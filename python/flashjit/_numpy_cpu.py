@@ -184,7 +184,6 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
             lse.ctypes.data_as(ctypes.c_void_p),
             *(ctypes.byref(x) for x in t[5:]), scale, wl, wr,
             ctypes.byref(layout) if layout is not None else None)
-    tail = (None, 0)
     cgrads = [None] * len(captures)
     caps, count = None, 0
     if captures:
@@ -200,11 +199,9 @@ def _backward_numpy(q, k, v, o, d_o, lse, mask, scale, wl, wr, bm,
              for a, g in zip(host, cgrads)])
     if kv is not None:
         _lib.check(_lib.lib().flashjit_backward_kv_major(
-            *args, ctypes.byref(kv), *tail, caps, count, None))
-    elif captures:
+            *args, ctypes.byref(kv), None, 0, caps, count, None))
+    else:  # with no captured tensors, flashjit_backward
         _lib.check(_lib.lib().flashjit_backward_captured(
-            *args, *tail, caps, count, None))
-    else:
-        _lib.check(_lib.lib().flashjit_backward(*args, *tail, None))
+            *args, None, 0, caps, count, None))
     del keep, kv_keep, caps
     return tuple(from_kernel(g) for g in grads) + (cgrads,)

@@ -150,17 +150,6 @@ def owner_of(counts, indices):
     return None
 
 
-def kv_layout(counts, indices):
-    """The flashjit_layout of kv_major's arrays as torch tensors on the
-    device (rows: KV blocks)."""
-    layout = _lib.Layout()
-    layout.counts = counts.data_ptr()
-    layout.indices = indices.data_ptr()
-    layout.batch, layout.heads, layout.q_blocks = counts.shape
-    layout.kv_blocks = indices.shape[3]
-    return layout
-
-
 def _check_entries(counts, indices, kv_blocks):
     """ValueError unless every count is in [0, kv_blocks] and every listed
     entry names a key block in range (~k too) at most once per row."""
@@ -405,11 +394,7 @@ class BlockMask:
     # -- the C API's flashjit_layout --------------------------------------
 
     def _layout(self, counts_ptr, indices_ptr):
-        layout = _lib.Layout()
-        layout.counts = counts_ptr
-        layout.indices = indices_ptr
-        layout.batch, layout.heads, layout.q_blocks, layout.kv_blocks = self.shape
-        return layout
+        return _lib.make_layout(counts_ptr, indices_ptr, self.shape)
 
     def _host_layout(self):
         """(flashjit_layout on host memory, objects to keep alive)."""
@@ -441,41 +426,42 @@ class BlockMask:
         counts, indices = cached
         return (self._layout(counts.data_ptr(), indices.data_ptr()), cached)
 
-    def _kv_tensors(self, device):
-        """kv_major of the mask as int32 torch tensors on a torch device,
-        made on the host from the mask's arrays (checked again: they may
-        have been changed since the mask was made) and copied once per
-        device, kept in the mask."""
-        key = ("kv", str(device))
-        cached = self._device_cache.get(key)
+    def _kv_arrays(self):
+        """kv_major of the mask (numpy int32 counts and indices), made once
+        from the mask's arrays (checked again: they may have been changed
+        since the mask was made, before its first use) and kept."""
+        cached = self._device_cache.get(("kv", "host"))
         if cached is None:
-            import torch
-
             try:
                 _check_entries(self.counts, self.indices, self.kv_blocks)
             except ValueError as e:
                 raise _lib.InvalidArgumentError(
                     f"flashjit.attention_backward: {e}",
                     _lib.ERROR_INVALID_ARGUMENT) from None
-            cached = tuple(torch.from_numpy(a).to(device)
-                           for a in kv_major(self.counts, self.indices))
-            self._device_cache[key] = cached
+            cached = kv_major(self.counts, self.indices)
+            self._device_cache[("kv", "host")] = cached
         return cached
 
     def _kv_device_layout(self, device):
         """(flashjit_layout of the KV-major transpose on a torch device,
-        tensors to keep alive), for flashjit_backward_kv_major: the copies
-        of _kv_tensors, so the backward reads nothing on the host."""
-        cached = self._kv_tensors(device)
-        return kv_layout(*cached), cached
+        tensors to keep alive), for flashjit_backward_kv_major: _kv_arrays
+        copied once per device and kept in the mask, so the backward reads
+        nothing on the host."""
+        key = ("kv", str(device))
+        cached = self._device_cache.get(key)
+        if cached is None:
+            import torch
+
+            cached = tuple(torch.from_numpy(a).to(device)
+                           for a in self._kv_arrays())
+            self._device_cache[key] = cached
+        counts, indices = cached
+        return (_lib.make_layout(counts.data_ptr(), indices.data_ptr(),
+                                 (*counts.shape, indices.shape[3])), cached)
 
     def _kv_host_layout(self):
         """(flashjit_layout of the KV-major transpose in host memory,
         arrays to keep alive), for the CPU handle, which checks it."""
-        kv = kv_major(self.counts, self.indices)
-        layout = _lib.Layout()
-        layout.counts = kv[0].ctypes.data_as(ctypes.c_void_p)
-        layout.indices = kv[1].ctypes.data_as(ctypes.c_void_p)
-        layout.batch, layout.heads, layout.q_blocks = kv[0].shape
-        layout.kv_blocks = kv[1].shape[3]
-        return layout, kv
+        counts, indices = kv = self._kv_arrays()
+        return (_lib.make_layout(counts.ctypes.data, indices.ctypes.data,
+                                 (*counts.shape, indices.shape[3])), kv)

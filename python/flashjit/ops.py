@@ -102,12 +102,10 @@ class _TensorLayout:
         self.counts, self.indices, self.block_size = counts, indices, block_size
 
     def _layout(self):
-        layout = _lib.Layout()
-        layout.counts = self.counts.data_ptr()
-        layout.indices = self.indices.data_ptr()
-        layout.batch, layout.heads, layout.q_blocks = self.counts.shape
-        layout.kv_blocks = self.indices.shape[3]
-        return layout, (self.counts, self.indices)
+        return (_lib.make_layout(self.counts.data_ptr(),
+                                 self.indices.data_ptr(),
+                                 (*self.counts.shape, self.indices.shape[3])),
+                (self.counts, self.indices))
 
     def _device_layout(self, device):
         return self._layout()
@@ -578,8 +576,7 @@ def attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr,
         # Eager with a gradient: the op's formula (_eager.py).
         return _eager.varlen(q, k, v, (
             cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts, indices,
-            block, bool(deterministic), score_mod,
-            _block_mask(counts, indices, block)), captures)
+            block, bool(deterministic), score_mod, bm), captures)
     return torch.ops.flashjit.attention_varlen_fwd(
         q, k, v, cu_q, cu_k, max_q, max_k, mask, scale, wl, wr, counts,
         indices, block, bool(deterministic), score_mod, captures)
