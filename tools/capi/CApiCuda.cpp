@@ -16,6 +16,7 @@
 #include "tools/engine/KernelProvider.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 
 namespace flashjit::capi {
@@ -42,17 +43,26 @@ static rt::DeviceTensor deviceTensor(const flashjit_tensor &t) {
   return d;
 }
 
-/// The caller's layout (device pointers) as kernel arguments of a forward
-/// or a backward (rt::ForwardArgs, rt::BackwardArgs); nothing when dense.
+/// A caller's layout (device pointers; Q-major, or a KV-major transpose)
+/// as kernel arguments: its arrays and their element strides.
+static void layoutArgs(const flashjit_layout &layout, CUdeviceptr &counts,
+                       CUdeviceptr &indices,
+                       std::array<int64_t, 3> &countStrides,
+                       std::array<int64_t, 3> &indexStrides) {
+  BlockSparseLayout shape = layoutShape(layout);
+  counts = devicePtr(layout.counts);
+  indices = devicePtr(layout.indices);
+  countStrides = shape.countStrides();
+  indexStrides = shape.indexStrides();
+}
+
+/// The caller's layout as kernel arguments of a forward or a backward
+/// (rt::ForwardArgs, rt::BackwardArgs); nothing when dense.
 template <typename Args>
 static void setLayoutArgs(Args &args, const flashjit_layout *layout) {
-  if (!layout)
-    return;
-  BlockSparseLayout shape = layoutShape(*layout);
-  args.counts = devicePtr(layout->counts);
-  args.indices = devicePtr(layout->indices);
-  args.countStrides = shape.countStrides();
-  args.indexStrides = shape.indexStrides();
+  if (layout)
+    layoutArgs(*layout, args.counts, args.indices, args.countStrides,
+               args.indexStrides);
 }
 
 /// What a call compiles for: the device's arch and driver, \p copyBytes.
@@ -334,11 +344,8 @@ void backwardCuda(flashjit_handle *h, const AttentionSpec &forwardSpec,
   // writes) ran.
   std::unique_ptr<BlockSparseLayout> kvMajor;
   if (kvLayout) {
-    BlockSparseLayout shape = layoutShape(*kvLayout);
-    args.kvCounts = devicePtr(kvLayout->counts);
-    args.kvIndices = devicePtr(kvLayout->indices);
-    args.kvCountStrides = shape.countStrides();
-    args.kvIndexStrides = shape.indexStrides();
+    layoutArgs(*kvLayout, args.kvCounts, args.kvIndices, args.kvCountStrides,
+               args.kvIndexStrides);
   } else if (layout) {
     rt::CudaDriver &driver = rt::CudaDriver::get();
     std::unique_ptr<BlockSparseLayout> bcsr =
