@@ -209,8 +209,10 @@ bool usesPersistentKernel(const GpuTarget &target, const TileConfig &config);
 /// What the K/V ring's producer copies by the tensor memory accelerator
 /// (the `tma` pass option; tensor maps that the launcher encodes from the
 /// kernel's attn.tensor_maps): with the ring and 16-byte copies Q, K and V
-/// (2) where \p config's `queryByTensorMap` asks, else K and V (1);
-/// FLASHJIT_TMA=0, kv or qkv overrides the config (0, 1, 2); nothing (0)
+/// (2) where \p config's `queryByTensorMap` asks, and O (3) where its
+/// `outputByTensorMap` does, else K and V (1);
+/// FLASHJIT_TMA=0, kv, qkv or qkvo overrides the config (0, 1, 2, 3: O
+/// stored by its tensor map too, opt-in, bench/NOTES.md T36); nothing (0)
 /// without the ring or 16-byte copies.
 int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config);
 /// Whether the forward stores its 16-bit output through a shared slot that

@@ -84,12 +84,13 @@ int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config) {
     return 0;
   const char *env = std::getenv("FLASHJIT_TMA");
   const std::string v = env ? env : "";
-  if (v == "0" || v == "kv" || v == "qkv")
-    return v == "0" ? 0 : v == "kv" ? 1 : 2;
+  if (v == "0" || v == "kv" || v == "qkv" || v == "qkvo")
+    return v == "0" ? 0 : v == "kv" ? 1 : v == "qkv" ? 2 : 3;
   // Q by the producer too (2) where the config asks (defaultGpuConfig: with
   // the persistent kernel at d = 128, T31; one tile per program it measured
-  // no faster on the H200, T17); else K and V.
-  return config.queryByTensorMap ? 2 : 1;
+  // no faster on the H200, T17); else K and V. O by its map too (3) where
+  // the config asks (T36: opt-in).
+  return config.outputByTensorMap ? 3 : config.queryByTensorMap ? 2 : 1;
 }
 
 int64_t pingPongMode(const GpuTarget &target, const TileConfig &config) {

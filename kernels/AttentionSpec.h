@@ -154,6 +154,12 @@ struct TileConfig {
   /// the K/V ring takes no tensor maps (FLASHJIT_TMA=0/kv/qkv overrides
   /// it).
   bool queryByTensorMap = false;
+  /// O stored by its tensor map too, with Q's (the `tma=3` pass option):
+  /// where O stages through a slot of its own, each warp's lane 0 stores
+  /// its rows from there by the TMA (TileToGPUTma.cpp); elsewhere as
+  /// without. Forward only; FLASHJIT_TMA overrides it like
+  /// queryByTensorMap.
+  bool outputByTensorMap = false;
   static constexpr int64_t kAutoSplits = -1;
   static constexpr int64_t kMaxSplits = 256;
 

@@ -214,24 +214,46 @@ void GpuBuilder::mbarrierExpectBytes(Value bar, int64_t bytes) {
                 "r,r,~{memory}", {sharedAddress(*this, bar), c32(bytes)});
 }
 
-void GpuBuilder::tensorCopy(Value dst, Value map, ArrayRef<Value> coords,
-                            Value bar) {
-  const std::string rank = std::to_string(coords.size());
-  std::string text = "cp.async.bulk.tensor." + rank +
-                     "d.shared::cluster.global.tile.mbarrier::complete_tx::"
-                     "bytes [$0], [$1, {";
-  std::string constraints = "r,l";
-  SmallVector<Value> operands = {sharedAddress(*this, dst),
-                                 LLVM::PtrToIntOp::create(b, i64, map)};
+/// Emits TMA instruction \p opcode on the box at \p coords of tensor map
+/// \p map, with shared operands: `opcode [dst], [map, {coords}], [last];`
+/// (a copy in: \p dst, then its mbarrier \p last) or, with a null \p dst,
+/// `opcode [map, {coords}], [last];` (a store out of \p last).
+static void tensorBoxAsm(GpuBuilder &g, const std::string &opcode, Value dst,
+                         Value map, ArrayRef<Value> coords, Value last) {
+  std::string text = opcode + " ", constraints;
+  SmallVector<Value> operands;
+  if (dst) {
+    text += "[$0], ";
+    constraints = "r,";
+    operands.push_back(sharedAddress(g, dst));
+  }
+  text += "[$" + std::to_string(operands.size()) + ", {";
+  constraints += "l";
+  operands.push_back(LLVM::PtrToIntOp::create(g.b, g.i64, map));
   for (auto [i, c] : llvm::enumerate(coords)) {
-    text += (i ? ", $" : "$") + std::to_string(i + 2);
+    text += (i ? ", $" : "$") + std::to_string(operands.size());
     constraints += ",r";
     operands.push_back(c);
   }
-  text += "}], [$" + std::to_string(coords.size() + 2) + "];";
+  text += "}], [$" + std::to_string(operands.size()) + "];";
   constraints += ",r,~{memory}";
-  operands.push_back(sharedAddress(*this, bar));
-  sideEffectAsm(*this, text, constraints, operands);
+  operands.push_back(sharedAddress(g, last));
+  sideEffectAsm(g, text, constraints, operands);
+}
+
+void GpuBuilder::tensorCopy(Value dst, Value map, ArrayRef<Value> coords,
+                            Value bar) {
+  tensorBoxAsm(*this,
+               "cp.async.bulk.tensor." + std::to_string(coords.size()) +
+                   "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes",
+               dst, map, coords, bar);
+}
+
+void GpuBuilder::tensorStore(Value map, ArrayRef<Value> coords, Value src) {
+  tensorBoxAsm(*this,
+               "cp.async.bulk.tensor." + std::to_string(coords.size()) +
+                   "d.global.shared::cta.tile.bulk_group",
+               Value(), map, coords, src);
 }
 
 void GpuBuilder::prefetchTensorMap(Value map) {

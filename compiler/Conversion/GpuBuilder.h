@@ -149,6 +149,12 @@ public:
   /// shared pointer \p dst; its bytes complete on mbarrier \p bar.
   void tensorCopy(Value dst, Value map, llvm::ArrayRef<Value> coords,
                   Value bar);
+  /// cp.async.bulk.tensor of shared pointer \p src out to the box at
+  /// \p coords (i32, innermost first) of tensor map \p map (a generic
+  /// pointer to a kernel parameter), in the thread's bulk group: rows and
+  /// columns past the map's bounds are not written. bulkCommit() closes
+  /// the group, bulkWait() waits for it.
+  void tensorStore(Value map, llvm::ArrayRef<Value> coords, Value src);
   /// prefetch.tensormap: brings \p map into the descriptor cache.
   void prefetchTensorMap(Value map);
 

@@ -276,6 +276,7 @@ LogicalResult TileKernelLowering::assignHomes() {
     outputSlot.rowChunks = place.outputStagingBytes / (place.gridRows * 16);
     outputSlot.padCols = outputSlot.rowChunks * 8;
     sharedBytes = outputSlot.offset + place.outputStagingBytes;
+    describeOutputMap();
   }
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
@@ -552,7 +553,7 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
                                 kernel.getLoc());
     scheduleArg = kernel.getArgument(at);
   }
-  if (!ringMaps.empty()) // the last arguments (MarkGridConstants)
+  if (!ringMaps.empty() || outputMap) // the last (MarkGridConstants)
     addTensorMapArguments(kernel);
   b.setInsertionPointToStart(&kernel.getBody().front());
   smem = sharedMemoryBase(b, g);

@@ -305,8 +305,21 @@ private:
 
   // The ring's tensor maps (TileToGPUTma.cpp).
   struct RingTensorMap;
+  /// The tensor map of a 16-bit \p ty at \p base[\p offset], \p rows rows
+  /// \p stride apart, if that address is a map's (box rows: the caller's).
+  std::optional<RingTensorMap> tensorMapAt(Value base, Value offset, Value rows,
+                                           Value stride,
+                                           mlir::RankedTensorType ty);
   /// \p load's tensor map, if its address is one's.
   std::optional<RingTensorMap> tensorMapOf(tile::LoadOp load);
+  /// O's tensor map (outputMap, outputStore) where KernelPlacement::tma
+  /// is 3 and the body's O store stages through outputSlot.
+  void describeOutputMap();
+  /// Stores register tile \p f of \p op through outputSlot and out by
+  /// outputMap: each warp's rows in, then one box per 64 columns.
+  LogicalResult storeByTensorMap(tile::StoreOp op, const Fragment &f,
+                                 const StoreRows &to,
+                                 const StagingSlot &through);
   /// Describes every stream of the ring's \p loads by a tensor map
   /// (ringMaps; KernelPlacement::tma), or leaves ringMaps empty; then Q
   /// (queryLoad), if it can be.
@@ -531,6 +544,9 @@ private:
     Value param;
   };
   llvm::SmallVector<RingTensorMap, 3> ringMaps;
+  /// O's tensor map (KernelPlacement::tma 3; the last parameter) and store.
+  std::optional<RingTensorMap> outputMap;
+  tile::StoreOp outputStore;
   /// Q when the producer copies it by its tensor map (ringMaps' last), and
   /// the parity of the program's tile (i32; forEachTile).
   tile::LoadOp queryLoad;

@@ -86,7 +86,7 @@ static KernelPlacement forwardPlacement(const AttentionSpec &spec,
     p.scheduled = persistent && p.reversePidM;
     p.tma = tma;
     // Q by its tensor map: O gets a staging slot of its own where it fits.
-    if (tma == 2) {
+    if (tma >= 2) {
       p.outputStagingBytes = queryMapOutputSlotBytes(geo, config);
       p.maxShared = queryMapSharedBytes(geo, config);
     }

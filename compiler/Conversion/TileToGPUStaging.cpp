@@ -90,6 +90,8 @@ LogicalResult
 TileKernelLowering::storeThroughShared(tile::StoreOp op, const Fragment &f,
                                        const StoreRows &to,
                                        const StagingSlot &through) {
+  if (outputMap && op == outputStore)
+    return storeByTensorMap(op, f, to, through);
   RankedTensorType ty = tileType(op.getValue());
   const SharedSlot &slot = through.slot;
   const int64_t slotRows = through.rows;

@@ -31,7 +31,7 @@
 /// same full barriers; the copies and wgmma are both the async proxy, so no
 /// proxy fence is needed after the wait.
 ///
-/// Q (KernelPlacement::tma == 2): the body's one other shared load, read
+/// Q (KernelPlacement::tma >= 2): the body's one other shared load, read
 /// by the ring loop's products alone, takes a map too (its rows seq_q, its
 /// boxes Br rows), copied by the same thread before the K/V stages on two
 /// barriers of its own. Before and after, consumers' side:
@@ -46,6 +46,11 @@
 ///   consumers: mbarrier.wait full Q, tile parity        // before the loop
 ///             scf.for ... { ... }
 ///             mbarrier.arrive empty Q                   // its products done
+///
+/// O (KernelPlacement::tma == 3, FLASHJIT_TMA=qkvo; opt-in): where Q comes
+/// by its map and O stages through a slot of its own (outputSlot), O's
+/// store takes a map too, written by each warp's lane 0 from the slot
+/// (storeByTensorMap, below).
 //
 //===----------------------------------------------------------------------===//
 
@@ -107,31 +112,41 @@ static bool offsetTerms(Value offset, func::FuncOp fn, const KernelPlacement &p,
 }
 
 std::optional<TileKernelLowering::RingTensorMap>
-TileKernelLowering::tensorMapOf(tile::LoadOp load) {
-  auto base = dyn_cast<BlockArgument>(load.getBase());
-  auto slot = slots.find(load.getResult());
-  RankedTensorType ty = load.getType();
+TileKernelLowering::tensorMapAt(Value baseValue, Value offset, Value rows,
+                                Value stride, RankedTensorType ty) {
+  auto base = dyn_cast<BlockArgument>(baseValue);
   SmallVector<std::pair<Value, int>> terms;
   RingTensorMap m;
-  m.record.rows = indexArgument(load.getRows(), fn, place);
-  m.record.rowStride =
-      load.getStride() ? indexArgument(load.getStride(), fn, place) : -1;
+  m.record.rows = indexArgument(rows, fn, place);
+  m.record.rowStride = stride ? indexArgument(stride, fn, place) : -1;
   if (!base || base.getOwner() != &fn.getBody().front() ||
-      base.getArgNumber() >= unsigned(place.numBuffers) || load.getGroup() ||
-      slot == slots.end() || ty.getRank() != 2 ||
-      ty.getElementTypeBitWidth() != 16 || ty.getDimSize(0) > kMaxBoxRows ||
-      slot->second.splitCols || (slot->second.rowChunks * 8) % kBoxCols != 0 ||
-      m.record.rows < 0 || m.record.rowStride < 0 ||
-      !offsetTerms(load.getOffset(), fn, place, terms) || terms.size() > 3)
+      base.getArgNumber() >= unsigned(place.numBuffers) || ty.getRank() != 2 ||
+      ty.getElementTypeBitWidth() != 16 || m.record.rows < 0 ||
+      m.record.rowStride < 0 || !offsetTerms(offset, fn, place, terms) ||
+      terms.size() > 3)
     return std::nullopt;
   m.record.buffer = int(base.getArgNumber());
   m.record.cols = ty.getDimSize(1);
-  m.record.boxRows = ty.getDimSize(0);
   m.record.boxCols = kBoxCols;
   for (auto [index, stride] : terms) {
     m.outerIndices.push_back(index);
     m.record.outer.push_back(stride);
   }
+  return m;
+}
+
+std::optional<TileKernelLowering::RingTensorMap>
+TileKernelLowering::tensorMapOf(tile::LoadOp load) {
+  auto slot = slots.find(load.getResult());
+  RankedTensorType ty = load.getType();
+  if (load.getGroup() || slot == slots.end() || ty.getRank() != 2 ||
+      ty.getDimSize(0) > kMaxBoxRows || slot->second.splitCols ||
+      (slot->second.rowChunks * 8) % kBoxCols != 0)
+    return std::nullopt;
+  std::optional<RingTensorMap> m = tensorMapAt(
+      load.getBase(), load.getOffset(), load.getRows(), load.getStride(), ty);
+  if (m)
+    m->record.boxRows = ty.getDimSize(0);
   return m;
 }
 
@@ -188,7 +203,13 @@ void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
       out.push_back(b.getStringAttr(abi::indexArgName(a)));
     return b.getArrayAttr(out);
   };
-  for (RingTensorMap &m : ringMaps) {
+  SmallVector<RingTensorMap *, 4> maps;
+  for (RingTensorMap &m : ringMaps)
+    maps.push_back(&m);
+  if (outputMap)
+    maps.push_back(&*outputMap);
+  for (RingTensorMap *mp : maps) {
+    RingTensorMap &m = *mp;
     // A __grid_constant__ parameter once the kernel is an llvm.func
     // (MarkGridConstants: the NVVM dialect admits it only there).
     const unsigned at = kernel.getNumArguments();
@@ -256,6 +277,79 @@ void TileKernelLowering::produceQuery() {
   copyBoxes(ringMaps.back(), queryLoad, map,
             g.c32(slots[queryLoad.getResult()].offset),
             queryBarrier(/*empty=*/false));
+}
+
+void TileKernelLowering::describeOutputMap() {
+  outputMap.reset();
+  outputStore = nullptr;
+  if (place.tma < 3 || !queryLoad || !outputSlot.rowChunks ||
+      (outputSlot.rowChunks * 8) % kBoxCols != 0 || mt * 16 > kMaxBoxRows)
+    return;
+  for (auto store : fn.getBody().front().getOps<tile::StoreOp>()) {
+    std::optional<StagingSlot> through = stagingSlotFor(store);
+    if (!through || through->tile || store.getGroup())
+      continue;
+    outputMap = tensorMapAt(store.getBase(), store.getOffset(), store.getRows(),
+                            store.getStride(), tileType(store.getValue()));
+    if (!outputMap)
+      return;
+    outputMap->record.boxRows = mt * 16; // a warp's rows
+    outputStore = store;
+    return;
+  }
+}
+
+/// O out by its tensor map (KernelPlacement::tma 3): each warp writes its
+/// rows into outputSlot in the blocked, 128-byte-swizzled layout that the
+/// map's boxes have (writeFragment), makes them visible to the async proxy,
+/// and its lane 0 stores one box of the warp's rows per 64 columns; rows
+/// past seq_q and columns past dv are the map's bounds, so no thread tests
+/// a row. Lane 0 waits until the boxes are read before the warp goes on
+/// (a persistent kernel's next tile writes the slot again). Before:
+///
+///   tile.store %o, %O[%off] rows %m0 of %nq stride %sn
+///       : tensor<128x128xbf16>, memref<?xbf16>
+///
+/// After (a warp's 16 rows, d = 128; %omap the last kernel parameter,
+/// recorded as {tensor = "o", rows = "seq_q", row_stride = "o_sn", ...,
+/// box = [64, 16]}):
+///
+///   st.shared.b32 [O's slot + swizzle(row, col) + 4 tig], cvt.rn.bf16x2(..)
+///   fence.proxy.async.shared::cta
+///   bar.warp.sync -1
+///   lane 0: cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group
+///               [%omap, {0, m0 + warp row, h, b}], [O's slot + warp row 128]
+///           cp.async.bulk.tensor.4d ... [%omap, {64, ...}], [... + block]
+///           cp.async.bulk.commit_group; cp.async.bulk.wait_group.read 0
+///   bar.warp.sync -1
+LogicalResult TileKernelLowering::storeByTensorMap(tile::StoreOp op,
+                                                   const Fragment &f,
+                                                   const StoreRows &to,
+                                                   const StagingSlot &through) {
+  RankedTensorType ty = tileType(op.getValue());
+  const SharedSlot &slot = through.slot;
+  // In a persistent kernel the warp's boxes of the last tile were read
+  // before its lane 0 passed the warp sync: the slot is free.
+  writeFragment(slot, through.rows, ty, f);
+  wg->fenceProxyAsync();
+  g.warpSync();
+  g.ifThen(g.cmp(arith::CmpIPredicate::eq, lane, g.c32(0)), [&] {
+    SmallVector<Value> coords = {g.c32(0), g.add(to.row0, warpRow0)};
+    for (Value index : outputMap->outerIndices)
+      coords.push_back(toI32(scalar(index)));
+    const int64_t cols = slot.rowChunks * 8;
+    for (int64_t c = 0; c < cols && c < ty.getDimSize(1); c += kBoxCols) {
+      coords[0] = g.c32(c);
+      Value at =
+          g.add(g.c32(slot.offset + (c / kBoxCols) * blockBytes(through.rows)),
+                g.mul(warpRow0, g.c32(128)));
+      g.tensorStore(outputMap->param, coords, g.sharedBytePtr(smem, at));
+    }
+    g.bulkCommit();
+    g.bulkWait(0, /*read=*/true);
+  });
+  g.warpSync();
+  return success();
 }
 
 namespace {

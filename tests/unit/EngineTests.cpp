@@ -16,6 +16,7 @@
 
 #include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <dlfcn.h>
@@ -55,6 +56,45 @@ TEST(Engine, ForwardAndBackwardKeysDiffer) {
             engine::tuningKey(bwd, p, fakeGpu()).hash());
   EXPECT_NE(engine::cubinKey(fwd, c, target).hash(),
             engine::cubinKey(bwd, c, target).hash());
+}
+
+/// The C API handle keeps loaded kernels by loadedKernelKey(): two configs
+/// of one spec that differ in any field, a flag alone included (splits,
+/// the overlapped loop, persistent, Q by TMA), must never share a kernel,
+/// or a tuned choice would run whichever kernel was loaded first.
+TEST(Engine, LoadedKernelKeysTellEveryConfigApart) {
+  AttentionSpec fwd = spec(Direction::Forward);
+  int dummy = 0;
+  auto key = [&](const TileConfig &c, const void *ctx = nullptr) {
+    return engine::loadedKernelKey(fwd, c, 16, "sm_90a", ctx);
+  };
+  std::vector<TileConfig> configs(1);
+  auto vary = [&](auto &&change) {
+    TileConfig c;
+    change(c);
+    configs.push_back(c);
+  };
+  vary([](TileConfig &c) { c.blockM = 128; });
+  vary([](TileConfig &c) { c.blockN = 128; });
+  vary([](TileConfig &c) { c.warps = 8; });
+  vary([](TileConfig &c) { c.stages = 3; });
+  vary([](TileConfig &c) { c.splits = TileConfig::kAutoSplits; });
+  vary([](TileConfig &c) { c.splits = 7; });
+  vary([](TileConfig &c) { c.overlapSoftmax = true; });
+  vary([](TileConfig &c) { c.persistent = true; });
+  vary([](TileConfig &c) { c.queryByTensorMap = true; });
+  vary([](TileConfig &c) { c.queryByTensorMap = c.outputByTensorMap = true; });
+  std::set<std::string> keys;
+  for (const TileConfig &c : configs) {
+    EXPECT_EQ(key(c), key(c)) << c.toJson();
+    EXPECT_TRUE(keys.insert(key(c)).second)
+        << c.toJson() << " shares its key with another config: " << key(c);
+  }
+  EXPECT_NE(key(configs[0]), key(configs[0], &dummy)) << "another context";
+  EXPECT_NE(key(configs[0]),
+            engine::loadedKernelKey(spec(Direction::Backward), configs[0], 16,
+                                    "sm_90a", nullptr))
+      << "the backward's spec";
 }
 
 /// The backward's two dQ modes compile different kernels and may tune to
@@ -217,11 +257,12 @@ TEST(Engine, TunedSplitConfigsKeepTheirSplits) {
   tuned.blockM = 16;
   tuned.warps = 1;
   for (int64_t splits : {TileConfig::kAutoSplits, int64_t(7), int64_t(0)})
-    for (int flags = 0; flags < 8; ++flags) { // and the forward's flags
+    for (int flags = 0; flags < 16; ++flags) { // and the forward's flags
       tuned.splits = splits;
       tuned.overlapSoftmax = flags & 1;
       tuned.persistent = flags & 2;
       tuned.queryByTensorMap = flags & 4;
+      tuned.outputByTensorMap = flags & 8;
       auto loaded = roundTrip(tuned.toJson());
       ASSERT_TRUE(loaded.has_value()) << tuned.toJson();
       EXPECT_EQ(loaded->toJson(), tuned.toJson());
@@ -229,6 +270,7 @@ TEST(Engine, TunedSplitConfigsKeepTheirSplits) {
       EXPECT_EQ(loaded->overlapSoftmax, tuned.overlapSoftmax);
       EXPECT_EQ(loaded->persistent, tuned.persistent);
       EXPECT_EQ(loaded->queryByTensorMap, tuned.queryByTensorMap);
+      EXPECT_EQ(loaded->outputByTensorMap, tuned.outputByTensorMap);
       EXPECT_EQ(loaded->blockM, 16);
     }
   // The flags out of toJson's order are a corrupt entry.

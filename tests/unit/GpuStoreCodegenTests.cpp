@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/KernelABI.h"
 #include "tests/unit/AttentionCases.h"
 #include "tests/unit/runtime/ScopedEnv.h"
 
@@ -139,6 +140,71 @@ TEST(GpuStoreCodegen, QueryByTensorMapStagesOThroughItsOwnSlot) {
   EXPECT_LE(deep.kernels.at(0).sharedBytes, 227 * 1024);
   EXPECT_EQ(occurrences(deep.ptx, "st.global.v4.b32"), 0);
   EXPECT_GT(occurrences(deep.ptx, "st.global.b16"), 0);
+}
+
+/// With FLASHJIT_TMA=qkvo (KernelPlacement::tma 3) O leaves its own slot
+/// by a fourth tensor map: O's buffer, seq_q rows o_sn apart, dv columns,
+/// boxes of 64 columns by a warp's 16 rows; each warp's lane 0 stores one
+/// box per 64-column block (d 96: two, the second past dv clipped by the
+/// map), after a proxy fence, and waits until they are read; no thread
+/// stores O itself. Same shared memory as qkv. Where O has no slot of its
+/// own (three stages) nothing changes: three maps, O by 2-byte stores.
+TEST(GpuStoreCodegen, OByItsTensorMap) {
+  const std::string store =
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group";
+  for (int64_t d : {int64_t(128), int64_t(96)})
+    for (const char *persistent : {"0", "1"}) {
+      SCOPED_TRACE("d " + std::to_string(d) + " persistent " + persistent);
+      AttentionSpec spec;
+      spec.headDimQK = spec.headDimV = d;
+      GpuTarget target;
+      TileConfig config = tileConfig(128, 128, 8);
+      config.overlapSoftmax = true;
+      ScopedEnv p("FLASHJIT_PERSISTENT", persistent);
+      std::optional<ScopedEnv> tma;
+      tma.emplace("FLASHJIT_TMA", "qkv");
+      GpuCompilation qkv = compileForGpu(spec, config, target);
+      tma.emplace("FLASHJIT_TMA", "qkvo");
+      GpuCompilation qkvo = compileForGpu(spec, config, target);
+      ASSERT_EQ(qkvo.kernels.size(), 1u);
+      const KernelLaunch &k = qkvo.kernels[0];
+      EXPECT_EQ(k.sharedBytes, qkv.kernels.at(0).sharedBytes);
+      EXPECT_EQ(qkv.kernels.at(0).tensorMaps.size(), 3u);
+      ASSERT_EQ(k.tensorMaps.size(), 4u);
+      const TensorMapRecord &o = k.tensorMaps[3];
+      EXPECT_STREQ(flashjit::abi::bufferName(o.buffer), "o");
+      EXPECT_STREQ(flashjit::abi::indexArgName(o.rows), "seq_q");
+      EXPECT_STREQ(flashjit::abi::indexArgName(o.rowStride), "o_sn");
+      EXPECT_EQ(o.cols, d);
+      EXPECT_EQ(o.boxCols, 64);
+      EXPECT_EQ(o.boxRows, 16);
+      EXPECT_EQ(occurrences(qkvo.ptx, store), 2u);
+      EXPECT_EQ(occurrences(qkvo.ptx, "cp.async.bulk.commit_group"), 1u);
+      EXPECT_EQ(occurrences(qkvo.ptx, "cp.async.bulk.wait_group.read 0"), 1u);
+      EXPECT_EQ(occurrences(qkvo.ptx, "fence.proxy.async.shared::cta"), 1u);
+      EXPECT_EQ(occurrences(qkvo.ptx, "st.global.v4.b32"), 0u);
+      EXPECT_EQ(occurrences(qkvo.ptx, "st.global.b16"), 0u);
+      EXPECT_EQ(occurrences(qkv.ptx, store), 0u);
+      EXPECT_GT(occurrences(qkv.ptx, "st.global.v4.b32"), 0u);
+    }
+  AttentionSpec spec;
+  // The tiling's own flag (`--output-tma`, "output_tma"), no environment.
+  TileConfig flagged = tileConfig(128, 128, 8);
+  flagged.overlapSoftmax = true;
+  flagged.queryByTensorMap = flagged.outputByTensorMap = true;
+  GpuCompilation byFlag = compileForGpu(spec, flagged, GpuTarget());
+  EXPECT_EQ(byFlag.kernels.at(0).tensorMaps.size(), 4u);
+  EXPECT_EQ(occurrences(byFlag.ptx, store), 2u);
+  flagged.queryByTensorMap = false;
+  EXPECT_THROW(flagged.validate(spec), SpecError) << "O's map needs Q's";
+  TileConfig deep = tileConfig(128, 128, 8);
+  deep.overlapSoftmax = true;
+  deep.stages = 3;
+  ScopedEnv tma("FLASHJIT_TMA", "qkvo");
+  GpuCompilation c = compileForGpu(spec, deep, GpuTarget());
+  EXPECT_EQ(c.kernels.at(0).tensorMaps.size(), 3u);
+  EXPECT_EQ(occurrences(c.ptx, store), 0u);
+  EXPECT_GT(occurrences(c.ptx, "st.global.b16"), 0u);
 }
 
 /// With FLASHJIT_BULK_DQ=1 the dK/dV kernel on warpgroup MMAs adds each

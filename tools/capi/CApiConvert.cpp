@@ -357,13 +357,6 @@ Problem sizedProblem(const AttentionSpec &spec, int64_t batch, int64_t heads,
   return p;
 }
 
-std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
-                      int64_t copyBytes, const std::string &arch,
-                      const void *context) {
-  return fmt::format("{}|{}x{}w{}s{}|copy{}|{}|ctx{}", spec.name(), c.blockM,
-                     c.blockN, c.warps, c.stages, copyBytes, arch, context);
-}
-
 //===----------------------------------------------------------------------===//
 // The backward's workspace
 //===----------------------------------------------------------------------===//

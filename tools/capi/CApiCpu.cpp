@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "CApiInternal.h"
+#include "tools/engine/KernelProvider.h"
 
 #include <algorithm>
 #include <cmath>
@@ -53,7 +54,7 @@ static void scatterBack(const HalfTensor &h, const flashjit_tensor &t) {
 std::shared_ptr<CpuKernel> cpuKernel(flashjit_handle *h,
                                      const AttentionSpec &spec,
                                      const TileConfig &config) {
-  std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
+  std::string key = engine::loadedKernelKey(spec, config, 0, "cpu", nullptr);
   std::lock_guard<std::mutex> lock(h->mutex);
   auto it = h->cpuKernels.find(key);
   if (it != h->cpuKernels.end())
@@ -196,7 +197,7 @@ void backwardCpu(flashjit_handle *h, const AttentionSpec &forwardSpec,
   TileConfig config = chooseConfig(spec, p, nullptr);
   std::shared_ptr<CpuBackwardKernel> kernel;
   {
-    std::string key = kernelKey(spec, config, 0, "cpu", nullptr);
+    std::string key = engine::loadedKernelKey(spec, config, 0, "cpu", nullptr);
     std::lock_guard<std::mutex> lock(h->mutex);
     auto it = h->cpuBwdKernels.find(key);
     if (it == h->cpuBwdKernels.end())

@@ -145,8 +145,8 @@ gpuKernel(flashjit_handle *h,
           std::map<std::string, std::shared_ptr<Kernel>> &kernels,
           const AttentionSpec &spec, const TileConfig &config,
           const GpuTarget &target, CUcontext context) {
-  std::string key =
-      kernelKey(spec, config, target.copyBytes, target.arch, context);
+  std::string key = engine::loadedKernelKey(spec, config, target.copyBytes,
+                                            target.arch, context);
   std::lock_guard<std::mutex> lock(h->mutex);
   auto it = kernels.find(key);
   if (it != kernels.end())

@@ -168,11 +168,6 @@ BlockSparseLayout layoutShape(const flashjit_layout &l);
 Problem sizedProblem(const AttentionSpec &spec, int64_t batch, int64_t heads,
                      int64_t seqLenQ, int64_t seqLenKV);
 
-/// The handle's key of a compiled kernel.
-std::string kernelKey(const AttentionSpec &spec, const TileConfig &c,
-                      int64_t copyBytes, const std::string &arch,
-                      const void *context);
-
 /// \p t must have \p like's shape (the gradient of a tensor is shaped as it).
 void checkSameShape(const flashjit_tensor *t, const char *what,
                     const flashjit_tensor &like, const char *likeName);

@@ -94,6 +94,13 @@ bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
 
 } // namespace
 
+std::string loadedKernelKey(const AttentionSpec &spec, const TileConfig &config,
+                            int64_t copyBytes, const std::string &arch,
+                            const void *context) {
+  return fmt::format("{}|{}|copy{}|{}|ctx{}", spec.name(), config.toJson(),
+                     copyBytes, arch, context);
+}
+
 rt::CacheKey tuningKey(const AttentionSpec &spec, const Problem &p,
                        const rt::DeviceInfo &info) {
   rt::CacheKey key;
@@ -183,7 +190,8 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
                   &end) != 4)
     return std::nullopt;
   // The rest: "}" or a split-KV tiling's ",\"splits\":..." (toJson), then
-  // the flags set ("overlap_softmax", "persistent", "query_tma", in that
+  // the flags set ("overlap_softmax", "persistent", "query_tma",
+  // "output_tma", in that
   // order), read here from the last.
   std::string rest = text.substr(size_t(end));
   auto takeFlag = [&](const char *name, bool &flag) {
@@ -194,6 +202,7 @@ std::optional<TileConfig> loadTunedConfig(const AttentionSpec &spec,
       rest = rest.substr(0, rest.size() - tail.size()) + "}";
     }
   };
+  takeFlag("output_tma", tuned.outputByTensorMap);
   takeFlag("query_tma", tuned.queryByTensorMap);
   takeFlag("persistent", tuned.persistent);
   takeFlag("overlap_softmax", tuned.overlapSoftmax);

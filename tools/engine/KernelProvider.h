@@ -66,6 +66,15 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
                       const GpuTarget &target, const KernelSource &source = {},
                       Assembler assembler = Assembler::Best);
 
+/// The key of a loaded kernel in a process's memory (the C API handle's
+/// kernel maps): \p spec's name, every field of \p config (toJson(): the
+/// tiling and the flags that change the kernel, splits, the overlapped loop,
+/// persistent, Q by TMA), the copy width, \p arch and the CUDA \p context
+/// (null on the CPU). Cheap: no build id or driver query, unlike cubinKey().
+std::string loadedKernelKey(const AttentionSpec &spec, const TileConfig &config,
+                            int64_t copyBytes, const std::string &arch,
+                            const void *context);
+
 /// The cache key of tuning results: flashjit's version, build id and code
 /// generator, spec (with its direction: forward and backward are tuned
 /// apart), problem class, GPU identity.

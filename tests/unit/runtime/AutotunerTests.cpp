@@ -123,6 +123,25 @@ TEST(Autotuner, RingCandidatesVaryTheFirstOne) {
                                        same.toJson() == first.toJson();
                               }),
                 1);
+      // O by its tensor map (with Q's): the first's tiling otherwise,
+      // where its shared memory fits.
+      TileConfig byMap = first;
+      byMap.queryByTensorMap = byMap.outputByTensorMap = true;
+      EXPECT_EQ(
+          std::count_if(
+              cands.begin(), cands.end(),
+              [&](const TileConfig &c) { return c.outputByTensorMap; }),
+          gpuConfigProblem(spec, byMap, limits.maxSharedBytes, true).empty()
+              ? 1
+              : 0);
+      EXPECT_EQ(
+          std::count_if(cands.begin(), cands.end(),
+                        [&](const TileConfig &c) {
+                          return c.toJson() == byMap.toJson();
+                        }),
+          gpuConfigProblem(spec, byMap, limits.maxSharedBytes, true).empty()
+              ? 1
+              : 0);
     }
 }
 
