@@ -7,7 +7,8 @@
 # flushed between kernels), N 8192, H 16, d 128; then the dK/dV kernel's
 # warp states for the document and plain. Tests the fixed-cost hypothesis
 # of bench/NOTES.md T35 (preprocess + conversion ~50 us; one program per
-# SM at 255 registers). The dK/dV kernel shares its entry name
+# SM at 255 registers); then, time left, issue 13's forward bar table
+# (side_by_side.py beside cuDNN, two rounds). The dK/dV kernel shares its entry name
 # ("attention") with the forward, which runs first: --launch-skip 1.
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
@@ -25,7 +26,7 @@ P="--head-dim 128 --seq-len 8192 --batch 1 --heads 16 --backward --repeats 1"
 declare -A CASES=([plain]="" [window]="--window 1024,0"
   [document]="--mask-mod document --capture /tmp/seg.npy --mask-blocks")
 for c in plain window document; do
-  left 400 || break
+  left 300 || break
   say "kernel times (us), $c"
   timeout 120 $ncu --metrics gpu__time_duration.sum --csv --launch-count 12 \
     $FJ bench $P ${CASES[$c]} > $OUT/ncu-$c.csv 2>/dev/null
@@ -41,8 +42,12 @@ for r in rows[1:]:
         print(f"  {r[ki][:40]:40s} {float(r[vi].replace(',', '')) / 1e3:9.1f}")
 PY
 done
+left 330 && {
+say "issue 13's forward bars beside cuDNN (TFLOP/s)"
+forward_bars 240
+}
 for c in document plain; do
-  left 500 || break
+  left 480 || break
   say "dK/dV kernel warp states, $c"
   timeout 90 $ncu --section WarpStateStats --section SchedulerStats -k regex:'^attention$' --launch-skip 1 -c 1 \
     $FJ bench $P ${CASES[$c]} > $OUT/ncu-ws-$c.log 2>&1
