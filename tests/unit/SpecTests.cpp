@@ -265,6 +265,41 @@ TEST(CliOptions, DeterministicBackward) {
   }
 }
 
+/// The tiling's switches alone (--overlap-softmax, --persistent,
+/// --query-tma, --output-tma) make the config the flags' but mark it as
+/// switches only, which the GPU commands apply to the device's default
+/// tiling (withTilingSwitches); with any number of the tiling they are
+/// part of a config that is wholly the flags'. --output-tma sets Q's map
+/// too.
+TEST(CliOptions, TilingSwitchesAloneSwitchTheDefault) {
+  auto o = parse({"run", "--head-dim", "96", "--output-tma"});
+  EXPECT_TRUE(o.configFromFlags);
+  EXPECT_TRUE(o.tilingSwitchesOnly);
+  EXPECT_TRUE(o.config.queryByTensorMap && o.config.outputByTensorMap);
+  for (const char *number :
+       {"--block-m", "--block-n", "--warps", "--stages", "--kv-splits"}) {
+    auto n = parse({"run", "--head-dim", "96", "--persistent", number, "2"});
+    EXPECT_TRUE(n.configFromFlags) << number;
+    EXPECT_FALSE(n.tilingSwitchesOnly) << number;
+  }
+  EXPECT_FALSE(parse({"run", "--head-dim", "96"}).configFromFlags);
+  TileConfig base;
+  base.blockM = 192;
+  base.warps = 12;
+  TileConfig switched = cli::withTilingSwitches(base, o.config);
+  EXPECT_EQ(switched.blockM, 192);
+  EXPECT_EQ(switched.warps, 12);
+  EXPECT_TRUE(switched.queryByTensorMap && switched.outputByTensorMap);
+  EXPECT_FALSE(switched.persistent || switched.overlapSoftmax);
+  TileConfig persistent = base;
+  persistent.persistent = true; // a default's own switch stays on
+  EXPECT_TRUE(cli::withTilingSwitches(persistent, o.config).persistent);
+  auto overlap = parse({"run", "--overlap-softmax", "--persistent"});
+  switched = cli::withTilingSwitches(base, overlap.config);
+  EXPECT_TRUE(switched.overlapSoftmax && switched.persistent);
+  EXPECT_FALSE(switched.queryByTensorMap);
+}
+
 /// Large problems check an even sample of rows, always the first and last.
 TEST(Reference, SamplesRowsOfLargeProblems) {
   AttentionSpec spec;

@@ -208,7 +208,11 @@ std::string helpText(const std::string &command) {
          "                       The default d = 128 tiling without a mask\n"
          "                       or modifier takes both\n"
          "  --output-tma         O stored by its tensor map too, with Q's\n"
-         "                       (sm_90a; where O has a slot of its own)\n";
+         "                       (sm_90a; where O has a slot of its own).\n"
+         "                       These switches alone (no --block-m, "
+         "--block-n,\n"
+         "                       --warps, --stages, --kv-splits) switch the\n"
+         "                       GPU's default tiling\n";
 }
 
 } // namespace flashjit::cli

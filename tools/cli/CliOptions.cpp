@@ -20,6 +20,14 @@ namespace flashjit::cli {
 static const char *kCommands[] = {"compile", "run",   "bench",
                                   "tune",    "cache", "help"};
 
+TileConfig withTilingSwitches(TileConfig base, const TileConfig &given) {
+  base.overlapSoftmax |= given.overlapSoftmax;
+  base.persistent |= given.persistent;
+  base.queryByTensorMap |= given.queryByTensorMap;
+  base.outputByTensorMap |= given.outputByTensorMap;
+  return base;
+}
+
 const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
       "--batch",      "--heads",   "--seq-len",   "--seq-len-kv", "--scale",
@@ -100,6 +108,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   // --score-mod's value, applied to the whole description at the end.
   std::optional<std::string> scoreModArg, maskModArg;
   bool blockMGiven = false, blockNGiven = false, warpsGiven = false;
+  bool numbersGiven = false; // --block-m/-n, --warps, --stages, --kv-splits
   std::optional<std::string> window;
 
   using Handler = std::function<void(const std::string &)>;
@@ -154,12 +163,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--block-m",
        [&](auto &v) {
          o.config.blockM = parseInt("--block-m", v);
-         blockMGiven = true;
+         blockMGiven = numbersGiven = true;
        }},
       {"--block-n",
        [&](auto &v) {
          o.config.blockN = parseInt("--block-n", v);
-         blockNGiven = true;
+         blockNGiven = numbersGiven = true;
        }},
       {"--device",
        [&](auto &v) {
@@ -176,12 +185,12 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
       {"--warps",
        [&](auto &v) {
          o.config.warps = parseInt("--warps", v);
-         warpsGiven = true;
+         warpsGiven = numbersGiven = true;
        }},
       {"--stages",
        [&](auto &v) {
          o.config.stages = parseInt("--stages", v);
-         warpsGiven = true; // a tiling flag: the config comes from flags
+         warpsGiven = numbersGiven = true; // the config comes from flags
        }},
       {"--kv-splits",
        [&](auto &v) {
@@ -191,7 +200,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
            throw SpecError(
                fmt::format("--kv-splits: expected auto, 0 or 1..{}, got {}",
                            TileConfig::kMaxSplits, v));
-         warpsGiven = true;
+         warpsGiven = numbersGiven = true;
        }},
       {"--repeats", [&](auto &v) { o.repeats = parseInt("--repeats", v); }},
       {"--score-mod", [&](auto &v) { scoreModArg = v; }},
@@ -204,7 +213,8 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
          o.seed = uint64_t(parseInt("--seed", v));
          o.seedGiven = true;
        }},
-      {"--seqlens-q", [&](auto &v) { o.seqLensQ = parseLengths("--seqlens-q", v); }},
+      {"--seqlens-q",
+       [&](auto &v) { o.seqLensQ = parseLengths("--seqlens-q", v); }},
       {"--seqlens-kv",
        [&](auto &v) { o.seqLensKV = parseLengths("--seqlens-kv", v); }},
   };
@@ -399,6 +409,7 @@ CliOptions parseCommandLine(int argc, const char *const *argv) {
   if (!blockNGiven)
     o.config.blockN = fileTiling ? fileTiling->blockN : heuristic.blockN;
   o.configFromFlags = blockMGiven || blockNGiven || warpsGiven;
+  o.tilingSwitchesOnly = o.configFromFlags && !numbersGiven;
   // Warps split Br (and, in the backward's dK/dV kernel, Bc) in 16-row
   // tiles; with atomic dQ the backward's warps split only Bc.
   const bool atomicDq = backward && !o.spec.deterministic;

@@ -52,6 +52,11 @@ struct CliOptions {
   bool seedGiven = false;
   bool json = false;
   bool configFromFlags = false; ///< any of --block-m, --block-n, --warps
+  /// Only the tiling's switches were given (--overlap-softmax,
+  /// --persistent, --query-tma, --output-tma; no --block-m, --block-n,
+  /// --warps, --stages or --kv-splits): on the GPU they switch the
+  /// device's own default tiling (withTilingSwitches), not the generic one.
+  bool tilingSwitchesOnly = false;
   bool tune = false;            ///< --tune: tune before running
   std::string cacheVerb;        ///< `flashjit cache VERB`
   bool packedQKV = false; ///< q, k, v as views of one (B, N, 3, H, d) buffer
@@ -116,6 +121,10 @@ void applyVarlenOptions(CliOptions &o, bool batchOrLengthGiven);
 /// The options only `run`, `bench` and `tune` use (the problem, the
 /// random inputs, the device, the timing), which `compile` refuses.
 const std::vector<std::string> &runOnlyOptions();
+
+/// \p base with the switches that \p given sets (the overlapped loop, the
+/// persistent kernel, Q and O by their tensor maps) turned on.
+TileConfig withTilingSwitches(TileConfig base, const TileConfig &given);
 
 /// The --help text of \p command ("" for the top level).
 std::string helpText(const std::string &command);

@@ -270,12 +270,14 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       return engine::tuneOnDevice(spec, p, dev.args, target, session.info,
                                   session.cache, progress);
     };
+  const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
+      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
+  std::optional<TileConfig> flags;
+  if (useFlags && o.configFromFlags)
+    flags = o.tilingSwitchesOnly ? withTilingSwitches(fallback, o.config)
+                                 : o.config;
   GpuRunResult r = prepareGpuRun(
-      o, session, spec, target,
-      useFlags && o.configFromFlags ? std::optional<TileConfig>(o.config)
-                                    : std::nullopt,
-      decodeGpuConfig(spec, p).value_or(
-          defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target))),
+      o, session, spec, target, flags, fallback,
       [&](const TileConfig &c) {
         return gpuConfigProblem(spec, c, session.info.maxSharedPerBlockOptin,
                                 usesKvRing(target));

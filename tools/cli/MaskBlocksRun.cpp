@@ -41,10 +41,12 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
   const Problem &p = o.problem;
   GpuSession session;
   GpuTarget target = session.target(o, 16);
-  TileConfig config = o.configFromFlags
-                          ? o.config
-                          : decodeGpuConfig(spec, p).value_or(defaultGpuConfig(
-                                spec, usesWgmma(target), usesKvRing(target)));
+  const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
+      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
+  TileConfig config = !o.configFromFlags ? fallback
+                      : o.tilingSwitchesOnly
+                          ? withTilingSwitches(fallback, o.config)
+                          : o.config;
   CubinBuild build = engine::buildCubin(spec, config, target, session.cache);
   rt::ForwardKernel kernel(build.image, spec, 16, config);
   BlockSparseLayout out = maskBlocksLaunch(spec, p, batch, heads).layout();
