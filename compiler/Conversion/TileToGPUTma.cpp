@@ -203,13 +203,8 @@ void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
       out.push_back(b.getStringAttr(abi::indexArgName(a)));
     return b.getArrayAttr(out);
   };
-  SmallVector<RingTensorMap *, 4> maps;
-  for (RingTensorMap &m : ringMaps)
-    maps.push_back(&m);
-  if (outputMap)
-    maps.push_back(&*outputMap);
-  for (RingTensorMap *mp : maps) {
-    RingTensorMap &m = *mp;
+  // The ring's maps, then O's.
+  auto add = [&](RingTensorMap &m) {
     // A __grid_constant__ parameter once the kernel is an llvm.func
     // (MarkGridConstants: the NVVM dialect admits it only there).
     const unsigned at = kernel.getNumArguments();
@@ -226,7 +221,11 @@ void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
          b.getNamedAttr("cols", b.getI64IntegerAttr(r.cols)),
          b.getNamedAttr("box",
                         b.getDenseI64ArrayAttr({r.boxCols, r.boxRows}))}));
-  }
+  };
+  for (RingTensorMap &m : ringMaps)
+    add(m);
+  if (outputMap)
+    add(*outputMap);
   kernel->setAttr(kTensorMapsAttr, b.getArrayAttr(records));
 }
 

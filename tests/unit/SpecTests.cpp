@@ -294,6 +294,14 @@ TEST(CliOptions, TilingSwitchesAloneSwitchTheDefault) {
   TileConfig persistent = base;
   persistent.persistent = true; // a default's own switch stays on
   EXPECT_TRUE(cli::withTilingSwitches(persistent, o.config).persistent);
+  // flagTiling: the device's default switched, the flags' whole config,
+  // or none.
+  EXPECT_EQ(cli::flagTiling(o, base)->toJson(), switched.toJson());
+  auto numbers =
+      parse({"run", "--head-dim", "96", "--output-tma", "--warps", "4"});
+  EXPECT_EQ(cli::flagTiling(numbers, base)->toJson(), numbers.config.toJson());
+  EXPECT_FALSE(
+      cli::flagTiling(parse({"run", "--head-dim", "96"}), base).has_value());
   auto overlap = parse({"run", "--overlap-softmax", "--persistent"});
   switched = cli::withTilingSwitches(base, overlap.config);
   EXPECT_TRUE(switched.overlapSoftmax && switched.persistent);

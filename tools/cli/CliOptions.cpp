@@ -28,6 +28,14 @@ TileConfig withTilingSwitches(TileConfig base, const TileConfig &given) {
   return base;
 }
 
+std::optional<TileConfig> flagTiling(const CliOptions &o,
+                                     const TileConfig &deviceDefault) {
+  if (!o.configFromFlags)
+    return std::nullopt;
+  return o.tilingSwitchesOnly ? withTilingSwitches(deviceDefault, o.config)
+                              : o.config;
+}
+
 const std::vector<std::string> &runOnlyOptions() {
   static const std::vector<std::string> options = {
       "--batch",      "--heads",   "--seq-len",   "--seq-len-kv", "--scale",

@@ -126,6 +126,13 @@ const std::vector<std::string> &runOnlyOptions();
 /// persistent kernel, Q and O by their tensor maps) turned on.
 TileConfig withTilingSwitches(TileConfig base, const TileConfig &given);
 
+/// The tiling \p o's flags give on the GPU, whose own default is
+/// \p deviceDefault: none without tiling flags; \p deviceDefault with the
+/// switches on where only switches were given (tilingSwitchesOnly); else
+/// the flags' config.
+std::optional<TileConfig> flagTiling(const CliOptions &o,
+                                     const TileConfig &deviceDefault);
+
 /// The --help text of \p command ("" for the top level).
 std::string helpText(const std::string &command);
 

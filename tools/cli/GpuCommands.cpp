@@ -272,10 +272,8 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
     };
   const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
       defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
-  std::optional<TileConfig> flags;
-  if (useFlags && o.configFromFlags)
-    flags = o.tilingSwitchesOnly ? withTilingSwitches(fallback, o.config)
-                                 : o.config;
+  const std::optional<TileConfig> flags =
+      useFlags ? flagTiling(o, fallback) : std::nullopt;
   GpuRunResult r = prepareGpuRun(
       o, session, spec, target, flags, fallback,
       [&](const TileConfig &c) {

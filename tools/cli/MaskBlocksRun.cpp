@@ -43,10 +43,7 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
   GpuTarget target = session.target(o, 16);
   const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
       defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
-  TileConfig config = !o.configFromFlags ? fallback
-                      : o.tilingSwitchesOnly
-                          ? withTilingSwitches(fallback, o.config)
-                          : o.config;
+  TileConfig config = flagTiling(o, fallback).value_or(fallback);
   CubinBuild build = engine::buildCubin(spec, config, target, session.cache);
   rt::ForwardKernel kernel(build.image, spec, 16, config);
   BlockSparseLayout out = maskBlocksLaunch(spec, p, batch, heads).layout();
