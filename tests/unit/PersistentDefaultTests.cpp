@@ -71,6 +71,30 @@ TEST(PersistentDefault, OnlyThePlainD128TilingTakesIt) {
   EXPECT_FALSE(defaultGpuConfig(varlen, true, true).queryByTensorMap);
 }
 
+/// Past d = 128 the ring's forward takes Bc = 80 (T37), plain and masked,
+/// with the overlapped loop; where a sparse block of 128 needs a divisor of
+/// it, T34's Bc = 64 on the same ring instead of the tilings without one.
+TEST(PersistentDefault, PastD128TheRingTakesBc80) {
+  for (int64_t d : {144, 192, 256})
+    for (MaskKind mask :
+         {MaskKind::None, MaskKind::Causal, MaskKind::SlidingWindow}) {
+      AttentionSpec spec = forward(d, mask);
+      const TileConfig ring = defaultGpuConfig(spec, true, true);
+      SCOPED_TRACE(spec.name() + " " + ring.toJson());
+      EXPECT_EQ(ring.blockM, 128);
+      EXPECT_EQ(ring.blockN, 80);
+      EXPECT_TRUE(ring.overlapSoftmax);
+      spec.blockSparse = true;
+      spec.sparseBlock = 128;
+      const TileConfig sparse = defaultGpuConfig(spec, true, true);
+      EXPECT_EQ(sparse.blockN, 64) << sparse.toJson();
+      EXPECT_EQ(sparse.blockM, 128) << sparse.toJson();
+      EXPECT_TRUE(sparse.overlapSoftmax) << sparse.toJson();
+    }
+  EXPECT_EQ(defaultGpuConfig(forward(128), true, true).blockN, 128);
+  EXPECT_NE(defaultGpuConfig(forward(256), true, false).blockN, 80);
+}
+
 /// The backward takes neither: a named error.
 TEST(PersistentDefault, TheBackwardRefusesIt) {
   AttentionSpec bwd = forward(128);

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "kernels/Varlen.h"
@@ -20,6 +21,7 @@
 #include "tools/cli/GpuCommands.h"
 #include "tools/cli/MaskBlocksRun.h"
 #include "tools/engine/BuildId.h"
+#include "tools/engine/KernelProvider.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <cerrno>
@@ -112,20 +114,49 @@ std::string versionText() {
   return text;
 }
 
+/// The tiling `compile` compiles: an --input file's, or the flags'
+/// (flagTiling: switches alone switch the default below), else, for a
+/// forward, the target's default tiling (defaultGpuConfig with the
+/// target's warpgroup MMAs and K/V ring: what `run` and `bench` take
+/// untuned on such a GPU) at every stage but cpu-llvm, which keeps the
+/// generic tiling the CPU runs (o.config).
+TileConfig compileTiling(const CliOptions &o, Stage stage,
+                         const GpuTarget &target) {
+  if (!o.source.empty() || o.spec.direction != Direction::Forward ||
+      stage == Stage::CpuLlvm)
+    return o.config;
+  TileConfig targetDefault =
+      defaultGpuConfig(o.spec, usesWgmma(target), usesKvRing(target));
+  return flagTiling(o, targetDefault).value_or(targetDefault);
+}
+
 int runCompile(const CliOptions &o) {
   Stage stage = parseStage(o.emit);
   GpuTarget target = resolveTarget(o, /*copyBytes=*/16);
+  const TileConfig config = compileTiling(o, stage, target);
+  config.validate(o.spec);
   if (stage == Stage::Cubin) {
     if (o.outputPath.empty())
       throw SpecError("--emit cubin writes a binary: give -o FILE");
     rt::DiskCache cache;
-    CubinBuild b = engine::buildCubin(o.spec, o.config, target, cache, o.source,
+    CubinBuild b = engine::buildCubin(o.spec, config, target, cache, o.source,
                                       engine::Assembler::Cubin);
     std::ofstream out(o.outputPath, std::ios::binary);
     out.write(b.image.cubin.data(), std::streamsize(b.image.cubin.size()));
     out.close();
     if (!out)
       throw SpecError(fmt::format("-o: cannot write '{}'", o.outputPath));
+    // nvJitLink assembles PTX as a separate unit, where ptxas serialises
+    // warpgroup MMAs and ignores setmaxnreg; run and bench have the
+    // driver's JIT assemble such a kernel whole (README, "Whole-program
+    // assembly").
+    if (usesWgmma(target) && engine::wholeProgramWanted(emitStage(
+                                 o.spec, config, Stage::Ptx, target, o.source)))
+      fmt::print(stderr,
+                 "note: this cubin is nvJitLink's separately compiled unit: "
+                 "ptxas serialised its warpgroup MMAs and ignored setmaxnreg "
+                 "(C7509, C7504); run and bench have the driver's JIT "
+                 "assemble the PTX whole (--emit ptx gives it)\n");
     // What a launcher of this cubin needs: the resources each kernel's
     // lowering recorded (kernels/KernelLaunch.h).
     std::string kernels, lines;
@@ -149,7 +180,7 @@ int runCompile(const CliOptions &o) {
                  "\"arch\":\"{}\",\"bytes\":{},\"registers\":{},"
                  "\"spill_bytes\":{},\"cache\":\"{}\",\"prepare_ms\":{:.3f},"
                  "\"output\":\"{}\",\"kernels\":[{}]}}\n",
-                 o.spec.toJson(), o.config.toJson(), target.arch,
+                 o.spec.toJson(), config.toJson(), target.arch,
                  b.image.cubin.size(), b.registers, b.spillBytes,
                  rt::toString(b.cache), b.prepareMs, o.outputPath, kernels);
     else
@@ -160,7 +191,7 @@ int runCompile(const CliOptions &o) {
                  b.spillBytes, rt::toString(b.cache), lines);
     return Ok;
   }
-  std::string text = emitStage(o.spec, o.config, stage, target, o.source);
+  std::string text = emitStage(o.spec, config, stage, target, o.source);
   if (!text.empty() && text.back() != '\n')
     text += '\n';
   writeOutput(o, text);
