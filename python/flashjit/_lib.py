@@ -476,6 +476,42 @@ def lib():
             + "; ".join(tried))
 
 
+def plan_forward_function():
+    """The fastest callable for flashjit_plan_forward(plan, q, k, v, o, lse,
+    counts, indices, stream) -> status, with addresses as ints or None:
+    flashjit._fastcall's plan_forward (a CPython extension on the stable
+    ABI, python/src/FastCall.cpp) where it sits beside the loaded
+    libflashjit.so and FLASHJIT_FASTCALL is not 0, else the library's ctypes
+    function. Both call the same library's function (the extension is given
+    its address); the extension skips ctypes' argument conversion."""
+    loaded = lib()
+    path = _lib_path.parent / "_fastcall.abi3.so"
+    if os.environ.get("FLASHJIT_FASTCALL", "1") != "0" and path.is_file():
+        module = fastcall_module(path)
+        module.set_function(
+            ctypes.cast(loaded.flashjit_plan_forward, ctypes.c_void_p).value)
+        return module.plan_forward
+    return loaded.flashjit_plan_forward
+
+
+def fastcall_module(path):
+    """The flashjit._fastcall extension module at path (imported once)."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    name = __package__ + "._fastcall"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path),
+                                                  loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
 def library_path():
     """The path of the loaded libflashjit.so (loads it)."""
     lib()

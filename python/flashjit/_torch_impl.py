@@ -10,7 +10,8 @@ such key by flashjit_plan_create and kept in a _ForwardPlan (the C plan and
 the output shapes). A call then builds the key (a tuple of torch's own
 shape / stride / dtype values), allocates o and lse (torch's caching
 allocator) and makes ONE foreign call, flashjit_plan_forward, with seven
-pointers and the raw current stream: no ctypes struct, no context switch in
+pointers and the raw current stream (through flashjit._fastcall, a CPython
+extension, where it is built; else ctypes): no struct, no context switch in
 Python (the C side makes the plan's context current if it is not), no
 synchronization. fast_forward is that path for flashjit.attention's eager
 calls (flashjit/__init__.py calls it first).
@@ -269,7 +270,7 @@ def _new_forward_plan(key, q, k, v, mask, scale, wl, wr, bm, layout,
                                      score_mod)
     made = ctypes.c_void_p()
     global _plan_forward, _plan_forward_captured
-    _plan_forward = _lib.lib().flashjit_plan_forward
+    _plan_forward = _lib.plan_forward_function()
     _plan_forward_captured = _lib.lib().flashjit_plan_forward_captured
 
     array, count = captured if captured is not None else (None, 0)

@@ -19,9 +19,16 @@ Rows:
   flashjit::attention_fwd   the torch.library op, through the dispatcher
   flashjit.attention+grad   inputs that require grad (autograd records;
                             forward only)
+  ... plan call by ctypes / by _fastcall
+                            flashjit.attention with its one foreign call
+                            made through ctypes or through the
+                            flashjit._fastcall extension (the default where
+                            it is built; FLASHJIT_FASTCALL=0 takes ctypes)
   C API plan via ctypes     flashjit_plan_forward with every argument
                             prebuilt: the plan call's own cost plus one
-                            ctypes call (the floor of any Python binding)
+                            ctypes call
+  C API plan via _fastcall  the same through flashjit._fastcall (the floor
+                            of this binding)
   C API forward via ctypes  flashjit_forward, prebuilt arguments (the
                             unplanned C call: spec, checks, cache lookups
                             on every call)
@@ -138,7 +145,7 @@ def parts(q, k, v, plan_call, calls, rounds):
         # as a contiguous q (_ForwardPlan.o_like_q).
         ("torch.empty_like(q)", lambda: torch.empty_like(q)),
         ("raw stream", lambda: raw(p.index)),
-        ("plan_forward via ctypes", plan_call),
+        ("plan_forward as attention calls it", plan_call),
         ("flashjit.attention (all)", lambda: flashjit.attention(q, k, v)),
     ]
     return {name: t[0] for name, t in
@@ -162,12 +169,12 @@ def only_plan(q, k, v):
     return p
 
 
-def c_plan_call(q, k, v):
-    """A zero-argument function calling flashjit_plan_forward with prebuilt
-    arguments (the plan flashjit.attention caches, used directly)."""
+def c_plan_call(q, k, v, fn):
+    """A zero-argument function calling flashjit_plan_forward through fn
+    (ctypes' function or flashjit._fastcall's) with prebuilt arguments (the
+    plan flashjit.attention caches, used directly)."""
     p = only_plan(q, k, v)
     o, lse = flashjit.attention(q, k, v, return_lse=True)
-    fn = _lib.lib().flashjit_plan_forward
     stream = torch.cuda.current_stream().cuda_stream
     args = (p.ptr, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
             lse.data_ptr(), None, None, stream)
@@ -247,15 +254,32 @@ def main(argv=None):
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     import flashjit.ops  # noqa: F401
 
-    plan_call, keep = c_plan_call(q, k, v)
+    by_ctypes = _lib.lib().flashjit_plan_forward
+    by_fastcall = _lib.plan_forward_function()
+    plan_call, keep = c_plan_call(q, k, v, by_ctypes)
+    fast_plan_call, keep3 = c_plan_call(q, k, v, by_fastcall)
     forward_call, keep2 = c_forward_call(q, k, v)
     op = torch.ops.flashjit.attention_fwd
+
+    def attention_by(fn):
+        """flashjit.attention with its plan call made through fn (set and
+        restored per call: both rows pay the same two attribute stores; the
+        row above is left as the library chose)."""
+        def call():
+            _torch_impl._plan_forward = fn
+            flashjit.attention(q, k, v)
+            _torch_impl._plan_forward = by_fastcall
+        return call
+
     rows = [
         ("flashjit.attention", lambda: flashjit.attention(q, k, v)),
+        ("  ... plan call by ctypes", attention_by(by_ctypes)),
+        ("  ... plan call by _fastcall", attention_by(by_fastcall)),
         ("flashjit::attention_fwd",
          lambda: op(q, k, v, 0, 0.0, -1, -1, None, None, 0, False)),
         ("flashjit.attention+grad", lambda: flashjit.attention(qg, kg, vg)),
         ("C API plan via ctypes", plan_call),
+        ("C API plan via _fastcall", fast_plan_call),
         ("C API forward via ctypes", forward_call),
         ("sdpa", lambda: F.scaled_dot_product_attention(q, k, v)),
     ]
@@ -300,7 +324,7 @@ def main(argv=None):
         print(f"{name:<32}{us:>10.2f}{loops[name]:>10.2f}{span}")
     if "plan_forward_us" not in native:
         print(f"C++ plan benchmark: {native}")
-    pieces = (parts(q, k, v, plan_call, args.calls, args.rounds)
+    pieces = (parts(q, k, v, fast_plan_call, args.calls, args.rounds)
               if args.parts else {})
     if pieces:
         print("pieces of flashjit.attention, host us each alone:")

@@ -5,6 +5,7 @@
 #
 #   .carry/bin/flashjit                 CLI (RUNPATH $ORIGIN/../lib)
 #   .carry/lib/libflashjit.so           stripped (or .so.gz, see below)
+#   .carry/lib/_fastcall.abi3.so        the flashjit._fastcall extension
 #   .carry/bin/flashjit-*-gpu-tests     GoogleTest binaries under the size cap
 #   .carry/bin/flashjit-plan-bench      the C API plan call's micro-benchmark
 #   .carry/anchors/anchor_bench.py      the shared peer benchmark
@@ -49,6 +50,10 @@ MANIFEST=.carry/MANIFEST.txt
 
 strip --strip-unneeded -o .carry/bin/flashjit build/bin/flashjit
 strip --strip-unneeded -o .carry/lib/libflashjit.so build/lib/libflashjit.so
+# flashjit._fastcall (python/CMakeLists.txt): flashjit/_lib.py looks for it
+# beside the library it loads.
+[[ -f build/lib/_fastcall.abi3.so ]] &&
+  strip --strip-unneeded -o .carry/lib/_fastcall.abi3.so build/lib/_fastcall.abi3.so
 if ! readelf -d .carry/bin/flashjit | grep -q 'ORIGIN/../lib'; then
   echo "warning: .carry/bin/flashjit has no \$ORIGIN/../lib RUNPATH;" \
     "gpu-run.sh sets LD_LIBRARY_PATH=.carry/lib as a fallback" >&2

@@ -41,7 +41,7 @@ say "built $(basename "$wheel") ($(($(stat -c %s "$wheel") / 1048576)) MiB)"
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 need = ["flashjit/__init__.py", "flashjit/_lib.py", "flashjit/ops.py",
-        "flashjit/libflashjit.so"]
+        "flashjit/libflashjit.so", "flashjit/_fastcall.abi3.so"]
 missing = [n for n in need if n not in names]
 if missing:
     sys.exit(f"test-wheel: the wheel lacks {missing}: {names}")
@@ -66,5 +66,6 @@ PYEOF
 env -u FLASHJIT_LIBRARY -u PYTHONPATH FLASHJIT_TEST_INSTALLED=1 \
   "$TV/venv/bin/python" -m pytest -q -p no:cacheprovider \
   "$ROOT/python/tests/test_cpu.py" "$ROOT/python/tests/test_bad_inputs.py" \
-  "$ROOT/python/tests/test_varlen_cpu.py"
+  "$ROOT/python/tests/test_varlen_cpu.py" \
+  "$ROOT/python/tests/test_fastcall_cpu.py"
 say "ok"
