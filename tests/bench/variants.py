@@ -9,7 +9,9 @@ score_mod / mask_mod, given to flashjit.attention as the same functions
 (traced into its kernel) or as its named form, and to
 torch.compile(flex_attention). For each: the forward and the backward
 (autograd to q, k, v, and to a variant's learned tensor) in milliseconds
-(triton's do_bench median, else CUDA events), flashjit / flex, and each
+(triton's do_bench median, else CUDA events; the backward both as
+(forward + backward) - forward and alone, on a retained graph), flashjit /
+flex, and each
 one's cost over its own plain kernel in the same run (the issue asks at
 most 10%); the relative error of flashjit's forward against flex's, and of
 the learned tensor's gradient. A variant that flashjit (or flex) cannot
@@ -112,15 +114,20 @@ def build(name, torch, fj, n, h, device):
 
 
 def timed(torch, fn, q, k, v, learned=()):
-    """Forward and backward milliseconds of fn, its output and the
-    gradients of learned (the backward asks for q, k, v and learned)."""
+    """Forward and backward milliseconds of fn, the backward alone, its
+    output and the gradients of learned (the backward asks for q, k, v and
+    learned). The backward is (forward + backward) - forward, as since T17;
+    "alone" (since T37) times autograd.grad on one retained graph, so no
+    subtraction of two medians and no forward in the timed calls."""
     out = fn(q, k, v)
     grad = torch.randn_like(out)
     leaves = (q, k, v, *learned)
-    grads = torch.autograd.grad(out, leaves, grad)[3:]
+    grads = torch.autograd.grad(out, leaves, grad, retain_graph=True)[3:]
     fwd = sbs.bench_ms(lambda: fn(q, k, v))
     bwd = sbs.bench_ms(lambda: torch.autograd.grad(fn(q, k, v), leaves, grad))
-    return fwd, bwd - fwd, out.detach(), grads
+    alone = sbs.bench_ms(
+        lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True))
+    return fwd, bwd - fwd, alone, out.detach(), grads
 
 
 def rel_err(torch, x, ref):
@@ -166,13 +173,15 @@ def main():
         try:
             bm = (create_block_mask(mask_mod, None, None, args.n, args.n, device="cuda")
                   if mask_mod else None)
-            row["flex_fwd_ms"], row["flex_bwd_ms"], ref, ref_grads = timed(
+            (row["flex_fwd_ms"], row["flex_bwd_ms"], row["flex_bwd_alone_ms"], ref,
+             ref_grads) = timed(
                 torch, lambda a, b_, c: flex(a, b_, c, score_mod=score_mod, block_mask=bm),
                 q, k, v, learned)
         except Exception as e:  # noqa: BLE001
             row["flex_error"], ref = sbs.short(e), None
         try:
-            row["fj_fwd_ms"], row["fj_bwd_ms"], out, grads = timed(
+            (row["fj_fwd_ms"], row["fj_bwd_ms"], row["fj_bwd_alone_ms"], out,
+             grads) = timed(
                 torch, lambda a, b_, c: flashjit.attention(a, b_, c, **fj_kwargs), q, k, v,
                 learned)
             if ref is not None:
@@ -209,6 +218,14 @@ def main():
         print(f"| {r['variant']} | {cell(r, 'fj_fwd_ms')} | {cell(r, 'flex_fwd_ms')} | {ratio['fwd']} | "
               f"{over(r, 'fj', 'fwd')} | {cell(r, 'fj_bwd_ms')} | {cell(r, 'flex_bwd_ms')} | "
               f"{ratio['bwd']} | {over(r, 'fj', 'bwd')} | {err} | {gerr} | {note} |")
+    print("\nthe backward alone (autograd.grad on a retained graph), ms")
+    print("| variant | fj bwd alone | flex bwd alone | fj/flex | fj over plain |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        both = "fj_bwd_alone_ms" in r and "flex_bwd_alone_ms" in r
+        ratio = f"{r['fj_bwd_alone_ms'] / r['flex_bwd_alone_ms']:.2f}" if both else "-"
+        print(f"| {r['variant']} | {cell(r, 'fj_bwd_alone_ms')} | "
+              f"{cell(r, 'flex_bwd_alone_ms')} | {ratio} | {over(r, 'fj', 'bwd_alone')} |")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(b=args.b, h=args.h, n=args.n, d=args.d, rows=rows), fh, indent=1)
