@@ -372,8 +372,10 @@ TEST(KernelLaunch, MissingRecordIsANamedError) {
   }
 }
 
-/// The cubin cache stores the records with the cubin; an entry of the
-/// format before them, or with a damaged record, is rebuilt with them.
+/// The cubin cache stores the records with the cubin, and whether its PTX
+/// wants whole-program assembly (CubinBuild::wholeProgram); an entry of a
+/// format before them (no records; no `whole=`), or with a damaged record,
+/// is rebuilt with them.
 TEST(KernelLaunch, CubinCacheKeepsTheRecords) {
   std::string dir =
       (std::filesystem::temp_directory_path() /
@@ -391,13 +393,17 @@ TEST(KernelLaunch, CubinCacheKeepsTheRecords) {
   EXPECT_EQ(again.cache, rt::CacheStatus::Hit);
   EXPECT_EQ(again.image.kernels, first.image.kernels);
   EXPECT_EQ(again.image.cubin, first.image.cubin);
+  EXPECT_FALSE(first.wholeProgram);
+  EXPECT_FALSE(again.wholeProgram);
 
   rt::CacheKey key = engine::cubinKey(s, config, target);
   std::string old = "registers=255 spill=0\n";
-  std::string damaged = "registers=255 spill=0 kernels=3\n" +
+  std::string noWhole = "registers=255 spill=0 kernels=3\n" +
+                        formatKernelLaunches(first.image.kernels);
+  std::string damaged = "registers=255 spill=0 whole=0 kernels=3\n" +
                         formatKernelLaunches(first.image.kernels);
   damaged.replace(damaged.find(" keys "), 6, " rows ");
-  for (const std::string &head : {old, damaged}) {
+  for (const std::string &head : {old, noWhole, damaged}) {
     std::vector<char> payload(head.begin(), head.end());
     payload.insert(payload.end(), first.image.cubin.begin(),
                    first.image.cubin.end());
@@ -406,6 +412,21 @@ TEST(KernelLaunch, CubinCacheKeepsTheRecords) {
     EXPECT_EQ(rebuilt.cache, rt::CacheStatus::Rebuilt) << head;
     EXPECT_EQ(rebuilt.image.kernels, first.image.kernels) << head;
   }
+
+  // A warpgroup kernel on the K/V ring (sm_90a): its PTX wants the whole
+  // program, a fact the cache keeps.
+  AttentionSpec hopper = spec(Direction::Forward, 128, MaskKind::None, 1);
+  GpuTarget sm90a;
+  sm90a.arch = "sm_90a";
+  TileConfig ring = defaultGpuConfig(hopper, true, true);
+  engine::CubinBuild built = engine::buildCubin(hopper, ring, sm90a, cache, {},
+                                                engine::Assembler::Cubin);
+  EXPECT_EQ(built.cache, rt::CacheStatus::Miss);
+  EXPECT_TRUE(built.wholeProgram);
+  engine::CubinBuild kept = engine::buildCubin(hopper, ring, sm90a, cache, {},
+                                               engine::Assembler::Cubin);
+  EXPECT_EQ(kept.cache, rt::CacheStatus::Hit);
+  EXPECT_TRUE(kept.wholeProgram);
   std::filesystem::remove_all(dir);
 }
 

@@ -21,7 +21,6 @@
 #include "tools/cli/GpuCommands.h"
 #include "tools/cli/MaskBlocksRun.h"
 #include "tools/engine/BuildId.h"
-#include "tools/engine/KernelProvider.h"
 #include "tools/engine/Stopwatch.h"
 
 #include <cerrno>
@@ -150,8 +149,7 @@ int runCompile(const CliOptions &o) {
     // warpgroup MMAs and ignores setmaxnreg; run and bench have the
     // driver's JIT assemble such a kernel whole (README, "Whole-program
     // assembly").
-    if (usesWgmma(target) && engine::wholeProgramWanted(emitStage(
-                                 o.spec, config, Stage::Ptx, target, o.source)))
+    if (b.wholeProgram)
       fmt::print(stderr,
                  "note: this cubin is nvJitLink's separately compiled unit: "
                  "ptxas serialised its warpgroup MMAs and ignored setmaxnreg "

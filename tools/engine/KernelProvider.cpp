@@ -52,13 +52,14 @@ bool wholeProgramWanted(const std::string &ptx) {
 
 namespace {
 
-/// Cached cubins start with one line "registers=R spill=S kernels=N", then
-/// the N kernels' recorded launches (formatKernelLaunches), then the cubin.
+/// Cached cubins start with one line "registers=R spill=S whole=W
+/// kernels=N" (W: CubinBuild::wholeProgram, 0 or 1), then the N kernels'
+/// recorded launches (formatKernelLaunches), then the cubin.
 std::vector<char> packCubin(const CubinBuild &b) {
-  std::string head = fmt::format("registers={} spill={} kernels={}\n",
-                                 b.registers, b.spillBytes,
-                                 b.image.kernels.size()) +
-                     formatKernelLaunches(b.image.kernels);
+  std::string head =
+      fmt::format("registers={} spill={} whole={} kernels={}\n", b.registers,
+                  b.spillBytes, int(b.wholeProgram), b.image.kernels.size()) +
+      formatKernelLaunches(b.image.kernels);
   std::vector<char> out(head.begin(), head.end());
   out.insert(out.end(), b.image.cubin.begin(), b.image.cubin.end());
   return out;
@@ -71,12 +72,13 @@ bool unpackCubin(const std::vector<char> &payload, CubinBuild &b) {
   if (nl == payload.end())
     return false;
   std::string head(payload.begin(), nl);
-  int kernels = 0;
+  int kernels = 0, whole = -1;
   char extra = 0;
-  if (std::sscanf(head.c_str(), "registers=%d spill=%d kernels=%d%c",
-                  &b.registers, &b.spillBytes, &kernels, &extra) != 3 ||
-      kernels < 1 || kernels > 16)
+  if (std::sscanf(head.c_str(), "registers=%d spill=%d whole=%d kernels=%d%c",
+                  &b.registers, &b.spillBytes, &whole, &kernels, &extra) != 4 ||
+      (whole != 0 && whole != 1) || kernels < 1 || kernels > 16)
     return false;
+  b.wholeProgram = whole == 1;
   auto end = nl + 1;
   for (int i = 0; i < kernels; ++i) {
     end = std::find(end, payload.end(), '\n');
@@ -136,9 +138,10 @@ CubinBuild buildCubin(const AttentionSpec &spec, const TileConfig &config,
     b.cache = rt::CacheStatus::Rebuilt;
   }
   GpuCompilation compiled = compileForGpu(spec, config, target, source);
+  b.wholeProgram = wholeProgramWanted(compiled.ptx);
   rt::CubinResult r;
   std::optional<rt::ResourceUsage> fromFunctions;
-  if (assembler == Assembler::Best && wholeProgramWanted(compiled.ptx) &&
+  if (assembler == Assembler::Best && b.wholeProgram &&
       rt::CudaDriver::get().available()) {
     // Compiled now by the driver (so that its report is known, and errors
     // show here); the image is the PTX, compiled again (or from the

@@ -28,6 +28,10 @@ namespace flashjit::engine {
 struct CubinBuild {
   KernelImage image;
   int registers = -1, spillBytes = 0;
+  /// Its PTX wants whole-program assembly (wholeProgramWanted): where
+  /// nvJitLink made the image (Assembler::Cubin), ptxas serialised its
+  /// warpgroup MMAs and ignored setmaxnreg.
+  bool wholeProgram = false;
   rt::CacheStatus cache = rt::CacheStatus::Miss;
   double prepareMs = 0; ///< flashjit's own time: cache lookup or compile
 };
