@@ -83,17 +83,19 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
     // registers, no spill, at d = 144..256, dqk != dv and windows). There
     // Bc = 80 (T37, H100, d = 256, N 16K, two rounds against Bc = 64 in one
     // call: +2.5%, causal +4.2%; Q and a two-stage ring of K and V take
-    // 224 KiB at d = 256), or 64 where the sparse block needs a divisor.
+    // 224 KiB at d = 256), or T34's 64 where the sparse block needs a
+    // divisor.
+    constexpr int64_t kWideBc = 80, kWideBcSparse = 64;
     static const Row ringPlain[] = {{48, 64, 128, 4},
                                     {96, 192, 128, 12, 2},
                                     {112, 128, 128, 8, 2},
                                     {128, 128, 128, 8, 2, true, true},
-                                    {256, 128, 80, 8, 2, true}};
+                                    {256, 128, kWideBc, 8, 2, true}};
     static const Row ringMasked[] = {{48, 64, 128, 4},
                                      {64, 192, 128, 12, 2},
                                      {112, 128, 128, 8, 2},
                                      {128, 128, 128, 8, 2, true},
-                                     {256, 128, 80, 8, 2, true}};
+                                     {256, 128, kWideBc, 8, 2, true}};
     // A score modifier keeps T10's, but for the overlapped loop at d in
     // 113..128: T12's form spilled with one (ALiBi, causal: 96 bytes);
     // FlashAttention-3's order, peeled (T29, T30), holds softcap and ALiBi,
@@ -116,8 +118,8 @@ inline TileConfig defaultGpuConfig(const AttentionSpec &spec,
       return t && (!spec.blockSparse || (spec.sparseBlock % t->blockM == 0 &&
                                          spec.sparseBlock % t->blockN == 0));
     };
-    if (!divides(c) && c && c->blockN == 80)
-      c->blockN = 64; // T34's Bc past d = 128
+    if (!divides(c) && c && c->blockN == kWideBc)
+      c->blockN = kWideBcSparse;
     if (!divides(c) && kvRing)
       c = lookUp(plain, masked);
     if (divides(c))

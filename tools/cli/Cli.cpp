@@ -9,7 +9,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
-#include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
 #include "kernels/Varlen.h"
@@ -115,17 +114,15 @@ std::string versionText() {
 
 /// The tiling `compile` compiles: an --input file's, or the flags'
 /// (flagTiling: switches alone switch the default below), else, for a
-/// forward, the target's default tiling (defaultGpuConfig with the
-/// target's warpgroup MMAs and K/V ring: what `run` and `bench` take
-/// untuned on such a GPU) at every stage but cpu-llvm, which keeps the
-/// generic tiling the CPU runs (o.config).
+/// forward, the target's default tiling (targetDefaultTiling: what `run`
+/// and `bench` take untuned on such a GPU) at every stage but cpu-llvm,
+/// which keeps the generic tiling the CPU runs (o.config).
 TileConfig compileTiling(const CliOptions &o, Stage stage,
                          const GpuTarget &target) {
   if (!o.source.empty() || o.spec.direction != Direction::Forward ||
       stage == Stage::CpuLlvm)
     return o.config;
-  TileConfig targetDefault =
-      defaultGpuConfig(o.spec, usesWgmma(target), usesKvRing(target));
+  TileConfig targetDefault = targetDefaultTiling(o.spec, target);
   return flagTiling(o, targetDefault).value_or(targetDefault);
 }
 

@@ -59,6 +59,16 @@ GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes) {
   return t;
 }
 
+TileConfig targetDefaultTiling(const AttentionSpec &spec,
+                               const GpuTarget &target) {
+  return defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target));
+}
+
+TileConfig deviceDefaultTiling(const AttentionSpec &spec, const Problem &p,
+                               const GpuTarget &target) {
+  return decodeGpuConfig(spec, p).value_or(targetDefaultTiling(spec, target));
+}
+
 GpuSession::GpuSession() {
   nvJitLinkLoaded = std::async(std::launch::async, [] {
     try {
@@ -270,8 +280,7 @@ GpuRunResult runForwardOnDevice(const CliOptions &o, GpuSession &session,
       return engine::tuneOnDevice(spec, p, dev.args, target, session.info,
                                   session.cache, progress);
     };
-  const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
-      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
+  const TileConfig fallback = deviceDefaultTiling(spec, p, target);
   const std::optional<TileConfig> flags =
       useFlags ? flagTiling(o, fallback) : std::nullopt;
   GpuRunResult r = prepareGpuRun(

@@ -36,6 +36,18 @@ Device resolveDevice(const CliOptions &o);
 /// The --target to compile for: the flag, else the GPU's, else sm_90a.
 GpuTarget resolveTarget(const CliOptions &o, int64_t copyBytes);
 
+/// The forward's tiling on \p target for any problem that is not a decode,
+/// without flags or tuning: defaultGpuConfig with the target's warpgroup
+/// MMAs and K/V ring.
+TileConfig targetDefaultTiling(const AttentionSpec &spec,
+                               const GpuTarget &target);
+
+/// The forward's tiling on \p target for problem \p p without flags or
+/// tuning: the split-KV decode tiling where \p p is a decode
+/// (decodeGpuConfig), else targetDefaultTiling.
+TileConfig deviceDefaultTiling(const AttentionSpec &spec, const Problem &p,
+                               const GpuTarget &target);
+
 using engine::CubinBuild;
 
 /// The GPU side of one CLI run: the driver started with device 0's context

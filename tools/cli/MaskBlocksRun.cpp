@@ -15,7 +15,6 @@
 
 #include "tools/cli/MaskBlocksRun.h"
 #include "compiler/Compiler.h"
-#include "kernels/GpuDefaults.h"
 #include "runtime/AttentionLauncher.h"
 #include "runtime/CudaDriver.h"
 #include "tools/cli/GpuCommands.h"
@@ -41,8 +40,7 @@ static BlockSparseLayout classifyOnGpu(const CliOptions &o,
   const Problem &p = o.problem;
   GpuSession session;
   GpuTarget target = session.target(o, 16);
-  const TileConfig fallback = decodeGpuConfig(spec, p).value_or(
-      defaultGpuConfig(spec, usesWgmma(target), usesKvRing(target)));
+  const TileConfig fallback = deviceDefaultTiling(spec, p, target);
   TileConfig config = flagTiling(o, fallback).value_or(fallback);
   CubinBuild build = engine::buildCubin(spec, config, target, session.cache);
   rt::ForwardKernel kernel(build.image, spec, 16, config);
