@@ -21,7 +21,8 @@ namespace flashjit {
 /// and cache keys, stay as they were).
 static std::string tilingOptions(const TileConfig &config) {
   return std::string(config.splits ? " kv-split=true" : "") +
-         (config.overlapSoftmax ? " overlap-softmax=true" : "");
+         (config.overlapSoftmax ? " overlap-softmax=true" : "") +
+         (usesBiasProduct(config) ? " bias-product=true" : "");
 }
 
 std::string cpuPipelineText(const TileConfig &config) {

@@ -372,6 +372,19 @@ inline int64_t queryMapSharedBytes(const GpuGeometry &geo,
   return slot ? roundUp(geo.sharedBytes, 1024) + slot : geo.sharedBytes;
 }
 
+/// The bias product (dialects/Attn/Transforms/BiasProduct.h: ALiBi's bias
+/// as one more step of Q K^T in the overlapped loop) reads a constant
+/// 16 x Bc bf16 operand from a shared slot of its own after every other
+/// (compiler/Conversion/TileToGPUConstants.cpp). Rings of up to this many
+/// stages leave room for it at the head dims it takes (up to 128; 196 KiB
+/// with O's slot at Bc = 128), deeper ones keep the bias an fma a score.
+inline constexpr int64_t kBiasProductMaxStages = 2;
+/// Whether \p config's forward takes the bias product where its score
+/// modifier allows it (the tiling option bias-product).
+inline bool usesBiasProduct(const TileConfig &config) {
+  return config.overlapSoftmax && config.stages <= kBiasProductMaxStages;
+}
+
 /// The columns of dQ = dS K that each of \p groups warpgroups holds (the
 /// dK/dV kernel on warpgroup MMAs, \p cols dQ's columns padded to 16): a
 /// 64-wide block each where they split evenly so, else all of them (the

@@ -17,4 +17,6 @@ ms() { tail -1 | python3 -c 'import json,sys
 try: print(json.loads(sys.stdin.read())["time_ms"])
 except Exception: print("fail")'; }
 say "CLI plain backward ms: warm $(timeout 40 $FJ bench $A 2>/dev/null | ms), cold-l2 $(timeout 40 $FJ bench $A --cold-l2 2>/dev/null | ms)"
+D="--mask-mod document --capture bench/runs/T37-7-seg8192.npy --mask-blocks"
+say "CLI document backward ms: warm $(timeout 40 $FJ bench $A $D 2>/dev/null | ms), cold-l2 $(timeout 40 $FJ bench $A $D --cold-l2 2>/dev/null | ms)"
 say done

@@ -263,6 +263,8 @@ void TileKernelLowering::markLive() {
 
 /// Hands \p op to its family's lowering; scalar ops are cloned as they are.
 LogicalResult TileKernelLowering::lowerOp(Operation *op) {
+  if (constantOps.contains(op))
+    return success(); // written at the kernel's start (fillSharedConstants)
   if (branch >= 0 && op->getNumRegions() == 0 && op->getNumResults() > 0 &&
       llvm::all_of(op->getResults(),
                    [&](Value v) { return isTile(v) && !live.contains(v); })) {
@@ -370,6 +372,7 @@ LogicalResult TileKernelLowering::run(mlir::gpu::GPUModuleOp gpuModule) {
   smem = sharedMemoryBase(b, g);
   setUpThreads();
   mapPlacedArguments(b, g, fn, kernel, place, map);
+  fillSharedConstants();
 
   Block &body = fn.getBody().front();
   if (place.splits.size() == 2) {

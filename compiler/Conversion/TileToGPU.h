@@ -96,8 +96,7 @@ public:
                      const AttentionSpec &spec, const TileConfig &config,
                      int64_t copyBytes, const KernelPlacement &place);
 
-  /// Builds the kernel in \p gpuModule; errors are emitted on the op at
-  /// fault.
+  /// Builds the kernel in \p gpuModule; errors are emitted on the op at fault.
   LogicalResult run(mlir::gpu::GPUModuleOp gpuModule);
 
 private:
@@ -133,8 +132,7 @@ private:
   };
   StoreRows storeRowsOf(tile::StoreOp op);
   /// Where a store stages its register tile: a slot of \p rows rows, and
-  /// the shared tile it belongs to (null for outputSlot, which no copy
-  /// fills).
+  /// the shared tile it belongs to (null for outputSlot, which no copy fills).
   struct StagingSlot {
     SharedSlot slot;
     int64_t rows = 0;
@@ -180,6 +178,9 @@ private:
                    Value dstShift);
   /// The byte offset of \p v's slot in the stage being computed (i32).
   Value slotOffset(Value v);
+  void findSharedConstants(); ///< constant rhs tiles: TileToGPUConstants.cpp
+  void placeSharedConstants();
+  void fillSharedConstants();
 
   // Compute (TileToGPUCompute.cpp).
   /// Waits for every cp.async copy in flight, then (wgmma) the proxy
@@ -231,6 +232,7 @@ private:
   /// Pins the registers that \p first and the independent dots right after
   /// it read, then wgmma.fence: one batch of MMAs.
   void openBatch(tile::DotOp first);
+  bool chainsOnto(tile::DotOp dot, tile::DotOp before); ///< (Wgmma.cpp)
   /// Commits the open batch (if any); with \p wait, also waits for every
   /// MMA in flight and pins their results.
   void settle(bool wait);
@@ -447,10 +449,9 @@ private:
   /// Shared loads whose copies a loop's pipeline issues (skipped in place).
   llvm::DenseSet<Operation *> pipelined;
   /// The first dot of each pipeline stage: before it, wait and barrier,
-  /// then these copies.
+  /// then these copies: (load, 0) for this iteration's, (load, 1) for the
+  /// next one's (guarded by t + 1 < ub).
   struct BeforeDot {
-    /// Copies to issue after the barrier: (load, 0) for this iteration's,
-    /// (load, 1) for the next one's (guarded by t + 1 < ub).
     llvm::SmallVector<std::pair<tile::LoadOp, int>> issue;
   };
   llvm::DenseMap<Operation *, BeforeDot> beforeDot;
@@ -463,6 +464,8 @@ private:
   /// Register tiles that a product reads transposed: their staging slots,
   /// written where they are rounded (stageTransposed).
   llvm::MapVector<Value, SharedSlot> staging;
+  llvm::MapVector<Value, SharedSlot> sharedConstants; ///< and their ops:
+  llvm::DenseSet<Operation *> constantOps;
   /// Warpgroup MMAs: the builder, the warpgroup index, the products whose
   /// registers are still being written and their commit groups (numbered
   /// by `commits`, the groups committed so far), whether a batch is open
@@ -522,8 +525,7 @@ private:
   /// The bases read by the function's top-level loops (the ring's candidate
   /// streams), the loads of those streams before the ring loop, in order,
   /// with their stream and position (the overlapped loop's first K:
-  /// stream 0, position 0), and per stream how many such loads lead the
-  /// loop's.
+  /// stream 0, position 0), and per stream how many such loads lead the loop's.
   llvm::DenseSet<Value> loopBases;
   struct RingLead {
     tile::LoadOp load;
@@ -587,9 +589,8 @@ private:
     Value copyTid;
   };
   /// Inside a loop being lowered: loop-variant copies of the lane bases and
-  /// an opaque copy of the thread index, so that addresses are recomputed
-  /// (one add each) rather than hoisted into registers live across the
-  /// loop. Returns the outer state for leaveLoop.
+  /// an opaque thread index, so that addresses are recomputed (one add
+  /// each), not held across the loop. Returns the outer state for leaveLoop.
   LoopLanes enterLoop();
   void leaveLoop(LoopLanes outer);
 };

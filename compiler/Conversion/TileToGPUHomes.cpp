@@ -57,7 +57,10 @@ LogicalResult TileKernelLowering::assignHomes() {
         for (Operation &inner : loop.getBody()->without_terminator())
           if (auto load = dyn_cast<tile::LoadOp>(&inner))
             loopBases.insert(load.getBase());
+  findSharedConstants();
   WalkResult walk = fn.walk([&](Operation *op) -> WalkResult {
+    if (constantOps.contains(op))
+      return WalkResult::advance(); // placeSharedConstants
     if (auto loop = dyn_cast<scf::ForOp>(op)) {
       for (Value v :
            llvm::concat<Value>(loop.getRegionIterArgs(), loop.getResults()))
@@ -208,6 +211,7 @@ LogicalResult TileKernelLowering::assignHomes() {
     sharedBytes = outputSlot.offset + place.outputStagingBytes;
     describeOutputMap();
   }
+  placeSharedConstants();
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "

@@ -170,6 +170,16 @@ static SmallVector<Value> packA(flashjit::gpu::GpuBuilder &g,
   return a;
 }
 
+/// Whether \p dot only accumulates onto \p before's result, its one use,
+/// issued in the same batch on the same registers (the bias product after
+/// Q K^T: dialects/Attn/Transforms/BiasProduct.cpp). Not with split
+/// commits, where each product's group is waited for alone.
+bool TileKernelLowering::chainsOnto(tile::DotOp dot, tile::DotOp before) {
+  Value r = before.getResult();
+  return !place.splitCommits && dot.getAcc() == r && dot.getLhs() != r &&
+         dot.getRhs() != r && r.hasOneUse();
+}
+
 void TileKernelLowering::openBatch(tile::DotOp first) {
   if (takesTurn(first)) {
     waitTurn();
@@ -179,7 +189,8 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
   for (Operation *op = first; op; op = op->getNextNode()) {
     auto dot = dyn_cast<tile::DotOp>(op);
     if (!dot || dot.getTransposeLhs() || llvm::any_of(run, [&](tile::DotOp d) {
-          return llvm::is_contained(dot->getOperands(), d.getResult());
+          return llvm::is_contained(dot->getOperands(), d.getResult()) &&
+                 !chainsOnto(dot, d);
         }))
       break;
     run.push_back(dot);
@@ -191,7 +202,10 @@ void TileKernelLowering::openBatch(tile::DotOp first) {
   batchRun.clear();
   for (tile::DotOp dot : run) {
     batchRun.insert(dot);
-    if (Value acc = dot.getAcc()) {
+    if (Value acc = dot.getAcc();
+        acc && llvm::is_contained(run, acc.getDefiningOp<tile::DotOp>())) {
+      // Chained: its accumulator is the registers of the product before.
+    } else if (acc) {
       live.append(frags[acc].regs.begin(), frags[acc].regs.end());
       spans.push_back({acc, frags[acc].regs.size()});
     } else {
@@ -287,6 +301,20 @@ LogicalResult TileKernelLowering::lowerWgmmaDot(tile::DotOp op) {
                     "MMAs");
   }
   frags[op.getResult()].regs.assign(d.begin(), d.end());
+  if (Value acc = op.getAcc(); acc && batchRun.contains(acc.getDefiningOp())) {
+    // Chained onto a product of this batch: its result takes that one's
+    // place in flight (one set of registers), and its ring stages with it.
+    auto *it = llvm::find(inFlight, acc);
+    if (it != inFlight.end()) {
+      inFlightGroups.erase(inFlightGroups.begin() + (it - inFlight.begin()));
+      inFlight.erase(it);
+    }
+    if (auto rel = ringReleases.find(acc); rel != ringReleases.end()) {
+      auto uses = std::move(rel->second);
+      ringReleases.erase(rel);
+      ringReleases[op.getResult()] = std::move(uses);
+    }
+  }
   inFlight.push_back(op.getResult());
   inFlightGroups.push_back(commits); // the open batch's, once committed
   batchUncommitted = true;

@@ -7,6 +7,7 @@
 #include "dialects/Attn/IR/AttnDialect.h"
 #include "dialects/Attn/Transforms/Passes.h"
 #include "dialects/Tile/IR/TileDialect.h"
+#include "kernels/GpuGeometry.h"
 
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
 #include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
@@ -47,6 +48,7 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   tile.blockN = config.blockN;
   tile.kvSplit = config.splits != 0;
   tile.overlapSoftmax = config.overlapSoftmax;
+  tile.biasProduct = usesBiasProduct(config);
   pm.addPass(attn::createTileAttention(tile));
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
@@ -121,6 +123,10 @@ static TileConfig toConfig(const FlashjitPipelineOptions &options) {
   if (options.kvSplit)
     config.splits = TileConfig::kAutoSplits;
   config.overlapSoftmax = options.overlapSoftmax;
+  // The text names the bias product's choice (tilingOptions), not the
+  // ring's depth that made it: a deeper ring stands for "none".
+  if (options.overlapSoftmax && !options.biasProduct)
+    config.stages = kBiasProductMaxStages + 1;
   return config;
 }
 

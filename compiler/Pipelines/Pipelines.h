@@ -67,6 +67,12 @@ struct FlashjitPipelineOptions
                      "t + 1 before the softmax of block t "
                      "(flashjit-tile-attention's overlap-softmax)"),
       llvm::cl::init(false)};
+  Option<bool> biasProduct{
+      *this, "bias-product",
+      llvm::cl::desc("with overlap-softmax: an affine score bias as one more "
+                     "step of Q K^T (flashjit-tile-attention's "
+                     "bias-product)"),
+      llvm::cl::init(false)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
 using namespace flashjit;
 
@@ -56,6 +57,9 @@ const Case kOverlapCases[] = {
   {"softcap", 64, 64, BF, CAUSAL, 1, 64, 64, 1, 2, 300, 300, 0, 0, DENSE, 128, SEP, "softcap:5", 0, true},
   {"alibi_gqa2", 64, 64, BF, NONE, 2, 32, 64, 1, 4, 200, 333, 0, 0, DENSE, 128, SEP, "alibi:4", 0, true},
   {"split_kv_decode_gqa8", 128, 128, BF, NONE, 8, 16, 64, 2, 16, 1, 1500, 0, 0, DENSE, 128, SEP, "", 5, true},
+  // The bias product (BiasProduct.h): ALiBi's bias as one more k-step.
+  {"alibi_bias_product_causal", 128, 128, BF, CAUSAL, 1, 128, 128, 1, 4, 300, 517, 0, 0, DENSE, 128, SEP, "alibi:4", 0, true},
+  {"alibi_bias_product_bc80", 112, 96, BF, NONE, 1, 128, 80, 2, 2, 333, 250, 0, 0, DENSE, 128, SEP, "alibi:2", 0, true},
 };
 // clang-format on
 
@@ -213,3 +217,48 @@ TEST(OverlapSoftmax, GpuNeedsTheRingOnTwoConsumerWarpgroups) {
 }
 
 } // namespace
+
+namespace {
+
+/// The tiled text of ALiBi (alibi:4) at d = 128 on the overlapped loop with
+/// \p stages ring stages, or on the plain loop.
+std::string alibiTiled(bool overlap, int64_t stages = 2) {
+  AttentionSpec spec;
+  spec.headDimQK = spec.headDimV = 128;
+  spec.scoreMod = "alibi:4";
+  TileConfig config = tileConfig(128, 128, 8);
+  config.stages = stages;
+  config.overlapSoftmax = overlap;
+  return emitStage(spec, config, Stage::Tile);
+}
+
+} // namespace
+
+/// Lines of \p text that are an fma on score tiles (128 x 128).
+int scoreFmas(const std::string &text) {
+  int n = 0;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);)
+    n += line.find("math.fma") != std::string::npos &&
+         line.find(": tensor<128x128xf32>") != std::string::npos;
+  return n;
+}
+
+/// On the overlapped loop with a ring of up to two stages, ALiBi's bias is
+/// one more product step on the same accumulator (Br x 16 by 16 x Bc, for
+/// the first block and in the loop) and no score adds it: each block's one
+/// fma a score is the exponent's, as without a modifier. A deeper ring
+/// keeps the fma (the operand's slot would not fit beside its stages), as
+/// does the plain loop.
+TEST(BiasProduct, AlibiTakesOneMoreProductStep) {
+  const std::string bias = "tensor<128x16xbf16>, tensor<16x128xbf16>";
+  const std::string product = alibiTiled(true), deep = alibiTiled(true, 3),
+                    plain = alibiTiled(false);
+  EXPECT_EQ(occurrences(product, bias), 2) << product;
+  EXPECT_EQ(occurrences(product, "tile.dot"),
+            occurrences(deep, "tile.dot") + 2);
+  EXPECT_EQ(scoreFmas(product), 2) << product;
+  EXPECT_EQ(scoreFmas(deep), 4) << deep;
+  EXPECT_EQ(occurrences(deep, bias), 0);
+  EXPECT_EQ(occurrences(plain, bias), 0);
+}

@@ -4,8 +4,9 @@
 /// arith.sitofp of an index tile affine in the element's row and column
 /// (kv_idx - q_idx in the KV loop) is lowered as one conversion per column
 /// parity and adds of constants (TileKernelLowering::lowerAffineConversion);
-/// any other i32 tile keeps one conversion per register. Checked on the PTX, no
-/// GPU needed.
+/// any other i32 tile keeps one conversion per register; ALiBi's bias on the
+/// overlapped loop is a product step instead (BiasProduct.h). Checked on the
+/// PTX, no GPU needed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -95,4 +96,49 @@ TEST(GpuAffineConversion, OtherIndexTilesConvertEachRegister) {
     return compileToPtx(inspectSource(source).spec, config, target, source);
   };
   EXPECT_GT(occurrences(ptxOf(product, "product.mlir"), "cvt.rn.f32.s32"), 8);
+}
+
+/// ALiBi's bias (slope (j - i), the slope a function of the head) on the
+/// ring's overlapped loop at d = 128 is one more wgmma on Q K^T's
+/// accumulator (BiasProduct.h): two more MMAs than the same loop's plain
+/// kernel (the first block's and the loop's), each issued in Q K^T's batch
+/// (as many commit groups as the plain kernel), A from registers; its
+/// 16 x 128 operand written once by 2-byte shared stores before a proxy
+/// fence, in a slot of its own past the plain kernel's shared memory.
+TEST(GpuAffineConversion, AlibiIsOneMoreWarpgroupMma) {
+  const char *alibi = R"(
+    %one = arith.constant 1 : index
+    %h1 = arith.addi %h, %one : index
+    %hi = arith.index_cast %h1 : index to i32
+    %hf = arith.sitofp %hi : i32 to f32
+    %e = arith.constant -0.5 : f32
+    %x = arith.mulf %hf, %e : f32
+    %slope = math.exp2 %x : f32
+    %d = arith.subi %j, %i : index
+    %di = arith.index_cast %d : index to i32
+    %df = arith.sitofp %di : i32 to f32
+    %bias = arith.mulf %slope, %df : f32
+)";
+  KernelSource source{withBias(alibi, 128), "alibi.mlir"};
+  KernelSource plainSource{
+      withBias("    %bias = arith.constant 0.0 : f32\n", 128), "plain.mlir"};
+  TileConfig config = tileConfig(128, 128, 8);
+  config.overlapSoftmax = true;
+  GpuTarget target;
+  target.arch = "sm_90a";
+  const std::string ptx =
+      compileToPtx(inspectSource(source).spec, config, target, source);
+  const std::string plain = compileToPtx(inspectSource(plainSource).spec,
+                                         config, target, plainSource);
+  EXPECT_EQ(occurrences(ptx, "wgmma.mma_async"),
+            occurrences(plain, "wgmma.mma_async") + 2);
+  EXPECT_EQ(occurrences(ptx, "wgmma.commit_group"),
+            occurrences(plain, "wgmma.commit_group"));
+  EXPECT_EQ(occurrences(ptx, "st.shared.b16"), 6) << "2048 elements, 384 "
+                                                     "threads";
+  EXPECT_EQ(occurrences(plain, "st.shared.b16"), 0);
+  const size_t fill = ptx.find("st.shared.b16"),
+               fence = ptx.find("fence.proxy.async", fill),
+               first = ptx.find("wgmma.mma_async");
+  EXPECT_LT(fence, first);
 }

@@ -39,6 +39,11 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
            "block t + 1 before the softmax of block t, which then runs "
            "while the tensor cores compute it (the first block's S before "
            "the loop)">,
+    Option<"biasProduct", "bias-product", "bool", "false",
+           "with overlap-softmax and bf16 head dims up to 128: a score "
+           "bias affine in the block's row and column (ALiBi's) becomes one "
+           "more k-step of Q K^T on constant operands (BiasProduct.h), whose "
+           "16 x Bc tile takes a shared slot on the GPU">,
   ];
 }
 

@@ -21,6 +21,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/BiasProduct.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "dialects/Attn/Transforms/TiledForward.h"
 #include "dialects/Attn/Transforms/UniformAddend.h"
@@ -171,6 +172,7 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
                                                                Value partial) {
   Value factor = expFactor; // scores to log2 units of P
   Value shift; // the scores' uniform addend (a Br tile), peeled, or null
+  bool rawBias = false; // the scores are raw, the shift is scaled (log2 e)
   std::optional<double> fixedMax; // a bound that serves as every row's max
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
@@ -186,6 +188,14 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
     }
     if (auto peeled = peelUniformAddend(b, b.getLoc(), s))
       std::tie(s, shift) = *peeled;
+    // In the overlapped loop (warpgroup MMAs) an affine bias left in the
+    // loop becomes one more step of the Q K^T product: raw scores again.
+    if (biasProduct && factor == expFactor && !fixedMax)
+      if (auto raw = biasAsProduct(b, s, scale)) {
+        s = *raw;
+        factor = scaleLog2;
+        rawBias = true;
+      }
   }
   if (op.hasMaskMod())
     s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
@@ -207,16 +217,20 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
     mBlock = constTile(*fixedMax, rowTy);
   } else {
     Value rowMax = reduce("max", s, 1);
-    if (shift) // max(x + u) = max(x) + u; -inf stays -inf
-      rowMax = fadd(rowMax, shift);
-    mBlock = fmul(rowMax, rowFactor);
+    if (shift && rawBias) // max(x f + u e) = max(x) f + u e
+      mBlock = fma(rowMax, rowFactor, fmul(shift, splat(expFactor, rowTy)));
+    else if (shift) // max(x + u) = max(x) + u; -inf stays -inf
+      mBlock = fmul(fadd(rowMax, shift), rowFactor);
+    else
+      mBlock = fmul(rowMax, rowFactor);
   }
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
   Value alpha = exp2(fsub(m, mUse));
   Value negMRow = mlir::arith::NegFOp::create(b, mUse);
   if (shift) // (x + u) f - m = x f + (u f - m), per row
-    negMRow = fma(shift, rowFactor, negMRow);
+    negMRow =
+        fma(shift, rawBias ? splat(expFactor, rowTy) : rowFactor, negMRow);
   Value negM = broadcast(negMRow, sTy, 1);
   Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value rowSum = reduce("sum", p, 1);

@@ -26,12 +26,16 @@ class TiledForwardBuilder : TileIRBuilderBase {
 public:
   /// \p split: the split-KV partial (role "forward_split"), followed by
   /// its combine function (TileAttentionSplit.cpp).
-  /// \p overlap: the software-pipelined KV loop (buildOverlappedLoop).
+  /// \p overlap: the software-pipelined KV loop (buildOverlappedLoop);
+  /// \p biasProduct: there, an affine bias as one more product step
+  /// (BiasProduct.h), with bf16 head dims up to 128 and Bc up to 128.
   TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split,
-                      bool overlap)
+                      bool overlap, bool biasProduct = false)
       : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
         hasBand(op.getMask() != "none"), split(split), overlap(overlap),
+        biasProduct(biasProduct && overlap && bc <= 128 &&
+                    std::max(dqk, dv) <= 128),
         pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
         numBufs(split ? int(abi::split::NumBuffers) : int(abi::NumBuffers)),
         numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
@@ -78,7 +82,7 @@ private:
   const bool hasBand;
   /// Split-KV; and GQA packing (split, gqa > 1, dense): the group's query
   /// heads are the rows of one tile (kernels/KernelABI.h, abi::split).
-  const bool split, overlap, pack;
+  const bool split, overlap, biasProduct, pack;
   const int numBufs, numIdx;
   mlir::Type elemTy;
   mlir::func::FuncOp func;

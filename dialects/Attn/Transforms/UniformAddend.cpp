@@ -55,6 +55,28 @@ struct InsertedOps : OpBuilder::Listener {
   }
 };
 
+/// Whether tile \p v has one value in every element: a splat, a splat
+/// constant, or an arith / math op of such tiles.
+bool isUniformAt(Value v, int depth) {
+  if (depth > kMaxDepth || !isa<RankedTensorType>(v.getType()))
+    return false;
+  DenseElementsAttr dense;
+  if (matchPattern(v, m_Constant(&dense)))
+    return dense.isSplat();
+  Operation *op = v.getDefiningOp();
+  if (!op)
+    return false;
+  if (isa<flashjit::tile::SplatOp>(op))
+    return true;
+  if (!isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) ||
+      op->getNumResults() != 1 || op->getNumRegions() != 0 ||
+      !isMemoryEffectFree(op))
+    return false;
+  return llvm::all_of(op->getOperands(), [&](Value operand) {
+    return isUniformAt(operand, depth + 1);
+  });
+}
+
 /// A tile as base + u broadcast along its rows, u a rank-1 tile of one
 /// value (a splat of the row shape, which the GPU keeps in one register);
 /// a null base or u stands for 0.
@@ -72,7 +94,7 @@ public:
   Split split(Value v, int depth = 0) {
     if (depth > kMaxDepth)
       return {v, Value()};
-    if (isUniform(v))
+    if (isUniformAt(v, 0))
       return {Value(), rowOf(v)};
     Operation *op = v.getDefiningOp();
     if (!op)
@@ -95,7 +117,7 @@ public:
     if (isa<arith::MulIOp, arith::MulFOp>(op))
       for (unsigned k = 0; k < 2; ++k) {
         Value factor = op->getOperand(k);
-        if (!isUniform(factor))
+        if (!isUniformAt(factor, 0))
           continue;
         Split x = split(op->getOperand(1 - k), depth + 1);
         if (!x.u)
@@ -106,35 +128,12 @@ public:
     return {v, Value()};
   }
 
-private:
-  /// Whether tile \p v has one value in every element: a splat, a splat
-  /// constant, or an arith / math op of such tiles.
-  bool isUniform(Value v, int depth = 0) {
-    if (depth > kMaxDepth || !isa<RankedTensorType>(v.getType()))
-      return false;
-    DenseElementsAttr dense;
-    if (matchPattern(v, m_Constant(&dense)))
-      return dense.isSplat();
-    Operation *op = v.getDefiningOp();
-    if (!op)
-      return false;
-    if (isa<flashjit::tile::SplatOp>(op))
-      return true;
-    if (!isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) ||
-        op->getNumResults() != 1 || op->getNumRegions() != 0 ||
-        !isMemoryEffectFree(op))
-      return false;
-    return llvm::all_of(op->getOperands(), [&](Value operand) {
-      return isUniform(operand, depth + 1);
-    });
-  }
-
   /// The rank-1 tile (rows) of \p type's element type.
   RankedTensorType rowType(Type type) {
     return RankedTensorType::get({rows}, getElementTypeOrSelf(type));
   }
 
-  /// Uniform tile \p v (isUniform) rebuilt on the row shape, once: the
+  /// Uniform tile \p v (isUniformAt) rebuilt on the row shape, once: the
   /// same ops, so that every target lowers them as it lowers \p v's.
   Value rowOf(Value v) {
     if (Value known = rowForms.lookup(v))
@@ -160,6 +159,7 @@ private:
     return row;
   }
 
+private:
   /// \p op (its name and attributes) on \p operands, of type \p type.
   Value clone(Operation *op, ArrayRef<Value> operands, Type type) {
     OperationState state(loc, op->getName());
@@ -256,4 +256,13 @@ flashjit::attn::detail::peelUniformAddend(OpBuilder &b, Location loc, Value s) {
     return std::make_pair(peeled, x.u);
   }
   return std::nullopt;
+}
+
+bool flashjit::attn::detail::isUniformTile(Value v) {
+  return isUniformAt(v, 0);
+}
+
+Value flashjit::attn::detail::uniformRow(OpBuilder &b, Location loc, Value v,
+                                         int64_t rows) {
+  return AddendSplitter(b, loc, rows).rowOf(v);
 }

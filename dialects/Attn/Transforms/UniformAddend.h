@@ -34,6 +34,15 @@ namespace flashjit::attn::detail {
 std::optional<std::pair<mlir::Value, mlir::Value>>
 peelUniformAddend(mlir::OpBuilder &b, mlir::Location loc, mlir::Value s);
 
+/// Whether tile \p v has one value in every element: a splat, a splat
+/// constant, or a pure arith / math op of such tiles.
+bool isUniformTile(mlir::Value v);
+
+/// Uniform tile \p v (isUniformTile) rebuilt on the row shape (\p rows,
+/// its element type) by the same ops, at \p b's insertion point.
+mlir::Value uniformRow(mlir::OpBuilder &b, mlir::Location loc, mlir::Value v,
+                       int64_t rows);
+
 } // namespace flashjit::attn::detail
 
 #endif // FLASHJIT_DIALECTS_ATTN_TRANSFORMS_UNIFORMADDEND_H
