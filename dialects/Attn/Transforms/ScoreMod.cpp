@@ -94,6 +94,24 @@ bool scoreModUses(Region &region, unsigned i) {
   return !region.front().getArgument(arg).use_empty();
 }
 
+bool scoreModIndexAddresses(Region &region, unsigned i) {
+  unsigned arg = isMaskModRegion(region) ? i - 1 : i;
+  SmallVector<Value> work{region.front().getArgument(arg)};
+  llvm::SmallPtrSet<Operation *, 8> seen;
+  while (!work.empty()) {
+    Value v = work.pop_back_val();
+    for (OpOperand &use : v.getUses()) {
+      Operation *user = use.getOwner();
+      if (auto load = dyn_cast<memref::LoadOp>(user);
+          load && use.getOperandNumber() > 0)
+        return true; // an index of the load
+      if (seen.insert(user).second)
+        llvm::append_range(work, user->getResults());
+    }
+  }
+  return false;
+}
+
 /// The integer tile \p v as the integer tile type \p to: sign- (or, for
 /// \p isUnsigned, zero-) extended, truncated, or itself.
 static Value castInteger(OpBuilder &b, Location loc, Value v,

@@ -34,6 +34,13 @@ struct ScoreModIndices {
 /// at batch): the tiling builds only the tiles it uses.
 bool scoreModUses(mlir::Region &region, unsigned i);
 
+/// Whether \p region's index argument \p i (as scoreModUses) addresses a
+/// captured tensor: some memref.load's index depends on it. Only such
+/// positions are clamped into the problem (the tiles' padding elements
+/// would read past the tensor); a position used only as a number (ALiBi's
+/// j - i) keeps its affine form.
+bool scoreModIndexAddresses(mlir::Region &region, unsigned i);
+
 /// The score_mod \p region (checked by checkScoreModTileable) applied
 /// elementwise to the f32 tile \p scores (the scaled scores), built at
 /// \p b's insertion point: its result tile. Index values become i32 tiles

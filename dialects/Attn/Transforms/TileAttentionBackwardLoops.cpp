@@ -117,7 +117,8 @@ void TiledBackwardBuilder::buildMain() {
 ///   %pth = arith.truncf %pt2 : ... to tensor<BcxBrxbf16>
 ///   %dv2 = tile.dot %pth, %do acc %dv
 ///   %dpt = tile.dot %v, %do {transpose_rhs}
-///   %ds = arith.mulf %pt2, (%dpt - bcast(%dl) dim 0)
+///   %ds = arith.mulf %pt2, (%dpt - bcast(%dl) dim 0)  // with a modifier
+///                        // and no captured gradient, %pt2 * d s'/d s
 ///   %dsh = arith.truncf %ds
 ///   %dk2 = tile.dot %dsh, %q acc %dk
 ///   %dq = tile.dot %dsh, %k {transpose_lhs}                // atomic dQ
@@ -140,16 +141,20 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
                            partial));
   Value pm = maskMain(pt, first);
   Value pth = truncTile(pm, elemTy);
+  // Without captured gradients, P d score'/d score at once: one tile stays
+  // live across the products below instead of P and the derivative (the
+  // softcap backward's registers).
+  Value pd = dmod && reads.empty() ? fmul(pm, dmod) : pm;
   Value dvNew = dot(pth, dO, dvAcc, false, false);
   Value dpt = dot(vTile, dO, Value(), false, /*transposeRhs=*/true);
   // The gradient of the modified scores, then (by d score'/d score) of the
   // scaled ones, from P unrounded (which the captured tensors' gradients
   // read too: their sums over whole rows, a temperature or a slope, cancel).
   Value dpMinusD = fsub(dpt, broadcast(dl, sTy, /*dim=*/0));
-  Value ds = fmul(pm, dpMinusD);
+  Value ds = fmul(pd, dpMinusD);
   if (!reads.empty())
     addCaptureGrads(reads, ds, first);
-  if (dmod)
+  if (dmod && !reads.empty())
     ds = fmul(ds, dmod);
   Value dsh = truncTile(ds, elemTy);
   Value dkNew = dot(dsh, q, dk, false, false);

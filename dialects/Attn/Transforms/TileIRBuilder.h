@@ -207,10 +207,10 @@ protected:
     llvm::function_ref<Value()> headTile;
     /// q_idx and kv_idx tiles (i32), built only when the region uses them.
     llvm::function_ref<Value()> qIdx, kvIdx;
-    /// The positions are clamped below these (index) where the region
-    /// reads captured tensors, or always with \p clampAlways: the tile's
-    /// padding then takes the last real position's, so that its loads stay
-    /// in the tensors.
+    /// The positions are clamped below these (index) where they address
+    /// captured tensors (scoreModIndexAddresses), or always with \p
+    /// clampAlways: the tile's padding then takes the last real position's,
+    /// so that its loads stay in the tensors.
     Value nq, nkv;
     bool clampAlways = false;
   };
@@ -226,11 +226,14 @@ protected:
       indices.batch = splat(toI32(at.batch), iTy);
     if (scoreModUses(region, 2))
       indices.head = at.headTile ? at.headTile() : splat(toI32(at.head), iTy);
-    const bool clamp = at.clampAlways || !captures.empty();
+    auto clamp = [&](unsigned i) {
+      return at.clampAlways ||
+             (!captures.empty() && scoreModIndexAddresses(region, i));
+    };
     if (scoreModUses(region, 3))
-      indices.qIdx = clamp ? insideProblem(at.qIdx(), at.nq) : at.qIdx();
+      indices.qIdx = clamp(3) ? insideProblem(at.qIdx(), at.nq) : at.qIdx();
     if (scoreModUses(region, 4))
-      indices.kvIdx = clamp ? insideProblem(at.kvIdx(), at.nkv) : at.kvIdx();
+      indices.kvIdx = clamp(4) ? insideProblem(at.kvIdx(), at.nkv) : at.kvIdx();
     indices.captures.assign(captures.begin(), captures.end());
     return indices;
   }

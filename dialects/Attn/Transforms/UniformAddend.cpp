@@ -27,6 +27,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -55,8 +56,20 @@ struct InsertedOps : OpBuilder::Listener {
   }
 };
 
+/// Whether \p gather reads a buffer that nothing in its function writes (a
+/// captured tensor: a slope per head), so that its value depends on its
+/// index alone.
+bool readsConstantBuffer(flashjit::tile::GatherOp gather) {
+  return llvm::none_of(gather.getBase().getUsers(), [](Operation *user) {
+    return isa<flashjit::tile::ScatterAddOp, flashjit::tile::ScatterOp,
+               flashjit::tile::StoreOp, flashjit::tile::AtomicAddOp,
+               memref::StoreOp>(user);
+  });
+}
+
 /// Whether tile \p v has one value in every element: a splat, a splat
-/// constant, or an arith / math op of such tiles.
+/// constant, a gather of a constant buffer at a uniform index, or an
+/// arith / math op of such tiles.
 bool isUniformAt(Value v, int depth) {
   if (depth > kMaxDepth || !isa<RankedTensorType>(v.getType()))
     return false;
@@ -68,6 +81,9 @@ bool isUniformAt(Value v, int depth) {
     return false;
   if (isa<flashjit::tile::SplatOp>(op))
     return true;
+  if (auto gather = dyn_cast<flashjit::tile::GatherOp>(op))
+    return readsConstantBuffer(gather) &&
+           isUniformAt(gather.getIndex(), depth + 1);
   if (!isa<arith::ArithDialect, math::MathDialect>(op->getDialect()) ||
       op->getNumResults() != 1 || op->getNumRegions() != 0 ||
       !isMemoryEffectFree(op))
@@ -148,6 +164,10 @@ public:
     } else if (auto splat = v.getDefiningOp<flashjit::tile::SplatOp>()) {
       row = flashjit::tile::SplatOp::create(b, loc, rowType(v.getType()),
                                             splat->getOperand(0));
+    } else if (auto gather = v.getDefiningOp<flashjit::tile::GatherOp>()) {
+      row = flashjit::tile::GatherOp::create(b, loc, rowType(v.getType()),
+                                             gather.getBase(),
+                                             rowOf(gather.getIndex()));
     } else {
       Operation *op = v.getDefiningOp();
       SmallVector<Value> operands;
@@ -193,8 +213,9 @@ bool isInvariant(Value v, LoopLikeOpInterface loop, int depth = 0) {
   if (loop.isDefinedOutsideOfLoop(v))
     return true;
   Operation *op = v.getDefiningOp();
+  auto gather = dyn_cast_or_null<flashjit::tile::GatherOp>(op);
   if (!op || depth > kMaxDepth || op->getNumRegions() != 0 ||
-      !isMemoryEffectFree(op))
+      (!isMemoryEffectFree(op) && !(gather && readsConstantBuffer(gather))))
     return false;
   return llvm::all_of(op->getOperands(), [&](Value operand) {
     return isInvariant(operand, loop, depth + 1);

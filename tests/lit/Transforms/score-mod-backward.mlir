@@ -5,7 +5,9 @@
 // log2(e) units), and derives d(score')/d(score) beside each op of the
 // region by the chain rule: 1 / 20 for the division, 1 - t^2 for the tanh,
 // 20 for the product. dS = P (dP - D) then takes that factor before it is
-// rounded. Every function records the modifier.
+// rounded: P times that factor at once, right after P is rounded for dV
+// (one tile live across the dV and dP products, not two). Every function
+// records the modifier.
 // CHECK-LABEL: func.func @softcap_preprocess(
 // CHECK-SAME: score_mod = "softcap:20"
 // CHECK-LABEL: func.func @softcap(
@@ -25,9 +27,12 @@
 // CHECK: %[[DY:.*]] = arith.mulf %[[DT]], %[[C]] : tensor<32x64xf32>
 // CHECK: %[[E:.*]] = math.fma %[[Y]], %{{.*}}, %{{.*}} : tensor<32x64xf32>
 // CHECK: math.exp2 %[[E]]
-// CHECK: %[[DS:.*]] = arith.mulf %{{.*}}, %{{.*}} : tensor<32x64xf32>
-// CHECK: %[[DSM:.*]] = arith.mulf %[[DS]], %[[DY]] : tensor<32x64xf32>
-// CHECK: arith.truncf %[[DSM]] : tensor<32x64xf32> to tensor<32x64xbf16>
+// CHECK: arith.truncf %[[P:.*]] : tensor<32x64xf32> to tensor<32x64xbf16>
+// CHECK-NEXT: %[[PD:.*]] = arith.mulf %[[P]], %[[DY]] : tensor<32x64xf32>
+// CHECK: tile.dot
+// CHECK: %[[DPD:.*]] = arith.subf
+// CHECK: %[[DS:.*]] = arith.mulf %[[PD]], %[[DPD]] : tensor<32x64xf32>
+// CHECK: arith.truncf %[[DS]] : tensor<32x64xf32> to tensor<32x64xbf16>
 // CHECK-LABEL: func.func @softcap_dq(
 // CHECK-SAME: score_mod = "softcap:20"
 module {
