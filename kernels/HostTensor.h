@@ -310,7 +310,9 @@ struct BackwardCheck {
 /// heads, whose gradients depend on that group only (referenceBackward on
 /// that sub-problem); else, in that group, an even sample of query rows
 /// (dQ) and keys (dK, dV) (referenceBackwardSampled). NaN is counted over
-/// every gradient element either way.
+/// every gradient element either way. Captured tensors' gradients (sums
+/// over every head and row) are compared only in the first scope
+/// (err.capturesChecked).
 BackwardCheck checkBackward(const AttentionSpec &spec, const Problem &problem,
                             const AttentionData &data,
                             const AttentionGrads &grads,

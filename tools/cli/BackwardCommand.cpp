@@ -330,12 +330,15 @@ int runBackward(const CliOptions &o) {
                err.dvRelErr, forwardRelErr, bound, ok ? "ok" : "FAILED");
     if (check.checkedHeads < p.batch * p.heads || check.sampledRows)
       fmt::print("checked: batch 0's KV head 0 with its {} query head(s), of "
-                 "{} query heads{}\n",
+                 "{} query heads{}{}\n",
                  check.checkedHeads, p.batch * p.heads,
                  check.sampledRows
                      ? fmt::format("; sampled: {} dQ rows, {} dK/dV keys",
                                    *check.sampledRows, *check.sampledKeys)
-                     : "");
+                     : "",
+                 spec.captureGrads ? "; captured tensors' gradients not "
+                                     "checked (they sum over every head)"
+                                   : "");
     fmt::print("compile {:.1f} ms, backward {:.3f} ms", run.compileMs,
                run.runMs);
     if (run.forwardMs)
