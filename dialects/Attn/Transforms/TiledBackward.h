@@ -15,6 +15,7 @@
 #define FLASHJIT_DIALECTS_ATTN_TRANSFORMS_TILEDBACKWARD_H
 
 #include "dialects/Attn/IR/AttnDialect.h"
+#include "dialects/Attn/Transforms/FoldConstantFactors.h"
 #include "dialects/Attn/Transforms/ScoreMod.h"
 #include "dialects/Attn/Transforms/TileIRBuilder.h"
 #include "kernels/GpuGeometry.h"
@@ -49,13 +50,18 @@ public:
     return dqPassTiles(op.getHeadDimQk(), op.getSparseBlock(), config);
   }
 
+  /// The loops' score tiles then lose the constant factors the modifier's
+  /// chain rule left on them (FoldConstantFactors.h).
   void build() {
     buildPreprocess();
     buildMain();
-    if (atomicDq)
+    (void)foldConstantFactors(func);
+    if (atomicDq) {
       buildDqConvert();
-    else
+    } else {
       buildDq();
+      (void)foldConstantFactors(func);
+    }
     for (unsigned c = 0; fixedPoint && c < 64; ++c)
       if ((op.getCaptureGrads() >> c) & 1)
         buildCaptureConvert(c);

@@ -4,28 +4,28 @@
 // S^T = K Q^T, runs the region on it to recompute P (its exponent in
 // log2(e) units), and derives d(score')/d(score) beside each op of the
 // region by the chain rule: 1 / 20 for the division, 1 - t^2 for the tanh,
-// 20 for the product. dS = P (dP - D) then takes that factor before it is
-// rounded: P times that factor at once, right after P is rounded for dV
-// (one tile live across the dV and dP products, not two). Every function
-// records the modifier.
+// 20 for the product. Then the constant factors fold (FoldConstantFactors):
+// scale and 1 / 20 are one factor computed once (%[[F]] = scale * 0.05),
+// the derivative's 1 / 20 * 20 is gone (1 - t^2 as one fma), and the 20
+// of the product joins log2(e) in the exponent's fma (28.85 = 20 log2 e).
+// dS = P (dP - D) takes the factor through P, right after P is rounded
+// for dV (one tile live across the dV and dP products, not two). Every
+// function records the modifier.
 // CHECK-LABEL: func.func @softcap_preprocess(
 // CHECK-SAME: score_mod = "softcap:20"
 // CHECK-LABEL: func.func @softcap(
 // CHECK-SAME: %[[SCALE:arg[0-9]+]]: f32, %arg{{[0-9]+}}: index, %arg{{[0-9]+}}: index)
 // CHECK-SAME: role = "main"{{.*}}score_mod = "softcap:20"
+// CHECK: %[[F:.*]] = arith.mulf %[[SCALE]], %{{.*}} : f32
 // CHECK: scf.for
 // CHECK: %[[ST:.*]] = tile.dot %{{.*}}, %{{.*}} {transpose_rhs} : {{.*}} -> tensor<32x64xf32>
-// CHECK: %[[SPL:.*]] = tile.splat %[[SCALE]] : f32 -> tensor<32x64xf32>
-// CHECK: %[[SC:.*]] = arith.mulf %[[ST]], %[[SPL]] : tensor<32x64xf32>
-// CHECK: %[[X:.*]] = arith.divf %[[SC]], %[[C:.*]] : tensor<32x64xf32>
-// CHECK: %[[DX:.*]] = arith.divf %[[ONE:.*]], %[[C]] : tensor<32x64xf32>
+// CHECK: %[[SPL:.*]] = tile.splat %[[F]] : f32 -> tensor<32x64xf32>
+// CHECK: %[[X:.*]] = arith.mulf %[[ST]], %[[SPL]] : tensor<32x64xf32>
+// CHECK-NOT: arith.divf
 // CHECK: %[[T:.*]] = math.tanh %[[X]] : tensor<32x64xf32>
-// CHECK: %[[T2:.*]] = arith.mulf %[[T]], %[[T]] : tensor<32x64xf32>
-// CHECK: %[[OMT:.*]] = arith.subf %[[ONE2:.*]], %[[T2]] : tensor<32x64xf32>
-// CHECK: %[[DT:.*]] = arith.mulf %[[OMT]], %[[DX]] : tensor<32x64xf32>
-// CHECK: %[[Y:.*]] = arith.mulf %[[T]], %[[C]] : tensor<32x64xf32>
-// CHECK: %[[DY:.*]] = arith.mulf %[[DT]], %[[C]] : tensor<32x64xf32>
-// CHECK: %[[E:.*]] = math.fma %[[Y]], %{{.*}}, %{{.*}} : tensor<32x64xf32>
+// CHECK: %[[NT:.*]] = arith.negf %[[T]] : tensor<32x64xf32>
+// CHECK: %[[DY:.*]] = math.fma %[[NT]], %[[T]], %{{.*}} : tensor<32x64xf32>
+// CHECK: %[[E:.*]] = math.fma %[[T]], %[[C2:.*]], %{{.*}} : tensor<32x64xf32>
 // CHECK: math.exp2 %[[E]]
 // CHECK: arith.truncf %[[P:.*]] : tensor<32x64xf32> to tensor<32x64xbf16>
 // CHECK-NEXT: %[[PD:.*]] = arith.mulf %[[P]], %[[DY]] : tensor<32x64xf32>
