@@ -12,8 +12,8 @@ chk() { timeout 90 $FJ run "$@" --json 2>$OUT/err.txt | tail -1 | python3 -c 'im
 try:
   j=json.loads(sys.stdin.read()); print("ok=%s rel=%.2e nan=%s" % (j["ok"], j["rel_err"], j.get("nan_count")))
 except Exception: print("fail")'; }
-for a in "--seq-len 2048" "--seq-len 1000 --seq-len-kv 1537 --causal" "--seq-len 777 --score-mod softcap:50"; do
-  say "softcap backward $a: $(chk --head-dim 128 --heads 4 --score-mod softcap:30 --backward $a)"
+for a in "--score-mod softcap:30 --seq-len 2048" "--score-mod softcap:30 --seq-len 1000 --seq-len-kv 1537 --causal" "--score-mod softcap:50 --seq-len 777" "--score-mod softcap:30 --seq-len 600 --deterministic"; do
+  say "backward $a: $(chk --head-dim 128 --heads 4 --backward $a)"
 done
 timeout 200 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/bwd.log 2>&1; echo "exit $?" >> $OUT/bwd.log
 say "backward suite: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/bwd.log | tr '\n' ' ')"
