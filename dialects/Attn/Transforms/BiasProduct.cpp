@@ -36,6 +36,7 @@
 
 using namespace mlir;
 using flashjit::attn::detail::isUniformTile;
+using flashjit::attn::detail::splatIntValue;
 
 namespace {
 
@@ -49,25 +50,12 @@ struct Affine {
   int64_t col = 0, row = 0, k = 0;
 };
 
-/// The value of an integer splat: a splat constant, or tile.splat of one.
-std::optional<int64_t> splatInt(Value v) {
-  DenseIntElementsAttr dense;
-  if (matchPattern(v, m_Constant(&dense)) && dense.isSplat())
-    return dense.getSplatValue<APInt>().getSExtValue();
-  if (auto splat = v.getDefiningOp<flashjit::tile::SplatOp>()) {
-    APInt value;
-    if (matchPattern(splat.getValue(), m_ConstantInt(&value)))
-      return value.getSExtValue();
-  }
-  return std::nullopt;
-}
-
 /// \p x as a c + b r + k (iotas, integer constants, sums, differences and
 /// products with a constant), or nullopt.
 std::optional<Affine> affineOf(Value x, int depth = 0) {
   if (depth > kMaxDepth)
     return std::nullopt;
-  if (std::optional<int64_t> k = splatInt(x))
+  if (std::optional<int64_t> k = splatIntValue(x))
     return Affine{0, 0, *k};
   Operation *op = x.getDefiningOp();
   if (isa_and_nonnull<arith::IndexCastOp, arith::ExtSIOp>(op))
@@ -85,7 +73,7 @@ std::optional<Affine> affineOf(Value x, int depth = 0) {
   }
   if (isa_and_nonnull<arith::MulIOp>(op))
     for (unsigned i = 0; i < 2; ++i)
-      if (std::optional<int64_t> c = splatInt(op->getOperand(i))) {
+      if (std::optional<int64_t> c = splatIntValue(op->getOperand(i))) {
         auto y = affineOf(op->getOperand(1 - i), depth + 1);
         if (!y)
           return std::nullopt;

@@ -29,6 +29,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialects/Attn/Transforms/FoldConstantFactors.h"
+#include "dialects/Attn/Transforms/UniformAddend.h"
 #include "dialects/Tile/IR/TileDialect.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -41,23 +42,9 @@
 #include <optional>
 
 using namespace mlir;
+using flashjit::attn::detail::splatFloatValue;
 
 namespace {
-
-/// The value of \p v when it is a splat float constant tile (a constant,
-/// or tile.splat of a scalar constant), else nullopt.
-std::optional<double> constantFactor(Value v) {
-  DenseElementsAttr dense;
-  if (matchPattern(v, m_Constant(&dense)) && dense.isSplat() &&
-      isa<FloatType>(dense.getElementType()))
-    return dense.getSplatValue<APFloat>().convertToDouble();
-  if (auto splat = v.getDefiningOp<flashjit::tile::SplatOp>()) {
-    FloatAttr f;
-    if (matchPattern(splat.getValue(), m_Constant(&f)))
-      return f.getValueAsDouble();
-  }
-  return std::nullopt;
-}
 
 /// A factor that folds: finite, and within [2^-60, 2^60] in magnitude, so
 /// that a product of two stays a normal f32 for the factors the
@@ -79,7 +66,7 @@ Value constantLike(PatternRewriter &rewriter, Location loc, Value like,
 /// \p mul as (the other operand, its constant factor), or nullopt.
 std::optional<std::pair<Value, double>> byConstant(arith::MulFOp mul) {
   for (unsigned k = 0; k < 2; ++k)
-    if (std::optional<double> c = constantFactor(mul->getOperand(k));
+    if (std::optional<double> c = splatFloatValue(mul->getOperand(k));
         foldable(c))
       return std::make_pair(mul->getOperand(1 - k), *c);
   return std::nullopt;
@@ -90,7 +77,7 @@ struct QuotientAndUnitFactor : OpRewritePattern<arith::DivFOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(arith::DivFOp op,
                                 PatternRewriter &rewriter) const override {
-    std::optional<double> c = constantFactor(op.getRhs());
+    std::optional<double> c = splatFloatValue(op.getRhs());
     if (!foldable(c) || !isa<RankedTensorType>(op.getType()))
       return failure();
     rewriter.replaceOpWithNewOp<arith::MulFOp>(
@@ -152,7 +139,7 @@ struct ProductIntoFma : OpRewritePattern<math::FmaOp> {
   using OpRewritePattern::OpRewritePattern;
   LogicalResult matchAndRewrite(math::FmaOp op,
                                 PatternRewriter &rewriter) const override {
-    std::optional<double> b = constantFactor(op.getB());
+    std::optional<double> b = splatFloatValue(op.getB());
     auto inner = op.getA().getDefiningOp<arith::MulFOp>();
     if (!foldable(b) || !inner || !inner->hasOneUse() ||
         !isa<RankedTensorType>(op.getType()))
@@ -177,7 +164,7 @@ struct DifferenceOfProduct : OpRewritePattern<arith::SubFOp> {
   LogicalResult matchAndRewrite(arith::SubFOp op,
                                 PatternRewriter &rewriter) const override {
     auto product = op.getRhs().getDefiningOp<arith::MulFOp>();
-    if (!constantFactor(op.getLhs()) || !product || !product->hasOneUse() ||
+    if (!splatFloatValue(op.getLhs()) || !product || !product->hasOneUse() ||
         !isa<RankedTensorType>(op.getType()))
       return failure();
     Value negated =

@@ -287,3 +287,30 @@ Value flashjit::attn::detail::uniformRow(OpBuilder &b, Location loc, Value v,
                                          int64_t rows) {
   return AddendSplitter(b, loc, rows).rowOf(v);
 }
+
+namespace {
+/// A splat constant tile's element, or a tile.splat's scalar constant, as
+/// \p AttrT (IntegerAttr or FloatAttr).
+template <typename AttrT> AttrT splatElement(Value v) {
+  DenseElementsAttr dense;
+  if (matchPattern(v, m_Constant(&dense)) && dense.isSplat())
+    return dyn_cast<AttrT>(dense.getSplatValue<Attribute>());
+  AttrT scalar;
+  if (auto splat = v.getDefiningOp<flashjit::tile::SplatOp>();
+      splat && matchPattern(splat.getValue(), m_Constant(&scalar)))
+    return scalar;
+  return AttrT();
+}
+} // namespace
+
+std::optional<int64_t> flashjit::attn::detail::splatIntValue(Value v) {
+  if (auto a = splatElement<IntegerAttr>(v))
+    return a.getValue().getSExtValue();
+  return std::nullopt;
+}
+
+std::optional<double> flashjit::attn::detail::splatFloatValue(Value v) {
+  if (auto a = splatElement<FloatAttr>(v))
+    return a.getValueAsDouble();
+  return std::nullopt;
+}

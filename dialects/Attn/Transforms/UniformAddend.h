@@ -34,6 +34,12 @@ namespace flashjit::attn::detail {
 std::optional<std::pair<mlir::Value, mlir::Value>>
 peelUniformAddend(mlir::OpBuilder &b, mlir::Location loc, mlir::Value s);
 
+/// The value of a splat integer tile (a splat constant, or tile.splat of a
+/// scalar constant), else nullopt.
+std::optional<int64_t> splatIntValue(mlir::Value v);
+/// The value of a splat float tile, the same way, else nullopt.
+std::optional<double> splatFloatValue(mlir::Value v);
+
 /// Whether tile \p v has one value in every element: a splat, a splat
 /// constant, or a pure arith / math op of such tiles.
 bool isUniformTile(mlir::Value v);
