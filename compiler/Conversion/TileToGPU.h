@@ -179,7 +179,6 @@ private:
   /// The byte offset of \p v's slot in the stage being computed (i32).
   Value slotOffset(Value v);
   void findSharedConstants(); ///< constant rhs tiles: TileToGPUConstants.cpp
-  void placeSharedConstants();
   void fillSharedConstants();
 
   // Compute (TileToGPUCompute.cpp).

@@ -4,9 +4,9 @@
 /// A product's rhs that is a constant expression (iotas, splat constants
 /// and elementwise ops of them, rounded by arith.truncf: the bias product's
 /// B of dialects/Attn/Transforms/BiasProduct.cpp) has no registers: it
-/// lives in a shared slot of its own after every other, which the block's
-/// threads fill once at the kernel's start, each element computed where it
-/// is stored. Before:
+/// lives in a shared slot of its own after every other (assignHomes), which
+/// the block's threads fill once at the kernel's start, each element
+/// computed where it is stored. Before:
 ///
 ///   %k = tile.iota dim 0 : tensor<16x128xi32>
 ///   %c = arith.sitofp (tile.iota dim 1 : tensor<16x128xi32>)
@@ -84,24 +84,6 @@ void TileKernelLowering::findSharedConstants() {
     constantOps.insert(slice.begin(), slice.end());
     sharedConstants[rhs] = SharedSlot();
   });
-}
-
-void TileKernelLowering::placeSharedConstants() {
-  if (sharedConstants.empty())
-    return;
-  for (auto &[v, slot] : sharedConstants) {
-    RankedTensorType ty = tileType(v);
-    slot.padCols = roundUp(ty.getDimSize(1), 16);
-    slot.rowChunks = roundUp(slot.padCols / 8, 8);
-    slot.offset = alignSlot(sharedBytes);
-    sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
-    homes[v] = TileHome::Shared;
-    slots[v] = slot;
-  }
-  // The launcher provides what the kernel records (attn.shared_bytes): the
-  // geometry's slots, then these, within the block's shared memory.
-  place.maxShared = std::max(place.maxShared,
-                             std::min(sharedBytes, kSm90MaxSharedBytes));
 }
 
 void TileKernelLowering::fillSharedConstants() {

@@ -159,16 +159,20 @@ LogicalResult TileKernelLowering::assignHomes() {
   });
   if (walk.wasInterrupted())
     return failure();
-  auto stage = [&](Value lhs) {
-    if (staging.count(lhs))
-      return;
-    RankedTensorType ty = tileType(lhs);
+  // A slot after every one so far for a 2-D 16-bit tile that no copy
+  // fills (a staged register tile, a constant tile): its columns padded to
+  // 16, its rows whole swizzle groups of 8 chunks.
+  auto appendSlot = [&](RankedTensorType ty) {
     SharedSlot slot;
     slot.padCols = roundUp(ty.getDimSize(1), 16);
     slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
     slot.offset = alignSlot(sharedBytes);
     sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
-    staging[lhs] = slot;
+    return slot;
+  };
+  auto stage = [&](Value lhs) {
+    if (!staging.count(lhs))
+      staging[lhs] = appendSlot(tileType(lhs));
   };
   walk = fn.walk([&](tile::DotOp dot) -> WalkResult {
     Value lhs = dot.getLhs();
@@ -211,7 +215,17 @@ LogicalResult TileKernelLowering::assignHomes() {
     sharedBytes = outputSlot.offset + place.outputStagingBytes;
     describeOutputMap();
   }
-  placeSharedConstants();
+  if (!sharedConstants.empty()) { // (TileToGPUConstants.cpp)
+    for (auto &[v, slot] : sharedConstants) {
+      slot = appendSlot(tileType(v));
+      homes[v] = TileHome::Shared;
+      slots[v] = slot;
+    }
+    // The launcher provides what the kernel records (attn.shared_bytes):
+    // the geometry's slots, then these, within the block's shared memory.
+    place.maxShared =
+        std::max(place.maxShared, std::min(sharedBytes, kSm90MaxSharedBytes));
+  }
   if (sharedBytes > place.maxShared)
     return fn.emitError() << "the tiles need " << sharedBytes
                           << " bytes of shared memory, more than the "

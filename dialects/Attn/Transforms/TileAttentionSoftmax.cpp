@@ -212,13 +212,15 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
 
   Tensor rowTy = tile({br}, f32), sTy = tile({br, bc}, f32);
   Value rowFactor = splat(factor, rowTy);
+  // The shift's factor: log2(e) where the scores are raw (the bias product).
+  Value shiftFactor = rawBias ? splat(expFactor, rowTy) : rowFactor;
   Value mBlock;
   if (fixedMax) { // no reduction: the bound is every block's max
     mBlock = constTile(*fixedMax, rowTy);
   } else {
     Value rowMax = reduce("max", s, 1);
     if (shift && rawBias) // max(x f + u e) = max(x) f + u e
-      mBlock = fma(rowMax, rowFactor, fmul(shift, splat(expFactor, rowTy)));
+      mBlock = fma(rowMax, rowFactor, fmul(shift, shiftFactor));
     else if (shift) // max(x + u) = max(x) + u; -inf stays -inf
       mBlock = fmul(fadd(rowMax, shift), rowFactor);
     else
@@ -229,8 +231,7 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
   Value alpha = exp2(fsub(m, mUse));
   Value negMRow = mlir::arith::NegFOp::create(b, mUse);
   if (shift) // (x + u) f - m = x f + (u f - m), per row
-    negMRow =
-        fma(shift, rawBias ? splat(expFactor, rowTy) : rowFactor, negMRow);
+    negMRow = fma(shift, shiftFactor, negMRow);
   Value negM = broadcast(negMRow, sTy, 1);
   Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value rowSum = reduce("sum", p, 1);

@@ -27,7 +27,6 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
-#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Matchers.h"
 #include "mlir/IR/TypeUtilities.h"
@@ -56,14 +55,13 @@ struct InsertedOps : OpBuilder::Listener {
   }
 };
 
-/// Whether \p gather reads a buffer that nothing in its function writes (a
-/// captured tensor: a slope per head), so that its value depends on its
-/// index alone.
+/// Whether \p gather reads a buffer that nothing in its function may write
+/// (by the ops' memory effects: a captured tensor, a slope per head), so
+/// that its value depends on its index alone.
 bool readsConstantBuffer(flashjit::tile::GatherOp gather) {
-  return llvm::none_of(gather.getBase().getUsers(), [](Operation *user) {
-    return isa<flashjit::tile::ScatterAddOp, flashjit::tile::ScatterOp,
-               flashjit::tile::StoreOp, flashjit::tile::AtomicAddOp,
-               memref::StoreOp>(user);
+  Value base = gather.getBase();
+  return llvm::none_of(base.getUsers(), [&](Operation *user) {
+    return mightHaveEffect<MemoryEffects::Write>(user, base);
   });
 }
 
