@@ -93,6 +93,14 @@ run_checks() {
     echo "d $d [$tiling] [$p]: $r"
   done
 }
+# check_json RUN-ARGS...: one `flashjit run --json` against float64 as one
+# line: ok, its rel_err, O's and lse's, the NaN count ("fail" if none).
+check_json() {
+  timeout 90 $FJ run "$@" --json 2>$OUT/err.txt | tail -1 | python3 -c 'import json,sys
+try:
+  j=json.loads(sys.stdin.read()); print("ok=%s rel=%.2e o=%.2e lse=%.2e nan=%s" % (j["ok"], j["rel_err"], j.get("o_rel_err", -1), j.get("lse_rel_err", -1), j.get("nan_count")))
+except Exception: print("fail")'
+}
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
