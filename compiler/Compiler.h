@@ -219,12 +219,6 @@ int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config);
 /// is dead by then (16-byte vector stores of whole rows; the
 /// `staged-stores` pass option): yes unless FLASHJIT_STAGED_STORES=0.
 bool usesStagedStores();
-/// Whether the tiling computes a softcap's tanh and P's exponentials in
-/// half precision (the `half-softmax` tiling option; f16x2 instructions on
-/// the GPU, TileToGPUHalf.cpp): with the overlapped loop, unless
-/// FLASHJIT_HALF_SOFTMAX=0 (comparisons). The tiling applies it only where
-/// a bf16 softcap takes a fixed row max (TileAttentionSoftmax.cpp).
-bool usesHalfSoftmax(const TileConfig &config);
 /// Eighths (0..8) of the forward softmax's exponential tile that \p target
 /// computes by arithmetic instead of ex2.approx (the `exp2-emulation` pass
 /// option, TileToGPUExp2.cpp): FLASHJIT_EXP2_EMULATION's value on sm_90a

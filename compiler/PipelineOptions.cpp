@@ -22,8 +22,7 @@ namespace flashjit {
 static std::string tilingOptions(const TileConfig &config) {
   return std::string(config.splits ? " kv-split=true" : "") +
          (config.overlapSoftmax ? " overlap-softmax=true" : "") +
-         (usesBiasProduct(config) ? " bias-product=true" : "") +
-         (usesHalfSoftmax(config) ? " half-softmax=true" : "");
+         (usesBiasProduct(config) ? " bias-product=true" : "");
 }
 
 std::string cpuPipelineText(const TileConfig &config) {
@@ -66,13 +65,6 @@ bool usesStagedStores() {
   // (for comparisons); the pipeline text, part of the cache key, records it.
   const char *env = std::getenv("FLASHJIT_STAGED_STORES");
   return !(env && std::string(env) == "0");
-}
-
-bool usesHalfSoftmax(const TileConfig &config) {
-  // FLASHJIT_HALF_SOFTMAX=0 keeps f32 (comparisons); the pipeline text,
-  // part of the cache key, records the choice.
-  const char *env = std::getenv("FLASHJIT_HALF_SOFTMAX");
-  return config.overlapSoftmax && !(env && std::string(env) == "0");
 }
 
 bool usesPersistentKernel(const GpuTarget &target, const TileConfig &config) {

@@ -88,11 +88,6 @@ void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
 Value lowerScalarMath(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                       Operation *op, mlir::ValueRange x);
 
-/// The max of \p halves (f16 scalars, an even count: adjacent columns of
-/// one row) by f16x2 maxima of their pairs, widened to f32 (exact).
-Value halfPairsMax(mlir::ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
-                   llvm::ArrayRef<Value> halves);
-
 /// One element of elementwise \p op on scalar \p operands: lowerScalarMath's
 /// math, else the op cloned on scalars of \p types; failure (a named error
 /// on \p op) for other math.

@@ -320,8 +320,6 @@ LogicalResult TileKernelLowering::lowerOp(Operation *op) {
   }
   if (isa<arith::ConstantOp>(op))
     return lowerConstant(op);
-  if (std::optional<LogicalResult> r = lowerHalfTile(op))
-    return *r;
   if (isa<arith::TruncFOp, arith::ExtFOp>(op))
     return lowerRounding(op);
   if (op->hasTrait<OpTrait::Elementwise>())

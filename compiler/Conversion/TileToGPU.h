@@ -49,8 +49,9 @@ using mlir::LogicalResult;
 using mlir::Operation;
 using mlir::Value;
 
-/// Checks \p fn's arguments against the ABI's groups of \p place (a named
-/// error on \p fn): buffers, index and f32 arguments, pid_m and pid_bh.
+/// Checks \p fn's arguments against the ABI's groups of \p place (a
+/// named error on \p fn): buffers, index arguments, f32 arguments, pid_m
+/// and pid_bh.
 LogicalResult checkPlacedArguments(mlir::func::FuncOp fn,
                                    const KernelPlacement &place);
 
@@ -206,16 +207,14 @@ private:
   /// `o * bcast(exp2(x - y))` skips the multiply when no row of the warp
   /// has x != y (then the factor is exactly 1): an exact rewrite.
   std::optional<LogicalResult> lowerUnitRescale(Operation *op);
-  /// arith.sitofp of an affine 2-D index tile (affineIndexOf): one
-  /// conversion per column parity, then exact adds (TileToGPUCompute.cpp).
+  /// arith.sitofp of a 2-D index tile affine in its row and column
+  /// (affineIndexOf): one conversion per column parity, then exact adds of
+  /// constants (TileToGPUCompute.cpp).
   std::optional<LogicalResult> lowerAffineConversion(Operation *op);
   /// math.exp2 of a score tile less a broadcast row value: a share of its
   /// registers by arithmetic (KernelPlacement::exp2Emulation;
   /// TileToGPUExp2.cpp).
   std::optional<LogicalResult> lowerEmulatedExp2(Operation *op);
-  /// f16 register tiles that are not the element type: their rounding, and
-  /// their math two elements at a time (TileToGPUHalf.cpp).
-  std::optional<LogicalResult> lowerHalfTile(Operation *op);
 
   // Warpgroup MMAs (TileToGPUWgmma.cpp).
   LogicalResult lowerWgmmaDot(tile::DotOp op);

@@ -219,8 +219,6 @@ LogicalResult TileKernelLowering::lowerReduce(tile::ReduceOp op) {
       for (int64_t ni = 0; ni < nt; ++ni)
         for (int64_t e = 0; e < 2; ++e)
           regs.push_back(in.regs[(mi * nt + ni) * 4 + 2 * h + e]);
-      if (ty.getElementType().isF16()) // the f16 pairs' max, widened
-        regs = {halfPairsMax(b, g, regs)};
       Value acc = place.treeReductions ? foldTree(regs, combine)
                                        : foldChain(regs, combine, identity);
       if (isMax && place.treeReductions)

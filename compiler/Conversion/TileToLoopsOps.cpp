@@ -255,8 +255,6 @@ void TileLowering::lowerReduce(OpBuilder &b, tile::ReduceOp op) {
   Value init = arith::ConstantOp::create(
       b, loc, b.getF32FloatAttr(isMax ? -INFINITY : 0.0f));
   auto combine = [&](OpBuilder &b, Location loc, Value acc, Value x) -> Value {
-    if (x.getType() != acc.getType()) // an f16 tile's max, widened exactly
-      x = arith::ExtFOp::create(b, loc, acc.getType(), x);
     if (isMax)
       return arith::MaxNumFOp::create(b, loc, acc, x);
     return arith::AddFOp::create(b, loc, acc, x);

@@ -2,7 +2,6 @@
 
 #include "compiler/Pipelines/Pipelines.h"
 
-#include "compiler/Compiler.h"
 #include "compiler/Conversion/Passes.h"
 #include "compiler/Target/Passes.h"
 #include "dialects/Attn/IR/AttnDialect.h"
@@ -50,7 +49,6 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   tile.kvSplit = config.splits != 0;
   tile.overlapSoftmax = config.overlapSoftmax;
   tile.biasProduct = usesBiasProduct(config);
-  tile.halfSoftmax = usesHalfSoftmax(config);
   pm.addPass(attn::createTileAttention(tile));
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;

@@ -73,11 +73,6 @@ struct FlashjitPipelineOptions
                      "step of Q K^T (flashjit-tile-attention's "
                      "bias-product)"),
       llvm::cl::init(false)};
-  Option<bool> halfSoftmax{
-      *this, "half-softmax",
-      llvm::cl::desc("a bf16 softcap's tanh and exponentials in half "
-                     "precision (flashjit-tile-attention's half-softmax)"),
-      llvm::cl::init(false)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as

@@ -19,7 +19,6 @@
 #include "compiler/Compiler.h"
 #include "kernels/GpuGeometry.h"
 #include "tests/unit/ForwardCheck.h"
-#include "tests/unit/runtime/ScopedEnv.h"
 
 #include <gtest/gtest.h>
 
@@ -103,11 +102,8 @@ TEST(OverlapSoftmax, TheLoopCarriesRoundedP) {
 /// overlapped loop gives the plain loop's bits on the same inputs (O
 /// rescaled after P V, or a block counted twice, fails it). Causal rows without
 /// keys, a sparse layout, a Q block of no KV blocks (its O +0, not the -0 of
-/// the epilogue's P V times l = 0), softcap (its f32 softmax).
+/// the epilogue's P V times l = 0), softcap.
 TEST(OverlapSoftmax, SameBitsAsThePlainLoop) {
-  // The f32 softmax on both (the overlapped loop's softcap is otherwise
-  // f16's: HalfSoftmaxTests.cpp).
-  ScopedEnv f32("FLASHJIT_HALF_SOFTMAX", "0");
   for (int i : {2, 7, 8, 9}) {
     const Case &c = kOverlapCases[i];
     SCOPED_TRACE(c.name);

@@ -394,8 +394,7 @@ TEST(GpuCodegenConfigs, TilesAndCopyWidthsAssemble) {
 /// The score modifiers reach the GPU kernel with no lowering of their own
 /// (the region is elementwise tile IR): at d = 128 on the default tilings
 /// of sm_90a (on wgmma) and sm_80, plain and causal, the PTX holds the
-/// modifier's instructions (softcap's tanh.approx, f16x2 on the
-/// overlapped loop, ALiBi's i32 -> f32
+/// modifier's instructions (softcap's tanh.approx, ALiBi's i32 -> f32
 /// conversion of kv_idx - q_idx) and assembles. Spills on sm_90a (of the
 /// whole program, as the driver's JIT compiles a kernel with setmaxnreg):
 /// none, on the overlapped loop that d = 128 takes with a modifier (T30;
@@ -419,11 +418,7 @@ TEST(GpuCodegenConfigs, ScoreModsAssemble) {
         EXPECT_EQ(ptx.find("wgmma.mma_async") != std::string::npos,
                   usesWgmma(target));
         const bool softcap = std::string(mod).rfind("softcap", 0) == 0;
-        // The overlapped loop's softcap takes two scores an instruction
-        // (the half-precision softmax).
-        const char *tanh =
-            config.overlapSoftmax ? "tanh.approx.f16x2" : "tanh.approx.f32";
-        EXPECT_NE(ptx.find(softcap ? tanh : "cvt.rn.f32.s32"),
+        EXPECT_NE(ptx.find(softcap ? "tanh.approx.f32" : "cvt.rn.f32.s32"),
                   std::string::npos);
         rt::CubinResult cubin = rt::ptxToCubin(ptx, arch);
         if (ptx.find("setmaxnreg") != std::string::npos)

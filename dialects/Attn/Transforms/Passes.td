@@ -44,10 +44,6 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
            "bias affine in the block's row and column (ALiBi's) becomes one "
            "more k-step of Q K^T on constant operands (BiasProduct.h), whose "
            "16 x Bc tile takes a shared slot on the GPU">,
-    Option<"halfSoftmax", "half-softmax", "bool", "false",
-           "where a bf16 softcap takes a fixed row max: its tanh, P's "
-           "exponent and exp2 in f16 (P widened to f32 for the row sum; "
-           "f16x2 instructions on the GPU)">,
   ];
 }
 

@@ -451,7 +451,7 @@ struct TileAttentionPass
     if (failed(
             flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
                 getOperation(), blockM, blockN, bool(kvSplit),
-                bool(overlapSoftmax), bool(biasProduct), bool(halfSoftmax))))
+                bool(overlapSoftmax), bool(biasProduct))))
       signalPassFailure();
   }
 };

@@ -105,11 +105,11 @@ Value TiledForwardBuilder::modifyScores(Value s, Value n0) {
 ///   %s2 = arith.select %keep, %s, splat(-inf)
 Value TiledForwardBuilder::applyMaskMod(Value s, Value n0) {
   Region &region = op.getMaskMod();
-  Value keep = inlineMaskMod(b, b.getLoc(), region, {br, bc},
-                             modifierIndices(region, n0));
+  Value keep = inlineMaskMod(
+      b, b.getLoc(), region, {br, bc}, modifierIndices(region, n0));
+  Tensor sTy = tile({br, bc}, f32);
   return select(keep, s,
-                constTile(-std::numeric_limits<double>::infinity(),
-                          cast<Tensor>(s.getType())));
+                constTile(-std::numeric_limits<double>::infinity(), sTy));
 }
 
 /// -inf where key n0 + c is past Nkv or outside row m0 + r's band.
@@ -128,8 +128,8 @@ Value TiledForwardBuilder::maskScores(Value s, Value n0) {
     ok = andI(ok, cmpI(CmpIPredicate::sge, cols, broadcast(lo, sTy, 1)));
     ok = andI(ok, cmpI(CmpIPredicate::sle, cols, broadcast(hi, sTy, 1)));
   }
-  Value negInf = constTile(-std::numeric_limits<double>::infinity(),
-                           cast<Tensor>(s.getType()));
+  Value negInf =
+      constTile(-std::numeric_limits<double>::infinity(), tile({br, bc}, f32));
   return select(ok, s, negInf);
 }
 

@@ -174,7 +174,6 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
   Value shift; // the scores' uniform addend (a Br tile), peeled, or null
   bool rawBias = false; // the scores are raw, the shift is scaled (log2 e)
   std::optional<double> fixedMax; // a bound that serves as every row's max
-  bool half = false;              // tanh and P in f16 (halfExponentials)
   if (op.hasScoreMod()) {
     Value scaled = fmul(s, splat(scale, tile({br, bc}, f32)));
     s = modifyScores(scaled, n0);
@@ -185,11 +184,9 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
       factor = cF32(peeled->second);
       if (product->use_empty())
         product->erase(); // nothing reads x * c any more
-      half = halfSoftmax && elemTy.isBF16() && s.getDefiningOp<math::TanhOp>();
-      if (!half)
-        fixedMax = fixedRowMax(s, peeled->second, elemTy);
+      fixedMax = fixedRowMax(s, peeled->second, elemTy);
     }
-    if (auto peeled = half ? std::nullopt : peelUniformAddend(b, b.getLoc(), s))
+    if (auto peeled = peelUniformAddend(b, b.getLoc(), s))
       std::tie(s, shift) = *peeled;
     // In the overlapped loop (warpgroup MMAs) an affine bias left in the
     // loop becomes one more step of the Q K^T product: raw scores again.
@@ -199,14 +196,6 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
         factor = scaleLog2;
         rawBias = true;
       }
-  }
-  // A bf16 softcap may run its tanh and exponentials in f16
-  // (halfExponentials): tanh's tile is rounded to f16 from here on.
-  if (half) {
-    auto tanh = s.getDefiningOp<math::TanhOp>();
-    s = math::TanhOp::create(b, truncTile(tanh.getOperand(), b.getF16Type()));
-    if (tanh->use_empty())
-      tanh->erase();
   }
   if (op.hasMaskMod())
     s = partial ? ifElse(partial, s, [&] { return applyMaskMod(s, n0); })
@@ -236,8 +225,6 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
       mBlock = fmul(fadd(rowMax, shift), rowFactor);
     else
       mBlock = fmul(rowMax, rowFactor);
-    if (half) // a row max that f16 holds: P's shift is then exact in f16
-      mBlock = extTile(truncTile(mBlock, b.getF16Type()));
   }
   Value mNew = maxF(m, mBlock);
   Value mUse = usableMax(mNew);
@@ -246,34 +233,10 @@ TiledForwardBuilder::BlockSoftmax TiledForwardBuilder::softmax(Value s,
   if (shift) // (x + u) f - m = x f + (u f - m), per row
     negMRow = fma(shift, shiftFactor, negMRow);
   Value negM = broadcast(negMRow, sTy, 1);
-  Value p = half ? halfExponentials(s, factor, negM)
-                 : exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
+  Value p = exp2(math::FmaOp::create(b, s, splat(factor, sTy), negM));
   Value rowSum = reduce("sum", p, 1);
   Value lNew = l ? fadd(fmul(l, alpha), rowSum) : rowSum;
   return {mNew, lNew, alpha, p};
-}
-
-/// P = exp2(t f - m) of softcap's tanh tile \p t (f16) with \p factor f
-/// (f32 scalar) and \p negM (-m, f32, broadcast; m a row max that f16
-/// holds exactly), in f16, widened to f32 for the row sum (the GPU takes
-/// two scores at once: tanh, fma and ex2 by f16x2 instructions):
-///
-///   %e = math.fma %t, splat(f16(f)), (arith.truncf %negM) : f16 tiles
-///   %p = arith.extf (math.exp2 %e) : f16 -> f32 tile
-///
-/// Where P matters, e is near 0 (the row max's element: |e| <= about
-/// 0.04, f's and the max's roundings) and f16 rounds it by 2^-11 of |e|
-/// or less; the factor's rounding (2^-12 of f) moves e by that much of
-/// t's distance below the max, where P decays as 2^(-f distance). P's
-/// bf16 for the P V product (2^-9) dominates both; tanh in f16 has the
-/// error of tanh.approx.f32 (about 2^-11), which the GPU took before. P
-/// under 2^-24 (its key far below the row max) flushes to 0.
-Value TiledForwardBuilder::halfExponentials(Value t, Value factor, Value negM) {
-  Tensor ty = cast<Tensor>(t.getType());
-  Type f16 = ty.getElementType();
-  Value f = mlir::arith::TruncFOp::create(b, f16, factor);
-  Value e = fma(t, splat(f, ty), truncTile(negM, f16));
-  return extTile(math::Exp2Op::create(b, e));
 }
 
 /// The row max \p m as P's subtrahend: 0 for a row that has seen no key

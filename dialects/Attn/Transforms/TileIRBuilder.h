@@ -40,11 +40,10 @@ protected:
   }
   /// A tile of \p ty whose elements are all the scalar \p x.
   Value splat(Value x, Tensor ty) { return tile::SplatOp::create(b, ty, x); }
-  /// A constant tile of \p ty (f32, or f16 and the like): \p v rounded to
-  /// its element type.
+  /// A constant f32 tile of \p ty.
   Value constTile(double v, Tensor ty) {
-    auto attr = mlir::DenseElementsAttr::get(
-        ty, mlir::FloatAttr::get(ty.getElementType(), v));
+    auto attr =
+        mlir::DenseElementsAttr::get(ty, llvm::APFloat(static_cast<float>(v)));
     return mlir::arith::ConstantOp::create(b, ty, attr);
   }
   /// The row (dim 0) or column (dim 1) index of each element, i32.

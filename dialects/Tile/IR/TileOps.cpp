@@ -108,12 +108,10 @@ LogicalResult ReduceOp::verify() {
   if (dim != 0 && dim != 1)
     return emitOpError() << "dim must be 0 or 1, got " << dim;
   auto in = getValue().getType(), out = getResult().getType();
-  const bool halfMax = getKind() == "max" && in.getElementType().isF16();
-  if (!(in.getElementType().isF32() || halfMax) ||
-      !out.getElementType().isF32())
-    return emitOpError() << "reduces f32 tiles (max: also f16 ones) to f32, "
-                            "got "
-                         << in << " -> " << out;
+  if (!in.getElementType().isF32() ||
+      out.getElementType() != in.getElementType())
+    return emitOpError() << "reduces f32 tiles to f32, got " << in << " -> "
+                         << out;
   if (out.getRank() != 1 || out.getDimSize(0) != in.getDimSize(1 - dim))
     return emitOpError() << "result must be tensor<" << in.getDimSize(1 - dim)
                          << "xf32>, got " << out;

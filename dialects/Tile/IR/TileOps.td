@@ -196,8 +196,7 @@ def Tile_ReduceOp : Tile_Op<"reduce", [Pure]> {
   let description = [{
     `kind` is "max" (IEEE maxNum: a NaN operand is ignored unless all are
     NaN; the max of an all -inf row is -inf) or "sum". `dim` is the
-    dimension reduced: 1 gives one value per row, 0 one per column. The
-    result is f32; "max" also takes an f16 tile (its max widened, exactly).
+    dimension reduced: 1 gives one value per row, 0 one per column.
 
     ```mlir
     %mx = tile.reduce "max" %s dim 1 : tensor<64x32xf32> -> tensor<64xf32>
