@@ -10,7 +10,7 @@ source tools/scripts/gpu-env.sh
 call_header T39-2
 export FLASHJIT_CACHE_DIR=$(mktemp -d)
 A="--head-dim 128 --seq-len 8192 --heads 16"
-timeout 200 $FJ tune $A --score-mod softcap:30 > $OUT/tune.log 2>&1; echo "exit $?" >> $OUT/tune.log
+timeout 150 $FJ tune $A --score-mod softcap:30 > $OUT/tune.log 2>&1; echo "exit $?" >> $OUT/tune.log
 grep -vE '^\s*$' $OUT/tune.log | tail -40 | cut -c1-150
 export FLASHJIT_CACHE_DIR=$(mktemp -d)
 say "softcap:30 192x128/12 against float64: $(check_json --head-dim 128 --heads 4 --seq-len 1000 --seq-len-kv 1537 --causal --score-mod softcap:30 --block-m 192 --block-n 128 --warps 12)"

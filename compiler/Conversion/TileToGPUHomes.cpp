@@ -165,7 +165,7 @@ LogicalResult TileKernelLowering::assignHomes() {
   auto appendSlot = [&](RankedTensorType ty) {
     SharedSlot slot;
     slot.padCols = roundUp(ty.getDimSize(1), 16);
-    slot.rowChunks = roundUp(ty.getDimSize(1) / 8, 8);
+    slot.rowChunks = roundUp(slot.padCols / 8, 8);
     slot.offset = alignSlot(sharedBytes);
     sharedBytes = slot.offset + ty.getDimSize(0) * slot.rowChunks * 16;
     return slot;
