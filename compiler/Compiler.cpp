@@ -359,7 +359,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.persistent = usesPersistentKernel(target, config);
   gpu.tma = tensorMapMode(target, config);
   gpu.stagedStores = usesStagedStores();
-  gpu.exp2Emulation = exp2EmulationEighths(target);
+  gpu.exp2Emulation = exp2EmulationEighths(target, &spec);
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });

@@ -158,8 +158,10 @@ std::string compileToPtx(const AttentionSpec &spec, const TileConfig &config,
 std::string cpuPipelineText(const TileConfig &config);
 
 /// The textual pass pipeline of the GPU kernel (as flashjit-opt runs it);
-/// part of the cubin cache key.
-std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target);
+/// part of the cubin cache key. \p spec, where given, takes part in the
+/// options' defaults that follow the description (exp2EmulationEighths).
+std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
+                            const AttentionSpec *spec = nullptr);
 
 /// Whether kernels for \p target add f32 pairs with one vector reduction
 /// (red.global.add.v2.f32: sm_90 or later, PTX ISA 8.1 or later).
@@ -221,9 +223,17 @@ int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config);
 bool usesStagedStores();
 /// Eighths (0..8) of the forward softmax's exponential tile that \p target
 /// computes by arithmetic instead of ex2.approx (the `exp2-emulation` pass
-/// option, TileToGPUExp2.cpp): FLASHJIT_EXP2_EMULATION's value on sm_90a
-/// with warpgroup MMAs (opt-in while it is measured), else 0.
-int64_t exp2EmulationEighths(const GpuTarget &target);
+/// option, TileToGPUExp2.cpp), on sm_90a with warpgroup MMAs (else 0):
+/// FLASHJIT_EXP2_EMULATION's value where set (0..8; another value is 0);
+/// else kSoftcapBandExp2Eighths for the forward of a softcap with a causal
+/// or sliding-window mask (\p spec; its tanh and exp2 share the
+/// multi-function unit, and the band's short rows leave the FMA pipe room:
+/// +4.4% on an H100, +7.5% at 2/8 on the H200; the full forward loses
+/// 3-4%, bench/NOTES.md T35, T39), else 0.
+int64_t exp2EmulationEighths(const GpuTarget &target,
+                             const AttentionSpec *spec = nullptr);
+/// exp2EmulationEighths' default share for a banded softcap forward.
+inline constexpr int64_t kSoftcapBandExp2Eighths = 3;
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

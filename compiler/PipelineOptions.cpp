@@ -31,10 +31,11 @@ std::string cpuPipelineText(const TileConfig &config) {
                      config.blockM, config.blockN, tilingOptions(config));
 }
 
-std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
+std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
+                            const AttentionSpec *spec) {
   const int64_t bwdRing = backwardRingStages(target);
   const int64_t tma = tensorMapMode(target, config);
-  const int64_t exp2 = exp2EmulationEighths(target);
+  const int64_t exp2 = exp2EmulationEighths(target, spec);
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
@@ -52,12 +53,19 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target) {
       tilingOptions(config));
 }
 
-int64_t exp2EmulationEighths(const GpuTarget &target) {
-  const char *env = std::getenv("FLASHJIT_EXP2_EMULATION");
-  if (!usesWgmma(target) || !env)
+int64_t exp2EmulationEighths(const GpuTarget &target,
+                             const AttentionSpec *spec) {
+  if (!usesWgmma(target))
     return 0;
-  const std::string v = env;
-  return v.size() == 1 && v[0] >= '0' && v[0] <= '8' ? v[0] - '0' : 0;
+  if (const char *env = std::getenv("FLASHJIT_EXP2_EMULATION")) {
+    const std::string v = env;
+    return v.size() == 1 && v[0] >= '0' && v[0] <= '8' ? v[0] - '0' : 0;
+  }
+  const bool bandedSoftcap =
+      spec && spec->direction == Direction::Forward &&
+      spec->scoreMod.rfind("softcap:", 0) == 0 &&
+      (spec->mask == MaskKind::Causal || spec->mask == MaskKind::SlidingWindow);
+  return bandedSoftcap ? kSoftcapBandExp2Eighths : 0;
 }
 
 bool usesStagedStores() {

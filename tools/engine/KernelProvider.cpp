@@ -25,7 +25,7 @@ rt::CacheKey cubinKey(const AttentionSpec &spec, const TileConfig &config,
   key.add("version", FLASHJIT_VERSION)
       .add("build_id", compilerBuildId())
       .add("codegen", kCodegenRevision)
-      .add("pipeline", gpuPipelineText(config, target))
+      .add("pipeline", gpuPipelineText(config, target, &spec))
       .add("spec", spec.toJson())
       .add("config", config.toJson())
       .add("copy_bytes", std::to_string(target.copyBytes))
