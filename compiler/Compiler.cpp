@@ -354,6 +354,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.bulkDq = usesBulkDq(target);
   gpu.bwdRingStages = backwardRingStages(target);
   gpu.splitCommits = usesSplitCommits(target);
+  gpu.bwdStagedStores = usesBackwardStagedStores(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
   gpu.pingPong = pingPongMode(target, config);
   gpu.persistent = usesPersistentKernel(target, config);

@@ -189,6 +189,11 @@ int64_t backwardRingStages(const GpuTarget &target);
 /// (T33: 0-7% faster on an H100, every GPU backward suite passes). The
 /// pipeline text, part of the cache key, records it.
 bool usesSplitCommits(const GpuTarget &target);
+/// Whether the backward's dK/dV kernel stores dK and dV through a dead
+/// shared slot, 16 bytes a lane (the `bwd-staged-stores` pass option):
+/// opt-in, FLASHJIT_BWD_STAGED_STORES=1, while it has not run on a GPU
+/// (T39); with 16-byte copies only.
+bool usesBackwardStagedStores(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.
 bool usesWgmma(const GpuTarget &target);

@@ -39,7 +39,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
@@ -50,6 +50,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       usesSplitCommits(target) ? " split-commits=true" : "",
+      usesBackwardStagedStores(target) ? " bwd-staged-stores=true" : "",
       tilingOptions(config));
 }
 
@@ -135,6 +136,13 @@ bool usesWgmma(const GpuTarget &target) {
 bool usesBulkDq(const GpuTarget &target) {
   const char *env = std::getenv("FLASHJIT_BULK_DQ");
   return usesWgmma(target) && env && std::string(env) == "1";
+}
+
+bool usesBackwardStagedStores(const GpuTarget &target) {
+  // Opt-in until a GPU has run it (T39); the pipeline text, part of the
+  // cache key, records it.
+  const char *env = std::getenv("FLASHJIT_BWD_STAGED_STORES");
+  return target.copyBytes == 16 && env && std::string(env) == "1";
 }
 
 bool usesSplitCommits(const GpuTarget &target) {

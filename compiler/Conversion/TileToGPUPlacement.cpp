@@ -353,6 +353,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     p.maxShared = kMaxSharedBytes;
   }
   p.splitCommits = p.wgmma && knobs.splitCommits;
+  p.stagedStores = knobs.bwdStagedStores;
   if (p.wgmma) {
     p.mt = 1;
     batchReadyProducts(fn, /*transposedFirst=*/p.splitCommits);

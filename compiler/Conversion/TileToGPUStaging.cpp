@@ -125,6 +125,18 @@ TileKernelLowering::storeThroughShared(tile::StoreOp op, const Fragment &f,
       g.barrier();
     });
   }
+  // A slot that an earlier store of the block went through (the backward's
+  // dK, then dV): the warp's lanes read each other's chunks there, so all
+  // of them are done before any writes over them.
+  for (Operation *prev = op->getPrevNode(); through.tile && prev;
+       prev = prev->getPrevNode())
+    if (auto store = dyn_cast<tile::StoreOp>(prev)) {
+      std::optional<StagingSlot> earlier = stagingSlotFor(store);
+      if (earlier && earlier->tile == through.tile) {
+        g.warpSync();
+        break;
+      }
+    }
   writeFragment(slot, slotRows, ty, f);
   g.warpSync();
   const int64_t chunks = ty.getDimSize(1) / 8, warpRows = mt * 16;

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "kernels/GpuDefaults.h"
 #include "kernels/KernelABI.h"
 #include "tests/unit/AttentionCases.h"
 #include "tests/unit/runtime/ScopedEnv.h"
@@ -461,3 +462,48 @@ TEST(GpuBackwardSplitCommits, DefaultRecordedAndLowered) {
 }
 
 } // namespace
+
+namespace {
+
+/// The dK/dV kernel's (`attention`) PTX of the d = \p d backward on sm_90a.
+std::string backwardMainPtx(int64_t d, bool causal) {
+  AttentionSpec spec;
+  spec.direction = Direction::Backward;
+  spec.headDimQK = spec.headDimV = d;
+  spec.mask = causal ? MaskKind::Causal : MaskKind::None;
+  const std::string ptx =
+      compileToPtx(spec, defaultGpuBackwardConfig(spec), GpuTarget());
+  const size_t at = ptx.find(".entry attention(");
+  return at == std::string::npos ? ""
+                                 : ptx.substr(at, ptx.find("\n}", at) - at);
+}
+
+} // namespace
+
+/// FLASHJIT_BWD_STAGED_STORES=1 (opt-in, T39): the backward's dK/dV kernel
+/// stores dK and dV through V's slot, dead after the loop, as the forward
+/// stores O: 16-byte vector stores and no 2-byte ones, with a warp-level
+/// ordering point between the two tiles' use of the slot (the lanes read
+/// each other's chunks). Unset, element by element, as before.
+TEST(GpuStoreCodegen, BackwardStagedStoresAreOptIn) {
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal);
+    std::string plain, staged;
+    {
+      ScopedEnv off("FLASHJIT_BWD_STAGED_STORES", nullptr);
+      plain = backwardMainPtx(128, causal);
+    }
+    {
+      ScopedEnv on("FLASHJIT_BWD_STAGED_STORES", "1");
+      staged = backwardMainPtx(128, causal);
+    }
+    ASSERT_FALSE(plain.empty());
+    ASSERT_FALSE(staged.empty());
+    EXPECT_EQ(occurrences(plain, "st.global.v4.b32"), 0u);
+    EXPECT_EQ(occurrences(plain, "st.global.b16"), 128u); // dK, dV: 64 each
+    EXPECT_GE(occurrences(staged, "st.global.v4.b32"), 16u);
+    EXPECT_EQ(occurrences(staged, "st.global.b16"), 0u);
+    EXPECT_EQ(occurrences(staged, "bar.warp.sync"),
+              occurrences(plain, "bar.warp.sync") + 3);
+  }
+}
