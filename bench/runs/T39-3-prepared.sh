@@ -19,6 +19,5 @@ b() { timeout 60 $FJ bench $A "$@" 2>/dev/null | tflops_of; }
 for r in 1 2; do
   say "round $r causal: plain $(b --causal) | softcap:30 default $(b --causal --score-mod softcap:30) emu0 $(FLASHJIT_EXP2_EMULATION=0 b --causal --score-mod softcap:30) emu2 $(FLASHJIT_EXP2_EMULATION=2 b --causal --score-mod softcap:30) | softcap:50 default $(b --causal --score-mod softcap:50) emu0 $(FLASHJIT_EXP2_EMULATION=0 b --causal --score-mod softcap:50) | window 4096 softcap:50 default $(b --window 4096,0 --score-mod softcap:50) emu0 $(FLASHJIT_EXP2_EMULATION=0 b --window 4096,0 --score-mod softcap:50)"
 done
-timeout 300 python3 tests/bench/variants.py --json $OUT/variants.json > $OUT/var.log 2>&1
-grep -A22 '^variants, bf16' $OUT/var.log | cut -c1-170
+variants_table all
 say done

@@ -20,17 +20,13 @@ timeout 250 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no 
 say "backward suite (staged): $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/bwd.log | tr '\n' ' ')"
 grep -E '^\[  FAILED  \] [A-Z]' $OUT/bwd.log | head -6
 A="--head-dim 128 --seq-len 8192 --heads 16 --backward --json"
-ms() { tail -1 | python3 -c 'import json,sys
-try: print(json.loads(sys.stdin.read())["time_ms"])
-except Exception: print("fail")'; }
 for r in 1 2; do
   for v in 0 1; do
-    say "round $r staged=$v backward ms: plain $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A 2>/dev/null | ms) causal $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A --causal 2>/dev/null | ms) window $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A --window 1024,0 2>/dev/null | ms)"
+    say "round $r staged=$v backward ms: plain $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A 2>/dev/null | ms_of) causal $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A --causal 2>/dev/null | ms_of) window $(FLASHJIT_BWD_STAGED_STORES=$v timeout 60 $FJ bench $A --window 1024,0 2>/dev/null | ms_of)"
   done
 done
 for v in 0 1; do
-  FLASHJIT_BWD_STAGED_STORES=$v timeout 200 python3 tests/bench/variants.py --variants plain,window,document --json $OUT/variants$v.json > $OUT/var$v.log 2>&1
   say "variants.py, FLASHJIT_BWD_STAGED_STORES=$v:"
-  grep -A16 '^variants, bf16' $OUT/var$v.log | cut -c1-170
+  FLASHJIT_BWD_STAGED_STORES=$v variants_table staged$v --variants plain,window,document
 done
 say done

@@ -101,6 +101,20 @@ try:
   j=json.loads(sys.stdin.read()); print("ok=%s rel=%.2e o=%.2e lse=%.2e nan=%s" % (j["ok"], j["rel_err"], j.get("o_rel_err", -1), j.get("lse_rel_err", -1), j.get("nan_count")))
 except Exception: print("fail")'
 }
+# ms_of: the "time_ms" of the last `flashjit bench --json` line on stdin
+# ("fail" if none).
+ms_of() {
+  tail -1 | python3 -c 'import json,sys
+try: print(json.loads(sys.stdin.read())["time_ms"])
+except Exception: print("fail")'
+}
+# variants_table TAG VARIANTS-ARGS...: tests/bench/variants.py ARGS (300 s at
+# most) -> $OUT/variants-TAG.json and .log; its tables printed.
+variants_table() {
+  local tag=$1; shift
+  timeout 300 python3 tests/bench/variants.py --json $OUT/variants-$tag.json "$@" > $OUT/variants-$tag.log 2>&1
+  grep -A30 '^variants, bf16' $OUT/variants-$tag.log | cut -c1-170
+}
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
