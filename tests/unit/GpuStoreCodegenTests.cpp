@@ -10,7 +10,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
-#include "kernels/GpuDefaults.h"
 #include "kernels/KernelABI.h"
 #include "tests/unit/AttentionCases.h"
 #include "tests/unit/runtime/ScopedEnv.h"
@@ -283,12 +282,18 @@ static int64_t numberAfter(const std::string &ptx, const std::string &prefix) {
 /// pass the block's threads times 65,536 / threads rounded down to 8 (168
 /// at 384 threads). T27's backward ring split 32 + 2 x 240 = 512 > 504 and
 /// hung on the GPU.
-static void expectSplitFitsLaunch(const std::string &module) {
-  // The main kernel's text: from its .entry to the next one.
+/// The main kernel's text in \p module: from its .entry to the next one
+/// ("" if none).
+static std::string mainKernelPtx(const std::string &module) {
   size_t begin = module.find(".entry attention(");
-  ASSERT_NE(begin, std::string::npos);
-  const std::string ptx =
-      module.substr(begin, module.find(".entry", begin + 1) - begin);
+  return begin == std::string::npos
+             ? ""
+             : module.substr(begin, module.find(".entry", begin + 1) - begin);
+}
+
+static void expectSplitFitsLaunch(const std::string &module) {
+  const std::string ptx = mainKernelPtx(module);
+  ASSERT_FALSE(ptx.empty());
   const int64_t threads = numberAfter(ptx, ".maxntid ");
   const int64_t producer = numberAfter(ptx, "setmaxnreg.dec.sync.aligned.u32 ");
   const int64_t consumer = numberAfter(ptx, "setmaxnreg.inc.sync.aligned.u32 ");
@@ -463,39 +468,30 @@ TEST(GpuBackwardSplitCommits, DefaultRecordedAndLowered) {
 
 } // namespace
 
-namespace {
-
-/// The dK/dV kernel's (`attention`) PTX of the d = \p d backward on sm_90a.
-std::string backwardMainPtx(int64_t d, bool causal) {
-  AttentionSpec spec;
-  spec.direction = Direction::Backward;
-  spec.headDimQK = spec.headDimV = d;
-  spec.mask = causal ? MaskKind::Causal : MaskKind::None;
-  const std::string ptx =
-      compileToPtx(spec, defaultGpuBackwardConfig(spec), GpuTarget());
-  const size_t at = ptx.find(".entry attention(");
-  return at == std::string::npos ? ""
-                                 : ptx.substr(at, ptx.find("\n}", at) - at);
-}
-
-} // namespace
-
-/// FLASHJIT_BWD_STAGED_STORES=1 (opt-in, T39): the backward's dK/dV kernel
-/// stores dK and dV through V's slot, dead after the loop, as the forward
-/// stores O: 16-byte vector stores and no 2-byte ones, with a warp-level
-/// ordering point between the two tiles' use of the slot (the lanes read
-/// each other's chunks). Unset, element by element, as before.
+/// FLASHJIT_BWD_STAGED_STORES=1 (opt-in, T39): recorded in the pipeline
+/// text, and the backward's dK/dV kernel stores dK and dV through V's
+/// slot, dead after the loop, as the forward stores O: 16-byte vector
+/// stores and no 2-byte ones, with a warp-level ordering point between the
+/// two tiles' use of the slot (the lanes read each other's chunks). Unset,
+/// element by element, as before.
 TEST(GpuStoreCodegen, BackwardStagedStoresAreOptIn) {
+  HopperBackward h;
+  const std::string flag = " bwd-staged-stores=true";
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal);
+    h.spec.mask = causal ? MaskKind::Causal : MaskKind::None;
     std::string plain, staged;
     {
       ScopedEnv off("FLASHJIT_BWD_STAGED_STORES", nullptr);
-      plain = backwardMainPtx(128, causal);
+      EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag),
+                std::string::npos);
+      plain = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
     }
     {
       ScopedEnv on("FLASHJIT_BWD_STAGED_STORES", "1");
-      staged = backwardMainPtx(128, causal);
+      EXPECT_NE(gpuPipelineText(h.config, h.target).find(flag),
+                std::string::npos);
+      staged = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
     }
     ASSERT_FALSE(plain.empty());
     ASSERT_FALSE(staged.empty());
