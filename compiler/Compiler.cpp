@@ -383,7 +383,9 @@ static int abiIndex(Attribute name, int count, NameOf nameOf) {
 }
 
 /// The tensor maps recorded as \p fn's attn.tensor_maps (KernelLaunch.h),
-/// in the ABI's indices; throws CompileError for a malformed record.
+/// in the indices of the ABI the entry names (`abi = "bwd"`: the
+/// backward's; else the forward's); throws CompileError for a malformed
+/// record.
 static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
   std::vector<TensorMapRecord> out;
   auto maps = fn->getAttrOfType<ArrayAttr>("attn.tensor_maps");
@@ -392,14 +394,20 @@ static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
   for (Attribute a : maps) {
     auto dict = dyn_cast<DictionaryAttr>(a);
     TensorMapRecord m;
-    auto index = [&](StringRef key) {
-      return abiIndex(dict ? dict.get(key) : Attribute(), abi::NumIndexArgs,
-                      abi::indexArgName);
+    auto abiName =
+        dict ? dyn_cast_or_null<StringAttr>(dict.get("abi")) : nullptr;
+    m.backward = abiName && abiName.getValue() == "bwd";
+    const int numIndexArgs =
+        m.backward ? abi::bwd::NumIndexArgs : abi::NumIndexArgs;
+    auto index = [&](Attribute name) {
+      return abiIndex(name, numIndexArgs,
+                      [&](int i) { return m.indexName(i); });
     };
     m.buffer = abiIndex(dict ? dict.get("tensor") : Attribute(),
-                        abi::NumBuffers, abi::bufferName);
-    m.rows = index("rows");
-    m.rowStride = index("row_stride");
+                        m.backward ? abi::bwd::NumBuffers : abi::NumBuffers,
+                        [&](int i) { return m.bufferName(i); });
+    m.rows = index(dict ? dict.get("rows") : Attribute());
+    m.rowStride = index(dict ? dict.get("row_stride") : Attribute());
     m.cols = intAttr(dict, "cols");
     auto outer =
         dict ? dyn_cast_or_null<ArrayAttr>(dict.get("outer")) : nullptr;
@@ -407,15 +415,15 @@ static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
         dict ? dyn_cast_or_null<DenseI64ArrayAttr>(dict.get("box")) : nullptr;
     if (outer)
       for (Attribute o : outer)
-        m.outer.push_back(abiIndex(o, abi::NumIndexArgs, abi::indexArgName));
+        m.outer.push_back(index(o));
     if (box && box.size() == 2) {
       m.boxCols = box[0];
       m.boxRows = box[1];
     }
-    if (!outer || !m.valid(abi::NumBuffers, abi::NumIndexArgs))
+    if (!outer || (abiName && !m.backward) || !m.valid())
       throw CompileError("malformed attn.tensor_maps entry (tensor, rows, "
                          "row_stride, outer: the ABI's names; cols; box = "
-                         "[cols, rows])");
+                         "[cols, rows]; abi = \"bwd\" or none)");
     out.push_back(m);
   }
   return out;

@@ -63,25 +63,38 @@ inline constexpr const char *kGridQueries = "seq_q", *kGridKeys = "seq_kv",
 
 /// A tensor map a kernel takes as a `__grid_constant__` parameter after the
 /// ABI's arguments: the launcher encodes it (cuTensorMapEncodeTiled) over
-/// buffer `buffer` (abi::Buffer). Its dimensions, innermost first: `cols`
-/// elements, then the index argument `rows` (abi::IndexArg) of rows
-/// `rowStride` (an index argument: a stride in elements) apart, then one
-/// per `outer` stride argument, of extent batch * heads (a bound of any
-/// index a kernel computes from the program ids); a box of boxCols x
-/// boxRows elements, 128-byte swizzle, zeros past the bounds.
+/// buffer `buffer` (abi::Buffer, or abi::bwd::Buffer where `backward`).
+/// Its dimensions, innermost first: `cols` elements, then the index
+/// argument `rows` (abi::IndexArg, abi::bwd::IndexArg) of rows `rowStride`
+/// (an index argument: a stride in elements) apart, then one per `outer`
+/// stride argument, of extent batch * heads (a bound of any index a kernel
+/// computes from the program ids); a box of boxCols x boxRows elements,
+/// 128-byte swizzle, zeros past the bounds.
 struct TensorMapRecord {
   int buffer = 0, rows = 0, rowStride = 0;
   std::vector<int> outer;
   int64_t cols = 0, boxRows = 0, boxCols = 0;
+  /// The indices are the backward's ABI's (the dK/dV kernel's Q/dO ring).
+  bool backward = false;
 
   bool operator==(const TensorMapRecord &o) const {
     return buffer == o.buffer && rows == o.rows && rowStride == o.rowStride &&
            outer == o.outer && cols == o.cols && boxRows == o.boxRows &&
-           boxCols == o.boxCols;
+           boxCols == o.boxCols && backward == o.backward;
   }
-  /// Whether its fields name the forward ABI's arguments and a box that a
-  /// tensor map can have (at most 256 per dimension, 5 dimensions).
-  bool valid(int numBuffers, int numIndexArgs) const {
+  /// The name of buffer \p i and of index argument \p i in its ABI.
+  const char *bufferName(int i) const {
+    return backward ? abi::bwd::bufferName(i) : abi::bufferName(i);
+  }
+  const char *indexName(int i) const {
+    return backward ? abi::bwd::indexArgName(i) : abi::indexArgName(i);
+  }
+  /// Whether its fields name its ABI's arguments and a box that a tensor
+  /// map can have (at most 256 per dimension, 5 dimensions).
+  bool valid() const {
+    const int numBuffers = backward ? abi::bwd::NumBuffers : abi::NumBuffers;
+    const int numIndexArgs =
+        backward ? abi::bwd::NumIndexArgs : abi::NumIndexArgs;
     auto index = [&](int i) { return i >= 0 && i < numIndexArgs; };
     bool ok = buffer >= 0 && buffer < numBuffers && index(rows) &&
               index(rowStride) && outer.size() <= 3 && cols > 0 &&
@@ -151,11 +164,11 @@ struct KernelLaunch {
   std::string describeTensorMaps() const {
     std::string out;
     for (const TensorMapRecord &m : tensorMaps) {
-      out += std::string(out.empty() ? "" : ", ") + abi::bufferName(m.buffer) +
-             " [" + std::to_string(m.cols) + " x " + abi::indexArgName(m.rows) +
-             " (" + abi::indexArgName(m.rowStride) + ")";
+      out += std::string(out.empty() ? "" : ", ") + m.bufferName(m.buffer) +
+             " [" + std::to_string(m.cols) + " x " + m.indexName(m.rows) +
+             " (" + m.indexName(m.rowStride) + ")";
       for (int o : m.outer)
-        out += std::string(" x ") + abi::indexArgName(o);
+        out += std::string(" x ") + m.indexName(o);
       out += ", box " + std::to_string(m.boxCols) + " x " +
              std::to_string(m.boxRows) + "]";
     }
@@ -165,7 +178,7 @@ struct KernelLaunch {
   /// Whether the values could have come from a lowering (positive sizes).
   bool valid() const {
     for (const TensorMapRecord &m : tensorMaps)
-      if (!m.valid(abi::NumBuffers, abi::NumIndexArgs))
+      if (!m.valid())
         return false;
     return !name.empty() && threads > 0 && threads <= 1024 &&
            sharedBytes >= 0 && rows > 0 && programsZ > 0 &&
@@ -192,7 +205,8 @@ struct KernelImage {
 /// then " split" for a split-KV kernel, " persistent" for a persistent
 /// one (" persistent scheduled" for one that takes a tile schedule), and
 /// per tensor map " tma=BUFFER/ROWS/ROW_STRIDE/COLS/BOX_ROWS/
-/// BOX_COLS[/OUTER...]" (TensorMapRecord's fields).
+/// BOX_COLS[/OUTER...]" (TensorMapRecord's fields; " bwd-tma=..." where its
+/// indices are the backward's ABI's).
 inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
   std::string out;
   for (const KernelLaunch &k : ks) {
@@ -207,9 +221,10 @@ inline std::string formatKernelLaunches(const std::vector<KernelLaunch> &ks) {
     out += line;
     out.pop_back(); // the tensor maps go on the line
     for (const TensorMapRecord &m : k.tensorMaps) {
-      out += " tma=" + std::to_string(m.buffer) + "/" + std::to_string(m.rows) +
-             "/" + std::to_string(m.rowStride) + "/" + std::to_string(m.cols) +
-             "/" + std::to_string(m.boxRows) + "/" + std::to_string(m.boxCols);
+      out += std::string(m.backward ? " bwd-tma=" : " tma=") +
+             std::to_string(m.buffer) + "/" + std::to_string(m.rows) + "/" +
+             std::to_string(m.rowStride) + "/" + std::to_string(m.cols) + "/" +
+             std::to_string(m.boxRows) + "/" + std::to_string(m.boxCols);
       for (int o : m.outer)
         out += "/" + std::to_string(o);
     }
@@ -260,10 +275,13 @@ parseKernelLaunches(const std::string &text) {
     // Then " split", " persistent" and " scheduled", each at most once, in
     // that order, then the tensor maps.
     while (fields >> rest) {
-      if (rest.rfind("tma=", 0) == 0) {
-        std::optional<TensorMapRecord> m = parseTensorMap(rest.substr(4));
+      const bool backward = rest.rfind("bwd-tma=", 0) == 0;
+      if (backward || rest.rfind("tma=", 0) == 0) {
+        std::optional<TensorMapRecord> m =
+            parseTensorMap(rest.substr(backward ? 8 : 4));
         if (!m)
           return std::nullopt;
+        m->backward = backward;
         k.tensorMaps.push_back(*m);
       } else if (!k.tensorMaps.empty()) {
         return std::nullopt;

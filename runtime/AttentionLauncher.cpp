@@ -373,19 +373,25 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
                  extra);
 }
 
-void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,
-                                CUdeviceptr base) const {
-  // cols, rows, then the outer dimensions (batch * heads bounds any index
-  // the kernel computes from its program ids: TensorMapRecord).
+void encodeRecordedMap(TensorMap &out, const TensorMapRecord &m,
+                       CUdeviceptr base, const int64_t *index,
+                       int64_t batchHeads, bool bf16) {
+  // cols, rows, then the outer dimensions.
   const int rank = 2 + int(m.outer.size());
   uint64_t dims[5] = {uint64_t(m.cols), uint64_t(index[m.rows])};
   uint64_t strides[4] = {uint64_t(index[m.rowStride]) * 2};
   uint32_t box[5] = {uint32_t(m.boxCols), uint32_t(m.boxRows), 1, 1, 1};
   for (size_t i = 0; i < m.outer.size(); ++i) {
-    dims[2 + i] = uint64_t(index[abi::Batch] * index[abi::Heads]);
+    dims[2 + i] = uint64_t(batchHeads);
     strides[1 + i] = uint64_t(index[m.outer[i]]) * 2;
   }
   encodeTensorMap(out, base, rank, dims, strides, box, bf16);
+}
+
+void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,
+                                CUdeviceptr base) const {
+  encodeRecordedMap(out, m, base, index.data(),
+                    index[abi::Batch] * index[abi::Heads], bf16);
 }
 
 void ForwardKernel::launch(const Problem &p, const ForwardArgs &a,

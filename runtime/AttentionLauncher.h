@@ -39,6 +39,15 @@ void launchRecorded(CUfunction function, const KernelLaunch &launch,
                     const Problem &p, int64_t gqa, CUstream stream,
                     void **params);
 
+/// Encodes recorded tensor map \p m (KernelLaunch.h) over \p base:
+/// \p index holds the launch's index arguments in the record's ABI, its
+/// outer dimensions are \p batchHeads long (a bound of any index the
+/// kernel computes from its program ids). Throws RuntimeError when the
+/// driver refuses it.
+void encodeRecordedMap(TensorMap &out, const TensorMapRecord &m,
+                       CUdeviceptr base, const int64_t *index,
+                       int64_t batchHeads, bool bf16);
+
 /// A (B, H, N, d) tensor on the device: pointer and element strides.
 struct DeviceTensor {
   CUdeviceptr ptr = 0;

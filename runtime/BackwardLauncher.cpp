@@ -31,6 +31,18 @@ BackwardKernel::BackwardKernel(const KernelImage &image,
   preprocess = module.function(preprocessLaunch.name);
   main = module.function(mainLaunch.name);
   dq = module.function(dqLaunch.name);
+  // The dK/dV kernel's tensor maps: at most kMaxTensorMaps, each in the
+  // backward's ABI (the launch below reads its indices there).
+  bool backwardMaps = mainLaunch.tensorMaps.size() <= kMaxTensorMaps;
+  for (const TensorMapRecord &m : mainLaunch.tensorMaps)
+    backwardMaps &= m.backward;
+  if (!backwardMaps)
+    throw RuntimeError(ErrorCode::InvalidArgument,
+                       fmt::format("the backward kernel records {} tensor "
+                                   "maps; the launcher takes at most {}, "
+                                   "each in the backward's ABI",
+                                   mainLaunch.tensorMaps.size(),
+                                   kMaxTensorMaps));
   for (int64_t c = 0;
        abi::bwd::fixedPointCaptureGrads(spec) && c < spec.captures; ++c) {
     if (!((spec.captureGrads >> c) & 1))
@@ -135,7 +147,7 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     }
   }
   void *params[bwd::NumBuffers + bwd::NumIndexArgs + bwd::NumF32Args +
-               5 * abi::kMaxCaptures];
+               5 * abi::kMaxCaptures + kMaxTensorMaps];
   int n = 0;
   for (CUdeviceptr &b : bufs)
     params[n++] = &b;
@@ -149,6 +161,16 @@ void BackwardKernel::launch(const Problem &p, const BackwardArgs &a,
     params[n++] = &words[size_t(c)];
   for (int64_t c = 0; fixedPoint && c < spec.captures; ++c)
     params[n++] = &sizes[size_t(c)];
+  // The dK/dV kernel's tensor maps (its Q/dO ring by the TMA), its last
+  // parameters; the other kernels take fewer and read none of them.
+  TensorMap maps[kMaxTensorMaps];
+  for (size_t i = 0; i < mainLaunch.tensorMaps.size(); ++i) {
+    const TensorMapRecord &m = mainLaunch.tensorMaps[i];
+    encodeRecordedMap(maps[i], m, bufs[m.buffer], idx.data(),
+                      idx[bwd::Batch] * idx[bwd::Heads],
+                      spec.dtype == DType::BF16);
+    params[n++] = &maps[i];
+  }
 
   for (auto [fn, launch] : {std::pair{preprocess, &preprocessLaunch},
                             {main, &mainLaunch},

@@ -120,6 +120,10 @@ struct KernelPlacement {
   /// (TileToGPUTma.cpp): one thread, cp.async.bulk.tensor into the slot,
   /// the full barrier counting the bytes.
   int64_t tma = 0;
+  /// The kernel takes the backward's ABI (abi::bwd): its tensor maps name
+  /// that ABI's buffers and index arguments (the dK/dV kernel's Q/dO ring
+  /// by tensor maps, tma 1).
+  bool backwardAbi = false;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO

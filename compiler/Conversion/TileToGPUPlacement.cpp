@@ -351,7 +351,12 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
     p.producerThreads = GpuGeometry::kRingProducerThreads;
     p.ringConsumerRegisters = kBackwardRingConsumerRegisters;
     p.maxShared = kMaxSharedBytes;
+    // Q and dO by their tensor maps where the forward's K and V would take
+    // theirs (16-byte copies, the `tma` option): one producer thread, the
+    // full barriers counting bytes (TileToGPUTma.cpp).
+    p.tma = copyBytes == 16 && knobs.tma ? 1 : 0;
   }
+  p.backwardAbi = true;
   p.splitCommits = p.wgmma && knobs.splitCommits;
   p.stagedStores = knobs.bwdStagedStores;
   if (p.wgmma) {

@@ -153,10 +153,14 @@ TileKernelLowering::tensorMapOf(tile::LoadOp load) {
 void TileKernelLowering::describeTensorMaps(ArrayRef<tile::LoadOp> loads) {
   ringMaps.clear();
   queryLoad = nullptr;
-  // The forward's ABI (the names the launcher knows), blocked tiles.
-  if (!place.tma || place.kvSplit || !place.wgmma ||
-      place.numBuffers != abi::NumBuffers ||
-      place.numIndexArgs != abi::NumIndexArgs)
+  // An ABI whose names the launchers know (the forward's; the backward's
+  // for its Q/dO ring), blocked tiles.
+  const bool knownAbi = place.backwardAbi
+                            ? place.numBuffers == abi::bwd::NumBuffers &&
+                                  place.numIndexArgs == abi::bwd::NumIndexArgs
+                            : place.numBuffers == abi::NumBuffers &&
+                                  place.numIndexArgs == abi::NumIndexArgs;
+  if (!place.tma || place.kvSplit || !place.wgmma || !knownAbi)
     return;
   for (tile::LoadOp load : loads) {
     std::optional<RingTensorMap> m = tensorMapOf(load);
@@ -197,10 +201,12 @@ void TileKernelLowering::describeTensorMaps(ArrayRef<tile::LoadOp> loads) {
 
 void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
   SmallVector<Attribute> records;
+  TensorMapRecord abiOf; // names in the kernel's ABI
+  abiOf.backward = place.backwardAbi;
   auto names = [&](ArrayRef<int> args) {
     SmallVector<Attribute> out;
     for (int a : args)
-      out.push_back(b.getStringAttr(abi::indexArgName(a)));
+      out.push_back(b.getStringAttr(abiOf.indexName(a)));
     return b.getArrayAttr(out);
   };
   // The ring's maps, then O's.
@@ -212,15 +218,17 @@ void TileKernelLowering::addTensorMapArguments(mlir::gpu::GPUFuncOp kernel) {
                                 kernel.getLoc());
     m.param = kernel.getArgument(at);
     const TensorMapRecord &r = m.record;
-    records.push_back(b.getDictionaryAttr(
-        {b.getNamedAttr("tensor", b.getStringAttr(abi::bufferName(r.buffer))),
-         b.getNamedAttr("rows", b.getStringAttr(abi::indexArgName(r.rows))),
-         b.getNamedAttr("row_stride",
-                        b.getStringAttr(abi::indexArgName(r.rowStride))),
-         b.getNamedAttr("outer", names(r.outer)),
-         b.getNamedAttr("cols", b.getI64IntegerAttr(r.cols)),
-         b.getNamedAttr("box",
-                        b.getDenseI64ArrayAttr({r.boxCols, r.boxRows}))}));
+    SmallVector<NamedAttribute> fields = {
+        b.getNamedAttr("tensor", b.getStringAttr(abiOf.bufferName(r.buffer))),
+        b.getNamedAttr("rows", b.getStringAttr(abiOf.indexName(r.rows))),
+        b.getNamedAttr("row_stride",
+                       b.getStringAttr(abiOf.indexName(r.rowStride))),
+        b.getNamedAttr("outer", names(r.outer)),
+        b.getNamedAttr("cols", b.getI64IntegerAttr(r.cols)),
+        b.getNamedAttr("box", b.getDenseI64ArrayAttr({r.boxCols, r.boxRows}))};
+    if (place.backwardAbi)
+      fields.push_back(b.getNamedAttr("abi", b.getStringAttr("bwd")));
+    records.push_back(b.getDictionaryAttr(fields));
   };
   for (RingTensorMap &m : ringMaps)
     add(m);
