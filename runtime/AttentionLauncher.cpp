@@ -373,19 +373,28 @@ void PreparedForward::launch(const ForwardBuffers &b, CUstream stream) const {
                  extra);
 }
 
+TensorMapShape recordedMapShape(const TensorMapRecord &m, const int64_t *index,
+                                int64_t batchHeads) {
+  // 16-bit elements: cols, rows, then the outer dimensions.
+  TensorMapShape s;
+  s.rank = 2 + int(m.outer.size());
+  s.dims[0] = uint64_t(m.cols);
+  s.dims[1] = uint64_t(index[m.rows]);
+  s.strideBytes[0] = uint64_t(index[m.rowStride]) * 2;
+  s.box = {uint32_t(m.boxCols), uint32_t(m.boxRows), 1, 1, 1};
+  for (size_t i = 0; i < m.outer.size(); ++i) {
+    s.dims[2 + i] = uint64_t(batchHeads);
+    s.strideBytes[1 + i] = uint64_t(index[m.outer[i]]) * 2;
+  }
+  return s;
+}
+
 void encodeRecordedMap(TensorMap &out, const TensorMapRecord &m,
                        CUdeviceptr base, const int64_t *index,
                        int64_t batchHeads, bool bf16) {
-  // cols, rows, then the outer dimensions.
-  const int rank = 2 + int(m.outer.size());
-  uint64_t dims[5] = {uint64_t(m.cols), uint64_t(index[m.rows])};
-  uint64_t strides[4] = {uint64_t(index[m.rowStride]) * 2};
-  uint32_t box[5] = {uint32_t(m.boxCols), uint32_t(m.boxRows), 1, 1, 1};
-  for (size_t i = 0; i < m.outer.size(); ++i) {
-    dims[2 + i] = uint64_t(batchHeads);
-    strides[1 + i] = uint64_t(index[m.outer[i]]) * 2;
-  }
-  encodeTensorMap(out, base, rank, dims, strides, box, bf16);
+  TensorMapShape s = recordedMapShape(m, index, batchHeads);
+  encodeTensorMap(out, base, s.rank, s.dims.data(), s.strideBytes.data(),
+                  s.box.data(), bf16);
 }
 
 void PreparedForward::encodeMap(TensorMap &out, const TensorMapRecord &m,

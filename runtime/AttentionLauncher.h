@@ -39,11 +39,23 @@ void launchRecorded(CUfunction function, const KernelLaunch &launch,
                     const Problem &p, int64_t gqa, CUstream stream,
                     void **params);
 
-/// Encodes recorded tensor map \p m (KernelLaunch.h) over \p base:
-/// \p index holds the launch's index arguments in the record's ABI, its
-/// outer dimensions are \p batchHeads long (a bound of any index the
-/// kernel computes from its program ids). Throws RuntimeError when the
-/// driver refuses it.
+/// The shape a recorded tensor map (KernelLaunch.h) takes for one launch,
+/// innermost dimension first: cols, then the rows (index argument
+/// `rows`), then each outer dimension, \p batchHeads long (a bound of any
+/// index the kernel computes from its program ids); the byte strides of
+/// every dimension but the first, and the box.
+struct TensorMapShape {
+  int rank = 0;
+  std::array<uint64_t, 5> dims{};
+  std::array<uint64_t, 4> strideBytes{};
+  std::array<uint32_t, 5> box{};
+};
+/// \p index holds the launch's index arguments in \p m's ABI.
+TensorMapShape recordedMapShape(const TensorMapRecord &m, const int64_t *index,
+                                int64_t batchHeads);
+
+/// Encodes recorded tensor map \p m over \p base in the shape
+/// recordedMapShape gives. Throws RuntimeError when the driver refuses it.
 void encodeRecordedMap(TensorMap &out, const TensorMapRecord &m,
                        CUdeviceptr base, const int64_t *index,
                        int64_t batchHeads, bool bf16);

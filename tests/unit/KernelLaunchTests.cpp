@@ -371,58 +371,6 @@ TEST(KernelLaunch, BackwardRecordsItsGrids) {
       }
 }
 
-/// The backward's Q/dO ring (FLASHJIT_BWD_RING) copies by tensor maps
-/// where the forward's ring would (16-byte copies, FLASHJIT_TMA not 0):
-/// the dK/dV kernel records Q's and dO's maps in the backward ABI's
-/// indices, which the cubin cache's text keeps; FLASHJIT_TMA=0 leaves the
-/// producer's cp.async copies and no maps.
-TEST(KernelLaunch, BackwardRingRecordsItsTensorMaps) {
-  namespace bwd = flashjit::abi::bwd;
-  AttentionSpec s = spec(Direction::Backward, 128, MaskKind::Causal, 1);
-  TileConfig config = defaultGpuBackwardConfig(s);
-  GpuTarget target;
-  target.arch = "sm_90a";
-  std::optional<test::ScopedEnv> ring, tma;
-  ring.emplace("FLASHJIT_BWD_RING", "2");
-  GpuCompilation c = compileForGpu(s, config, target);
-  const KernelLaunch *main = findKernelLaunch(c.kernels, kKernelName);
-  ASSERT_TRUE(main);
-  ASSERT_EQ(main->tensorMaps.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    const TensorMapRecord &m = main->tensorMaps[i];
-    const bool isQ = i == 0;
-    EXPECT_TRUE(m.backward);
-    EXPECT_EQ(m.buffer, isQ ? bwd::Q : bwd::DO);
-    EXPECT_EQ(m.rows, bwd::SeqQ);
-    EXPECT_EQ(m.rowStride, isQ ? bwd::QStrideN : bwd::DOStrideN);
-    EXPECT_EQ(m.outer,
-              (std::vector<int>{isQ ? bwd::QStrideB : bwd::DOStrideB,
-                                isQ ? bwd::QStrideH : bwd::DOStrideH}));
-    EXPECT_EQ(m.cols, 128);
-    EXPECT_EQ(m.boxRows, config.blockM);
-    EXPECT_EQ(m.boxCols, 64);
-  }
-  EXPECT_EQ(main->describeTensorMaps(),
-            "q [128 x seq_q (q_sn) x q_sb x q_sh, box 64 x 64], do [128 x "
-            "seq_q (do_sn) x do_sb x do_sh, box 64 x 64]");
-  // Two boxes of 64 columns per tile, in the producer's loop; no cp.async
-  // arrivals.
-  EXPECT_NE(c.ptx.find("cp.async.bulk.tensor.4d"), std::string::npos);
-  EXPECT_NE(c.ptx.find("mbarrier.arrive.expect_tx"), std::string::npos);
-  EXPECT_EQ(c.ptx.find("cp.async.mbarrier.arrive.noinc"), std::string::npos);
-  auto parsed = parseKernelLaunches(formatKernelLaunches(c.kernels));
-  ASSERT_TRUE(parsed.has_value());
-  EXPECT_EQ(*parsed, c.kernels);
-
-  tma.emplace("FLASHJIT_TMA", "0");
-  GpuCompilation off = compileForGpu(s, config, target);
-  main = findKernelLaunch(off.kernels, kKernelName);
-  ASSERT_TRUE(main);
-  EXPECT_TRUE(main->tensorMaps.empty());
-  EXPECT_EQ(off.ptx.find("cp.async.bulk.tensor"), std::string::npos);
-  EXPECT_NE(off.ptx.find("cp.async.mbarrier.arrive.noinc"), std::string::npos);
-}
-
 /// A launcher takes only an image that records its kernel.
 TEST(KernelLaunch, MissingRecordIsANamedError) {
   KernelImage image;
