@@ -191,8 +191,8 @@ int64_t backwardRingStages(const GpuTarget &target);
 bool usesSplitCommits(const GpuTarget &target);
 /// Whether the backward's dK/dV kernel stores dK and dV through a dead
 /// shared slot, 16 bytes a lane (the `bwd-staged-stores` pass option):
-/// opt-in, FLASHJIT_BWD_STAGED_STORES=1, while it has not run on a GPU
-/// (T39); with 16-byte copies only.
+/// with 16-byte copies only; by default on warpgroup-MMA targets (T40),
+/// FLASHJIT_BWD_STAGED_STORES=0 turns it off, =1 on for any target.
 bool usesBackwardStagedStores(const GpuTarget &target);
 /// Whether \p target runs the backward's dK/dV kernel on warpgroup MMAs
 /// (wgmma.mma_async needs sm_90a): the pipeline's `wgmma` option.

@@ -104,7 +104,9 @@ TEST(GpuStoreCodegen, ForwardStoresWholeRowsThroughShared) {
   EXPECT_NE(text.find("staged-stores=false"), std::string::npos) << text;
   EXPECT_EQ(occurrences(ptx, "st.global.v4.b32"), 0u);
   EXPECT_GT(occurrences(ptx, "st.global.b16"), 0u);
-  EXPECT_EQ(gpuPipelineText(ring, target).find("staged-stores"),
+  // The forward's option is on by default (the backward's,
+  // bwd-staged-stores, is its own).
+  EXPECT_EQ(gpuPipelineText(ring, target).find(" staged-stores"),
             std::string::npos);
 }
 
@@ -468,27 +470,36 @@ TEST(GpuBackwardSplitCommits, DefaultRecordedAndLowered) {
 
 } // namespace
 
-/// FLASHJIT_BWD_STAGED_STORES=1 (opt-in, T39): recorded in the pipeline
-/// text, and the backward's dK/dV kernel stores dK and dV through V's
-/// slot, dead after the loop, as the forward stores O: 16-byte vector
-/// stores and no 2-byte ones, with a warp-level ordering point between the
-/// two tiles' use of the slot (the lanes read each other's chunks). Unset,
-/// element by element, as before.
-TEST(GpuStoreCodegen, BackwardStagedStoresAreOptIn) {
+/// The backward's staged dK/dV stores (the default on warpgroup MMAs since
+/// T40; FLASHJIT_BWD_STAGED_STORES=0 turns them off): recorded in the
+/// pipeline text, and the dK/dV kernel stores dK and dV through V's slot,
+/// dead after the loop, as the forward stores O: 16-byte vector stores and
+/// no 2-byte ones, with a warp-level ordering point between the two tiles'
+/// use of the slot (the lanes read each other's chunks). Off, element by
+/// element, as before T40; on sm_80 off unless asked for (=1).
+TEST(GpuStoreCodegen, BackwardStagedStoresByDefault) {
   HopperBackward h;
   const std::string flag = " bwd-staged-stores=true";
+  {
+    GpuTarget ampere = h.target;
+    ampere.arch = "sm_80";
+    ScopedEnv unset("FLASHJIT_BWD_STAGED_STORES", nullptr);
+    EXPECT_EQ(gpuPipelineText(h.config, ampere).find(flag), std::string::npos);
+    ScopedEnv on("FLASHJIT_BWD_STAGED_STORES", "1");
+    EXPECT_NE(gpuPipelineText(h.config, ampere).find(flag), std::string::npos);
+  }
   for (bool causal : {false, true}) {
     SCOPED_TRACE(causal);
     h.spec.mask = causal ? MaskKind::Causal : MaskKind::None;
     std::string plain, staged;
     {
-      ScopedEnv off("FLASHJIT_BWD_STAGED_STORES", nullptr);
+      ScopedEnv off("FLASHJIT_BWD_STAGED_STORES", "0");
       EXPECT_EQ(gpuPipelineText(h.config, h.target).find(flag),
                 std::string::npos);
       plain = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
     }
     {
-      ScopedEnv on("FLASHJIT_BWD_STAGED_STORES", "1");
+      ScopedEnv unset("FLASHJIT_BWD_STAGED_STORES", nullptr);
       EXPECT_NE(gpuPipelineText(h.config, h.target).find(flag),
                 std::string::npos);
       staged = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
