@@ -353,6 +353,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.wgmma = usesWgmma(target);
   gpu.bulkDq = usesBulkDq(target);
   gpu.bwdRingStages = backwardRingStages(target);
+  gpu.bwdStages = backwardStages(target);
   gpu.splitCommits = usesSplitCommits(target);
   gpu.bwdStagedStores = usesBackwardStagedStores(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
@@ -398,14 +399,15 @@ static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
         dict ? dyn_cast_or_null<StringAttr>(dict.get("abi")) : nullptr;
     m.backward = abiName && abiName.getValue() == "bwd";
     const int numIndexArgs =
-        m.backward ? abi::bwd::NumIndexArgs : abi::NumIndexArgs;
+        m.backward ? int(abi::bwd::NumIndexArgs) : int(abi::NumIndexArgs);
     auto index = [&](Attribute name) {
       return abiIndex(name, numIndexArgs,
                       [&](int i) { return m.indexName(i); });
     };
-    m.buffer = abiIndex(dict ? dict.get("tensor") : Attribute(),
-                        m.backward ? abi::bwd::NumBuffers : abi::NumBuffers,
-                        [&](int i) { return m.bufferName(i); });
+    m.buffer =
+        abiIndex(dict ? dict.get("tensor") : Attribute(),
+                 m.backward ? int(abi::bwd::NumBuffers) : int(abi::NumBuffers),
+                 [&](int i) { return m.bufferName(i); });
     m.rows = index(dict ? dict.get("rows") : Attribute());
     m.rowStride = index(dict ? dict.get("row_stride") : Attribute());
     m.cols = intAttr(dict, "cols");

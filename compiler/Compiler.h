@@ -182,6 +182,11 @@ bool usesBulkDq(const GpuTarget &target);
 /// loop's double-buffered copies). Not yet run on a GPU (T27). The
 /// pipeline text, part of the cache key, records it.
 int64_t backwardRingStages(const GpuTarget &target);
+/// Stages of the backward dK/dV kernel's own Q/dO pipeline (the
+/// `bwd-stages` pass option; without the ring): 2, or 3 with
+/// FLASHJIT_BWD_STAGES=3 on warpgroup-MMA targets (opt-in, T40). The
+/// pipeline text, part of the cache key, records 3.
+int64_t backwardStages(const GpuTarget &target);
 
 /// Whether the backward's dK/dV kernel on warpgroup MMAs commits each
 /// product apart and issues dQ before dK (the lowering's `split-commits`

@@ -39,7 +39,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
@@ -51,6 +51,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       usesSplitCommits(target) ? " split-commits=true" : "",
       usesBackwardStagedStores(target) ? " bwd-staged-stores=true" : "",
+      backwardStages(target) == 3 ? " bwd-stages=3" : "",
       tilingOptions(config));
 }
 
@@ -158,6 +159,13 @@ bool usesSplitCommits(const GpuTarget &target) {
   // FLASHJIT_BWD_SPLIT_COMMITS=0 turns it off (for comparisons).
   const char *env = std::getenv("FLASHJIT_BWD_SPLIT_COMMITS");
   return usesWgmma(target) && !(env && std::string(env) == "0");
+}
+
+int64_t backwardStages(const GpuTarget &target) {
+  // Opt-in (T40, not yet run on a GPU): the dK/dV step waited on its
+  // Q/dO copies for 14% of its stall samples (ncu, H100).
+  const char *env = std::getenv("FLASHJIT_BWD_STAGES");
+  return usesWgmma(target) && env && std::string(env) == "3" ? 3 : 2;
 }
 
 int64_t backwardRingStages(const GpuTarget &target) {

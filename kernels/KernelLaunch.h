@@ -92,9 +92,10 @@ struct TensorMapRecord {
   /// Whether its fields name its ABI's arguments and a box that a tensor
   /// map can have (at most 256 per dimension, 5 dimensions).
   bool valid() const {
-    const int numBuffers = backward ? abi::bwd::NumBuffers : abi::NumBuffers;
+    const int numBuffers =
+        backward ? int(abi::bwd::NumBuffers) : int(abi::NumBuffers);
     const int numIndexArgs =
-        backward ? abi::bwd::NumIndexArgs : abi::NumIndexArgs;
+        backward ? int(abi::bwd::NumIndexArgs) : int(abi::NumIndexArgs);
     auto index = [&](int i) { return i >= 0 && i < numIndexArgs; };
     bool ok = buffer >= 0 && buffer < numBuffers && index(rows) &&
               index(rowStride) && outer.size() <= 3 && cols > 0 &&

@@ -124,6 +124,11 @@ struct KernelPlacement {
   /// that ABI's buffers and index arguments (the dK/dV kernel's Q/dO ring
   /// by tensor maps, tma 1).
   bool backwardAbi = false;
+  /// Stages of a loop's own double-buffered pipeline
+  /// (lowerDoubleBufferedFor): 2, or 3 (the backward's `bwd-stages`): the
+  /// copies of step t + S - 1 are issued in step t, and step t waits for
+  /// its own with S - 2 groups left in flight.
+  int64_t bufferStages = 2;
   /// A warp-level ordering point (GpuBuilder::warpSync) before each
   /// mma.sync product whose lhs is a register tile of this iteration (the
   /// dK/dV kernel's P and dS): the products that do not read it (dP = dO

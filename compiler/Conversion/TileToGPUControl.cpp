@@ -296,21 +296,45 @@ TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
   auto issueAll = [&](Value iv, Value shift) {
     return issueCopy(loads, iv, shift, /*commit=*/false);
   };
-  g.barrier(); // every warp is done with both stages
+  const int64_t stages = place.bufferStages;
+  g.barrier(); // every warp is done with every stage
   LogicalResult r = success();
-  g.ifThen(arith::CmpIOp::create(b, arith::CmpIPredicate::slt, lb, ub),
-           [&] { r = issueAll(lb, Value()); });
-  g.commitGroup();
-  if (failed(r))
-    return failure();
+  // The first S - 1 steps' copies, a group each (empty past the loop).
+  for (int64_t s = 0; s + 1 < stages; ++s) {
+    Value t = s ? arith::AddIOp::create(
+                      b, lb,
+                      arith::MulIOp::create(
+                          b, step, arith::ConstantIndexOp::create(b, s)))
+                : lb;
+    Value shift = s ? g.c32(s * stageBytes) : Value();
+    g.ifThen(arith::CmpIOp::create(b, arith::CmpIPredicate::slt, t, ub),
+             [&] { r = issueAll(t, shift); });
+    g.commitGroup();
+    if (failed(r))
+      return failure();
+  }
   return lowerLoopBody(op, [&]() -> LogicalResult {
     Value k = arith::SubIOp::create(b, loopIv, lb);
     if (getConstantIntValue(op.getStep()) != 1)
       k = arith::DivUIOp::create(b, k, step);
-    Value stage = g.andI(toI32(k), g.c32(1));
+    // Step k reads stage k % S and fills stage (k + S - 1) % S (the one
+    // step k - 1 read) with step k + S - 1's copies.
+    Value stage = stages == 2 ? g.andI(toI32(k), g.c32(1))
+                              : g.remU(toI32(k), g.c32(stages));
     Value here = g.mul(stage, g.c32(stageBytes));
-    Value other = g.mul(g.sub(g.c32(1), stage), g.c32(stageBytes));
-    Value next = arith::AddIOp::create(b, loopIv, step);
+    Value other =
+        stages == 2
+            ? g.mul(g.sub(g.c32(1), stage), g.c32(stageBytes))
+            : g.mul(g.remU(g.add(stage, g.c32(stages - 1)), g.c32(stages)),
+                    g.c32(stageBytes));
+    Value next =
+        stages == 2
+            ? arith::AddIOp::create(b, loopIv, step).getResult()
+            : arith::AddIOp::create(
+                  b, loopIv,
+                  arith::MulIOp::create(
+                      b, step, arith::ConstantIndexOp::create(b, stages - 1)))
+                  .getResult();
     Value more = arith::CmpIOp::create(b, arith::CmpIPredicate::slt, next, ub);
     auto issueNext = [this, more, next, other, issueAll]() -> LogicalResult {
       LogicalResult issued = success();
@@ -321,7 +345,12 @@ TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
     };
     LogicalResult issued = success();
     if (wg) {
-      g.waitAll();           // this stage (the only copies in flight)
+      // This stage (two stages: the only copies in flight; three: the next
+      // step's group stays in flight).
+      if (stages == 2)
+        g.waitAll();
+      else
+        g.waitGroup(stages - 2);
       wg->fenceProxyAsync(); // cp.async's writes, read by wgmma
       g.barrier();           // ... landed for all; the other stage is free
       afterCommit = issueNext;
@@ -329,7 +358,7 @@ TileKernelLowering::lowerDoubleBufferedFor(scf::ForOp op,
     } else {
       g.barrier(); // every warp is done with the other stage
       issued = issueNext();
-      g.waitGroup(1); // this stage (and anything before it) landed
+      g.waitGroup(stages - 1); // this stage (and anything before it) landed
       g.barrier();
     }
     pendingCopies = false;

@@ -41,8 +41,8 @@ static bool onlyColumnBroadcasts(Value v) {
 /// global memory distributes it, TileToGPUAtomics.cpp). A loop whose shared
 /// tiles have several reader dots, or which reads a SharedVector, has its
 /// slots double-buffered (lowerDoubleBufferedFor): the second stage follows
-/// the first. Register tiles that a product reads transposed get staging
-/// slots after every other.
+/// the first (and a third the second, KernelPlacement::bufferStages). Register
+/// tiles that a product reads transposed get staging slots after every other.
 LogicalResult TileKernelLowering::assignHomes() {
   auto addSlot = [&](Value v, SharedSlot slot, int64_t bytes) {
     slot.offset = isTile(v) && tileType(v).getRank() == 2
@@ -86,7 +86,7 @@ LogicalResult TileKernelLowering::assignHomes() {
       if (first >= 0 && (vectors || readers > 1)) {
         int64_t stage = alignSlot(sharedBytes) - first;
         doubleBuffered[loop] = stage;
-        sharedBytes = first + 2 * stage;
+        sharedBytes = first + place.bufferStages * stage;
       }
       return WalkResult::advance();
     }

@@ -359,6 +359,12 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.backwardAbi = true;
   p.splitCommits = p.wgmma && knobs.splitCommits;
   p.stagedStores = knobs.bwdStagedStores;
+  // Three stages of the loop's own copies where asked (opt-in; the ring
+  // has its own stages): the shared memory is the kernel's limit's.
+  if (p.wgmma && !p.ringStages && knobs.bwdStages == 3) {
+    p.bufferStages = 3;
+    p.maxShared = kMaxSharedBytes;
+  }
   if (p.wgmma) {
     p.mt = 1;
     batchReadyProducts(fn, /*transposedFirst=*/p.splitCommits);

@@ -514,3 +514,46 @@ TEST(GpuStoreCodegen, BackwardStagedStoresByDefault) {
               occurrences(plain, "bar.warp.sync") + 3);
   }
 }
+
+/// FLASHJIT_BWD_STAGES=3 (opt-in, T40): recorded in the pipeline text; the
+/// dK/dV kernel's own Q/dO pipeline gets a third stage (its bytes: Q, dO
+/// and their statistics) and each step waits for its copies with the next
+/// step's group still in flight (cp.async.wait_group 1 where two stages
+/// wait for all); the staged dK/dV stores stay.
+TEST(GpuStoreCodegen, BackwardThirdStageIsOptIn) {
+  HopperBackward h;
+  std::string two, three;
+  int64_t twoBytes = 0, threeBytes = 0;
+  // The dK/dV kernel's dynamic shared memory, as recorded for launch.
+  auto shared = [&] {
+    for (const KernelLaunch &k : gpuKernelLaunches(h.spec, h.config, h.target))
+      if (k.name == kKernelName)
+        return k.sharedBytes;
+    ADD_FAILURE() << "no dK/dV kernel recorded";
+    return int64_t(0);
+  };
+  {
+    ScopedEnv off("FLASHJIT_BWD_STAGES", nullptr);
+    EXPECT_EQ(gpuPipelineText(h.config, h.target).find("bwd-stages"),
+              std::string::npos);
+    two = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
+    twoBytes = shared();
+  }
+  {
+    ScopedEnv on("FLASHJIT_BWD_STAGES", "3");
+    EXPECT_NE(gpuPipelineText(h.config, h.target).find(" bwd-stages=3"),
+              std::string::npos);
+    three = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
+    threeBytes = shared();
+  }
+  ASSERT_FALSE(two.empty());
+  ASSERT_FALSE(three.empty());
+  EXPECT_EQ(occurrences(two, "cp.async.wait_group \t1;"), 0u);
+  EXPECT_EQ(occurrences(three, "cp.async.wait_group \t1;"), 1u);
+  EXPECT_EQ(occurrences(three, "cp.async.wait_all;") + 1,
+            occurrences(two, "cp.async.wait_all;"));
+  // One more stage: Q and dO (64 x 128 x 2 bytes each) and the two rows
+  // of statistics, rounded to the slots' 1024-byte alignment.
+  EXPECT_EQ(threeBytes - twoBytes, 2 * 64 * 128 * 2 + 1024);
+  EXPECT_EQ(occurrences(three, "st.global.b16"), 0u);
+}
