@@ -35,7 +35,7 @@ for r in 1 2; do
   M="--window 4096,0 --score-mod softcap:50"; w="emu0 $(tf FLASHJIT_EXP2_EMULATION=0) emu2 $(tf FLASHJIT_EXP2_EMULATION=2) default(3) $(tf X=1)"
   say "round $r TFLOP/s causal softcap:30: $c | window 4096 softcap:50: $w"
 done
-left=$((300 - (SECONDS - CALL_T0)))
+left=$((200 - (SECONDS - CALL_T0)))
 if ((left > 60)); then
   timeout $left python3 tests/bench/variants.py --json $OUT/variants.json --variants plain,window,document > $OUT/variants.log 2>&1
   say "variants exit $?"
