@@ -20,16 +20,16 @@ call_header T40-3
   say "3 stages backward suite: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/bwd3.log | tr '\n' ' ')"
   grep -E '^\[  FAILED  \] [A-Z]' $OUT/bwd3.log | head -6
 )
-A="--head-dim 128 --seq-len 8192 --heads 16 --backward --json"
-ms() { env "$@" timeout 60 $FJ bench $A $M 2>/dev/null | ms_of; }
+A="--head-dim 128 --seq-len 8192 --heads 16 --backward"
+ms() { bench_env "$A $M" "$@" | ms_of; }
 for r in 1 2; do
   for m in plain causal window; do
     M=""; [[ $m == causal ]] && M=--causal; [[ $m == window ]] && M="--window 1024,0"
     say "round $r $m backward ms: default $(ms X=1) 3-stages $(ms FLASHJIT_BWD_STAGES=3)"
   done
 done
-F="--head-dim 128 --seq-len 8192 --heads 16 --json"
-tf() { env "$@" timeout 60 $FJ bench $F $M 2>/dev/null | tflops_of; }
+F="--head-dim 128 --seq-len 8192 --heads 16"
+tf() { bench_env "$F $M" "$@" | tflops_of; }
 for r in 1 2; do
   M="--causal --score-mod softcap:30"; c="emu0 $(tf FLASHJIT_EXP2_EMULATION=0) emu2 $(tf FLASHJIT_EXP2_EMULATION=2) default(3) $(tf X=1)"
   M="--window 4096,0 --score-mod softcap:50"; w="emu0 $(tf FLASHJIT_EXP2_EMULATION=0) emu2 $(tf FLASHJIT_EXP2_EMULATION=2) default(3) $(tf X=1)"

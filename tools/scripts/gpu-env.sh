@@ -115,6 +115,9 @@ variants_table() {
   timeout 300 python3 tests/bench/variants.py --json $OUT/variants-$tag.json "$@" > $OUT/variants-$tag.log 2>&1
   grep -A30 '^variants, bf16' $OUT/variants-$tag.log | cut -c1-170
 }
+# bench_env "BENCH-ARGS" VAR=VALUE...: one `flashjit bench BENCH-ARGS --json`
+# with VAR=VALUE in its environment (pipe it to ms_of or tflops_of).
+bench_env() { local args=$1; shift; env "$@" timeout 60 $FJ bench $args --json 2>/dev/null; }
 # median VALUE...: the median of the values that are not "fail".
 median() { printf '%s\n' "$@" | grep -v fail | sort -g | awk '{v[NR]=$1} END {print NR ? v[int((NR+1)/2)] : "fail"}'; }
 # step NAME: whether NAME is one of the comma-separated $STEPS.
