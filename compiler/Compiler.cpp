@@ -398,16 +398,12 @@ static std::vector<TensorMapRecord> readTensorMaps(Operation *fn) {
     auto abiName =
         dict ? dyn_cast_or_null<StringAttr>(dict.get("abi")) : nullptr;
     m.backward = abiName && abiName.getValue() == "bwd";
-    const int numIndexArgs =
-        m.backward ? int(abi::bwd::NumIndexArgs) : int(abi::NumIndexArgs);
     auto index = [&](Attribute name) {
-      return abiIndex(name, numIndexArgs,
+      return abiIndex(name, m.numIndexArgs(),
                       [&](int i) { return m.indexName(i); });
     };
-    m.buffer =
-        abiIndex(dict ? dict.get("tensor") : Attribute(),
-                 m.backward ? int(abi::bwd::NumBuffers) : int(abi::NumBuffers),
-                 [&](int i) { return m.bufferName(i); });
+    m.buffer = abiIndex(dict ? dict.get("tensor") : Attribute(), m.numBuffers(),
+                        [&](int i) { return m.bufferName(i); });
     m.rows = index(dict ? dict.get("rows") : Attribute());
     m.rowStride = index(dict ? dict.get("row_stride") : Attribute());
     m.cols = intAttr(dict, "cols");

@@ -89,15 +89,18 @@ struct TensorMapRecord {
   const char *indexName(int i) const {
     return backward ? abi::bwd::indexArgName(i) : abi::indexArgName(i);
   }
+  /// How many buffers and index arguments its ABI has.
+  int numBuffers() const {
+    return backward ? int(abi::bwd::NumBuffers) : int(abi::NumBuffers);
+  }
+  int numIndexArgs() const {
+    return backward ? int(abi::bwd::NumIndexArgs) : int(abi::NumIndexArgs);
+  }
   /// Whether its fields name its ABI's arguments and a box that a tensor
   /// map can have (at most 256 per dimension, 5 dimensions).
   bool valid() const {
-    const int numBuffers =
-        backward ? int(abi::bwd::NumBuffers) : int(abi::NumBuffers);
-    const int numIndexArgs =
-        backward ? int(abi::bwd::NumIndexArgs) : int(abi::NumIndexArgs);
-    auto index = [&](int i) { return i >= 0 && i < numIndexArgs; };
-    bool ok = buffer >= 0 && buffer < numBuffers && index(rows) &&
+    auto index = [&](int i) { return i >= 0 && i < numIndexArgs(); };
+    bool ok = buffer >= 0 && buffer < numBuffers() && index(rows) &&
               index(rowStride) && outer.size() <= 3 && cols > 0 &&
               boxRows > 0 && boxRows <= 256 && boxCols > 0 && boxCols <= 256;
     for (int o : outer)

@@ -39,6 +39,10 @@ void launchRecorded(CUfunction function, const KernelLaunch &launch,
                     const Problem &p, int64_t gqa, CUstream stream,
                     void **params);
 
+/// The most tensor maps a kernel takes, which both launchers make room
+/// for: the forward's K and V, and Q and O; the backward's Q and dO.
+inline constexpr size_t kMaxTensorMaps = 4;
+
 /// The shape a recorded tensor map (KernelLaunch.h) takes for one launch,
 /// innermost dimension first: cols, then the rows (index argument
 /// `rows`), then each outer dimension, \p batchHeads long (a bound of any
@@ -165,8 +169,6 @@ public:
   unsigned sharedBytes() const { return shared; }
 
 private:
-  /// The most tensor maps a kernel takes (K and V, and room for Q and O).
-  static constexpr size_t kMaxTensorMaps = 4;
   /// The largest packed argument buffer (PackedParams): every argument,
   /// four tensor maps and their alignment fit.
   static constexpr std::size_t kMaxPackedBytes = 2048;

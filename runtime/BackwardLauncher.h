@@ -64,10 +64,6 @@ public:
 
   int64_t copyBytes() const { return copy; }
 
-  /// The most tensor maps the dK/dV kernel may take (its Q/dO ring's two,
-  /// and room).
-  static constexpr size_t kMaxTensorMaps = 4;
-
 private:
   Module module;
   CUfunction preprocess = nullptr, main = nullptr, dq = nullptr;

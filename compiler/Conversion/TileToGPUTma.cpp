@@ -155,12 +155,11 @@ void TileKernelLowering::describeTensorMaps(ArrayRef<tile::LoadOp> loads) {
   queryLoad = nullptr;
   // An ABI whose names the launchers know (the forward's; the backward's
   // for its Q/dO ring), blocked tiles.
-  const bool knownAbi = place.backwardAbi
-                            ? place.numBuffers == abi::bwd::NumBuffers &&
-                                  place.numIndexArgs == abi::bwd::NumIndexArgs
-                            : place.numBuffers == abi::NumBuffers &&
-                                  place.numIndexArgs == abi::NumIndexArgs;
-  if (!place.tma || place.kvSplit || !place.wgmma || !knownAbi)
+  TensorMapRecord abiOf;
+  abiOf.backward = place.backwardAbi;
+  if (!place.tma || place.kvSplit || !place.wgmma ||
+      place.numBuffers != abiOf.numBuffers() ||
+      place.numIndexArgs != abiOf.numIndexArgs())
     return;
   for (tile::LoadOp load : loads) {
     std::optional<RingTensorMap> m = tensorMapOf(load);

@@ -94,7 +94,6 @@ TEST(BackwardRingMaps, RecordedInTheBackwardAbi) {
   EXPECT_NE(off.ptx.find("cp.async.mbarrier.arrive.noinc"), std::string::npos);
 }
 
-
 /// Each map's shape for one launch: 128 columns, Nq rows seq_q apart by
 /// the tensor's own row stride, then its batch and head dimensions (each
 /// bounded by batch * heads) by its own strides, in bytes; boxes of 64
