@@ -183,9 +183,10 @@ bool usesBulkDq(const GpuTarget &target);
 /// pipeline text, part of the cache key, records it.
 int64_t backwardRingStages(const GpuTarget &target);
 /// Stages of the backward dK/dV kernel's own Q/dO pipeline (the
-/// `bwd-stages` pass option; without the ring): 2, or 3 with
-/// FLASHJIT_BWD_STAGES=3 on warpgroup-MMA targets (opt-in, T40). The
-/// pipeline text, part of the cache key, records 3.
+/// `bwd-stages` pass option; without the ring): 3 on warpgroup-MMA targets
+/// (the default since T41; the placement keeps 2 where a third stage
+/// does not fit the shared memory) unless FLASHJIT_BWD_STAGES=2, else 2.
+/// The pipeline text, part of the cache key, records 3.
 int64_t backwardStages(const GpuTarget &target);
 
 /// Whether the backward's dK/dV kernel on warpgroup MMAs commits each
@@ -235,15 +236,15 @@ bool usesStagedStores();
 /// computes by arithmetic instead of ex2.approx (the `exp2-emulation` pass
 /// option, TileToGPUExp2.cpp), on sm_90a with warpgroup MMAs (else 0):
 /// FLASHJIT_EXP2_EMULATION's value where set (0..8; another value is 0);
-/// else kSoftcapBandExp2Eighths for the forward of a softcap with a causal
-/// or sliding-window mask (\p spec; its tanh and exp2 share the
-/// multi-function unit, and the band's short rows leave the FMA pipe room:
-/// +4.4% on an H100, +7.5% at 2/8 on the H200; the full forward loses
-/// 3-4%, bench/NOTES.md T35, T39), else 0.
+/// else kSoftcapCausalExp2Eighths for the forward of a softcap with a
+/// causal mask (\p spec; its tanh and exp2 share the multi-function unit,
+/// and the causal rows leave the FMA pipe room: H100, three rounds, 2/8
+/// ahead of 3/8 and of none; a sliding window of 4096 ran fastest with
+/// none; the full forward loses 3-4%, bench/NOTES.md T35, T39-T41), else 0.
 int64_t exp2EmulationEighths(const GpuTarget &target,
                              const AttentionSpec *spec = nullptr);
-/// exp2EmulationEighths' default share for a banded softcap forward.
-inline constexpr int64_t kSoftcapBandExp2Eighths = 3;
+/// exp2EmulationEighths' default share for a causal softcap forward.
+inline constexpr int64_t kSoftcapCausalExp2Eighths = 2;
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -313,6 +313,14 @@ struct GpuBackwardGeometry {
   };
   Smem kvSmem, dqSmem;
 
+  /// Shared memory of the dK/dV kernel on warpgroup MMAs with a third
+  /// stage of the streamed tiles (the `bwd-stages` option): the two
+  /// stages' bytes up to dS^T's end (warpgroup MMAs stage no P^T tile),
+  /// or with \p bulkDq up to the dQ staging's end, and one stage more.
+  int64_t kvThreeStageBytes(bool bulkDq) const {
+    return (bulkDq ? kvSmem.total : kvSmem.pTile) + kvSmem.stageBytes;
+  }
+
   /// Programs along grid.z of the dK/dV kernel.
   int64_t kvPrograms() const { return kvCombined ? 1 : dkChunks + dvChunks; }
   std::array<int64_t, 3> preprocessGrid(const Problem &p) const {

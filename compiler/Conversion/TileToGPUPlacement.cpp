@@ -359,9 +359,12 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.backwardAbi = true;
   p.splitCommits = p.wgmma && knobs.splitCommits;
   p.stagedStores = knobs.bwdStagedStores;
-  // Three stages of the loop's own copies where asked (opt-in; the ring
-  // has its own stages): the shared memory is the kernel's limit's.
-  if (p.wgmma && !p.ringStages && knobs.bwdStages == 3) {
+  // Three stages of the loop's own copies where asked (the default on
+  // warpgroup MMAs since T41; the ring has its own stages) and where the
+  // third stage fits the kernel's limit: the shared memory is the
+  // limit's.
+  if (p.wgmma && !p.ringStages && knobs.bwdStages == 3 &&
+      geo.kvThreeStageBytes(p.dqStageCols > 0) <= kMaxSharedBytes) {
     p.bufferStages = 3;
     p.maxShared = kMaxSharedBytes;
   }

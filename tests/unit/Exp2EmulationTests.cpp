@@ -101,11 +101,12 @@ TEST(Exp2Emulation, PipelineTextNamesTheShare) {
             std::string::npos);
 }
 
-/// The default share: a softcap forward with a causal or sliding-window mask
-/// takes kSoftcapBandExp2Eighths on sm_90a (the pipeline text, so the cache
-/// key, names it; its PTX trades that share); the full softcap, ALiBi, the
-/// backward and sm_80 take none; FLASHJIT_EXP2_EMULATION overrides it.
-TEST(Exp2Emulation, BandedSoftcapTakesItsDefaultShare) {
+/// The default share: a softcap forward with a causal mask takes
+/// kSoftcapCausalExp2Eighths on sm_90a (the pipeline text, so the cache
+/// key, names it; its PTX trades that share); a sliding window, the full
+/// softcap, ALiBi, the backward and sm_80 take none;
+/// FLASHJIT_EXP2_EMULATION overrides it.
+TEST(Exp2Emulation, CausalSoftcapTakesItsDefaultShare) {
   ScopedEnv unset("FLASHJIT_EXP2_EMULATION", nullptr);
   TileConfig config = test::tileConfig(128, 128, 8);
   config.overlapSoftmax = true;
@@ -113,31 +114,38 @@ TEST(Exp2Emulation, BandedSoftcapTakesItsDefaultShare) {
   spec.headDimQK = spec.headDimV = 128;
   spec.scoreMod = "softcap:30";
   const std::string share =
-      " exp2-emulation=" + std::to_string(kSoftcapBandExp2Eighths);
+      " exp2-emulation=" + std::to_string(kSoftcapCausalExp2Eighths);
   auto text = [&](const AttentionSpec &s, const GpuTarget &t) {
     return gpuPipelineText(config, t, &s);
   };
   GpuTarget ampere;
   ampere.arch = "sm_80";
-  for (MaskKind mask : {MaskKind::Causal, MaskKind::SlidingWindow}) {
-    AttentionSpec banded = spec;
-    banded.mask = mask;
-    EXPECT_NE(text(banded, GpuTarget()).find(share), std::string::npos);
-    EXPECT_EQ(exp2EmulationEighths(ampere, &banded), 0);
-    AttentionSpec backward = banded;
-    backward.direction = Direction::Backward;
-    EXPECT_EQ(exp2EmulationEighths(GpuTarget(), &backward), 0);
-    AttentionSpec alibi = banded;
-    alibi.scoreMod = "alibi:16";
-    EXPECT_EQ(exp2EmulationEighths(GpuTarget(), &alibi), 0);
+  AttentionSpec causal = spec;
+  causal.mask = MaskKind::Causal;
+  EXPECT_NE(text(causal, GpuTarget()).find(share), std::string::npos);
+  EXPECT_EQ(exp2EmulationEighths(ampere, &causal), 0);
+  AttentionSpec backward = causal;
+  backward.direction = Direction::Backward;
+  EXPECT_EQ(exp2EmulationEighths(GpuTarget(), &backward), 0);
+  AttentionSpec alibi = causal;
+  alibi.scoreMod = "alibi:16";
+  EXPECT_EQ(exp2EmulationEighths(GpuTarget(), &alibi), 0);
+  AttentionSpec window = spec;
+  window.mask = MaskKind::SlidingWindow;
+  EXPECT_EQ(text(window, GpuTarget()).find("exp2-emulation"),
+            std::string::npos);
+  {
     ScopedEnv off("FLASHJIT_EXP2_EMULATION", "0");
-    EXPECT_EQ(text(banded, GpuTarget()).find("exp2-emulation"),
+    EXPECT_EQ(text(causal, GpuTarget()).find("exp2-emulation"),
               std::string::npos);
+  }
+  {
+    ScopedEnv three("FLASHJIT_EXP2_EMULATION", "3");
+    EXPECT_EQ(exp2EmulationEighths(GpuTarget(), &window), 3);
   }
   EXPECT_EQ(text(spec, GpuTarget()).find("exp2-emulation"), std::string::npos);
   EXPECT_EQ(gpuPipelineText(config, GpuTarget()).find("exp2-emulation"),
             std::string::npos);
-  spec.mask = MaskKind::Causal;
-  const std::string ptx = compileToPtx(spec, config, GpuTarget());
-  EXPECT_EQ(occurrences(ptx, "max.NaN"), 16 * kSoftcapBandExp2Eighths);
+  const std::string ptx = compileToPtx(causal, config, GpuTarget());
+  EXPECT_EQ(occurrences(ptx, "max.NaN"), 16 * kSoftcapCausalExp2Eighths);
 }

@@ -515,36 +515,37 @@ TEST(GpuStoreCodegen, BackwardStagedStoresByDefault) {
   }
 }
 
-/// FLASHJIT_BWD_STAGES=3 (opt-in, T40): recorded in the pipeline text; the
-/// dK/dV kernel's own Q/dO pipeline gets a third stage (its bytes: Q, dO
-/// and their statistics) and each step waits for its copies with the next
-/// step's group still in flight (cp.async.wait_group 1 where two stages
-/// wait for all); the staged dK/dV stores stay.
-TEST(GpuStoreCodegen, BackwardThirdStageIsOptIn) {
+/// Three stages by default (T41; FLASHJIT_BWD_STAGES=2 keeps two):
+/// recorded in the pipeline text; the dK/dV kernel's own Q/dO pipeline
+/// gets a third stage (its bytes: Q, dO and their statistics) and each step
+/// waits for its copies with the next step's group still in flight
+/// (cp.async.wait_group 1 where two stages wait for all); the staged dK/dV
+/// stores stay.
+TEST(GpuStoreCodegen, BackwardThirdStageByDefault) {
   HopperBackward h;
   std::string two, three;
   int64_t twoBytes = 0, threeBytes = 0;
   // The dK/dV kernel's dynamic shared memory, as recorded for launch.
-  auto shared = [&] {
-    for (const KernelLaunch &k : gpuKernelLaunches(h.spec, h.config, h.target))
+  auto shared = [&](const TileConfig &config) {
+    for (const KernelLaunch &k : gpuKernelLaunches(h.spec, config, h.target))
       if (k.name == kKernelName)
         return k.sharedBytes;
     ADD_FAILURE() << "no dK/dV kernel recorded";
     return int64_t(0);
   };
   {
-    ScopedEnv off("FLASHJIT_BWD_STAGES", nullptr);
+    ScopedEnv off("FLASHJIT_BWD_STAGES", "2");
     EXPECT_EQ(gpuPipelineText(h.config, h.target).find("bwd-stages"),
               std::string::npos);
     two = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
-    twoBytes = shared();
+    twoBytes = shared(h.config);
   }
   {
-    ScopedEnv on("FLASHJIT_BWD_STAGES", "3");
+    ScopedEnv unset("FLASHJIT_BWD_STAGES", nullptr);
     EXPECT_NE(gpuPipelineText(h.config, h.target).find(" bwd-stages=3"),
               std::string::npos);
     three = mainKernelPtx(compileToPtx(h.spec, h.config, h.target));
-    threeBytes = shared();
+    threeBytes = shared(h.config);
   }
   ASSERT_FALSE(two.empty());
   ASSERT_FALSE(three.empty());
@@ -554,6 +555,15 @@ TEST(GpuStoreCodegen, BackwardThirdStageIsOptIn) {
             occurrences(two, "cp.async.wait_all;"));
   // One more stage: Q and dO (64 x 128 x 2 bytes each) and the two rows
   // of statistics, rounded to the slots' 1024-byte alignment.
-  EXPECT_EQ(threeBytes - twoBytes, 2 * 64 * 128 * 2 + 1024);
+  const int64_t stage = 2 * 64 * 128 * 2 + 1024;
+  EXPECT_EQ(threeBytes - twoBytes, stage);
   EXPECT_EQ(occurrences(three, "st.global.b16"), 0u);
+  // 192 keys a program: K and V (192 x 128 each), two stages and dS^T
+  // (192 x 64) take 190,464 bytes; the third stage still fits the 232,448
+  // of an sm_90a block, so it is taken (the placement counts no P^T tile,
+  // which warpgroup MMAs never stage).
+  TileConfig wide = tileConfig(64, 192, 12);
+  EXPECT_EQ(shared(wide), 2 * 192 * 256 + 3 * stage + 192 * 64 * 2);
+  ScopedEnv off("FLASHJIT_BWD_STAGES", "2");
+  EXPECT_EQ(shared(wide), 2 * 192 * 256 + 2 * stage + 192 * 64 * 2);
 }
