@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Target/PTXEmitter.h"
 
 #include <cstdlib>
@@ -16,13 +17,15 @@
 
 namespace flashjit {
 
-/// " kv-split=true" for a split-KV tiling and " overlap-softmax=true" for
-/// the pipelined loop, else nothing (so that the other pipelines' texts,
-/// and cache keys, stay as they were).
+/// " kv-split=true" for a split-KV tiling, " overlap-softmax=true" for the
+/// pipelined loop, " bias-product=true" and " dq-quad-order=true" where
+/// they are taken, else nothing (so that the other pipelines' texts, and
+/// cache keys, stay as they were).
 static std::string tilingOptions(const TileConfig &config) {
   return std::string(config.splits ? " kv-split=true" : "") +
          (config.overlapSoftmax ? " overlap-softmax=true" : "") +
-         (usesBiasProduct(config) ? " bias-product=true" : "");
+         (usesBiasProduct(config) ? " bias-product=true" : "") +
+         (usesDqQuadOrder() ? " dq-quad-order=true" : "");
 }
 
 std::string cpuPipelineText(const TileConfig &config) {
@@ -136,8 +139,11 @@ bool usesWgmma(const GpuTarget &target) {
 }
 
 bool usesBulkDq(const GpuTarget &target) {
+  // Not with dq_accum in quad order: the staging tile's rows are in column
+  // order (the threads' reductions take quad order).
   const char *env = std::getenv("FLASHJIT_BULK_DQ");
-  return usesWgmma(target) && env && std::string(env) == "1";
+  return usesWgmma(target) && env && std::string(env) == "1" &&
+         !usesDqQuadOrder();
 }
 
 bool usesBackwardStagedStores(const GpuTarget &target) {

@@ -55,6 +55,8 @@ public:
   Value andI(Value x, Value y) { return mlir::arith::AndIOp::create(b, x, y); }
   Value orI(Value x, Value y) { return mlir::arith::OrIOp::create(b, x, y); }
   Value xorI(Value x, Value y) { return mlir::arith::XOrIOp::create(b, x, y); }
+  Value shl(Value x, Value y) { return mlir::arith::ShLIOp::create(b, x, y); }
+  Value shrU(Value x, Value y) { return mlir::arith::ShRUIOp::create(b, x, y); }
   Value minS(Value x, Value y) { return mlir::arith::MinSIOp::create(b, x, y); }
   Value maxS(Value x, Value y) { return mlir::arith::MaxSIOp::create(b, x, y); }
   Value cmp(mlir::arith::CmpIPredicate p, Value x, Value y) {
@@ -178,6 +180,9 @@ public:
   /// If \p pred (null: always): ptr[0] += v0, ptr[1] += v1 in one
   /// red.global.add.v2.f32 (sm_90, PTX ISA 8.1); \p ptr 8-byte aligned.
   void reduceAdd2(Value pred, Value ptr, Value v0, Value v1);
+  /// red.global.add.v4.f32 of \p v (four values; sm_90, PTX ISA 8.1) at
+  /// \p ptr, 16-byte aligned, where \p pred (i1; null: always).
+  void reduceAdd4(Value pred, Value ptr, llvm::ArrayRef<Value> v);
   /// If \p pred: adds \p bytes (i32, a multiple of 16) of f32 from shared
   /// pointer \p src into global memory at generic pointer \p dst, both
   /// 16-byte aligned, by the tensor memory accelerator

@@ -71,15 +71,25 @@ struct ReductionTarget {
   int64_t cols = 0;
   bool pairs = false;     ///< red.global.add.v2 (8-byte aligned pairs)
   bool checkCols = false; ///< columns past the tile exist
+  /// The rows' columns in quad order (tile.atomic_add's `quad_order`):
+  /// column c at tile::quadColumn(c).
+  bool quads = false;
+  /// In quad order, with vector atomics and offset and stride multiples of
+  /// 4: a thread's quad of a row is one red.global.add.v4.f32 where the
+  /// base is 16-byte aligned.
+  bool quadVectors = false;
   /// Whether row \p q (i32) exists: row0 + q < bound.
   Value rowExists(gpu::GpuBuilder &g, Value q) const;
 };
 
 /// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
-/// q exists (\p rowChecked: the caller tested it) and (checkCols) its column.
+/// q exists (\p rowChecked: the caller tested it) and (checkCols) its column;
+/// with quads at quadColumnOf(col + colConst) + e (col + colConst even).
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
                 Value col, int64_t colConst, Value v0, Value v1,
                 bool rowChecked = false);
+/// tile::quadColumn of the i32 column \p col, in i32 arithmetic.
+Value quadColumnOf(gpu::GpuBuilder &g, Value col);
 
 /// The scalar math flashjit lowers itself, without libdevice: NVVM's
 /// approximations for the transcendental functions (ex2, lg2, tanh: as

@@ -22,15 +22,15 @@ using namespace flashjit;
 using namespace flashjit::conversion;
 using arith::CmpIPredicate;
 
-/// Whether the index \p v is even on every path: an even constant, a
-/// product with an even factor, or a sum of even terms.
-static bool knownEven(Value v) {
+/// Whether the index \p v is a multiple of \p k on every path: such a
+/// constant, a product with such a factor, or a sum of such terms.
+static bool knownMultiple(Value v, int64_t k) {
   if (std::optional<int64_t> c = getConstantIntValue(v))
-    return *c % 2 == 0;
+    return *c % k == 0;
   if (auto mul = v.getDefiningOp<arith::MulIOp>())
-    return knownEven(mul.getLhs()) || knownEven(mul.getRhs());
+    return knownMultiple(mul.getLhs(), k) || knownMultiple(mul.getRhs(), k);
   if (auto add = v.getDefiningOp<arith::AddIOp>())
-    return knownEven(add.getLhs()) && knownEven(add.getRhs());
+    return knownMultiple(add.getLhs(), k) && knownMultiple(add.getRhs(), k);
   return false;
 }
 
@@ -46,10 +46,14 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
   Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
   // The column's constant part as the pointer's own offset (the
   // reduction's immediate): the sign extension of col + colConst would not
-  // fold where col comes from the loops' opaque thread index.
-  Value at =
-      LLVM::GEPOp::create(g.b, g.ptrGen, g.f32, r.base,
-                          ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col))});
+  // fold where col comes from the loops' opaque thread index. In quad
+  // order the pair's place is a function of the whole column.
+  Value physical =
+      r.quads ? quadColumnOf(g, g.add(col, g.c32(colConst))) : col;
+  Value at = LLVM::GEPOp::create(
+      g.b, g.ptrGen, g.f32, r.base,
+      ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(physical))});
+  const int64_t atConst = r.quads ? 0 : colConst;
   for (int64_t e = 0; e < 2; e += r.pairs ? 2 : 1) {
     Value colOk = r.checkCols
                       ? g.cmp(CmpIPredicate::slt,
@@ -60,12 +64,19 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
       ok = ok ? g.andI(ok, colOk) : colOk;
     Value ptr = LLVM::GEPOp::create(
         g.b, g.ptrGen, g.f32, at,
-        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(colConst + e)});
+        ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(atConst + e)});
     if (r.pairs)
       g.reduceAdd2(ok, ptr, v0, v1);
     else
       g.reduceAdd(ok, ptr, e ? v1 : v0);
   }
+}
+
+Value conversion::quadColumnOf(gpu::GpuBuilder &g, Value col) {
+  Value group = g.andI(col, g.c32(~int32_t(15)));
+  Value pair = g.shl(g.shrU(g.andI(col, g.c32(7)), g.c32(1)), g.c32(2));
+  Value half = g.shl(g.andI(g.shrU(col, g.c32(3)), g.c32(1)), g.c32(1));
+  return g.orI(g.orI(group, pair), g.orI(half, g.andI(col, g.c32(1))));
 }
 
 ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
@@ -77,8 +88,12 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
   r.bound = toI32(scalar(atomic.getRows()));
   RankedTensorType ty = tileType(atomic.getValue());
   r.cols = ty.getDimSize(1);
-  r.pairs = place.vectorAtomics && knownEven(atomic.getOffset()) &&
-            knownEven(atomic.getStride());
+  r.quads = atomic.getQuadOrder();
+  r.pairs = place.vectorAtomics && knownMultiple(atomic.getOffset(), 2) &&
+            knownMultiple(atomic.getStride(), 2);
+  r.quadVectors = r.pairs && r.quads &&
+                  knownMultiple(atomic.getOffset(), 4) &&
+                  knownMultiple(atomic.getStride(), 4);
   // Columns past the tile exist where the 64-column groups or the chunks
   // overhang it.
   const KernelPlacement::ColumnSplit *s =

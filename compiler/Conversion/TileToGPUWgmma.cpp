@@ -421,6 +421,48 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
       });
     }
   };
+  // Quad order (tile.atomic_add's `quad_order`): per row and 16-column
+  // group, the thread's columns 2 tig, 2 tig + 1 (n-tile 2k) and 2 tig + 8,
+  // 2 tig + 9 (n-tile 2k + 1) lie at 4 tig .. 4 tig + 3 of the group: one
+  // 16-byte reduction of four registers, where the base is 16-byte aligned
+  // (dq_accum's rows are, their columns a multiple of 16).
+  auto byQuads = [&] {
+    Value col0 = g.add(colBase, g.mul(tig, g.c32(4)));
+    for (int64_t h = 0; h < 2; ++h) {
+      Value q = g.add(q0, g.c32(8 * h));
+      g.ifThen(red.rowExists(g, q), [&] {
+        Value rowAt =
+            g.add(red.offset, g.mul(g.ext64(g.add(red.row0, q)), red.stride));
+        Value at = LLVM::GEPOp::create(
+            b, g.ptrGen, g.f32, red.base,
+            ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col0))});
+        for (int64_t k = 0; k < n / 16; ++k) {
+          Value ok = red.checkCols
+                         ? g.cmp(arith::CmpIPredicate::slt,
+                                 g.add(colBase, g.c32(16 * k)),
+                                 g.c32(red.cols))
+                         : Value();
+          Value ptr = LLVM::GEPOp::create(
+              b, g.ptrGen, g.f32, at,
+              ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(16 * k)});
+          const int64_t lo = 4 * (2 * k) + 2 * h, hi = 4 * (2 * k + 1) + 2 * h;
+          g.reduceAdd4(ok, ptr,
+                       {f.regs[lo], f.regs[lo + 1], f.regs[hi], f.regs[hi + 1]});
+        }
+      });
+    }
+  };
+  if (red.quads && place.dqStageCols)
+    return fail(op, "dQ's bulk reductions stage rows in column order: "
+                    "quad_order takes the threads' reductions");
+  Value base = LLVM::PtrToIntOp::create(b, g.i64, red.base);
+  Value aligned =
+      g.cmp(arith::CmpIPredicate::eq, g.andI(base, g.c64(15)), g.c64(0));
+  if (red.quadVectors && n % 16 == 0) {
+    g.ifThen(aligned, byQuads);
+    g.ifThen(g.xorI(aligned, g.cBool(true)), byThreads);
+    return success();
+  }
   if (!place.dqStageCols) {
     byThreads();
     return success();
@@ -432,9 +474,6 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   // base is (its rows hold a multiple of 16 floats, and it starts 16-byte
   // aligned in the workspace); a caller's workspace that is not keeps the
   // threads' reductions.
-  Value base = LLVM::PtrToIntOp::create(b, g.i64, red.base);
-  Value aligned =
-      g.cmp(arith::CmpIPredicate::eq, g.andI(base, g.c64(15)), g.c64(0));
   g.ifThen(aligned, [&] {
     reduceTileInBulk(red, f, colBase, q0, byCols && groups > 1);
   });

@@ -252,7 +252,7 @@ LogicalResult TileLowering::lowerOp(Operation *op) {
           .Case([&](tile::AtomicAddOp o) {
             lowerStore(b, o, o.getValue(), o.getBase(), o.getOffset(),
                        o.getRow0(), o.getRows(), o.getStride(), Value(),
-                       Value(), /*atomic=*/true);
+                       Value(), /*atomic=*/true, o.getQuadOrder());
             return success();
           })
           .Case([&](tile::DotOp o) { return lowerDot(b, o), success(); })

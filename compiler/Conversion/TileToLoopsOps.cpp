@@ -40,6 +40,25 @@ static std::pair<Value, Value> globalRow(OpBuilder &b, Location loc, Value r,
   return {present, arith::AddIOp::create(b, loc, offset, first)};
 }
 
+/// Column \p c's place in a row of `quad_order` (tile::quadColumn):
+/// (c & ~15) | ((c & 7) >> 1) << 2 | ((c >> 3) & 1) << 1 | (c & 1).
+static Value quadColumn(OpBuilder &b, Location loc, Value c) {
+  auto cst = [&](int64_t v) {
+    return arith::ConstantIndexOp::create(b, loc, v).getResult();
+  };
+  auto andI = [&](Value x, int64_t m) {
+    return arith::AndIOp::create(b, loc, x, cst(m)).getResult();
+  };
+  Value group = andI(c, ~int64_t(15));
+  Value pair = arith::ShLIOp::create(
+      b, loc, arith::ShRUIOp::create(b, loc, andI(c, 7), cst(1)), cst(2));
+  Value half = arith::ShLIOp::create(
+      b, loc, andI(arith::ShRUIOp::create(b, loc, c, cst(3)), 1), cst(1));
+  Value col = arith::OrIOp::create(b, loc, group, pair);
+  col = arith::OrIOp::create(b, loc, col, half);
+  return arith::OrIOp::create(b, loc, col, andI(c, 1));
+}
+
 /// Rows past the end read as zeros, without touching memory.
 ///
 ///   %t = tile.load %K[%off] rows %n0 of %n stride %s
@@ -78,7 +97,9 @@ void TileLowering::lowerLoad(OpBuilder &b, tile::LoadOp op) {
               if (fromMemory) {
                 Value idx = first;
                 if (!c.empty()) {
-                  idx = arith::AddIOp::create(b, loc, first, c[0]);
+                  idx = arith::AddIOp::create(
+                      b, loc, first,
+                      op.getQuadOrder() ? quadColumn(b, loc, c[0]) : c[0]);
                   at.push_back(c[0]);
                 }
                 v = memref::LoadOp::create(b, loc, op.getBase(), idx);
@@ -116,11 +137,12 @@ void TileLowering::lowerLoad(OpBuilder &b, tile::LoadOp op) {
 ///     }
 ///   }
 ///
-/// (tile.store: memref.store in place of the atomic_rmw.)
+/// (tile.store: memref.store in place of the atomic_rmw. With `quad_order`
+/// the column added at is quadColumn(%c), and a tile.load reads there.)
 void TileLowering::lowerStore(OpBuilder &b, Operation *op, Value value,
                               Value base, Value offset, Value row0, Value rows,
                               Value stride, Value group, Value groupStride,
-                              bool atomic) {
+                              bool atomic, bool quadOrder) {
   auto type = cast<RankedTensorType>(value.getType());
   ArrayRef<int64_t> cols = type.getShape().drop_front();
   forEachIndex(
@@ -134,7 +156,8 @@ void TileLowering::lowerStore(OpBuilder &b, Operation *op, Value value,
             Value idx = first;
             if (!c.empty()) {
               at.push_back(c[0]);
-              idx = arith::AddIOp::create(b, loc, first, c[0]);
+              idx = arith::AddIOp::create(
+                  b, loc, first, quadOrder ? quadColumn(b, loc, c[0]) : c[0]);
             }
             Value v = element(b, loc, value, at);
             if (atomic)

@@ -38,11 +38,20 @@
 #include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 #include "mlir/Transforms/Passes.h"
 
+#include <cstdlib>
+#include <string>
+
 using namespace mlir;
 
 namespace flashjit {
 
-void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
+bool usesDqQuadOrder() {
+  const char *env = std::getenv("FLASHJIT_DQ_QUAD_ORDER");
+  return env && std::string(env) == "1";
+}
+
+void buildTilingPipeline(OpPassManager &pm, const TileConfig &config,
+                         bool dqQuadOrder) {
   attn::TileAttentionOptions tile;
   tile.blockM = config.blockM;
   tile.blockN = config.blockN;
@@ -53,6 +62,7 @@ void buildTilingPipeline(OpPassManager &pm, const TileConfig &config) {
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
   tileBackward.blockN = config.blockN;
+  tileBackward.dqQuadOrder = dqQuadOrder;
   // The dQ pass's tiles follow the GPU's rule for these warps, on both
   // targets: the CPU runs the programs the GPU runs.
   // (Out-of-range warps are the GPU lowering's error to name.)
@@ -78,14 +88,16 @@ void buildCpuLoweringPipeline(OpPassManager &pm) {
   pm.addPass(createCanonicalizerPass());
 }
 
-void buildCpuPipeline(OpPassManager &pm, const TileConfig &config) {
-  buildTilingPipeline(pm, config);
+void buildCpuPipeline(OpPassManager &pm, const TileConfig &config,
+                      bool dqQuadOrder) {
+  buildTilingPipeline(pm, config, dqQuadOrder);
   buildCpuLoweringPipeline(pm);
 }
 
 void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
-                      const GpuLoweringConfig &gpu, bool stopAtGpu) {
-  buildTilingPipeline(pm, config);
+                      const GpuLoweringConfig &gpu, bool stopAtGpu,
+                      bool dqQuadOrder) {
+  buildTilingPipeline(pm, config, dqQuadOrder);
   buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
 }
 
@@ -138,7 +150,8 @@ void registerFlashjitPasses() {
       "flashjit-gpu-pipeline",
       "attn -> gpu.module in LLVM + NVVM (tensor-core kernel)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildGpuPipeline(pm, toConfig(options), options.gpuConfig());
+        buildGpuPipeline(pm, toConfig(options), options.gpuConfig(),
+                         /*stopAtGpu=*/false, options.dqQuadOrder);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tile-to-gpu-pipeline",
@@ -155,13 +168,13 @@ void registerFlashjitPasses() {
       "flashjit-tiling-pipeline",
       "attn -> tiled FlashAttention-2 IR (the tile dialect + scf/arith/math)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildTilingPipeline(pm, toConfig(options));
+        buildTilingPipeline(pm, toConfig(options), options.dqQuadOrder);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-cpu-pipeline",
       "attn -> LLVM dialect for the host (CPU execution mode)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildCpuPipeline(pm, toConfig(options));
+        buildCpuPipeline(pm, toConfig(options), options.dqQuadOrder);
       });
   PassPipelineRegistration<>(
       "flashjit-tile-to-cpu-pipeline", "tile IR -> LLVM dialect for the host",

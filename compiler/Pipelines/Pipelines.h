@@ -73,6 +73,11 @@ struct FlashjitPipelineOptions
                      "step of Q K^T (flashjit-tile-attention's "
                      "bias-product)"),
       llvm::cl::init(false)};
+  Option<bool> dqQuadOrder{
+      *this, "dq-quad-order",
+      llvm::cl::desc("atomic dQ: dq_accum's rows in quad order "
+                     "(flashjit-tile-attention-backward's dq-quad-order)"),
+      llvm::cl::init(false)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
@@ -92,9 +97,17 @@ struct FlashjitPtxPipelineOptions
       llvm::cl::init(0)};
 };
 
+/// Whether atomic dQ keeps dq_accum's rows in quad order (the backward
+/// tiling's `dq-quad-order`, so the CPU and the GPU both): opt-in with
+/// FLASHJIT_DQ_QUAD_ORDER=1 (T41, not yet run on a GPU). The pipeline
+/// texts, part of the cache keys, record it.
+bool usesDqQuadOrder();
+
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
-/// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup).
-void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config);
+/// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup);
+/// \p dqQuadOrder: the backward tiling's `dq-quad-order`.
+void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config,
+                         bool dqQuadOrder = usesDqQuadOrder());
 
 /// tile IR -> LLVM dialect for the host: flashjit-lower-tile-to-loops, then
 /// the host lowering (LICM, SCF -> CF, memref / math / arith / index / func
@@ -103,14 +116,16 @@ void buildCpuLoweringPipeline(mlir::OpPassManager &pm);
 
 /// attn -> LLVM dialect for the host: the CPU execution mode (the tiling
 /// pipeline, then buildCpuLoweringPipeline).
-void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config);
+void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
+                      bool dqQuadOrder = usesDqQuadOrder());
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),
 /// ready for translation to LLVM IR and PTX: the tiling pipeline, then
 /// buildGpuLoweringPipeline. Stops after the lowering to the gpu dialect
 /// when \p stopAtGpu (the `gpu` stage).
 void buildGpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
-                      const GpuLoweringConfig &gpu, bool stopAtGpu = false);
+                      const GpuLoweringConfig &gpu, bool stopAtGpu = false,
+                      bool dqQuadOrder = usesDqQuadOrder());
 
 /// tile IR -> gpu.module in the LLVM + NVVM dialects: the GPU lowering
 /// (flashjit-lower-tiled-to-gpu with \p warps warps), cleanup and, unless

@@ -89,6 +89,10 @@ def TileAttentionBackward
            "(0: block-m)">,
     Option<"dqBlockN", "dq-block-n", "int64_t", "0",
            "Bc': keys per step of the deterministic dQ pass (0: block-n)">,
+    Option<"dqQuadOrder", "dq-quad-order", "bool", "false",
+           "atomic dQ: dq_accum's rows in quad order (tile.atomic_add's and "
+           "the conversion's tile.load's `quad_order`) where dqk is a "
+           "multiple of 16">,
     Option<"warps", "warps", "int64_t", "0",
            "the GPU's warps: with dq-block-m/n 0, the dQ pass's tiles are "
            "dqPassTiles(dqk, sparse block, Br x Bc, warps) of "

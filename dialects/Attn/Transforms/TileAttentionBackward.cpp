@@ -222,6 +222,7 @@ void TiledBackwardBuilder::buildPreprocess() {
 /// (batch, head) writes dQ = elem(dq_accum * scale) of its rows.
 ///
 ///   %acc = tile.load %DQACC[%stat * dqk] rows %first of %nq stride %dqk
+///       (quad_order where the main loop's atomic_add has it)
 ///       : memref<?xf32> -> tensor<64x96xf32>
 ///   tile.store (arith.truncf (arith.mulf %acc, (tile.splat %scale))),
 ///       %DQ[...] rows %first of %nq stride %sdq
@@ -234,6 +235,8 @@ void TiledBackwardBuilder::buildDqConvert() {
   Value first = mulC(pidM(), rows);
   Value acc = loadTile(tile({rows, dqk}, f32), buf(bwd::DqAccum),
                        mulC(mul(pidBH(), nqMax), dqk), first, nq, cIdx(dqk));
+  if (quadOrder)
+    acc.getDefiningOp<tile::LoadOp>().setQuadOrder(true);
   storeRows(acc, scale, bwd::DQ, bwd::DQStrideB, bI, hI, first, nq);
   func::ReturnOp::create(b);
 }
@@ -294,7 +297,8 @@ struct TileAttentionBackwardPass
     if (walk.wasInterrupted() ||
         failed(
             flashjit::attn::detail::tileEach<FlashBwdOp, TiledBackwardBuilder>(
-                module, blockM, blockN, dqBr, dqBc, int64_t(warps))))
+                module, blockM, blockN, dqBr, dqBc, int64_t(warps),
+                bool(dqQuadOrder))))
       signalPassFailure();
   }
 };

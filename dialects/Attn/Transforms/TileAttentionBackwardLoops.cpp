@@ -161,7 +161,7 @@ SmallVector<Value> TiledBackwardBuilder::mainStep(Value first, Value bI,
   if (atomicDq) {
     Value dq = dot(dsh, kTile, Value(), /*transposeLhs=*/true, false);
     tile::AtomicAddOp::create(b, dq, buf(bwd::DqAccum), mulC(stat, dqk), first,
-                              nq, cIdx(dqk));
+                              nq, cIdx(dqk), quadOrder);
   }
   return {dkNew, dvNew};
 }

@@ -31,13 +31,14 @@ namespace flashjit::attn::detail {
 class TiledBackwardBuilder : TileIRBuilderBase {
 public:
   TiledBackwardBuilder(FlashBwdOp op, int64_t br, int64_t bc, int64_t dqBr,
-                       int64_t dqBc, int64_t warps)
+                       int64_t dqBc, int64_t warps, bool dqQuadOrder)
       : TileIRBuilderBase(op), op(op), br(br), bc(bc),
         dqBr(dqBr ? dqBr : dqTiles(op, br, bc, warps).rows),
         dqBc(dqBc ? dqBc : dqTiles(op, br, bc, warps).keys),
         dqk(op.getHeadDimQk()), dv(op.getHeadDimV()), gqa(op.getGqa()),
         sparseBlock(op.getSparseBlock()), hasBand(op.getMask() != "none"),
         atomicDq(!op.getDeterministic()),
+        quadOrder(atomicDq && dqQuadOrder && dqk % 16 == 0),
         fixedPoint(op.getDeterministic() && op.getCaptureGrads() != 0),
         elemTy(op.getElementType()) {}
 
@@ -207,6 +208,10 @@ private:
   /// dQ by atomic adds into dq_accum (not `deterministic`): the main loop
   /// adds dS K, @f_dq only converts; else @f_dq is the separate pass.
   const bool atomicDq;
+  /// dq_accum's rows in quad order (the pass's `dq-quad-order`, dqk a
+  /// multiple of 16): the main loop's tile.atomic_add and the conversion's
+  /// tile.load carry `quad_order`.
+  const bool quadOrder;
   /// Captured tensors' gradients in fixed point (deterministic with
   /// capture_grads); else by f32 atomic adds.
   const bool fixedPoint;

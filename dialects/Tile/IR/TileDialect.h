@@ -27,6 +27,15 @@ namespace flashjit::tile {
 /// kernel that leaves its outputs unwritten.
 mlir::LogicalResult verifyWritesOutput(mlir::Operation *kernel);
 
+/// Where `quad_order` (tile.atomic_add, tile.load) keeps column \p c of a
+/// row: inside its group of 16, columns 2i, 2i+1, 2i+8, 2i+9 at 4i .. 4i+3.
+constexpr int64_t quadColumn(int64_t c) {
+  return (c & ~int64_t(15)) | ((c & 7) >> 1) << 2 | ((c >> 3) & 1) << 1 |
+         (c & 1);
+}
+static_assert(quadColumn(2) == 4 && quadColumn(8) == 2 &&
+              quadColumn(15) == 15 && quadColumn(25) == 19);
+
 } // namespace flashjit::tile
 
 #endif // FLASHJIT_DIALECTS_TILE_IR_TILEDIALECT_H

@@ -51,8 +51,19 @@ static LogicalResult verifyGroup(Operation *op, Value group, Value stride) {
   return success();
 }
 
+/// `quad_order` permutes whole 16-column groups of 2-D rows.
+static LogicalResult verifyQuadOrder(Operation *op, RankedTensorType tile,
+                                     bool quadOrder) {
+  if (quadOrder && (tile.getRank() != 2 || tile.getDimSize(1) % 16 != 0))
+    return op->emitOpError()
+           << "quad_order takes a 2-D tile of whole 16-column groups, got "
+           << tile;
+  return success();
+}
+
 LogicalResult LoadOp::verify() {
-  if (failed(verifyGroup(*this, getGroup(), getGroupStride())))
+  if (failed(verifyGroup(*this, getGroup(), getGroupStride())) ||
+      failed(verifyQuadOrder(*this, getType(), getQuadOrder())))
     return failure();
   return verifyGlobalAccess(*this, getType(), getBase().getType(),
                             bool(getStride()));
@@ -68,6 +79,8 @@ LogicalResult StoreOp::verify() {
 LogicalResult AtomicAddOp::verify() {
   if (!getValue().getType().getElementType().isF32())
     return emitOpError() << "adds f32 tiles, got " << getValue().getType();
+  if (failed(verifyQuadOrder(*this, getValue().getType(), getQuadOrder())))
+    return failure();
   return verifyGlobalAccess(*this, getValue().getType(), getBase().getType(),
                             bool(getStride()));
 }

@@ -106,10 +106,15 @@ def Tile_LoadOp : Tile_GlobalAccessOp<"load", [AttrSizedOperandSegments]> {
     %lse = tile.load %LSE[%off] rows %m0 of %nq
         : memref<?xf32> -> tensor<64xf32>
     ```
+
+    With `quad_order` (a 2-D tile of whole 16-column groups) the row's
+    columns are stored in quad order, as `tile.atomic_add` with it wrote
+    them: column c is at `quadColumn(c)` of the row (see there).
   }];
   let arguments = (ins Arg<Tile_Buffer, "", [MemRead]>:$base, Index:$offset,
                    Index:$row0, Index:$rows, Optional<Index>:$stride,
-                   Optional<Index>:$group, Optional<Index>:$group_stride);
+                   Optional<Index>:$group, Optional<Index>:$group_stride,
+                   UnitAttr:$quad_order);
   let results = (outs Tile_Tile:$result);
   let assemblyFormat = [{
     $base `[` $offset `]` `rows` $row0 `of` $rows (`stride` $stride^)?
@@ -153,11 +158,18 @@ def Tile_AtomicAddOp : Tile_GlobalAccessOp<"atomic_add"> {
     tile.atomic_add %dq, %DQACC[%off] rows %m0 of %nq stride %sn
         : tensor<64x128xf32>, memref<?xf32>
     ```
+
+    With `quad_order` (a 2-D tile of whole 16-column groups) column c is
+    added at column `quadColumn(c)` of the row instead: inside each group
+    of 16, columns 2i, 2i+1, 2i+8 and 2i+9 (i < 4) are adjacent, at 4i ..
+    4i+3, the four values one thread of a tensor-core MMA holds of a row,
+    so that one 16-byte reduction adds them; a `tile.load` with
+    `quad_order` reads them back in column order.
   }];
   let arguments = (ins Tile_Tile:$value,
                    Arg<Tile_Buffer, "", [MemRead, MemWrite]>:$base,
                    Index:$offset, Index:$row0, Index:$rows,
-                   Optional<Index>:$stride);
+                   Optional<Index>:$stride, UnitAttr:$quad_order);
   let assemblyFormat = [{
     $value `,` $base `[` $offset `]` `rows` $row0 `of` $rows
     (`stride` $stride^)? attr-dict `:` type($value) `,` type($base)
