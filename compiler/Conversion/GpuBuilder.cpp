@@ -122,12 +122,12 @@ void GpuBuilder::reduceAdd4(Value pred, Value ptr, ArrayRef<Value> v) {
                   "l,f,f,f,f", {addr, v[0], v[1], v[2], v[3]});
     return;
   }
-  sideEffectAsm(*this,
-                "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
-                "@p red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; }",
-                "r,l,f,f,f,f",
-                {arith::ExtUIOp::create(b, i32, pred), addr, v[0], v[1], v[2],
-                 v[3]});
+  sideEffectAsm(
+      *this,
+      "{ .reg .pred p; setp.ne.b32 p, $0, 0; "
+      "@p red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; }",
+      "r,l,f,f,f,f",
+      {arith::ExtUIOp::create(b, i32, pred), addr, v[0], v[1], v[2], v[3]});
 }
 
 void GpuBuilder::reduceAdd2(Value pred, Value ptr, Value v0, Value v1) {

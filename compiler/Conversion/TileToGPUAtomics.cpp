@@ -48,8 +48,7 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
   // reduction's immediate): the sign extension of col + colConst would not
   // fold where col comes from the loops' opaque thread index. In quad
   // order the pair's place is a function of the whole column.
-  Value physical =
-      r.quads ? quadColumnOf(g, g.add(col, g.c32(colConst))) : col;
+  Value physical = r.quads ? quadColumnOf(g, g.add(col, g.c32(colConst))) : col;
   Value at = LLVM::GEPOp::create(
       g.b, g.ptrGen, g.f32, r.base,
       ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(physical))});
@@ -91,8 +90,7 @@ ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
   r.quads = atomic.getQuadOrder();
   r.pairs = place.vectorAtomics && knownMultiple(atomic.getOffset(), 2) &&
             knownMultiple(atomic.getStride(), 2);
-  r.quadVectors = r.pairs && r.quads &&
-                  knownMultiple(atomic.getOffset(), 4) &&
+  r.quadVectors = r.pairs && r.quads && knownMultiple(atomic.getOffset(), 4) &&
                   knownMultiple(atomic.getStride(), 4);
   // Columns past the tile exist where the 64-column groups or the chunks
   // overhang it.

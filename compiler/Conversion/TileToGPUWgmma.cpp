@@ -439,15 +439,15 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
         for (int64_t k = 0; k < n / 16; ++k) {
           Value ok = red.checkCols
                          ? g.cmp(arith::CmpIPredicate::slt,
-                                 g.add(colBase, g.c32(16 * k)),
-                                 g.c32(red.cols))
+                                 g.add(colBase, g.c32(16 * k)), g.c32(red.cols))
                          : Value();
           Value ptr = LLVM::GEPOp::create(
               b, g.ptrGen, g.f32, at,
               ArrayRef<LLVM::GEPArg>{static_cast<int32_t>(16 * k)});
           const int64_t lo = 4 * (2 * k) + 2 * h, hi = 4 * (2 * k + 1) + 2 * h;
-          g.reduceAdd4(ok, ptr,
-                       {f.regs[lo], f.regs[lo + 1], f.regs[hi], f.regs[hi + 1]});
+          g.reduceAdd4(
+              ok, ptr,
+              {f.regs[lo], f.regs[lo + 1], f.regs[hi], f.regs[hi + 1]});
         }
       });
     }

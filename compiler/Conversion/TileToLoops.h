@@ -56,8 +56,7 @@ private:
   void lowerStore(mlir::OpBuilder &b, mlir::Operation *op, mlir::Value value,
                   mlir::Value base, mlir::Value offset, mlir::Value row0,
                   mlir::Value rows, mlir::Value stride, mlir::Value group,
-                  mlir::Value groupStride, bool atomic,
-                  bool quadOrder = false);
+                  mlir::Value groupStride, bool atomic, bool quadOrder = false);
   void lowerDot(mlir::OpBuilder &b, tile::DotOp op);
   void lowerReduce(mlir::OpBuilder &b, tile::ReduceOp op);
   void lowerBroadcast(mlir::OpBuilder &b, tile::BroadcastOp op);

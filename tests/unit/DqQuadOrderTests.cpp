@@ -1,4 +1,5 @@
-//===- DqQuadOrderTests.cpp - dq_accum's rows in quad order ----------------===//
+//===- DqQuadOrderTests.cpp - dq_accum's rows in quad order
+//----------------===//
 //
 /// \file
 /// FLASHJIT_DQ_QUAD_ORDER=1 (the backward tiling's `dq-quad-order`): atomic
