@@ -247,6 +247,18 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
       g.add(g.mul(g.remU(warp, g.c32(w.cols)), g.c32(w.colWidth)),
             g.mul(tig, g.c32(2))));
 
+  // Quad order with 16-byte reductions (ReductionTarget::quadVectors): the
+  // n-tiles 2k and 2k + 1 of a row (columns 2 tig, 2 tig + 1 and 8 more of
+  // one 16-column group) lie at 4 tig of the group, i.e. at warpCol0 +
+  // 2 tig: one red.global.add.v4.f32 where dq_accum's base is 16-byte
+  // aligned, else the pairs.
+  Value quadCol = g.add(warpCol0, g.mul(tig, g.c32(2)));
+  Value aligned;
+  if (red.quadVectors)
+    aligned =
+        g.cmp(CmpIPredicate::eq,
+              g.andI(LLVM::PtrToIntOp::create(b, g.i64, red.base), g.c64(15)),
+              g.c64(0));
   auto slab = [&](ArrayRef<int64_t> rounds) {
     SmallVector<int64_t> chunks, colConst;
     for (int64_t r : rounds)
@@ -262,13 +274,37 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
         Value q = g.add(g.c32(mi * 16 + 8 * h), grp);
         if (rowPart)
           q = g.add(q, g.mul(rowPart, g.c32(rows / rowSplit)));
-        // One branch per row around its reductions (reduceAdd).
-        g.ifThen(red.rowExists(g, q), [&] {
+        auto pairs = [&] {
           for (int64_t n = 0; n < nt2; ++n) {
             const gpu::Acc &v = acc[mi * nt2 + n];
             reducePair(g, red, q, warpCol0, colConst[n / 2] + 8 * (n % 2),
                        v[2 * h], v[2 * h + 1], /*rowChecked=*/true);
           }
+        };
+        auto quads = [&] {
+          Value rowAt =
+              g.add(red.offset, g.mul(g.ext64(g.add(red.row0, q)), red.stride));
+          for (int64_t n = 0; n < nt2; n += 2) {
+            const gpu::Acc &lo = acc[mi * nt2 + n], &hi = acc[mi * nt2 + n + 1];
+            Value col = g.add(quadCol, g.c32(colConst[n / 2]));
+            Value ok = red.checkCols
+                           ? g.cmp(CmpIPredicate::slt,
+                                   g.add(warpCol0, g.c32(colConst[n / 2])),
+                                   g.c32(red.cols))
+                           : Value();
+            Value ptr = LLVM::GEPOp::create(
+                b, g.ptrGen, g.f32, red.base,
+                ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col))});
+            g.reduceAdd4(ok, ptr,
+                         {lo[2 * h], lo[2 * h + 1], hi[2 * h], hi[2 * h + 1]});
+          }
+        };
+        // One branch per row around its reductions (reduceAdd).
+        g.ifThen(red.rowExists(g, q), [&] {
+          if (!aligned)
+            return pairs();
+          g.ifThen(aligned, quads);
+          g.ifThen(g.xorI(aligned, g.cBool(true)), pairs);
         });
       }
   };

@@ -98,9 +98,9 @@ struct FlashjitPtxPipelineOptions
 };
 
 /// Whether atomic dQ keeps dq_accum's rows in quad order (the backward
-/// tiling's `dq-quad-order`, so the CPU and the GPU both): opt-in with
-/// FLASHJIT_DQ_QUAD_ORDER=1 (T41, not yet run on a GPU). The pipeline
-/// texts, part of the cache keys, record it.
+/// tiling's `dq-quad-order`, so the CPU and the GPU both): yes unless
+/// FLASHJIT_DQ_QUAD_ORDER=0 (the default since T41). The pipeline texts,
+/// part of the cache keys, record it.
 bool usesDqQuadOrder();
 
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,

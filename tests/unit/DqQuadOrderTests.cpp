@@ -2,8 +2,9 @@
 //----------------===//
 //
 /// \file
-/// FLASHJIT_DQ_QUAD_ORDER=1 (the backward tiling's `dq-quad-order`): atomic
-/// dQ keeps dq_accum's rows in quad order, each 16-column group's columns
+/// The backward tiling's `dq-quad-order` (the default since T41;
+/// FLASHJIT_DQ_QUAD_ORDER=0 turns it off): atomic dQ keeps dq_accum's rows
+/// in quad order, each 16-column group's columns
 /// 2i, 2i+1, 2i+8, 2i+9 adjacent (tile.atomic_add's and the conversion's
 /// tile.load's `quad_order`), so that a thread of a warpgroup MMA adds its
 /// four values of a row with one red.global.add.v4.f32. The CPU runs the
@@ -11,7 +12,8 @@
 /// order (read back from a caller's workspace); the pipeline texts record
 /// the option; head dims that are not a multiple of 16 and the
 /// deterministic dQ keep column order; the Hopper PTX adds quads where the
-/// workspace is 16-byte aligned and pairs where not, sm_80 scalars.
+/// workspace is 16-byte aligned and pairs where not (on warpgroup MMAs and
+/// on mma.sync), sm_80 scalars.
 //
 //===----------------------------------------------------------------------===//
 
@@ -95,9 +97,9 @@ int64_t quads(int64_t c) { return tile::quadColumn(c); }
 
 } // namespace
 
-/// On the CPU, with the option: dQ, dK and dV match float64 (causal, Nq !=
+/// On the CPU, by default: dQ, dK and dV match float64 (causal, Nq !=
 /// Nkv, d 96; d 80 with dv 64), and dq_accum holds row i's column d at
-/// quadColumn(d) (not at d); without it, at d.
+/// quadColumn(d) (not at d); with FLASHJIT_DQ_QUAD_ORDER=0, at d.
 TEST(DqQuadOrder, CpuAccumulatesInQuadOrder) {
   Problem p;
   p.heads = 2;
@@ -109,13 +111,13 @@ TEST(DqQuadOrder, CpuAccumulatesInQuadOrder) {
     AttentionGrads grads;
     int64_t nonzero = 0;
     {
-      ScopedEnv on("FLASHJIT_DQ_QUAD_ORDER", "1");
+      ScopedEnv on("FLASHJIT_DQ_QUAD_ORDER", nullptr);
       std::vector<float> ws = runAndCheck(spec, p, grads);
       EXPECT_TRUE(dqReadsAccumAt(spec, p, grads, ws, quads, nonzero));
       EXPECT_GT(nonzero, 0);
       EXPECT_FALSE(dqReadsAccumAt(spec, p, grads, ws, identity, nonzero));
     }
-    ScopedEnv off("FLASHJIT_DQ_QUAD_ORDER", nullptr);
+    ScopedEnv off("FLASHJIT_DQ_QUAD_ORDER", "0");
     std::vector<float> ws = runAndCheck(spec, p, grads);
     EXPECT_TRUE(dqReadsAccumAt(spec, p, grads, ws, identity, nonzero));
     EXPECT_FALSE(dqReadsAccumAt(spec, p, grads, ws, quads, nonzero));
@@ -123,8 +125,8 @@ TEST(DqQuadOrder, CpuAccumulatesInQuadOrder) {
 }
 
 /// The tile IR: the main loop's tile.atomic_add and the conversion's
-/// tile.load carry quad_order with the option, where dqk is a multiple of
-/// 16 and dQ is atomic; the pipeline texts (cache keys) record it.
+/// tile.load carry quad_order by default, where dqk is a multiple of 16 and
+/// dQ is atomic; the pipeline texts (cache keys) record it.
 TEST(DqQuadOrder, TileIrAndPipelineTexts) {
   TileConfig config = test::tileConfig(64, 128, 8);
   AttentionSpec spec = backwardSpec(128, 128, MaskKind::None);
@@ -132,9 +134,12 @@ TEST(DqQuadOrder, TileIrAndPipelineTexts) {
     return test::occurrences(emitStage(s, config, Stage::Tile), "quad_order");
   };
   const std::string option = " dq-quad-order=true";
-  EXPECT_EQ(marks(spec), 0);
-  EXPECT_EQ(cpuPipelineText(config).find(option), std::string::npos);
-  ScopedEnv on("FLASHJIT_DQ_QUAD_ORDER", "1");
+  {
+    ScopedEnv off("FLASHJIT_DQ_QUAD_ORDER", "0");
+    EXPECT_EQ(marks(spec), 0);
+    EXPECT_EQ(cpuPipelineText(config).find(option), std::string::npos);
+  }
+  ScopedEnv on("FLASHJIT_DQ_QUAD_ORDER", nullptr);
   EXPECT_EQ(marks(spec), 2);
   EXPECT_NE(cpuPipelineText(config).find(option), std::string::npos);
   EXPECT_NE(gpuPipelineText(config, GpuTarget()).find(option),
@@ -146,33 +151,45 @@ TEST(DqQuadOrder, TileIrAndPipelineTexts) {
   EXPECT_EQ(marks(deterministic), 0);
 }
 
-/// The Hopper PTX (a driver with PTX ISA 8.1): with the option, the dK/dV
+/// The Hopper PTX (a driver with PTX ISA 8.1): in quad order the dK/dV
 /// kernel adds each thread's quad of a row with one red.global.add.v4.f32
-/// (d 128, two warpgroups of 64 columns: 4 groups x 2 rows) where
-/// dq_accum's base is 16-byte aligned, and pairs where not; without it
-/// pairs only. sm_80 adds scalars either way, as many.
+/// where dq_accum's base is 16-byte aligned, and pairs where not; in column
+/// order pairs only. On warpgroup MMAs (d 128, 64 x 128, two warpgroups of
+/// 64 columns: 4 groups x 2 rows) and on mma.sync (d 64, 128 x 128: half
+/// as many quads as pairs). sm_80 adds scalars either way, as many.
 TEST(DqQuadOrder, HopperAddsQuads) {
-  TileConfig config = test::tileConfig(64, 128, 8);
-  AttentionSpec spec = backwardSpec(128, 128, MaskKind::None);
   GpuTarget hopper;
   hopper.arch = "sm_90a";
   hopper.driverVersion = 12080;
   GpuTarget ampere;
   ampere.arch = "sm_80";
-  auto mainPtx = [&](const GpuTarget &t) {
-    std::string module = compileToPtx(spec, config, t);
+  /// The main kernel's reductions of `kind` for d = \p d at \p config on
+  /// \p t, in quad order or not.
+  auto count = [](int64_t d, const TileConfig &config, const GpuTarget &t,
+                  bool quads, const char *kind) {
+    ScopedEnv env("FLASHJIT_DQ_QUAD_ORDER", quads ? nullptr : "0");
+    std::string module =
+        compileToPtx(backwardSpec(d, d, MaskKind::None), config, t);
     size_t begin = module.find(".entry attention(");
     EXPECT_NE(begin, std::string::npos);
-    return module.substr(begin, module.find(".entry", begin + 1) - begin);
+    std::string ptx =
+        module.substr(begin, module.find(".entry", begin + 1) - begin);
+    EXPECT_EQ(test::occurrences(ptx, "wgmma.mma_async") > 0,
+              d == 128 && t.arch == "sm_90a");
+    return test::occurrences(ptx, std::string("red.global.add.") + kind);
   };
-  std::string plain = mainPtx(hopper), plain80 = mainPtx(ampere);
-  ScopedEnv on("FLASHJIT_DQ_QUAD_ORDER", "1");
-  std::string quad = mainPtx(hopper), quad80 = mainPtx(ampere);
-  EXPECT_EQ(test::occurrences(plain, "red.global.add.v4.f32"), 0);
-  EXPECT_EQ(test::occurrences(plain, "red.global.add.v2.f32"), 16);
-  EXPECT_EQ(test::occurrences(quad, "red.global.add.v4.f32"), 8);
-  EXPECT_EQ(test::occurrences(quad, "red.global.add.v2.f32"), 16);
-  EXPECT_GT(test::occurrences(plain80, "red.global.add.f32"), 0);
-  EXPECT_EQ(test::occurrences(quad80, "red.global.add.f32"),
-            test::occurrences(plain80, "red.global.add.f32"));
+  const TileConfig wgmma = test::tileConfig(64, 128, 8);
+  EXPECT_EQ(count(128, wgmma, hopper, false, "v4.f32"), 0);
+  EXPECT_EQ(count(128, wgmma, hopper, false, "v2.f32"), 16);
+  EXPECT_EQ(count(128, wgmma, hopper, true, "v4.f32"), 8);
+  EXPECT_EQ(count(128, wgmma, hopper, true, "v2.f32"), 16);
+  const int scalars = count(128, wgmma, ampere, false, "f32");
+  EXPECT_GT(scalars, 0);
+  EXPECT_EQ(count(128, wgmma, ampere, true, "f32"), scalars);
+  const TileConfig sync = test::tileConfig(128, 128, 8);
+  const int pairs = count(64, sync, hopper, false, "v2.f32");
+  EXPECT_GT(pairs, 0);
+  EXPECT_EQ(count(64, sync, hopper, false, "v4.f32"), 0);
+  EXPECT_EQ(count(64, sync, hopper, true, "v4.f32") * 2, pairs);
+  EXPECT_EQ(count(64, sync, hopper, true, "v2.f32"), pairs);
 }
