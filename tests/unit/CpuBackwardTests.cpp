@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Compiler.h"
+#include "dialects/Tile/IR/TileDialect.h"
 #include "kernels/GpuDefaults.h"
 #include "kernels/GpuGeometry.h"
 #include "kernels/HostTensor.h"
@@ -278,11 +279,14 @@ TEST(CpuBackwardCheck, AtomicDqAccumInCallerWorkspace) {
   EXPECT_EQ(*s.grads.dv.buffer, firstDv);
   const float *dqAccum = workspace.data() + 2 * rows;
   const float scale = float(p.effectiveScale(s.spec));
+  // dq_accum's rows are in quad order (the default `dq-quad-order`; d 32 is
+  // a multiple of 16): column d at tile::quadColumn(d) (DqQuadOrderTests).
+  ASSERT_EQ(c.dqk % 16, 0);
   int64_t nonzero = 0;
   for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
     for (int64_t i = 0; i < p.seqLenQ; ++i)
       for (int64_t d = 0; d < c.dqk; ++d) {
-        float acc = dqAccum[(bh * p.seqLenQ + i) * c.dqk + d];
+        float acc = dqAccum[(bh * p.seqLenQ + i) * c.dqk + tile::quadColumn(d)];
         nonzero += acc != 0.0f;
         ASSERT_EQ(s.grads.dq.at(bh / p.heads, bh % p.heads, i, d),
                   floatToHalf(s.spec.dtype, acc * scale))

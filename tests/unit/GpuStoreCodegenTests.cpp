@@ -217,7 +217,8 @@ TEST(GpuStoreCodegen, OByItsTensorMap) {
 /// written again and for every copy before the kernel returns; the
 /// threads' reductions stay for an unaligned dq_accum. Not where dQ's
 /// columns are no multiple of 16, without warpgroup MMAs (sm_90, the
-/// separate dQ pass), nor by default.
+/// separate dQ pass), with dq_accum in quad order (the default since T41;
+/// FLASHJIT_DQ_QUAD_ORDER=0 here), nor by default.
 TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   struct Case {
     int64_t dqk;
@@ -238,8 +239,11 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   };
   const std::string bulk =
       "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32";
-  std::optional<ScopedEnv> bulkOn;
+  std::optional<ScopedEnv> bulkOn, columns;
   bulkOn.emplace("FLASHJIT_BULK_DQ", "1");
+  // Bulk reductions stage dQ in column order: dq_accum's quad order (the
+  // default since T41) turns them off.
+  columns.emplace("FLASHJIT_DQ_QUAD_ORDER", "0");
   for (const Case &c : cases) {
     AttentionSpec spec;
     spec.direction = Direction::Backward;
@@ -264,6 +268,9 @@ TEST(GpuStoreCodegen, BackwardDqTileInBulk) {
   target.arch = "sm_90a";
   EXPECT_NE(gpuPipelineText(config, target).find(" bulk-dq=true"),
             std::string::npos);
+  columns.reset();
+  EXPECT_EQ(gpuPipelineText(config, target).find("bulk-dq"), std::string::npos);
+  EXPECT_EQ(occurrences(compileToPtx(spec, config, target), bulk), 0u);
   bulkOn.reset();
   ScopedEnv bulkOff("FLASHJIT_BULK_DQ", nullptr);
   EXPECT_EQ(gpuPipelineText(config, target).find("bulk-dq"), std::string::npos);

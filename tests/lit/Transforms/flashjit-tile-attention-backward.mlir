@@ -6,6 +6,7 @@
 // RUN: not flashjit-opt %s --split-input-file --flashjit-tile-attention-backward="block-m=64 block-n=32 dq-block-n=-16" 2>&1 | FileCheck %s --check-prefix=BADDQN
 // RUN: not flashjit-opt %s --split-input-file --flashjit-tile-attention-backward="block-m=64 block-n=32 dq-block-m=48" 2>&1 | FileCheck %s --check-prefix=BADDQSPARSE
 // RUN: flashjit-opt %s --split-input-file --pass-pipeline='builtin.module(flashjit-cpu-pipeline{block-m=64 block-n=32})' | FileCheck %s --check-prefix=LLVM
+// RUN: flashjit-opt %s --split-input-file --flashjit-tile-attention-backward="block-m=64 block-n=32 dq-quad-order=true" | FileCheck %s --check-prefix=QUAD
 
 // Every function is tile IR: tiles, scf, scalar index arithmetic and the
 // scalar loads of a BCSR list; no buffers of its own, no scalar atomics.
@@ -16,6 +17,17 @@
 // TILE: func.func @sparse_dq(
 // TILE-NOT: memref.alloca
 // TILE-NOT: memref.store
+
+// dq-quad-order (flashjit's default pipeline sets it): dq_accum's rows in
+// quad order, the main loop's atomic add and the conversion's load marked
+// (d 96: whole 16-column groups); the deterministic dQ has no dq_accum.
+// QUAD-LABEL: func.func @causal(
+// QUAD: tile.atomic_add {{.*}} stride %c96 {quad_order} : tensor<64x96xf32>
+// QUAD-LABEL: func.func @causal_dq(
+// QUAD: tile.load %arg7{{.*}} stride %c96 {quad_order} : memref<?xf32> -> tensor<64x96xf32>
+// QUAD-LABEL: func.func @det(
+// QUAD-NOT: quad_order
+// QUAD-LABEL: func.func @det_dq(
 
 // Three functions with one argument list: the preprocessing (delta and
 // -lse * log2(e), 64 rows per program), the main loop (one program per KV

@@ -183,3 +183,20 @@ func.func @f(%e: tensor<4xf32>, %list: memref<?xi32>, %at: tensor<4xi32>, %kept:
   tile.scatter %e, %list[%at] if %kept : tensor<4xf32>, memref<?xi32>, tensor<4xi32>, tensor<4xi1>
   return
 }
+
+// -----
+
+// quad_order permutes whole 16-column groups of 2-D rows.
+func.func @f(%a: tensor<16x24xf32>, %b: memref<?xf32>, %i: index) {
+  // expected-error @+1 {{quad_order takes a 2-D tile of whole 16-column groups, got 'tensor<16x24xf32>'}}
+  tile.atomic_add %a, %b[%i] rows %i of %i stride %i {quad_order} : tensor<16x24xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @f(%b: memref<?xf32>, %i: index) {
+  // expected-error @+1 {{quad_order takes a 2-D tile of whole 16-column groups, got 'tensor<64xf32>'}}
+  %l = tile.load %b[%i] rows %i of %i {quad_order} : memref<?xf32> -> tensor<64xf32>
+  return
+}
