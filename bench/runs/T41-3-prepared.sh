@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# T41-3, for the next session (carry [".carry"] after
+# `FLASHJIT_SKIP_BUILD=1 bash tools/scripts/gpu-prepare.sh`; command
+# `bash bench/runs/T41-3-prepared.sh`): what T41 left unrun. The torch GPU
+# suites with dq_accum in quad order (the default since T41, run there
+# only through the compiled suites); the full softcap forward's exp2 share
+# again (T33's -2% at 2/8 predates the fixed row max), two rounds; then ncu
+# of the quad-order dK/dV kernel (N 4096), time left.
+cd "$(dirname "$0")/../.." || exit 2
+source tools/scripts/gpu-env.sh
+call_header T41-3
+python_tests_env
+for f in test_torch_gpu test_torch_plans_gpu test_varlen_gpu; do
+  (cd python && timeout 200 python3 -m pytest -q tests/$f.py -p no:cacheprovider > $OUT/py-$f.log 2>&1; echo "exit $?" >> $OUT/py-$f.log)
+  say "$f: $(tail -2 $OUT/py-$f.log | tr '\n' ' ' | cut -c1-200)"
+  grep -E "^FAILED" $OUT/py-$f.log | head -5
+done
+F="--head-dim 128 --seq-len 8192 --heads 16 --score-mod softcap:30"
+tf() { bench_env "$F" "$@" | tflops_of; }
+for r in 1 2; do
+  say "round $r full softcap:30 TFLOP/s: emu0 $(tf X=1) emu1 $(tf FLASHJIT_EXP2_EMULATION=1) emu2 $(tf FLASHJIT_EXP2_EMULATION=2) emu3 $(tf FLASHJIT_EXP2_EMULATION=3) | plain $(bench_env "--head-dim 128 --seq-len 8192 --heads 16" X=1 | tflops_of)"
+done
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ -n $NCU ]] && (( SECONDS - CALL_T0 < 300 )); then
+  n=bwd-quads
+  say "ncu full set, the default (quad order) dK/dV kernel, plain backward N 4096"
+  timeout $((575 - (SECONDS - CALL_T0))) "$NCU" --clock-control none --set full --import-source no \
+    -k regex:'^attention$' -s 1 -c 1 -f -o "$OUT/$n" \
+    $FJ bench --head-dim 128 --seq-len 4096 --heads 16 --backward --repeats 1 > "$OUT/$n-ncu.log" 2>&1 || say "ncu exit $?"
+  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page details --print-units base > "$OUT/$n-details.csv" 2>/dev/null
+  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page raw --print-units base > "$OUT/$n-raw.csv" 2>/dev/null
+  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page source --print-source sass > "$OUT/$n-sass.csv" 2>/dev/null
+  python3 tests/bench/ncu_stalls.py "$OUT/$n-details.csv" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" > "$OUT/$n-summary.txt" 2>&1
+  head -60 "$OUT/$n-summary.txt"
+  rm -f "$OUT/$n.ncu-rep" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" "$OUT/$n-details.csv"
+fi
+say done
