@@ -80,16 +80,19 @@ struct ReductionTarget {
   bool quadVectors = false;
   /// Whether row \p q (i32) exists: row0 + q < bound.
   Value rowExists(gpu::GpuBuilder &g, Value q) const;
+  /// Row \p q's first element (i64): offset + (row0 + q) * stride.
+  Value rowOffset(gpu::GpuBuilder &g, Value q) const;
+  /// Whether base is 16-byte aligned (i1): where 16-byte reductions may
+  /// add into it.
+  Value baseAligned(gpu::GpuBuilder &g) const;
 };
 
 /// dst[(row0 + q), col + colConst + e] += v_e (e = 0, 1) of \p r where row
 /// q exists (\p rowChecked: the caller tested it) and (checkCols) its column;
-/// with quads at quadColumnOf(col + colConst) + e (col + colConst even).
+/// with quads at buildQuadColumn(col + colConst) + e (col + colConst even).
 void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
                 Value col, int64_t colConst, Value v0, Value v1,
                 bool rowChecked = false);
-/// tile::quadColumn of the i32 column \p col, in i32 arithmetic.
-Value quadColumnOf(gpu::GpuBuilder &g, Value col);
 
 /// The scalar math flashjit lowers itself, without libdevice: NVVM's
 /// approximations for the transcendental functions (ex2, lg2, tanh: as

@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Conversion/TileToGPU.h"
+#include "compiler/Conversion/TileToLoops.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
@@ -38,17 +39,26 @@ Value ReductionTarget::rowExists(gpu::GpuBuilder &g, Value q) const {
   return g.cmp(CmpIPredicate::slt, g.add(row0, q), bound);
 }
 
+Value ReductionTarget::rowOffset(gpu::GpuBuilder &g, Value q) const {
+  return g.add(offset, g.mul(g.ext64(g.add(row0, q)), stride));
+}
+
+Value ReductionTarget::baseAligned(gpu::GpuBuilder &g) const {
+  Value address = LLVM::PtrToIntOp::create(g.b, g.i64, base);
+  return g.cmp(CmpIPredicate::eq, g.andI(address, g.c64(15)), g.c64(0));
+}
+
 void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
                             Value q, Value col, int64_t colConst, Value v0,
                             Value v1, bool rowChecked) {
-  Value row = g.add(r.row0, q);
   Value rowOk = rowChecked ? Value() : r.rowExists(g, q);
-  Value rowAt = g.add(r.offset, g.mul(g.ext64(row), r.stride));
+  Value rowAt = r.rowOffset(g, q);
   // The column's constant part as the pointer's own offset (the
   // reduction's immediate): the sign extension of col + colConst would not
   // fold where col comes from the loops' opaque thread index. In quad
   // order the pair's place is a function of the whole column.
-  Value physical = r.quads ? quadColumnOf(g, g.add(col, g.c32(colConst))) : col;
+  Value physical =
+      r.quads ? buildQuadColumn(g.b, g.add(col, g.c32(colConst))) : col;
   Value at = LLVM::GEPOp::create(
       g.b, g.ptrGen, g.f32, r.base,
       ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(physical))});
@@ -69,13 +79,6 @@ void conversion::reducePair(gpu::GpuBuilder &g, const ReductionTarget &r,
     else
       g.reduceAdd(ok, ptr, e ? v1 : v0);
   }
-}
-
-Value conversion::quadColumnOf(gpu::GpuBuilder &g, Value col) {
-  Value group = g.andI(col, g.c32(~int32_t(15)));
-  Value pair = g.shl(g.shrU(g.andI(col, g.c32(7)), g.c32(1)), g.c32(2));
-  Value half = g.shl(g.andI(g.shrU(col, g.c32(3)), g.c32(1)), g.c32(1));
-  return g.orI(g.orI(group, pair), g.orI(half, g.andI(col, g.c32(1))));
 }
 
 ReductionTarget TileKernelLowering::reductionOf(tile::AtomicAddOp atomic) {
@@ -253,12 +256,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
   // 2 tig: one red.global.add.v4.f32 where dq_accum's base is 16-byte
   // aligned, else the pairs.
   Value quadCol = g.add(warpCol0, g.mul(tig, g.c32(2)));
-  Value aligned;
-  if (red.quadVectors)
-    aligned =
-        g.cmp(CmpIPredicate::eq,
-              g.andI(LLVM::PtrToIntOp::create(b, g.i64, red.base), g.c64(15)),
-              g.c64(0));
+  Value aligned = red.quadVectors ? red.baseAligned(g) : Value();
   auto slab = [&](ArrayRef<int64_t> rounds) {
     SmallVector<int64_t> chunks, colConst;
     for (int64_t r : rounds)
@@ -282,8 +280,7 @@ LogicalResult TileKernelLowering::lowerTransposedProduct(tile::DotOp op) {
           }
         };
         auto quads = [&] {
-          Value rowAt =
-              g.add(red.offset, g.mul(g.ext64(g.add(red.row0, q)), red.stride));
+          Value rowAt = red.rowOffset(g, q);
           for (int64_t n = 0; n < nt2; n += 2) {
             const gpu::Acc &lo = acc[mi * nt2 + n], &hi = acc[mi * nt2 + n + 1];
             Value col = g.add(quadCol, g.c32(colConst[n / 2]));

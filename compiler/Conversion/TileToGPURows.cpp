@@ -34,6 +34,7 @@
 
 #include "compiler/Conversion/KernelEmitters.h"
 #include "compiler/Conversion/TileToGPU.h"
+#include "compiler/Conversion/TileToLoops.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -187,7 +188,7 @@ void RowKernelLowering::storeAt(Value base, Type elem, Value index, Value v) {
 
 /// A row of a 2-D tile: the lane's columns, a clamped address and 0 where
 /// the column does not exist (in quad order, `quad_order`, each column read
-/// at quadColumnOf: the warp's 32 columns still two whole 16-column groups);
+/// at buildQuadColumn: the warp's 32 columns still two whole 16-column groups);
 /// a rank-1 tile: the row's value.
 LogicalResult RowKernelLowering::lowerLoad(tile::LoadOp op) {
   Type elem = op.getType().getElementType();
@@ -207,7 +208,7 @@ LogicalResult RowKernelLowering::lowerLoad(tile::LoadOp op) {
     Value ok = columnOk(j, n);
     Value col = ok ? g.select(ok, column(j), g.c32(0)) : column(j);
     if (op.getQuadOrder())
-      col = quadColumnOf(g, col);
+      col = buildQuadColumn(g.b, col);
     Value v = loadAt(base, elem, g.add(rowAt, g.ext64(col)));
     Value zero = elem.isInteger(64) ? g.c64(0) : g.cf(0.0);
     out.regs.push_back(ok ? g.select(ok, v, zero) : v);

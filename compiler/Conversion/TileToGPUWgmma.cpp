@@ -431,8 +431,7 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
     for (int64_t h = 0; h < 2; ++h) {
       Value q = g.add(q0, g.c32(8 * h));
       g.ifThen(red.rowExists(g, q), [&] {
-        Value rowAt =
-            g.add(red.offset, g.mul(g.ext64(g.add(red.row0, q)), red.stride));
+        Value rowAt = red.rowOffset(g, q);
         Value at = LLVM::GEPOp::create(
             b, g.ptrGen, g.f32, red.base,
             ArrayRef<LLVM::GEPArg>{g.add(rowAt, g.ext64(col0))});
@@ -455,9 +454,7 @@ TileKernelLowering::lowerWgmmaTransposed(tile::DotOp op,
   if (red.quads && place.dqStageCols)
     return fail(op, "dQ's bulk reductions stage rows in column order: "
                     "quad_order takes the threads' reductions");
-  Value base = LLVM::PtrToIntOp::create(b, g.i64, red.base);
-  Value aligned =
-      g.cmp(arith::CmpIPredicate::eq, g.andI(base, g.c64(15)), g.c64(0));
+  Value aligned = red.baseAligned(g);
   if (red.quadVectors && n % 16 == 0) {
     g.ifThen(aligned, byQuads);
     g.ifThen(g.xorI(aligned, g.cBool(true)), byThreads);

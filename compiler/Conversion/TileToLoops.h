@@ -17,7 +17,18 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "llvm/ADT/DenseMap.h"
+
+namespace flashjit::conversion {
+
+/// tile::quadColumn of \p col (an index or an integer of any width) in
+/// arith ops of its type: where a row in `quad_order` keeps column col.
+/// Both lowerings build it (the CPU's loops, the GPU's reductions and
+/// row loads), so they agree on the layout.
+mlir::Value buildQuadColumn(mlir::ImplicitLocOpBuilder &b, mlir::Value col);
+
+} // namespace flashjit::conversion
 
 namespace flashjit::conversion::tiles {
 

@@ -40,23 +40,35 @@ static std::pair<Value, Value> globalRow(OpBuilder &b, Location loc, Value r,
   return {present, arith::AddIOp::create(b, loc, offset, first)};
 }
 
-/// Column \p c's place in a row of `quad_order` (tile::quadColumn):
-/// (c & ~15) | ((c & 7) >> 1) << 2 | ((c >> 3) & 1) << 1 | (c & 1).
-static Value quadColumn(OpBuilder &b, Location loc, Value c) {
+Value flashjit::conversion::buildQuadColumn(ImplicitLocOpBuilder &b,
+                                            Value col) {
   auto cst = [&](int64_t v) {
-    return arith::ConstantIndexOp::create(b, loc, v).getResult();
+    return arith::ConstantOp::create(b, b.getIntegerAttr(col.getType(), v))
+        .getResult();
   };
   auto andI = [&](Value x, int64_t m) {
-    return arith::AndIOp::create(b, loc, x, cst(m)).getResult();
+    return arith::AndIOp::create(b, x, cst(m)).getResult();
   };
-  Value group = andI(c, ~int64_t(15));
-  Value pair = arith::ShLIOp::create(
-      b, loc, arith::ShRUIOp::create(b, loc, andI(c, 7), cst(1)), cst(2));
-  Value half = arith::ShLIOp::create(
-      b, loc, andI(arith::ShRUIOp::create(b, loc, c, cst(3)), 1), cst(1));
-  Value col = arith::OrIOp::create(b, loc, group, pair);
-  col = arith::OrIOp::create(b, loc, col, half);
-  return arith::OrIOp::create(b, loc, col, andI(c, 1));
+  auto shl = [&](Value x, int64_t n) {
+    return arith::ShLIOp::create(b, x, cst(n)).getResult();
+  };
+  auto shrU = [&](Value x, int64_t n) {
+    return arith::ShRUIOp::create(b, x, cst(n)).getResult();
+  };
+  auto orI = [&](Value x, Value y) {
+    return arith::OrIOp::create(b, x, y).getResult();
+  };
+  // (c & ~15) | ((c & 7) >> 1) << 2 | ((c >> 3) & 1) << 1 | (c & 1).
+  Value group = andI(col, ~int64_t(15));
+  Value pair = shl(shrU(andI(col, 7), 1), 2);
+  Value half = shl(andI(shrU(col, 3), 1), 1);
+  return orI(orI(group, pair), orI(half, andI(col, 1)));
+}
+
+/// Column \p c's place in a row of `quad_order`, at \p loc.
+static Value quadColumn(OpBuilder &b, Location loc, Value c) {
+  ImplicitLocOpBuilder ib(loc, b);
+  return flashjit::conversion::buildQuadColumn(ib, c);
 }
 
 /// Rows past the end read as zeros, without touching memory.
