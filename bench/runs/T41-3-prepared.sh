@@ -10,12 +10,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
 call_header T41-3
-python_tests_env
-for f in test_torch_gpu test_torch_plans_gpu test_varlen_gpu; do
-  (cd python && timeout 200 python3 -m pytest -q tests/$f.py -p no:cacheprovider > $OUT/py-$f.log 2>&1; echo "exit $?" >> $OUT/py-$f.log)
-  say "$f: $(tail -2 $OUT/py-$f.log | tr '\n' ' ' | cut -c1-200)"
-  grep -E "^FAILED" $OUT/py-$f.log | head -5
-done
+torch_suites test_torch_gpu test_torch_plans_gpu test_varlen_gpu
 F="--head-dim 128 --seq-len 8192 --heads 16 --score-mod softcap:30"
 tf() { local e=$1; shift; bench_env "$F $*" "$e" | tflops_of; }
 for r in 1 2; do
@@ -26,18 +21,8 @@ done
 # machine's, gone after the call).
 say "softcap:30 TFLOP/s 192 x 128, 12 warps (no overlapped loop there): $(tf X=1 --block-m 192 --block-n 128 --warps 12) | 128 x 128, 8 warps, not overlapped: $(tf X=1 --block-m 128 --block-n 128 --warps 8)"
 timeout 150 $FJ tune $F > $OUT/tune.log 2>&1; say "tune softcap:30 exit $?: $(grep -iE 'winner|best' $OUT/tune.log | head -3 | tr '\n' ' ')"
-NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [[ -n $NCU ]] && (( SECONDS - CALL_T0 < 300 )); then
-  n=bwd-quads
+if (( SECONDS - CALL_T0 < 300 )); then
   say "ncu full set, the default (quad order) dK/dV kernel, plain backward N 4096"
-  timeout $((575 - (SECONDS - CALL_T0))) "$NCU" --clock-control none --set full --import-source no \
-    -k regex:'^attention$' -s 1 -c 1 -f -o "$OUT/$n" \
-    $FJ bench --head-dim 128 --seq-len 4096 --heads 16 --backward --repeats 1 > "$OUT/$n-ncu.log" 2>&1 || say "ncu exit $?"
-  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page details --print-units base > "$OUT/$n-details.csv" 2>/dev/null
-  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page raw --print-units base > "$OUT/$n-raw.csv" 2>/dev/null
-  "$NCU" -i "$OUT/$n.ncu-rep" --csv --page source --print-source sass > "$OUT/$n-sass.csv" 2>/dev/null
-  python3 tests/bench/ncu_stalls.py "$OUT/$n-details.csv" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" > "$OUT/$n-summary.txt" 2>&1
-  head -60 "$OUT/$n-summary.txt"
-  rm -f "$OUT/$n.ncu-rep" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" "$OUT/$n-details.csv"
+  ncu_stalls bwd-quads '^attention$' $FJ bench --head-dim 128 --seq-len 4096 --heads 16 --backward --repeats 1
 fi
 say done

@@ -75,6 +75,34 @@ python_tests_env() {
       export PYTHONPATH=/tmp/fj-site:$PYTHONPATH
   fi
 }
+# torch_suites FILE...: python/tests/FILE.py each with pytest (200 s at
+# most) -> $OUT/py-FILE.log; a summary line each and its failed tests.
+torch_suites() {
+  local f
+  python_tests_env
+  for f in "$@"; do
+    (cd python && timeout 200 python3 -m pytest -q tests/$f.py -p no:cacheprovider > $OUT/py-$f.log 2>&1; echo "exit $?" >> $OUT/py-$f.log)
+    say "$f: $(tail -2 $OUT/py-$f.log | tr '\n' ' ' | cut -c1-200)"
+    grep -E "^FAILED" $OUT/py-$f.log | head -5
+  done
+}
+# ncu_stalls NAME KERNEL-REGEX CMD...: ncu's full set of the first launch
+# of KERNEL-REGEX in CMD (until 575 s into the call), summarised by
+# tests/bench/ncu_stalls.py -> $OUT/NAME-summary.txt (its head printed);
+# the report and CSVs removed. Nothing where the machine has no ncu.
+ncu_stalls() {
+  local n=$1 k=$2; shift 2
+  local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { say "no ncu"; return; }
+  timeout $((575 - (SECONDS - CALL_T0))) "$ncu" --clock-control none --set full --import-source no \
+    -k regex:"$k" -s 1 -c 1 -f -o "$OUT/$n" "$@" > "$OUT/$n-ncu.log" 2>&1 || say "ncu exit $?"
+  "$ncu" -i "$OUT/$n.ncu-rep" --csv --page details --print-units base > "$OUT/$n-details.csv" 2>/dev/null
+  "$ncu" -i "$OUT/$n.ncu-rep" --csv --page raw --print-units base > "$OUT/$n-raw.csv" 2>/dev/null
+  "$ncu" -i "$OUT/$n.ncu-rep" --csv --page source --print-source sass > "$OUT/$n-sass.csv" 2>/dev/null
+  python3 tests/bench/ncu_stalls.py "$OUT/$n-details.csv" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" > "$OUT/$n-summary.txt" 2>&1
+  head -60 "$OUT/$n-summary.txt"
+  rm -f "$OUT/$n.ncu-rep" "$OUT/$n-raw.csv" "$OUT/$n-sass.csv" "$OUT/$n-details.csv"
+}
 # forward_bars SECONDS: issue 13's forward bar table beside cuDNN
 # (side_by_side.py, two interleaved rounds) -> $OUT/sbs.log and
 # $OUT/bench.json; the table printed.
