@@ -210,7 +210,8 @@ bool usesWgmma(const GpuTarget &target);
 bool usesKvRing(const GpuTarget &target);
 /// With the K/V ring, how its consumer warpgroups take turns at the tensor
 /// cores (the `ping-pong` pass option): FLASHJIT_PING_PONG's 0 (no order),
-/// 1 (their S = Q K^T batches) or 2 (every batch of MMAs in the ring loop);
+/// 1 (their S = Q K^T batches), 2 (every batch of MMAs in the ring loop) or
+/// 3 (turns at the multi-function unit: each iteration's softmax);
 /// unset, 0 for \p config's overlapped loop and for three consumer
 /// warpgroups, 1 otherwise; 0 without the ring.
 int64_t pingPongMode(const GpuTarget &target, const TileConfig &config);

@@ -95,7 +95,9 @@ struct KernelPlacement {
   /// kRingConsumerWarps): they take turns at the tensor cores, so that one's
   /// softmax runs under the other's MMAs (TileToGPURing.cpp, "ping-pong").
   /// 0: no order; 1: the batches of the loop's first product (S = Q K^T);
-  /// 2: every batch of the ring loop.
+  /// 2: every batch of the ring loop; 3: turns at the multi-function unit
+  /// instead, each iteration's softmax after its products are issued (the
+  /// exponentials and a score modifier's tanh: softcap).
   int64_t pingPong = 0;
   /// Row reductions fold a thread's registers by a pairwise tree instead of
   /// a chain (lowerReduce): taken with the ring, whose consumers have no

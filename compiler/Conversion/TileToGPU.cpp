@@ -161,6 +161,7 @@ void TileKernelLowering::setUpThreads() {
 
 LogicalResult TileKernelLowering::lowerBlock(Block &block) {
   const bool outermost = isa<func::ReturnOp>(block.getTerminator());
+  Operation *turnAt = unitTurnStart(block);
   for (Operation &op : block.without_terminator()) {
     bool light = false;
     if (wg) {
@@ -174,6 +175,8 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
         waitFor(&op);
       }
     }
+    if (&op == turnAt) // the products issued and the first one's read
+      waitTurn();
     bool outerLight = inLightBranch;
     inLightBranch = inLightBranch || light;
     LogicalResult r = lowerOp(&op);
@@ -181,6 +184,8 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
     if (failed(r))
       return failure();
   }
+  if (turnAt)
+    passTurn();
   if (wg)
     settle(/*wait=*/!inLightBranch);
   if (outermost && branch < 0 && !inRoleBranch)

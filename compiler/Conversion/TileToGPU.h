@@ -363,6 +363,11 @@ private:
   void releaseRing(llvm::ArrayRef<Value> done);
   /// Whether the batch that \p first opens takes its turn (pingPong).
   bool takesTurn(tile::DotOp first);
+  /// With turns at the multi-function unit (pingPong 3), the op of the
+  /// ring loop's body \p block that opens this warpgroup's turn: the first
+  /// after its last product (the softmax of the block in flight); null
+  /// otherwise. The turn is passed at the end of the body.
+  Operation *unitTurnStart(mlir::Block &block);
   /// bar.sync on this warpgroup's turn barrier (before a batch), or
   /// bar.arrive on the next warpgroup's (after its commit).
   void waitTurn();

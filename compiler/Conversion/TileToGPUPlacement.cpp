@@ -237,6 +237,9 @@ LogicalResult flashjit::conversion::lowerTileKernel(
     config.stages = ringStages;
   if (failed(checkGpuOptions(fn, spec, config, copyBytes, kvRing)))
     return failure();
+  if (knobs.pingPong < 0 || knobs.pingPong > 3)
+    return fn.emitError() << "ping-pong must be 0, 1, 2 or 3, got "
+                          << knobs.pingPong;
   KernelPlacement p =
       forwardPlacement(spec, config, wgmma, kvRing, knobs.pingPong,
                        knobs.persistent, copyBytes == 16 ? knobs.tma : 0);

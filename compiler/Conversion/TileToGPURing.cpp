@@ -65,6 +65,14 @@
 ///
 /// with `bar.arrive 2, 256` by warpgroup W - 1 before the loop (the first
 /// turn) and `bar.sync 2, 256` by warpgroup 0 after it (the last one).
+/// Mode 3 takes the turns at the multi-function unit instead: no batch
+/// waits, and the body's ops after its last product (the softmax of the
+/// block whose S is in flight: tanh, exp2) run inside the turn,
+///
+///   S' = Q K^T (issued); O += P V (issued); wgmma.wait_group 1;
+///   bar.sync 2 + w, 256; tanh ...; ex2 ...; bar.arrive 2 + (w + 1) % W, 256
+///
+/// (unitTurnStart; the hand-overs before and after the loop as above).
 //
 //===----------------------------------------------------------------------===//
 
@@ -475,12 +483,26 @@ bool TileKernelLowering::takesTurn(tile::DotOp first) {
   if (!place.pingPong || !inRoleBranch || !ringLoop ||
       first->getParentOp() != ringLoop.getOperation())
     return false;
+  if (place.pingPong == 3)
+    return false; // turns at the unit, not at the tensor cores
   if (place.pingPong == 2)
     return true;
   for (Operation &op : ringLoop.getBody()->without_terminator())
     if (auto dot = dyn_cast<tile::DotOp>(&op))
       return dot == first;
   return false;
+}
+
+Operation *TileKernelLowering::unitTurnStart(Block &block) {
+  if (place.pingPong != 3 || !inRoleBranch || !ringLoop ||
+      &block != ringLoop.getBody())
+    return nullptr;
+  Operation *lastDot = nullptr;
+  for (Operation &op : block.without_terminator())
+    if (isa<tile::DotOp>(op))
+      lastDot = &op;
+  Operation *start = lastDot ? lastDot->getNextNode() : nullptr;
+  return start && start != block.getTerminator() ? start : nullptr;
 }
 
 void TileKernelLowering::waitTurn() {

@@ -101,6 +101,15 @@ def raw(path):
               "smsp__cycles_active.avg"):
         if k in metrics:
             print(f"   {k:<72} {metrics[k]}")
+    # Each pipe's share of its peak (the tensor cores against the
+    # multi-function unit, xu, and the FMA and ALU pipes): which one bounds.
+    print("-- pipes (% of peak, active cycles)")
+    for k, v in sorted(metrics.items()):
+        pipe = (k.startswith("sm__inst_executed_pipe_") or k.startswith("sm__pipe_")
+                or k.startswith("smsp__issue_active") or k.startswith("smsp__inst_executed_pipe_"))
+        x = number(v)
+        if pipe and k.endswith(".avg.pct_of_peak_sustained_active") and x and x >= 1.0:
+            print(f"   {k:<72} {x:8.2f}")
 
 
 def sass(path):

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# T42-3, not run in T42 (every start after call 2 was refused): for the
+# next session (carry [".carry"] after `FLASHJIT_SKIP_BUILD=1 bash
+# tools/scripts/gpu-prepare.sh`, `mkdir -p .carry/micro` and `nvcc -O3
+# -arch=sm_90a -o .carry/micro/warps bench/runs/T42-warps.cu`; command `bash
+# bench/runs/T42-3-prepared.sh`): (1) the softmax chain's scores a clock
+# with 1..8 warps a scheduler (T42-2: turns at the unit did not speed
+# softcap up: does one warp a scheduler fill the unit?); (2) T42-2's
+# causal plain +3% with turns at the unit (FLASHJIT_PING_PONG=3), across
+# shapes (d 128), three interleaved rounds; (3) the forward GPU
+# suites with mode 3 forced on every ring kernel.
+cd "$(dirname "$0")/../.." || exit 2
+source tools/scripts/gpu-env.sh
+call_header T42-3
+chmod +x $C/micro/warps; $C/micro/warps
+tf() { local a=$1; shift; bench_env "$a" "$@" | tflops_of; }
+for r in 1 2 3; do
+  line=""
+  for s in "--seq-len 16384 --heads 16" "--seq-len 8192 --heads 16" "--seq-len 4096 --batch 4 --heads 16" "--seq-len 1024 --batch 16 --heads 16"; do
+    line+=" | N${s#--seq-len } default $(tf "--head-dim 128 --causal $s" X=1) pp3 $(tf "--head-dim 128 --causal $s" FLASHJIT_PING_PONG=3)"
+  done
+  say "round $r causal d128 TFLOP/s$line"
+done
+if (( SECONDS - CALL_T0 < 200 )); then
+  say "forward GPU suites, FLASHJIT_PING_PONG=3 on every ring kernel"
+  export FLASHJIT_PING_PONG=3
+  gpu_suites
+fi
+say done
