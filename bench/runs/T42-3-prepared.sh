@@ -8,7 +8,9 @@
 # softcap up: does one warp a scheduler fill the unit?); (2) T42-2's
 # causal plain +3% with turns at the unit (FLASHJIT_PING_PONG=3), across
 # shapes (d 128), three interleaved rounds; (3) the forward GPU
-# suites with mode 3 forced on every ring kernel.
+# suites with mode 3 forced on every ring kernel; (4) time left, ncu's
+# pipe shares of the plain forward, beside T42-1's softcap (tensor and
+# xu 64.6% there): how much of softcap's loss plain shares.
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
 call_header T42-3
@@ -25,5 +27,10 @@ if (( SECONDS - CALL_T0 < 200 )); then
   say "forward GPU suites, FLASHJIT_PING_PONG=3 on every ring kernel"
   export FLASHJIT_PING_PONG=3
   gpu_suites
+  unset FLASHJIT_PING_PONG
+fi
+if (( SECONDS - CALL_T0 < 420 )); then
+  say "ncu full set, the plain forward (N 8192, H 16, d 128), the default kernel"
+  ncu_stalls fwd-plain '^attention$' $FJ bench --head-dim 128 --seq-len 8192 --heads 16 --repeats 1 | sed -n '/Scheduler/,/-- instructions/p'
 fi
 say done
