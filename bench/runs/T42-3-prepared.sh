@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # T42-3, not run in T42 (every start after call 2 was refused): for the
 # next session (carry [".carry"] after `FLASHJIT_SKIP_BUILD=1 bash
-# tools/scripts/gpu-prepare.sh`, `mkdir -p .carry/micro` and `nvcc -O3
-# -arch=sm_90a -o .carry/micro/warps bench/runs/T42-warps.cu`; command `bash
+# tools/scripts/gpu-prepare.sh`, `mkdir -p .carry/micro` and, for F in
+# warps wgmma, `nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o
+# .carry/micro/$F bench/runs/T42-$F.cu`; command `bash
 # bench/runs/T42-3-prepared.sh`): (1) the softmax chain's scores a clock
 # with 1..8 warps a scheduler (T42-2: turns at the unit did not speed
-# softcap up: does one warp a scheduler fill the unit?); (2) T42-2's
+# softcap up: does one warp a scheduler fill the unit?), and one
+# warpgroup's chain of 8 m64n128k16 MMAs against two warpgroups' (does
+# one chain alone keep the tensor cores at peak?); (2) T42-2's
 # causal plain +3% with turns at the unit (FLASHJIT_PING_PONG=3), across
 # shapes (d 128), three interleaved rounds; (3) the forward GPU
 # suites with mode 3 forced on every ring kernel; (4) time left, ncu's
@@ -14,7 +17,7 @@
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
 call_header T42-3
-chmod +x $C/micro/warps; $C/micro/warps
+chmod +x $C/micro/warps $C/micro/wgmma; $C/micro/warps; $C/micro/wgmma
 tf() { local a=$1; shift; bench_env "$a" "$@" | tflops_of; }
 for r in 1 2 3; do
   line=""
