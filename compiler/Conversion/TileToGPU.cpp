@@ -184,8 +184,11 @@ LogicalResult TileKernelLowering::lowerBlock(Block &block) {
     if (failed(r))
       return failure();
   }
-  if (turnAt)
+  if (turnAt) {
+    if (wg)
+      settle(/*wait=*/false); // its last batch committed before the hand-over
     passTurn();
+  }
   if (wg)
     settle(/*wait=*/!inLightBranch);
   if (outermost && branch < 0 && !inRoleBranch)

@@ -365,8 +365,9 @@ private:
   bool takesTurn(tile::DotOp first);
   /// With turns at the multi-function unit (pingPong 3), the op of the
   /// ring loop's body \p block that opens this warpgroup's turn: the first
-  /// after its last product (the softmax of the block in flight); null
-  /// otherwise. The turn is passed at the end of the body.
+  /// that follows its last product or is, or holds, a score's tanh or exp2
+  /// (a 2-D tile's); null otherwise. The turn is passed at the end of the
+  /// body.
   Operation *unitTurnStart(mlir::Block &block);
   /// bar.sync on this warpgroup's turn barrier (before a batch), or
   /// bar.arrive on the next warpgroup's (after its commit).

@@ -66,8 +66,9 @@
 /// with `bar.arrive 2, 256` by warpgroup W - 1 before the loop (the first
 /// turn) and `bar.sync 2, 256` by warpgroup 0 after it (the last one).
 /// Mode 3 takes the turns at the multi-function unit instead: no batch
-/// waits, and the body's ops after its last product (the softmax of the
-/// block whose S is in flight: tanh, exp2) run inside the turn,
+/// waits, and the body's ops from the first that follows its last product
+/// or holds a score's tanh or exp2, to its end (the overlapped loop: the
+/// softmax of the block whose S was in flight) run inside the turn,
 ///
 ///   S' = Q K^T (issued); O += P V (issued); wgmma.wait_group 1;
 ///   bar.sync 2 + w, 256; tanh ...; ex2 ...; bar.arrive 2 + (w + 1) % W, 256
@@ -79,6 +80,7 @@
 #include "compiler/Conversion/TileToGPU.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 
 using namespace mlir;
@@ -493,16 +495,38 @@ bool TileKernelLowering::takesTurn(tile::DotOp first) {
   return false;
 }
 
+/// Whether \p op takes the multi-function unit a score: an exp2 or a tanh
+/// of a 2-D tile (a row's rescale factor, 1-D, does not count).
+static bool isScoreTranscendental(Operation *op) {
+  if (!isa<math::Exp2Op, math::TanhOp>(op))
+    return false;
+  auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  return type && type.getRank() == 2;
+}
+
 Operation *TileKernelLowering::unitTurnStart(Block &block) {
   if (place.pingPong != 3 || !inRoleBranch || !ringLoop ||
       &block != ringLoop.getBody())
     return nullptr;
+  // The first op of the body that follows its last product or is, or
+  // holds, a score's tanh or exp2: the overlapped loop's softmax once both
+  // its products are issued (T42-2 measured this one), the plain loop's
+  // between S and P V (whose product then issues inside the turn).
   Operation *lastDot = nullptr;
   for (Operation &op : block.without_terminator())
     if (isa<tile::DotOp>(op))
       lastDot = &op;
-  Operation *start = lastDot ? lastDot->getNextNode() : nullptr;
-  return start && start != block.getTerminator() ? start : nullptr;
+  bool afterLastDot = !lastDot;
+  for (Operation &op : block.without_terminator()) {
+    WalkResult found = op.walk([](Operation *inner) {
+      return isScoreTranscendental(inner) ? WalkResult::interrupt()
+                                          : WalkResult::advance();
+    });
+    if (afterLastDot || found.wasInterrupted())
+      return &op;
+    afterLastDot = &op == lastDot;
+  }
+  return nullptr;
 }
 
 void TileKernelLowering::waitTurn() {

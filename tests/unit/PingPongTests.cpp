@@ -19,8 +19,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 using namespace flashjit;
 using flashjit::test::occurrences;
@@ -110,52 +112,67 @@ TEST(PingPong, TurnBarriersOnlyWhereTheDefaultTakesTurns) {
   }
 }
 
-/// Mode 3 orders the softmaxes, not the products: in d 128's overlapped
-/// softcap loop each warpgroup's turn barrier is waited for after the
-/// next block's S = Q K^T is waited for (`wgmma.wait_group 1`) and before
-/// its tanh, and no batch of products waits for a turn; mode 0 has no
-/// turn barrier at all.
+/// Mode 3 orders the softmaxes, not the products, checked on the GPU
+/// stage (its loops keep the tile IR's order). After a warpgroup's turn
+/// barrier (`bar.sync $0, 256`, the barrier a register) comes a tanh or
+/// exp2 before any product is fenced: in d 128's overlapped softcap loop
+/// after the next block's S is waited for (`wgmma.wait_group 1`), in the
+/// plain loop (d 256's two warpgroups, d 64's three) before P's
+/// exponentials. The turn is handed on (`bar.arrive $0, 256`) after that
+/// softmax and after the commit of every product issued in it. Mode 0
+/// has no turn barrier.
 TEST(PingPong, UnitTurnsOrderTheSoftmaxesNotTheProducts) {
   GpuTarget hopper;
   TileConfig overlapped = tileConfig(128, 128, 8);
   overlapped.overlapSoftmax = true;
-  AttentionSpec spec;
-  spec.headDimQK = spec.headDimV = 128;
-  spec.scoreMod = "softcap:30";
-  std::string turns, none;
-  {
-    PingPongEnv env("3");
-    EXPECT_NE(gpuPipelineText(overlapped, hopper).find(modeText(3)),
-              std::string::npos);
-    turns = compileToPtx(spec, overlapped, hopper);
+  struct Case {
+    int64_t d;
+    const char *scoreMod;
+    TileConfig config;
+  };
+  auto after = [](const std::string &ir, const char *what, size_t from) {
+    return ir.find(what, from);
+  };
+  auto before = [](const std::string &ir, const char *what, size_t to) {
+    return ir.rfind(what, to);
+  };
+  for (const Case &c : {Case{128, "softcap:30", overlapped},
+                        Case{256, "", tileConfig(128, 64, 8)},
+                        Case{64, "", tileConfig(192, 128, 12)}}) {
+    SCOPED_TRACE(c.config.toJson());
+    AttentionSpec spec;
+    spec.headDimQK = spec.headDimV = c.d;
+    spec.scoreMod = c.scoreMod;
+    std::string turns, none;
+    {
+      PingPongEnv env("3");
+      EXPECT_NE(gpuPipelineText(c.config, hopper).find(modeText(3)),
+                std::string::npos);
+      turns = emitStage(spec, c.config, Stage::Gpu, hopper);
+    }
+    {
+      PingPongEnv env("0");
+      none = emitStage(spec, c.config, Stage::Gpu, hopper);
+    }
+    const char *turnSync = "\"bar.sync $0, 256;\"";
+    const char *turnPass = "\"bar.arrive $0, 256;\"";
+    EXPECT_EQ(none.find(turnSync), std::string::npos);
+    EXPECT_EQ(none.find(turnPass), std::string::npos);
+    size_t sync = turns.find(turnSync);
+    ASSERT_NE(sync, std::string::npos);
+    size_t math = std::min(after(turns, "tanh.approx", sync),
+                           after(turns, "ex2.approx", sync));
+    size_t fence = after(turns, "wgmma.fence", sync);
+    size_t pass = after(turns, turnPass, sync);
+    ASSERT_NE(math, std::string::npos);
+    ASSERT_NE(pass, std::string::npos);
+    EXPECT_LT(math, fence); // no product waits for the turn
+    EXPECT_LT(math, pass);  // the turn holds the softmax
+    // Every product issued in the turn is committed before it is passed.
+    size_t lastIssue = before(turns, "wgmma.mma_async", pass);
+    if (lastIssue != std::string::npos && lastIssue > sync)
+      EXPECT_LT(lastIssue, before(turns, "wgmma.commit_group", pass));
+    if (c.config.overlapSoftmax)
+      EXPECT_LT(before(turns, "wgmma.wait_group.sync.aligned 1;", sync), sync);
   }
-  {
-    PingPongEnv env("0");
-    none = compileToPtx(spec, overlapped, hopper);
-  }
-  EXPECT_EQ(occurrences(none, "bar.arrive"), 0);
-  // The loop's turn: a bar.sync on a warpgroup's barrier (a register
-  // operand) between the wait for S and the first tanh after it.
-  size_t wait = turns.find("wgmma.wait_group.sync.aligned 1;");
-  ASSERT_NE(wait, std::string::npos);
-  size_t sync = turns.find("bar.sync \t%r", wait);
-  if (sync == std::string::npos)
-    sync = turns.find("bar.sync %r", wait);
-  size_t tanh = turns.find("tanh.approx", wait);
-  ASSERT_NE(sync, std::string::npos);
-  ASSERT_NE(tanh, std::string::npos);
-  EXPECT_LT(sync, tanh);
-  // No product waits for a turn: no bar.sync on a register barrier is
-  // followed by a wgmma.fence before the next tanh or exp2.
-  for (size_t at = turns.find("bar.sync"); at != std::string::npos;
-       at = turns.find("bar.sync", at + 1)) {
-    size_t fence = turns.find("wgmma.fence", at);
-    size_t math =
-        std::min(turns.find("tanh.approx", at), turns.find("ex2.approx", at));
-    bool named = turns.compare(at, 12, "bar.sync \t%r") == 0 ||
-                 turns.compare(at, 11, "bar.sync %r") == 0;
-    if (named)
-      EXPECT_LT(math, fence) << turns.substr(at, 40);
-  }
-  EXPECT_GE(occurrences(turns, "bar.arrive"), 2); // the first turn, a pass
 }
