@@ -92,8 +92,6 @@ def raw(path):
     for x, k in sorted(stalls, reverse=True)[:14]:
         print(f"   {k:<28} {x:10.3f} {100 * x / total:5.1f}%")
     for k in ("gpu__time_duration.sum", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-              "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-              "sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active",
               "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__grid_size",
               "launch__registers_per_thread", "launch__shared_mem_per_block_dynamic",
               "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem",
@@ -103,6 +101,7 @@ def raw(path):
             print(f"   {k:<72} {metrics[k]}")
     # Each pipe's share of its peak (the tensor cores against the
     # multi-function unit, xu, and the FMA and ALU pipes): which one bounds.
+    # The tensor pipe's figures are printed here, with the others.
     print("-- pipes (% of peak, active cycles)")
     for k, v in sorted(metrics.items()):
         pipe = (k.startswith("sm__inst_executed_pipe_") or k.startswith("sm__pipe_")

@@ -130,12 +130,6 @@ TEST(PingPong, UnitTurnsOrderTheSoftmaxesNotTheProducts) {
     const char *scoreMod;
     TileConfig config;
   };
-  auto after = [](const std::string &ir, const char *what, size_t from) {
-    return ir.find(what, from);
-  };
-  auto before = [](const std::string &ir, const char *what, size_t to) {
-    return ir.rfind(what, to);
-  };
   for (const Case &c : {Case{128, "softcap:30", overlapped},
                         Case{256, "", tileConfig(128, 64, 8)},
                         Case{64, "", tileConfig(192, 128, 12)}}) {
@@ -160,19 +154,19 @@ TEST(PingPong, UnitTurnsOrderTheSoftmaxesNotTheProducts) {
     EXPECT_EQ(none.find(turnPass), std::string::npos);
     size_t sync = turns.find(turnSync);
     ASSERT_NE(sync, std::string::npos);
-    size_t math = std::min(after(turns, "tanh.approx", sync),
-                           after(turns, "ex2.approx", sync));
-    size_t fence = after(turns, "wgmma.fence", sync);
-    size_t pass = after(turns, turnPass, sync);
+    size_t math = std::min(turns.find("tanh.approx", sync),
+                           turns.find("ex2.approx", sync));
+    size_t fence = turns.find("wgmma.fence", sync);
+    size_t pass = turns.find(turnPass, sync);
     ASSERT_NE(math, std::string::npos);
     ASSERT_NE(pass, std::string::npos);
     EXPECT_LT(math, fence); // no product waits for the turn
     EXPECT_LT(math, pass);  // the turn holds the softmax
     // Every product issued in the turn is committed before it is passed.
-    size_t lastIssue = before(turns, "wgmma.mma_async", pass);
+    size_t lastIssue = turns.rfind("wgmma.mma_async", pass);
     if (lastIssue != std::string::npos && lastIssue > sync)
-      EXPECT_LT(lastIssue, before(turns, "wgmma.commit_group", pass));
+      EXPECT_LT(lastIssue, turns.rfind("wgmma.commit_group", pass));
     if (c.config.overlapSoftmax)
-      EXPECT_LT(before(turns, "wgmma.wait_group.sync.aligned 1;", sync), sync);
+      EXPECT_LT(turns.rfind("wgmma.wait_group.sync.aligned 1;", sync), sync);
   }
 }
