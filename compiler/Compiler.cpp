@@ -357,7 +357,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.splitCommits = usesSplitCommits(target);
   gpu.bwdStagedStores = usesBackwardStagedStores(target);
   gpu.kvRingStages = usesKvRing(target) ? config.stages : 0;
-  gpu.pingPong = pingPongMode(target, config);
+  gpu.pingPong = pingPongMode(target, config, &spec);
   gpu.persistent = usesPersistentKernel(target, config);
   gpu.tma = tensorMapMode(target, config);
   gpu.stagedStores = usesStagedStores();

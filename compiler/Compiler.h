@@ -212,9 +212,12 @@ bool usesKvRing(const GpuTarget &target);
 /// cores (the `ping-pong` pass option): FLASHJIT_PING_PONG's 0 (no order),
 /// 1 (their S = Q K^T batches), 2 (every batch of MMAs in the ring loop) or
 /// 3 (turns at the multi-function unit: each iteration's softmax);
-/// unset, 0 for \p config's overlapped loop and for three consumer
-/// warpgroups, 1 otherwise; 0 without the ring.
-int64_t pingPongMode(const GpuTarget &target, const TileConfig &config);
+/// unset, 3 for a causal forward (\p spec: no modifier, mask_mod or
+/// block-sparse layout) on \p config's overlapped loop, 0 for the other
+/// overlapped loops and for three consumer warpgroups, 1 otherwise; 0
+/// without the ring.
+int64_t pingPongMode(const GpuTarget &target, const TileConfig &config,
+                     const AttentionSpec *spec = nullptr);
 /// Whether the K/V ring's forward is a persistent kernel (the `persistent`
 /// pass option: a grid of the device's SMs loops over the tiles): with the
 /// ring, \p config's `persistent` unless FLASHJIT_PERSISTENT is 0 or 1;

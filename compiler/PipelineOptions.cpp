@@ -45,7 +45,8 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
       "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
-      usesKvRing(target) ? config.stages : 0, pingPongMode(target, config),
+      usesKvRing(target) ? config.stages : 0,
+      pingPongMode(target, config, spec),
       usesPersistentKernel(target, config) ? " persistent=true" : "",
       tma ? fmt::format(" tma={}", tma) : "",
       usesStagedStores() ? "" : " staged-stores=false",
@@ -108,13 +109,24 @@ int64_t tensorMapMode(const GpuTarget &target, const TileConfig &config) {
   return config.outputByTensorMap ? 3 : config.queryByTensorMap ? 2 : 1;
 }
 
-int64_t pingPongMode(const GpuTarget &target, const TileConfig &config) {
+int64_t pingPongMode(const GpuTarget &target, const TileConfig &config,
+                     const AttentionSpec *spec) {
   if (!usesKvRing(target))
     return 0;
   const char *env = std::getenv("FLASHJIT_PING_PONG");
   const std::string v = env ? env : "";
   if (v == "0" || v == "1" || v == "2" || v == "3")
     return v[0] - '0';
+  // Turns at the multi-function unit for a causal forward on the
+  // overlapped loop without a modifier (H200, T43: three rounds, N 16K
+  // +2.5%, 8192 +3.5%, 4096 x 4 +3%, 1024 x 16 +0.5-1%; H100, T42: N 8192
+  // +3%); without the mask they cost 3.5% (T42), with softcap they gain
+  // nothing.
+  if (spec && spec->direction == Direction::Forward &&
+      spec->mask == MaskKind::Causal && spec->scoreMod.empty() &&
+      spec->maskModRegion.empty() && !spec->blockSparse &&
+      config.overlapSoftmax && !config.splits)
+    return 3;
   // No turns where they were measured to hold the consumers back
   // (bench/NOTES.md, T30): the overlapped loop, which runs its softmax
   // under its own MMAs (H100: N 1024 B 16 +2-5%, N 4096 B 4 +3% without

@@ -202,7 +202,7 @@ TEST_P(ForwardPingPongGpu, MatchesFloat64Reference) {
 
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Modes, ForwardPingPongGpu, ::testing::Combine(
-  ::testing::Values(0, 1, 2), ::testing::Values(
+  ::testing::Values(0, 1, 2, 3), ::testing::Values(
   "--head-dim 128 --block-m 128 --block-n 128 --warps 8 --batch 2 --heads 2 --seq-len 1000",
   "--head-dim 64 --block-m 128 --block-n 128 --warps 8 --causal --seq-len 999 --seq-len-kv 1500",
   "--head-dim 96 --block-m 128 --block-n 64 --warps 8 --stages 3 --window 100,20 --gqa 2 --heads 4 --seq-len 2000",

@@ -269,19 +269,20 @@ int runRun(const CliOptions &o) {
     target.arch = gpu.arch;
     const GpuGeometry geo = gpuGeometry(spec, config, usesKvRing(target));
     const bool wgmma = usesWgmma(target) && geo.wgmmaShape;
-    gpuFields = gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
-                fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
-                            "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
-                            "\"tensor_maps\":{},\"tile_schedule\":{}",
-                            wgmma ? "wgmma" : "mma.sync", geo.ringStages,
-                            geo.ringStages ? pingPongMode(target, config) : 0,
-                            gpu.kvSplits,
-                            geo.ringStages && !gpu.kvSplits &&
-                                    usesPersistentKernel(target, config)
-                                ? "true"
-                                : "false",
-                            gpu.tensorMaps ? "true" : "false", gpu.tensorMaps,
-                            gpu.tileSchedule ? "true" : "false");
+    gpuFields =
+        gpuJsonFields(gpu, tflops, bench ? o.repeats : 5, o.coldL2) +
+        fmt::format(",\"mma\":\"{}\",\"kv_ring\":{},\"ping_pong\":{},"
+                    "\"kv_splits\":{},\"persistent\":{},\"tma\":{},"
+                    "\"tensor_maps\":{},\"tile_schedule\":{}",
+                    wgmma ? "wgmma" : "mma.sync", geo.ringStages,
+                    geo.ringStages ? pingPongMode(target, config, &spec) : 0,
+                    gpu.kvSplits,
+                    geo.ringStages && !gpu.kvSplits &&
+                            usesPersistentKernel(target, config)
+                        ? "true"
+                        : "false",
+                    gpu.tensorMaps ? "true" : "false", gpu.tensorMaps,
+                    gpu.tileSchedule ? "true" : "false");
   }
   if (o.json) {
     fmt::print(
