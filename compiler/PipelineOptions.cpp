@@ -18,14 +18,15 @@
 namespace flashjit {
 
 /// " kv-split=true" for a split-KV tiling, " overlap-softmax=true" for the
-/// pipelined loop, " bias-product=true" and " dq-quad-order=true" where
-/// they are taken, else nothing (so that the other pipelines' texts, and
-/// cache keys, stay as they were).
+/// pipelined loop, " bias-product=true", " dq-quad-order=true" and
+/// " softmax-lead=2" where they are taken, else nothing (so that the other
+/// pipelines' texts, and cache keys, stay as they were).
 static std::string tilingOptions(const TileConfig &config) {
   return std::string(config.splits ? " kv-split=true" : "") +
          (config.overlapSoftmax ? " overlap-softmax=true" : "") +
          (usesBiasProduct(config) ? " bias-product=true" : "") +
-         (usesDqQuadOrder() ? " dq-quad-order=true" : "");
+         (usesDqQuadOrder() ? " dq-quad-order=true" : "") +
+         (softmaxLead(config) == 2 ? " softmax-lead=2" : "");
 }
 
 std::string cpuPipelineText(const TileConfig &config) {

@@ -53,14 +53,20 @@ bool usesDqQuadOrder() {
   return !(env && std::string(env) == "0");
 }
 
+int64_t softmaxLead(const TileConfig &config) {
+  const char *env = std::getenv("FLASHJIT_SOFTMAX_LEAD");
+  return config.overlapSoftmax && env && std::string(env) == "2" ? 2 : 1;
+}
+
 void buildTilingPipeline(OpPassManager &pm, const TileConfig &config,
-                         bool dqQuadOrder) {
+                         bool dqQuadOrder, int64_t lead) {
   attn::TileAttentionOptions tile;
   tile.blockM = config.blockM;
   tile.blockN = config.blockN;
   tile.kvSplit = config.splits != 0;
   tile.overlapSoftmax = config.overlapSoftmax;
   tile.biasProduct = usesBiasProduct(config);
+  tile.softmaxLead = lead ? lead : softmaxLead(config);
   pm.addPass(attn::createTileAttention(tile));
   attn::TileAttentionBackwardOptions tileBackward;
   tileBackward.blockM = config.blockM;
@@ -92,15 +98,15 @@ void buildCpuLoweringPipeline(OpPassManager &pm) {
 }
 
 void buildCpuPipeline(OpPassManager &pm, const TileConfig &config,
-                      bool dqQuadOrder) {
-  buildTilingPipeline(pm, config, dqQuadOrder);
+                      bool dqQuadOrder, int64_t lead) {
+  buildTilingPipeline(pm, config, dqQuadOrder, lead);
   buildCpuLoweringPipeline(pm);
 }
 
 void buildGpuPipeline(OpPassManager &pm, const TileConfig &config,
                       const GpuLoweringConfig &gpu, bool stopAtGpu,
-                      bool dqQuadOrder) {
-  buildTilingPipeline(pm, config, dqQuadOrder);
+                      bool dqQuadOrder, int64_t lead) {
+  buildTilingPipeline(pm, config, dqQuadOrder, lead);
   buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
 }
 
@@ -154,7 +160,8 @@ void registerFlashjitPasses() {
       "attn -> gpu.module in LLVM + NVVM (tensor-core kernel)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
         buildGpuPipeline(pm, toConfig(options), options.gpuConfig(),
-                         /*stopAtGpu=*/false, options.dqQuadOrder);
+                         /*stopAtGpu=*/false, options.dqQuadOrder,
+                         options.softmaxLead);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-tile-to-gpu-pipeline",
@@ -171,13 +178,15 @@ void registerFlashjitPasses() {
       "flashjit-tiling-pipeline",
       "attn -> tiled FlashAttention-2 IR (the tile dialect + scf/arith/math)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildTilingPipeline(pm, toConfig(options), options.dqQuadOrder);
+        buildTilingPipeline(pm, toConfig(options), options.dqQuadOrder,
+                            options.softmaxLead);
       });
   PassPipelineRegistration<FlashjitPipelineOptions>(
       "flashjit-cpu-pipeline",
       "attn -> LLVM dialect for the host (CPU execution mode)",
       [](OpPassManager &pm, const FlashjitPipelineOptions &options) {
-        buildCpuPipeline(pm, toConfig(options), options.dqQuadOrder);
+        buildCpuPipeline(pm, toConfig(options), options.dqQuadOrder,
+                         options.softmaxLead);
       });
   PassPipelineRegistration<>(
       "flashjit-tile-to-cpu-pipeline", "tile IR -> LLVM dialect for the host",

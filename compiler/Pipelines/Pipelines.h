@@ -78,6 +78,12 @@ struct FlashjitPipelineOptions
       llvm::cl::desc("atomic dQ: dq_accum's rows in quad order "
                      "(flashjit-tile-attention-backward's dq-quad-order)"),
       llvm::cl::init(false)};
+  Option<int64_t> softmaxLead{
+      *this, "softmax-lead",
+      llvm::cl::desc("with overlap-softmax: 2 issues S = Q K^T two blocks "
+                     "ahead of the softmax (flashjit-tile-attention's "
+                     "softmax-lead)"),
+      llvm::cl::init(1)};
 };
 
 /// flashjit-tile-to-ptx-pipeline's options: the GPU lowering's (as
@@ -103,11 +109,20 @@ struct FlashjitPtxPipelineOptions
 /// part of the cache keys, record it.
 bool usesDqQuadOrder();
 
+/// How many blocks ahead of its softmax the overlapped loop issues a
+/// block's S (the forward tiling's `softmax-lead`, so the CPU and the GPU
+/// both): 2 where FLASHJIT_SOFTMAX_LEAD=2 and \p config takes the
+/// overlapped loop (opt-in, T43: not yet timed), else 1. The pipeline
+/// texts, part of the cache keys, record it.
+int64_t softmaxLead(const TileConfig &config);
+
 /// attn -> tiled IR (flashjit-tile-attention for attn.flash_fwd,
 /// flashjit-tile-attention-backward for attn.flash_bwd, then cleanup);
-/// \p dqQuadOrder: the backward tiling's `dq-quad-order`.
+/// \p dqQuadOrder: the backward tiling's `dq-quad-order`; \p lead: the
+/// forward tiling's `softmax-lead` (0: softmaxLead(config)).
 void buildTilingPipeline(mlir::OpPassManager &pm, const TileConfig &config,
-                         bool dqQuadOrder = usesDqQuadOrder());
+                         bool dqQuadOrder = usesDqQuadOrder(),
+                         int64_t lead = 0);
 
 /// tile IR -> LLVM dialect for the host: flashjit-lower-tile-to-loops, then
 /// the host lowering (LICM, SCF -> CF, memref / math / arith / index / func
@@ -117,7 +132,7 @@ void buildCpuLoweringPipeline(mlir::OpPassManager &pm);
 /// attn -> LLVM dialect for the host: the CPU execution mode (the tiling
 /// pipeline, then buildCpuLoweringPipeline).
 void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
-                      bool dqQuadOrder = usesDqQuadOrder());
+                      bool dqQuadOrder = usesDqQuadOrder(), int64_t lead = 0);
 
 /// attn -> gpu.module in the LLVM + NVVM dialects (tensor-core kernel),
 /// ready for translation to LLVM IR and PTX: the tiling pipeline, then
@@ -125,7 +140,7 @@ void buildCpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
 /// when \p stopAtGpu (the `gpu` stage).
 void buildGpuPipeline(mlir::OpPassManager &pm, const TileConfig &config,
                       const GpuLoweringConfig &gpu, bool stopAtGpu = false,
-                      bool dqQuadOrder = usesDqQuadOrder());
+                      bool dqQuadOrder = usesDqQuadOrder(), int64_t lead = 0);
 
 /// tile IR -> gpu.module in the LLVM + NVVM dialects: the GPU lowering
 /// (flashjit-lower-tiled-to-gpu with \p warps warps), cleanup and, unless

@@ -44,6 +44,12 @@ def TileAttention : Pass<"flashjit-tile-attention", "mlir::ModuleOp"> {
            "bias affine in the block's row and column (ALiBi's) becomes one "
            "more k-step of Q K^T on constant operands (BiasProduct.h), whose "
            "16 x Bc tile takes a shared slot on the GPU">,
+    Option<"softmaxLead", "softmax-lead", "int64_t", "1",
+           "with overlap-softmax: how many blocks ahead of its softmax a "
+           "block's S = Q K^T is issued: 1, or 2 (S of block t + 2 before "
+           "the softmax of block t + 1, the loop carrying that block's raw "
+           "S, so that a softmax never waits for its own product; "
+           "bias-product is then not taken)">,
   ];
 }
 

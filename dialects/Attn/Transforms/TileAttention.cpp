@@ -153,7 +153,9 @@ func::FuncOp TiledForwardBuilder::build() {
       constTile(-std::numeric_limits<double>::infinity(), rowTy),
       constTile(0.0, rowTy)};
   SmallVector<Value> out;
-  if (overlap)
+  if (overlap && leadTwo)
+    out = buildLeadTwoLoop(init);
+  else if (overlap)
     out = buildOverlappedLoop(init);
   else
     out = buildLoop(init)->getResults();
@@ -374,6 +376,87 @@ TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   return {o, r[1], r[2]};
 }
 
+/// The overlapped loop with S two blocks ahead (`softmax-lead=2`): iteration
+/// t issues S of block t + 2, then O += P_t V_t, then the softmax of block
+/// t + 1 on the raw S the loop carried, so that no softmax waits for a
+/// product of its own (on the GPU both consumer warpgroups may then be in
+/// their softmax at once). Each block's arithmetic is the plain loop's,
+/// in the same order. Returns the final (O, m, l):
+///
+///   %has2 = tLo + 1 < tHi; %last = tLo < tHi ? tHi - 1 : tLo
+///   %m0, %l0, %p0 = the softmax of tile.dot %q, K[block tLo]
+///   %s1 = tile.dot %q, K[block tLo + 1, or tLo without it]
+///   %r:6 = scf.for %t = %tLo to (%has2 ? %last - 1 : %tLo)
+///       iter_args(%o = 0, %m = %m0, %l = %l0, %p = truncf %p0,
+///                 %mp = -inf, %s = %s1) {
+///     %sn = tile.dot %q, K[block t + 2] {transpose_rhs}
+///     %o2 = tile.dot %p, V[block t] acc %o * bcast(exp2(%mp - %mu))
+///     ... the softmax of %s (block t + 1) -> %m2, %l2, %p2 ...
+///     scf.yield %o2, %m2, %l2, truncf %p2, %m, %sn
+///   }
+///   %o1 = P V of %r#3 and V[block %last - 1, or tLo] (as the loop's)
+///   %o2 = %o1 rescaled, plus the P V of %r#5's softmax (block %last)
+///   (O, m, l) = %has2 ? (%o2, its m, its l) : (%o1, %r#1, %r#2),
+///               O = 0 where tLo >= tHi (l is then 0: lse = -inf)
+///
+/// Block starts past the loop's range are never read: an index that may
+/// not exist (tLo + 1, %last - 1) is taken only under %has2.
+SmallVector<Value> TiledForwardBuilder::buildLeadTwoLoop(ArrayRef<Value> init) {
+  Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
+  Value second = add(tLo, cIdx(1));
+  Value has2 = cmpI(CmpIPredicate::ult, second, tHi);
+  Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
+  Value nSecond = blockStart(arith::SelectOp::create(b, has2, second, tLo));
+  Value last = arith::SelectOp::create(b, live, sub(tHi, cIdx(1)), tLo);
+  Value loopEnd = arith::SelectOp::create(b, has2, sub(last, cIdx(1)), tLo);
+  Value nLast = arith::SelectOp::create(b, live, blockStart(last), cIdx(0));
+  Value nTail =
+      blockStart(arith::SelectOp::create(b, has2, sub(last, cIdx(1)), tLo));
+  BlockSoftmax sm0 = softmax(scores(loadK(first)), first, init[1], Value(),
+                             maskModPartial(tLo, first));
+  Value s1 = scores(loadK(nSecond));
+  SmallVector<Value> carried = {
+      init[0], sm0.m, select(live, sm0.l, init[2]), truncTile(sm0.p, elemTy),
+      init[1], s1};
+  auto loop = scf::ForOp::create(b, tLo, loopEnd, cIdx(1), carried);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(loop.getBody());
+    Value t = loop.getInductionVar();
+    auto args = loop.getRegionIterArgs();
+    Value n0 = blockStart(t);
+    Value next = add(t, cIdx(1));
+    Value nNext = blockStart(next);
+    Value nAfter = blockStart(add(t, cIdx(2)));
+    Value kAfter = loadK(nAfter);
+    Value v = loadV(n0);
+    Value sAfter = scores(kAfter);
+    Value alpha = exp2(fsub(args[4], usableMax(args[1])));
+    Value oNew = rescaledProduct(args[0], alpha, args[3], v);
+    BlockSoftmax sm =
+        softmax(args[5], nNext, args[1], args[2], maskModPartial(next, nNext));
+    scf::YieldOp::create(
+        b,
+        ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1], sAfter});
+  }
+  auto r = loop.getResults();
+  // One block: P of block tLo times its V. Two or more: P of block last - 1
+  // times its V, then block last's softmax and P V (for one block they
+  // are made on block tLo again and dropped).
+  Value vTail = loadV(nTail);
+  Value alpha = exp2(fsub(r[4], usableMax(r[1])));
+  Value o1 = rescaledProduct(r[0], alpha, r[3], vTail);
+  BlockSoftmax sm =
+      softmax(r[5], nLast, r[1], r[2], maskModPartial(last, nLast));
+  Value vLast = loadV(nLast);
+  Value alpha2 = exp2(fsub(r[1], usableMax(sm.m)));
+  Value o2 = rescaledProduct(o1, alpha2, truncTile(sm.p, elemTy), vLast);
+  Value o = select(has2, o2, o1);
+  Value m = select(has2, sm.m, r[1]);
+  Value l = select(has2, sm.l, r[2]);
+  return {select(live, o, init[0]), m, l};
+}
+
 /// The K (V) tile of keys [n0, n0 + Bc).
 Value TiledForwardBuilder::loadK(Value n0) {
   return loadTile(tile({bc, dqk}, elemTy), arg(abi::K), kBase, n0, nkv,
@@ -439,6 +522,11 @@ struct TileAttentionPass
   using TileAttentionBase::TileAttentionBase;
 
   void runOnOperation() override {
+    if (softmaxLead != 1 && softmaxLead != 2) {
+      getOperation().emitError()
+          << "softmax-lead must be 1 or 2, got " << int64_t(softmaxLead);
+      return signalPassFailure();
+    }
     WalkResult checked = getOperation().walk([](FlashFwdOp op) {
       for (Region *region : {&op.getScoreMod(), &op.getMaskMod()})
         if (!region->empty() &&
@@ -451,7 +539,7 @@ struct TileAttentionPass
     if (failed(
             flashjit::attn::detail::tileEach<FlashFwdOp, TiledForwardBuilder>(
                 getOperation(), blockM, blockN, bool(kvSplit),
-                bool(overlapSoftmax), bool(biasProduct))))
+                bool(overlapSoftmax), bool(biasProduct), int64_t(softmaxLead))))
       signalPassFailure();
   }
 };

@@ -28,14 +28,17 @@ public:
   /// its combine function (TileAttentionSplit.cpp).
   /// \p overlap: the software-pipelined KV loop (buildOverlappedLoop);
   /// \p biasProduct: there, an affine bias as one more product step
-  /// (BiasProduct.h), with bf16 head dims up to 128 and Bc up to 128.
+  /// (BiasProduct.h), with bf16 head dims up to 128 and Bc up to 128;
+  /// \p lead 2: there, S two blocks ahead of the softmax
+  /// (buildLeadTwoLoop; the bias product is then not taken).
   TiledForwardBuilder(FlashFwdOp op, int64_t br, int64_t bc, bool split,
-                      bool overlap, bool biasProduct = false)
+                      bool overlap, bool biasProduct = false, int64_t lead = 1)
       : TileIRBuilderBase(op), op(op), br(br), bc(bc), dqk(op.getHeadDimQk()),
         dv(op.getHeadDimV()), sparseBlock(op.getSparseBlock()),
         hasBand(op.getMask() != "none"), split(split), overlap(overlap),
-        biasProduct(biasProduct && overlap && bc <= 128 &&
+        biasProduct(biasProduct && overlap && lead != 2 && bc <= 128 &&
                     std::max(dqk, dv) <= 128),
+        leadTwo(overlap && lead == 2),
         pack(split && abi::split::packsGqa(op.getGqa(), sparseBlock > 0)),
         numBufs(split ? int(abi::split::NumBuffers) : int(abi::NumBuffers)),
         numIdx(split ? abi::split::NumIndexArgs : abi::NumIndexArgs),
@@ -68,6 +71,9 @@ private:
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
   llvm::SmallVector<Value> buildOverlappedLoop(llvm::ArrayRef<Value> init);
+  /// The overlapped loop with S of block t + 2 issued before block t + 1's
+  /// softmax (TileAttention.cpp).
+  llvm::SmallVector<Value> buildLeadTwoLoop(llvm::ArrayRef<Value> init);
   ScoreModIndices modifierIndices(mlir::Region &region,
                                                           Value n0);
   Value modifyScores(Value s, Value n0);
@@ -82,7 +88,10 @@ private:
   const bool hasBand;
   /// Split-KV; and GQA packing (split, gqa > 1, dense): the group's query
   /// heads are the rows of one tile (kernels/KernelABI.h, abi::split).
-  const bool split, overlap, biasProduct, pack;
+  const bool split, overlap, biasProduct;
+  /// The overlapped loop with S two blocks ahead (buildLeadTwoLoop).
+  const bool leadTwo;
+  const bool pack;
   const int numBufs, numIdx;
   mlir::Type elemTy;
   mlir::func::FuncOp func;
