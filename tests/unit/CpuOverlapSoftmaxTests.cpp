@@ -104,31 +104,8 @@ TEST(OverlapSoftmax, TheLoopCarriesRoundedP) {
 /// keys, a sparse layout, a Q block of no KV blocks (its O +0, not the -0 of
 /// the epilogue's P V times l = 0), softcap.
 TEST(OverlapSoftmax, SameBitsAsThePlainLoop) {
-  for (int i : {2, 7, 8, 9}) {
-    const Case &c = kOverlapCases[i];
-    SCOPED_TRACE(c.name);
-    AttentionSpec spec = specOf(c);
-    Problem p = problemOf(c);
-    const uint64_t seed = freshSeed();
-    SCOPED_TRACE(::testing::Message() << "input seed " << seed);
-    std::mt19937_64 rng(seed);
-    AttentionData data = makeRandomInputs(spec, p, c.qkv, rng);
-    std::unique_ptr<BlockSparseLayout> layout;
-    if (spec.blockSparse)
-      layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
-    TileConfig config = configOf(c);
-    CpuKernel::compile(spec, config)->run(p, data, layout.get());
-    const std::vector<uint16_t> o = *data.o.buffer;
-    const std::vector<float> lse = data.lse;
-    std::fill(data.o.buffer->begin(), data.o.buffer->end(), uint16_t(0x7fc0));
-    std::fill(data.lse.begin(), data.lse.end(), std::nanf(""));
-    config.overlapSoftmax = false;
-    CpuKernel::compile(spec, config)->run(p, data, layout.get());
-    EXPECT_EQ(o, *data.o.buffer);
-    ASSERT_EQ(lse.size(), data.lse.size());
-    EXPECT_EQ(0, std::memcmp(lse.data(), data.lse.data(),
-                             lse.size() * sizeof(float)));
-  }
+  for (int i : {2, 7, 8, 9})
+    expectSameBitsAsThePlainLoop(kOverlapCases[i]);
 }
 
 /// A Q block that lists no KV block (sparse_emptyrow's block 1) gives O =

@@ -14,10 +14,12 @@
 #include "compiler/Compiler.h"
 #include "kernels/HostTensor.h"
 #include "tests/unit/AttentionCases.h"
+#include "tests/unit/runtime/ScopedEnv.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 
@@ -96,6 +98,43 @@ inline void expectForwardMatchesReference(const Case &c, uint64_t seed) {
                               data.o.at(bh / p.heads, bh % p.heads, i, d)),
                   0.0f);
     }
+}
+
+/// Runs case \p c (its overlapped loop) and the plain loop on the same
+/// fresh inputs, outputs poisoned before each run, and expects the same O
+/// and lse bits; the environment variable \p envName (when given) holds
+/// \p envValue for the overlapped loop's compile only.
+inline void expectSameBitsAsThePlainLoop(const Case &c,
+                                         const char *envName = nullptr,
+                                         const char *envValue = nullptr) {
+  SCOPED_TRACE(c.name);
+  AttentionSpec spec = specOf(c);
+  Problem p = problemOf(c);
+  const uint64_t seed = freshSeed();
+  SCOPED_TRACE(::testing::Message() << "input seed " << seed);
+  std::mt19937_64 rng(seed);
+  AttentionData data = makeRandomInputs(spec, p, c.qkv, rng);
+  std::unique_ptr<BlockSparseLayout> layout;
+  if (spec.blockSparse)
+    layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
+  TileConfig config = configOf(c);
+  std::fill(data.o.buffer->begin(), data.o.buffer->end(), uint16_t(0x7fc0));
+  {
+    std::unique_ptr<ScopedEnv> env;
+    if (envName)
+      env = std::make_unique<ScopedEnv>(envName, envValue);
+    CpuKernel::compile(spec, config)->run(p, data, layout.get());
+  }
+  const std::vector<uint16_t> o = *data.o.buffer;
+  const std::vector<float> lse = data.lse;
+  std::fill(data.o.buffer->begin(), data.o.buffer->end(), uint16_t(0x7fc0));
+  std::fill(data.lse.begin(), data.lse.end(), std::nanf(""));
+  config.overlapSoftmax = false;
+  CpuKernel::compile(spec, config)->run(p, data, layout.get());
+  EXPECT_EQ(o, *data.o.buffer);
+  ASSERT_EQ(lse.size(), data.lse.size());
+  EXPECT_EQ(
+      0, std::memcmp(lse.data(), data.lse.data(), lse.size() * sizeof(float)));
 }
 
 } // namespace flashjit::test

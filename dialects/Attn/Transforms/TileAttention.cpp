@@ -362,18 +362,28 @@ TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
     Value kNext = loadK(nNext);
     Value v = loadV(n0);
     Value sNext = scores(kNext);
-    Value alpha = exp2(fsub(args[4], usableMax(args[1])));
-    Value oNew = rescaledProduct(args[0], alpha, args[3], v);
-    BlockSoftmax sm =
-        softmax(sNext, nNext, args[1], args[2], maskModPartial(next, nNext));
-    scf::YieldOp::create(
-        b, ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]});
+    scf::YieldOp::create(b, overlappedStep(args, v, sNext, next, nNext));
   }
   auto r = loop.getResults();
   Value vLast = loadV(nLast);
   Value alpha = exp2(fsub(r[4], usableMax(r[1])));
   Value o = select(live, rescaledProduct(r[0], alpha, r[3], vLast), init[0]);
   return {o, r[1], r[2]};
+}
+
+/// The body of both overlapped loops after their S product is issued, on
+/// the carried (O, m, l, P rounded, previous max) \p args: O += P V of
+/// block t (its V tile \p v) on O rescaled by exp2(previous max - max),
+/// then the softmax of block \p next (keys from \p nNext) on its raw
+/// scores \p s. Returns the next (O, m, l, P rounded, previous max).
+SmallVector<Value> TiledForwardBuilder::overlappedStep(ValueRange args, Value v,
+                                                       Value s, Value next,
+                                                       Value nNext) {
+  Value alpha = exp2(fsub(args[4], usableMax(args[1])));
+  Value oNew = rescaledProduct(args[0], alpha, args[3], v);
+  BlockSoftmax sm =
+      softmax(s, nNext, args[1], args[2], maskModPartial(next, nNext));
+  return {oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]};
 }
 
 /// The overlapped loop with S two blocks ahead (`softmax-lead=2`): iteration
@@ -431,13 +441,9 @@ SmallVector<Value> TiledForwardBuilder::buildLeadTwoLoop(ArrayRef<Value> init) {
     Value kAfter = loadK(nAfter);
     Value v = loadV(n0);
     Value sAfter = scores(kAfter);
-    Value alpha = exp2(fsub(args[4], usableMax(args[1])));
-    Value oNew = rescaledProduct(args[0], alpha, args[3], v);
-    BlockSoftmax sm =
-        softmax(args[5], nNext, args[1], args[2], maskModPartial(next, nNext));
-    scf::YieldOp::create(
-        b,
-        ValueRange{oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1], sAfter});
+    SmallVector<Value> yielded = overlappedStep(args, v, args[5], next, nNext);
+    yielded.push_back(sAfter);
+    scf::YieldOp::create(b, yielded);
   }
   auto r = loop.getResults();
   // One block: P of block tLo times its V. Two or more: P of block last - 1

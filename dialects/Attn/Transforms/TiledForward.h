@@ -71,6 +71,8 @@ private:
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
   llvm::SmallVector<Value> buildOverlappedLoop(llvm::ArrayRef<Value> init);
+  llvm::SmallVector<Value> overlappedStep(mlir::ValueRange args, Value v,
+                                          Value s, Value next, Value nNext);
   /// The overlapped loop with S of block t + 2 issued before block t + 1's
   /// softmax (TileAttention.cpp).
   llvm::SmallVector<Value> buildLeadTwoLoop(llvm::ArrayRef<Value> init);
