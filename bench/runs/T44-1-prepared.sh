@@ -8,8 +8,9 @@
 # (0) S two blocks ahead (FLASHJIT_SOFTMAX_LEAD=2, T43, never run on a
 # GPU): float64 and synccheck first (a hang is cut by the timeouts), then
 # softcap:30 and plain at d 128, N 8192, H 16 against the default, two
-# rounds: the default tiling (Bc 128: ptxas spills 156 / 236 bytes) and
-# 128 x 64 on 8 warps, 2 and 3 stages (no spill); (1) does 2/8 of the
+# rounds: the default tiling (Bc 128: ptxas spills 156 / 236 bytes),
+# 128 x 64 on 8 warps, 2 and 3 stages (no spill), softcap at Bc 80 (12
+# bytes), plain at Bc 112 (none); (1) does 2/8 of the
 # exponentials by arithmetic raise one warp's rate on softcap's chain
 # (T43-order.cu)? (2) the causal default (turns at the
 # unit, T43) against FLASHJIT_PING_PONG=0, two rounds, and run --json's
@@ -31,7 +32,7 @@ unset FLASHJIT_SOFTMAX_LEAD
 S="--head-dim 128 --seq-len 8192 --heads 16"
 tf() { local a=$1; shift; bench_env "$a" "$@" | tflops_of; }
 for r in 1 2; do
-  say "round $r softcap:30 TFLOP/s: default $(tf "$S --score-mod softcap:30" X=1) lead2 $(tf "$S --score-mod softcap:30" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64 $(tf "$S --score-mod softcap:30 $L64" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64-s3 $(tf "$S --score-mod softcap:30 ${L64/stages 2/stages 3}" FLASHJIT_SOFTMAX_LEAD=2) bc64 $(tf "$S --score-mod softcap:30 $L64" X=1) | plain default $(tf "$S" X=1) lead2 $(tf "$S" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64 $(tf "$S $L64" FLASHJIT_SOFTMAX_LEAD=2)"
+  say "round $r softcap:30 TFLOP/s: default $(tf "$S --score-mod softcap:30" X=1) lead2 $(tf "$S --score-mod softcap:30" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64 $(tf "$S --score-mod softcap:30 $L64" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64-s3 $(tf "$S --score-mod softcap:30 ${L64/stages 2/stages 3}" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc80 $(tf "$S --score-mod softcap:30 ${L64/block-n 64/block-n 80}" FLASHJIT_SOFTMAX_LEAD=2) bc64 $(tf "$S --score-mod softcap:30 $L64" X=1) | plain default $(tf "$S" X=1) lead2 $(tf "$S" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc64 $(tf "$S $L64" FLASHJIT_SOFTMAX_LEAD=2) lead2-bc112 $(tf "$S ${L64/block-n 64/block-n 112}" FLASHJIT_SOFTMAX_LEAD=2)"
 done
 [[ -f $C/micro/order ]] && { chmod +x $C/micro/order; $C/micro/order; }
 for r in 1 2; do
