@@ -23,7 +23,7 @@ source tools/scripts/gpu-env.sh
 call_header T44-1
 L64="--block-m 128 --block-n 64 --warps 8 --stages 2 --overlap-softmax"
 export FLASHJIT_SOFTMAX_LEAD=2
-for a in "--score-mod softcap:30 --seq-len 1000" "--score-mod softcap:30 --causal --seq-len 1000 --seq-len-kv 1537 $L64" \
+for a in "--score-mod softcap:30 --seq-len 1000" "--seq-len 1000" "--seq-len 3000 --batch 2" "--score-mod softcap:30 --causal --seq-len 1000 --seq-len-kv 1537 $L64" \
   "--seq-len 1000 $L64" "--score-mod softcap:2 --gqa 4 --heads 8 --window 300,40 --seq-len 2000 $L64" "--seq-len 100 $L64"; do
   say "lead 2, $a: $(check_json --heads 4 --head-dim 128 $a)"
 done
