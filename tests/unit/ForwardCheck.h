@@ -118,7 +118,6 @@ inline void expectSameBitsAsThePlainLoop(const Case &c,
   if (spec.blockSparse)
     layout = std::make_unique<BlockSparseLayout>(makeLayout(c, seed));
   TileConfig config = configOf(c);
-  std::fill(data.o.buffer->begin(), data.o.buffer->end(), uint16_t(0x7fc0));
   {
     std::unique_ptr<ScopedEnv> env;
     if (envName)

@@ -153,7 +153,7 @@ func::FuncOp TiledForwardBuilder::build() {
       constTile(-std::numeric_limits<double>::infinity(), rowTy),
       constTile(0.0, rowTy)};
   SmallVector<Value> out;
-  if (overlap && leadTwo)
+  if (leadTwo)
     out = buildLeadTwoLoop(init);
   else if (overlap)
     out = buildOverlappedLoop(init);
@@ -365,9 +365,7 @@ TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
     scf::YieldOp::create(b, overlappedStep(args, v, sNext, next, nNext));
   }
   auto r = loop.getResults();
-  Value vLast = loadV(nLast);
-  Value alpha = exp2(fsub(r[4], usableMax(r[1])));
-  Value o = select(live, rescaledProduct(r[0], alpha, r[3], vLast), init[0]);
+  Value o = select(live, lastProduct(r, loadV(nLast)), init[0]);
   return {o, r[1], r[2]};
 }
 
@@ -384,6 +382,14 @@ SmallVector<Value> TiledForwardBuilder::overlappedStep(ValueRange args, Value v,
   BlockSoftmax sm =
       softmax(s, nNext, args[1], args[2], maskModPartial(next, nNext));
   return {oNew, sm.m, sm.l, truncTile(sm.p, elemTy), args[1]};
+}
+
+/// The last block's O += P V after an overlapped loop, on the carried (O,
+/// m, l, P rounded, previous max) \p r and that block's V tile \p v: O
+/// rescaled by exp2(previous max - max), as overlappedStep's.
+Value TiledForwardBuilder::lastProduct(ValueRange r, Value v) {
+  Value alpha = exp2(fsub(r[4], usableMax(r[1])));
+  return rescaledProduct(r[0], alpha, r[3], v);
 }
 
 /// The overlapped loop with S two blocks ahead (`softmax-lead=2`): iteration
@@ -447,19 +453,14 @@ SmallVector<Value> TiledForwardBuilder::buildLeadTwoLoop(ArrayRef<Value> init) {
   }
   auto r = loop.getResults();
   // One block: P of block tLo times its V. Two or more: P of block last - 1
-  // times its V, then block last's softmax and P V (for one block they
-  // are made on block tLo again and dropped).
-  Value vTail = loadV(nTail);
-  Value alpha = exp2(fsub(r[4], usableMax(r[1])));
-  Value o1 = rescaledProduct(r[0], alpha, r[3], vTail);
-  BlockSoftmax sm =
-      softmax(r[5], nLast, r[1], r[2], maskModPartial(last, nLast));
-  Value vLast = loadV(nLast);
-  Value alpha2 = exp2(fsub(r[1], usableMax(sm.m)));
-  Value o2 = rescaledProduct(o1, alpha2, truncTile(sm.p, elemTy), vLast);
-  Value o = select(has2, o2, o1);
-  Value m = select(has2, sm.m, r[1]);
-  Value l = select(has2, sm.l, r[2]);
+  // times its V and block last's softmax (a step of the loop), then block
+  // last's P V (for one block the step's softmax is made on block tLo
+  // again and dropped).
+  SmallVector<Value> c =
+      overlappedStep(r.take_front(5), loadV(nTail), r[5], last, nLast);
+  Value o = select(has2, lastProduct(c, loadV(nLast)), c[0]);
+  Value m = select(has2, c[1], r[1]);
+  Value l = select(has2, c[2], r[2]);
   return {select(live, o, init[0]), m, l};
 }
 

@@ -73,6 +73,7 @@ private:
   llvm::SmallVector<Value> buildOverlappedLoop(llvm::ArrayRef<Value> init);
   llvm::SmallVector<Value> overlappedStep(mlir::ValueRange args, Value v,
                                           Value s, Value next, Value nNext);
+  Value lastProduct(mlir::ValueRange r, Value v);
   /// The overlapped loop with S of block t + 2 issued before block t + 1's
   /// softmax (TileAttention.cpp).
   llvm::SmallVector<Value> buildLeadTwoLoop(llvm::ArrayRef<Value> init);
