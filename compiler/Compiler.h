@@ -249,6 +249,14 @@ int64_t exp2EmulationEighths(const GpuTarget &target,
                              const AttentionSpec *spec = nullptr);
 /// exp2EmulationEighths' default share for a causal softcap forward.
 inline constexpr int64_t kSoftcapCausalExp2Eighths = 2;
+/// Whether a score tile's tanh (softcap's, forward and backward) is
+/// computed by a polynomial on the FMA pipe where each warp's arguments lie
+/// in [-1, 1], tanh.approx elsewhere (the `tanh-polynomial` pass option,
+/// TileToGPUTanh.cpp, kernels/TanhPolynomial.h), so that the
+/// multi-function unit serves the exponentials alone:
+/// FLASHJIT_TANH_POLYNOMIAL=1 or 0 where set, else on sm_90a with warpgroup
+/// MMAs.
+bool usesTanhPolynomial(const GpuTarget &target);
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

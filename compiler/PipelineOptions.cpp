@@ -43,7 +43,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
-      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}{}}})",
+      "kv-ring-stages={} ping-pong={}{}{}{}{}{}{}{}{}{}{}{}}})",
       config.blockM, config.blockN, config.warps, target.copyBytes,
       usesVectorAtomics(target), usesWgmma(target),
       usesKvRing(target) ? config.stages : 0,
@@ -52,6 +52,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
       tma ? fmt::format(" tma={}", tma) : "",
       usesStagedStores() ? "" : " staged-stores=false",
       exp2 ? fmt::format(" exp2-emulation={}", exp2) : "",
+      usesTanhPolynomial(target) ? " tanh-polynomial=true" : "",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       usesSplitCommits(target) ? " split-commits=true" : "",
@@ -74,6 +75,17 @@ int64_t exp2EmulationEighths(const GpuTarget &target,
                              spec->scoreMod.rfind("softcap:", 0) == 0 &&
                              spec->mask == MaskKind::Causal;
   return causalSoftcap ? kSoftcapCausalExp2Eighths : 0;
+}
+
+bool usesTanhPolynomial(const GpuTarget &target) {
+  // FLASHJIT_TANH_POLYNOMIAL=0 or 1 where set, else sm_90a with warpgroup
+  // MMAs (T44); the pipeline text, part of the cache key, records it.
+  if (const char *env = std::getenv("FLASHJIT_TANH_POLYNOMIAL")) {
+    const std::string v = env;
+    if (v == "0" || v == "1")
+      return v == "1";
+  }
+  return usesWgmma(target);
 }
 
 bool usesStagedStores() {

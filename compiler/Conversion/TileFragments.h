@@ -94,6 +94,11 @@ void reducePair(gpu::GpuBuilder &g, const ReductionTarget &r, Value q,
                 Value col, int64_t colConst, Value v0, Value v1,
                 bool rowChecked = false);
 
+/// A one-operand f32 PTX instruction \p asmText ("sin.approx.f32 $0, $1;",
+/// "abs.f32 $0, $1;") on \p x, as inline assembly.
+Value ptxUnaryF32(mlir::ImplicitLocOpBuilder &b, mlir::Type f32, mlir::Value x,
+                  llvm::StringRef asmText);
+
 /// The scalar math flashjit lowers itself, without libdevice: NVVM's
 /// approximations for the transcendental functions (ex2, lg2, tanh: as
 /// every FlashAttention kernel uses them) and LLVM's intrinsics for the

@@ -390,10 +390,8 @@ TileKernelLowering::lowerUnitRescale(Operation *op) {
   return success();
 }
 
-/// A one-operand f32 PTX instruction \p asmText ("sin.approx.f32 $0, $1;",
-/// "cvt.rmi.f32.f32 $0, $1;") on \p x.
-static Value approx(ImplicitLocOpBuilder &b, Type f32, Value x,
-                    StringRef asmText) {
+Value conversion::ptxUnaryF32(ImplicitLocOpBuilder &b, Type f32, Value x,
+                              StringRef asmText) {
   return LLVM::InlineAsmOp::create(b, f32, ValueRange{x}, asmText, "=f,f",
                                    /*has_side_effects=*/false,
                                    /*is_align_stack=*/false,
@@ -424,8 +422,8 @@ static Value divideByConstant(flashjit::gpu::GpuBuilder &g, Value x,
 /// accurate (absolute error about 2^-21); for |x| < 2^20 or so.
 static Value reduceTwoPi(ImplicitLocOpBuilder &b, flashjit::gpu::GpuBuilder &g,
                          Value x) {
-  Value k = approx(b, g.f32, g.fmul(x, g.cf(0.15915494309189535)),
-                   "cvt.rni.f32.f32 $0, $1;");
+  Value k = ptxUnaryF32(b, g.f32, g.fmul(x, g.cf(0.15915494309189535)),
+                        "cvt.rni.f32.f32 $0, $1;");
   Value negK = LLVM::FNegOp::create(b, k);
   Value r = g.fma(negK, g.cf(6.2831854820251465), x);
   return g.fma(negK, g.cf(-1.7484556000744883e-07), r);
@@ -439,17 +437,19 @@ Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
                                   Operation *op, ValueRange x) {
   Type f32 = g.f32;
   if (isa<math::SinOp>(op))
-    return approx(b, f32, reduceTwoPi(b, g, x[0]), "sin.approx.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, reduceTwoPi(b, g, x[0]),
+                       "sin.approx.f32 $0, $1;");
   if (isa<math::CosOp>(op))
-    return approx(b, f32, reduceTwoPi(b, g, x[0]), "cos.approx.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, reduceTwoPi(b, g, x[0]),
+                       "cos.approx.f32 $0, $1;");
   if (isa<math::FloorOp>(op))
-    return approx(b, f32, x[0], "cvt.rmi.f32.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "cvt.rmi.f32.f32 $0, $1;");
   if (isa<math::CeilOp>(op))
-    return approx(b, f32, x[0], "cvt.rpi.f32.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "cvt.rpi.f32.f32 $0, $1;");
   if (isa<math::RoundEvenOp>(op))
-    return approx(b, f32, x[0], "cvt.rni.f32.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "cvt.rni.f32.f32 $0, $1;");
   if (isa<math::RsqrtOp>(op))
-    return approx(b, f32, x[0], "rsqrt.approx.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "rsqrt.approx.f32 $0, $1;");
   if (isa<math::Exp2Op>(op))
     return g.exp2(x[0]);
   if (isa<math::Log2Op>(op))
@@ -459,7 +459,7 @@ Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   if (isa<math::LogOp>(op))
     return g.fmul(g.log2(x[0]), g.cf(0.6931471805599453));
   if (isa<math::TanhOp>(op))
-    return approx(b, f32, x[0], "tanh.approx.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "tanh.approx.f32 $0, $1;");
   if (isa<math::FmaOp>(op))
     return g.fma(x[0], x[1], x[2]);
   if (isa<arith::DivFOp>(op) && x[0].getType() == f32)
@@ -470,9 +470,9 @@ Value conversion::lowerScalarMath(ImplicitLocOpBuilder &b, gpu::GpuBuilder &g,
   if (isa<arith::MinNumFOp>(op))
     return LLVM::MinNumOp::create(b, x[0], x[1]);
   if (isa<math::AbsFOp>(op))
-    return approx(b, f32, x[0], "abs.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "abs.f32 $0, $1;");
   if (isa<math::SqrtOp>(op))
-    return approx(b, f32, x[0], "sqrt.rn.f32 $0, $1;");
+    return ptxUnaryF32(b, f32, x[0], "sqrt.rn.f32 $0, $1;");
   return Value();
 }
 
@@ -503,6 +503,8 @@ LogicalResult TileKernelLowering::lowerElementwise(Operation *op) {
   if (std::optional<LogicalResult> r = lowerAffineConversion(op))
     return *r;
   if (std::optional<LogicalResult> r = lowerEmulatedExp2(op))
+    return *r;
+  if (std::optional<LogicalResult> r = lowerPolynomialTanh(op))
     return *r;
   int64_t count = -1;
   for (Value v : op->getOperands()) {

@@ -245,6 +245,7 @@ LogicalResult flashjit::conversion::lowerTileKernel(
                        knobs.persistent, copyBytes == 16 ? knobs.tma : 0);
   p.stagedStores = knobs.stagedStores;
   p.exp2Emulation = knobs.exp2Emulation;
+  p.tanhPolynomial = knobs.tanhPolynomial;
   if (attr.getRole() == "forward_split") {
     // The split partial: the split ABI, pid_split on grid.z (so no
     // column split there), GQA-packed rows over the KV heads.
@@ -300,6 +301,7 @@ LogicalResult flashjit::conversion::lowerTileBackwardKernel(
   p.numIndexArgs = abi::bwd::NumIndexArgs;
   p.numF32Args = abi::bwd::NumF32Args;
   placeCaptures(fn, p);
+  p.tanhPolynomial = knobs.tanhPolynomial;
   if (attr.getRole() == "preprocess" || attr.getRole() == "dq_convert" ||
       attr.getRole() == "capture_convert") {
     p.threads = GpuBackwardGeometry::kPreprocessThreads;

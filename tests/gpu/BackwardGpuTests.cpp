@@ -277,6 +277,26 @@ TEST_F(BackwardGpuRuns, LargeProblemsCheckTheFirstKvHeadGroup) {
   }
 }
 
+/// Softcap's tanh by a polynomial where each warp's arguments lie in
+/// [-1, 1] (FLASHJIT_TANH_POLYNOMIAL=1, TileToGPUTanh.cpp): the gradients
+/// match float64 with every warp on the polynomial (softcap:30), on either
+/// side (softcap:2, causal, Nq != Nkv; GQA), and at d 64 and d 256.
+TEST_F(BackwardGpuRuns, TanhPolynomialMatchesFloat64Gradients) {
+  for (const char *args :
+       {"--head-dim 128 --score-mod softcap:30 --heads 4 --seq-len 1000",
+        "--head-dim 128 --score-mod softcap:2 --causal --heads 4 "
+        "--seq-len 700 --seq-len-kv 900",
+        "--head-dim 64 --score-mod softcap:3 --gqa 2 --heads 4 --seq-len 600",
+        "--head-dim 256 --score-mod softcap:2 --heads 2 --seq-len 500"}) {
+    CliResult r =
+        runFlashjit(std::string("run --backward --device cuda --json ") + args,
+                    "FLASHJIT_TANH_POLYNOMIAL=1");
+    SCOPED_TRACE(std::string(args) + "\n" + r.out);
+    ASSERT_EQ(r.exitCode, 0);
+    expectCorrectGradients(r.out);
+  }
+}
+
 /// Files \p dir/\p name, read whole.
 std::string readFile(const std::string &dir, const std::string &name) {
   std::ifstream in(dir + "/" + name, std::ios::binary);

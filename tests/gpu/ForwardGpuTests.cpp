@@ -348,6 +348,29 @@ INSTANTIATE_TEST_SUITE_P(Shares, ForwardExp2EmulationGpu, ::testing::Combine(
     "--head-dim 64 --causal --heads 8 --seq-len 500 --seq-len-kv 300")));
 // clang-format on
 
+/// A score tile's tanh by a polynomial on the FMA pipe where each warp's
+/// arguments lie in [-1, 1] (FLASHJIT_TANH_POLYNOMIAL=1, TileToGPUTanh.cpp):
+/// the forward matches the float64 reference where every warp takes the
+/// polynomial (softcap:30 on unit-scale scores), where warps take either
+/// side (softcap:2, softcap:3), where most take tanh.approx (softcap:0.5),
+/// with causal rows past the diagonal and rows that see no key, fp16,
+/// GQA with a window, d 64 and d 256.
+class ForwardTanhPolynomialGpu : public ForwardGpu {};
+
+TEST_P(ForwardTanhPolynomialGpu, MatchesFloat64Reference) {
+  runAndCheck(GetParam(), "FLASHJIT_TANH_POLYNOMIAL=1");
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Sides, ForwardTanhPolynomialGpu, ::testing::Values(
+  "--head-dim 128 --score-mod softcap:30 --heads 8 --seq-len 1100",
+  "--head-dim 128 --score-mod softcap:2 --causal --heads 8 --seq-len 777 --seq-len-kv 900",
+  "--head-dim 128 --dtype fp16 --score-mod softcap:0.5 --heads 4 --seq-len 600",
+  "--head-dim 128 --score-mod softcap:30 --causal --heads 8 --seq-len 500 --seq-len-kv 300",
+  "--head-dim 64 --score-mod softcap:3 --gqa 4 --heads 8 --window 300,40 --seq-len 2000",
+  "--head-dim 256 --score-mod softcap:2 --heads 2 --seq-len 700"));
+// clang-format on
+
 /// The K/V ring's copies by the tensor memory accelerator (the default on
 /// sm_90a with 16-byte aligned tensors; FLASHJIT_TMA=0: cp.async), each
 /// case both ways: head dims whose last box is part zeros (40, 72, 96),
