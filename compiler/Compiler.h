@@ -254,9 +254,9 @@ inline constexpr int64_t kSoftcapCausalExp2Eighths = 2;
 /// in [-1, 1], tanh.approx elsewhere (the `tanh-polynomial` pass option,
 /// TileToGPUTanh.cpp, kernels/TanhPolynomial.h), so that the
 /// multi-function unit serves the exponentials alone:
-/// FLASHJIT_TANH_POLYNOMIAL=1 or 0 where set, else on sm_90a with warpgroup
-/// MMAs.
-bool usesTanhPolynomial(const GpuTarget &target);
+/// FLASHJIT_TANH_POLYNOMIAL=1; off otherwise (an H100 ran softcap's
+/// forward 10% slower with it, its backward no faster: T44-3).
+bool usesTanhPolynomial();
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -36,7 +36,7 @@ tf() { local a=$1; shift; bench_env "$a" "$@" | tflops_of; }
 for r in 1 2 3; do
   say "round $r TFLOP/s fwd: plain $(tf "$S" X=1) poly $(tf "$S --score-mod softcap:30" X=1) unit $(tf "$S --score-mod softcap:30" $P0) | causal: plain $(tf "$S --causal" X=1) poly $(tf "$S --causal --score-mod softcap:30" X=1) unit $(tf "$S --causal --score-mod softcap:30" $P0) | bwd: plain $(tf "$S --backward" X=1) poly $(tf "$S --backward --score-mod softcap:30" X=1) unit $(tf "$S --backward --score-mod softcap:30" $P0)"
 done
-say "lead 2 softcap:30 (poly): Bc64 $(tf "$S --score-mod softcap:30 $L64" FLASHJIT_SOFTMAX_LEAD=2) Bc80 $(tf "$S --score-mod softcap:30 ${L64/block-n 64/block-n 80}" FLASHJIT_SOFTMAX_LEAD=2) lead 1 Bc64 $(tf "$S --score-mod softcap:30 $L64" X=1); softcap:2 fwd poly $(tf "$S --score-mod softcap:2" X=1) unit $(tf "$S --score-mod softcap:2" $P0)"
+say "lead 2 softcap:30 (poly): Bc64 $(tf "$S --score-mod softcap:30 $L64" FLASHJIT_SOFTMAX_LEAD=2) Bc80 $(tf "$S --score-mod softcap:30 ${L64/block-n 64/block-n 80}" FLASHJIT_SOFTMAX_LEAD=2) lead 1 Bc64 $(tf "$S --score-mod softcap:30 $L64" X=1); softcap:2 fwd poly $(tf "$S --score-mod softcap:2" X=1) unit $(tf "$S --score-mod softcap:2" $P0); causal softcap:30 poly exp2-emulation 0 $(tf "$S --causal --score-mod softcap:30" FLASHJIT_EXP2_EMULATION=0) 2 $(tf "$S --causal --score-mod softcap:30" X=1)"
 timeout 120 python3 tests/bench/variants.py --json $OUT/variants.json > $OUT/variants.log 2>&1
 say "variants exit $?"
 grep -A16 '^variants, bf16' $OUT/variants.log | cut -c1-200

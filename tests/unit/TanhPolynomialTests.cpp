@@ -77,15 +77,15 @@ std::string softcapPtx(const char *poly, Direction direction,
 /// gets one vote and a polynomial for each of its registers (c3 =
 /// -0.0274230577, 0fBCE0A652, the first multiply-add's constant);
 /// tanh.approx stays on the other side of the branch, the exponentials
-/// unchanged. On by default on sm_90a; 0 turns it off.
+/// unchanged. Off unless asked (unset and 0 are one kernel).
 TEST(TanhPolynomial, ForwardVotesOncePerTanhTile) {
-  const std::string none = softcapPtx("0", Direction::Forward);
+  const std::string none = softcapPtx(nullptr, Direction::Forward);
+  EXPECT_EQ(softcapPtx("0", Direction::Forward), none);
   const int tanh = occurrences(none, "tanh.approx");
   ASSERT_EQ(tanh, 128);
   EXPECT_EQ(occurrences(none, "vote.sync.all"), 0);
   EXPECT_EQ(occurrences(none, ", 0fBCE0A652,"), 0);
   const std::string poly = softcapPtx("1", Direction::Forward);
-  EXPECT_EQ(softcapPtx(nullptr, Direction::Forward), poly);
   EXPECT_EQ(occurrences(poly, "vote.sync.all"), 2);
   EXPECT_EQ(occurrences(poly, "tanh.approx"), tanh);
   EXPECT_EQ(occurrences(poly, "ex2.approx"), occurrences(none, "ex2.approx"));
@@ -94,8 +94,8 @@ TEST(TanhPolynomial, ForwardVotesOncePerTanhTile) {
   EXPECT_GE(occurrences(poly, "setp.le.f32"), 2);
 }
 
-/// sm_80 (mma.sync) keeps tanh.approx unless asked.
-TEST(TanhPolynomial, Sm80TakesItOnlyWhenAsked) {
+/// sm_80 (mma.sync) takes it too when asked.
+TEST(TanhPolynomial, Sm80TakesItWhenAsked) {
   const std::string plain =
       softcapPtx(nullptr, Direction::Forward, "softcap:30", "sm_80");
   EXPECT_EQ(occurrences(plain, "vote.sync.all"), 0);
@@ -110,7 +110,7 @@ TEST(TanhPolynomial, Sm80TakesItOnlyWhenAsked) {
 /// 1 - t^2: its 2-D tanh tiles take the same branch.
 TEST(TanhPolynomial, BackwardVotesToo) {
   const std::string none = softcapPtx("0", Direction::Backward);
-  const std::string poly = softcapPtx(nullptr, Direction::Backward);
+  const std::string poly = softcapPtx("1", Direction::Backward);
   const int tanh = occurrences(none, "tanh.approx");
   ASSERT_GT(tanh, 0);
   EXPECT_EQ(occurrences(none, "vote.sync.all"), 0);
@@ -134,12 +134,15 @@ TEST(TanhPolynomial, PipelineTextNamesIt) {
   spec.scoreMod = "softcap:30";
   TileConfig config = test::tileConfig(128, 128, 8);
   {
-    ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", nullptr);
+    ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", "1");
     EXPECT_NE(gpuPipelineText(config, GpuTarget(), &spec)
                   .find(" tanh-polynomial=true"),
               std::string::npos);
   }
-  ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", "0");
-  EXPECT_EQ(gpuPipelineText(config, GpuTarget(), &spec).find("tanh-polynomial"),
-            std::string::npos);
+  for (const char *off : {"0", static_cast<const char *>(nullptr)}) {
+    ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", off);
+    EXPECT_EQ(
+        gpuPipelineText(config, GpuTarget(), &spec).find("tanh-polynomial"),
+        std::string::npos);
+  }
 }
