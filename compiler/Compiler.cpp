@@ -362,7 +362,7 @@ static OwningOpRef<ModuleOp> lowerToGpu(MLIRContext &ctx,
   gpu.tma = tensorMapMode(target, config);
   gpu.stagedStores = usesStagedStores();
   gpu.exp2Emulation = exp2EmulationEighths(target, &spec);
-  gpu.tanhPolynomial = usesTanhPolynomial();
+  gpu.tanhPolynomial = tanhPolynomialEighths();
   return loadSource(ctx, spec, source, config, [&](OpPassManager &pm) {
     buildGpuLoweringPipeline(pm, config.warps, gpu, stopAtGpu);
   });

@@ -249,14 +249,14 @@ int64_t exp2EmulationEighths(const GpuTarget &target,
                              const AttentionSpec *spec = nullptr);
 /// exp2EmulationEighths' default share for a causal softcap forward.
 inline constexpr int64_t kSoftcapCausalExp2Eighths = 2;
-/// Whether a score tile's tanh (softcap's, forward and backward) is
-/// computed by a polynomial on the FMA pipe where each warp's arguments lie
-/// in [-1, 1], tanh.approx elsewhere (the `tanh-polynomial` pass option,
-/// TileToGPUTanh.cpp, kernels/TanhPolynomial.h), so that the
-/// multi-function unit serves the exponentials alone:
-/// FLASHJIT_TANH_POLYNOMIAL=1; off otherwise (an H100 ran softcap's
-/// forward 10% slower with it, its backward no faster: T44-3).
-bool usesTanhPolynomial();
+/// Eighths (0..8) of the registers of a score tile's tanh (softcap's,
+/// forward and backward) computed by a polynomial on the FMA pipe where
+/// the warp's lie in [-1, 1], tanh.approx elsewhere (the `tanh-polynomial`
+/// pass option, TileToGPUTanh.cpp, kernels/TanhPolynomial.h), so that the
+/// multi-function unit has less to do: FLASHJIT_TANH_POLYNOMIAL's value
+/// where set (0..8; another value is 0), else 0 (an H100 ran softcap's
+/// forward 10% slower with all eight, its backward no faster: T44-3).
+int64_t tanhPolynomialEighths();
 
 /// A kernel compiled for the CPU execution mode (MLIR's ExecutionEngine).
 class CpuKernel {

@@ -40,6 +40,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
   const int64_t bwdRing = backwardRingStages(target);
   const int64_t tma = tensorMapMode(target, config);
   const int64_t exp2 = exp2EmulationEighths(target, spec);
+  const int64_t tanhK = tanhPolynomialEighths();
   return fmt::format(
       "builtin.module(flashjit-gpu-pipeline{{block-m={} "
       "block-n={} warps={} copy-bytes={} vector-atomics={} wgmma={} "
@@ -52,7 +53,7 @@ std::string gpuPipelineText(const TileConfig &config, const GpuTarget &target,
       tma ? fmt::format(" tma={}", tma) : "",
       usesStagedStores() ? "" : " staged-stores=false",
       exp2 ? fmt::format(" exp2-emulation={}", exp2) : "",
-      usesTanhPolynomial() ? " tanh-polynomial=true" : "",
+      tanhK ? fmt::format(" tanh-polynomial={}", tanhK) : "",
       usesBulkDq(target) ? " bulk-dq=true" : "",
       bwdRing ? fmt::format(" bwd-ring-stages={}", bwdRing) : "",
       usesSplitCommits(target) ? " split-commits=true" : "",
@@ -77,12 +78,13 @@ int64_t exp2EmulationEighths(const GpuTarget &target,
   return causalSoftcap ? kSoftcapCausalExp2Eighths : 0;
 }
 
-bool usesTanhPolynomial() {
-  // Opt-in: on an H100 (T44-3) the polynomial's FMA-pipe work cost more
+int64_t tanhPolynomialEighths() {
+  // Opt-in: on an H100 (T44-3) the polynomial on every register cost more
   // than the unit's tanh saved (softcap:30 forward 541 against 602
   // TFLOP/s). The pipeline text, part of the cache key, records it.
   const char *env = std::getenv("FLASHJIT_TANH_POLYNOMIAL");
-  return env && std::string(env) == "1";
+  const std::string v = env ? env : "";
+  return v.size() == 1 && v[0] >= '0' && v[0] <= '8' ? v[0] - '0' : 0;
 }
 
 bool usesStagedStores() {

@@ -154,10 +154,10 @@ struct KernelPlacement {
   /// computed by arithmetic on the FMA pipe instead of ex2.approx
   /// (TileToGPUExp2.cpp, kernels/Exp2Emulation.h). The forward's roles.
   int64_t exp2Emulation = 0;
-  /// A 2-D tile's tanh by a polynomial on the FMA pipe where the warp's
-  /// registers lie in [-1, 1] (TileToGPUTanh.cpp, kernels/
-  /// TanhPolynomial.h); tanh.approx elsewhere.
-  bool tanhPolynomial = false;
+  /// Eighths (0..8) of the registers of a 2-D tile's tanh by a polynomial
+  /// on the FMA pipe where the warp's lie in [-1, 1] (TileToGPUTanh.cpp,
+  /// kernels/TanhPolynomial.h); tanh.approx elsewhere.
+  int64_t tanhPolynomial = 0;
   /// Warpgroup MMAs: each product committed as a group of its own, and a
   /// transposed product (dQ = dS K) issued where it stands in the tile IR
   /// rather than at its reduction (the `split-commits` option; the dK/dV

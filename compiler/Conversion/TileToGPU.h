@@ -215,9 +215,9 @@ private:
   /// registers by arithmetic (KernelPlacement::exp2Emulation;
   /// TileToGPUExp2.cpp).
   std::optional<LogicalResult> lowerEmulatedExp2(Operation *op);
-  /// math.tanh of a 2-D tile: by a polynomial on the FMA pipe where the
-  /// warp's registers all lie in [-1, 1] (KernelPlacement::tanhPolynomial;
-  /// TileToGPUTanh.cpp).
+  /// math.tanh of a 2-D tile: a share of its registers by a polynomial on
+  /// the FMA pipe where the warp's all lie in [-1, 1]
+  /// (KernelPlacement::tanhPolynomial; TileToGPUTanh.cpp).
   std::optional<LogicalResult> lowerPolynomialTanh(Operation *op);
 
   // Warpgroup MMAs (TileToGPUWgmma.cpp).

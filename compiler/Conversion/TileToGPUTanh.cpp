@@ -2,14 +2,15 @@
 //
 /// \file
 /// A pattern of the elementwise op family (TileToGPUCompute.cpp): with
-/// KernelPlacement::tanhPolynomial (the `tanh-polynomial` option), the
-/// tanh of a 2-D tile (softcap's C tanh(s / C), in the forward and the
-/// backward) is computed by kernels/TanhPolynomial.h's polynomial on the
-/// FMA pipe when every register of the warp's share of the tile lies in
-/// [-1, 1] (one vote), and by tanh.approx.f32 on the multi-function unit
-/// otherwise; that unit then serves only the softmax's exponential. The
-/// branch is warp-uniform, so no lane runs both sides. Before (one
-/// thread's registers x_0 .. x_n-1):
+/// KernelPlacement::tanhPolynomial = k (the `tanh-polynomial` option,
+/// 1..8), k eighths of the registers of a 2-D tile's tanh (softcap's C
+/// tanh(s / C), in the forward and the backward: registers i with i % 8 <
+/// k) are computed by kernels/TanhPolynomial.h's polynomial on the FMA
+/// pipe when each of those registers of the warp lies in [-1, 1] (one
+/// vote), and by tanh.approx.f32 on the multi-function unit otherwise;
+/// the other registers stay on the unit. The branch is warp-uniform, so
+/// no lane runs both sides. Before (one thread's registers x_0 .. x_n-1
+/// of the share; k = 8: all):
 ///
 ///   %t = math.tanh %x : tensor<128x128xf32>
 ///     -> %t_i = tanh.approx.f32 %x_i
@@ -71,35 +72,48 @@ static Value largestMagnitude(ImplicitLocOpBuilder &b,
 std::optional<LogicalResult>
 TileKernelLowering::lowerPolynomialTanh(Operation *op) {
   auto tanh = dyn_cast<math::TanhOp>(op);
-  if (!tanh || !place.tanhPolynomial || tileType(tanh).getRank() != 2)
+  if (!tanh || place.tanhPolynomial <= 0 || tileType(tanh).getRank() != 2)
     return std::nullopt;
   auto it = frags.find(tanh.getOperand());
   if (it == frags.end() || it->second.pendingRound ||
       it->second.regs.empty())
     return std::nullopt; // lowerElementwise names the problem
   const SmallVector<Value> regs = it->second.regs;
-  Value inRange =
-      arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
-                            largestMagnitude(b, g, regs),
-                            g.cf(tanhpoly::kBound));
+  // The share: registers i with i % 8 < tanhPolynomial; the others stay on
+  // the unit, outside the branch.
+  SmallVector<Value> out(regs.size());
+  SmallVector<size_t> shared;
+  for (size_t i = 0; i < regs.size(); ++i) {
+    if (int64_t(i % 8) < place.tanhPolynomial)
+      shared.push_back(i);
+    else
+      out[i] = lowerScalarMath(b, g, op, regs[i]);
+  }
+  SmallVector<Value> args;
+  for (size_t i : shared)
+    args.push_back(regs[i]);
+  Value inRange = arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
+                                        largestMagnitude(b, g, args),
+                                        g.cf(tanhpoly::kBound));
   Value all =
       g.intrinsic("llvm.nvvm.vote.all.sync", {g.i1}, {g.c32(-1), inRange});
-  SmallVector<Type> types(regs.size(), g.f32);
+  SmallVector<Type> types(args.size(), g.f32);
   auto ifOp = scf::IfOp::create(b, types, all, /*withElseRegion=*/true);
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(ifOp.thenBlock());
     SmallVector<Value> poly;
-    for (Value x : regs)
+    for (Value x : args)
       poly.push_back(polynomialTanh(g, x));
     scf::YieldOp::create(b, poly);
     b.setInsertionPointToStart(ifOp.elseBlock());
     SmallVector<Value> unit;
-    for (Value x : regs)
+    for (Value x : args)
       unit.push_back(lowerScalarMath(b, g, op, x));
     scf::YieldOp::create(b, unit);
   }
-  frags[tanh.getResult()].regs.assign(ifOp.getResults().begin(),
-                                      ifOp.getResults().end());
+  for (auto [k, i] : llvm::enumerate(shared))
+    out[i] = ifOp.getResult(k);
+  frags[tanh.getResult()].regs.assign(out.begin(), out.end());
   return success();
 }

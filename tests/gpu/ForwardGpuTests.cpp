@@ -349,26 +349,37 @@ INSTANTIATE_TEST_SUITE_P(Shares, ForwardExp2EmulationGpu, ::testing::Combine(
 // clang-format on
 
 /// A score tile's tanh by a polynomial on the FMA pipe where each warp's
-/// arguments lie in [-1, 1] (FLASHJIT_TANH_POLYNOMIAL=1, TileToGPUTanh.cpp):
-/// the forward matches the float64 reference where every warp takes the
-/// polynomial (softcap:30 on unit-scale scores), where warps take either
-/// side (softcap:2, softcap:3), where most take tanh.approx (softcap:0.5),
-/// with causal rows past the diagonal and rows that see no key, fp16,
-/// GQA with a window, d 64 and d 256.
-class ForwardTanhPolynomialGpu : public ForwardGpu {};
+/// arguments lie in [-1, 1] (FLASHJIT_TANH_POLYNOMIAL=K eighths of its
+/// registers, TileToGPUTanh.cpp), 2 and 8: the forward matches the float64
+/// reference where every warp takes the polynomial (softcap:30 on
+/// unit-scale scores), where warps take either side (softcap:2,
+/// softcap:3), where most take tanh.approx (softcap:0.5), with causal rows
+/// past the diagonal and rows that see no key, fp16, GQA with a window,
+/// d 64 and d 256.
+class ForwardTanhPolynomialGpu
+    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
+protected:
+  void SetUp() override {
+    if (!flashjit::rt::CudaDriver::get().available())
+      GTEST_SKIP() << "skipped: no CUDA driver";
+  }
+};
 
 TEST_P(ForwardTanhPolynomialGpu, MatchesFloat64Reference) {
-  runAndCheck(GetParam(), "FLASHJIT_TANH_POLYNOMIAL=1");
+  auto [eighths, args] = GetParam();
+  runAndCheck(args, std::string("FLASHJIT_TANH_POLYNOMIAL=") + eighths);
 }
 
 // clang-format off
-INSTANTIATE_TEST_SUITE_P(Sides, ForwardTanhPolynomialGpu, ::testing::Values(
-  "--head-dim 128 --score-mod softcap:30 --heads 8 --seq-len 1100",
-  "--head-dim 128 --score-mod softcap:2 --causal --heads 8 --seq-len 777 --seq-len-kv 900",
-  "--head-dim 128 --dtype fp16 --score-mod softcap:0.5 --heads 4 --seq-len 600",
-  "--head-dim 128 --score-mod softcap:30 --causal --heads 8 --seq-len 500 --seq-len-kv 300",
-  "--head-dim 64 --score-mod softcap:3 --gqa 4 --heads 8 --window 300,40 --seq-len 2000",
-  "--head-dim 256 --score-mod softcap:2 --heads 2 --seq-len 700"));
+INSTANTIATE_TEST_SUITE_P(Sides, ForwardTanhPolynomialGpu, ::testing::Combine(
+  ::testing::Values("2", "8"),
+  ::testing::Values(
+    "--head-dim 128 --score-mod softcap:30 --heads 8 --seq-len 1100",
+    "--head-dim 128 --score-mod softcap:2 --causal --heads 8 --seq-len 777 --seq-len-kv 900",
+    "--head-dim 128 --dtype fp16 --score-mod softcap:0.5 --heads 4 --seq-len 600",
+    "--head-dim 128 --score-mod softcap:30 --causal --heads 8 --seq-len 500 --seq-len-kv 300",
+    "--head-dim 64 --score-mod softcap:3 --gqa 4 --heads 8 --window 300,40 --seq-len 2000",
+    "--head-dim 256 --score-mod softcap:2 --heads 2 --seq-len 700")));
 // clang-format on
 
 /// The K/V ring's copies by the tensor memory accelerator (the default on

@@ -3,10 +3,11 @@
 /// \file
 /// kernels/TanhPolynomial.h's polynomial (the reference performs the GPU's
 /// steps) against float64 on its range, and the `tanh-polynomial` lowering
-/// (TileToGPUTanh.cpp, FLASHJIT_TANH_POLYNOMIAL): the PTX of a softcap
-/// forward and backward guards each 2-D tanh with one warp vote and keeps
-/// tanh.approx for the other side; unset and 0 are the default kernel, and
-/// a kernel without tanh does not change. No GPU needed.
+/// (TileToGPUTanh.cpp, FLASHJIT_TANH_POLYNOMIAL=K eighths): the PTX of a
+/// softcap forward and backward guards the share of each 2-D tanh with one
+/// warp vote and keeps tanh.approx for the other side and the other
+/// registers; unset and 0 are the default kernel, and a kernel without
+/// tanh does not change. No GPU needed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -85,7 +86,7 @@ TEST(TanhPolynomial, ForwardVotesOncePerTanhTile) {
   ASSERT_EQ(tanh, 128);
   EXPECT_EQ(occurrences(none, "vote.sync.all"), 0);
   EXPECT_EQ(occurrences(none, ", 0fBCE0A652,"), 0);
-  const std::string poly = softcapPtx("1", Direction::Forward);
+  const std::string poly = softcapPtx("8", Direction::Forward);
   EXPECT_EQ(occurrences(poly, "vote.sync.all"), 2);
   EXPECT_EQ(occurrences(poly, "tanh.approx"), tanh);
   EXPECT_EQ(occurrences(poly, "ex2.approx"), occurrences(none, "ex2.approx"));
@@ -100,17 +101,33 @@ TEST(TanhPolynomial, Sm80TakesItWhenAsked) {
       softcapPtx(nullptr, Direction::Forward, "softcap:30", "sm_80");
   EXPECT_EQ(occurrences(plain, "vote.sync.all"), 0);
   EXPECT_GT(occurrences(plain, "tanh.approx"), 0);
-  EXPECT_GT(occurrences(softcapPtx("1", Direction::Forward, "softcap:30",
-                                   "sm_80"),
-                        "vote.sync.all"),
-            0);
+  EXPECT_GT(
+      occurrences(softcapPtx("8", Direction::Forward, "softcap:30", "sm_80"),
+                  "vote.sync.all"),
+      0);
+}
+
+/// k eighths: the registers i % 8 < k of each tile take the branch (one
+/// vote each, over those registers alone), the others stay on the unit
+/// outside it: the forward's 128 tanh registers give 16 k polynomials
+/// and 128 tanh.approx (those outside plus the branch's other side).
+TEST(TanhPolynomial, TakesTheAskedShare) {
+  for (int k : {1, 2, 4}) {
+    SCOPED_TRACE(k);
+    const std::string ptx =
+        softcapPtx(std::to_string(k).c_str(), Direction::Forward);
+    EXPECT_EQ(occurrences(ptx, "vote.sync.all"), 2);
+    EXPECT_EQ(occurrences(ptx, ", 0fBCE0A652,"), 16 * k);
+    EXPECT_EQ(occurrences(ptx, "abs.f32"), 16 * k);
+    EXPECT_EQ(occurrences(ptx, "tanh.approx"), 128);
+  }
 }
 
 /// The backward recomputes softcap's tanh for P and for the chain's
 /// 1 - t^2: its 2-D tanh tiles take the same branch.
 TEST(TanhPolynomial, BackwardVotesToo) {
   const std::string none = softcapPtx("0", Direction::Backward);
-  const std::string poly = softcapPtx("1", Direction::Backward);
+  const std::string poly = softcapPtx("8", Direction::Backward);
   const int tanh = occurrences(none, "tanh.approx");
   ASSERT_GT(tanh, 0);
   EXPECT_EQ(occurrences(none, "vote.sync.all"), 0);
@@ -123,7 +140,7 @@ TEST(TanhPolynomial, BackwardVotesToo) {
 TEST(TanhPolynomial, LeavesOtherKernelsAlone) {
   for (const char *mod : {"alibi:8", ""}) {
     SCOPED_TRACE(mod);
-    EXPECT_EQ(softcapPtx("1", Direction::Forward, mod),
+    EXPECT_EQ(softcapPtx("8", Direction::Forward, mod),
               softcapPtx("0", Direction::Forward, mod));
   }
 }
@@ -134,12 +151,12 @@ TEST(TanhPolynomial, PipelineTextNamesIt) {
   spec.scoreMod = "softcap:30";
   TileConfig config = test::tileConfig(128, 128, 8);
   {
-    ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", "1");
-    EXPECT_NE(gpuPipelineText(config, GpuTarget(), &spec)
-                  .find(" tanh-polynomial=true"),
-              std::string::npos);
+    ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", "3");
+    EXPECT_NE(
+        gpuPipelineText(config, GpuTarget(), &spec).find(" tanh-polynomial=3"),
+        std::string::npos);
   }
-  for (const char *off : {"0", static_cast<const char *>(nullptr)}) {
+  for (const char *off : {"0", "9", "x", static_cast<const char *>(nullptr)}) {
     ScopedEnv env("FLASHJIT_TANH_POLYNOMIAL", off);
     EXPECT_EQ(
         gpuPipelineText(config, GpuTarget(), &spec).find("tanh-polynomial"),
