@@ -316,13 +316,8 @@ INSTANTIATE_TEST_SUITE_P(Tilings, ForwardPersistentGpu, ::testing::Values(
 ));
 // clang-format on
 
-/// A share of the softmax's exponentials by arithmetic
-/// (FLASHJIT_EXP2_EMULATION, TileToGPUExp2.cpp): the forward still matches
-/// the float64 reference with some, half and all of the P tile's registers
-/// emulated, plain, causal (rows past the diagonal: x = -inf), softcap,
-/// fp16, a window, rows that see no key (Nq > Nkv, causal), the
-/// persistent default.
-class ForwardExp2EmulationGpu
+/// Cases of a share (eighths, a variable's value) and the run's flags.
+class ForwardShareGpu
     : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
 protected:
   void SetUp() override {
@@ -330,6 +325,14 @@ protected:
       GTEST_SKIP() << "skipped: no CUDA driver";
   }
 };
+
+/// A share of the softmax's exponentials by arithmetic
+/// (FLASHJIT_EXP2_EMULATION, TileToGPUExp2.cpp): the forward still matches
+/// the float64 reference with some, half and all of the P tile's registers
+/// emulated, plain, causal (rows past the diagonal: x = -inf), softcap,
+/// fp16, a window, rows that see no key (Nq > Nkv, causal), the
+/// persistent default.
+class ForwardExp2EmulationGpu : public ForwardShareGpu {};
 
 TEST_P(ForwardExp2EmulationGpu, MatchesFloat64Reference) {
   auto [eighths, args] = GetParam();
@@ -356,14 +359,7 @@ INSTANTIATE_TEST_SUITE_P(Shares, ForwardExp2EmulationGpu, ::testing::Combine(
 /// softcap:3), where most take tanh.approx (softcap:0.5), with causal rows
 /// past the diagonal and rows that see no key, fp16, GQA with a window,
 /// d 64 and d 256.
-class ForwardTanhPolynomialGpu
-    : public ::testing::TestWithParam<std::tuple<const char *, const char *>> {
-protected:
-  void SetUp() override {
-    if (!flashjit::rt::CudaDriver::get().available())
-      GTEST_SKIP() << "skipped: no CUDA driver";
-  }
-};
+class ForwardTanhPolynomialGpu : public ForwardShareGpu {};
 
 TEST_P(ForwardTanhPolynomialGpu, MatchesFloat64Reference) {
   auto [eighths, args] = GetParam();
