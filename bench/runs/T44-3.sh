@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# T44-3 (T44-1 and T44-2 never ran: every start was refused; this one call
+# T44-3 (T44-1 never ran: every start was refused; this one call
 # takes what mattered of both): carry [".carry"] after
 # `FLASHJIT_SKIP_BUILD=1 bash tools/scripts/gpu-prepare.sh`; command
 # `bash bench/runs/T44-3.sh`, timeout 590.
