@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # T44-3 (T44-1 never ran: every start was refused; this one call
-# takes what mattered of both): carry [".carry"] after
+# takes what mattered of it and more): carry [".carry"] after
 # `FLASHJIT_SKIP_BUILD=1 bash tools/scripts/gpu-prepare.sh`; command
 # `bash bench/runs/T44-3.sh`, timeout 590.
 # (0) A score tile's tanh by a polynomial on the FMA pipe where each warp's
