@@ -199,6 +199,14 @@ struct LowerTiledToGPUPass
                            LLVM::Linkage::External, "flashjit_smem",
                            Attribute(), /*alignment=*/1024, /*addrSpace=*/3);
     const GpuLoweringConfig knobs = config();
+    // The shares in eighths of a tile's registers.
+    for (auto [name, value] : {std::pair<const char *, int64_t>{
+                                   "exp2-emulation", knobs.exp2Emulation},
+                               {"tanh-polynomial", knobs.tanhPolynomial}})
+      if (value < 0 || value > 8) {
+        module.emitError() << name << " must be in [0, 8], got " << value;
+        return signalPassFailure();
+      }
     for (func::FuncOp fn : forward) {
       if (failed(conversion::lowerTileKernel(fn, gpuModule, warps, knobs)))
         return signalPassFailure();
