@@ -35,7 +35,9 @@ constexpr int64_t kMaxSharedBytes = 232448;
 /// Q too (2), by the tensor memory accelerator where their addresses allow
 /// (KernelPlacement::tma); its output through a dead shared slot where
 /// `stagedStores` (KernelPlacement::stagedStores); `exp2Emulation` eighths of
-/// the softmax's exponentials by arithmetic (KernelPlacement::exp2Emulation).
+/// the softmax's exponentials by arithmetic (KernelPlacement::exp2Emulation);
+/// `tanhPolynomial` eighths of a score tile's tanh by a polynomial
+/// (KernelPlacement::tanhPolynomial, the backward's too).
 mlir::LogicalResult lowerTileKernel(mlir::func::FuncOp fn,
                                     mlir::gpu::GPUModuleOp gpuModule,
                                     int64_t warps,
