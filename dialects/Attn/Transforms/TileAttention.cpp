@@ -339,8 +339,8 @@ scf::ForOp TiledForwardBuilder::buildLoop(ArrayRef<Value> init) {
 /// block's arithmetic is the plain loop's, in the same order (O = P V +
 /// O a of the same operands), so the result is the plain loop's bit for
 /// bit.
-SmallVector<Value>
-TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
+TiledForwardBuilder::OverlappedStart
+TiledForwardBuilder::startOverlapped(ArrayRef<Value> init) {
   Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
   Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
   Value last = arith::SelectOp::create(b, live, sub(tHi, cIdx(1)), tLo);
@@ -348,8 +348,16 @@ TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
   BlockSoftmax sm0 = softmax(scores(loadK(first)), first, init[1], Value(),
                              maskModPartial(tLo, first));
   // An empty loop leaves l = 0: O = 0 and lse = -inf, whatever m is.
-  SmallVector<Value> carried = {init[0], sm0.m, select(live, sm0.l, init[2]),
-                                truncTile(sm0.p, elemTy), init[1]};
+  return {live,
+          last,
+          nLast,
+          {init[0], sm0.m, select(live, sm0.l, init[2]),
+           truncTile(sm0.p, elemTy), init[1]}};
+}
+
+SmallVector<Value>
+TiledForwardBuilder::buildOverlappedLoop(ArrayRef<Value> init) {
+  auto [live, last, nLast, carried] = startOverlapped(init);
   auto loop = scf::ForOp::create(b, tLo, last, cIdx(1), carried);
   {
     OpBuilder::InsertionGuard guard(b);
@@ -418,22 +426,13 @@ Value TiledForwardBuilder::lastProduct(ValueRange r, Value v) {
 /// Block starts past the loop's range are never read: an index that may
 /// not exist (tLo + 1, %last - 1) is taken only under %has2.
 SmallVector<Value> TiledForwardBuilder::buildLeadTwoLoop(ArrayRef<Value> init) {
-  Value live = cmpI(CmpIPredicate::ult, tLo, tHi);
+  auto [live, last, nLast, carried] = startOverlapped(init);
   Value second = add(tLo, cIdx(1));
   Value has2 = cmpI(CmpIPredicate::ult, second, tHi);
-  Value first = arith::SelectOp::create(b, live, blockStart(tLo), cIdx(0));
   Value nSecond = blockStart(arith::SelectOp::create(b, has2, second, tLo));
-  Value last = arith::SelectOp::create(b, live, sub(tHi, cIdx(1)), tLo);
   Value loopEnd = arith::SelectOp::create(b, has2, sub(last, cIdx(1)), tLo);
-  Value nLast = arith::SelectOp::create(b, live, blockStart(last), cIdx(0));
-  Value nTail =
-      blockStart(arith::SelectOp::create(b, has2, sub(last, cIdx(1)), tLo));
-  BlockSoftmax sm0 = softmax(scores(loadK(first)), first, init[1], Value(),
-                             maskModPartial(tLo, first));
-  Value s1 = scores(loadK(nSecond));
-  SmallVector<Value> carried = {
-      init[0], sm0.m, select(live, sm0.l, init[2]), truncTile(sm0.p, elemTy),
-      init[1], s1};
+  Value nTail = blockStart(loopEnd);
+  carried.push_back(scores(loadK(nSecond)));
   auto loop = scf::ForOp::create(b, tLo, loopEnd, cIdx(1), carried);
   {
     OpBuilder::InsertionGuard guard(b);

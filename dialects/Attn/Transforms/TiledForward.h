@@ -70,6 +70,14 @@ private:
   Value rescaledProduct(Value o, Value alpha, Value p, Value v);
   Value maskModPartial(Value t, Value n0);
   mlir::scf::ForOp buildLoop(llvm::ArrayRef<Value> init);
+  /// Both overlapped loops' start: whether the range has a block, its last
+  /// block and that block's start, and the carried (O, m, l, P rounded,
+  /// previous max) after the first block's softmax.
+  struct OverlappedStart {
+    Value live, last, nLast;
+    llvm::SmallVector<Value> carried;
+  };
+  OverlappedStart startOverlapped(llvm::ArrayRef<Value> init);
   llvm::SmallVector<Value> buildOverlappedLoop(llvm::ArrayRef<Value> init);
   llvm::SmallVector<Value> overlappedStep(mlir::ValueRange args, Value v,
                                           Value s, Value next, Value nNext);
