@@ -7,7 +7,7 @@
 # (forward in 4 shards with ForwardTanhPolynomialGpu and the ping-pong
 # mode-3 cases, captured, varlen, backward); (3) the torch GPU suites
 # with autograd (test_torch_gpu, test_torch_captured_gpu,
-# test_varlen_gpu), side by side.
+# test_varlen_gpu), one after another (torch_suites), time left.
 cd "$(dirname "$0")/../.." || exit 2
 source tools/scripts/gpu-env.sh
 call_header T44-4
@@ -16,21 +16,13 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   say "variants exit $?"
   grep -A16 '^variants, bf16' $OUT/variants.log | cut -c1-200
 fi
-_s() { local n=$1 b=$2; shift 2; env "$@" timeout 220 $C/bin/flashjit-$b-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/t-$n.log 2>&1; echo "exit $?" >> $OUT/t-$n.log; }
-for i in 0 1 2 3; do _s fwd$i forward GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i & done
-_s captured captured X=1 & _s varlen varlen X=1 & _s backward backward X=1 & wait
-for l in fwd0 fwd1 fwd2 fwd3 captured varlen backward; do
-  say "$l: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/t-$l.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-$l.log | head -6
-done
-python_tests_env
-_py() { (cd python && timeout $1 python3 -m pytest -q tests/$2.py -p no:cacheprovider > $OUT/py-$2.log 2>&1; echo "exit $?" >> $OUT/py-$2.log); }
-left=$((575 - (SECONDS - CALL_T0)))
-if ((left > 60)); then
-  for f in test_torch_gpu test_torch_captured_gpu test_varlen_gpu; do _py $left $f & done; wait
-  for f in test_torch_gpu test_torch_captured_gpu test_varlen_gpu; do
-    say "$f: $(tail -2 $OUT/py-$f.log | tr '\n' ' ' | cut -c1-200)"
-    grep -E "^FAILED" $OUT/py-$f.log | head -5
-  done
+# The backward suite beside gpu_suites' (forward in 4 shards, captured,
+# varlen), whose wait covers it too.
+(timeout 200 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/bwd.log 2>&1; echo "exit $?" >> $OUT/bwd.log) &
+gpu_suites
+say "backward: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/bwd.log | tr '\n' ' ')"
+grep -E '^\[  FAILED  \] [A-Z]' $OUT/bwd.log | head -6
+if (( SECONDS - CALL_T0 < 330 )); then
+  torch_suites test_torch_gpu test_torch_captured_gpu test_varlen_gpu
 fi
 say done

@@ -23,22 +23,16 @@ K=FLASHJIT_TANH_POLYNOMIAL
 for r in 1 2 3; do
   say "round $r TFLOP/s: plain $(tf "$S" X=1) softcap:30 K0 $(tf "$S --score-mod softcap:30" X=1) K2 $(tf "$S --score-mod softcap:30" $K=2) K3 $(tf "$S --score-mod softcap:30" $K=3) | causal plain $(tf "$S --causal" X=1) K0 $(tf "$S --causal --score-mod softcap:30" X=1) K2 $(tf "$S --causal --score-mod softcap:30" $K=2) | bwd plain $(tf "$S --backward" X=1) K0 $(tf "$S --backward --score-mod softcap:30" X=1) K2 $(tf "$S --backward --score-mod softcap:30" $K=2)"
 done
-_s() { local n=$1 b=$2; shift 2; env "$@" timeout 220 $C/bin/flashjit-$b-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/t-$n.log 2>&1; echo "exit $?" >> $OUT/t-$n.log; }
-for i in 0 1 2 3; do _s fwd$i forward GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i & done
-_s captured captured X=1 & _s varlen varlen X=1 & _s backward backward X=1 & wait
-for l in fwd0 fwd1 fwd2 fwd3 captured varlen backward; do
-  say "$l: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/t-$l.log | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \] [A-Z]' $OUT/t-$l.log | head -6
-done
+# The backward suite beside gpu_suites' (forward in 4 shards, captured,
+# varlen), whose wait covers it too.
+(timeout 200 $C/bin/flashjit-backward-gpu-tests --gtest_brief=1 --gtest_color=no > $OUT/bwd.log 2>&1; echo "exit $?" >> $OUT/bwd.log) &
+gpu_suites
+say "backward: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^exit' $OUT/bwd.log | tr '\n' ' ')"
+grep -E '^\[  FAILED  \] [A-Z]' $OUT/bwd.log | head -6
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && (( SECONDS - CALL_T0 < 470 )); then
   timeout $((575 - (SECONDS - CALL_T0))) python3 tests/bench/variants.py --json $OUT/variants.json > $OUT/variants.log 2>&1
   say "variants exit $?"
   grep -A16 '^variants, bf16' $OUT/variants.log | cut -c1-200
 fi
-left=$((575 - (SECONDS - CALL_T0)))
-if ((left > 90)); then
-  python_tests_env
-  (cd python && timeout $left python3 -m pytest -q tests/test_torch_captured_gpu.py -p no:cacheprovider > $OUT/py-captured.log 2>&1; echo "exit $?" >> $OUT/py-captured.log)
-  say "test_torch_captured_gpu: $(tail -2 $OUT/py-captured.log | tr '\n' ' ' | cut -c1-200)"
-fi
+if (( SECONDS - CALL_T0 < 370 )); then torch_suites test_torch_captured_gpu; fi
 say done
